@@ -1,0 +1,110 @@
+/* Shards, samples, batches and queue items: constructors and destructors. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shardflow/stage.h"
+
+sf_shard *sf_shard_new(const char *url) {
+  sf_shard *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->url = strdup(url ? url : "");
+  if (!s->url) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+void sf_shard_destroy(sf_shard **ps) {
+  if (!ps || !*ps) return;
+  free((*ps)->url);
+  free(*ps);
+  *ps = NULL;
+}
+
+sf_sample *sf_sample_new(void) {
+  sf_sample *s = malloc(sizeof *s);
+  if (!s) return NULL;
+  /* Zero the header only: fields past n_fields are never read. */
+  memset(s, 0, offsetof(sf_sample, fields));
+  s->offset = -1;
+  return s;
+}
+
+void sf_sample_destroy(sf_sample **ps) {
+  if (!ps || !*ps) return;
+  sf_sample *s = *ps;
+  for (int i = 0; i < s->n_fields; i++) sf_tensor_clear(&s->fields[i].tensor);
+  sf_buffer_unref(&s->url);
+  free(s);
+  *ps = NULL;
+}
+
+const char *sf_sample_url(const sf_sample *s) {
+  return s->url ? (const char *)sf_buffer_data(s->url) : "";
+}
+
+sf_field *sf_sample_field(sf_sample *s, const char *name) {
+  for (int i = 0; i < s->n_fields; i++)
+    if (strcmp(s->fields[i].name, name) == 0) return &s->fields[i];
+  return NULL;
+}
+
+sf_field *sf_sample_add_field(sf_sample *s, const char *name, bool encoded, sf_tensor *tensor) {
+  size_t len = strlen(name);
+  if (s->n_fields >= SF_MAX_FIELDS || len >= SF_FIELD_NAME_MAX) {
+    sf_tensor_clear(tensor);
+    return NULL;
+  }
+  sf_field *f = &s->fields[s->n_fields++];
+  memcpy(f->name, name, len + 1);
+  f->encoded = encoded;
+  f->tensor = *tensor;
+  memset(tensor, 0, sizeof *tensor);
+  return f;
+}
+
+void sf_sample_remove_field(sf_sample *s, int i) {
+  if (i < 0 || i >= s->n_fields) return;
+  sf_tensor_clear(&s->fields[i].tensor);
+  memmove(&s->fields[i], &s->fields[i + 1], (size_t)(s->n_fields - i - 1) * sizeof s->fields[0]);
+  s->n_fields--;
+}
+
+sf_batch *sf_batch_new(int64_t size) {
+  if (size < 0) return NULL;
+  sf_batch *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->size = size;
+  b->keys = calloc(size ? (size_t)size : 1, sizeof b->keys[0]);
+  if (!b->keys) {
+    free(b);
+    return NULL;
+  }
+  return b;
+}
+
+void sf_batch_destroy(sf_batch **pb) {
+  if (!pb || !*pb) return;
+  sf_batch *b = *pb;
+  for (int i = 0; i < b->n_fields; i++) sf_tensor_clear(&b->fields[i].tensor);
+  free(b->keys);
+  free(b);
+  *pb = NULL;
+}
+
+const sf_field *sf_batch_field(const sf_batch *b, const char *name) {
+  for (int i = 0; i < b->n_fields; i++)
+    if (strcmp(b->fields[i].name, name) == 0) return &b->fields[i];
+  return NULL;
+}
+
+void sf_item_clear(sf_item *item) {
+  switch (item->kind) {
+  case SF_ITEM_SHARD: sf_shard_destroy(&item->u.shard); break;
+  case SF_ITEM_SAMPLE: sf_sample_destroy(&item->u.sample); break;
+  case SF_ITEM_BATCH: sf_batch_destroy(&item->u.batch); break;
+  default: break;
+  }
+  item->kind = SF_ITEM_NONE;
+}

@@ -1,0 +1,37 @@
+/* WebDataset samples from a tar stream: libarchive (tar format; gzip and zstd filters only). */
+#ifndef SF_ENGINE_TAR_READER_H
+#define SF_ENGINE_TAR_READER_H
+
+#include "engine/shard_reader.h"
+#include "shardflow/sample.h"
+
+typedef struct sf_tar_reader sf_tar_reader;
+
+/*
+ * Opens a shard for sample-by-sample reading (the shard is streamed, never
+ * held whole). Returns 0 or the shard reader's error (see sf_shard_reader_open).
+ */
+int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
+                       const sf_shard_reader_options *options, sf_error *error);
+
+/*
+ * Reads the next sample with WebDataset's grouping rule: key = member path up
+ * to the first dot of its last path component, field name = the rest,
+ * lower-cased; only consecutive members with one key form a sample;
+ * directories, non-regular members, top-level names starting with "__" and
+ * names without a dot are skipped. Each field is an encoded uint8 [n] tensor
+ * holding the member bytes in one allocation. key, url, index (0-based in the
+ * shard) and offset (byte offset of the sample's first header) are set.
+ *
+ * Returns 0 with *sample (caller owns it); SF_EOF at the end of the shard;
+ * SF_EDUP for a repeated field (the sample is still returned in *sample, minus
+ * the duplicate, with *error describing it, and reading may go on);
+ * SF_EFORMAT for a corrupt or truncated tar (reading cannot go on); other
+ * reader errors. *error names the URL, key and byte offset.
+ */
+int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *error);
+
+/* Closes and sets *reader to NULL. */
+void sf_tar_reader_close(sf_tar_reader **reader);
+
+#endif

@@ -1,0 +1,109 @@
+/* shardflow samples, shards and batches: what flows along the edges of a graph. */
+#ifndef SHARDFLOW_SAMPLE_H
+#define SHARDFLOW_SAMPLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shardflow/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Longest field name, including the NUL ("seg.png", "cls"). */
+#define SF_FIELD_NAME_MAX 32
+/** Most fields a sample or batch may carry. */
+#define SF_MAX_FIELDS 16
+
+/**
+ * One named field of a sample or batch.  Encoded fields hold the member's
+ * bytes as a uint8 tensor of shape [n]; decoded fields hold a tensor (images
+ * uint8 [H,W,C], labels int64 scalars, and so on).
+ */
+typedef struct sf_field {
+  char name[SF_FIELD_NAME_MAX]; /**< lower-case, as after the key's first dot */
+  bool encoded;                 /**< still the bytes read from the shard */
+  sf_tensor tensor;             /**< owned */
+} sf_field;
+
+/**
+ * One shard to read, as handed from shard_source to tar_split.
+ * Owned by whoever holds the item; free with sf_shard_destroy().
+ */
+typedef struct sf_shard {
+  char *url;                    /**< owned copy */
+  uint64_t epoch;               /**< 0-based epoch this shard is read for */
+  uint64_t index;               /**< position in the expanded shard list */
+  uint64_t pass;                /**< 0 for the first pass of an epoch, >0 for repeats */
+  uint64_t samples_per_epoch;   /**< epoch length in samples for this rank, 0 = one pass */
+  bool allow_pipe;              /**< the graph opted into pipe:CMD URLs */
+} sf_shard;
+
+/**
+ * A sample: the members of a shard that share a key (WebDataset's rule).
+ * Owned by whoever holds the item; free with sf_sample_destroy().
+ */
+typedef struct sf_sample {
+  char key[128];                /**< __key__: member path up to the first dot of its basename */
+  sf_buffer *url;               /**< __url__ as a NUL-terminated shared string (owned ref) */
+  uint64_t epoch;               /**< 0-based epoch */
+  uint64_t shard_index;         /**< index of the shard in the expanded list */
+  uint64_t index;               /**< sample index within the shard (0-based) */
+  uint64_t pass;                /**< the shard's pass (see sf_shard) */
+  int64_t offset;               /**< byte offset of the sample's first member header */
+  int n_fields;
+  sf_field fields[SF_MAX_FIELDS];
+} sf_sample;
+
+/**
+ * A batch: fields collated along a new leading axis of size `size`
+ * (images float32 [B,C,H,W], labels int64 [B]), and the sample keys.
+ * Free with sf_batch_destroy().
+ */
+typedef struct sf_batch {
+  uint64_t epoch;               /**< 0-based epoch */
+  uint64_t index;               /**< 0-based batch index within the epoch */
+  int64_t size;                 /**< number of samples B */
+  char (*keys)[128];            /**< B keys, owned */
+  int n_fields;
+  sf_field fields[SF_MAX_FIELDS];
+} sf_batch;
+
+/** Creates a shard descriptor with a copy of url. Returns NULL when out of memory. */
+SF_API sf_shard *sf_shard_new(const char *url);
+/** Frees *shard and sets it to NULL. NULL-safe. */
+SF_API void sf_shard_destroy(sf_shard **shard);
+
+/** Creates an empty sample (zeroed, no fields). Returns NULL when out of memory. */
+SF_API sf_sample *sf_sample_new(void);
+/** Frees *sample, dropping every field's reference; sets it to NULL. NULL-safe. */
+SF_API void sf_sample_destroy(sf_sample **sample);
+/** The sample's URL string, or "" when it has none (borrowed). */
+SF_API const char *sf_sample_url(const sf_sample *sample);
+/** The field called name, or NULL (borrowed). */
+SF_API sf_field *sf_sample_field(sf_sample *sample, const char *name);
+/**
+ * Appends a field, taking over the reference in *tensor (zeroed on return,
+ * success or failure).  Returns the new field, or NULL when the sample is full
+ * (SF_MAX_FIELDS) or the name is too long.
+ */
+SF_API sf_field *sf_sample_add_field(sf_sample *sample, const char *name, bool encoded,
+                                     sf_tensor *tensor);
+/** Removes field i, dropping its reference. */
+SF_API void sf_sample_remove_field(sf_sample *sample, int i);
+
+/**
+ * Creates a batch for size samples with room for the keys. Returns NULL when
+ * out of memory.  Fields are added by the caller.
+ */
+SF_API sf_batch *sf_batch_new(int64_t size);
+/** Frees *batch and its tensors' references; sets it to NULL. NULL-safe. */
+SF_API void sf_batch_destroy(sf_batch **batch);
+/** The field called name, or NULL (borrowed). */
+SF_API const sf_field *sf_batch_field(const sf_batch *batch, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,136 @@
+/* shardflow public embedding API: graphs (descriptions) and pipelines (running graphs). */
+#ifndef SHARDFLOW_SHARDFLOW_H
+#define SHARDFLOW_SHARDFLOW_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shardflow/buffer.h"
+#include "shardflow/error.h"
+#include "shardflow/sample.h"
+#include "shardflow/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version as "MAJOR.MINOR.PATCH" (static string). */
+SF_API const char *sf_version_string(void);
+/** Version as MAJOR*10000 + MINOR*100 + PATCH. */
+SF_API int sf_version(void);
+
+/**
+ * A graph: stage instances (nodes), edges and settings, as read from a graph
+ * file, with the source line of every value.  A graph is a description; it
+ * runs nothing.  Not thread-safe; a pipeline keeps its own copy.
+ */
+typedef struct sf_graph sf_graph;
+
+/**
+ * Reads a YAML graph file (format: docs/graph-files.md).
+ * On success *graph is a new graph the caller destroys with sf_graph_destroy().
+ * Returns 0; SF_ENOENT when the file cannot be opened; SF_EGRAPH for YAML,
+ * stage or option mistakes, with error->url = path, error->line and a message
+ * listing the valid names.  error may be NULL.
+ */
+SF_API int sf_graph_load_file(sf_graph **graph, const char *path, sf_error *error);
+
+/** Same as sf_graph_load_file() for YAML text; name is used in messages. */
+SF_API int sf_graph_load_string(sf_graph **graph, const char *text, const char *name,
+                                sf_error *error);
+
+/**
+ * Overrides an option: target is "NODE.OPTION" (a node's option), or a graph
+ * setting ("seed", "epochs", "error_policy", "queue_size").  The value is text, parsed
+ * by the option's own parser.  Returns 0, or SF_EOPTION with a message naming
+ * the valid nodes or options.
+ */
+SF_API int sf_graph_set(sf_graph *graph, const char *target, const char *value, sf_error *error);
+
+/**
+ * Checks the whole graph as a pipeline would (stage types, options, ranges,
+ * edges, replicas) without starting anything.  Returns 0 or SF_EGRAPH/SF_EOPTION.
+ */
+SF_API int sf_graph_validate(const sf_graph *graph, sf_error *error);
+
+/** Number of nodes, and the name / stage type of node i (borrowed strings). */
+SF_API int sf_graph_node_count(const sf_graph *graph);
+SF_API const char *sf_graph_node_name(const sf_graph *graph, int i);
+SF_API const char *sf_graph_node_type(const sf_graph *graph, int i);
+
+/** Frees *graph and sets it to NULL. NULL-safe. */
+SF_API void sf_graph_destroy(sf_graph **graph);
+
+/** How a pipeline is placed: rank and world size (negative = from the environment). */
+typedef struct sf_pipeline_options {
+  int rank;             /**< -1: RANK, else SLURM_PROCID, else 0 */
+  int world_size;       /**< -1: WORLD_SIZE, else SLURM_NTASKS, else 1 */
+  int64_t epochs;       /**< -1: the graph's `epochs` setting (0 = unlimited) */
+  uint64_t first_epoch; /**< epoch to start at (0-based) */
+} sf_pipeline_options;
+
+/** Fills options with the defaults (everything from the graph or environment). */
+SF_API void sf_pipeline_options_init(sf_pipeline_options *options);
+
+/** A running graph. */
+typedef struct sf_pipeline sf_pipeline;
+
+/**
+ * Creates a pipeline from graph (copied; the graph may be destroyed after)
+ * and starts its threads.  options may be NULL for the defaults.
+ * Returns 0; SF_EGRAPH/SF_EOPTION for a graph that does not validate; the
+ * error of a stage whose init failed (e.g. SF_ENOENT for an empty shard list);
+ * SF_ENOMEM.  On failure *pipeline is NULL and error (if not NULL) says why.
+ */
+SF_API int sf_pipeline_new(sf_pipeline **pipeline, const sf_graph *graph,
+                           const sf_pipeline_options *options, sf_error *error);
+
+/**
+ * Waits up to timeout seconds (negative: forever) for the next batch.
+ * Returns 0 with *batch set (caller owns it; free with sf_batch_destroy());
+ * SF_EOF at the end of each epoch (the next call goes on with the next epoch,
+ * or returns SF_EOF again after the last one); SF_ETIMEDOUT; or the error
+ * that stopped the pipeline (see sf_pipeline_last_error()).
+ */
+SF_API int sf_pipeline_next(sf_pipeline *pipeline, sf_batch **batch, double timeout);
+
+/** Epoch of the batches sf_pipeline_next() currently returns (0-based). */
+SF_API uint64_t sf_pipeline_epoch(const sf_pipeline *pipeline);
+
+/** Rank and world size the pipeline runs as. */
+SF_API int sf_pipeline_rank(const sf_pipeline *pipeline);
+SF_API int sf_pipeline_world_size(const sf_pipeline *pipeline);
+
+/** Per-node counters (summed over replicas). */
+typedef struct sf_node_stats {
+  char name[32];          /**< node name */
+  char type[32];          /**< stage type */
+  int replicas;
+  uint64_t items;         /**< items produced */
+  uint64_t bytes;         /**< payload bytes produced (as the stage counts them) */
+  double busy_seconds;    /**< time inside step() (thread CPU time) */
+  double wait_seconds;    /**< time waiting for input or output room */
+  uint64_t errors;        /**< error records raised */
+  uint64_t skipped;       /**< samples dropped under the skip policy */
+} sf_node_stats;
+
+/**
+ * Copies up to max node stats into stats. Returns the number of nodes (may
+ * exceed max).
+ */
+SF_API int sf_pipeline_stats(const sf_pipeline *pipeline, sf_node_stats *stats, int max);
+
+/** Total error records and skipped samples so far. */
+SF_API uint64_t sf_pipeline_error_count(const sf_pipeline *pipeline);
+SF_API uint64_t sf_pipeline_skipped(const sf_pipeline *pipeline);
+
+/** Copies the last error record into *error. Returns false when there is none. */
+SF_API bool sf_pipeline_last_error(const sf_pipeline *pipeline, sf_error *error);
+
+/** Stops the threads, frees everything, sets *pipeline to NULL. NULL-safe. */
+SF_API void sf_pipeline_destroy(sf_pipeline **pipeline);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,225 @@
+/* shardflow stage API: what a built-in stage or a plugin implements (libavfilter's AVFilter, in spirit). */
+#ifndef SHARDFLOW_STAGE_H
+#define SHARDFLOW_STAGE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shardflow/sample.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of sf_stage_def's layout. The plugin loader refuses any other. */
+#define SF_STAGE_ABI_VERSION 1
+
+/** What a port carries. */
+typedef enum sf_port_kind {
+  SF_PORT_NONE = 0, /**< no port (a source has no input) */
+  SF_PORT_SHARD,    /**< sf_shard */
+  SF_PORT_SAMPLE,   /**< sf_sample */
+  SF_PORT_BATCH,    /**< sf_batch */
+} sf_port_kind;
+
+/** What one queue slot holds. */
+typedef enum sf_item_kind {
+  SF_ITEM_NONE = 0,  /**< empty (also: a sample dropped by a replica, skipped by the engine) */
+  SF_ITEM_SHARD,
+  SF_ITEM_SAMPLE,
+  SF_ITEM_BATCH,
+  SF_ITEM_EPOCH_END, /**< marks the end of epoch `epoch`: flush, then pass it on */
+} sf_item_kind;
+
+/** An item travelling along an edge.  Pushing it hands its pointer over. */
+typedef struct sf_item {
+  sf_item_kind kind;
+  uint64_t epoch;
+  union {
+    sf_shard *shard;
+    sf_sample *sample;
+    sf_batch *batch;
+  } u;
+} sf_item;
+
+/** Frees whatever the item holds and sets kind to SF_ITEM_NONE. */
+SF_API void sf_item_clear(sf_item *item);
+
+/** Option value types; the storage type at `offset` in the stage's private struct. */
+typedef enum sf_option_type {
+  SF_OPT_BOOL,       /**< bool: true/false/yes/no/on/off/1/0 */
+  SF_OPT_INT,        /**< int64_t, range-checked against [min,max] */
+  SF_OPT_COUNT,      /**< int64_t >= 0; accepts 10k, 2M, 1_000 */
+  SF_OPT_FLOAT,      /**< double, range-checked */
+  SF_OPT_STRING,     /**< char * (engine-owned, freed after uninit) */
+  SF_OPT_ENUM,       /**< int: index into enum_names */
+  SF_OPT_SIZE,       /**< int64_t bytes: 512, 64k, 64KiB, 16MiB, 1G (k=1000, Ki=1024) */
+  SF_OPT_DURATION,   /**< double seconds: 250ms, 30s, 5m, 1h, plain number = seconds */
+  SF_OPT_SEED,       /**< uint64_t */
+  SF_OPT_FLOAT_LIST, /**< sf_float_list: "0.1,0.2,0.3" or a YAML list */
+} sf_option_type;
+
+/** Storage of an SF_OPT_FLOAT_LIST option. */
+typedef struct sf_float_list {
+  int n;
+  double v[8];
+} sf_float_list;
+
+/**
+ * One row of a stage's options table.  The same row parses the graph file,
+ * checks ranges, prints `shardflow help STAGE` and writes the docs.  The
+ * default is written as text and parsed by the same parser as user values.
+ * A table ends with a row whose name is NULL.
+ */
+typedef struct sf_option {
+  const char *name;                /**< snake_case key in the graph file */
+  sf_option_type type;
+  size_t offset;                   /**< offsetof(private struct, field) */
+  const char *default_value;       /**< text form; NULL = zero / empty */
+  double min, max;                 /**< inclusive range for INT/COUNT/FLOAT/SIZE/DURATION (min==max: unchecked) */
+  const char *help;                /**< one sentence, with the unit */
+  const char *const *enum_names;   /**< NULL-terminated names for SF_OPT_ENUM */
+} sf_option;
+
+/** Flags of a stage definition. */
+enum {
+  /** One sample in, at most one out, no state between samples: may run as `replicas: N`. */
+  SF_STAGE_MAP = 1u << 0,
+};
+
+typedef struct sf_node sf_node;
+
+/**
+ * A stage definition: one `const` struct per stage, exported by its file.
+ *
+ * The engine allocates priv_size zeroed bytes, applies the options (defaults
+ * first, then the graph file, then --set overrides) into them, then calls
+ * init.  uninit is always called, even when init failed, so init never cleans
+ * up after itself.
+ *
+ * step performs one non-blocking unit of work: take what input is available
+ * with sf_node_pop(), push at most a few items with sf_node_push().  The
+ * engine only calls step when the output queue has room for one item.
+ * Returns 0 after progress, SF_EAGAIN when it needs input that is not there
+ * yet, SF_EOF when it will never produce again, or a negative error (the
+ * pipeline stops with the node's last error record).
+ */
+typedef struct sf_stage_def {
+  uint32_t abi_version;           /**< SF_STAGE_ABI_VERSION */
+  const char *name;               /**< stage type in graph files */
+  const char *summary;            /**< one line for `shardflow help` */
+  sf_port_kind input, output;
+  uint32_t flags;                 /**< SF_STAGE_* */
+  size_t priv_size;
+  const sf_option *options;       /**< NULL-name-terminated; may be NULL */
+  int (*init)(sf_node *node);
+  int (*step)(sf_node *node);
+  void (*uninit)(sf_node *node);
+} sf_stage_def;
+
+/** The stage's private struct (zeroed, then options applied). Borrowed. */
+SF_API void *sf_node_priv(sf_node *node);
+
+/** The node's name in the graph file ("decode"). Borrowed. */
+SF_API const char *sf_node_name(const sf_node *node);
+
+/** This replica's index in [0, replicas) and the replica count. */
+SF_API int sf_node_replica(const sf_node *node);
+SF_API int sf_node_replicas(const sf_node *node);
+
+/**
+ * A 64-bit seed for this node, mixed from the graph seed and the node name,
+ * so two nodes of one graph never share a random stream.
+ */
+SF_API uint64_t sf_node_seed(const sf_node *node);
+
+/** Number of epochs the pipeline runs (0 = until stopped). */
+SF_API uint64_t sf_node_epochs(const sf_node *node);
+
+/** First epoch to run (0 unless the pipeline was told to start later). */
+SF_API uint64_t sf_node_first_epoch(const sf_node *node);
+
+/**
+ * Rank and world size of the pipeline: from the API or the standard
+ * environment (RANK/WORLD_SIZE from torchrun), else 0 and 1.
+ */
+SF_API int sf_node_rank(const sf_node *node);
+SF_API int sf_node_world_size(const sf_node *node);
+
+/**
+ * Takes the next input item without waiting.
+ * Returns 0 with *item filled (the caller now owns it), SF_EAGAIN when nothing
+ * is queued yet, SF_EOF when the input is closed and drained.
+ * A SF_STAGE_MAP stage never sees SF_ITEM_EPOCH_END (the engine forwards it).
+ */
+SF_API int sf_node_pop(sf_node *node, sf_item *item);
+
+/**
+ * Hands item to the output queue.  Always consumes: on return item->kind is
+ * SF_ITEM_NONE.  Never blocks; the engine bounds queues by only stepping a
+ * node whose output has room, so push at most a few items per step.
+ */
+SF_API void sf_node_push(sf_node *node, sf_item *item);
+
+/** True when the output queue has room for another item this step. */
+SF_API bool sf_node_output_ready(const sf_node *node);
+
+/**
+ * Records an error against this node: counts it, stores the record (stage
+ * name filled in), prints it to stderr once per message, and applies the
+ * graph's error policy.  url, key may be NULL; offset may be -1.
+ * Returns 0 when the policy is `skip` (drop the sample and go on), or code
+ * when it is `fail` (return it from step).
+ */
+SF_API int sf_node_error(sf_node *node, int code, const char *url, const char *key,
+                         int64_t offset, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/** Counts samples dropped because of an error (reported at the end). */
+SF_API void sf_node_count_skipped(sf_node *node, uint64_t samples);
+
+/**
+ * Tells the pipeline that the sample stream of `epoch` is complete (called by
+ * the stage that cuts epochs at samples_per_epoch).  The shard source reads
+ * it with sf_node_epochs_closed() to stop producing shards for that epoch.
+ */
+SF_API void sf_node_close_epoch(sf_node *node, uint64_t epoch);
+
+/** Number of epochs closed so far with sf_node_close_epoch() (0 at start). */
+SF_API uint64_t sf_node_epochs_closed(const sf_node *node);
+
+/** Adds to the node's metrics: items and bytes it produced. */
+SF_API void sf_node_count_output(sf_node *node, uint64_t items, uint64_t bytes);
+
+/**
+ * Mixes 64-bit words into a seed (splitmix64 finaliser over each word).
+ * Stages derive per-epoch and per-sample random streams from it so results do
+ * not depend on thread scheduling.
+ */
+SF_API uint64_t sf_seed_mix(uint64_t seed, uint64_t word);
+
+/** A small fast PRNG (xoshiro256**, Blackman & Vigna 2018) for stages. */
+typedef struct sf_rng {
+  uint64_t s[4];
+} sf_rng;
+
+/** Seeds rng from one 64-bit seed (expanded with splitmix64). */
+SF_API void sf_rng_seed(sf_rng *rng, uint64_t seed);
+/** Next 64 random bits. */
+SF_API uint64_t sf_rng_next(sf_rng *rng);
+/** Uniform integer in [0, n) without modulo bias; 0 when n is 0. */
+SF_API uint64_t sf_rng_below(sf_rng *rng, uint64_t n);
+/** Uniform double in [0, 1). */
+SF_API double sf_rng_double(sf_rng *rng);
+
+/** Iterates the built-in and loaded stage definitions; *opaque starts as NULL. Returns NULL at the end. */
+SF_API const sf_stage_def *sf_stage_iterate(void **opaque);
+/** Finds a stage definition by name, or NULL. */
+SF_API const sf_stage_def *sf_stage_find(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
