@@ -26,10 +26,21 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
  * Returns 0 with *sample (caller owns it); SF_EOF at the end of the shard;
  * SF_EDUP for a repeated field (the sample is still returned in *sample, minus
  * the duplicate, with *error describing it, and reading may go on);
+ * SF_ETOOBIG likewise for a member over 1 GiB, a key over 127 bytes, a field
+ * name over 31 bytes or more than SF_MAX_FIELDS fields (the sample is returned
+ * without the offending members, and reading may go on);
  * SF_EFORMAT for a corrupt or truncated tar (reading cannot go on); other
  * reader errors. *error names the URL, key and byte offset.
  */
 int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *error);
+
+/*
+ * Same as sf_tar_reader_open() over bytes already in memory (borrowed; they
+ * must outlive the reader). url is only used in samples and messages. For
+ * tests and fuzz targets. Returns 0 or SF_ENOMEM.
+ */
+int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t size,
+                              const char *url, sf_error *error);
 
 /* Closes and sets *reader to NULL. */
 void sf_tar_reader_close(sf_tar_reader **reader);

@@ -1,0 +1,10 @@
+/* Subcommands of the shardflow CLI; each returns the process exit status. */
+#ifndef SF_CLI_H
+#define SF_CLI_H
+
+int sf_cli_run(int argc, char **argv);   /* cli/run.c:   shardflow run GRAPH ... */
+int sf_cli_ls(int argc, char **argv);    /* cli/ls.c:    shardflow ls URL... */
+int sf_cli_help(int argc, char **argv);  /* cli/help.c:  shardflow help [STAGE] */
+int sf_cli_write(int argc, char **argv); /* cli/write.c: shardflow write ... */
+
+#endif

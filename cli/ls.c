@@ -1,0 +1,194 @@
+/* shardflow ls: lists the samples of shards (key and fields, or JSON lines) as tar_split would see them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "engine/shard_list.h"
+#include "engine/tar_reader.h"
+
+static const char usage[] =
+    "usage: shardflow ls [--json] [--allow-pipe] URL...\n"
+    "\n"
+    "Lists the samples of tar shards, grouped as tar_split groups them: one line\n"
+    "per sample with its key, a TAB and its field names in member order.\n"
+    "URLs are paths, file://, http(s):// or pipe:CMD, and may be brace patterns\n"
+    "(shard-{000..009}.tar) or @FILE lists.\n"
+    "\n"
+    "  --json        one JSON object per sample: __key__, __url__, offset,\n"
+    "                fields and sizes (bytes per field)\n"
+    "  --allow-pipe  allow pipe:CMD URLs (they run shell commands)\n"
+    "  -h, --help    show this help\n"
+    "\n"
+    "Exit status: 0 when every shard was read cleanly, 1 when any shard or\n"
+    "sample had an error (reported on stderr), 2 for usage errors.\n";
+
+/* Length of a valid UTF-8 sequence at s (at most n bytes), or 0 when it is not one. */
+static size_t utf8_length(const unsigned char *s, size_t n) {
+  size_t len;
+  unsigned min;
+  unsigned cp;
+  if (s[0] < 0x80) return 1;
+  if ((s[0] & 0xe0) == 0xc0) len = 2, min = 0x80, cp = s[0] & 0x1f;
+  else if ((s[0] & 0xf0) == 0xe0) len = 3, min = 0x800, cp = s[0] & 0x0f;
+  else if ((s[0] & 0xf8) == 0xf0) len = 4, min = 0x10000, cp = s[0] & 0x07;
+  else return 0;
+  if (len > n) return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (s[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return len;
+}
+
+/* Writes s as a JSON string; bytes that are not UTF-8 become U+FFFD so the line stays valid JSON. */
+static void put_json_string(FILE *out, const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s);
+  fputc('"', out);
+  while (n > 0) {
+    unsigned char c = *p;
+    if (c == '"' || c == '\\') {
+      fputc('\\', out);
+      fputc(c, out);
+    } else if (c == '\n') {
+      fputs("\\n", out);
+    } else if (c == '\t') {
+      fputs("\\t", out);
+    } else if (c == '\r') {
+      fputs("\\r", out);
+    } else if (c < 0x20 || c == 0x7f) {
+      fprintf(out, "\\u%04x", c);
+    } else if (c >= 0x80) {
+      size_t len = utf8_length(p, n);
+      if (len == 0) {
+        fputs("\\ufffd", out);
+        len = 1;
+      } else {
+        fwrite(p, 1, len, out);
+      }
+      p += len;
+      n -= len;
+      continue;
+    } else {
+      fputc(c, out);
+    }
+    p++;
+    n--;
+  }
+  fputc('"', out);
+}
+
+static void print_sample(FILE *out, const sf_sample *s, bool json) {
+  if (!json) {
+    fputs(s->key, out);
+    fputc('\t', out);
+    for (int i = 0; i < s->n_fields; i++) fprintf(out, "%s%s", i ? "," : "", s->fields[i].name);
+    fputc('\n', out);
+    return;
+  }
+  fputs("{\"__key__\": ", out);
+  put_json_string(out, s->key);
+  fputs(", \"__url__\": ", out);
+  put_json_string(out, sf_sample_url(s));
+  fprintf(out, ", \"offset\": %lld, \"fields\": [", (long long)s->offset);
+  for (int i = 0; i < s->n_fields; i++) {
+    if (i) fputs(", ", out);
+    put_json_string(out, s->fields[i].name);
+  }
+  fputs("], \"sizes\": [", out);
+  for (int i = 0; i < s->n_fields; i++)
+    fprintf(out, "%s%lld", i ? ", " : "", (long long)sf_tensor_nbytes(&s->fields[i].tensor));
+  fputs("]}\n", out);
+}
+
+static void report(const sf_error *error) {
+  char line[1400];
+  fflush(stdout);
+  fprintf(stderr, "shardflow ls: %s\n", sf_error_format(error, line, sizeof line));
+}
+
+/* Lists one shard. Returns 0 when it was read cleanly, 1 otherwise. */
+static int list_shard(const char *url, const sf_shard_reader_options *options, bool json) {
+  sf_tar_reader *tar;
+  sf_error error;
+  if (sf_tar_reader_open(&tar, url, options, &error) < 0) {
+    report(&error);
+    return 1;
+  }
+  int status = 0;
+  for (;;) {
+    sf_sample *sample = NULL;
+    int rc = sf_tar_reader_next(tar, &sample, &error);
+    if (rc == SF_EOF) break;
+    if (sample) print_sample(stdout, sample, json);
+    sf_sample_destroy(&sample);
+    if (rc < 0) {
+      report(&error);
+      status = 1;
+      /* A duplicate or oversized member spoils one sample; anything else ends the shard. */
+      if (rc != SF_EDUP && rc != SF_ETOOBIG) break;
+    }
+  }
+  sf_tar_reader_close(&tar);
+  return status;
+}
+
+int sf_cli_ls(int argc, char **argv) {
+  bool json = false;
+  sf_shard_reader_options options = {0};
+  int first = argc;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--") == 0) {
+      first = i + 1;
+      break;
+    }
+    if (a[0] != '-' || a[1] == '\0') {
+      first = i;
+      break;
+    }
+    if (strcmp(a, "--json") == 0) {
+      json = true;
+    } else if (strcmp(a, "--allow-pipe") == 0) {
+      options.allow_pipe = true;
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "shardflow ls: unknown option '%s' (valid: --json, --allow-pipe, --help)\n%s",
+              a, usage);
+      return 2;
+    }
+  }
+  if (first >= argc) {
+    fprintf(stderr, "shardflow ls: no shard URL given\n%s", usage);
+    return 2;
+  }
+  /* Expand every pattern first: a typo in the last one should not wait for the first to stream. */
+  int n = argc - first;
+  sf_shard_list *lists = calloc((size_t)n, sizeof *lists);
+  if (!lists) {
+    fputs("shardflow ls: out of memory\n", stderr);
+    return 1;
+  }
+  int status = 0;
+  for (int i = 0; i < n && status == 0; i++) {
+    sf_error error;
+    if (sf_shard_list_expand(&lists[i], argv[first + i], &error) < 0) {
+      report(&error);
+      status = 2;
+    }
+  }
+  for (int i = 0; i < n && status != 2; i++)
+    for (size_t j = 0; j < lists[i].count; j++)
+      status |= list_shard(lists[i].urls[j], &options, json);
+  for (int i = 0; i < n; i++) sf_shard_list_clear(&lists[i]);
+  free(lists);
+  if (fflush(stdout) != 0) {
+    perror("shardflow ls: writing the listing");
+    return 1;
+  }
+  return status;
+}

@@ -1,0 +1,178 @@
+/* The node API stages call (pop, push, errors, seeds, epochs) and the shared context. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/graph.h"
+#include "engine/node.h"
+
+enum { MAX_PRINTED_ERRORS = 20 };
+
+void sf_context_init(sf_context *ctx) {
+  memset(ctx, 0, sizeof *ctx);
+  ctx->world_size = 1;
+  atomic_init(&ctx->epochs_closed, 0);
+  atomic_init(&ctx->stop, false);
+  pthread_mutex_init(&ctx->error_lock, NULL);
+}
+
+void sf_context_destroy(sf_context *ctx) { pthread_mutex_destroy(&ctx->error_lock); }
+
+static void record_locked(sf_context *ctx, const sf_error *e) {
+  ctx->error_count++;
+  ctx->last_error = *e;
+  ctx->has_error = true;
+  if (!ctx->quiet && ctx->printed < MAX_PRINTED_ERRORS) {
+    char line[2048];
+    fprintf(stderr, "shardflow: error: %s\n", sf_error_format(e, line, sizeof line));
+    if (++ctx->printed == MAX_PRINTED_ERRORS)
+      fprintf(stderr, "shardflow: further errors are counted but not printed (see the summary)\n");
+  }
+}
+
+void sf_context_record(sf_context *ctx, const sf_error *e) {
+  pthread_mutex_lock(&ctx->error_lock);
+  record_locked(ctx, e);
+  pthread_mutex_unlock(&ctx->error_lock);
+}
+
+void *sf_node_priv(sf_node *n) { return n->priv; }
+const char *sf_node_name(const sf_node *n) { return n->name; }
+int sf_node_replica(const sf_node *n) { return n->replica; }
+int sf_node_replicas(const sf_node *n) { return n->replicas; }
+uint64_t sf_node_epochs(const sf_node *n) { return n->ctx->epochs; }
+uint64_t sf_node_first_epoch(const sf_node *n) { return n->ctx->first_epoch; }
+int sf_node_rank(const sf_node *n) { return n->ctx->rank; }
+int sf_node_world_size(const sf_node *n) { return n->ctx->world_size; }
+
+uint64_t sf_node_seed(const sf_node *n) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the node name */
+  for (const char *s = n->name; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return sf_seed_mix(n->ctx->seed, h);
+}
+
+void sf_node_close_epoch(sf_node *n, uint64_t epoch) {
+  uint64_t want = epoch + 1, cur = atomic_load(&n->ctx->epochs_closed);
+  while (cur < want && !atomic_compare_exchange_weak(&n->ctx->epochs_closed, &cur, want)) {
+  }
+}
+
+uint64_t sf_node_epochs_closed(const sf_node *n) { return atomic_load(&n->ctx->epochs_closed); }
+
+void sf_node_count_output(sf_node *n, uint64_t items, uint64_t bytes) {
+  atomic_fetch_add_explicit(&n->items, items, memory_order_relaxed);
+  atomic_fetch_add_explicit(&n->bytes, bytes, memory_order_relaxed);
+}
+
+void sf_node_count_skipped(sf_node *n, uint64_t samples) {
+  atomic_fetch_add_explicit(&n->skipped, samples, memory_order_relaxed);
+  pthread_mutex_lock(&n->ctx->error_lock);
+  n->ctx->skipped += samples;
+  pthread_mutex_unlock(&n->ctx->error_lock);
+}
+
+int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_t offset, const char *fmt, ...) {
+  sf_error e;
+  memset(&e, 0, sizeof e);
+  e.code = code;
+  e.offset = offset;
+  e.line = -1;
+  snprintf(e.stage, sizeof e.stage, "%s", n->name);
+  if (url) snprintf(e.url, sizeof e.url, "%s", url);
+  if (key) snprintf(e.key, sizeof e.key, "%s", key);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e.message, sizeof e.message, fmt, ap);
+  va_end(ap);
+  atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
+  sf_context_record(n->ctx, &e);
+  return n->ctx->error_policy == SF_POLICY_FAIL ? code : 0;
+}
+
+/* One queue, holes skipped. */
+static int pop_one(sf_queue *q, sf_item *item) {
+  for (;;) {
+    int r = sf_queue_pop(q, item);
+    if (r < 0 || item->kind != SF_ITEM_NONE) return r;
+  }
+}
+
+/* Several queues fed in round-robin order: read them in the same order; an epoch end counts once all have it. */
+static int pop_port(sf_port *p, sf_item *item) {
+  if (p->n == 1) return pop_one(p->queues[0], item);
+  for (;;) {
+    int r = sf_queue_pop(p->queues[p->rr], item);
+    if (r < 0) return r;
+    p->rr = (p->rr + 1) % p->n;
+    if (item->kind == SF_ITEM_NONE) continue;
+    if (item->kind != SF_ITEM_EPOCH_END) return 0;
+    if (++p->markers < p->n) continue;
+    p->markers = 0;
+    return 0;
+  }
+}
+
+static void push_port(sf_port *p, sf_item *item) {
+  if (p->n == 1) {
+    sf_queue_push(p->queues[0], item);
+    return;
+  }
+  if (item->kind == SF_ITEM_EPOCH_END) {
+    for (int i = 0; i < p->n; i++) {
+      sf_item copy = *item;
+      sf_queue_push(p->queues[i], &copy);
+    }
+    item->kind = SF_ITEM_NONE;
+    return;
+  }
+  sf_queue_push(p->queues[p->rr], item);
+  p->rr = (p->rr + 1) % p->n;
+}
+
+bool sf_port_can_push(sf_port *p) { return p->n == 0 || sf_queue_can_push(p->queues[p->rr]); }
+
+int sf_node_pop(sf_node *n, sf_item *item) {
+  if (n->in.n == 0) return SF_EOF;
+  bool map = n->def->flags & SF_STAGE_MAP;
+  for (;;) {
+    int r = pop_port(&n->in, item);
+    if (r < 0) return r;
+    if (map && item->kind == SF_ITEM_EPOCH_END) {
+      push_port(&n->out, item); /* map stages keep no state: the marker passes straight on */
+      continue;
+    }
+    if (map) n->popped++;
+    return 0;
+  }
+}
+
+void sf_node_push(sf_node *n, sf_item *item) {
+  if (item->kind == SF_ITEM_NONE) return;
+  if (n->out.n == 0) {
+    sf_item_clear(item);
+    return;
+  }
+  if (item->kind == SF_ITEM_SAMPLE || item->kind == SF_ITEM_BATCH) n->pushed++;
+  push_port(&n->out, item);
+}
+
+bool sf_node_output_ready(const sf_node *n) { return sf_port_can_push((sf_port *)&n->out); }
+
+int sf_node_step(sf_node *n) {
+  n->popped = n->pushed = 0;
+  int r = n->def->step(n);
+  if ((n->def->flags & SF_STAGE_MAP) && n->out.n) {
+    /* A dropped sample leaves a hole so round-robin readers stay in step. */
+    for (; n->pushed < n->popped; n->pushed++) {
+      sf_item hole = {.kind = SF_ITEM_NONE};
+      if (n->out.n == 1) {
+        sf_queue_push(n->out.queues[0], &hole);
+      } else {
+        sf_queue_push(n->out.queues[n->out.rr], &hole);
+        n->out.rr = (n->out.rr + 1) % n->out.n;
+      }
+    }
+  }
+  return r;
+}

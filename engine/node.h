@@ -1,0 +1,61 @@
+/* Nodes and the pipeline-wide context they share; used by the executor and the test harness. */
+#ifndef SF_ENGINE_NODE_H
+#define SF_ENGINE_NODE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/queue.h"
+#include "shardflow/shardflow.h"
+#include "shardflow/stage.h"
+
+/* What every node of one pipeline shares: settings, the epoch cut, error records. */
+typedef struct sf_context {
+  uint64_t seed;
+  uint64_t epochs;
+  uint64_t first_epoch;
+  int rank, world_size;
+  int error_policy;                /* SF_POLICY_* */
+  atomic_uint_fast64_t epochs_closed;
+  atomic_bool stop;
+  pthread_mutex_t error_lock;
+  uint64_t error_count, skipped, printed;
+  sf_error last_error;
+  bool has_error;
+  bool quiet;                      /* do not print records to stderr */
+} sf_context;
+
+/* Where a node's items go or come from: one queue, or several in round-robin order. */
+typedef struct sf_port {
+  sf_queue **queues;
+  int n;
+  int rr;              /* next queue in round-robin order */
+  int markers;         /* epoch-end markers collected from the queues (consumer side) */
+} sf_port;
+
+struct sf_node {
+  const sf_stage_def *def;
+  void *priv;
+  char name[32];
+  int replica, replicas;
+  sf_context *ctx;
+  sf_port in, out;
+  bool initialized;
+  /* map stages: samples taken and given this step, so a dropped sample leaves a hole */
+  int popped, pushed;
+  /* metrics */
+  atomic_uint_fast64_t items, bytes, errors, skipped;
+  double busy_seconds, wait_seconds;
+};
+
+void sf_context_init(sf_context *ctx);
+void sf_context_destroy(sf_context *ctx);
+/* Records an error raised outside any stage call, e.g. a failing init. */
+void sf_context_record(sf_context *ctx, const sf_error *error);
+
+/* Runs one step and patches holes for map stages. Returns the step's result. */
+int sf_node_step(sf_node *node);
+/* True when the output port may take another item. */
+bool sf_port_can_push(sf_port *port);
+
+#endif

@@ -1,0 +1,392 @@
+/* The executor: one thread per node replica, bounded queues on every edge, batches out through next(). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/graph.h"
+#include "engine/node.h"
+#include "engine/options.h"
+
+struct sf_pipeline {
+  sf_graph *graph;
+  sf_context ctx;
+  sf_node **nodes;       /* all replicas, chain order */
+  int n_nodes;
+  int *node_of_graph;    /* graph node index of each entry in nodes */
+  sf_queue *queues;      /* every edge queue plus the output queue */
+  int n_queues;
+  sf_queue *output;
+  pthread_t *threads;
+  int n_threads;
+  atomic_int failed;     /* the error code that stopped the pipeline, or 0 */
+  uint64_t epoch;
+  bool done;
+};
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double thread_cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void sf_pipeline_options_init(sf_pipeline_options *o) {
+  o->rank = -1;
+  o->world_size = -1;
+  o->epochs = -1;
+  o->first_epoch = 0;
+}
+
+static int env_int(const char *a, const char *b, int fallback) {
+  const char *v = getenv(a);
+  if (!v || !*v) v = getenv(b);
+  if (!v || !*v) return fallback;
+  char *end;
+  long x = strtol(v, &end, 10);
+  return (*end || x < 0 || x > 1 << 20) ? fallback : (int)x;
+}
+
+static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
+  if (atomic_load(&n->errors) == errors_before) {
+    sf_error e;
+    memset(&e, 0, sizeof e);
+    e.code = code;
+    e.offset = e.line = -1;
+    snprintf(e.stage, sizeof e.stage, "%s", n->name);
+    snprintf(e.message, sizeof e.message, "stage %s stopped: %s", n->def->name, sf_strerror(code));
+    sf_context_record(&p->ctx, &e);
+  }
+  int expected = 0;
+  atomic_compare_exchange_strong(&p->failed, &expected, code);
+  atomic_store(&p->ctx.stop, true);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+}
+
+typedef struct thread_arg {
+  sf_pipeline *p;
+  sf_node *node;
+} thread_arg;
+
+static void *node_thread(void *arg) {
+  sf_pipeline *p = ((thread_arg *)arg)->p;
+  sf_node *n = ((thread_arg *)arg)->node;
+  free(arg);
+  for (;;) {
+    if (atomic_load(&p->ctx.stop)) break;
+    if (!sf_port_can_push(&n->out)) {
+      double t = now_seconds();
+      sf_queue_wait_writable(n->out.queues[n->out.rr], &p->ctx.stop);
+      n->wait_seconds += now_seconds() - t;
+      continue;
+    }
+    uint64_t errors_before = atomic_load(&n->errors);
+    int r = sf_node_step(n);
+    if (r == 0) continue;
+    if (r == SF_EAGAIN && n->in.n) {
+      double t = now_seconds();
+      sf_queue_wait_readable(n->in.queues[n->in.rr], &p->ctx.stop, -1);
+      n->wait_seconds += now_seconds() - t;
+      continue;
+    }
+    if (r == SF_EOF || r == SF_EAGAIN) break;
+    fail(p, n, r, errors_before);
+    break;
+  }
+  for (int i = 0; i < n->out.n; i++) sf_queue_close(n->out.queues[i]);
+  n->busy_seconds = thread_cpu_seconds();
+  return NULL;
+}
+
+static void destroy_nodes(sf_pipeline *p) {
+  for (int i = 0; i < p->n_nodes; i++) {
+    sf_node *n = p->nodes[i];
+    if (!n) continue;
+    if (n->def && n->priv) {
+      if (n->def->uninit) n->def->uninit(n);
+      sf_options_free(n->def->options, n->priv);
+    }
+    free(n->priv);
+    free(n->in.queues);
+    free(n->out.queues);
+    free(n);
+  }
+  free(p->nodes);
+  free(p->node_of_graph);
+  p->nodes = NULL;
+}
+
+static void join_threads(sf_pipeline *p) {
+  for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+  p->n_threads = 0;
+}
+
+void sf_pipeline_destroy(sf_pipeline **pp) {
+  if (!pp || !*pp) return;
+  sf_pipeline *p = *pp;
+  atomic_store(&p->ctx.stop, true);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  join_threads(p);
+  free(p->threads);
+  destroy_nodes(p);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_destroy(&p->queues[i]);
+  free(p->queues);
+  sf_graph_destroy(&p->graph);
+  sf_context_destroy(&p->ctx);
+  free(p);
+  *pp = NULL;
+}
+
+static size_t capacity_for(sf_port_kind kind, int64_t queue_size) {
+  switch (kind) {
+  case SF_PORT_SHARD: return 4;
+  case SF_PORT_BATCH: return 4;
+  default: return (size_t)queue_size;
+  }
+}
+
+/* Builds the replicas of every node and the queues between them. */
+static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf_error *error) {
+  sf_graph *g = p->graph;
+  int total = 0;
+  for (int i = 0; i < g->n_nodes; i++) total += (int)g->nodes[i].replicas;
+  p->nodes = calloc((size_t)total, sizeof *p->nodes);
+  p->node_of_graph = calloc((size_t)total, sizeof *p->node_of_graph);
+  /* Edges: between chain positions k and k+1, max(replicas) queues; plus one output queue. */
+  int n_queues = 1;
+  for (int k = 0; k + 1 < g->n_nodes; k++) {
+    int a = (int)g->nodes[order[k]].replicas, b = (int)g->nodes[order[k + 1]].replicas;
+    n_queues += a > b ? a : b;
+  }
+  p->queues = calloc((size_t)n_queues, sizeof *p->queues);
+  if (!p->nodes || !p->node_of_graph || !p->queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+
+  int first_node = 0, q = 0;
+  sf_queue *prev_out = NULL; /* queues feeding the current chain position */
+  int prev_n = 0;
+  for (int k = 0; k < g->n_nodes; k++) {
+    const sf_graph_node *gn = &g->nodes[order[k]];
+    const sf_stage_def *def = defs[order[k]];
+    int replicas = (int)gn->replicas;
+    /* queues out of this position */
+    sf_queue *out;
+    int out_n;
+    if (k + 1 < g->n_nodes) {
+      int next = (int)g->nodes[order[k + 1]].replicas;
+      out_n = replicas > next ? replicas : next;
+      bool replicated = out_n > 1;
+      size_t cap = capacity_for(def->output, g->queue_size);
+      for (int i = 0; i < out_n; i++) {
+        int r = sf_queue_init(&p->queues[q + i], cap, replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16), 1);
+        if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+        p->n_queues++;
+      }
+      out = &p->queues[q];
+      q += out_n;
+    } else {
+      int r = sf_queue_init(&p->queues[q], capacity_for(def->output, g->queue_size), 1, 1);
+      if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+      p->n_queues++;
+      out = p->output = &p->queues[q];
+      out_n = 1;
+      q++;
+    }
+    for (int rep = 0; rep < replicas; rep++) {
+      sf_node *n = calloc(1, sizeof *n);
+      if (!n) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      p->nodes[first_node + rep] = n;
+      p->node_of_graph[first_node + rep] = order[k];
+      p->n_nodes++;
+      n->def = def;
+      n->ctx = &p->ctx;
+      n->replica = rep;
+      n->replicas = replicas;
+      snprintf(n->name, sizeof n->name, "%s", gn->name);
+      /* input: one queue per replica, or all of them in round-robin order for a single consumer */
+      if (prev_n) {
+        n->in.n = replicas > 1 ? 1 : prev_n;
+        n->in.queues = calloc((size_t)n->in.n, sizeof *n->in.queues);
+        if (!n->in.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+        for (int i = 0; i < n->in.n; i++) n->in.queues[i] = &prev_out[replicas > 1 ? rep : i];
+      }
+      n->out.n = replicas > 1 ? 1 : out_n;
+      n->out.queues = calloc((size_t)n->out.n, sizeof *n->out.queues);
+      if (!n->out.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      for (int i = 0; i < n->out.n; i++) n->out.queues[i] = &out[replicas > 1 ? rep : i];
+      int r = sf_graph_node_apply(g, gn, def, &n->priv, error);
+      if (r < 0) return r;
+      r = def->init ? def->init(n) : 0;
+      if (r < 0) {
+        if (p->ctx.has_error && p->ctx.last_error.stage[0]) {
+          if (error) *error = p->ctx.last_error;
+        } else {
+          sf_graph_error(error, r, g, gn->line, "node '%s' (%s) failed to start: %s", gn->name, def->name,
+                         sf_strerror(r));
+        }
+        return r;
+      }
+    }
+    first_node += replicas;
+    prev_out = out;
+    prev_n = out_n;
+  }
+  return 0;
+}
+
+int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
+  *pp = NULL;
+  sf_pipeline_options defaults;
+  if (!options) {
+    sf_pipeline_options_init(&defaults);
+    options = &defaults;
+  }
+  sf_pipeline *p = calloc(1, sizeof *p);
+  if (!p) return SF_ENOMEM;
+  sf_context_init(&p->ctx);
+  atomic_init(&p->failed, 0);
+  p->graph = sf_graph_copy(graph);
+  if (!p->graph) {
+    sf_context_destroy(&p->ctx);
+    free(p);
+    return SF_ENOMEM;
+  }
+  sf_context *c = &p->ctx;
+  c->seed = p->graph->seed;
+  c->epochs = options->epochs >= 0 ? (uint64_t)options->epochs : (uint64_t)p->graph->epochs;
+  c->first_epoch = options->first_epoch;
+  c->error_policy = p->graph->error_policy;
+  c->rank = options->rank >= 0 ? options->rank : env_int("RANK", "SLURM_PROCID", 0);
+  c->world_size = options->world_size > 0 ? options->world_size : env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
+  if (c->world_size < 1) c->world_size = 1;
+  atomic_init(&c->epochs_closed, c->first_epoch);
+  p->epoch = c->first_epoch;
+  int r;
+  if (c->rank >= c->world_size) {
+    r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
+                       "rank %d is not below world size %d: check RANK/WORLD_SIZE or the rank options", c->rank,
+                       c->world_size);
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  int *order;
+  const sf_stage_def **defs;
+  r = sf_graph_resolve(p->graph, &order, &defs, error);
+  if (r < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  r = build(p, order, defs, error);
+  free(order);
+  free(defs);
+  if (r < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  p->threads = calloc((size_t)p->n_nodes, sizeof *p->threads);
+  if (!p->threads) {
+    sf_pipeline_destroy(&p);
+    return SF_ENOMEM;
+  }
+  for (int i = 0; i < p->n_nodes; i++) {
+    thread_arg *a = malloc(sizeof *a);
+    if (!a || pthread_create(&p->threads[i], NULL, node_thread, a) != 0) {
+      free(a);
+      r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread for node '%s'", p->nodes[i]->name);
+      sf_pipeline_destroy(&p);
+      return r;
+    }
+    a->p = p;
+    a->node = p->nodes[i];
+    p->n_threads++;
+  }
+  *pp = p;
+  return 0;
+}
+
+int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
+  *batch = NULL;
+  double deadline = timeout >= 0 ? now_seconds() + timeout : 0;
+  for (;;) {
+    int failed = atomic_load(&p->failed);
+    if (failed) return failed;
+    if (p->done) return SF_EOF;
+    sf_item item;
+    int r = sf_queue_pop(p->output, &item);
+    if (r == 0) {
+      if (item.kind == SF_ITEM_BATCH) {
+        *batch = item.u.batch;
+        return 0;
+      }
+      if (item.kind == SF_ITEM_EPOCH_END) {
+        p->epoch = item.epoch + 1;
+        return SF_EOF;
+      }
+      sf_item_clear(&item);
+      continue;
+    }
+    if (r == SF_EOF) {
+      failed = atomic_load(&p->failed);
+      if (failed) return failed;
+      p->done = true;
+      join_threads(p); /* every node has closed its output: collect their final metrics */
+      return SF_EOF;
+    }
+    double left = timeout >= 0 ? deadline - now_seconds() : -1;
+    if (timeout >= 0 && left <= 0) return SF_ETIMEDOUT;
+    sf_queue_wait_readable(p->output, &p->ctx.stop, left);
+  }
+}
+
+uint64_t sf_pipeline_epoch(const sf_pipeline *p) { return p->epoch; }
+int sf_pipeline_rank(const sf_pipeline *p) { return p->ctx.rank; }
+int sf_pipeline_world_size(const sf_pipeline *p) { return p->ctx.world_size; }
+
+int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
+  int count = 0;
+  for (int i = 0; i < p->n_nodes; i++) {
+    const sf_node *n = p->nodes[i];
+    if (n->replica == 0) count++;
+    if (count > max || count == 0) continue;
+    sf_node_stats *s = &stats[count - 1];
+    if (n->replica == 0) {
+      memset(s, 0, sizeof *s);
+      snprintf(s->name, sizeof s->name, "%s", n->name);
+      snprintf(s->type, sizeof s->type, "%s", n->def->name);
+      s->replicas = n->replicas;
+    }
+    s->items += atomic_load(&n->items);
+    s->bytes += atomic_load(&n->bytes);
+    s->errors += atomic_load(&n->errors);
+    s->skipped += atomic_load(&n->skipped);
+    s->busy_seconds += n->busy_seconds;
+    s->wait_seconds += n->wait_seconds;
+  }
+  return count;
+}
+
+uint64_t sf_pipeline_error_count(const sf_pipeline *p) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  uint64_t n = p->ctx.error_count;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return n;
+}
+
+uint64_t sf_pipeline_skipped(const sf_pipeline *p) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  uint64_t n = p->ctx.skipped;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return n;
+}
+
+bool sf_pipeline_last_error(const sf_pipeline *p, sf_error *error) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  bool has = p->ctx.has_error;
+  if (has && error) *error = p->ctx.last_error;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return has;
+}

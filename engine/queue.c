@@ -1,0 +1,153 @@
+/* Bounded queues between nodes: mutex + condition variables, woken in runs (see queue.h). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/queue.h"
+
+int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers) {
+  memset(q, 0, sizeof *q);
+  q->capacity = capacity < 1 ? 1 : capacity;
+  q->wake_at = wake_at < 1 ? 1 : (wake_at > q->capacity ? q->capacity : wake_at);
+  q->cap_alloc = q->capacity + 16 < 4096 ? q->capacity + 16 : 4096; /* grows on demand */
+  q->ring = calloc(q->cap_alloc, sizeof *q->ring);
+  if (!q->ring) return SF_ENOMEM;
+  q->producers = producers;
+  pthread_mutex_init(&q->lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&q->readable, &attr);
+  pthread_cond_init(&q->writable, &attr);
+  pthread_condattr_destroy(&attr);
+  return 0;
+}
+
+void sf_queue_destroy(sf_queue *q) {
+  if (!q->ring) return;
+  for (size_t i = 0; i < q->count; i++) sf_item_clear(&q->ring[(q->head + i) % q->cap_alloc]);
+  free(q->ring);
+  q->ring = NULL;
+  pthread_mutex_destroy(&q->lock);
+  pthread_cond_destroy(&q->readable);
+  pthread_cond_destroy(&q->writable);
+}
+
+static bool grow(sf_queue *q) {
+  size_t n = q->cap_alloc * 2;
+  sf_item *ring = malloc(n * sizeof *ring);
+  if (!ring) return false;
+  for (size_t i = 0; i < q->count; i++) ring[i] = q->ring[(q->head + i) % q->cap_alloc];
+  free(q->ring);
+  q->ring = ring;
+  q->cap_alloc = n;
+  q->head = 0;
+  return true;
+}
+
+void sf_queue_push(sf_queue *q, sf_item *item) {
+  pthread_mutex_lock(&q->lock);
+  if (q->count == q->cap_alloc && !grow(q)) {
+    /* Out of memory while over the soft bound: the item cannot be kept. */
+    pthread_mutex_unlock(&q->lock);
+    sf_item_clear(item);
+    return;
+  }
+  q->ring[(q->head + q->count) % q->cap_alloc] = *item;
+  q->count++;
+  q->pushed++;
+  bool wake = q->consumer_waiting && (q->count >= q->wake_at || item->kind == SF_ITEM_EPOCH_END ||
+                                      item->kind == SF_ITEM_BATCH);
+  if (wake) {
+    q->consumer_waiting = false;
+    pthread_cond_signal(&q->readable);
+  }
+  pthread_mutex_unlock(&q->lock);
+  item->kind = SF_ITEM_NONE;
+}
+
+int sf_queue_pop(sf_queue *q, sf_item *item) {
+  pthread_mutex_lock(&q->lock);
+  if (q->count == 0) {
+    int r = q->producers <= 0 ? SF_EOF : SF_EAGAIN;
+    pthread_mutex_unlock(&q->lock);
+    return r;
+  }
+  *item = q->ring[q->head];
+  q->head = (q->head + 1) % q->cap_alloc;
+  q->count--;
+  q->popped++;
+  if (q->producers_waiting && q->count <= q->capacity / 2) pthread_cond_broadcast(&q->writable);
+  pthread_mutex_unlock(&q->lock);
+  return 0;
+}
+
+bool sf_queue_can_push(sf_queue *q) {
+  pthread_mutex_lock(&q->lock);
+  bool ok = q->count < q->capacity;
+  pthread_mutex_unlock(&q->lock);
+  return ok;
+}
+
+void sf_queue_close(sf_queue *q) {
+  pthread_mutex_lock(&q->lock);
+  q->producers--;
+  pthread_cond_broadcast(&q->readable);
+  pthread_mutex_unlock(&q->lock);
+}
+
+void sf_queue_wake_all(sf_queue *q) {
+  pthread_mutex_lock(&q->lock);
+  pthread_cond_broadcast(&q->readable);
+  pthread_cond_broadcast(&q->writable);
+  pthread_mutex_unlock(&q->lock);
+}
+
+static bool has_marker(const sf_queue *q) {
+  for (size_t i = 0; i < q->count; i++) {
+    sf_item_kind k = q->ring[(q->head + i) % q->cap_alloc].kind;
+    if (k == SF_ITEM_EPOCH_END || k == SF_ITEM_BATCH) return true;
+  }
+  return false;
+}
+
+static void deadline_after(struct timespec *ts, double seconds) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  double whole = (double)(long long)seconds;
+  ts->tv_sec += (time_t)whole;
+  ts->tv_nsec += (long)((seconds - whole) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+bool sf_queue_wait_readable(sf_queue *q, const atomic_bool *stop, double timeout) {
+  struct timespec deadline;
+  if (timeout >= 0) deadline_after(&deadline, timeout);
+  bool ok = true;
+  pthread_mutex_lock(&q->lock);
+  while (!atomic_load(stop) && q->producers > 0 && q->count < q->wake_at && !has_marker(q)) {
+    q->consumer_waiting = true;
+    if (timeout < 0) {
+      pthread_cond_wait(&q->readable, &q->lock);
+    } else if (pthread_cond_timedwait(&q->readable, &q->lock, &deadline) == ETIMEDOUT) {
+      ok = q->count > 0;
+      break;
+    }
+  }
+  q->consumer_waiting = false;
+  pthread_mutex_unlock(&q->lock);
+  return ok;
+}
+
+void sf_queue_wait_writable(sf_queue *q, const atomic_bool *stop) {
+  pthread_mutex_lock(&q->lock);
+  while (!atomic_load(stop) && q->count >= q->capacity) {
+    q->producers_waiting++;
+    pthread_cond_wait(&q->writable, &q->lock);
+    q->producers_waiting--;
+  }
+  pthread_mutex_unlock(&q->lock);
+}

@@ -1,0 +1,53 @@
+/* Bounded single-consumer queues of items between nodes, with wake-up hysteresis. */
+#ifndef SF_ENGINE_QUEUE_H
+#define SF_ENGINE_QUEUE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "shardflow/stage.h"
+
+/*
+ * A ring of items with one consumer and one or more producers. The bound is
+ * soft: push never fails (the ring grows), because the engine only steps a
+ * producer while can_push() holds, so at most a step's worth of items goes
+ * past capacity. A waiting consumer is woken when `wake_at` items are queued
+ * (or an epoch end / close arrives) and a waiting producer when the count
+ * falls to half the capacity: threads then trade items in runs, not one by one.
+ */
+typedef struct sf_queue {
+  pthread_mutex_t lock;
+  pthread_cond_t readable, writable;
+  sf_item *ring;
+  size_t cap_alloc, head, count;
+  size_t capacity, wake_at;
+  int producers;            /* still open */
+  bool consumer_waiting;
+  int producers_waiting;
+  uint64_t pushed, popped;
+} sf_queue;
+
+int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers);
+void sf_queue_destroy(sf_queue *q);
+
+/* Appends item (consumed). */
+void sf_queue_push(sf_queue *q, sf_item *item);
+/* 0 with *item, SF_EAGAIN when empty, SF_EOF when empty and every producer closed. */
+int sf_queue_pop(sf_queue *q, sf_item *item);
+bool sf_queue_can_push(sf_queue *q);
+/* One producer is done. */
+void sf_queue_close(sf_queue *q);
+/* Wakes every waiter (used when the pipeline stops). */
+void sf_queue_wake_all(sf_queue *q);
+
+/*
+ * Waits until the consumer has something to do (wake_at items, a marker, or
+ * closed) or *stop is set, at most timeout seconds (negative = no limit).
+ * Returns false on timeout.
+ */
+bool sf_queue_wait_readable(sf_queue *q, const atomic_bool *stop, double timeout);
+/* Waits until can_push() or *stop. */
+void sf_queue_wait_writable(sf_queue *q, const atomic_bool *stop);
+
+#endif

@@ -1,0 +1,303 @@
+/* Unit tests of the batch stage alone (harness): shapes, contents, partial batches, epoch ends, shape errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/harness.h"
+
+enum { H = 4, W = 5, C = 3 };
+
+/* The pixel every image of sample `id` holds at (y, x, c): distinct per sample and position. */
+static uint8_t pixel(int id, int y, int x, int c) { return (uint8_t)(id * 7 + y * 31 + x * 3 + c); }
+
+/* Adds a uint8 [h, w, C] image named `name` filled with pixel(id, ...). */
+static void add_image(sf_sample *s, const char *name, int id, int h, int w) {
+  sf_tensor t;
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 3, (int64_t[]){h, w, C}), 0);
+  uint8_t *p = sf_tensor_data(&t);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++)
+      for (int c = 0; c < C; c++) *p++ = pixel(id, y, x, c);
+  assert_non_null(sf_sample_add_field(s, name, false, &t));
+}
+
+/* A sample with an image `png` [H,W,C], a label `cls` int64 scalar = id and encoded bytes `txt`. */
+static sf_sample *make_sample(int id, uint64_t epoch, int h, int w) {
+  sf_sample *s = sf_sample_new();
+  assert_non_null(s);
+  snprintf(s->key, sizeof s->key, "sample%04d", id);
+  const char url[] = "/data/shard-000.tar";
+  s->url = sf_buffer_new(sizeof url);
+  memcpy(sf_buffer_data(s->url), url, sizeof url);
+  s->epoch = epoch;
+  s->index = (uint64_t)id;
+  s->offset = 512 * id;
+  add_image(s, "png", id, h, w);
+  sf_tensor t;
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT64, 0, NULL), 0);
+  *(int64_t *)sf_tensor_data(&t) = id;
+  assert_non_null(sf_sample_add_field(s, "cls", false, &t));
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, (int64_t[]){3}), 0);
+  memcpy(sf_tensor_data(&t), "abc", 3);
+  assert_non_null(sf_sample_add_field(s, "txt", true, &t));
+  return s;
+}
+
+static void push_sample(sf_harness *h, sf_sample *s) {
+  sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = s->epoch, .u.sample = s};
+  sf_harness_push(h, &item);
+}
+
+static void push_epoch_end(sf_harness *h, uint64_t epoch) {
+  sf_item item = {.kind = SF_ITEM_EPOCH_END, .epoch = epoch};
+  sf_harness_push(h, &item);
+}
+
+static sf_harness *new_batch(const char *batch_size, const char *partial) {
+  char a[64], b[64];
+  snprintf(a, sizeof a, "batch_size=%s", batch_size);
+  snprintf(b, sizeof b, "partial=%s", partial);
+  const char *options[] = {a, b, NULL};
+  sf_harness *h;
+  sf_error error;
+  memset(&error, 0, sizeof error);
+  int r = sf_harness_new(&h, "batch", options, 1, 0, 0, 1, &error);
+  if (r) fail_msg("harness: %s", error.message);
+  return h;
+}
+
+/* Pops the next item, which must be a batch of `size` samples with ids first.. in order. */
+static void expect_batch(sf_harness *h, uint64_t epoch, uint64_t index, int first, int size) {
+  sf_item item;
+  assert_int_equal(sf_harness_pop(h, &item), 0);
+  assert_int_equal(item.kind, SF_ITEM_BATCH);
+  sf_batch *b = item.u.batch;
+  assert_int_equal(item.epoch, epoch);
+  assert_int_equal(b->epoch, epoch);
+  assert_int_equal(b->index, index);
+  assert_int_equal(b->size, size);
+  assert_int_equal(b->n_fields, 2); /* the encoded field stays out */
+  assert_null(sf_batch_field(b, "txt"));
+
+  const sf_field *img = sf_batch_field(b, "png");
+  assert_non_null(img);
+  assert_int_equal(img->tensor.dtype, SF_DTYPE_UINT8);
+  assert_int_equal(img->tensor.ndim, 4);
+  assert_int_equal(img->tensor.shape[0], size);
+  assert_int_equal(img->tensor.shape[1], H);
+  assert_int_equal(img->tensor.shape[2], W);
+  assert_int_equal(img->tensor.shape[3], C);
+  assert_true(sf_tensor_is_contiguous(&img->tensor));
+  const uint8_t *p = sf_tensor_data(&img->tensor);
+  for (int i = 0; i < size; i++)
+    for (int y = 0; y < H; y++)
+      for (int x = 0; x < W; x++)
+        for (int c = 0; c < C; c++) assert_int_equal(*p++, pixel(first + i, y, x, c));
+
+  const sf_field *cls = sf_batch_field(b, "cls");
+  assert_non_null(cls);
+  assert_int_equal(cls->tensor.dtype, SF_DTYPE_INT64);
+  assert_int_equal(cls->tensor.ndim, 1);
+  assert_int_equal(cls->tensor.shape[0], size);
+  const int64_t *labels = sf_tensor_data(&cls->tensor);
+  for (int i = 0; i < size; i++) {
+    assert_int_equal(labels[i], first + i);
+    char key[32];
+    snprintf(key, sizeof key, "sample%04d", first + i);
+    assert_string_equal(b->keys[i], key);
+  }
+  sf_item_clear(&item);
+}
+
+static void expect_epoch_end(sf_harness *h, uint64_t epoch) {
+  sf_item item;
+  assert_int_equal(sf_harness_pop(h, &item), 0);
+  assert_int_equal(item.kind, SF_ITEM_EPOCH_END);
+  assert_int_equal(item.epoch, epoch);
+}
+
+static void expect_empty(sf_harness *h) {
+  sf_item item;
+  assert_int_equal(sf_harness_pop(h, &item), SF_EAGAIN);
+}
+
+static void test_full_and_partial(void **state) {
+  sf_harness *h = new_batch("4", "true");
+  for (int i = 0; i < 10; i++) push_sample(h, make_sample(i, 0, H, W));
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN);
+  expect_batch(h, 0, 0, 0, 4);
+  expect_batch(h, 0, 1, 4, 4);
+  expect_empty(h); /* two samples wait for more */
+  push_epoch_end(h, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 2, 8, 2);
+  expect_epoch_end(h, 0);
+  expect_empty(h);
+  assert_int_equal(sf_harness_error_count(h), 0);
+  assert_int_equal(sf_harness_skipped(h), 0);
+  sf_harness_destroy(&h);
+}
+
+static void test_partial_false_drops(void **state) {
+  sf_harness *h = new_batch("4", "false");
+  for (int i = 0; i < 10; i++) push_sample(h, make_sample(i, 0, H, W));
+  push_epoch_end(h, 0);
+  for (int i = 10; i < 13; i++) push_sample(h, make_sample(i, 1, H, W)); /* EOF cuts these */
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 0, 0, 4);
+  expect_batch(h, 0, 1, 4, 4);
+  expect_epoch_end(h, 0);
+  expect_empty(h);
+  assert_int_equal(sf_harness_skipped(h), 2 + 3);
+  assert_int_equal(sf_harness_error_count(h), 0);
+  sf_harness_destroy(&h);
+}
+
+/* Each epoch's short batch leaves before its marker, and batch indices restart at 0. */
+static void test_epoch_end_flush(void **state) {
+  sf_harness *h = new_batch("3", "true");
+  for (int i = 0; i < 4; i++) push_sample(h, make_sample(i, 0, H, W));
+  push_epoch_end(h, 0);
+  for (int i = 4; i < 10; i++) push_sample(h, make_sample(i, 1, H, W));
+  push_epoch_end(h, 1);
+  for (int i = 10; i < 12; i++) push_sample(h, make_sample(i, 2, H, W));
+  sf_harness_close_input(h); /* EOF flushes like an epoch end, without a marker */
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 0, 0, 3);
+  expect_batch(h, 0, 1, 3, 1);
+  expect_epoch_end(h, 0);
+  expect_batch(h, 1, 0, 4, 3);
+  expect_batch(h, 1, 1, 7, 3);
+  expect_epoch_end(h, 1); /* an exact multiple: no empty batch */
+  expect_batch(h, 2, 0, 10, 2);
+  expect_empty(h);
+  sf_harness_destroy(&h);
+}
+
+static void test_batch_size_one(void **state) {
+  sf_harness *h = new_batch("1", "false");
+  for (int i = 0; i < 3; i++) push_sample(h, make_sample(i, 0, H, W));
+  push_epoch_end(h, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  for (int i = 0; i < 3; i++) expect_batch(h, 0, (uint64_t)i, i, 1);
+  expect_epoch_end(h, 0);
+  assert_int_equal(sf_harness_skipped(h), 0);
+  sf_harness_destroy(&h);
+}
+
+static void test_shape_mismatch_skip(void **state) {
+  sf_harness *h = new_batch("2", "true");
+  push_sample(h, make_sample(0, 0, H, W));
+  push_sample(h, make_sample(99, 0, H + 1, W)); /* taller image */
+  push_sample(h, make_sample(1, 0, H, W));
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 0, 0, 2);
+  expect_empty(h);
+  assert_int_equal(sf_harness_error_count(h), 1);
+  assert_int_equal(sf_harness_skipped(h), 1);
+  const sf_error *e = sf_harness_last_error(h);
+  assert_non_null(e);
+  assert_int_equal(e->code, SF_ESHAPE);
+  assert_string_equal(e->stage, "batch");
+  assert_string_equal(e->url, "/data/shard-000.tar");
+  assert_string_equal(e->key, "sample0099");
+  assert_int_equal(e->offset, 512 * 99);
+  if (!strstr(e->message, "'png'") || !strstr(e->message, "[5,5,3]") || !strstr(e->message, "[4,5,3]"))
+    fail_msg("message does not name the field and both shapes: %s", e->message);
+  sf_harness_destroy(&h);
+}
+
+static void test_dtype_and_missing_field(void **state) {
+  sf_harness *h = new_batch("3", "true");
+  push_sample(h, make_sample(0, 0, H, W));
+  sf_sample *s = make_sample(50, 0, H, W);
+  sf_tensor t;
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT32, 0, NULL), 0); /* cls as int32, not int64 */
+  sf_sample_remove_field(s, 1);
+  assert_non_null(sf_sample_add_field(s, "cls", false, &t));
+  push_sample(h, s);
+  s = make_sample(51, 0, H, W);
+  sf_sample_remove_field(s, 0); /* no image */
+  push_sample(h, s);
+  push_sample(h, make_sample(1, 0, H, W));
+  push_sample(h, make_sample(2, 0, H, W));
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 0, 0, 3);
+  assert_int_equal(sf_harness_error_count(h), 2);
+  assert_int_equal(sf_harness_skipped(h), 2);
+  const sf_error *e = sf_harness_last_error(h);
+  assert_string_equal(e->key, "sample0051");
+  if (!strstr(e->message, "'png'") || !strstr(e->message, "missing"))
+    fail_msg("message does not name the missing field: %s", e->message);
+  sf_harness_destroy(&h);
+}
+
+static void test_shape_mismatch_fail(void **state) {
+  sf_harness *h = new_batch("2", "true");
+  sf_harness_set_error_policy(h, 1);
+  push_sample(h, make_sample(0, 0, H, W));
+  push_sample(h, make_sample(1, 0, H, W + 2));
+  assert_int_equal(sf_harness_run(h, 0), SF_ESHAPE);
+  assert_int_equal(sf_harness_error_count(h), 1);
+  sf_harness_destroy(&h); /* the open batch and queued items are freed (ASan checks) */
+}
+
+/* A non-contiguous image (a transposed view) is copied in logical C order. */
+static void test_strided_input(void **state) {
+  sf_harness *h = new_batch("2", "true");
+  for (int i = 0; i < 2; i++) {
+    sf_sample *s = make_sample(i, 0, H, W);
+    /* Replace png with a [H,W,C] view of a [W,H,C] buffer: strides (C, H*C, 1). */
+    sf_tensor t;
+    assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 3, (int64_t[]){W, H, C}), 0);
+    uint8_t *p = sf_tensor_data(&t);
+    for (int x = 0; x < W; x++)
+      for (int y = 0; y < H; y++)
+        for (int c = 0; c < C; c++) *p++ = pixel(i, y, x, c);
+    t.shape[0] = H;
+    t.shape[1] = W;
+    t.strides[0] = C;
+    t.strides[1] = H * C;
+    assert_false(sf_tensor_is_contiguous(&t));
+    sf_sample_remove_field(s, 0);
+    assert_non_null(sf_sample_add_field(s, "png", false, &t));
+    push_sample(h, s);
+  }
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 0, 0, 2);
+  sf_harness_destroy(&h);
+}
+
+static void test_bad_options(void **state) {
+  sf_harness *h;
+  sf_error error;
+  memset(&error, 0, sizeof error);
+  assert_int_equal(sf_harness_new(&h, "batch", (const char *[]){"batch_size=0", NULL}, 1, 0, 0, 1, &error),
+                   SF_EOPTION);
+  assert_null(h);
+  assert_int_equal(sf_harness_new(&h, "batch", (const char *[]){"partial=maybe", NULL}, 1, 0, 0, 1, &error),
+                   SF_EOPTION);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_full_and_partial),   cmocka_unit_test(test_partial_false_drops),
+      cmocka_unit_test(test_epoch_end_flush),    cmocka_unit_test(test_batch_size_one),
+      cmocka_unit_test(test_shape_mismatch_skip), cmocka_unit_test(test_dtype_and_missing_field),
+      cmocka_unit_test(test_shape_mismatch_fail), cmocka_unit_test(test_strided_input),
+      cmocka_unit_test(test_bad_options),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
