@@ -294,14 +294,13 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   }
   for (int i = 0; i < p->n_nodes; i++) {
     thread_arg *a = malloc(sizeof *a);
+    if (a) *a = (thread_arg){.p = p, .node = p->nodes[i]};
     if (!a || pthread_create(&p->threads[i], NULL, node_thread, a) != 0) {
       free(a);
       r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread for node '%s'", p->nodes[i]->name);
       sf_pipeline_destroy(&p);
       return r;
     }
-    a->p = p;
-    a->node = p->nodes[i];
     p->n_threads++;
   }
   *pp = p;

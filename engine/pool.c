@@ -1,0 +1,95 @@
+/* Buffer pools: idle buffers on a mutex-protected free list, returned by the buffer's free callback. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "shardflow/pool.h"
+
+typedef struct idle {
+  struct idle *next;
+  size_t size;
+} idle;
+
+struct sf_pool {
+  atomic_size_t refs; /* the owner's reference plus one per buffer out */
+  pthread_mutex_t lock;
+  idle *free_list;
+  size_t n_free, max_free, allocated;
+};
+
+sf_pool *sf_pool_new(size_t max_free) {
+  sf_pool *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  atomic_init(&p->refs, 1);
+  pthread_mutex_init(&p->lock, NULL);
+  p->max_free = max_free;
+  return p;
+}
+
+static void release(sf_pool *p) {
+  if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1) return;
+  for (idle *i = p->free_list, *next; i; i = next) {
+    next = i->next;
+    free(i);
+  }
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+}
+
+void sf_pool_unref(sf_pool **pp) {
+  if (!pp || !*pp) return;
+  release(*pp);
+  *pp = NULL;
+}
+
+/* Idle buffers keep their size in a header in front of the data (64 bytes keeps alignment). */
+enum { HEADER = 64 };
+
+static void give_back(void *opaque, uint8_t *data) {
+  sf_pool *p = opaque;
+  idle *i = (idle *)(data - HEADER);
+  pthread_mutex_lock(&p->lock);
+  if (p->n_free < p->max_free) {
+    i->next = p->free_list;
+    p->free_list = i;
+    p->n_free++;
+    i = NULL;
+  }
+  pthread_mutex_unlock(&p->lock);
+  free(i);
+  release(p);
+}
+
+sf_buffer *sf_pool_get(sf_pool *p, size_t size) {
+  idle *got = NULL;
+  pthread_mutex_lock(&p->lock);
+  for (idle **link = &p->free_list; *link; link = &(*link)->next) {
+    if ((*link)->size == size) {
+      got = *link;
+      *link = got->next;
+      p->n_free--;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (!got) {
+    if (size > SIZE_MAX - HEADER - 64) return NULL;
+    got = aligned_alloc(64, (HEADER + size + 63) & ~(size_t)63);
+    if (!got) return NULL;
+    got->size = size;
+    pthread_mutex_lock(&p->lock);
+    p->allocated++;
+    pthread_mutex_unlock(&p->lock);
+  }
+  atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+  sf_buffer *b = sf_buffer_wrap((uint8_t *)got + HEADER, size, give_back, p);
+  if (!b) give_back(p, (uint8_t *)got + HEADER);
+  return b;
+}
+
+size_t sf_pool_allocated(const sf_pool *p) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->lock);
+  size_t n = p->allocated;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+  return n;
+}

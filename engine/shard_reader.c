@@ -1,0 +1,456 @@
+/* Streaming reads of one shard by URL: local files, http(s) through libcurl's multi interface, pipe:CMD. */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "engine/shard_reader.h"
+
+extern char **environ;
+
+enum { FILE_CHUNK = 1 << 20 };
+
+typedef enum kind { KIND_FILE, KIND_HTTP, KIND_PIPE } kind;
+
+struct sf_shard_reader {
+  kind kind;
+  char *url;
+  int64_t offset;   /* bytes handed out so far */
+  bool at_end;
+  /* file and pipe */
+  int fd;
+  uint8_t *chunk;
+  /* pipe */
+  pid_t pid;
+  const char *command; /* points into url */
+  /* http */
+  CURLM *multi;
+  CURL *easy;
+  uint8_t *data;      /* what the write callback delivered since the last read */
+  size_t size, capacity;
+  bool handed_out;    /* data was returned by read: reset it at the next call */
+  bool done;
+  CURLcode result;
+  char curl_text[CURL_ERROR_SIZE];
+};
+
+static void set_error(sf_error *error, int code, const char *url, int64_t offset, const char *fmt,
+                      ...) __attribute__((format(printf, 5, 6)));
+
+static void set_error(sf_error *error, int code, const char *url, int64_t offset, const char *fmt,
+                      ...) {
+  if (!error) return;
+  memset(error, 0, sizeof *error);
+  error->code = code;
+  error->offset = offset;
+  error->line = -1;
+  snprintf(error->url, sizeof error->url, "%s", url ? url : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error->message, sizeof error->message, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- local files ---- */
+
+static int hexval(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = tolower(c);
+  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* file:///path and file://localhost/path name a local path; %XX escapes are decoded. */
+static char *file_url_path(const char *url) {
+  const char *p = url + strlen("file://");
+  if (strncmp(p, "localhost/", 10) == 0) p += 9;
+  if (*p != '/') return NULL;
+  char *out = malloc(strlen(p) + 1), *o = out;
+  if (!out) return NULL;
+  for (; *p; p++) {
+    int hi, lo;
+    if (*p == '%' && (hi = hexval((unsigned char)p[1])) >= 0 &&
+        (lo = hexval((unsigned char)p[2])) >= 0) {
+      *o++ = (char)(hi * 16 + lo);
+      p += 2;
+    } else {
+      *o++ = *p;
+    }
+  }
+  *o = '\0';
+  return out;
+}
+
+static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
+  r->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (r->fd < 0) {
+    int e = errno, code = e == ENOENT || e == ENOTDIR ? SF_ENOENT : SF_EIO;
+    set_error(error, code, r->url, -1, "cannot open shard: %s — check the path in the shard list",
+              strerror(e));
+    return code;
+  }
+  struct stat st;
+  if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    set_error(error, SF_EIO, r->url, -1,
+              "is a directory, not a tar shard — list the .tar files inside it (e.g. dir/shard-{0..9}.tar)");
+    return SF_EIO;
+  }
+  /* Shards are read once front to back: let the kernel read ahead aggressively. */
+  (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  r->chunk = malloc(FILE_CHUNK);
+  if (!r->chunk) return SF_ENOMEM;
+  return 0;
+}
+
+static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
+  for (;;) {
+    ssize_t n = read(r->fd, r->chunk, FILE_CHUNK);
+    if (n >= 0) {
+      *data = r->chunk;
+      return n;
+    }
+    if (errno == EINTR) continue;
+    set_error(error, SF_EIO, r->url, r->offset, "read failed: %s", strerror(errno));
+    return SF_EIO;
+  }
+}
+
+/* ---- pipe:CMD ---- */
+
+static int open_pipe(sf_shard_reader *r, sf_error *error) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    set_error(error, SF_EIO, r->url, -1, "cannot create a pipe: %s", strerror(errno));
+    return SF_EIO;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawnattr_init(&attr);
+  /* The trainer may ignore SIGPIPE or block signals; the command should not inherit that. */
+  sigset_t none, pipe_only;
+  sigemptyset(&none);
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  sigaddset(&pipe_only, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &pipe_only);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  char *argv[] = {"sh", "-c", (char *)r->command, NULL};
+  int e = posix_spawn(&r->pid, "/bin/sh", &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(fds[1]);
+  if (e != 0) {
+    close(fds[0]);
+    r->pid = 0;
+    set_error(error, SF_EIO, r->url, -1, "cannot start /bin/sh for the pipe command: %s",
+              strerror(e));
+    return SF_EIO;
+  }
+  r->fd = fds[0];
+  r->chunk = malloc(FILE_CHUNK);
+  return r->chunk ? 0 : SF_ENOMEM;
+}
+
+/* Waits for the command; a non-zero exit means the shard is incomplete. */
+static int reap_pipe(sf_shard_reader *r, sf_error *error) {
+  int status;
+  pid_t w;
+  do {
+    w = waitpid(r->pid, &status, 0);
+  } while (w < 0 && errno == EINTR);
+  r->pid = 0;
+  if (w < 0) return 0;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  if (WIFEXITED(status))
+    set_error(error, SF_EIO, r->url, r->offset,
+              "pipe command `%s` exited with status %d — run it by hand to see why",
+              r->command, WEXITSTATUS(status));
+  else
+    set_error(error, SF_EIO, r->url, r->offset,
+              "pipe command `%s` was killed by signal %d — run it by hand to see why", r->command,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return SF_EIO;
+}
+
+/* Stops a command we no longer read from: SIGTERM, a short grace period, then SIGKILL. */
+static void kill_pipe(sf_shard_reader *r) {
+  if (r->pid <= 0) return;
+  kill(r->pid, SIGTERM);
+  for (int i = 0; i < 200; i++) {
+    pid_t w = waitpid(r->pid, NULL, WNOHANG);
+    if (w == r->pid || (w < 0 && errno != EINTR)) {
+      r->pid = 0;
+      return;
+    }
+    nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+  }
+  kill(r->pid, SIGKILL);
+  while (waitpid(r->pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  r->pid = 0;
+}
+
+/* ---- http(s) ---- */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_result;
+
+static void curl_init(void) { curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  sf_shard_reader *r = opaque;
+  size_t n = size * nmemb;
+  if (r->size + n > r->capacity) {
+    size_t cap = r->capacity ? r->capacity : CURL_MAX_WRITE_SIZE;
+    while (cap < r->size + n) cap *= 2;
+    uint8_t *grown = realloc(r->data, cap);
+    if (!grown) return 0; /* makes curl fail the transfer with CURLE_WRITE_ERROR */
+    r->data = grown;
+    r->capacity = cap;
+  }
+  memcpy(r->data + r->size, ptr, n);
+  r->size += n;
+  return n;
+}
+
+/* Maps a finished transfer's result to an error record; 0 when it succeeded. */
+static int http_result(sf_shard_reader *r, sf_error *error) {
+  if (r->result == CURLE_OK) return 0;
+  long status = 0;
+  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+  const char *text = r->curl_text[0] ? r->curl_text : curl_easy_strerror(r->result);
+  switch (r->result) {
+  case CURLE_HTTP_RETURNED_ERROR:
+    if (status == 404 || status == 410) {
+      set_error(error, SF_ENOENT, r->url, r->offset,
+                "HTTP %ld: the server has no such shard (%s) — check the URL and the shard list",
+                status, text);
+      return SF_ENOENT;
+    }
+    set_error(error, SF_ENET, r->url, r->offset,
+              "HTTP %ld from the server (%s) — check access rights and the server's logs", status,
+              text);
+    return SF_ENET;
+  case CURLE_OPERATION_TIMEDOUT:
+    set_error(error, SF_ETIMEDOUT, r->url, r->offset,
+              "timed out (%s) — the server is unreachable or stalled; raise connect_timeout / "
+              "stall_timeout on tar_split if it is just slow",
+              text);
+    return SF_ETIMEDOUT;
+  case CURLE_OUT_OF_MEMORY:
+  case CURLE_WRITE_ERROR:
+    set_error(error, SF_ENOMEM, r->url, r->offset, "out of memory while downloading (%s)", text);
+    return SF_ENOMEM;
+  case CURLE_UNSUPPORTED_PROTOCOL:
+    set_error(error, SF_EDENIED, r->url, r->offset,
+              "refused to follow (%s): only http and https URLs are fetched, redirects included",
+              text);
+    return SF_EDENIED;
+  default:
+    if (status >= 400)
+      set_error(error, SF_ENET, r->url, r->offset, "HTTP %ld, then: %s", status, text);
+    else
+      set_error(error, SF_ENET, r->url, r->offset,
+                "download failed: %s — check that the host name resolves and the server is "
+                "running and reachable",
+                text);
+    return SF_ENET;
+  }
+}
+
+/* Drives the transfer until the write callback delivered data or the transfer ended. */
+static int http_pump(sf_shard_reader *r, sf_error *error) {
+  while (r->size == 0 && !r->done) {
+    int running = 0;
+    CURLMcode mc = curl_multi_perform(r->multi, &running);
+    if (mc != CURLM_OK) {
+      set_error(error, SF_ENET, r->url, r->offset, "libcurl failed: %s", curl_multi_strerror(mc));
+      return SF_ENET;
+    }
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(r->multi, &left)))
+      if (msg->msg == CURLMSG_DONE) {
+        r->done = true;
+        r->result = msg->data.result;
+      }
+    if (r->size > 0 || r->done) break;
+    mc = curl_multi_poll(r->multi, NULL, 0, 1000, NULL);
+    if (mc != CURLM_OK) {
+      set_error(error, SF_ENET, r->url, r->offset, "libcurl failed: %s", curl_multi_strerror(mc));
+      return SF_ENET;
+    }
+  }
+  /* Data delivered before a failure is still handed out; the error follows at the end. */
+  if (r->size == 0 && r->done) return http_result(r, error);
+  return 0;
+}
+
+static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_result != CURLE_OK) {
+    set_error(error, SF_ENET, r->url, -1, "libcurl did not initialise: %s",
+              curl_easy_strerror(curl_init_result));
+    return SF_ENET;
+  }
+  r->multi = curl_multi_init();
+  r->easy = curl_easy_init();
+  if (!r->multi || !r->easy) return SF_ENOMEM;
+  double connect = o && o->connect_timeout > 0 ? o->connect_timeout : 10.0;
+  double stall = o && o->stall_timeout > 0 ? o->stall_timeout : 30.0;
+  long stall_s = (long)stall < stall ? (long)stall + 1 : (long)stall;
+  CURL *e = r->easy;
+  int bad = 0;
+  bad |= curl_easy_setopt(e, CURLOPT_URL, r->url);
+  bad |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  bad |= curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  bad |= curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
+  bad |= curl_easy_setopt(e, CURLOPT_FAILONERROR, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  bad |= curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(connect * 1000));
+  bad |= curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, stall_s < 1 ? 1L : stall_s);
+  bad |= curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->curl_text);
+  bad |= curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
+  bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+  bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
+  if (bad) {
+    set_error(error, SF_EINVAL, r->url, -1,
+              "libcurl refused the transfer options (is libcurl older than 7.85?)");
+    return SF_EINVAL;
+  }
+  if (curl_multi_add_handle(r->multi, e) != CURLM_OK) return SF_ENOMEM;
+  /* Run until the first bytes (or the failure) so a 404 or a dead host shows at open. */
+  return http_pump(r, error);
+}
+
+/* ---- dispatch ---- */
+
+/* True when url starts with a scheme ("s3://"), so it is not a plain path. */
+static bool has_scheme(const char *url) {
+  const char *p = url;
+  if (!isalpha((unsigned char)*p)) return false;
+  while (isalnum((unsigned char)*p) || *p == '+' || *p == '-' || *p == '.') p++;
+  return strncmp(p, "://", 3) == 0;
+}
+
+int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
+                         const sf_shard_reader_options *options, sf_error *error) {
+  *reader = NULL;
+  if (!url || !*url) {
+    set_error(error, SF_EINVAL, "", -1, "empty shard URL — check the shard list");
+    return SF_EINVAL;
+  }
+  sf_shard_reader *r = calloc(1, sizeof *r);
+  if (!r || !(r->url = strdup(url))) {
+    free(r);
+    set_error(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  r->fd = -1;
+  int rc;
+  if (strncmp(url, "pipe:", 5) == 0) {
+    r->kind = KIND_PIPE;
+    r->command = r->url + 5;
+    if (!options || !options->allow_pipe) {
+      set_error(error, SF_EDENIED, url, -1,
+                "pipe: URLs run shell commands and are off by default — set `allow_pipe: true` "
+                "on shard_source if you trust the shard list");
+      rc = SF_EDENIED;
+    } else {
+      rc = open_pipe(r, error);
+    }
+  } else if (strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0) {
+    r->kind = KIND_HTTP;
+    rc = open_http(r, options, error);
+  } else if (strncmp(url, "file://", 7) == 0) {
+    r->kind = KIND_FILE;
+    char *path = file_url_path(url);
+    if (!path) {
+      set_error(error, SF_EINVAL, url, -1,
+                "a file URL needs an absolute path (file:///data/shard.tar)");
+      rc = SF_EINVAL;
+    } else {
+      rc = open_file(r, path, error);
+      free(path);
+    }
+  } else if (has_scheme(url)) {
+    set_error(error, SF_EUNSUPPORTED, url, -1,
+              "unsupported URL scheme — use a path, file://, http://, https:// or "
+              "pipe:CMD (e.g. pipe:aws s3 cp URL - with allow_pipe)");
+    rc = SF_EUNSUPPORTED;
+  } else {
+    r->kind = KIND_FILE;
+    rc = open_file(r, url, error);
+  }
+  if (rc < 0) {
+    if (rc == SF_ENOMEM && error && error->code != SF_ENOMEM)
+      set_error(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+    sf_shard_reader_close(&r);
+    return rc;
+  }
+  *reader = r;
+  return 0;
+}
+
+ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *error) {
+  *data = NULL;
+  if (r->at_end) return 0;
+  ssize_t n;
+  if (r->kind == KIND_HTTP) {
+    if (r->handed_out) {
+      r->size = 0;
+      r->handed_out = false;
+    }
+    int rc = http_pump(r, error);
+    if (rc < 0) return rc;
+    n = (ssize_t)r->size;
+    *data = r->data;
+    r->handed_out = true;
+  } else {
+    n = read_fd(r, data, error);
+    if (n == 0 && r->kind == KIND_PIPE) {
+      int rc = reap_pipe(r, error);
+      if (rc < 0) return rc;
+    }
+  }
+  if (n == 0) r->at_end = true;
+  if (n > 0) r->offset += n;
+  return n;
+}
+
+int64_t sf_shard_reader_offset(const sf_shard_reader *r) { return r->offset; }
+
+void sf_shard_reader_close(sf_shard_reader **reader) {
+  if (!reader || !*reader) return;
+  sf_shard_reader *r = *reader;
+  if (r->fd >= 0) close(r->fd);
+  kill_pipe(r);
+  if (r->easy) {
+    if (r->multi) curl_multi_remove_handle(r->multi, r->easy);
+    curl_easy_cleanup(r->easy);
+  }
+  if (r->multi) curl_multi_cleanup(r->multi);
+  free(r->data);
+  free(r->chunk);
+  free(r->url);
+  free(r);
+  *reader = NULL;
+}

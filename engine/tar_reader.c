@@ -1,0 +1,378 @@
+/* WebDataset samples from a streamed tar shard: libarchive (tar; gzip/zstd filters only) plus key grouping. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <archive.h>
+#include <archive_entry.h>
+
+#include "engine/tar_reader.h"
+
+/* Larger members are refused: one field is one allocation, and a trainer's sample is never that big. */
+#define MEMBER_MAX ((int64_t)1 << 30)
+
+struct sf_tar_reader {
+  struct archive *archive;
+  sf_shard_reader *source;  /* NULL when reading from memory */
+  const void *memory;
+  size_t memory_size;
+  bool memory_done;
+  sf_buffer *url;           /* NUL-terminated, shared by every sample */
+  const char *url_text;
+  int source_code;          /* the shard reader's failure, if libarchive saw one */
+  sf_error source_error;
+  int failed;               /* sticky: after a fatal error every call returns it */
+  sf_error fatal;
+  bool eof;
+  uint64_t index;           /* samples returned so far */
+  /* One member of lookahead: its header is read, its data not yet. */
+  bool pending;
+  char *path;               /* member path, the field part lower-cased */
+  size_t path_capacity;
+  size_t key_len;           /* key = path[0, key_len) */
+  const char *field;        /* points into path */
+  int64_t size;
+  int64_t offset;           /* header position in the (decompressed) tar stream */
+  char last_key[128];       /* for messages */
+};
+
+static void set_error(sf_error *error, int code, const char *url, const char *key, int64_t offset,
+                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static void set_error(sf_error *error, int code, const char *url, const char *key, int64_t offset,
+                      const char *fmt, ...) {
+  if (!error) return;
+  memset(error, 0, sizeof *error);
+  error->code = code;
+  error->offset = offset;
+  error->line = -1;
+  snprintf(error->url, sizeof error->url, "%s", url ? url : "");
+  snprintf(error->key, sizeof error->key, "%s", key ? key : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error->message, sizeof error->message, fmt, ap);
+  va_end(ap);
+}
+
+static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
+  sf_tar_reader *t = opaque;
+  if (!t->source) {
+    *data = t->memory;
+    if (t->memory_done) return 0;
+    t->memory_done = true;
+    return (la_ssize_t)t->memory_size;
+  }
+  /* Zero copy: libarchive reads straight from the shard reader's chunk. */
+  ssize_t n = sf_shard_reader_read(t->source, data, &t->source_error);
+  if (n < 0) {
+    t->source_code = (int)n;
+    archive_set_error(a, EIO, "%s", t->source_error.message);
+    return -1;
+  }
+  return n;
+}
+
+/*
+ * Marks the reader failed. A failure of the shard reader underneath (network,
+ * pipe) wins over libarchive's view of it, which is only "no more bytes".
+ */
+static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...) {
+  if (t->source_code < 0) {
+    t->fatal = t->source_error;
+    t->failed = t->source_code;
+    snprintf(t->fatal.key, sizeof t->fatal.key, "%s", t->last_key);
+    return t->failed;
+  }
+  char message[sizeof t->fatal.message];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  set_error(&t->fatal, code, t->url_text, t->last_key, offset, "%s", message);
+  t->failed = code;
+  return code;
+}
+
+static const char *archive_text(struct archive *a) {
+  const char *s = archive_error_string(a);
+  return s ? s : "no detail";
+}
+
+/*
+ * WebDataset's split of a member path into key and field: its regex
+ * ^((?:.*\/|)[^.]+)[.]([^/]*)$ means the key runs to the first dot of the last
+ * path component. A last component starting with a dot only matches when the
+ * directory part before it has no dot in its last component: the key is then
+ * the directory with its slash ("a/b/.c" -> "a/b/", field "c").
+ * Returns the key length, or 0 when the member is not part of any sample.
+ */
+static size_t split_key(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  const char *dot = strchr(base, '.');
+  if (!dot) return 0;
+  if (dot > base) return (size_t)(dot - path);
+  if (!slash) return 0;
+  const char *parent = slash;
+  while (parent > path && parent[-1] != '/') parent--;
+  if (memchr(parent, '.', (size_t)(slash - parent))) return 0;
+  return (size_t)(dot - path);
+}
+
+/* Reads headers until the next member that belongs to a sample; sets pending or eof. */
+static int advance(sf_tar_reader *t) {
+  t->pending = false;
+  for (;;) {
+    struct archive_entry *entry;
+    int r = archive_read_next_header(t->archive, &entry);
+    if (r == ARCHIVE_EOF) {
+      t->eof = true;
+      return 0;
+    }
+    int64_t offset = archive_read_header_position(t->archive);
+    /* After a fatal error libarchive no longer reports the header position: use how far it got. */
+    if (offset < 0) offset = archive_filter_bytes(t->archive, 0);
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
+      return fail(t, SF_EFORMAT, offset,
+                  "damaged tar stream (%s) — the shard is truncated or corrupt; re-create or "
+                  "re-download it",
+                  archive_text(t->archive));
+    if (archive_entry_filetype(entry) != AE_IFREG || archive_entry_hardlink(entry)) continue;
+    const char *path = archive_entry_pathname_utf8(entry);
+    if (!path) path = archive_entry_pathname(entry);
+    if (!path) continue;
+    /* Top-level "__*__" names carry metadata for tools, not samples. */
+    if (strncmp(path, "__", 2) == 0 && !strchr(path, '/')) continue;
+    size_t key_len = split_key(path);
+    if (key_len == 0) continue;
+    size_t len = strlen(path);
+    if (len + 1 > t->path_capacity) {
+      char *grown = realloc(t->path, len + 1);
+      if (!grown) return fail(t, SF_ENOMEM, offset, "out of memory reading a member name");
+      t->path = grown;
+      t->path_capacity = len + 1;
+    }
+    memcpy(t->path, path, len + 1);
+    for (char *c = t->path + key_len + 1; *c; c++)
+      if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
+    t->key_len = key_len;
+    t->field = t->path + key_len + 1;
+    snprintf(t->last_key, sizeof t->last_key, "%.*s", (int)key_len, t->path);
+    t->size = archive_entry_size_is_set(entry) ? archive_entry_size(entry) : 0;
+    if (t->size < 0)
+      return fail(t, SF_EFORMAT, offset, "tar member %s has a negative size — the shard is "
+                  "damaged; re-create or re-download it", t->path);
+    t->offset = offset;
+    t->pending = true;
+    return 0;
+  }
+}
+
+/* Records the first problem of a sample that does not stop the shard (EDUP, ETOOBIG). */
+static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int code,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int code,
+                         const char *fmt, ...) {
+  if (*problem) return;
+  *problem = code;
+  char message[sizeof error->message];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  set_error(error, code, t->url_text, t->last_key, t->offset, "%s", message);
+}
+
+/* Moves the pending member into sample as an encoded field (or drops it with a problem). */
+static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *error) {
+  const char *field = t->field;
+  bool drop = true;
+  if (sf_sample_field(sample, field))
+    note_problem(t, problem, error, SF_EDUP,
+                 "field \"%s\" appears twice in one sample (member %s) — the second copy is "
+                 "dropped; give each member of a sample a distinct extension",
+                 field, t->path);
+  else if (t->size > MEMBER_MAX)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "member %s is %lld bytes, over the 1 GiB limit for one field — it is dropped",
+                 t->path, (long long)t->size);
+  else if (strlen(field) >= SF_FIELD_NAME_MAX)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "field name \"%s\" is longer than %d bytes — it is dropped; shorten the "
+                 "member's extension",
+                 field, SF_FIELD_NAME_MAX - 1);
+  else if (sample->n_fields >= SF_MAX_FIELDS)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "sample has more than %d fields — member %s is dropped", SF_MAX_FIELDS, t->path);
+  else
+    drop = false;
+  if (drop) {
+    if (archive_read_data_skip(t->archive) != ARCHIVE_OK)
+      return fail(t, SF_EFORMAT, t->offset,
+                  "truncated tar member %s (%s) — the shard is damaged; re-create or "
+                  "re-download it",
+                  t->path, archive_text(t->archive));
+    return 0;
+  }
+  sf_buffer *buffer = sf_buffer_new((size_t)t->size);
+  if (!buffer) return fail(t, SF_ENOMEM, t->offset, "out of memory for a %lld-byte member",
+                           (long long)t->size);
+  uint8_t *data = sf_buffer_data(buffer);
+  int64_t got = 0;
+  /* Block reads (not archive_read_data) so a truncation still tells how much arrived. */
+  for (;;) {
+    const void *block;
+    size_t n;
+    la_int64_t at;
+    int r = archive_read_data_block(t->archive, &block, &n, &at);
+    if (r == ARCHIVE_EOF) break;
+    if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at < got || at > t->size ||
+        (int64_t)n > t->size - at) {
+      got = -got - 1; /* marks a failure, keeping the count */
+      break;
+    }
+    memset(data + got, 0, (size_t)(at - got)); /* a sparse member's hole */
+    memcpy(data + at, block, n);
+    got = at + (int64_t)n;
+  }
+  if (got < 0 || got < t->size) {
+    sf_buffer_unref(&buffer);
+    if (got < 0) got = -got - 1;
+    return fail(t, SF_EFORMAT, t->offset,
+                "truncated tar member %s (expected %lld bytes, got %lld: %s) — the shard is "
+                "damaged; re-create or re-download it",
+                t->path, (long long)t->size, (long long)got, archive_text(t->archive));
+  }
+  sf_tensor tensor;
+  int rc = sf_tensor_view(&tensor, SF_DTYPE_UINT8, 1, &t->size, buffer, 0);
+  if (rc < 0) return fail(t, SF_EINTERNAL, t->offset, "cannot wrap a member as a tensor");
+  sf_sample_add_field(sample, field, true, &tensor);
+  return 0;
+}
+
+int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
+  *out = NULL;
+  if (t->failed) {
+    if (error) *error = t->fatal;
+    return t->failed;
+  }
+  if (!t->pending && !t->eof && advance(t) < 0) goto failed;
+  if (t->eof) return SF_EOF;
+
+  sf_sample *sample = sf_sample_new();
+  char *key = malloc(t->key_len + 1);
+  if (!sample || !key) {
+    sf_sample_destroy(&sample);
+    free(key);
+    fail(t, SF_ENOMEM, t->offset, "out of memory for a sample");
+    goto failed;
+  }
+  memcpy(key, t->path, t->key_len);
+  key[t->key_len] = '\0';
+  size_t key_len = t->key_len;
+  int problem = 0;
+  if (key_len >= sizeof sample->key)
+    note_problem(t, &problem, error, SF_ETOOBIG,
+                 "sample key is %zu bytes, over the %zu-byte limit — it is cut short", key_len,
+                 sizeof sample->key - 1);
+  snprintf(sample->key, sizeof sample->key, "%s", key);
+  sample->url = sf_buffer_ref(t->url);
+  sample->index = t->index++;
+  sample->offset = t->offset;
+  /* A sample is complete only when the next member has another key or the shard ends. */
+  do {
+    if (consume(t, sample, &problem, error) < 0 || advance(t) < 0) {
+      sf_sample_destroy(&sample);
+      free(key);
+      goto failed;
+    }
+  } while (t->pending && t->key_len == key_len && memcmp(t->path, key, key_len) == 0);
+  free(key);
+  *out = sample;
+  return problem;
+
+failed:
+  if (error) *error = t->fatal;
+  return t->failed;
+}
+
+static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
+  size_t len = strlen(url);
+  t->url = sf_buffer_new(len + 1);
+  t->archive = archive_read_new();
+  if (!t->url || !t->archive) {
+    set_error(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  memcpy(sf_buffer_data(t->url), url, len + 1);
+  t->url_text = (const char *)sf_buffer_data(t->url);
+  /* Only tar and its usual compressions: the other formats and filters are attack surface. */
+  archive_read_support_format_tar(t->archive);
+  archive_read_support_filter_none(t->archive);
+  archive_read_support_filter_gzip(t->archive);
+  archive_read_support_filter_zstd(t->archive);
+  if (archive_read_open(t->archive, t, NULL, read_source, NULL) != ARCHIVE_OK) {
+    bool empty = t->source ? sf_shard_reader_offset(t->source) == 0 : t->memory_size == 0;
+    int code = empty ? fail(t, SF_EFORMAT, 0, "the shard is empty (0 bytes) — re-create or "
+                            "re-download it")
+                     : fail(t, SF_EFORMAT, 0, "not a tar shard (%s) — expected a .tar, .tar.gz "
+                            "or .tar.zst file", archive_text(t->archive));
+    if (error) *error = t->fatal;
+    return code;
+  }
+  return 0;
+}
+
+int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
+                       const sf_shard_reader_options *options, sf_error *error) {
+  *reader = NULL;
+  sf_tar_reader *t = calloc(1, sizeof *t);
+  if (!t) {
+    set_error(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  int rc = sf_shard_reader_open(&t->source, url, options, error);
+  if (rc == 0) rc = open_archive(t, url, error);
+  if (rc < 0) {
+    sf_tar_reader_close(&t);
+    return rc;
+  }
+  *reader = t;
+  return 0;
+}
+
+int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t size,
+                              const char *url, sf_error *error) {
+  *reader = NULL;
+  sf_tar_reader *t = calloc(1, sizeof *t);
+  if (!t) {
+    set_error(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  t->memory = data;
+  t->memory_size = size;
+  int rc = open_archive(t, url ? url : "memory", error);
+  if (rc < 0) {
+    sf_tar_reader_close(&t);
+    return rc;
+  }
+  *reader = t;
+  return 0;
+}
+
+void sf_tar_reader_close(sf_tar_reader **reader) {
+  if (!reader || !*reader) return;
+  sf_tar_reader *t = *reader;
+  if (t->archive) archive_read_free(t->archive);
+  sf_shard_reader_close(&t->source);
+  sf_buffer_unref(&t->url);
+  free(t->path);
+  free(t);
+  *reader = NULL;
+}

@@ -1,0 +1,44 @@
+/* shardflow buffer pools: batch-sized buffers reused instead of freshly mapped for every batch. */
+#ifndef SHARDFLOW_POOL_H
+#define SHARDFLOW_POOL_H
+
+#include <stddef.h>
+
+#include "shardflow/buffer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * A thread-safe pool of equally sized buffers.  A buffer taken from the pool
+ * goes back to it when its last reference is dropped, from any thread; the
+ * pool itself is refcounted by its buffers, so a buffer (and a tensor over it)
+ * that outlives the pipeline stays valid.  Fresh pages cost a page fault each
+ * (about a quarter of a millisecond per 1 MiB): reuse keeps that off the hot path.
+ */
+typedef struct sf_pool sf_pool;
+
+/**
+ * Creates a pool that keeps at most max_free idle buffers (extra ones are freed).
+ * Returns the pool (caller owns one reference) or NULL when out of memory.
+ */
+SF_API sf_pool *sf_pool_new(size_t max_free);
+
+/**
+ * Takes a buffer of exactly size bytes (contents undefined), reusing an idle
+ * one of that size when there is one.  Returns a new reference (caller owns
+ * it) or NULL when out of memory.
+ */
+SF_API sf_buffer *sf_pool_get(sf_pool *pool, size_t size);
+
+/** Number of buffers the pool has allocated in all (for tests: reuse keeps it flat). */
+SF_API size_t sf_pool_allocated(const sf_pool *pool);
+
+/** Drops the caller's reference; the pool goes when its last buffer returns. NULL-safe. */
+SF_API void sf_pool_unref(sf_pool **pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

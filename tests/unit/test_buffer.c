@@ -1,0 +1,130 @@
+/* Buffers, tensors, samples: refcounts, views without copies, shapes and strides. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "shardflow/stage.h"
+
+static int freed;
+static void count_free(void *opaque, uint8_t *data) {
+  freed++;
+  assert_ptr_equal(opaque, data);
+}
+
+static void test_refcount(void **state) {
+  sf_buffer *b = sf_buffer_new(100);
+  assert_non_null(b);
+  assert_int_equal(sf_buffer_size(b), 100);
+  assert_int_equal((uintptr_t)sf_buffer_data(b) % 64, 0);
+  assert_true(sf_buffer_is_writable(b));
+  sf_buffer *c = sf_buffer_ref(b);
+  assert_false(sf_buffer_is_writable(b));
+  sf_buffer_unref(&c);
+  assert_null(c);
+  assert_true(sf_buffer_is_writable(b));
+  sf_buffer_unref(&b);
+  sf_buffer_unref(&b); /* NULL-safe */
+
+  static uint8_t data[10];
+  freed = 0;
+  sf_buffer *w = sf_buffer_wrap(data, sizeof data, count_free, data);
+  sf_buffer *w2 = sf_buffer_ref(w);
+  sf_buffer_unref(&w);
+  assert_int_equal(freed, 0);
+  sf_buffer_unref(&w2);
+  assert_int_equal(freed, 1);
+}
+
+static void test_tensor_view(void **state) {
+  sf_buffer *b = sf_buffer_new(3 * 4 * 2 + 7);
+  sf_tensor t;
+  int64_t shape[3] = {3, 4, 2};
+  assert_int_equal(sf_tensor_view(&t, SF_DTYPE_UINT8, 3, shape, sf_buffer_ref(b), 7), 0);
+  assert_ptr_equal(sf_tensor_data(&t), sf_buffer_data(b) + 7); /* a view, not a copy */
+  assert_int_equal(t.strides[0], 8);
+  assert_int_equal(t.strides[1], 2);
+  assert_int_equal(t.strides[2], 1);
+  assert_true(sf_tensor_is_contiguous(&t));
+  assert_int_equal(sf_tensor_nbytes(&t), 24);
+  sf_tensor u;
+  sf_tensor_ref(&u, &t);
+  sf_tensor_clear(&t);
+  assert_non_null(u.buffer);
+  sf_tensor_clear(&u);
+  /* a view past the end is refused */
+  int64_t big[1] = {100};
+  assert_int_equal(sf_tensor_view(&t, SF_DTYPE_FLOAT32, 1, big, sf_buffer_ref(b), 0), SF_ETOOBIG);
+  assert_null(t.buffer);
+  assert_true(sf_buffer_is_writable(b)); /* the refused view dropped its reference */
+  sf_buffer_unref(&b);
+  int64_t neg[1] = {-1};
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT64, 1, neg), SF_EINVAL);
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_BFLOAT16, 0, NULL), 0);
+  assert_int_equal(sf_tensor_numel(&t), 1);
+  assert_int_equal(sf_tensor_nbytes(&t), 2);
+  sf_tensor_clear(&t);
+  assert_string_equal(sf_dtype_name(SF_DTYPE_FLOAT32), "float32");
+}
+
+static void test_sample_fields(void **state) {
+  sf_sample *s = sf_sample_new();
+  for (int i = 0; i < SF_MAX_FIELDS; i++) {
+    sf_tensor t;
+    int64_t n = i + 1;
+    assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, &n), 0);
+    char name[16];
+    snprintf(name, sizeof name, "f%d", i);
+    assert_non_null(sf_sample_add_field(s, name, true, &t));
+    assert_null(t.buffer);
+  }
+  sf_tensor extra;
+  int64_t one = 1;
+  sf_tensor_alloc(&extra, SF_DTYPE_UINT8, 1, &one);
+  assert_null(sf_sample_add_field(s, "overflow", true, &extra));
+  assert_null(extra.buffer); /* consumed even on failure */
+  assert_non_null(sf_sample_field(s, "f3"));
+  sf_sample_remove_field(s, 3);
+  assert_null(sf_sample_field(s, "f3"));
+  assert_int_equal(s->n_fields, SF_MAX_FIELDS - 1);
+  assert_string_equal(sf_sample_url(s), "");
+  sf_sample_destroy(&s);
+  assert_null(s);
+}
+
+static void test_errors_table(void **state) {
+  assert_string_equal(sf_err_name(SF_EFORMAT), "SF_EFORMAT");
+  assert_string_equal(sf_err_name(12345), "SF_EUNKNOWN");
+  assert_non_null(strstr(sf_strerror(SF_ENOMEM), "memory"));
+  sf_error e = {.code = SF_EFORMAT, .offset = 1536, .line = -1};
+  strcpy(e.stage, "tar_split");
+  strcpy(e.url, "http://h/s.tar");
+  strcpy(e.key, "0000007");
+  strcpy(e.message, "truncated");
+  char buf[256];
+  assert_string_equal(sf_error_format(&e, buf, sizeof buf), "tar_split: http://h/s.tar @ byte 1536 (key 0000007): truncated");
+}
+
+static void test_rng(void **state) {
+  sf_rng a, b;
+  sf_rng_seed(&a, 7);
+  sf_rng_seed(&b, 7);
+  for (int i = 0; i < 100; i++) assert_int_equal(sf_rng_next(&a), sf_rng_next(&b));
+  int hist[10] = {0};
+  for (int i = 0; i < 100000; i++) hist[sf_rng_below(&a, 10)]++;
+  for (int i = 0; i < 10; i++) assert_in_range(hist[i], 9000, 11000);
+  assert_true(sf_seed_mix(1, 2) != sf_seed_mix(1, 3));
+  assert_true(sf_seed_mix(1, 2) != sf_seed_mix(2, 2));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_refcount),     cmocka_unit_test(test_tensor_view), cmocka_unit_test(test_sample_fields),
+      cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,151 @@
+/* Graph files: YAML reading, file:line errors with valid names, --set overrides, edges and replicas. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/graph.h"
+
+static const char *const good =
+    "seed: 7\n"
+    "epochs: 3\n"
+    "error_policy: fail\n"
+    "stages:\n"
+    "  - type: shard_source\n"
+    "    urls: /data/s-{000..009}.tar\n"
+    "  - type: tar_split\n"
+    "  - type: decode\n"
+    "    replicas: 2\n"
+    "  - type: augment\n"
+    "    replicas: 2\n"
+    "    mean: [0.5, 0.5, 0.5]\n"
+    "    std: [0.25, 0.25, 0.25]\n"
+    "  - type: batch\n"
+    "    batch_size: 16\n"
+    "  - name: sink\n"
+    "    type: device_sink\n";
+
+static void test_load_good(void **state) {
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g, good, "good.yaml", &e), 0);
+  assert_int_equal(g->seed, 7);
+  assert_int_equal(g->epochs, 3);
+  assert_int_equal(g->error_policy, SF_POLICY_FAIL);
+  assert_int_equal(sf_graph_node_count(g), 6);
+  assert_string_equal(sf_graph_node_name(g, 5), "sink");
+  assert_string_equal(sf_graph_node_type(g, 5), "device_sink");
+  sf_graph_node *aug = sf_graph_find_node(g, "augment");
+  assert_int_equal(aug->replicas, 2);
+  assert_string_equal(aug->values[0].key, "mean");
+  assert_string_equal(aug->values[0].value, "0.5, 0.5, 0.5");
+  assert_int_equal(aug->values[0].line, 12);
+  assert_int_equal(sf_graph_set(g, "batch.batch_size", "32", &e), 0);
+  assert_string_equal(sf_graph_find_node(g, "batch")->values[0].value, "32");
+  assert_int_equal(sf_graph_set(g, "seed", "9", &e), 0);
+  assert_int_equal(g->seed, 9);
+  assert_int_equal(sf_graph_set(g, "batch.batch_sise", "32", &e), SF_EOPTION);
+  assert_non_null(strstr(e.message, "batch_size"));
+  assert_int_equal(sf_graph_set(g, "nonode.x", "1", &e), SF_EOPTION);
+  assert_non_null(strstr(e.message, "shard_source, tar_split"));
+  assert_int_equal(sf_graph_set(g, "batch.batch_size", "0", &e), 0); /* range is checked on validate */
+  assert_int_equal(sf_graph_validate(g, &e), SF_EOPTION);
+  assert_non_null(strstr(e.message, "batch_size"));
+  sf_graph *copy = sf_graph_copy(g);
+  assert_int_equal(copy->n_nodes, 6);
+  sf_graph_destroy(&copy);
+  sf_graph_destroy(&g);
+  assert_null(g);
+}
+
+typedef struct bad_case {
+  const char *text;
+  int code;
+  int64_t line;
+  const char *needle;
+} bad_case;
+
+static void test_errors(void **state) {
+  static const bad_case cases[] = {
+      {"stages:\n  - type: shard_source\n    urls: x\n  - type: tar_splitt\n", SF_EGRAPH, 4, "tar_split, decode"},
+      {"stages:\n  - type: shard_source\n    urls: x\n    shufle: true\n  - type: tar_split\n  - type: batch\n"
+       "  - type: device_sink\n",
+       SF_EOPTION, 4, "shuffle"},
+      {"stages:\n  - type: shard_source\n    urls: x\n  - type: tar_split\n  - type: decode\n  - type: batch\n"
+       "    batch_size: -4\n  - type: device_sink\n",
+       SF_EOPTION, 7, "count"},
+      {"seed: 1\nstages: [\n", SF_EGRAPH, 3, "YAML"},
+      {"sead: 1\nstages: []\n", SF_EGRAPH, 1, "seed, epochs"},
+      {"stages:\n  - urls: x\n", SF_EGRAPH, 2, "type"},
+      {"stages:\n  - type: shard_source\n    urls: x\n  - type: batch\n  - type: device_sink\n", SF_EGRAPH, 4,
+       "outputs shards"},
+      {"stages:\n  - type: shard_source\n    urls: x\n  - type: tar_split\n    replicas: 2\n", SF_EGRAPH, 5,
+       "replicas"},
+      {"stages:\n  - type: shard_source\n    urls: x\n  - type: tar_split\n  - type: decode\n    replicas: 2\n"
+       "  - type: augment\n    replicas: 3\n  - type: batch\n  - type: device_sink\n",
+       SF_EGRAPH, 7, "equal replicas"},
+      {"stages:\n  - type: shard_source\n    urls: x\n  - type: tar_split\n  - type: decode\n  - type: batch\n"
+       "  - type: device_sink\nedges:\n  - shard_source -> tar_split\n  - tar_split -> nowhere\n",
+       SF_EGRAPH, 10, "unknown node"},
+      {"error_policy: maybe\nstages: []\n", SF_EOPTION, 1, "skip|fail"},
+      {"stages:\n  - type: shard_source\n    urls:\n      nested: 1\n", SF_EGRAPH, 4, "nested"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    sf_graph *g = NULL;
+    sf_error e;
+    memset(&e, 0, sizeof e);
+    int r = sf_graph_load_string(&g, cases[i].text, "bad.yaml", &e);
+    if (r != cases[i].code || e.line != cases[i].line || !strstr(e.message, cases[i].needle))
+      fail_msg("case %zu: got %s line %lld '%s'", i, sf_err_name(r), (long long)e.line, e.message);
+    assert_null(g);
+    assert_string_equal(e.url, "bad.yaml");
+  }
+}
+
+static void test_edges_reorder(void **state) {
+  const char *text =
+      "stages:\n"
+      "  - type: device_sink\n"
+      "  - type: batch\n"
+      "  - type: shard_source\n"
+      "    urls: x\n"
+      "  - type: tar_split\n"
+      "edges:\n"
+      "  - shard_source -> tar_split\n"
+      "  - [tar_split, batch]\n"
+      "  - batch -> device_sink\n";
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g, text, "edges.yaml", &e), 0);
+  int *order;
+  const sf_stage_def **defs;
+  assert_int_equal(sf_graph_resolve(g, &order, &defs, &e), 0);
+  assert_string_equal(g->nodes[order[0]].name, "shard_source");
+  assert_string_equal(g->nodes[order[1]].name, "tar_split");
+  assert_string_equal(g->nodes[order[2]].name, "batch");
+  assert_string_equal(g->nodes[order[3]].name, "device_sink");
+  free(order);
+  free(defs);
+  sf_graph_destroy(&g);
+}
+
+static void test_missing_file(void **state) {
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_file(&g, "/nonexistent/graph.yaml", &e), SF_ENOENT);
+  assert_string_equal(e.url, "/nonexistent/graph.yaml");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_load_good),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_edges_reorder),
+      cmocka_unit_test(test_missing_file),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that shardflow's build, tests, benchmarks and demo need.
+set -euo pipefail
+packages=(
+  # build
+  build-essential meson ninja-build pkg-config
+  libcurl4-openssl-dev libarchive-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
+  libyaml-dev zlib1g-dev libzstd-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev
+  # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
+  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-pil nginx-light zstd tar
+  # data and benchmarks
+  dataset-fashion-mnist hyperfine valgrind
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "setup: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
