@@ -136,6 +136,7 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
   g->epochs = src->epochs;
   g->error_policy = src->error_policy;
   g->queue_size = src->queue_size;
+  g->threads = src->threads;
   for (int i = 0; i < src->n_nodes; i++) {
     const sf_graph_node *s = &src->nodes[i];
     sf_graph_node *n = sf_graph_add_node(g, s->name, s->type, s->line);
@@ -185,7 +186,7 @@ static void node_names(const sf_graph *g, char *buf, size_t size) {
   }
 }
 
-static const char *const settings_help = "seed, epochs, error_policy, queue_size";
+static const char *const settings_help = "seed, epochs, error_policy, queue_size, threads";
 
 int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_t line, sf_error *e) {
   static const char *const policies[] = {"skip", "fail", NULL};
@@ -194,6 +195,7 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
       {"epochs", SF_OPT_COUNT, offsetof(sf_graph, epochs), NULL, 0, 1e12, "epochs (0 = forever)", NULL},
       {"error_policy", SF_OPT_ENUM, offsetof(sf_graph, error_policy), NULL, 0, 0, "skip|fail", policies},
       {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), NULL, 2, 1e6, "items per edge", NULL},
+      {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), NULL, 0, 1024, "pool workers (0 = CPUs)", NULL},
       {NULL},
   };
   const sf_option *o = sf_option_find(settings, key);

@@ -37,6 +37,7 @@ struct sf_graph {
   int64_t epochs;          /* 0 = until stopped */
   int error_policy;        /* SF_POLICY_* */
   int64_t queue_size;      /* items per sample edge */
+  int64_t threads;         /* pool workers; 0 = online CPUs */
   sf_graph_node *nodes;
   int n_nodes;
   sf_graph_edge *edges;

@@ -40,7 +40,9 @@ struct sf_node {
   int replica, replicas;
   sf_context *ctx;
   sf_port in, out;
-  bool initialized;
+  struct sf_pipeline *pipeline;  /* NULL under the test harness */
+  atomic_bool running;           /* a pool worker is stepping it */
+  atomic_bool done;              /* returned SF_EOF or failed; outputs closed */
   /* map stages: samples taken and given this step, so a dropped sample leaves a hole */
   int popped, pushed;
   /* metrics */

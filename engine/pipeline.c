@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/graph.h"
 #include "engine/node.h"
@@ -20,6 +21,13 @@ struct sf_pipeline {
   pthread_t *threads;
   int n_threads;
   atomic_int failed;     /* the error code that stopped the pipeline, or 0 */
+  /* scheduler */
+  pthread_mutex_t sched_lock;
+  pthread_cond_t sched_cond;
+  atomic_uint_fast64_t sched_version;
+  atomic_int sleepers;
+  atomic_int live_nodes;
+  double idle_seconds;
   uint64_t epoch;
   bool done;
 };
@@ -30,11 +38,6 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double thread_cpu_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void sf_pipeline_options_init(sf_pipeline_options *o) {
   o->rank = -1;
@@ -52,6 +55,8 @@ static int env_int(const char *a, const char *b, int fallback) {
   return (*end || x < 0 || x > 1 << 20) ? fallback : (int)x;
 }
 
+static void notify(sf_pipeline *p);
+
 static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   if (atomic_load(&n->errors) == errors_before) {
     sf_error e;
@@ -66,40 +71,117 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   atomic_compare_exchange_strong(&p->failed, &expected, code);
   atomic_store(&p->ctx.stop, true);
   for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  notify(p);
 }
 
-typedef struct thread_arg {
-  sf_pipeline *p;
-  sf_node *node;
-} thread_arg;
+/*
+ * Scheduling: a pool of workers runs the step functions of every node that
+ * does not block (STYLE 9). A worker scans the nodes from the sink back to
+ * the source (draining first keeps memory low), takes a node nobody runs,
+ * steps it while it makes progress and its output has room, and moves on.
+ * A worker that finds nothing to do sleeps until some node made progress.
+ * Nodes flagged SF_STAGE_BLOCKING (network reads) get a thread of their own.
+ */
+enum { STEPS_PER_TURN = 256 };
 
-static void *node_thread(void *arg) {
-  sf_pipeline *p = ((thread_arg *)arg)->p;
-  sf_node *n = ((thread_arg *)arg)->node;
-  free(arg);
-  for (;;) {
-    if (atomic_load(&p->ctx.stop)) break;
+static void notify(sf_pipeline *p) {
+  atomic_fetch_add(&p->sched_version, 1);
+  if (atomic_load(&p->sleepers) > 0) {
+    pthread_mutex_lock(&p->sched_lock);
+    pthread_cond_broadcast(&p->sched_cond);
+    pthread_mutex_unlock(&p->sched_lock);
+  }
+}
+
+static void close_outputs(sf_pipeline *p, sf_node *n) {
+  for (int i = 0; i < n->out.n; i++) sf_queue_close(n->out.queues[i]);
+  atomic_store(&n->done, true);
+  atomic_fetch_sub(&p->live_nodes, 1);
+  notify(p);
+}
+
+/* Steps a node until it stalls. Returns the number of steps that made progress. */
+static int run_turn(sf_pipeline *p, sf_node *n) {
+  int steps = 0;
+  double t = now_seconds();
+  while (steps < STEPS_PER_TURN && !atomic_load(&p->ctx.stop)) {
+    if (!sf_port_can_push(&n->out)) break;
+    uint64_t errors_before = atomic_load(&n->errors);
+    int r = sf_node_step(n);
+    if (r == 0) {
+      steps++;
+      continue;
+    }
+    if (r == SF_EAGAIN) break;
+    if (r != SF_EOF) fail(p, n, r, errors_before);
+    close_outputs(p, n);
+    steps++;
+    break;
+  }
+  n->busy_seconds += now_seconds() - t;
+  return steps;
+}
+
+static void *pool_worker(void *arg) {
+  sf_pipeline *p = arg;
+  while (!atomic_load(&p->ctx.stop) && atomic_load(&p->live_nodes) > 0) {
+    uint64_t version = atomic_load(&p->sched_version);
+    int progress = 0;
+    for (int i = p->n_nodes - 1; i >= 0; i--) {
+      sf_node *n = p->nodes[i];
+      if ((n->def->flags & SF_STAGE_BLOCKING) || atomic_load(&n->done)) continue;
+      if (atomic_exchange(&n->running, true)) continue;
+      int steps = atomic_load(&n->done) ? 0 : run_turn(p, n);
+      atomic_store(&n->running, false);
+      if (steps) {
+        progress += steps;
+        notify(p);
+      }
+    }
+    if (progress) continue;
+    double t = now_seconds();
+    pthread_mutex_lock(&p->sched_lock);
+    atomic_fetch_add(&p->sleepers, 1);
+    if (atomic_load(&p->sched_version) == version && !atomic_load(&p->ctx.stop)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += 20 * 1000 * 1000; /* a safety net only: progress always notifies */
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&p->sched_cond, &p->sched_lock, &ts);
+    }
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->sched_lock);
+    p->idle_seconds += now_seconds() - t; /* approximate: workers add without a lock */
+  }
+  return NULL;
+}
+
+/* A node that may block on I/O: its own thread, waiting on its queues. */
+static void *blocking_thread(void *arg) {
+  sf_node *n = arg;
+  sf_pipeline *p = n->pipeline;
+  while (!atomic_load(&p->ctx.stop) && !atomic_load(&n->done)) {
     if (!sf_port_can_push(&n->out)) {
       double t = now_seconds();
       sf_queue_wait_writable(n->out.queues[n->out.rr], &p->ctx.stop);
       n->wait_seconds += now_seconds() - t;
       continue;
     }
-    uint64_t errors_before = atomic_load(&n->errors);
-    int r = sf_node_step(n);
-    if (r == 0) continue;
-    if (r == SF_EAGAIN && n->in.n) {
-      double t = now_seconds();
-      sf_queue_wait_readable(n->in.queues[n->in.rr], &p->ctx.stop, -1);
-      n->wait_seconds += now_seconds() - t;
+    int steps = run_turn(p, n);
+    if (steps) {
+      notify(p);
       continue;
     }
-    if (r == SF_EOF || r == SF_EAGAIN) break;
-    fail(p, n, r, errors_before);
-    break;
+    if (atomic_load(&n->done)) break;
+    if (n->in.n) {
+      double t = now_seconds();
+      sf_queue_wait_readable(n->in.queues[n->in.rr], &p->ctx.stop, 0.05);
+      n->wait_seconds += now_seconds() - t;
+    }
   }
-  for (int i = 0; i < n->out.n; i++) sf_queue_close(n->out.queues[i]);
-  n->busy_seconds = thread_cpu_seconds();
   return NULL;
 }
 
@@ -131,6 +213,7 @@ void sf_pipeline_destroy(sf_pipeline **pp) {
   sf_pipeline *p = *pp;
   atomic_store(&p->ctx.stop, true);
   for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  notify(p);
   join_threads(p);
   free(p->threads);
   destroy_nodes(p);
@@ -138,6 +221,8 @@ void sf_pipeline_destroy(sf_pipeline **pp) {
   free(p->queues);
   sf_graph_destroy(&p->graph);
   sf_context_destroy(&p->ctx);
+  pthread_mutex_destroy(&p->sched_lock);
+  pthread_cond_destroy(&p->sched_cond);
   free(p);
   *pp = NULL;
 }
@@ -204,6 +289,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       p->n_nodes++;
       n->def = def;
       n->ctx = &p->ctx;
+      n->pipeline = p;
       n->replica = rep;
       n->replicas = replicas;
       snprintf(n->name, sizeof n->name, "%s", gn->name);
@@ -249,6 +335,12 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   if (!p) return SF_ENOMEM;
   sf_context_init(&p->ctx);
   atomic_init(&p->failed, 0);
+  pthread_mutex_init(&p->sched_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->sched_cond, &attr);
+  pthread_condattr_destroy(&attr);
   p->graph = sf_graph_copy(graph);
   if (!p->graph) {
     sf_context_destroy(&p->ctx);
@@ -287,17 +379,21 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     sf_pipeline_destroy(&p);
     return r;
   }
-  p->threads = calloc((size_t)p->n_nodes, sizeof *p->threads);
+  int workers = (int)p->graph->threads;
+  if (workers <= 0) workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (workers <= 0) workers = 1;
+  atomic_store(&p->live_nodes, p->n_nodes);
+  p->threads = calloc((size_t)(p->n_nodes + workers), sizeof *p->threads);
   if (!p->threads) {
     sf_pipeline_destroy(&p);
     return SF_ENOMEM;
   }
-  for (int i = 0; i < p->n_nodes; i++) {
-    thread_arg *a = malloc(sizeof *a);
-    if (a) *a = (thread_arg){.p = p, .node = p->nodes[i]};
-    if (!a || pthread_create(&p->threads[i], NULL, node_thread, a) != 0) {
-      free(a);
-      r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread for node '%s'", p->nodes[i]->name);
+  for (int i = 0; i < p->n_nodes + workers; i++) {
+    bool worker = i >= p->n_nodes;
+    if (!worker && !(p->nodes[i]->def->flags & SF_STAGE_BLOCKING)) continue;
+    if (pthread_create(&p->threads[p->n_threads], NULL, worker ? pool_worker : blocking_thread,
+                       worker ? (void *)p : (void *)p->nodes[i]) != 0) {
+      r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread");
       sf_pipeline_destroy(&p);
       return r;
     }
@@ -317,6 +413,7 @@ int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
     sf_item item;
     int r = sf_queue_pop(p->output, &item);
     if (r == 0) {
+      notify(p); /* the sink may have been waiting for room */
       if (item.kind == SF_ITEM_BATCH) {
         *batch = item.u.batch;
         return 0;

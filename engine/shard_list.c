@@ -315,7 +315,8 @@ static int expand_pattern(ctx *c, const char *text) {
     uint64_t n = count(p);
     if (n > MAX_URLS - c->list->count) {
       r = fail(c, SF_ETOOBIG, 0,
-               "expands to more than 10,000,000 URLs; split the data set or list fewer shards");
+               "expands to more than 10,000,000 URLs%s; split the data set or list fewer shards",
+               c->list->count ? " with the patterns before it" : "");
     } else {
       char **urls = realloc(c->list->urls, (c->list->count + n) * sizeof *urls);
       if (!urls) {

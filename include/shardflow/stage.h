@@ -87,6 +87,11 @@ typedef struct sf_option {
 enum {
   /** One sample in, at most one out, no state between samples: may run as `replicas: N`. */
   SF_STAGE_MAP = 1u << 0,
+  /**
+   * step() may wait on I/O (a network read): the node gets a thread of its
+   * own instead of occupying one of the pool's workers.
+   */
+  SF_STAGE_BLOCKING = 1u << 1,
 };
 
 typedef struct sf_node sf_node;

@@ -1,0 +1,178 @@
+/* shard_source: expands the shard list, shuffles it per epoch and pass, hands each rank and worker its share. */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include "engine/shard_list.h"
+#include "shardflow/stage.h"
+
+typedef struct shard_source {
+  char *urls;                /* option */
+  bool shuffle;              /* option */
+  int64_t rank;              /* option; -1 = the pipeline's rank */
+  int64_t world_size;        /* option; -1 = the pipeline's world size */
+  int64_t worker;            /* option */
+  int64_t workers;           /* option */
+  int64_t samples_per_epoch; /* option; 0 = one pass per epoch */
+  bool allow_pipe;           /* option */
+  sf_shard_list list;
+  uint32_t *order;   /* shard indices of the current (epoch, pass), all ranks' */
+  uint64_t slot;     /* first position of this rank and worker in order */
+  uint64_t stride;   /* world_size * workers */
+  uint64_t end;      /* epoch to stop at, UINT64_MAX = never */
+  uint64_t epoch, pass, next; /* next position in order to emit */
+  bool ordered;      /* order holds (epoch, pass) */
+} shard_source;
+
+static const sf_option options[] = {
+    {"urls", SF_OPT_STRING, offsetof(shard_source, urls), NULL, 0, 0,
+     "shard list: brace patterns like train-{000000..000649}.tar, joined with '::', or @FILE",
+     NULL},
+    {"shuffle", SF_OPT_BOOL, offsetof(shard_source, shuffle), "true", 0, 0,
+     "shuffle the shard order every epoch and pass (same order on every rank)", NULL},
+    {"rank", SF_OPT_INT, offsetof(shard_source, rank), "-1", -1, 1e6,
+     "this rank's index; -1 = the pipeline's rank (RANK)", NULL},
+    {"world_size", SF_OPT_INT, offsetof(shard_source, world_size), "-1", -1, 1e6,
+     "number of ranks; -1 = the pipeline's world size (WORLD_SIZE)", NULL},
+    {"worker", SF_OPT_INT, offsetof(shard_source, worker), "0", 0, 1e6,
+     "this loader worker's index within the rank", NULL},
+    {"workers", SF_OPT_COUNT, offsetof(shard_source, workers), "1", 1, 1e6,
+     "loader workers per rank, each reading its own shards", NULL},
+    {"samples_per_epoch", SF_OPT_COUNT, offsetof(shard_source, samples_per_epoch), "0", 0, 0,
+     "samples per epoch on every rank (shards repeat until tar_split cuts the epoch); "
+     "0 = one pass over the rank's shards",
+     NULL},
+    {"allow_pipe", SF_OPT_BOOL, offsetof(shard_source, allow_pipe), "false", 0, 0,
+     "allow pipe:CMD URLs (they run a shell command)", NULL},
+    {NULL},
+};
+
+/* init failures must stop the pipeline whatever the error policy, so the code is returned as is. */
+#define INIT_FAIL(node, code, url, ...) \
+  (sf_node_error(node, code, url, NULL, -1, __VA_ARGS__), (code))
+
+static int init(sf_node *node) {
+  shard_source *s = sf_node_priv(node);
+  if (s->rank < 0) s->rank = sf_node_rank(node);
+  if (s->world_size < 0) s->world_size = sf_node_world_size(node);
+  if (s->world_size < 1)
+    return INIT_FAIL(node, SF_EOPTION, NULL, "world_size is %" PRId64 "; it must be at least 1",
+                     s->world_size);
+  if (s->rank >= s->world_size)
+    return INIT_FAIL(node, SF_EOPTION, NULL,
+                     "rank %" PRId64 " is out of range for world_size %" PRId64
+                     "; rank must be 0..%" PRId64,
+                     s->rank, s->world_size, s->world_size - 1);
+  if (s->worker >= s->workers)
+    return INIT_FAIL(node, SF_EOPTION, NULL,
+                     "worker %" PRId64 " is out of range for workers %" PRId64
+                     "; worker must be 0..%" PRId64,
+                     s->worker, s->workers, s->workers - 1);
+  if (!s->urls || !s->urls[0])
+    return INIT_FAIL(node, SF_EOPTION, NULL,
+                     "urls is empty; give the shard list, e.g. urls: train-{000000..000649}.tar");
+
+  sf_error error;
+  int r = sf_shard_list_expand(&s->list, s->urls, &error);
+  if (r == SF_EINVAL) r = SF_EOPTION; /* a malformed pattern is a bad option value */
+  if (r) return INIT_FAIL(node, r, error.url[0] ? error.url : NULL, "urls: %s", error.message);
+  if (s->list.count == 0)
+    return INIT_FAIL(node, SF_ENOENT, NULL,
+                     "urls \"%.200s\" expands to no shard; check the list file", s->urls);
+
+  s->stride = (uint64_t)s->world_size * (uint64_t)s->workers;
+  s->slot = (uint64_t)s->rank * (uint64_t)s->workers + (uint64_t)s->worker;
+  if (s->slot >= s->list.count)
+    return INIT_FAIL(node, SF_EOPTION, NULL,
+                     "rank %" PRId64 " of %" PRId64 " (worker %" PRId64 " of %" PRId64
+                     ") gets no shard: %zu shards for %" PRId64 " ranks x %" PRId64
+                     " workers; use fewer ranks/workers or more shards",
+                     s->rank, s->world_size, s->worker, s->workers, s->list.count,
+                     s->world_size, s->workers);
+  /* The list holds at most 10,000,000 URLs, so 32-bit indices suffice and halve the memory. */
+  s->order = malloc(s->list.count * sizeof *s->order);
+  if (!s->order) return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu shards", s->list.count);
+  s->epoch = sf_node_first_epoch(node);
+  uint64_t epochs = sf_node_epochs(node);
+  s->end = epochs == 0 || epochs > UINT64_MAX - s->epoch ? UINT64_MAX : s->epoch + epochs;
+  s->next = s->slot;
+  return 0;
+}
+
+/* Every rank computes the same order: it depends only on the node's seed, the epoch and the pass. */
+static void make_order(sf_node *node, shard_source *s) {
+  size_t n = s->list.count;
+  for (size_t i = 0; i < n; i++) s->order[i] = (uint32_t)i;
+  if (s->shuffle) {
+    sf_rng rng;
+    sf_rng_seed(&rng, sf_seed_mix(sf_seed_mix(sf_node_seed(node), s->epoch), s->pass));
+    for (size_t i = n - 1; i > 0; i--) {
+      size_t j = (size_t)sf_rng_below(&rng, i + 1);
+      uint32_t t = s->order[i];
+      s->order[i] = s->order[j];
+      s->order[j] = t;
+    }
+  }
+  s->ordered = true;
+}
+
+static void next_epoch(shard_source *s) {
+  s->epoch++;
+  s->pass = 0;
+  s->next = s->slot;
+  s->ordered = false;
+}
+
+static int step(sf_node *node) {
+  shard_source *s = sf_node_priv(node);
+  /* With samples_per_epoch, tar_split ends the epoch (and sends its EPOCH_END) by closing it. */
+  while (s->samples_per_epoch > 0 && s->epoch < s->end && sf_node_epochs_closed(node) > s->epoch)
+    next_epoch(s);
+  if (s->epoch >= s->end) return SF_EOF;
+  if (s->next >= s->list.count) {
+    if (s->samples_per_epoch == 0) {
+      sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
+      sf_node_push(node, &end);
+      next_epoch(s);
+      return 0;
+    }
+    s->pass++; /* repeat the share, reshuffled, until the epoch is closed */
+    s->next = s->slot;
+    s->ordered = false;
+  }
+  if (!s->ordered) make_order(node, s);
+  uint32_t index = s->order[s->next];
+  sf_shard *shard = sf_shard_new(s->list.urls[index]);
+  if (!shard) return SF_ENOMEM;
+  shard->epoch = s->epoch;
+  shard->index = index;
+  shard->pass = s->pass;
+  shard->samples_per_epoch = (uint64_t)s->samples_per_epoch;
+  shard->allow_pipe = s->allow_pipe;
+  sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
+  sf_node_push(node, &item);
+  sf_node_count_output(node, 1, 0);
+  s->next += s->stride;
+  return 0;
+}
+
+static void uninit(sf_node *node) {
+  shard_source *s = sf_node_priv(node);
+  sf_shard_list_clear(&s->list);
+  free(s->order);
+  s->order = NULL;
+}
+
+const sf_stage_def sf_stage_shard_source = {
+    .abi_version = SF_STAGE_ABI_VERSION,
+    .name = "shard_source",
+    .summary = "expands the shard list, shuffles it per epoch with the graph seed, splits it by "
+               "rank and worker",
+    .input = SF_PORT_NONE,
+    .output = SF_PORT_SHARD,
+    .priv_size = sizeof(shard_source),
+    .options = options,
+    .init = init,
+    .step = step,
+    .uninit = uninit,
+};
