@@ -1,0 +1,152 @@
+"""Helpers shared by the integration tests: the CLI, graph files, shards, nginx, .npy outputs."""
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+
+import numpy as np
+
+SHARDFLOW = os.environ.get("SHARDFLOW", "build/shardflow")
+
+
+def run(args, check=True, **kw):
+    """Runs the shardflow CLI; returns the CompletedProcess (text mode)."""
+    p = subprocess.run([SHARDFLOW] + list(args), capture_output=True, text=True, timeout=300, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"shardflow {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def yaml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def write_graph(path, stages, **settings):
+    """stages: list of (type, {option: value}); settings: seed, epochs, error_policy..."""
+    lines = [f"{k}: {yaml_value(v)}" for k, v in settings.items()]
+    lines.append("stages:")
+    for stype, opts in stages:
+        lines.append(f"  - type: {stype}")
+        for k, v in opts.items():
+            lines.append(f"    {k}: {yaml_value(v)}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def ppm_bytes(arr):
+    h, w, c = arr.shape
+    magic = b"P6" if c == 3 else b"P5"
+    return magic + f"\n{w} {h}\n255\n".encode() + arr.astype(np.uint8).tobytes()
+
+
+def write_shard(path, samples):
+    """samples: list of (key, {field: bytes}) written in order with tarfile."""
+    with tarfile.open(path, "w") as tf:
+        for key, fields in samples:
+            for name, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{name}")
+                info.size = len(data)
+                info.mtime = 0
+                tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def make_dataset(root, shards, per_shard, size=8, seed=0):
+    """Writes shards of random PPM images with cls labels; returns (url pattern, {key: (image, label)})."""
+    rng = np.random.default_rng(seed)
+    truth = {}
+    for s in range(shards):
+        samples = []
+        for i in range(per_shard):
+            key = f"{s * per_shard + i:07d}"
+            img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            label = int(rng.integers(0, 10))
+            truth[key] = (img, label)
+            samples.append((key, {"ppm": ppm_bytes(img), "cls": str(label).encode()}))
+        write_shard(os.path.join(root, f"shard-{s:06d}.tar"), samples)
+    return os.path.join(root, "shard-{%06d..%06d}.tar" % (0, shards - 1)), truth
+
+
+def read_batches(npy_dir):
+    """Reads the device sink's dumps: list of (epoch, batch, keys, {field: array}) in order."""
+    out = {}
+    for name in sorted(os.listdir(npy_dir)):
+        stem, ext = os.path.splitext(name)
+        parts = stem.split("_", 2)
+        e, b = int(parts[0][1:]), int(parts[1][1:])
+        entry = out.setdefault((e, b), {"keys": None, "fields": {}})
+        if ext == ".txt":
+            with open(os.path.join(npy_dir, name)) as f:
+                entry["keys"] = f.read().split()
+        elif ext == ".npy":
+            entry["fields"][parts[2]] = np.load(os.path.join(npy_dir, name))
+    return [(e, b, v["keys"], v["fields"]) for (e, b), v in sorted(out.items())]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def nginx(root):
+    """Serves root over HTTP on a free loopback port; yields the base URL."""
+    run_dir = tempfile.mkdtemp(prefix="sf-nginx-")
+    port = free_port()
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf = os.path.join(run_dir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"""{user}
+daemon off;
+master_process off;
+worker_processes 1;
+pid {run_dir}/nginx.pid;
+error_log {run_dir}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  client_body_temp_path {run_dir}/body;
+  proxy_temp_path {run_dir}/proxy;
+  fastcgi_temp_path {run_dir}/fastcgi;
+  uwsgi_temp_path {run_dir}/uwsgi;
+  scgi_temp_path {run_dir}/scgi;
+  server {{ listen 127.0.0.1:{port}; root {root}; }}
+}}
+""")
+    proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", run_dir], stderr=subprocess.PIPE)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("nginx did not start: " + proc.stderr.read().decode())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class Checks:
+    """Counts checks; a failing check raises at once with its message."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, cond, msg):
+        self.n += 1
+        if not cond:
+            raise AssertionError(msg)
+
+    def done(self, name):
+        print(f"{name}: {self.n} checks passed")
