@@ -308,12 +308,9 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       if (r < 0) return r;
       r = def->init ? def->init(n) : 0;
       if (r < 0) {
-        if (p->ctx.has_error && p->ctx.last_error.stage[0]) {
-          if (error) *error = p->ctx.last_error;
-        } else {
-          sf_graph_error(error, r, g, gn->line, "node '%s' (%s) failed to start: %s", gn->name, def->name,
-                         sf_strerror(r));
-        }
+        /* The stage's own record says what is wrong; the graph file and line say where. */
+        sf_graph_error(error, r, g, gn->line, "node '%s' (%s) cannot start: %s", gn->name, def->name,
+                       p->ctx.has_error ? p->ctx.last_error.message : sf_strerror(r));
         return r;
       }
     }
@@ -372,7 +369,9 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     sf_pipeline_destroy(&p);
     return r;
   }
+  c->quiet = true; /* init errors are returned to the caller, not printed */
   r = build(p, order, defs, error);
+  c->quiet = false;
   free(order);
   free(defs);
   if (r < 0) {

@@ -1,0 +1,68 @@
+"""Graph-file and option mistakes: file:line, the valid names, non-zero exit, never a crash."""
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, make_dataset, run  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-graph-errors-")
+urls, _ = make_dataset(tmp, shards=1, per_shard=3)
+
+GOOD = f"""seed: 1
+stages:
+  - type: shard_source
+    urls: {urls}
+  - type: tar_split
+  - type: decode
+  - type: batch
+    batch_size: 2
+  - type: device_sink
+"""
+
+
+def run_text(text, *extra):
+    path = os.path.join(tmp, "g.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path, run(["run", path, "--quiet", "--no-summary", *extra], check=False)
+
+
+def expect_error(text, line, *needles, extra=()):
+    path, p = run_text(text, *extra)
+    check(p.returncode == 1, f"exit status 1 for a bad graph, got {p.returncode}: {p.stderr}")
+    where = f"{path}:{line}" if line else path
+    check(where in p.stderr, f"message names {where}: {p.stderr!r}")
+    for n in needles:
+        check(n in p.stderr, f"message mentions {n!r}: {p.stderr!r}")
+
+
+path, p = run_text(GOOD)
+check(p.returncode == 0 and "Replica Train Samples=3" in p.stdout, f"the good graph runs: {p.stdout} {p.stderr}")
+expect_error(GOOD.replace("type: decode", "type: decoder"), 6, "unknown stage type 'decoder'", "decode, augment")
+expect_error(GOOD.replace("batch_size: 2", "batch_sise: 2"), 8, "no option 'batch_sise'", "batch_size, partial")
+expect_error(GOOD.replace("batch_size: 2", "batch_size: 0"), 8, "batch_size", "out of range")
+expect_error(GOOD.replace("batch_size: 2", "batch_size: lots"), 8, "not a count")
+expect_error(GOOD.replace("seed: 1", "seed: 1\nerror_policy: sometimes"), 2, "skip|fail")
+expect_error(GOOD.replace("  - type: tar_split\n", ""), 5, "outputs shards", "takes samples")
+expect_error(GOOD + "  - type: batch\n", 10, "two nodes are named 'batch'")
+expect_error(GOOD.replace("    batch_size: 2\n", "    batch_size: 2\n    replicas: 2\n"), 9, "cannot run as replicas")
+expect_error("stages:\n  - type: shard_source\n    urls: [unclosed\n", 4, "YAML")
+expect_error(GOOD, None, "no option 'shufle'", "shuffle", extra=["--set", "shard_source.shufle=false"])
+expect_error(GOOD, None, "no node named 'sauce'", "shard_source, tar_split", extra=["--set", "sauce.urls=x"])
+p = run(["run", os.path.join(tmp, "missing.yaml")], check=False)
+check(p.returncode == 1 and "missing.yaml" in p.stderr and "cannot open" in p.stderr, f"missing file: {p.stderr}")
+p = run(["run"], check=False)
+check(p.returncode == 2 and "usage" in p.stderr, "usage error exits 2")
+# An empty shard list is refused at start with the option named.
+expect_error(GOOD.replace(f"urls: {urls}", "urls: ''"), None, "urls")
+# --set fixes a graph: point it at other shards.
+path, p = run_text(GOOD.replace(urls, "/nonexistent/x.tar"), "--set", f"shard_source.urls={urls}")
+check(p.returncode == 0 and "Replica Train Samples=3" in p.stdout, "--set shard_source.urls overrides the graph")
+# help lists stages and options from the tables
+p = run(["help", "augment"])
+check("padding" in p.stdout and "flip" in p.stdout and "default" in p.stdout, "help augment lists options")
+p = run(["help", "nosuch"], check=False)
+check(p.returncode == 2 and "shard_source" in p.stderr, "help of an unknown stage lists the stages")
+check.done("graph_errors")
