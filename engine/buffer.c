@@ -20,7 +20,7 @@ _Static_assert(sizeof(struct sf_buffer) <= HEADER_SIZE, "sf_buffer header must f
 sf_buffer *sf_buffer_new(size_t size) {
   if (size > SIZE_MAX - HEADER_SIZE - 64) return NULL;
   size_t total = (HEADER_SIZE + size + 63) & ~(size_t)63;
-  sf_buffer *b = aligned_alloc(64, total);
+  sf_buffer *b = malloc(total);
   if (!b) return NULL;
   atomic_init(&b->refs, 1);
   b->data = (uint8_t *)b + HEADER_SIZE;

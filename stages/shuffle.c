@@ -10,6 +10,7 @@ typedef struct shuffle {
   sf_sample **buffer;
   int64_t count;
   uint64_t epoch;       /* epoch whose samples the buffer holds */
+  uint64_t since_initial; /* samples added after the initial fill, for the two-in-one-out growth */
   bool seeded;
   bool draining;        /* an epoch end or EOF arrived: empty the buffer first */
   sf_item pending_end;  /* the epoch-end marker to forward once drained */
@@ -20,7 +21,8 @@ static const sf_option options[] = {
     {"buffer_size", SF_OPT_COUNT, offsetof(shuffle, buffer_size), "10000", 1, 1e8,
      "samples held in the buffer; 1 turns shuffling off", NULL},
     {"initial", SF_OPT_COUNT, offsetof(shuffle, initial), "0", 0, 1e8,
-     "samples to collect before the first one leaves (0 = buffer_size)", NULL},
+     "samples to collect before the first one leaves (0 = buffer_size); after it the buffer keeps "
+     "growing to buffer_size, one out for every two in", NULL},
     {NULL},
 };
 
@@ -55,6 +57,7 @@ static int step(sf_node *node) {
     }
     s->draining = false;
     s->seeded = false;
+    s->since_initial = 0;
     if (s->pending_end.kind == SF_ITEM_NONE) return SF_EOF;
     sf_node_push(node, &s->pending_end);
     return 0;
@@ -74,7 +77,8 @@ static int step(sf_node *node) {
   }
   if (!s->seeded) reseed(node, s, item.epoch);
   s->buffer[s->count++] = item.u.sample;
-  if (s->count >= s->initial || s->count >= s->buffer_size) emit_one(node, s);
+  /* Past the initial fill the buffer still grows to buffer_size: two in, one out (WebDataset's rule). */
+  if (s->count >= s->buffer_size || (s->count >= s->initial && (++s->since_initial & 1))) emit_one(node, s);
   return 0;
 }
 

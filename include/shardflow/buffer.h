@@ -23,7 +23,7 @@ typedef void (*sf_buffer_free_fn)(void *opaque, uint8_t *data);
 
 /**
  * Allocates a buffer of size bytes (uninitialised; header and data in one
- * allocation, data aligned to 64 bytes).  size may be 0.
+ * allocation, data aligned to 16 bytes).  size may be 0.
  * Returns a new buffer with one reference (caller owns it), or NULL when out
  * of memory.
  */

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "shardflow/buffer.h"
+#include "shardflow/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,6 +35,13 @@ SF_API sf_buffer *sf_pool_get(sf_pool *pool, size_t size);
 
 /** Number of buffers the pool has allocated in all (for tests: reuse keeps it flat). */
 SF_API size_t sf_pool_allocated(const sf_pool *pool);
+
+/**
+ * Makes *tensor a fresh contiguous tensor whose buffer comes from pool
+ * (contents undefined).  Returns 0, SF_EINVAL for a bad shape, SF_ENOMEM.
+ * The caller owns the tensor (sf_tensor_clear() returns the buffer to the pool).
+ */
+SF_API int sf_pool_tensor(sf_pool *pool, sf_tensor *tensor, sf_dtype dtype, int ndim, const int64_t *shape);
 
 /** Drops the caller's reference; the pool goes when its last buffer returns. NULL-safe. */
 SF_API void sf_pool_unref(sf_pool **pool);

@@ -20,7 +20,7 @@ static void test_refcount(void **state) {
   sf_buffer *b = sf_buffer_new(100);
   assert_non_null(b);
   assert_int_equal(sf_buffer_size(b), 100);
-  assert_int_equal((uintptr_t)sf_buffer_data(b) % 64, 0);
+  assert_int_equal((uintptr_t)sf_buffer_data(b) % 16, 0);
   assert_true(sf_buffer_is_writable(b));
   sf_buffer *c = sf_buffer_ref(b);
   assert_false(sf_buffer_is_writable(b));

@@ -1,0 +1,596 @@
+/* augment: resize, crops (padded random, center, random resized), flip, normalize, layout and dtype in one pass. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shardflow/stage.h"
+
+enum { CROP_NONE, CROP_RANDOM, CROP_CENTER, CROP_RANDOM_RESIZED };
+enum { LAYOUT_HWC, LAYOUT_CHW };
+enum { OUT_UINT8, OUT_FLOAT32, OUT_BFLOAT16 };
+/* Most channels an image may have here; decoded images have 1, 3 or 4. */
+enum { MAX_CHANNELS = 16 };
+
+typedef struct augment {
+  /* options */
+  char *fields;
+  int crop;
+  int64_t size;
+  int64_t padding;
+  sf_float_list scale;
+  sf_float_list ratio;
+  int64_t resize;
+  double flip;
+  sf_float_list mean;
+  sf_float_list std;
+  int layout;
+  int dtype;
+  /* from init */
+  char names[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
+  int n_names;            /* 0: every decoded uint8 [H,W,C] field */
+  double log_ratio[2];
+  /* Output value of every byte, per channel (only table 0 when there is no mean/std). */
+  uint8_t lut_u8[256];
+  float lut_f32[8][256];
+  uint16_t lut_bf16[8][256];
+} augment;
+
+static const char *const crop_names[] = {"none", "random", "center", "random_resized", NULL};
+static const char *const layout_names[] = {"hwc", "chw", NULL};
+static const char *const dtype_names[] = {"uint8", "float32", "bfloat16", NULL};
+
+static const sf_option options[] = {
+    {"fields", SF_OPT_STRING, offsetof(augment, fields), "", 0, 0,
+     "comma-separated image fields to transform (\"\" = every decoded uint8 [H,W,C] field; a listed "
+     "field missing from a sample is an error); all fields of a sample get the same random draws, so "
+     "an image and its mask stay aligned",
+     NULL},
+    {"crop", SF_OPT_ENUM, offsetof(augment, crop), "none", 0, 0,
+     "crop: none, random (torchvision RandomCrop with padding), center (CenterCrop, zero-pads a "
+     "small image) or random_resized (RandomResizedCrop: box from scale and ratio, resampled to size x "
+     "size, bilinear with half-pixel centres, no antialiasing)",
+     crop_names},
+    {"size", SF_OPT_INT, offsetof(augment, size), "0", 0, 65536,
+     "output side length in pixels for crops (0 = keep the image's height and width)", NULL},
+    {"padding", SF_OPT_INT, offsetof(augment, padding), "0", 0, 65536,
+     "zero pixels added on every side before a random or center crop (not materialised)", NULL},
+    {"scale", SF_OPT_FLOAT_LIST, offsetof(augment, scale), "0.08,1.0", 0, 0,
+     "random_resized: range of the crop's area as a fraction of the image (min,max)", NULL},
+    {"ratio", SF_OPT_FLOAT_LIST, offsetof(augment, ratio), "0.75,1.3333333", 0, 0,
+     "random_resized: range of the crop's width/height aspect ratio (min,max), drawn log-uniform",
+     NULL},
+    {"resize", SF_OPT_INT, offsetof(augment, resize), "0", 0, 65536,
+     "resize so the shorter side has this many pixels, keeping the aspect ratio, before cropping "
+     "(0 = off); bilinear with half-pixel centres, edge-clamped, no antialiasing",
+     NULL},
+    {"flip", SF_OPT_FLOAT, offsetof(augment, flip), "0", 0, 1,
+     "probability of a horizontal flip (0..1)", NULL},
+    {"mean", SF_OPT_FLOAT_LIST, offsetof(augment, mean), "", 0, 0,
+     "per-channel mean subtracted after scaling to 0..1 (empty = no normalisation)", NULL},
+    {"std", SF_OPT_FLOAT_LIST, offsetof(augment, std), "", 0, 0,
+     "per-channel standard deviation divided by after subtracting mean (same length as mean)", NULL},
+    {"layout", SF_OPT_ENUM, offsetof(augment, layout), "chw", 0, 0,
+     "output layout: hwc ([H,W,C]) or chw ([C,H,W])", layout_names},
+    {"dtype", SF_OPT_ENUM, offsetof(augment, dtype), "float32", 0, 0,
+     "output type: uint8 (pixel values kept), float32 (x/255, then normalised) or bfloat16 (the "
+     "float32 rounded to nearest even)",
+     dtype_names},
+    {NULL},
+};
+
+/* bfloat16: the upper half of the float32, rounded to nearest even (inputs are finite). */
+static inline uint16_t to_bf16(float v) {
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return (uint16_t)(bits >> 16);
+}
+
+/* Records an option mistake found in init; init fails whatever the error policy. */
+static int option_error(sf_node *node, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int option_error(sf_node *node, const char *fmt, ...) {
+  char message[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "%s", message);
+  return SF_EOPTION;
+}
+
+/* Splits `fields` into names; blanks around commas are ignored. */
+static int parse_fields(sf_node *node, augment *a) {
+  const char *s = a->fields ? a->fields : "";
+  while (*s) {
+    while (*s == ' ' || *s == ',') s++;
+    size_t n = strcspn(s, ",");
+    while (n > 0 && s[n - 1] == ' ') n--;
+    if (n == 0) break;
+    if (n >= SF_FIELD_NAME_MAX || a->n_names >= SF_MAX_FIELDS)
+      return option_error(node, "fields '%s' lists too many or too long names (at most 16 "
+                                "names of at most 31 characters)", a->fields);
+    memcpy(a->names[a->n_names], s, n);
+    a->names[a->n_names++][n] = '\0';
+    s += n;
+    while (*s == ' ') s++;
+  }
+  return 0;
+}
+
+static int init(sf_node *node) {
+  augment *a = sf_node_priv(node);
+  int r = parse_fields(node, a);
+  if (r < 0) return r;
+  if (a->mean.n != a->std.n)
+    return option_error(node, "mean and std must have the same length (one value per channel)");
+  for (int i = 0; i < a->std.n; i++)
+    if (!(a->std.v[i] > 0))
+      return option_error(node, "std values must be positive");
+  if (a->mean.n > 0 && a->dtype == OUT_UINT8)
+    return option_error(node, "mean/std need a float output: use dtype float32 or bfloat16, "
+                              "or drop mean and std for dtype uint8");
+  if (a->crop == CROP_RANDOM_RESIZED) {
+    if (a->scale.n != 2 || !(a->scale.v[0] > 0) || a->scale.v[0] > a->scale.v[1])
+      return option_error(node, "scale must be two area fractions min,max with 0 < min <= max, "
+                                "e.g. 0.08,1.0");
+    if (a->ratio.n != 2 || !(a->ratio.v[0] > 0) || a->ratio.v[0] > a->ratio.v[1])
+      return option_error(node, "ratio must be two aspect ratios min,max with 0 < min <= "
+                                "max, e.g. 0.75,1.3333333");
+    if (a->padding > 0)
+      return option_error(node, "padding applies to crop random or center, not "
+                                "random_resized; set padding 0");
+    a->log_ratio[0] = log(a->ratio.v[0]);
+    a->log_ratio[1] = log(a->ratio.v[1]);
+  }
+  /* x/255, then (x - mean)/std, in double and rounded once: the direct path's tables. */
+  for (int x = 0; x < 256; x++) a->lut_u8[x] = (uint8_t)x;
+  for (int c = 0; c < (a->mean.n ? a->mean.n : 1); c++) {
+    for (int x = 0; x < 256; x++) {
+      double v = x / 255.0;
+      if (a->mean.n) v = (v - a->mean.v[c]) / a->std.v[c];
+      a->lut_f32[c][x] = (float)v;
+      a->lut_bf16[c][x] = to_bf16((float)v);
+    }
+  }
+  return 0;
+}
+
+/* ---- geometry: where every output pixel comes from ------------------------------------ */
+
+/*
+ * One axis of the output. Conceptually a source span [origin, origin+span) is
+ * resampled to `scaled` pixels, zero-padded, and the window [pos, pos+n) of
+ * that is taken (and mirrored when flipped on the x axis). When scaled ==
+ * span the axis is a plain copy (no resampling).
+ */
+typedef struct axis {
+  int64_t origin, span, scaled, pos, n;
+} axis;
+
+/* Python's round(): half to even, as torchvision's crop arithmetic uses it. */
+static int64_t round_half_even(double v) { return (int64_t)nearbyint(v); }
+
+/* torchvision CenterCrop offset within a (padded) extent, negative when it zero-pads. */
+static int64_t center_offset(int64_t extent, int64_t n) {
+  if (extent >= n) return round_half_even((double)(extent - n) / 2.0);
+  return -((n - extent) / 2);
+}
+
+/* Shorter side to `target`, the longer truncated as torchvision Resize(int) does. */
+static void resized_dims(int64_t h, int64_t w, int64_t target, int64_t *rh, int64_t *rw) {
+  if (w <= h) {
+    *rw = target;
+    *rh = (int64_t)((double)(target * h) / (double)w);
+  } else {
+    *rh = target;
+    *rw = (int64_t)((double)(target * w) / (double)h);
+  }
+}
+
+/* RandomResizedCrop.get_params: top, left, height, width of the box. */
+static void random_resized_box(const augment *a, sf_rng *rng, int64_t h, int64_t w, int64_t box[4]) {
+  double area = (double)h * (double)w;
+  for (int attempt = 0; attempt < 10; attempt++) {
+    double target = area * (a->scale.v[0] + (a->scale.v[1] - a->scale.v[0]) * sf_rng_double(rng));
+    double aspect = exp(a->log_ratio[0] + (a->log_ratio[1] - a->log_ratio[0]) * sf_rng_double(rng));
+    int64_t bw = round_half_even(sqrt(target * aspect));
+    int64_t bh = round_half_even(sqrt(target / aspect));
+    if (bw > 0 && bw <= w && bh > 0 && bh <= h) {
+      box[0] = (int64_t)sf_rng_below(rng, (uint64_t)(h - bh + 1));
+      box[1] = (int64_t)sf_rng_below(rng, (uint64_t)(w - bw + 1));
+      box[2] = bh;
+      box[3] = bw;
+      return;
+    }
+  }
+  double in_ratio = (double)w / (double)h;
+  int64_t bh = h, bw = w;
+  if (in_ratio < a->ratio.v[0])
+    bh = round_half_even((double)w / a->ratio.v[0]);
+  else if (in_ratio > a->ratio.v[1])
+    bw = round_half_even((double)h * a->ratio.v[1]);
+  if (bh < 1) bh = 1;
+  if (bh > h) bh = h;
+  if (bw < 1) bw = 1;
+  if (bw > w) bw = w;
+  box[0] = (h - bh) / 2;
+  box[1] = (w - bw) / 2;
+  box[2] = bh;
+  box[3] = bw;
+}
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+/* Bilinear source taps of one output row or column: byte offsets and the weight of i1. */
+typedef struct tap {
+  ptrdiff_t i0, i1;
+  float w;
+} tap;
+
+/* A prepared transform of one field: the kernels read nothing else. */
+typedef struct job {
+  const uint8_t *src;
+  ptrdiff_t sy, sx, sc;         /* source strides in bytes */
+  int c;
+  int64_t oh, ow;
+  /* direct path: source row/column of output (0,0), flip, and the rows/columns inside the image */
+  int64_t top, left;
+  bool flip;
+  /* both paths: output rows [ya,yb) and columns [xa,xb) read the image, the rest is padding */
+  int64_t ya, yb, xa, xb;
+  const tap *ty, *tx;           /* bilinear path only */
+  void *out;
+  ptrdiff_t oy, ox, oc;         /* output strides in elements */
+  const void *lut[MAX_CHANNELS]; /* direct path: output value of each byte, per channel */
+  float scale[MAX_CHANNELS], bias[MAX_CHANNELS]; /* bilinear path: x*scale+bias */
+} job;
+
+static inline uint8_t to_u8(float v) {
+  v += 0.5f;
+  return v >= 255.0f ? 255 : (uint8_t)v;
+}
+
+/*
+ * The direct path (no resampling): crop, padding, flip, normalisation and
+ * layout in one pass over the output. A byte's output value comes from its
+ * channel's table (x/255, then (x - mean)/std, precomputed in init for all
+ * 256 bytes), so the inner loop is loads and stores with no int-to-float
+ * conversion (whose false dependency made a multiply-add loop 2x slower) and
+ * no branch; padding is the table's value for 0. Three channels, the common
+ * case, go pixel by pixel.
+ */
+#define DEFINE_DIRECT(NAME, T)                                                              \
+  static void NAME(const job *j) {                                                          \
+    const ptrdiff_t step = j->flip ? -j->sx : j->sx, ox = j->ox, oc = j->oc, sc = j->sc;    \
+    const int64_t first = j->flip ? j->left + j->ow - 1 - j->xa : j->left + j->xa;          \
+    const int64_t n = j->xb - j->xa;                                                        \
+    const T *const *lut = (const T *const *)j->lut;                                         \
+    for (int64_t y = 0; y < j->oh; y++) {                                                   \
+      T *o = (T *)j->out + y * j->oy;                                                       \
+      bool inside = y >= j->ya && y < j->yb;                                                \
+      for (int c = 0; c < j->c; c++) {                                                      \
+        T zero = lut[c][0], *oz = o + c * oc;                                               \
+        for (int64_t x = 0; x < (inside ? j->xa : j->ow); x++) oz[x * ox] = zero;           \
+        for (int64_t x = inside ? j->xb : j->ow; x < j->ow; x++) oz[x * ox] = zero;         \
+      }                                                                                     \
+      if (!inside) continue;                                                                \
+      const uint8_t *q = j->src + (j->top + y) * j->sy + first * j->sx;                     \
+      T *ov = o + j->xa * ox;                                                               \
+      if (j->c == 3) {                                                                      \
+        const T *l0 = lut[0], *l1 = lut[1], *l2 = lut[2];                                   \
+        for (int64_t i = 0; i < n; i++, q += step, ov += ox) {                              \
+          ov[0] = l0[q[0]];                                                                 \
+          ov[oc] = l1[q[sc]];                                                               \
+          ov[2 * oc] = l2[q[2 * sc]];                                                       \
+        }                                                                                   \
+      } else {                                                                              \
+        for (int c = 0; c < j->c; c++)                                                      \
+          for (int64_t i = 0; i < n; i++) ov[c * oc + i * ox] = lut[c][q[c * sc + i * step]]; \
+      }                                                                                     \
+    }                                                                                       \
+  }
+
+/* The bilinear path: per-row and per-column taps computed once per field. */
+#define DEFINE_BILINEAR(NAME, T, CONVERT)                                                   \
+  static void NAME(const job *j) {                                                          \
+    for (int c = 0; c < j->c; c++) {                                                        \
+      const float scale = j->scale[c], bias = j->bias[c];                                   \
+      const T zero = CONVERT(bias);                                                         \
+      const uint8_t *src = j->src + c * j->sc;                                              \
+      for (int64_t y = 0; y < j->oh; y++) {                                                 \
+        T *o = (T *)j->out + c * j->oc + y * j->oy;                                         \
+        if (y < j->ya || y >= j->yb) {                                                      \
+          for (int64_t x = 0; x < j->ow; x++) o[x * j->ox] = zero;                          \
+          continue;                                                                         \
+        }                                                                                   \
+        for (int64_t x = 0; x < j->xa; x++) o[x * j->ox] = zero;                            \
+        const uint8_t *r0 = src + j->ty[y].i0, *r1 = src + j->ty[y].i1;                     \
+        const float wy = j->ty[y].w;                                                        \
+        for (int64_t x = j->xa; x < j->xb; x++) {                                           \
+          const tap t = j->tx[x];                                                           \
+          float a = r0[t.i0], b = r0[t.i1], d = r1[t.i0], e = r1[t.i1];                     \
+          float top = a + t.w * (b - a), bottom = d + t.w * (e - d);                        \
+          o[x * j->ox] = CONVERT((top + wy * (bottom - top)) * scale + bias);               \
+        }                                                                                   \
+        for (int64_t x = j->xb; x < j->ow; x++) o[x * j->ox] = zero;                        \
+      }                                                                                     \
+    }                                                                                       \
+  }
+
+#define AS_FLOAT(v) (v)
+DEFINE_DIRECT(direct_u8, uint8_t)
+DEFINE_DIRECT(direct_f32, float)
+DEFINE_DIRECT(direct_bf16, uint16_t)
+DEFINE_BILINEAR(bilinear_u8, uint8_t, to_u8)
+DEFINE_BILINEAR(bilinear_f32, float, AS_FLOAT)
+DEFINE_BILINEAR(bilinear_bf16, uint16_t, to_bf16)
+
+static void (*const direct_kernel[])(const job *) = {direct_u8, direct_f32, direct_bf16};
+static void (*const bilinear_kernel[])(const job *) = {bilinear_u8, bilinear_f32, bilinear_bf16};
+
+/*
+ * Output indices [*first, *last) whose window position lies inside the scaled
+ * extent; the rest is padding. Flipping mirrors the window, not the range test.
+ */
+static void valid_range(const axis *ax, bool flip, int64_t *first, int64_t *last) {
+  int64_t lo = -ax->pos, hi = ax->scaled - ax->pos; /* window index k valid in [lo, hi) */
+  if (flip) {
+    int64_t l = ax->n - hi, h = ax->n - lo;         /* x = n-1-k */
+    lo = l;
+    hi = h;
+  }
+  *first = lo < 0 ? 0 : lo > ax->n ? ax->n : lo;
+  *last = hi > ax->n ? ax->n : hi < *first ? *first : hi;
+}
+
+/* Half-pixel bilinear taps: src = (k+0.5)*span/scaled - 0.5, clamped to the span's edges. */
+static void build_taps(tap *t, const axis *ax, bool flip, ptrdiff_t stride) {
+  double f = (double)ax->span / (double)ax->scaled;
+  for (int64_t x = 0; x < ax->n; x++) {
+    int64_t k = ax->pos + (flip ? ax->n - 1 - x : x);
+    if (k < 0 || k >= ax->scaled) { /* padding, never read */
+      t[x] = (tap){0, 0, 0.0f};
+      continue;
+    }
+    double s = ((double)k + 0.5) * f - 0.5;
+    if (s < 0) s = 0;
+    int64_t i0 = (int64_t)s;
+    if (i0 > ax->span - 1) i0 = ax->span - 1;
+    int64_t i1 = i0 + 1 < ax->span ? i0 + 1 : i0;
+    t[x] = (tap){(ax->origin + i0) * stride, (ax->origin + i1) * stride, (float)(s - (double)i0)};
+  }
+}
+
+/*
+ * Runs one transform: axes ay/ax over a source image, into out (already
+ * allocated with strides oy/ox/oc). Returns 0 or SF_ENOMEM.
+ */
+static int run(job *j, const axis *ay, const axis *ax, int dtype) {
+  j->oh = ay->n;
+  j->ow = ax->n;
+  valid_range(ay, false, &j->ya, &j->yb);
+  valid_range(ax, j->flip, &j->xa, &j->xb);
+  if (ay->scaled == ay->span && ax->scaled == ax->span) {
+    j->top = ay->origin + ay->pos;
+    j->left = ax->origin + ax->pos;
+    direct_kernel[dtype](j);
+    return 0;
+  }
+  tap *taps = malloc((size_t)(ay->n + ax->n) * sizeof *taps);
+  if (!taps) return SF_ENOMEM;
+  build_taps(taps, ay, false, j->sy);
+  build_taps(taps + ay->n, ax, j->flip, j->sx);
+  j->ty = taps;
+  j->tx = taps + ay->n;
+  bilinear_kernel[dtype](j);
+  free(taps);
+  return 0;
+}
+
+/* ---- per field ----------------------------------------------------------------------------- */
+
+static bool is_image(const sf_field *f) {
+  return !f->encoded && f->tensor.dtype == SF_DTYPE_UINT8 && f->tensor.ndim == 3 && f->tensor.buffer;
+}
+
+static bool selected(const augment *a, const sf_field *f) {
+  if (a->n_names == 0) return is_image(f);
+  for (int i = 0; i < a->n_names; i++)
+    if (strcmp(a->names[i], f->name) == 0) return true;
+  return false;
+}
+
+typedef struct field_error {
+  int code;
+  char message[256];
+} field_error;
+
+#define FAIL(e, c, ...) (snprintf((e)->message, sizeof (e)->message, __VA_ARGS__), (e)->code = (c))
+
+/*
+ * Transforms one field in place of its tensor. rng is this sample's stream,
+ * restarted for every field so same-sized fields get the same crop and flip.
+ * Returns 0, SF_ENOMEM, or a data error with *e filled.
+ */
+static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
+  const sf_tensor *in = &f->tensor;
+  if (!is_image(f))
+    return FAIL(e, SF_ESHAPE, "field '%s' is not a decoded uint8 [H,W,C] image (%s, %d dimensions%s); "
+                "decode it first or leave it out of `fields`", f->name, sf_dtype_name(in->dtype), in->ndim,
+                f->encoded ? ", still encoded" : "");
+  int64_t h = in->shape[0], w = in->shape[1], c = in->shape[2];
+  if (h < 1 || w < 1 || c < 1 || c > MAX_CHANNELS)
+    return FAIL(e, SF_ESHAPE, "field '%s' has shape [%lld,%lld,%lld]; augment needs a non-empty image "
+                "with 1..%d channels", f->name, (long long)h, (long long)w, (long long)c, MAX_CHANNELS);
+  if (a->mean.n && a->mean.n != c)
+    return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
+                "per channel", f->name, (long long)c, a->mean.n);
+
+  sf_rng rng;
+  sf_rng_seed(&rng, stream);
+  job j = {.src = sf_tensor_data(in), .sy = in->strides[0], .sx = in->strides[1], .sc = in->strides[2],
+           .c = (int)c};
+  sf_tensor resized = {0};
+  /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
+  int64_t rh = h, rw = w;
+  if (a->resize > 0) resized_dims(h, w, a->resize, &rh, &rw);
+  if (rh < 1 || rw < 1)
+    return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
+                "`resize`", f->name, (long long)h, (long long)w, (long long)rh, (long long)rw);
+  axis ay = {0, h, rh, 0, rh}, ax = {0, w, rw, 0, rw};
+
+  if (a->crop == CROP_RANDOM_RESIZED && (rh != h || rw != w)) {
+    /* A box of the resized image is resampled again: materialise the resize (uint8, as torchvision). */
+    int64_t shape[3] = {rh, rw, c};
+    int r = sf_tensor_alloc(&resized, SF_DTYPE_UINT8, 3, shape);
+    if (r < 0) return r;
+    job pre = j;
+    pre.out = sf_tensor_data(&resized);
+    pre.oy = rw * c;
+    pre.ox = c;
+    pre.oc = 1;
+    for (int k = 0; k < c; k++) pre.scale[k] = 1.0f, pre.bias[k] = 0.0f, pre.lut[k] = a->lut_u8;
+    pre.flip = false;
+    if ((r = run(&pre, &ay, &ax, OUT_UINT8)) < 0) {
+      sf_tensor_clear(&resized);
+      return r;
+    }
+    j.src = sf_tensor_data(&resized);
+    j.sy = rw * c;
+    j.sx = c;
+    j.sc = 1;
+    h = rh, w = rw;
+    ay = (axis){0, h, h, 0, h};
+    ax = (axis){0, w, w, 0, w};
+  }
+
+  int64_t oh = a->size ? a->size : rh, ow = a->size ? a->size : rw;
+  switch (a->crop) {
+  case CROP_RANDOM: {
+    int64_t ph = rh + 2 * a->padding, pw = rw + 2 * a->padding;
+    if (ph < oh || pw < ow)
+      return FAIL(e, SF_ESHAPE, "field '%s' is %lldx%lld pixels (with padding %lld) but the random crop "
+                  "is %lldx%lld; raise `padding` or `resize`, or lower `size`", f->name, (long long)rh,
+                  (long long)rw, (long long)a->padding, (long long)oh, (long long)ow);
+    ay.pos = (int64_t)sf_rng_below(&rng, (uint64_t)(ph - oh + 1)) - a->padding;
+    ax.pos = (int64_t)sf_rng_below(&rng, (uint64_t)(pw - ow + 1)) - a->padding;
+    ay.n = oh;
+    ax.n = ow;
+    break;
+  }
+  case CROP_CENTER:
+    ay.pos = center_offset(rh + 2 * a->padding, oh) - a->padding;
+    ax.pos = center_offset(rw + 2 * a->padding, ow) - a->padding;
+    ay.n = oh;
+    ax.n = ow;
+    break;
+  case CROP_RANDOM_RESIZED: {
+    int64_t box[4];
+    random_resized_box(a, &rng, h, w, box);
+    ay = (axis){box[0], box[2], oh, 0, oh};
+    ax = (axis){box[1], box[3], ow, 0, ow};
+    break;
+  }
+  default:
+    break;
+  }
+  j.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
+
+  static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
+  sf_tensor out;
+  int64_t shape[3];
+  if (a->layout == LAYOUT_CHW)
+    shape[0] = c, shape[1] = ay.n, shape[2] = ax.n;
+  else
+    shape[0] = ay.n, shape[1] = ax.n, shape[2] = c;
+  int r = sf_tensor_alloc(&out, out_dtype[a->dtype], 3, shape);
+  if (r < 0) {
+    sf_tensor_clear(&resized);
+    return r;
+  }
+  j.out = sf_tensor_data(&out);
+  if (a->layout == LAYOUT_CHW)
+    j.oc = ay.n * ax.n, j.oy = ax.n, j.ox = 1;
+  else
+    j.oc = 1, j.oy = ax.n * c, j.ox = c;
+  /*
+   * Bilinear values: x/255, then (x - mean)/std folded into one multiply-add;
+   * direct path: the tables from init. uint8 keeps the pixel values.
+   */
+  for (int k = 0; k < c; k++) {
+    double sd = a->std.n ? a->std.v[k] : 1.0, mu = a->mean.n ? a->mean.v[k] : 0.0;
+    int t = a->mean.n ? k : 0;
+    j.scale[k] = a->dtype == OUT_UINT8 ? 1.0f : (float)(1.0 / (255.0 * sd));
+    j.bias[k] = a->dtype == OUT_UINT8 ? 0.0f : (float)(-mu / sd);
+    j.lut[k] = a->dtype == OUT_UINT8 ? (const void *)a->lut_u8
+               : a->dtype == OUT_FLOAT32 ? (const void *)a->lut_f32[t] : (const void *)a->lut_bf16[t];
+  }
+  r = run(&j, &ay, &ax, a->dtype);
+  sf_tensor_clear(&resized);
+  if (r < 0) {
+    sf_tensor_clear(&out);
+    return r;
+  }
+  sf_tensor_clear(&f->tensor);
+  f->tensor = out;
+  *bytes += sf_tensor_nbytes(&out);
+  return 0;
+}
+
+static int step(sf_node *node) {
+  augment *a = sf_node_priv(node);
+  sf_item item;
+  int r = sf_node_pop(node, &item);
+  if (r < 0) return r;
+  if (item.kind != SF_ITEM_SAMPLE) {
+    sf_node_push(node, &item);
+    return 0;
+  }
+  sf_sample *s = item.u.sample;
+  uint64_t stream = sf_node_seed(node);
+  stream = sf_seed_mix(stream, s->epoch);
+  stream = sf_seed_mix(stream, s->pass);
+  stream = sf_seed_mix(stream, s->shard_index);
+  stream = sf_seed_mix(stream, s->index);
+
+  uint64_t bytes = 0;
+  field_error e = {0};
+  for (int i = 0; i < a->n_names && !e.code; i++)
+    if (!sf_sample_field(s, a->names[i]))
+      FAIL(&e, SF_ENOENT, "sample has no field '%s' listed in augment's `fields`", a->names[i]);
+  for (int i = 0; i < s->n_fields && !e.code; i++) {
+    if (!selected(a, &s->fields[i])) continue;
+    r = transform(a, &s->fields[i], stream, &bytes, &e);
+    if (r < 0 && !e.code) { /* out of memory: not the sample's fault */
+      sf_item_clear(&item);
+      return r;
+    }
+  }
+  if (e.code) {
+    r = sf_node_error(node, e.code, sf_sample_url(s), s->key, s->offset, "%s", e.message);
+    sf_item_clear(&item);
+    if (r < 0) return r;
+    sf_node_count_skipped(node, 1);
+    return 0;
+  }
+  sf_node_push(node, &item);
+  sf_node_count_output(node, 1, bytes);
+  return 0;
+}
+
+const sf_stage_def sf_stage_augment = {
+    .abi_version = SF_STAGE_ABI_VERSION,
+    .name = "augment",
+    .summary = "resize, crop (padded random, center, random resized), flip, normalize, HWC/CHW and "
+               "dtype in one pass over the output",
+    .input = SF_PORT_SAMPLE,
+    .output = SF_PORT_SAMPLE,
+    .flags = SF_STAGE_MAP,
+    .priv_size = sizeof(augment),
+    .options = options,
+    .init = init,
+    .step = step,
+};
