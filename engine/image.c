@@ -15,7 +15,11 @@
 
 #define DEFAULT_MAX_PIXELS 100000000
 #define DEFAULT_MAX_SCANS 500
-/* TJFLAG_LIMITSCANS stops at a fixed 500 scans in libjpeg-turbo 2.1; larger limits rely on our own count. */
+/* TJFLAG_LIMITSCANS (libjpeg-turbo >= 2.1) stops at a fixed 500 scans; our own scan count enforces
+   max_scans either way, so an older TurboJPEG without the flag loses only the second guard. */
+#ifndef TJFLAG_LIMITSCANS
+#define TJFLAG_LIMITSCANS 0
+#endif
 #define TURBOJPEG_SCAN_LIMIT 500
 /* Ancillary PNG chunks (text, ICC, EXIF) are metadata we never use: cap what libspng may hold. */
 #define PNG_CHUNK_LIMIT ((size_t)64 << 20)
@@ -58,7 +62,7 @@ static int check_pixels(int64_t width, int64_t height, const sf_image_limits *li
 
 /* ITU-R 601-2 luma in Pillow's 16-bit fixed point (Convert.c L24), so gray output matches convert('L'). */
 static inline uint8_t luma(const uint8_t *rgb) {
-  return (uint8_t)((rgb[0] * 19595u + rgb[1] * 38470u + rgb[2] * 7471u) >> 16);
+  return (uint8_t)((rgb[0] * 19595u + rgb[1] * 38470u + rgb[2] * 7471u + 0x8000u) >> 16);
 }
 
 static void rgb_to_gray(const uint8_t *src, int src_channels, uint8_t *dst, size_t pixels) {
@@ -164,7 +168,7 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   bool owned;
   tjhandle tj = tj_decompressor(&owned);
   if (!tj) return fail(error, SF_ENOMEM, "cannot create a TurboJPEG decompressor");
-  int width, height, subsamp, colorspace, r;
+  int width = 0, height = 0, subsamp, colorspace, r;
   if (tjDecompressHeader3(tj, p, (unsigned long)n, &width, &height, &subsamp, &colorspace) != 0) {
     r = fail(error, SF_EFORMAT, "corrupt JPEG header: %s", tjGetErrorStr2(tj));
     goto done;
@@ -195,7 +199,10 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   }
   r = 0;
 done:
-  if (owned) tjDestroy(tj);
+  /* libjpeg-turbo 2.1's tjDecompressHeader3 leaves the handle mid-header after an error (the next
+     header then "succeeds" without setting the size): never reuse a handle that failed. */
+  if (r < 0 && !owned) pthread_setspecific(tj_key, NULL);
+  if (owned || r < 0) tjDestroy(tj);
   return r;
 }
 
@@ -268,7 +275,7 @@ static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
     goto done;
   }
   /* decode_chunks reads on to IEND: the last IDAT's CRC is only checked there. */
-  if ((r = spng_decode_image(ctx, dst, len, fmt, flags)) != 0) {
+  if ((r = spng_decode_image(ctx, dst, len, fmt, flags)) != 0 || (r = spng_decode_chunks(ctx)) != 0) {
     r = fail(error, spng_code(r), "corrupt PNG: %s", spng_strerror(r));
     goto done;
   }

@@ -1,0 +1,267 @@
+/* decode: turns encoded fields into tensors (images, class labels), inflating .gz members first. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zlib.h>
+
+#include "engine/image.h"
+#include "shardflow/stage.h"
+
+typedef struct decode {
+  int mode;               /* option: sf_image_mode */
+  int64_t max_pixels;     /* option */
+  int64_t max_scans;      /* option */
+  int64_t min_size;       /* option */
+  int64_t max_field_size; /* option */
+  sf_image_limits limits;
+} decode;
+
+static const char *const mode_names[] = {"rgb", "gray", "keep", NULL};
+
+static const sf_option options[] = {
+    {"mode", SF_OPT_ENUM, offsetof(decode, mode), "rgb", 0, 0,
+     "image channels: rgb (3), gray (1, ITU-R 601-2 luma as in PIL), keep (as stored: 1, 3, or 4 "
+     "with alpha)",
+     mode_names},
+    {"max_pixels", SF_OPT_COUNT, offsetof(decode, max_pixels), "100M", 1, 1e12,
+     "largest image accepted, in pixels (width x height; 100M = 100,000,000); larger ones are "
+     "errors before any memory is allocated",
+     NULL},
+    {"max_scans", SF_OPT_COUNT, offsetof(decode, max_scans), "500", 1, 1e6,
+     "most scans a progressive JPEG may have (guards against decompression bombs)", NULL},
+    {"min_size", SF_OPT_COUNT, offsetof(decode, min_size), "0", 0, 65535,
+     "JPEG DCT-domain downscaling: decode at the smallest scale (1/8 steps) whose width and "
+     "height both stay >= min_size pixels; 0 decodes at full size",
+     NULL},
+    {"max_field_size", SF_OPT_SIZE, offsetof(decode, max_field_size), "256MiB", 1, 1099511627776.0,
+     "largest inflated size of a .gz field, in bytes", NULL},
+    {NULL},
+};
+
+static int init(sf_node *node) {
+  decode *d = sf_node_priv(node);
+  d->limits.max_pixels = d->max_pixels;
+  d->limits.max_scans = (int)d->max_scans;
+  d->limits.min_size = (int)d->min_size;
+  return 0;
+}
+
+static int fail(sf_error *error, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(sf_error *error, int code, const char *fmt, ...) {
+  error->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error->message, sizeof error->message, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static void free_inflated(void *opaque, uint8_t *data) {
+  (void)opaque;
+  free(data);
+}
+
+/*
+ * Inflates a gzip member (or several concatenated, as gzip(1) writes them;
+ * trailing NUL padding is ignored as gzip(1) does) into a new buffer of at
+ * most max bytes.
+ */
+static int gunzip(const uint8_t *in, size_t n, size_t max, sf_buffer **out, sf_error *error) {
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return fail(error, SF_ENOMEM, "cannot start zlib");
+  /* The trailer's ISIZE (length mod 2^32) is only a hint: the data is untrusted. */
+  size_t cap = n >= 18 ? (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
+                             (size_t)in[n - 1] << 24
+                       : 0;
+  if (cap < 4096) cap = 4096;
+  if (cap > max) cap = max;
+  uint8_t *buf = malloc(cap), *grown;
+  size_t len = 0, fed = 0;
+  int r = 0;
+  if (!buf) {
+    r = fail(error, SF_ENOMEM, "cannot allocate %zu bytes to inflate", cap);
+    goto done;
+  }
+  for (;;) {
+    if (len == cap) {
+      if (cap >= max) {
+        r = fail(error, SF_ETOOBIG, "inflates to more than max_field_size (%zu bytes)", max);
+        goto done;
+      }
+      size_t next = cap > max / 2 ? max : cap * 2;
+      if (!(grown = realloc(buf, next))) {
+        r = fail(error, SF_ENOMEM, "cannot allocate %zu bytes to inflate", next);
+        goto done;
+      }
+      buf = grown;
+      cap = next;
+    }
+    if (z.avail_in == 0 && fed < n) {
+      z.next_in = (Bytef *)(uintptr_t)(in + fed);
+      z.avail_in = n - fed > UINT32_MAX ? UINT32_MAX : (uInt)(n - fed);
+      fed += z.avail_in;
+    }
+    z.next_out = buf + len;
+    z.avail_out = cap - len > UINT32_MAX ? UINT32_MAX : (uInt)(cap - len);
+    uInt before = z.avail_out;
+    int zr = inflate(&z, Z_NO_FLUSH);
+    len += before - z.avail_out;
+    if (zr == Z_STREAM_END) {
+      while (z.avail_in > 0 && *z.next_in == 0) z.next_in++, z.avail_in--;
+      while (z.avail_in == 0 && fed < n && in[fed] == 0) fed++;
+      if (z.avail_in == 0 && fed == n) break;
+      inflateReset(&z);
+    } else if (zr == Z_BUF_ERROR && z.avail_in == 0 && fed == n) {
+      r = fail(error, SF_EFORMAT, "truncated gzip data");
+      goto done;
+    } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+      r = fail(error, zr == Z_MEM_ERROR ? SF_ENOMEM : SF_EFORMAT, "corrupt gzip data: %s",
+               z.msg ? z.msg : "zlib error");
+      goto done;
+    }
+  }
+  if (len < cap && (grown = realloc(buf, len ? len : 1))) buf = grown;
+  *out = sf_buffer_wrap(buf, len, free_inflated, NULL);
+  if (!*out) r = fail(error, SF_ENOMEM, "cannot allocate a buffer");
+done:
+  inflateEnd(&z);
+  if (r < 0) free(buf);
+  return r;
+}
+
+/* Copies up to 24 bytes for a message, with non-printable bytes as '?'. */
+static const char *printable(const uint8_t *p, size_t n, char *buf, size_t size) {
+  size_t i = 0;
+  for (; i < n && i + 4 < size && i < 24; i++) buf[i] = isprint(p[i]) ? (char)p[i] : '?';
+  if (i < n && i + 4 <= size) memcpy(buf + i, "...", 3), i += 3;
+  buf[i] = '\0';
+  return buf;
+}
+
+/* A class label: ASCII decimal with optional sign and surrounding whitespace, as int64 scalar. */
+static int parse_cls(const uint8_t *p, size_t n, sf_tensor *out, sf_error *error) {
+  size_t a = 0, b = n;
+  while (a < b && isspace(p[a])) a++;
+  while (b > a && isspace(p[b - 1])) b--;
+  char text[32], shown[32];
+  bool ok = b > a && b - a < sizeof text;
+  if (ok) {
+    memcpy(text, p + a, b - a);
+    text[b - a] = '\0';
+    size_t i = text[0] == '-' || text[0] == '+';
+    ok = text[i] != '\0';
+    for (; ok && text[i]; i++) ok = text[i] >= '0' && text[i] <= '9';
+  }
+  long long v = 0;
+  if (ok) {
+    errno = 0;
+    v = strtoll(text, NULL, 10);
+    ok = errno == 0;
+  }
+  if (!ok)
+    return fail(error, SF_EFORMAT, "not a decimal class label (\"%s\")",
+                printable(p, n, shown, sizeof shown));
+  int r = sf_tensor_alloc(out, SF_DTYPE_INT64, 0, NULL);
+  if (r < 0) return fail(error, r, "cannot allocate a label");
+  *(int64_t *)sf_tensor_data(out) = v;
+  return 0;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *error) {
+  if (!f->encoded) return 0;
+  sf_tensor *t = &f->tensor;
+  if (t->dtype != SF_DTYPE_UINT8 || t->ndim != 1 || !t->buffer || !sf_tensor_is_contiguous(t))
+    return fail(error, SF_EINVAL, "is marked encoded but does not hold bytes");
+  size_t size = (size_t)t->shape[0];
+  int r;
+  if (ends_with(f->name, ".gz")) {
+    sf_buffer *inflated = NULL;
+    if ((r = gunzip(sf_tensor_data(t), size, (size_t)d->max_field_size, &inflated, error)) < 0) return r;
+    char name[SF_FIELD_NAME_MAX];
+    snprintf(name, sizeof name, "%.*s", (int)(strlen(f->name) - 3), f->name);
+    if (sf_sample_field(sample, name)) {
+      sf_buffer_unref(&inflated);
+      return fail(error, SF_EDUP, "inflates to field %s, which the sample already has", name);
+    }
+    size = sf_buffer_size(inflated);
+    sf_tensor_clear(t);
+    const int64_t shape[1] = {(int64_t)size};
+    if ((r = sf_tensor_view(t, SF_DTYPE_UINT8, 1, shape, inflated, 0)) < 0)
+      return fail(error, r, "cannot wrap inflated bytes");
+    memcpy(f->name, name, sizeof name);
+  }
+  const char *dot = strrchr(f->name, '.');
+  const char *ext = dot ? dot + 1 : f->name;
+  sf_tensor decoded;
+  if (sf_image_format_known(ext)) {
+    r = sf_image_decode(ext, t->buffer, t->offset, size, (sf_image_mode)d->mode, &d->limits,
+                        &decoded, error);
+  } else if (strcmp(ext, "cls") == 0) {
+    r = parse_cls(sf_tensor_data(t), size, &decoded, error);
+  } else {
+    /* Text stays bytes, now marked decoded; unknown fields pass through untouched. */
+    if (strcmp(ext, "txt") == 0 || strcmp(ext, "json") == 0) f->encoded = false;
+    return 0;
+  }
+  if (r < 0) return r;
+  sf_tensor_clear(t);
+  *t = decoded;
+  f->encoded = false;
+  return 0;
+}
+
+static int step(sf_node *node) {
+  decode *d = sf_node_priv(node);
+  sf_item item;
+  int r = sf_node_pop(node, &item);
+  if (r < 0) return r;
+  if (item.kind != SF_ITEM_SAMPLE) {
+    sf_node_push(node, &item);
+    return 0;
+  }
+  sf_sample *sample = item.u.sample;
+  uint64_t bytes = 0;
+  for (int i = 0; i < sample->n_fields; i++) {
+    sf_error error = {.code = 0};
+    char name[SF_FIELD_NAME_MAX];
+    memcpy(name, sample->fields[i].name, sizeof name);
+    if ((r = decode_field(d, sample, &sample->fields[i], &error)) < 0) {
+      r = sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field %s: %s",
+                        name, error.message);
+      sf_item_clear(&item);
+      if (r < 0) return r;
+      sf_node_count_skipped(node, 1);
+      return 0;
+    }
+    bytes += sf_tensor_nbytes(&sample->fields[i].tensor);
+  }
+  sf_node_count_output(node, 1, bytes);
+  sf_node_push(node, &item);
+  return 0;
+}
+
+const sf_stage_def sf_stage_decode = {
+    .abi_version = SF_STAGE_ABI_VERSION,
+    .name = "decode",
+    .summary = "decodes JPEG/PNG/PPM/PGM images to uint8 [H,W,C], cls to int64, inflates .gz fields",
+    .input = SF_PORT_SAMPLE,
+    .output = SF_PORT_SAMPLE,
+    .flags = SF_STAGE_MAP,
+    .priv_size = sizeof(decode),
+    .options = options,
+    .init = init,
+    .step = step,
+};

@@ -1,0 +1,27 @@
+/* Fuzz target: PNG decoding (libspng path of sf_image_decode) in every output mode. */
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/image.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void decode_all(sf_buffer *buffer, const char *format, int min_size) {
+  const sf_image_limits limits = {.max_pixels = 1 << 22, .max_scans = 100, .min_size = min_size};
+  for (int mode = SF_IMAGE_RGB; mode <= SF_IMAGE_KEEP; mode++) {
+    sf_tensor image;
+    sf_error error;
+    if (sf_image_decode(format, buffer, 0, sf_buffer_size(buffer), (sf_image_mode)mode, &limits,
+                        &image, &error) == 0)
+      sf_tensor_clear(&image);
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  sf_buffer *buffer = sf_buffer_new(size);
+  if (!buffer) return 0;
+  if (size) memcpy(sf_buffer_data(buffer), data, size);
+  decode_all(buffer, "png", 0);
+  sf_buffer_unref(&buffer);
+  return 0;
+}

@@ -1,0 +1,349 @@
+#!/usr/bin/python3
+"""Integration test of the decode stage: images written by PIL into a tar shard with tarfile,
+run through `shardflow run`, and compared with what PIL decodes from the same bytes.
+
+Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) within +-1 of PIL;
+PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM and a
+.ppm.gz exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
+max_pixels, a bad label, corrupt gzip) under error_policy skip (sample missing, message naming
+shard URL, key and byte offset) and fail (non-zero exit, same message).
+"""
+import gzip
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+SHARDFLOW = os.environ.get("SHARDFLOW", "shardflow")
+TMP = tempfile.mkdtemp(prefix="sf_test_decode_")
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+# ---- inputs --------------------------------------------------------------------------------
+
+rng = np.random.default_rng(20240601)
+
+
+def picture(h, w, c):
+    """A smooth gradient with mild noise: realistic for JPEG, varied for PNG."""
+    y, x = np.mgrid[0:h, 0:w]
+    planes = [x * 255 // max(w - 1, 1), y * 255 // max(h - 1, 1), (x + 2 * y) * 5 % 256, (x * y) % 256]
+    a = np.stack(planes[:c], -1).astype(np.int32) + rng.integers(-12, 13, (h, w, c))
+    a = np.clip(a, 0, 255).astype(np.uint8)
+    return a[..., 0] if c == 1 else a
+
+
+def encode(im, fmt, **kw):
+    b = io.BytesIO()
+    im.save(b, fmt, **kw)
+    return b.getvalue()
+
+
+def good_images():
+    """(field, bytes) pairs, one image per sample."""
+    out = []
+    for h, w in [(32, 32), (17, 33), (1, 1), (97, 63)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        for sub in (0, 1, 2):
+            out.append(("jpg", encode(rgb, "JPEG", quality=90, subsampling=sub)))
+        out.append(("jpeg", encode(rgb, "JPEG", quality=80, progressive=True)))
+        out.append(("jpg", encode(Image.fromarray(picture(h, w, 1)), "JPEG", quality=90)))
+        out.append(("png", encode(rgb, "PNG")))
+        out.append(("png", encode(Image.fromarray(picture(h, w, 1)), "PNG")))
+        out.append(("png", encode(Image.fromarray(picture(h, w, 1) > 128), "PNG")))
+        out.append(("png", encode(Image.fromarray(picture(h, w, 4)), "PNG")))
+        out.append(("png", encode(Image.fromarray(picture(h, w, 4)[..., :2], "LA"), "PNG")))
+        pal = rgb.quantize(16)
+        out.append(("png", encode(pal, "PNG")))
+        out.append(("png", encode(pal, "PNG", transparency=3)))
+        out.append(("png", encode(Image.fromarray(picture(h, w, 1)), "PNG", transparency=40)))
+        out.append(("png", encode(rgb, "PNG", transparency=(10, 20, 30))))
+        out.append(("ppm", encode(rgb, "PPM")))
+        out.append(("pgm", encode(Image.fromarray(picture(h, w, 1)), "PPM")))
+        out.append(("ppm.gz", gzip.compress(encode(rgb, "PPM"))))
+    out.append(("seg.png", encode(Image.fromarray(picture(9, 11, 3)), "PNG")))
+    # Content decides, as in PIL: a PNG stored under .jpg decodes as the PNG it is.
+    out.append(("jpg", encode(Image.fromarray(picture(6, 5, 3)), "PNG")))
+    # A header with comments.
+    a = picture(5, 7, 3)
+    out.append(("ppm", b"P6\n# made by hand\n7 # width\n5\n#x\n255\n" + a.tobytes()))
+    return out
+
+
+def write_shard(path, samples):
+    """samples: list of (key, [(field, bytes)]). Returns {key: byte offset of its first header}."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, fields in samples:
+            for field, data in fields:
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size = len(data)
+                info.mtime = 1700000000
+                tar.addfile(info, io.BytesIO(data))
+    offsets = {}
+    with tarfile.open(path, "r") as tar:
+        for m in tar.getmembers():
+            offsets.setdefault(m.name.split(".", 1)[0], m.offset)
+    return offsets
+
+
+def write_graph(shard, out_dir, mode="keep", policy="fail", extra=None, replicas=1):
+    lines = [
+        "seed: 1",
+        "epochs: 1",
+        f"error_policy: {policy}",
+        "stages:",
+        "  - type: shard_source",
+        f"    urls: {shard}",
+        "    shuffle: false",
+        "  - type: tar_split",
+        "  - type: decode",
+        f"    replicas: {replicas}",
+        f"    mode: {mode}",
+    ]
+    lines += [f"    {k}: {v}" for k, v in (extra or {}).items()]
+    lines += [
+        "  - type: batch",
+        "    batch_size: 1",
+        "  - type: device_sink",
+        f"    npy_dir: {out_dir}",
+    ]
+    path = out_dir + ".yaml"
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def run(graph):
+    p = subprocess.run([SHARDFLOW, "run", graph, "--quiet"], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def read_output(out_dir):
+    """{key: {field: array}} from the device sink's .npy dumps (batch_size 1)."""
+    result = {}
+    if not os.path.isdir(out_dir):
+        return result
+    for name in sorted(os.listdir(out_dir)):
+        if not name.endswith("_keys.txt"):
+            continue
+        prefix = name[: -len("keys.txt")]
+        with open(os.path.join(out_dir, name)) as f:
+            keys = f.read().split()
+        fields = {}
+        for other in os.listdir(out_dir):
+            if other.startswith(prefix) and other.endswith(".npy"):
+                fields[other[len(prefix) : -4]] = np.load(os.path.join(out_dir, other))
+        for i, key in enumerate(keys):
+            result[key] = {f: a[i] for f, a in fields.items()}
+    return result
+
+
+# ---- references (PIL) ------------------------------------------------------------------------
+
+
+def reference(data, mode):
+    """What PIL makes of these bytes in our mode, as uint8 [H, W, C]."""
+    im = Image.open(io.BytesIO(data))
+    if im.format == "JPEG":
+        if mode == "gray":
+            im.draft("L", im.size)  # libjpeg's own YCbCr->gray, as TurboJPEG's TJPF_GRAY
+            target = "L"
+        elif mode == "keep":
+            target = "L" if im.mode == "L" else "RGB"
+        else:
+            target = "RGB"
+    else:
+        alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
+        if mode == "keep":
+            target = "RGBA" if alpha else ("L" if im.mode in ("L", "1") else "RGB")
+        else:
+            target = "RGB" if mode == "rgb" else "L"
+    a = np.array(im.convert(target))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def compare(got, ref, tolerance, what):
+    if not check(got.shape == ref.shape and got.dtype == np.uint8,
+                 f"{what}: shape {got.shape} {got.dtype} vs PIL {ref.shape}"):
+        return
+    diff = int(np.abs(got.astype(np.int32) - ref.astype(np.int32)).max()) if got.size else 0
+    check(diff <= tolerance, f"{what}: max difference {diff} to PIL (allowed {tolerance})")
+
+
+# ---- tests ---------------------------------------------------------------------------------
+
+
+def test_good_images():
+    images = good_images()
+    samples = []
+    for i, (field, data) in enumerate(images):
+        fields = [(field, data), ("cls", f" {i * 7 - 3}\n".encode())]
+        if i % 5 == 0:
+            fields.append(("txt", f"caption {i}".encode()))
+        samples.append((f"{i:07d}", fields))
+    shard = os.path.join(TMP, "good-000.tar")
+    write_shard(shard, samples)
+    for mode, replicas in (("keep", 1), ("rgb", 2), ("gray", 1)):
+        out = os.path.join(TMP, f"good_{mode}")
+        code, _, err = run(write_graph(shard, out, mode=mode, replicas=replicas))
+        if not check(code == 0, f"mode {mode}: run succeeds (exit {code})"):
+            print(err)
+            continue
+        got = read_output(out)
+        check(sorted(got) == [k for k, _ in samples], f"mode {mode}: every sample arrives ({len(got)})")
+        for (key, fields), (field, data) in zip(samples, images):
+            if key not in got:
+                continue
+            name = field[:-3] if field.endswith(".gz") else field
+            raw = gzip.decompress(data) if field.endswith(".gz") else data
+            if not check(name in got[key], f"mode {mode} key {key}: field {name} present"):
+                continue
+            fmt = Image.open(io.BytesIO(raw)).format
+            compare(got[key][name], reference(raw, mode), 1 if fmt == "JPEG" else 0,
+                    f"mode {mode} key {key} {name} ({fmt})")
+            label = got[key].get("cls")
+            check(label is not None and label.dtype == np.int64 and label.shape == ()
+                  and int(label) == int(key) * 7 - 3, f"mode {mode} key {key}: cls is int64 {int(key) * 7 - 3}")
+            if "txt" in dict(fields):
+                txt = got[key].get("txt")
+                check(txt is not None and txt.tobytes() == dict(fields)["txt"], f"mode {mode} key {key}: txt bytes kept")
+
+
+def expected_scaled(w, h, min_size):
+    """TurboJPEG scales by n/8; the smallest n whose both sides stay >= min_size (never up)."""
+    for n in range(1, 9):
+        sw, sh = -(-w * n // 8), -(-h * n // 8)
+        if sw >= min_size and sh >= min_size:
+            return sw, sh
+    return w, h
+
+
+def test_min_size():
+    min_size = 50
+    cases = [(256, 200), (160, 160), (40, 30), (333, 517)]
+    samples = []
+    for i, (w, h) in enumerate(cases):
+        samples.append((f"{i:07d}", [("jpg", encode(Image.fromarray(picture(h, w, 3)), "JPEG", quality=90))]))
+    samples.append(("0000099", [("png", encode(Image.fromarray(picture(120, 90, 3)), "PNG"))]))
+    shard = os.path.join(TMP, "scale-000.tar")
+    write_shard(shard, samples)
+    out = os.path.join(TMP, "scale")
+    code, _, err = run(write_graph(shard, out, mode="rgb", extra={"min_size": min_size}))
+    if not check(code == 0, f"min_size: run succeeds (exit {code})"):
+        print(err)
+        return
+    got = read_output(out)
+    for i, (w, h) in enumerate(cases):
+        key = f"{i:07d}"
+        sw, sh = expected_scaled(w, h, min_size)
+        a = got.get(key, {}).get("jpg")
+        if not check(a is not None and a.shape == (sh, sw, 3),
+                     f"min_size {min_size}: {w}x{h} decodes to {sw}x{sh} (got {None if a is None else a.shape})"):
+            continue
+        if w % sw == 0 and h % sh == 0 and (w // sw) in (1, 2, 4, 8) and w // sw == h // sh:
+            # PIL's draft() uses the same libjpeg DCT scaling for 1/2, 1/4, 1/8.
+            im = Image.open(io.BytesIO(samples[i][1][0][1]))
+            im.draft("RGB", (sw, sh))
+            compare(a, np.array(im.convert("RGB")), 1, f"min_size {w}x{h} pixels vs PIL draft")
+    png = got.get("0000099", {}).get("png")
+    check(png is not None and png.shape == (120, 90, 3), "min_size leaves PNGs at full size")
+
+
+def bad_cases():
+    jpg = encode(Image.fromarray(picture(64, 48, 3)), "JPEG", quality=90)
+    png = bytearray(encode(Image.fromarray(picture(40, 30, 3)), "PNG"))
+    i = png.index(b"IDAT")
+    length = int.from_bytes(png[i - 4 : i], "big")
+    png[i + 4 + length] ^= 0xFF  # first byte of the IDAT chunk's CRC
+    big = encode(Image.fromarray(picture(400, 300, 3)), "PNG")  # 120,000 pixels > max_pixels 100000
+    return [
+        ("not a JPEG", [("jpg", b"this is not a JPEG at all\n")]),
+        ("truncated JPEG", [("jpg", jpg[: len(jpg) // 2])]),
+        # Fails inside the header; the good JPEG after it must still decode (decoder state reset).
+        ("JPEG cut before its first scan", [("jpg", jpg[: jpg.index(b"\xff\xda")])]),
+        ("PNG with a bad CRC", [("png", bytes(png))]),
+        ("image over max_pixels", [("png", big)]),
+        ("bad class label", [("ppm", encode(Image.fromarray(picture(4, 4, 3)), "PPM")), ("cls", b"seven")]),
+        ("corrupt gzip", [("ppm.gz", gzip.compress(b"P6 4 4 255\n" + bytes(48))[:-9] + b"garbage!!")]),
+    ]
+
+
+def good_sample(i):
+    return [("jpg", encode(Image.fromarray(picture(8 + i, 9, 3)), "JPEG")), ("cls", str(i).encode())]
+
+
+def message_line(stderr, url, key, offset):
+    """The stderr line naming the shard URL, the key and the byte offset, or None."""
+    for line in stderr.splitlines():
+        if url in line and key in line and re.search(rf"\b{offset}\b", line.replace(url, "").replace(key, "")):
+            return line
+    return None
+
+
+def test_bad_input_skip():
+    cases = bad_cases()
+    samples, bad_keys = [], []
+    for i, (what, fields) in enumerate(cases):
+        samples.append((f"{2 * i:07d}", good_sample(i)))
+        samples.append((f"{2 * i + 1:07d}", fields))
+        bad_keys.append((f"{2 * i + 1:07d}", what))
+    samples.append(("0000999", good_sample(99)))
+    shard = os.path.join(TMP, "bad-000.tar")
+    offsets = write_shard(shard, samples)
+    out = os.path.join(TMP, "bad_skip")
+    code, _, err = run(write_graph(shard, out, policy="skip", extra={"max_pixels": 100000}))
+    if not check(code == 0, f"skip: run succeeds (exit {code})"):
+        print(err)
+    got = read_output(out)
+    good_keys = sorted(k for k, _ in samples if k not in dict(bad_keys))
+    check(sorted(got) == good_keys, f"skip: exactly the good samples arrive ({sorted(got)})")
+    for key, what in bad_keys:
+        line = message_line(err, shard, key, offsets[key])
+        check(line is not None, f"skip: {what} reported with URL, key {key} and offset {offsets[key]}: {line}")
+
+
+def test_bad_input_fail():
+    for i, (what, fields) in enumerate(bad_cases()):
+        samples = [("0000000", good_sample(0)), ("0000001", fields), ("0000002", good_sample(2))]
+        shard = os.path.join(TMP, f"fail{i}-000.tar")
+        offsets = write_shard(shard, samples)
+        out = os.path.join(TMP, f"bad_fail{i}")
+        code, _, err = run(write_graph(shard, out, policy="fail", extra={"max_pixels": 100000}))
+        check(code != 0, f"fail: {what} stops the run (exit {code})")
+        line = message_line(err, shard, "0000001", offsets["0000001"])
+        check(line is not None, f"fail: {what} message names URL, key and offset {offsets['0000001']}: {line}")
+
+
+def main():
+    if not os.path.exists(SHARDFLOW):
+        print(f"SHARDFLOW={SHARDFLOW} does not exist; build the CLI first")
+        return 1
+    test_good_images()
+    test_min_size()
+    test_bad_input_skip()
+    test_bad_input_fail()
+    if failures:
+        print(f"{len(failures)} failure(s); temp files kept in {TMP}")
+        return 1
+    shutil.rmtree(TMP, ignore_errors=True)
+    print("all decode checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
