@@ -42,7 +42,7 @@ static size_t utf8_length(const unsigned char *s, size_t n) {
   return len;
 }
 
-/* Writes s as a JSON string; bytes that are not UTF-8 become U+FFFD so the line stays valid JSON. */
+/* Writes s as a JSON string; bytes that are not UTF-8 become U+FFFD, so the line stays JSON. */
 static void put_json_string(FILE *out, const char *s) {
   const unsigned char *p = (const unsigned char *)s;
   size_t n = strlen(s);

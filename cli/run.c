@@ -181,7 +181,7 @@ int sf_cli_run(int argc, char **argv) {
   uint64_t errors = sf_pipeline_error_count(p), skipped = sf_pipeline_skipped(p);
   if (summary) print_summary(p);
   if (errors || skipped)
-    fprintf(stderr, "shardflow: %llu error record(s), %llu sample(s) skipped (error_policy: skip)\n",
+    fprintf(stderr, "shardflow: %llu error record(s), %llu sample(s) skipped\n",
             (unsigned long long)errors, (unsigned long long)skipped);
   sf_pipeline_destroy(&p);
   return status;

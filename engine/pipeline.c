@@ -145,7 +145,7 @@ static void *pool_worker(void *arg) {
     if (atomic_load(&p->sched_version) == version && !atomic_load(&p->ctx.stop)) {
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_nsec += 20 * 1000 * 1000; /* a safety net only: progress always notifies */
+      ts.tv_nsec += 1 * 1000 * 1000; /* a safety net only: progress always notifies */
       if (ts.tv_nsec >= 1000000000L) {
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;

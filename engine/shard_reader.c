@@ -103,7 +103,8 @@ static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
   struct stat st;
   if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     set_error(error, SF_EIO, r->url, -1,
-              "is a directory, not a tar shard — list the .tar files inside it (e.g. dir/shard-{0..9}.tar)");
+              "is a directory, not a tar shard — list the .tar files inside it "
+              "(e.g. dir/shard-{0..9}.tar)");
     return SF_EIO;
   }
   /* Shards are read once front to back: let the kernel read ahead aggressively. */
@@ -147,7 +148,10 @@ static int open_pipe(sf_shard_reader *r, sf_error *error) {
   sigaddset(&pipe_only, SIGTERM);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &pipe_only);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  /* Its own process group: closing early stops the whole pipeline (curl | zstd -d), not just sh. */
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   char *argv[] = {"sh", "-c", (char *)r->command, NULL};
   int e = posix_spawn(&r->pid, "/bin/sh", &actions, &attr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -189,7 +193,7 @@ static int reap_pipe(sf_shard_reader *r, sf_error *error) {
 /* Stops a command we no longer read from: SIGTERM, a short grace period, then SIGKILL. */
 static void kill_pipe(sf_shard_reader *r) {
   if (r->pid <= 0) return;
-  kill(r->pid, SIGTERM);
+  kill(-r->pid, SIGTERM);
   for (int i = 0; i < 200; i++) {
     pid_t w = waitpid(r->pid, NULL, WNOHANG);
     if (w == r->pid || (w < 0 && errno != EINTR)) {
@@ -198,7 +202,7 @@ static void kill_pipe(sf_shard_reader *r) {
     }
     nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
   }
-  kill(r->pid, SIGKILL);
+  kill(-r->pid, SIGKILL);
   while (waitpid(r->pid, NULL, 0) < 0 && errno == EINTR) {
   }
   r->pid = 0;

@@ -10,8 +10,10 @@
 
 #include "engine/tar_reader.h"
 
-/* Larger members are refused: one field is one allocation, and a trainer's sample is never that big. */
+/* Larger members are refused: one field is one allocation, and no trainer's sample is that big. */
 #define MEMBER_MAX ((int64_t)1 << 30)
+/* Most bytes read after the end-of-archive blocks to reach the source's end. */
+#define DRAIN_MAX ((int64_t)4 << 20)
 
 struct sf_tar_reader {
   struct archive *archive;
@@ -26,6 +28,7 @@ struct sf_tar_reader {
   int failed;               /* sticky: after a fatal error every call returns it */
   sf_error fatal;
   bool eof;
+  bool drained;             /* the source was read to its end after the archive's end */
   uint64_t index;           /* samples returned so far */
   /* One member of lookahead: its header is read, its data not yet. */
   bool pending;
@@ -231,7 +234,14 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
     size_t n;
     la_int64_t at;
     int r = archive_read_data_block(t->archive, &block, &n, &at);
-    if (r == ARCHIVE_EOF) break;
+    if (r == ARCHIVE_EOF) {
+      /* A sparse member may end in a hole: libarchive then reports the end offset. */
+      if (at > got && at <= t->size) {
+        memset(data + got, 0, (size_t)(at - got));
+        got = at;
+      }
+      break;
+    }
     if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at < got || at > t->size ||
         (int64_t)n > t->size - at) {
       got = -got - 1; /* marks a failure, keeping the count */
@@ -256,6 +266,28 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   return 0;
 }
 
+/*
+ * After the end-of-archive blocks, reads what the source still has (record
+ * padding, normally): a pipe: command's exit status and a transfer's failure
+ * only show at the real end of the stream.
+ */
+static int drain_source(sf_tar_reader *t) {
+  if (!t->source || t->drained) return 0;
+  t->drained = true;
+  int64_t start = sf_shard_reader_offset(t->source);
+  for (;;) {
+    const void *data;
+    ssize_t n = sf_shard_reader_read(t->source, &data, &t->source_error);
+    if (n == 0) return 0;
+    if (n < 0) {
+      t->source_code = (int)n;
+      return fail(t, (int)n, sf_shard_reader_offset(t->source), "%s", t->source_error.message);
+    }
+    /* Trailing data after the archive is not ours to read; a pipe: command is then killed. */
+    if (sf_shard_reader_offset(t->source) - start > DRAIN_MAX) return 0;
+  }
+}
+
 int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   *out = NULL;
   if (t->failed) {
@@ -263,7 +295,10 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
     return t->failed;
   }
   if (!t->pending && !t->eof && advance(t) < 0) goto failed;
-  if (t->eof) return SF_EOF;
+  if (t->eof) {
+    if (drain_source(t) < 0) goto failed;
+    return SF_EOF;
+  }
 
   sf_sample *sample = sf_sample_new();
   char *key = malloc(t->key_len + 1);
@@ -321,8 +356,9 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
     bool empty = t->source ? sf_shard_reader_offset(t->source) == 0 : t->memory_size == 0;
     int code = empty ? fail(t, SF_EFORMAT, 0, "the shard is empty (0 bytes) — re-create or "
                             "re-download it")
-                     : fail(t, SF_EFORMAT, 0, "not a tar shard (%s) — expected a .tar, .tar.gz "
-                            "or .tar.zst file", archive_text(t->archive));
+                     : fail(t, SF_EFORMAT, 0, "cannot read the shard as a tar (%s) — it is "
+                            "damaged, or not a .tar, .tar.gz or .tar.zst file",
+                            archive_text(t->archive));
     if (error) *error = t->fatal;
     return code;
   }
