@@ -1,0 +1,192 @@
+"""Shards over HTTP: a real nginx on loopback; listings equal the local files; 404, dead hosts, redirects, cut transfers."""
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, free_port, run  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-http-")
+root = os.path.join(tmp, "www")
+os.makedirs(root)
+
+
+def write_shard(path, shard, n, size):
+    with tarfile.open(path, "w") as tf:
+        for k in range(n):
+            for field, data in (("jpg", os.urandom(size + k)), ("cls", str(k % 10).encode())):
+                info = tarfile.TarInfo(f"{shard}/{k:05d}.{field}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+for i in range(3):
+    write_shard(os.path.join(root, f"shard-{i}.tar"), f"s{i}", 20, 3000)
+# A shard of a few MB: many libcurl chunks, members spanning chunk boundaries.
+write_shard(os.path.join(root, "big.tar"), "big", 40, 150_000)
+subprocess.run(["gzip", "-k", os.path.join(root, "shard-0.tar")], check=True)
+
+
+def start_nginx():
+    """nginx in the foreground, one process, on a free loopback port. Returns (process, base URL)."""
+    run_dir = os.path.join(tmp, "nginx")
+    os.makedirs(run_dir, exist_ok=True)
+    port = free_port()
+    conf = os.path.join(run_dir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"""{"user root;" if os.geteuid() == 0 else ""}
+daemon off;
+master_process off;
+worker_processes 1;
+error_log {run_dir}/error.log;
+pid {run_dir}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  client_body_temp_path {run_dir}/body;
+  proxy_temp_path {run_dir}/proxy;
+  fastcgi_temp_path {run_dir}/fastcgi;
+  uwsgi_temp_path {run_dir}/uwsgi;
+  scgi_temp_path {run_dir}/scgi;
+  server {{
+    listen 127.0.0.1:{port};
+    root {root};
+    location = /moved.tar {{ return 302 /shard-1.tar; }}
+    location = /to-file.tar {{ return 302 file://{root}/shard-1.tar; }}
+    location = /forbidden.tar {{ return 403; }}
+    location = /broken.tar {{ return 500; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", run_dir], stderr=subprocess.PIPE)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("nginx did not start: " + proc.stderr.read().decode())
+
+
+def ls(*urls, expect=0):
+    t0 = time.monotonic()
+    p = run(["ls", "--json"] + list(urls), check=False)
+    check(p.returncode == expect, f"ls {urls}: exit {p.returncode}, expected {expect}\n{p.stderr}")
+    return [json.loads(line) for line in p.stdout.splitlines()], p, time.monotonic() - t0
+
+
+def without_url(samples):
+    return [{k: v for k, v in s.items() if k != "__url__"} for s in samples]
+
+
+class CutServer:
+    """Answers one request with a Content-Length it does not keep: the transfer stops after `send` bytes."""
+
+    def __init__(self, body, send):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.sock.settimeout(30)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self.serve, args=(body, send), daemon=True)
+        self.thread.start()
+
+    def serve(self, body, send):
+        try:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:send])
+        except OSError:
+            pass
+        finally:
+            self.sock.close()
+
+
+proc, base = start_nginx()
+try:
+    # The same samples over HTTP as from the local files, in order, offsets included.
+    local, _, _ = ls(os.path.join(root, "shard-{0..2}.tar"), os.path.join(root, "big.tar"))
+    remote, p, _ = ls(base + "/shard-{0..2}.tar", base + "/big.tar")
+    check(len(local) == 100, f"local listing has every sample ({len(local)})")
+    check(without_url(remote) == without_url(local), "http listing equals the local listing")
+    check([s["__url__"] for s in remote[:21]] == [base + "/shard-0.tar"] * 20 + [base + "/shard-1.tar"],
+          "__url__ is the http URL of each shard")
+    gz, _, _ = ls(base + "/shard-0.tar.gz")
+    check(without_url(gz) == without_url(local[:20]), ".tar.gz over http")
+    moved, _, _ = ls(base + "/moved.tar")
+    check(without_url(moved) == without_url(local[20:40]), "an http redirect is followed")
+
+    # Errors name the URL, the status and what to do; other shards are still listed.
+    missing = base + "/missing.tar"
+    got, p, _ = ls(missing, base + "/shard-2.tar", expect=1)
+    check(missing in p.stderr and "404" in p.stderr, f"404 names the URL and the status: {p.stderr}")
+    check(without_url(got) == without_url(local[40:60]), "the next shard is listed after a 404")
+    _, p, _ = ls(base + "/forbidden.tar", expect=1)
+    check("403" in p.stderr and "forbidden.tar" in p.stderr, f"403: {p.stderr}")
+    _, p, _ = ls(base + "/broken.tar", expect=1)
+    check("500" in p.stderr, f"500: {p.stderr}")
+    _, p, _ = ls(base + "/to-file.tar", expect=1)
+    check("to-file.tar" in p.stderr and ("http" in p.stderr or "protocol" in p.stderr.lower()),
+          f"a redirect to file:// is refused: {p.stderr}")
+finally:
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(os.path.join(tmp, "nginx"), ignore_errors=True)
+
+# A server that is gone: refused at once, with a clear message.
+_, p, took = ls("http://127.0.0.1:1/x.tar", expect=1)
+check("http://127.0.0.1:1/x.tar" in p.stderr and ("connect" in p.stderr.lower() or "refused" in p.stderr.lower()),
+      f"refused connection: {p.stderr}")
+check(took < 5, f"a refused connection fails fast ({took:.1f}s)")
+
+# nginx stopped: its port now refuses too.
+_, p, took = ls(base + "/shard-0.tar", expect=1)
+check(base in p.stderr and took < 5, f"a stopped server fails fast: {p.stderr}")
+
+# A name that does not resolve. The lookup goes to a resolver on loopback only (a private
+# mount namespace with its own resolv.conf), so no query leaves the machine.
+if os.geteuid() == 0 and shutil.which("unshare"):
+    resolv = os.path.join(tmp, "resolv.conf")
+    with open(resolv, "w") as f:
+        f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    url = "http://nonexistent.invalid/x.tar"
+    t0 = time.monotonic()
+    p = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"', resolv,
+                        os.environ["SHARDFLOW"], "ls", url], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    if "mount" in p.stderr and "shardflow ls" not in p.stderr:
+        print("note: cannot make a mount namespace here; unresolvable-name check skipped")
+    else:
+        check(p.returncode == 1, f"unresolvable host: exit {p.returncode}\n{p.stderr}")
+        check(url in p.stderr and "resolve" in p.stderr.lower(), f"unresolvable host message: {p.stderr}")
+        check(took < 15, f"an unresolvable host fails within the connect timeout ({took:.1f}s)")
+else:
+    print("note: not root or no unshare; unresolvable-name check skipped")
+
+# A transfer cut short mid-shard: the samples before the cut, then an error with the byte offset.
+with open(os.path.join(root, "big.tar"), "rb") as f:
+    body = f.read()
+server = CutServer(body, 1_000_000)
+url = f"http://127.0.0.1:{server.port}/big.tar"
+got, p, _ = ls(url, expect=1)
+server.thread.join(10)
+with tarfile.open(os.path.join(root, "big.tar")) as tf:
+    complete = {m.name.split(".")[0] for m in tf.getmembers() if m.offset_data + m.size <= 1_000_000}
+check(0 < len(got) <= len(complete) and all(s["__key__"] in complete for s in got),
+      f"only samples before the cut are listed ({len(got)})")
+check(url in p.stderr and "@ byte" in p.stderr, f"a cut transfer names the URL and offset: {p.stderr}")
+
+check.done("test_http")

@@ -1,0 +1,685 @@
+/* Unit tests for the tar reader (grouping, skips, errors, filters, URL kinds) and the tar_split stage. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <cmocka.h>
+
+#include "engine/harness.h"
+#include "engine/tar_reader.h"
+#include "shardflow/stage.h"
+
+typedef struct member {
+  const char *name;
+  const char *data;  /* NULL: directory (or link when link is set) */
+  const char *link;  /* symlink target, or hardlink target when hard */
+  int hard;
+} member;
+
+/* Member rows: a file with data, a directory, a symlink, a hard link, the end of a list. */
+#define FILE_(n, d) {.name = (n), .data = (d)}
+#define DIR_(n) {.name = (n)}
+#define SYMLINK_(n, to) {.name = (n), .link = (to)}
+#define HARDLINK_(n, to) {.name = (n), .link = (to), .hard = 1}
+#define END_ {.name = NULL}
+
+enum { FILTER_NONE, FILTER_GZIP, FILTER_ZSTD };
+
+/* Writes members as a tar (ustar headers for short names: offsets are 512 + padded data each). */
+static uint8_t *build_tar(const member *m, int filter, size_t *size) {
+  size_t cap = 1 << 20;
+  uint8_t *buf = malloc(cap);
+  assert_non_null(buf);
+  struct archive *a = archive_write_new();
+  archive_write_set_format_pax_restricted(a);
+  if (filter == FILTER_GZIP) archive_write_add_filter_gzip(a);
+  if (filter == FILTER_ZSTD) archive_write_add_filter_zstd(a);
+  archive_write_set_bytes_in_last_block(a, 1);
+  assert_int_equal(archive_write_open_memory(a, buf, cap, size), ARCHIVE_OK);
+  for (; m->name; m++) {
+    struct archive_entry *e = archive_entry_new();
+    archive_entry_set_pathname(e, m->name);
+    archive_entry_set_perm(e, 0644);
+    if (m->link && m->hard) {
+      archive_entry_set_filetype(e, AE_IFREG);
+      archive_entry_set_hardlink(e, m->link);
+      archive_entry_set_size(e, 0);
+    } else if (m->link) {
+      archive_entry_set_filetype(e, AE_IFLNK);
+      archive_entry_set_symlink(e, m->link);
+    } else if (!m->data) {
+      archive_entry_set_filetype(e, AE_IFDIR);
+      archive_entry_set_perm(e, 0755);
+    } else {
+      archive_entry_set_filetype(e, AE_IFREG);
+      archive_entry_set_size(e, (la_int64_t)strlen(m->data));
+    }
+    assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
+    if (m->data && !m->link) archive_write_data(a, m->data, strlen(m->data));
+    archive_entry_free(e);
+  }
+  assert_int_equal(archive_write_close(a), ARCHIVE_OK);
+  archive_write_free(a);
+  return buf;
+}
+
+/* Byte offset of member i's header in a ustar archive of m. */
+static int64_t ustar_offset(const member *m, int i) {
+  int64_t at = 0;
+  for (int k = 0; k < i; k++) {
+    size_t n = m[k].data && !m[k].link ? strlen(m[k].data) : 0;
+    at += 512 + (int64_t)((n + 511) / 512 * 512);
+  }
+  return at;
+}
+
+static sf_tar_reader *open_memory(const uint8_t *data, size_t size) {
+  sf_tar_reader *t = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_open_memory(&t, data, size, "mem.tar", &e), 0);
+  return t;
+}
+
+/* Checks one sample: key, comma-separated fields, their bytes (|-separated), offset. */
+static void expect_sample(sf_tar_reader *t, int want_rc, const char *key, const char *fields,
+                          const char *datas, int64_t offset) {
+  sf_sample *s = NULL;
+  sf_error e;
+  int rc = sf_tar_reader_next(t, &s, &e);
+  assert_int_equal(rc, want_rc);
+  assert_non_null(s);
+  assert_string_equal(s->key, key);
+  assert_string_equal(sf_sample_url(s), "mem.tar");
+  if (offset >= 0) assert_int_equal(s->offset, offset);
+  char got[256] = "", gotd[256] = "";
+  for (int i = 0; i < s->n_fields; i++) {
+    const sf_field *f = &s->fields[i];
+    assert_true(f->encoded);
+    assert_int_equal(f->tensor.dtype, SF_DTYPE_UINT8);
+    assert_int_equal(f->tensor.ndim, 1);
+    strcat(got, i ? "," : "");
+    strcat(got, f->name);
+    strcat(gotd, i ? "|" : "");
+    strncat(gotd, sf_tensor_data(&f->tensor), (size_t)f->tensor.shape[0]);
+  }
+  assert_string_equal(got, fields);
+  if (datas) assert_string_equal(gotd, datas);
+  sf_sample_destroy(&s);
+}
+
+static void expect_eof(sf_tar_reader *t) {
+  sf_sample *s = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EOF);
+  assert_null(s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EOF);
+}
+
+static const member grouping[] = {
+    FILE_("a.jpg", "J1"),
+    FILE_("a.CLS", "1"),
+    FILE_("a.seg.PNG", "P"),
+    FILE_("b.jpg", "J2"),
+    FILE_("dir.v2/b.c/x.y.z", "xyz"),
+    FILE_("a.txt", "again"),       /* not consecutive with the first a: a new sample */
+    FILE_("c.", "empty-field"),    /* WebDataset keeps an empty extension */
+    FILE_("e.bin", ""),            /* empty member */
+    END_,
+};
+
+static void test_grouping(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(grouping, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  expect_sample(t, 0, "a", "jpg,cls,seg.png", "J1|1|P", ustar_offset(grouping, 0));
+  expect_sample(t, 0, "b", "jpg", "J2", ustar_offset(grouping, 3));
+  expect_sample(t, 0, "dir.v2/b.c/x", "y.z", "xyz", ustar_offset(grouping, 4));
+  expect_sample(t, 0, "a", "txt", "again", ustar_offset(grouping, 5));
+  expect_sample(t, 0, "c", "", "empty-field", ustar_offset(grouping, 6));
+  expect_sample(t, 0, "e", "bin", "", ustar_offset(grouping, 7));
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  assert_null(t);
+  free(tar);
+}
+
+static void test_sample_index_and_url_shared(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(grouping, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  sf_sample *a = NULL, *b = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &a, &e), 0);
+  assert_int_equal(sf_tar_reader_next(t, &b, &e), 0);
+  assert_int_equal(a->index, 0);
+  assert_int_equal(b->index, 1);
+  assert_ptr_equal(a->url, b->url); /* one URL buffer per shard */
+  sf_tar_reader_close(&t);
+  assert_string_equal(sf_sample_url(a), "mem.tar"); /* samples outlive the reader */
+  sf_sample_destroy(&a);
+  sf_sample_destroy(&b);
+  free(tar);
+}
+
+static const member skips[] = {
+    FILE_("__meta__", "m"),
+    FILE_("__info.json", "i"),
+    DIR_("top"),
+    FILE_("top/x.jpg", "X"),
+    SYMLINK_("link.jpg", "top/x.jpg"),
+    HARDLINK_("hard.jpg", "top/x.jpg"),
+    FILE_("noext", "n"),
+    FILE_(".hidden", "h"),
+    FILE_("top/y.jpg", "Y"),
+    FILE_("top/.z", "Z"),                        /* WebDataset: key "top/" */
+    FILE_("a.b/.w", "W"),                        /* dotted parent: no key at all */
+    FILE_("sub/__meta__.json", "S"),             /* only top-level __ names are metadata */
+    END_,
+};
+
+static void test_skips(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(skips, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  expect_sample(t, 0, "top/x", "jpg", "X", ustar_offset(skips, 3));
+  expect_sample(t, 0, "top/y", "jpg", "Y", ustar_offset(skips, 8));
+  expect_sample(t, 0, "top/", "z", "Z", ustar_offset(skips, 9));
+  expect_sample(t, 0, "sub/__meta__", "json", "S", ustar_offset(skips, 11));
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  free(tar);
+}
+
+static const member dups[] = {
+    FILE_("a.jpg", "1"), FILE_("a.JPG", "2"), FILE_("a.cls", "3"), FILE_("b.jpg", "4"), END_,
+};
+
+static void test_duplicate_field(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(dups, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  sf_sample *s = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EDUP);
+  assert_non_null(s);
+  assert_int_equal(e.code, SF_EDUP);
+  assert_string_equal(e.url, "mem.tar");
+  assert_string_equal(e.key, "a");
+  assert_int_equal(e.offset, ustar_offset(dups, 1));
+  assert_non_null(strstr(e.message, "jpg"));
+  assert_int_equal(s->n_fields, 2); /* the first jpg and the cls */
+  assert_string_equal(s->fields[0].name, "jpg");
+  assert_int_equal(((uint8_t *)sf_tensor_data(&s->fields[0].tensor))[0], '1');
+  sf_sample_destroy(&s);
+  expect_sample(t, 0, "b", "jpg", "4", ustar_offset(dups, 3));
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  free(tar);
+}
+
+static void test_limits(void **state) {
+  char longkey[200], longfield[64];
+  memset(longkey, 'k', sizeof longkey);
+  strcpy(longkey + 150, ".jpg");
+  strcpy(longfield, "f.");
+  memset(longfield + 2, 'e', 40);
+  longfield[42] = '\0';
+  member m[24] = {FILE_(longkey, "L"), FILE_(longfield, "F"), FILE_("f.ok", "O")};
+  static char names[SF_MAX_FIELDS + 1][16];
+  int n = 3;
+  for (int i = 0; i <= SF_MAX_FIELDS; i++, n++) {
+    snprintf(names[i], sizeof names[i], "g.f%d", i);
+    m[n] = (member)FILE_(names[i], "x");
+  }
+  m[n] = (member)FILE_("h.jpg", "H");
+  size_t size;
+  uint8_t *tar = build_tar(m, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  sf_sample *s = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
+  assert_int_equal(strlen(s->key), sizeof s->key - 1);
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
+  assert_string_equal(s->key, "f");
+  assert_int_equal(s->n_fields, 1);
+  assert_string_equal(s->fields[0].name, "ok");
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
+  assert_string_equal(s->key, "g");
+  assert_int_equal(s->n_fields, SF_MAX_FIELDS);
+  sf_sample_destroy(&s);
+  expect_sample(t, 0, "h", "jpg", "H", -1);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  free(tar);
+}
+
+/* A sparse pax member claiming 2 GiB takes a few bytes in the tar: over the limit, skipped. */
+static void test_oversized_member(void **state) {
+  size_t cap = 1 << 16, size;
+  uint8_t *buf = malloc(cap);
+  struct archive *a = archive_write_new();
+  archive_write_set_format_pax(a);
+  assert_int_equal(archive_write_open_memory(a, buf, cap, &size), ARCHIVE_OK);
+  struct archive_entry *e = archive_entry_new();
+  archive_entry_set_pathname(e, "big.bin");
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_perm(e, 0644);
+  archive_entry_set_size(e, (la_int64_t)2 << 30);
+  archive_entry_sparse_add_entry(e, ((la_int64_t)2 << 30) - 4, 4);
+  assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
+  archive_write_data(a, "tail", 4);
+  archive_entry_clear(e);
+  archive_entry_set_pathname(e, "big.cls");
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_perm(e, 0644);
+  archive_entry_set_size(e, 1);
+  assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
+  archive_write_data(a, "7", 1);
+  archive_entry_free(e);
+  assert_int_equal(archive_write_close(a), ARCHIVE_OK);
+  archive_write_free(a);
+
+  sf_tar_reader *t = open_memory(buf, size);
+  sf_sample *s = NULL;
+  sf_error err;
+  assert_int_equal(sf_tar_reader_next(t, &s, &err), SF_ETOOBIG);
+  assert_non_null(strstr(err.message, "1 GiB"));
+  assert_string_equal(s->key, "big");
+  assert_int_equal(s->n_fields, 1);
+  assert_string_equal(s->fields[0].name, "cls");
+  sf_sample_destroy(&s);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  free(buf);
+}
+
+/* Sparse members (GNU sparse in pax): holes read as zeros, leading and trailing. */
+static void test_sparse_member(void **state) {
+  size_t cap = 1 << 16, size;
+  uint8_t *buf = malloc(cap);
+  struct archive *a = archive_write_new();
+  archive_write_set_format_pax(a);
+  assert_int_equal(archive_write_open_memory(a, buf, cap, &size), ARCHIVE_OK);
+  struct archive_entry *e = archive_entry_new();
+  const char *names[] = {"s.head", "s.tail"};
+  for (int i = 0; i < 2; i++) {
+    archive_entry_clear(e);
+    archive_entry_set_pathname(e, names[i]);
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0644);
+    archive_entry_set_size(e, 4096);
+    archive_entry_sparse_add_entry(e, i == 0 ? 0 : 4092, 4);
+    assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
+    /* The writer takes the logical bytes up to the last data region and stores the regions. */
+    static char logical[4096];
+    memcpy(logical + (i == 0 ? 0 : 4092), "DATA", 4);
+    archive_write_data(a, logical, i == 0 ? 4 : 4096);
+  }
+  archive_entry_free(e);
+  assert_int_equal(archive_write_close(a), ARCHIVE_OK);
+  archive_write_free(a);
+
+  sf_tar_reader *t = open_memory(buf, size);
+  sf_sample *s = NULL;
+  sf_error err;
+  assert_int_equal(sf_tar_reader_next(t, &s, &err), 0);
+  assert_int_equal(s->n_fields, 2);
+  for (int i = 0; i < 2; i++) {
+    const uint8_t *d = sf_tensor_data(&s->fields[i].tensor);
+    assert_int_equal(s->fields[i].tensor.shape[0], 4096);
+    size_t at = i == 0 ? 0 : 4092;
+    assert_memory_equal(d + at, "DATA", 4);
+    for (size_t k = 0; k < 4096; k++)
+      if (k < at || k >= at + 4) assert_int_equal(d[k], 0);
+  }
+  sf_sample_destroy(&s);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  free(buf);
+}
+
+static const member two[] = {
+    FILE_("s0.jpg", "0123456789abcdef0123456789abcdef"), FILE_("s0.cls", "0"),
+    FILE_("s1.jpg", "fedcba9876543210fedcba9876543210"), FILE_("s1.cls", "1"), END_,
+};
+
+static void test_truncated(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(two, FILTER_NONE, &size);
+  /* Cut inside s1.jpg's data. */
+  int64_t cut = ustar_offset(two, 2) + 512 + 10;
+  sf_tar_reader *t = open_memory(tar, (size_t)cut);
+  expect_sample(t, 0, "s0", "jpg,cls", NULL, 0);
+  sf_sample *s = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_null(s);
+  assert_int_equal(e.offset, ustar_offset(two, 2));
+  assert_string_equal(e.key, "s1");
+  assert_string_equal(e.url, "mem.tar");
+  assert_non_null(strstr(e.message, "expected 32 bytes, got 10"));
+  /* Sticky: reading cannot go on. */
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  sf_tar_reader_close(&t);
+
+  /* Cut inside the second header: s0 cannot be known complete, so it is not returned. */
+  t = open_memory(tar, (size_t)ustar_offset(two, 1) + 100);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_int_equal(e.offset, ustar_offset(two, 1));
+  assert_string_equal(e.key, "s0");
+  sf_tar_reader_close(&t);
+  free(tar);
+}
+
+static void test_not_a_tar(void **state) {
+  static const uint8_t junk[1024] = "this is not a tar file at all";
+  sf_tar_reader *t = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_open_memory(&t, junk, sizeof junk, "junk.tar", &e), SF_EFORMAT);
+  assert_null(t);
+  assert_string_equal(e.url, "junk.tar");
+  assert_int_equal(sf_tar_reader_open_memory(&t, junk, 0, "empty.tar", &e), SF_EFORMAT);
+  assert_non_null(strstr(e.message, "empty"));
+  /* Two zero blocks: a valid tar with no members. */
+  static const uint8_t zeros[1024];
+  assert_int_equal(sf_tar_reader_open_memory(&t, zeros, sizeof zeros, "z.tar", &e), 0);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+}
+
+static void test_filters(void **state) {
+  for (int filter = FILTER_GZIP; filter <= FILTER_ZSTD; filter++) {
+    size_t size;
+    uint8_t *tar = build_tar(grouping, filter, &size);
+    sf_tar_reader *t = open_memory(tar, size);
+    expect_sample(t, 0, "a", "jpg,cls,seg.png", "J1|1|P", 0);
+    expect_sample(t, 0, "b", "jpg", "J2", ustar_offset(grouping, 3));
+    sf_tar_reader_close(&t); /* closing mid-shard is fine */
+    /* A truncated compressed stream is a format error, not a crash. */
+    t = NULL;
+    sf_error e;
+    int rc = sf_tar_reader_open_memory(&t, tar, size / 2, "mem.tar", &e);
+    if (rc == 0) {
+      sf_sample *s = NULL;
+      while ((rc = sf_tar_reader_next(t, &s, &e)) == 0) sf_sample_destroy(&s);
+      sf_tar_reader_close(&t);
+    }
+    assert_int_equal(rc, SF_EFORMAT);
+    free(tar);
+  }
+}
+
+/* Writes the grouping tar to a temp file; returns its path (static). */
+static const char *write_temp_tar(void) {
+  static char path[64];
+  strcpy(path, "/tmp/sf_test_tar_XXXXXX");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  size_t size;
+  uint8_t *tar = build_tar(grouping, FILTER_NONE, &size);
+  assert_int_equal(write(fd, tar, size), (ssize_t)size);
+  close(fd);
+  free(tar);
+  return path;
+}
+
+static void count_samples(const char *url, const sf_shard_reader_options *o, int want_open,
+                          int want_samples, int want_end) {
+  sf_tar_reader *t = NULL;
+  sf_error e;
+  int rc = sf_tar_reader_open(&t, url, o, &e);
+  assert_int_equal(rc, want_open);
+  if (rc < 0) {
+    assert_null(t);
+    assert_string_equal(e.url, url);
+    assert_true(e.message[0] != '\0');
+    return;
+  }
+  int n = 0;
+  sf_sample *s = NULL;
+  while ((rc = sf_tar_reader_next(t, &s, &e)) == 0) {
+    assert_string_equal(sf_sample_url(s), url);
+    sf_sample_destroy(&s);
+    n++;
+  }
+  assert_int_equal(rc, want_end);
+  assert_int_equal(n, want_samples);
+  if (rc != SF_EOF) assert_string_equal(e.url, url);
+  sf_tar_reader_close(&t);
+}
+
+static void test_url_kinds(void **state) {
+  const char *path = write_temp_tar();
+  char url[600];
+  sf_shard_reader_options pipes = {.allow_pipe = true};
+  count_samples(path, NULL, 0, 6, SF_EOF);
+  snprintf(url, sizeof url, "file://%s", path);
+  count_samples(url, NULL, 0, 6, SF_EOF);
+  snprintf(url, sizeof url, "pipe:cat %s", path);
+  count_samples(url, NULL, SF_EDENIED, 0, 0);
+  count_samples(url, &pipes, 0, 6, SF_EOF);
+  /* The command's failure after a complete tar is still an error. */
+  snprintf(url, sizeof url, "pipe:cat %s; exit 3", path);
+  count_samples(url, &pipes, 0, 6, SF_EIO);
+  /* Closing early kills a command that would run for a long time. */
+  snprintf(url, sizeof url, "pipe:cat %s; sleep 30", path);
+  sf_tar_reader *t = NULL;
+  sf_sample *s = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_open(&t, url, &pipes, &e), 0);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  sf_sample_destroy(&s);
+  sf_tar_reader_close(&t);
+  count_samples("/nonexistent/shard.tar", NULL, SF_ENOENT, 0, 0);
+  count_samples("file:///nonexistent/shard.tar", NULL, SF_ENOENT, 0, 0);
+  count_samples("s3://bucket/shard.tar", NULL, SF_EUNSUPPORTED, 0, 0);
+  count_samples("", NULL, SF_EINVAL, 0, 0);
+  unlink(path);
+}
+
+/* A loopback server that sends headers and 1 KiB of a promised 1 MB body, then goes quiet. */
+static void *stalling_server(void *arg) {
+  int listener = *(int *)arg;
+  int c = accept(listener, NULL, NULL);
+  if (c >= 0) {
+    char request[4096];
+    (void)!read(c, request, sizeof request);
+    static char reply[2048] = "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n";
+    size_t head = strlen(reply);
+    (void)!write(c, reply, head + 1024);
+    /* Wait (bounded) for the client to give up and close. */
+    struct pollfd p = {.fd = c, .events = POLLIN};
+    for (int i = 0; i < 10 && poll(&p, 1, 1000) == 0; i++) {
+    }
+    close(c);
+  }
+  close(listener);
+  return NULL;
+}
+
+static void test_http_stall(void **state) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof addr;
+  assert_int_equal(bind(listener, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(listen(listener, 1), 0);
+  assert_int_equal(getsockname(listener, (struct sockaddr *)&addr, &len), 0);
+  pthread_t thread;
+  pthread_create(&thread, NULL, stalling_server, &listener);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/stall.tar", ntohs(addr.sin_port));
+  sf_shard_reader_options o = {.connect_timeout = 2, .stall_timeout = 1};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  sf_tar_reader *t = NULL;
+  sf_error e;
+  int rc = sf_tar_reader_open(&t, url, &o, &e);
+  if (rc == 0) {
+    sf_sample *s = NULL;
+    rc = sf_tar_reader_next(t, &s, &e);
+    sf_sample_destroy(&s);
+    sf_tar_reader_close(&t);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_int_equal(rc, SF_ETIMEDOUT);
+  assert_string_equal(e.url, url);
+  assert_non_null(strstr(e.message, "stall_timeout"));
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  /* libcurl averages the speed over the last ~5 s, so a stall shows up to that much later. */
+  assert_true(took >= 0.9 && took < 15);
+  assert_int_equal(e.offset, 1024);
+  pthread_join(thread, NULL);
+}
+
+/* ---- the tar_split stage, through the harness ---- */
+
+static void push_shard(sf_harness *h, const char *url, uint64_t epoch, uint64_t index,
+                       uint64_t spe) {
+  sf_shard *shard = sf_shard_new(url);
+  shard->epoch = epoch;
+  shard->index = index;
+  shard->pass = 0;
+  shard->samples_per_epoch = spe;
+  sf_item item = {.kind = SF_ITEM_SHARD, .epoch = epoch, .u.shard = shard};
+  sf_harness_push(h, &item);
+}
+
+/* Pops everything; returns a string like "a@0,b@0,|0," (samples key@epoch, | = epoch end). */
+static void drain(sf_harness *h, char *out, size_t size) {
+  out[0] = '\0';
+  sf_item item;
+  while (sf_harness_pop(h, &item) == 0) {
+    char one[160];
+    if (item.kind == SF_ITEM_SAMPLE)
+      snprintf(one, sizeof one, "%s@%llu,", item.u.sample->key,
+               (unsigned long long)item.u.sample->epoch);
+    else if (item.kind == SF_ITEM_EPOCH_END)
+      snprintf(one, sizeof one, "|%llu,", (unsigned long long)item.epoch);
+    else
+      snprintf(one, sizeof one, "?,");
+    strncat(out, one, size - strlen(out) - 1);
+    sf_item_clear(&item);
+  }
+}
+
+static void test_stage_one_pass(void **state) {
+  const char *path = write_temp_tar();
+  sf_harness *h = NULL;
+  sf_error e;
+  assert_int_equal(sf_harness_new(&h, "tar_split", NULL, 1, 0, 0, 1, &e), 0);
+  push_shard(h, path, 0, 7, 0);
+  push_shard(h, "/nonexistent.tar", 0, 8, 0); /* skipped under the default policy */
+  sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = 0};
+  sf_harness_push(h, &end);
+  push_shard(h, path, 1, 7, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  char got[1024];
+  drain(h, got, sizeof got);
+  assert_string_equal(got, "a@0,b@0,dir.v2/b.c/x@0,a@0,c@0,e@0,|0,"
+                           "a@1,b@1,dir.v2/b.c/x@1,a@1,c@1,e@1,");
+  assert_int_equal(sf_harness_error_count(h), 1);
+  assert_int_equal(sf_harness_last_error(h)->code, SF_ENOENT);
+  assert_string_equal(sf_harness_last_error(h)->url, "/nonexistent.tar");
+  sf_harness_destroy(&h);
+  unlink(path);
+}
+
+static void test_stage_samples_per_epoch(void **state) {
+  const char *path = write_temp_tar();
+  sf_harness *h = NULL;
+  sf_error e;
+  assert_int_equal(sf_harness_new(&h, "tar_split", NULL, 1, 0, 0, 1, &e), 0);
+  /* 6 samples per shard, 8 per epoch: the second shard is cut after 2. */
+  push_shard(h, path, 0, 0, 8);
+  push_shard(h, path, 0, 1, 8);
+  push_shard(h, path, 0, 2, 8); /* arrives after the cut: dropped */
+  push_shard(h, path, 1, 0, 8);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  char got[2048];
+  drain(h, got, sizeof got);
+  assert_string_equal(got, "a@0,b@0,dir.v2/b.c/x@0,a@0,c@0,e@0,a@0,b@0,|0,"
+                           "a@1,b@1,dir.v2/b.c/x@1,a@1,c@1,e@1,");
+  assert_int_equal(sf_harness_error_count(h), 0);
+  sf_harness_destroy(&h);
+  unlink(path);
+}
+
+static void test_stage_errors(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(dups, FILTER_NONE, &size);
+  char path[] = "/tmp/sf_test_dup_XXXXXX";
+  int fd = mkstemp(path);
+  assert_int_equal(write(fd, tar, size), (ssize_t)size);
+  close(fd);
+  free(tar);
+
+  sf_harness *h = NULL;
+  sf_error e;
+  const char *const opts[] = {"connect_timeout=2s", "stall_timeout=5s", NULL};
+  assert_int_equal(sf_harness_new(&h, "tar_split", opts, 1, 0, 0, 1, &e), 0);
+  push_shard(h, path, 0, 0, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  char got[256];
+  drain(h, got, sizeof got);
+  assert_string_equal(got, "b@0,"); /* sample a dropped under skip */
+  assert_int_equal(sf_harness_skipped(h), 1);
+  assert_int_equal(sf_harness_last_error(h)->code, SF_EDUP);
+  assert_string_equal(sf_harness_last_error(h)->key, "a");
+  sf_harness_destroy(&h);
+
+  assert_int_equal(sf_harness_new(&h, "tar_split", NULL, 1, 0, 0, 1, &e), 0);
+  sf_harness_set_error_policy(h, 1);
+  push_shard(h, path, 0, 0, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EDUP);
+  sf_harness_destroy(&h);
+
+  /* pipe: without allow_pipe on the shard is refused. */
+  assert_int_equal(sf_harness_new(&h, "tar_split", NULL, 1, 0, 0, 1, &e), 0);
+  sf_harness_set_error_policy(h, 1);
+  char url[300];
+  snprintf(url, sizeof url, "pipe:cat %s", path);
+  push_shard(h, url, 0, 0, 0);
+  assert_int_equal(sf_harness_run(h, 0), SF_EDENIED);
+  sf_harness_destroy(&h);
+  unlink(path);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_grouping),
+      cmocka_unit_test(test_sample_index_and_url_shared),
+      cmocka_unit_test(test_skips),
+      cmocka_unit_test(test_duplicate_field),
+      cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_oversized_member),
+      cmocka_unit_test(test_sparse_member),
+      cmocka_unit_test(test_truncated),
+      cmocka_unit_test(test_not_a_tar),
+      cmocka_unit_test(test_filters),
+      cmocka_unit_test(test_url_kinds),
+      cmocka_unit_test(test_http_stall),
+      cmocka_unit_test(test_stage_one_pass),
+      cmocka_unit_test(test_stage_samples_per_epoch),
+      cmocka_unit_test(test_stage_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
