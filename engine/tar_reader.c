@@ -146,8 +146,9 @@ static int advance(sf_tar_reader *t) {
                   "re-download it",
                   archive_text(t->archive));
     if (archive_entry_filetype(entry) != AE_IFREG || archive_entry_hardlink(entry)) continue;
-    const char *path = archive_entry_pathname_utf8(entry);
-    if (!path) path = archive_entry_pathname(entry);
+    /* The raw name bytes (no charset conversion: keys compare as bytes, and it is per member). */
+    const char *path = archive_entry_pathname(entry);
+    if (!path) path = archive_entry_pathname_utf8(entry);
     if (!path) continue;
     /* Top-level "__*__" names carry metadata for tools, not samples. */
     if (strncmp(path, "__", 2) == 0 && !strchr(path, '/')) continue;
