@@ -345,3 +345,20 @@ void sf_stage_print_help(FILE *out, const sf_stage_def *def) {
     fprintf(out, "\n  %18s %s\n", "", o->help ? o->help : "");
   }
 }
+
+void sf_stage_print_markdown(FILE *out, const sf_stage_def *def) {
+  fprintf(out, "## %s\n\n%s.\n\nInput: %s. Output: %s.%s\n\n", def->name, def->summary, port_name(def->input),
+          port_name(def->output), (def->flags & SF_STAGE_MAP) ? " A map stage: `replicas: N` runs N copies." : "");
+  if (!def->options || !def->options->name) {
+    fprintf(out, "No options.\n\n");
+    return;
+  }
+  fprintf(out, "| option | type | default | range | meaning |\n|---|---|---|---|---|\n");
+  for (const sf_option *o = def->options; o->name; o++) {
+    char tbuf[256], range[64] = "";
+    if (has_range(o)) snprintf(range, sizeof range, "%g..%g", o->min, o->max);
+    fprintf(out, "| `%s` | %s | `%s` | %s | %s |\n", o->name, sf_option_type_text(o, tbuf, sizeof tbuf),
+            o->default_value && o->default_value[0] ? o->default_value : "\"\"", range, o->help ? o->help : "");
+  }
+  fprintf(out, "\n");
+}

@@ -33,6 +33,9 @@ const char *sf_option_type_text(const sf_option *option, char *buf, size_t size)
 /* Prints one stage's help (summary, ports, every option with type, default, range, help). */
 void sf_stage_print_help(FILE *out, const sf_stage_def *def);
 
+/* The same as a Markdown section (docs/stages.md is generated from it). */
+void sf_stage_print_markdown(FILE *out, const sf_stage_def *def);
+
 /* Parsers shared with the CLI: sizes ("64MiB"), durations ("30s"), counts ("10k"). */
 int sf_parse_size(const char *text, int64_t *bytes);
 int sf_parse_duration(const char *text, double *seconds);
