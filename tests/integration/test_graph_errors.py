@@ -1,5 +1,6 @@
 """Graph-file and option mistakes: file:line, the valid names, non-zero exit, never a crash."""
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -65,4 +66,10 @@ p = run(["help", "augment"])
 check("padding" in p.stdout and "flip" in p.stdout and "default" in p.stdout, "help augment lists options")
 p = run(["help", "nosuch"], check=False)
 check(p.returncode == 2 and "shard_source" in p.stderr, "help of an unknown stage lists the stages")
+# The embedding example (public API only) counts the same samples.
+example = os.path.join(os.environ.get("SF_BUILD_ROOT", "build"), "examples", "count_batches")
+if os.path.exists(example):
+    path, _ = run_text(GOOD)
+    p = subprocess.run([example, path, "2"], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0 and p.stdout.count("2 batches, 3 samples") == 2, f"count_batches: {p.stdout} {p.stderr}")
 check.done("graph_errors")
