@@ -96,20 +96,8 @@ size_t sf_pool_allocated(const sf_pool *p) {
 }
 
 int sf_pool_tensor(sf_pool *p, sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shape) {
-  memset(t, 0, sizeof *t);
-  if (ndim < 0 || ndim > SF_TENSOR_MAX_DIMS || sf_dtype_size(dtype) == 0) return SF_EINVAL;
-  t->dtype = dtype;
-  t->ndim = ndim;
-  int64_t stride = 1;
-  for (int i = ndim - 1; i >= 0; i--) {
-    if (shape[i] < 0 || (shape[i] > 0 && stride > INT64_MAX / shape[i])) {
-      memset(t, 0, sizeof *t);
-      return SF_EINVAL;
-    }
-    t->shape[i] = shape[i];
-    t->strides[i] = stride;
-    stride *= shape[i];
-  }
+  int r = sf_tensor_set_shape(t, dtype, ndim, shape);
+  if (r < 0) return r;
   t->buffer = sf_pool_get(p, sf_tensor_nbytes(t));
   if (!t->buffer) {
     memset(t, 0, sizeof *t);

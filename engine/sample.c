@@ -1,4 +1,5 @@
 /* Shards, samples, batches and queue items: constructors and destructors. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,10 +32,17 @@ sf_sample *sf_sample_new(void) {
   return s;
 }
 
+/* Drops a field's tensor reference and its recipe. */
+static void field_clear(sf_field *f) {
+  sf_tensor_clear(&f->tensor);
+  if (f->recipe) f->recipe->destroy(f->recipe);
+  f->recipe = NULL;
+}
+
 void sf_sample_destroy(sf_sample **ps) {
   if (!ps || !*ps) return;
   sf_sample *s = *ps;
-  for (int i = 0; i < s->n_fields; i++) sf_tensor_clear(&s->fields[i].tensor);
+  for (int i = 0; i < s->n_fields; i++) field_clear(&s->fields[i]);
   sf_buffer_unref(&s->url);
   free(s);
   *ps = NULL;
@@ -60,13 +68,39 @@ sf_field *sf_sample_add_field(sf_sample *s, const char *name, bool encoded, sf_t
   memcpy(f->name, name, len + 1);
   f->encoded = encoded;
   f->tensor = *tensor;
+  f->recipe = NULL;
   memset(tensor, 0, sizeof *tensor);
   return f;
 }
 
+int sf_field_defer(sf_field *f, sf_dtype dtype, int ndim, const int64_t *shape, sf_field_recipe *recipe) {
+  sf_tensor header;
+  if (sf_tensor_set_shape(&header, dtype, ndim, shape) < 0) {
+    recipe->destroy(recipe);
+    return SF_EINVAL;
+  }
+  field_clear(f);
+  f->encoded = false;
+  f->tensor = header;
+  f->recipe = recipe;
+  return 0;
+}
+
+int sf_field_materialize(sf_field *f) {
+  if (!f->recipe) return 0;
+  sf_tensor t;
+  int r = sf_tensor_alloc(&t, f->tensor.dtype, f->tensor.ndim, f->tensor.shape);
+  if (r < 0) return r;
+  f->recipe->write(f->recipe, sf_tensor_data(&t));
+  f->recipe->destroy(f->recipe);
+  f->recipe = NULL;
+  f->tensor = t; /* the header had no buffer to drop */
+  return 0;
+}
+
 void sf_sample_remove_field(sf_sample *s, int i) {
   if (i < 0 || i >= s->n_fields) return;
-  sf_tensor_clear(&s->fields[i].tensor);
+  field_clear(&s->fields[i]);
   memmove(&s->fields[i], &s->fields[i + 1], (size_t)(s->n_fields - i - 1) * sizeof s->fields[0]);
   s->n_fields--;
 }
@@ -87,7 +121,7 @@ sf_batch *sf_batch_new(int64_t size) {
 void sf_batch_destroy(sf_batch **pb) {
   if (!pb || !*pb) return;
   sf_batch *b = *pb;
-  for (int i = 0; i < b->n_fields; i++) sf_tensor_clear(&b->fields[i].tensor);
+  for (int i = 0; i < b->n_fields; i++) field_clear(&b->fields[i]);
   free(b->keys);
   free(b);
   *pb = NULL;

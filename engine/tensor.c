@@ -33,13 +33,17 @@ bool sf_tensor_is_contiguous(const sf_tensor *t) {
   return true;
 }
 
-static int set_shape(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shape) {
+int sf_tensor_set_shape(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shape) {
+  memset(t, 0, sizeof *t);
   if (ndim < 0 || ndim > SF_TENSOR_MAX_DIMS || (unsigned)dtype >= SF_DTYPE_COUNT_) return SF_EINVAL;
   t->dtype = dtype;
   t->ndim = ndim;
   int64_t stride = 1;
   for (int i = ndim - 1; i >= 0; i--) {
-    if (shape[i] < 0 || (shape[i] > 0 && stride > INT64_MAX / shape[i])) return SF_EINVAL;
+    if (shape[i] < 0 || (shape[i] > 0 && stride > INT64_MAX / shape[i])) {
+      memset(t, 0, sizeof *t);
+      return SF_EINVAL;
+    }
     t->shape[i] = shape[i];
     t->strides[i] = stride;
     stride *= shape[i];
@@ -49,8 +53,7 @@ static int set_shape(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shap
 
 int sf_tensor_view(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shape, sf_buffer *buffer,
                    size_t offset) {
-  memset(t, 0, sizeof *t);
-  int r = set_shape(t, dtype, ndim, shape);
+  int r = sf_tensor_set_shape(t, dtype, ndim, shape);
   if (r == 0 && (offset > sf_buffer_size(buffer) || sf_tensor_nbytes(t) > sf_buffer_size(buffer) - offset))
     r = SF_ETOOBIG;
   if (r < 0) {
@@ -64,8 +67,7 @@ int sf_tensor_view(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shape,
 }
 
 int sf_tensor_alloc(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *shape) {
-  memset(t, 0, sizeof *t);
-  int r = set_shape(t, dtype, ndim, shape);
+  int r = sf_tensor_set_shape(t, dtype, ndim, shape);
   if (r < 0) return r;
   t->buffer = sf_buffer_new(sf_tensor_nbytes(t));
   if (!t->buffer) {

@@ -32,11 +32,19 @@ typedef struct augment {
   char names[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
   int n_names;            /* 0: every decoded uint8 [H,W,C] field */
   double log_ratio[2];
-  /* Output value of every byte, per channel (only table 0 when there is no mean/std). */
-  uint8_t lut_u8[256];
-  float lut_f32[8][256];
-  uint16_t lut_bf16[8][256];
+  sf_buffer *luts;        /* a `luts`, shared with every recipe this node made */
 } augment;
+
+/*
+ * Output value of every byte, per channel (only table 0 when there is no
+ * mean/std). Immutable once init has filled it; deferred fields hold a
+ * reference, as they may be written after this node is gone.
+ */
+typedef struct luts {
+  uint8_t u8[256];
+  float f32[8][256];
+  uint16_t bf16[8][256];
+} luts;
 
 static const char *const crop_names[] = {"none", "random", "center", "random_resized", NULL};
 static const char *const layout_names[] = {"hwc", "chw", NULL};
@@ -146,16 +154,24 @@ static int init(sf_node *node) {
     a->log_ratio[1] = log(a->ratio.v[1]);
   }
   /* x/255, then (x - mean)/std, in double and rounded once: the direct path's tables. */
-  for (int x = 0; x < 256; x++) a->lut_u8[x] = (uint8_t)x;
+  a->luts = sf_buffer_new(sizeof(luts));
+  if (!a->luts) return SF_ENOMEM;
+  luts *l = (luts *)sf_buffer_data(a->luts);
+  for (int x = 0; x < 256; x++) l->u8[x] = (uint8_t)x;
   for (int c = 0; c < (a->mean.n ? a->mean.n : 1); c++) {
     for (int x = 0; x < 256; x++) {
       double v = x / 255.0;
       if (a->mean.n) v = (v - a->mean.v[c]) / a->std.v[c];
-      a->lut_f32[c][x] = (float)v;
-      a->lut_bf16[c][x] = to_bf16((float)v);
+      l->f32[c][x] = (float)v;
+      l->bf16[c][x] = to_bf16((float)v);
     }
   }
   return 0;
+}
+
+static void uninit(sf_node *node) {
+  augment *a = sf_node_priv(node);
+  sf_buffer_unref(&a->luts);
 }
 
 /* ---- geometry: where every output pixel comes from ------------------------------------ */
@@ -364,36 +380,107 @@ static void build_taps(tap *t, const axis *ax, bool flip, ptrdiff_t stride) {
   }
 }
 
+/* No resampling on either axis: the direct path. */
+static bool is_direct(const axis *ay, const axis *ax) {
+  return ay->scaled == ay->span && ax->scaled == ax->span;
+}
+
 /*
- * Runs one transform: axes ay/ax over a source image, into out (already
- * allocated with strides oy/ox/oc). Returns 0 or SF_ENOMEM.
+ * Fills the job's geometry for axes ay/ax; the bilinear path's taps go to
+ * `taps` (ay->n + ax->n entries, owned by the caller; NULL on the direct path).
  */
-static int run(job *j, const axis *ay, const axis *ax, int dtype) {
+static void place(job *j, const axis *ay, const axis *ax, tap *taps) {
   j->oh = ay->n;
   j->ow = ax->n;
   valid_range(ay, false, &j->ya, &j->yb);
   valid_range(ax, j->flip, &j->xa, &j->xb);
-  if (ay->scaled == ay->span && ax->scaled == ax->span) {
-    j->top = ay->origin + ay->pos;
-    j->left = ax->origin + ax->pos;
-    direct_kernel[dtype](j);
-    return 0;
-  }
-  tap *taps = malloc((size_t)(ay->n + ax->n) * sizeof *taps);
-  if (!taps) return SF_ENOMEM;
+  j->top = ay->origin + ay->pos;
+  j->left = ax->origin + ax->pos;
+  j->ty = j->tx = NULL;
+  if (!taps) return;
   build_taps(taps, ay, false, j->sy);
   build_taps(taps + ay->n, ax, j->flip, j->sx);
   j->ty = taps;
   j->tx = taps + ay->n;
-  bilinear_kernel[dtype](j);
+}
+
+/* Writes a placed job's output into j->out (strides oy/ox/oc). */
+static void execute(const job *j, int dtype) {
+  if (j->ty)
+    bilinear_kernel[dtype](j);
+  else
+    direct_kernel[dtype](j);
+}
+
+/*
+ * Runs one transform now: axes ay/ax over a source image, into out (already
+ * allocated with strides oy/ox/oc). Returns 0 or SF_ENOMEM.
+ */
+static int run(job *j, const axis *ay, const axis *ax, int dtype) {
+  tap *taps = NULL;
+  if (!is_direct(ay, ax) && !(taps = malloc((size_t)(ay->n + ax->n) * sizeof *taps))) return SF_ENOMEM;
+  place(j, ay, ax, taps);
+  execute(j, dtype);
   free(taps);
   return 0;
 }
 
+/* ---- deferred output: the transform runs later, into the batch's slot ------------------------ */
+
+/*
+ * A placed job and the references that keep what it reads alive: the source
+ * image (j.src points into it) and the tables (j.lut points into them).
+ * j.out is set by each write.
+ */
+typedef struct recipe {
+  sf_field_recipe base;
+  job j;
+  int dtype;
+  sf_tensor src;
+  sf_buffer *luts;
+  tap taps[];           /* the bilinear path's, j.ty/j.tx point here */
+} recipe;
+
+static void recipe_write(const sf_field_recipe *base, void *dst) {
+  const recipe *rc = (const recipe *)base;
+  job j = rc->j;
+  j.out = dst;
+  execute(&j, rc->dtype);
+}
+
+static void recipe_destroy(sf_field_recipe *base) {
+  recipe *rc = (recipe *)base;
+  sf_tensor_clear(&rc->src);
+  sf_buffer_unref(&rc->luts);
+  free(rc);
+}
+
+/*
+ * Makes f a deferred field that runs j (everything set but its geometry and
+ * out) over src. Returns 0 or SF_ENOMEM (f untouched).
+ */
+static int defer(sf_field *f, const job *j, const axis *ay, const axis *ax, int dtype, const sf_tensor *src,
+                 sf_buffer *tables, const int64_t shape[3]) {
+  static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
+  size_t n_taps = is_direct(ay, ax) ? 0 : (size_t)(ay->n + ax->n);
+  recipe *rc = malloc(sizeof *rc + n_taps * sizeof rc->taps[0]);
+  if (!rc) return SF_ENOMEM;
+  rc->base.write = recipe_write;
+  rc->base.destroy = recipe_destroy;
+  rc->j = *j;
+  rc->dtype = dtype;
+  place(&rc->j, ay, ax, n_taps ? rc->taps : NULL);
+  sf_tensor_ref(&rc->src, src);
+  rc->luts = sf_buffer_ref(tables);
+  return sf_field_defer(f, out_dtype[dtype], 3, shape, &rc->base); /* a valid shape: cannot fail */
+}
+
 /* ---- per field ----------------------------------------------------------------------------- */
 
+/* A decoded uint8 [H,W,C] image, possibly deferred (another augment's output). */
 static bool is_image(const sf_field *f) {
-  return !f->encoded && f->tensor.dtype == SF_DTYPE_UINT8 && f->tensor.ndim == 3 && f->tensor.buffer;
+  return !f->encoded && f->tensor.dtype == SF_DTYPE_UINT8 && f->tensor.ndim == 3 &&
+         (f->tensor.buffer || f->recipe);
 }
 
 static bool selected(const augment *a, const sf_field *f) {
@@ -413,6 +500,8 @@ typedef struct field_error {
 /*
  * Transforms one field in place of its tensor. rng is this sample's stream,
  * restarted for every field so same-sized fields get the same crop and flip.
+ * The random draws happen here; the output is usually deferred (see defer()):
+ * batch writes it straight into its slot, saving an allocation and a copy.
  * Returns 0, SF_ENOMEM, or a data error with *e filled.
  */
 static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
@@ -428,6 +517,9 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   if (a->mean.n && a->mean.n != c)
     return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
                 "per channel", f->name, (long long)c, a->mean.n);
+  int r = sf_field_materialize(f); /* a deferred input: an earlier augment's output */
+  if (r < 0) return r;
+  const luts *l = (const luts *)sf_buffer_data(a->luts);
 
   sf_rng rng;
   sf_rng_seed(&rng, stream);
@@ -445,14 +537,14 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   if (a->crop == CROP_RANDOM_RESIZED && (rh != h || rw != w)) {
     /* A box of the resized image is resampled again: materialise the resize (uint8, as torchvision). */
     int64_t shape[3] = {rh, rw, c};
-    int r = sf_tensor_alloc(&resized, SF_DTYPE_UINT8, 3, shape);
+    r = sf_tensor_alloc(&resized, SF_DTYPE_UINT8, 3, shape);
     if (r < 0) return r;
     job pre = j;
     pre.out = sf_tensor_data(&resized);
     pre.oy = rw * c;
     pre.ox = c;
     pre.oc = 1;
-    for (int k = 0; k < c; k++) pre.scale[k] = 1.0f, pre.bias[k] = 0.0f, pre.lut[k] = a->lut_u8;
+    for (int k = 0; k < c; k++) pre.scale[k] = 1.0f, pre.bias[k] = 0.0f, pre.lut[k] = l->u8;
     pre.flip = false;
     if ((r = run(&pre, &ay, &ax, OUT_UINT8)) < 0) {
       sf_tensor_clear(&resized);
@@ -499,19 +591,11 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   }
   j.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
 
-  static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
-  sf_tensor out;
   int64_t shape[3];
   if (a->layout == LAYOUT_CHW)
     shape[0] = c, shape[1] = ay.n, shape[2] = ax.n;
   else
     shape[0] = ay.n, shape[1] = ax.n, shape[2] = c;
-  int r = sf_tensor_alloc(&out, out_dtype[a->dtype], 3, shape);
-  if (r < 0) {
-    sf_tensor_clear(&resized);
-    return r;
-  }
-  j.out = sf_tensor_data(&out);
   if (a->layout == LAYOUT_CHW)
     j.oc = ay.n * ax.n, j.oy = ax.n, j.ox = 1;
   else
@@ -525,9 +609,30 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     int t = a->mean.n ? k : 0;
     j.scale[k] = a->dtype == OUT_UINT8 ? 1.0f : (float)(1.0 / (255.0 * sd));
     j.bias[k] = a->dtype == OUT_UINT8 ? 0.0f : (float)(-mu / sd);
-    j.lut[k] = a->dtype == OUT_UINT8 ? (const void *)a->lut_u8
-               : a->dtype == OUT_FLOAT32 ? (const void *)a->lut_f32[t] : (const void *)a->lut_bf16[t];
+    j.lut[k] = a->dtype == OUT_UINT8 ? (const void *)l->u8
+               : a->dtype == OUT_FLOAT32 ? (const void *)l->f32[t] : (const void *)l->bf16[t];
   }
+  static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
+  size_t out_bytes = (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(out_dtype[a->dtype]);
+  *bytes += out_bytes;
+  /*
+   * Defer unless the source is much larger than the output (a small crop of a
+   * big image): a deferred field keeps its source alive for as long as it
+   * sits in a shuffle buffer.
+   */
+  const sf_tensor *src = resized.buffer ? &resized : &f->tensor;
+  if (sf_buffer_size(src->buffer) / 2 <= out_bytes) {
+    r = defer(f, &j, &ay, &ax, a->dtype, src, a->luts, shape);
+    sf_tensor_clear(&resized);
+    return r;
+  }
+  sf_tensor out;
+  r = sf_tensor_alloc(&out, out_dtype[a->dtype], 3, shape);
+  if (r < 0) {
+    sf_tensor_clear(&resized);
+    return r;
+  }
+  j.out = sf_tensor_data(&out);
   r = run(&j, &ay, &ax, a->dtype);
   sf_tensor_clear(&resized);
   if (r < 0) {
@@ -536,7 +641,6 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   }
   sf_tensor_clear(&f->tensor);
   f->tensor = out;
-  *bytes += sf_tensor_nbytes(&out);
   return 0;
 }
 
@@ -593,4 +697,5 @@ const sf_stage_def sf_stage_augment = {
     .options = options,
     .init = init,
     .step = step,
+    .uninit = uninit,
 };

@@ -1,4 +1,4 @@
-/* batch: collates samples into contiguous [B, ...] tensors, copying each sample into its slot as it arrives. */
+/* batch: collates samples into contiguous [B, ...] tensors, writing each sample into its slot as it arrives. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -74,7 +74,7 @@ static int open_batch(batch *b, const sf_sample *s, char *why, size_t why_size) 
   if (!out) return SF_ENOMEM;
   for (int i = 0; i < s->n_fields; i++) {
     const sf_field *f = &s->fields[i];
-    if (f->encoded || !f->tensor.buffer) continue;
+    if (f->encoded || (!f->tensor.buffer && !f->recipe)) continue;
     if (f->tensor.ndim >= SF_TENSOR_MAX_DIMS) {
       snprintf(why, why_size, "field '%s' has %d dimensions; a batch adds one and allows at most %d", f->name,
                f->tensor.ndim, SF_TENSOR_MAX_DIMS);
@@ -112,9 +112,9 @@ static int check_sample(const batch *b, sf_sample *s, char *why, size_t why_size
     sf_tensor slot = g->tensor;
     slot.ndim--;
     memmove(slot.shape, slot.shape + 1, (size_t)slot.ndim * sizeof slot.shape[0]);
-    if (!f || f->encoded) {
+    if (!f || f->encoded || (!f->tensor.buffer && !f->recipe)) {
       snprintf(why, why_size, "field '%s' is %s in this sample but %s in the batch's first sample; give every "
-               "sample the same decoded fields", g->name, f ? "still encoded" : "missing",
+               "sample the same decoded fields", g->name, !f ? "missing" : f->encoded ? "still encoded" : "empty",
                describe(&slot, want, sizeof want));
       return SF_ESHAPE;
     }
@@ -178,8 +178,12 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
   for (int i = 0; i < out->n_fields; i++) {
     sf_tensor *t = &out->fields[i].tensor;
     size_t slot = sf_tensor_nbytes(t) / (size_t)b->batch_size;
-    copy_tensor((uint8_t *)sf_tensor_data(t) + slot * (size_t)b->count,
-                &sf_sample_field(s, out->fields[i].name)->tensor);
+    uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)b->count;
+    const sf_field *f = sf_sample_field(s, out->fields[i].name);
+    if (f->recipe) /* deferred (augment's output): computed straight into the slot, no copy */
+      f->recipe->write(f->recipe, dst);
+    else
+      copy_tensor(dst, &f->tensor);
   }
   memcpy(out->keys[b->count], s->key, sizeof out->keys[0]);
   b->count++;

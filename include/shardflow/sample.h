@@ -17,14 +17,44 @@ extern "C" {
 #define SF_MAX_FIELDS 16
 
 /**
+ * How to produce a deferred field's values (see sf_field).  A stage that
+ * knows how to compute a field embeds this struct first in its own and fills
+ * both callbacks; the recipe keeps references to everything write() reads
+ * (source tensors, tables), never pointers into a node's private data, since
+ * the field may outlive the node that made it.
+ */
+typedef struct sf_field_recipe sf_field_recipe;
+struct sf_field_recipe {
+  /**
+   * Writes the field's values into dst: C-contiguous, with the dtype and
+   * shape of the field's tensor header, sf_tensor_nbytes() bytes.  Cannot
+   * fail (everything it needs is allocated when the recipe is made), may run
+   * on any thread, and writes the same values however often it runs.
+   */
+  void (*write)(const sf_field_recipe *recipe, void *dst);
+  /** Frees the recipe and drops the references it holds. */
+  void (*destroy)(sf_field_recipe *recipe);
+};
+
+/**
  * One named field of a sample or batch.  Encoded fields hold the member's
  * bytes as a uint8 tensor of shape [n]; decoded fields hold a tensor (images
  * uint8 [H,W,C], labels int64 scalars, and so on).
+ *
+ * A field may be *deferred*: recipe is set, tensor.buffer is NULL, and the
+ * tensor header (dtype, ndim, shape, contiguous strides, offset 0) describes
+ * the values the recipe will write.  Deferring lets the producer (augment)
+ * write straight into the consumer's memory (a batch slot) instead of into a
+ * per-sample allocation that is then copied.  Shape and dtype checks may read
+ * the header as usual; any stage that reads tensor data must first call
+ * sf_field_materialize(), or call recipe->write() into memory of its own.
+ * Only decoded fields are deferred.  Batch fields are never deferred.
  */
 typedef struct sf_field {
   char name[SF_FIELD_NAME_MAX]; /**< lower-case, as after the key's first dot */
   bool encoded;                 /**< still the bytes read from the shard */
-  sf_tensor tensor;             /**< owned */
+  sf_tensor tensor;             /**< owned; buffer NULL while the field is deferred */
+  sf_field_recipe *recipe;      /**< owned; non-NULL only while the field is deferred */
 } sf_field;
 
 /**
@@ -77,7 +107,7 @@ SF_API void sf_shard_destroy(sf_shard **shard);
 
 /** Creates an empty sample (zeroed, no fields). Returns NULL when out of memory. */
 SF_API sf_sample *sf_sample_new(void);
-/** Frees *sample, dropping every field's reference; sets it to NULL. NULL-safe. */
+/** Frees *sample, dropping every field's reference and recipe; sets it to NULL. NULL-safe. */
 SF_API void sf_sample_destroy(sf_sample **sample);
 /** The sample's URL string, or "" when it has none (borrowed). */
 SF_API const char *sf_sample_url(const sf_sample *sample);
@@ -90,8 +120,25 @@ SF_API sf_field *sf_sample_field(sf_sample *sample, const char *name);
  */
 SF_API sf_field *sf_sample_add_field(sf_sample *sample, const char *name, bool encoded,
                                      sf_tensor *tensor);
-/** Removes field i, dropping its reference. */
+/**
+ * Makes field a deferred field (see sf_field) of the given dtype and shape
+ * whose values recipe writes: drops the field's tensor reference and old
+ * recipe, marks it decoded and takes ownership of recipe.  To append a
+ * deferred field, add an empty tensor with sf_sample_add_field() first.
+ * Returns 0, or SF_EINVAL for a bad dtype or shape (recipe is then
+ * destroyed and the field left as it was).
+ */
+SF_API int sf_field_defer(sf_field *field, sf_dtype dtype, int ndim, const int64_t *shape,
+                          sf_field_recipe *recipe);
+/** Removes field i, dropping its reference (and destroying its recipe). */
 SF_API void sf_sample_remove_field(sf_sample *sample, int i);
+
+/**
+ * Turns a deferred field into an ordinary one: allocates its tensor, runs the
+ * recipe into it and destroys the recipe.  A no-op on a field that is not
+ * deferred.  Returns 0, or SF_ENOMEM (the field is then still deferred).
+ */
+SF_API int sf_field_materialize(sf_field *field);
 
 /**
  * Creates a batch for size samples with room for the keys. Returns NULL when

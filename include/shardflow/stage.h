@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /** Version of sf_stage_def's layout. The plugin loader refuses any other. */
-#define SF_STAGE_ABI_VERSION 1
+#define SF_STAGE_ABI_VERSION 2
 
 /** What a port carries. */
 typedef enum sf_port_kind {

@@ -56,6 +56,14 @@ SF_API size_t sf_tensor_nbytes(const sf_tensor *tensor);
 SF_API bool sf_tensor_is_contiguous(const sf_tensor *tensor);
 
 /**
+ * Sets dtype, shape and the contiguous row-major strides of *tensor, with no
+ * buffer (offset 0): the header of a tensor whose memory comes later.
+ * Returns 0, or SF_EINVAL when ndim or the dtype is out of range, a dimension
+ * is negative, or the element count overflows.  *tensor is zeroed on failure.
+ */
+SF_API int sf_tensor_set_shape(sf_tensor *tensor, sf_dtype dtype, int ndim, const int64_t *shape);
+
+/**
  * Makes *tensor a contiguous row-major view of buffer at byte offset, taking
  * over the caller's reference to buffer (transfer full).
  * Returns 0; SF_EINVAL when ndim is out of range or a dimension is negative;

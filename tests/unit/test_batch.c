@@ -1,4 +1,5 @@
-/* Unit tests of the batch stage alone (harness): shapes, contents, partial batches, epoch ends, shape errors. */
+/* Unit tests of the batch stage alone (harness): shapes, contents, partial batches, epoch ends, shape errors,
+ * deferred fields written straight into the batch. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -280,6 +281,164 @@ static void test_strided_input(void **state) {
   sf_harness_destroy(&h);
 }
 
+/* ---- deferred fields ------------------------------------------------------------------------ */
+
+/* What the counting recipes saw: writes, destroys and where each sample was written. */
+static int writes, destroys;
+static uint8_t *written_at[128];
+
+typedef struct counting_recipe {
+  sf_field_recipe base;
+  int id, h, w;
+} counting_recipe;
+
+static void counting_write(const sf_field_recipe *base, void *dst) {
+  const counting_recipe *r = (const counting_recipe *)base;
+  uint8_t *p = dst;
+  if (r->id >= 0 && r->id < 128) written_at[r->id] = p;
+  for (int y = 0; y < r->h; y++)
+    for (int x = 0; x < r->w; x++)
+      for (int c = 0; c < C; c++) *p++ = pixel(r->id, y, x, c);
+  writes++;
+}
+
+static void counting_destroy(sf_field_recipe *base) {
+  destroys++;
+  free(base);
+}
+
+static sf_field_recipe *counting_recipe_new(int id, int h, int w) {
+  counting_recipe *r = calloc(1, sizeof *r);
+  assert_non_null(r);
+  *r = (counting_recipe){{counting_write, counting_destroy}, id, h, w};
+  return &r->base;
+}
+
+static void reset_counts(void) {
+  writes = destroys = 0;
+  memset(written_at, 0, sizeof written_at);
+}
+
+/* make_sample() with its png replaced by a deferred [h,w,C] field that writes the same pixels. */
+static sf_sample *make_deferred_sample(int id, uint64_t epoch, int h, int w) {
+  sf_sample *s = make_sample(id, epoch, H, W);
+  sf_field *f = sf_sample_field(s, "png");
+  assert_int_equal(sf_field_defer(f, SF_DTYPE_UINT8, 3, (int64_t[]){h, w, C}, counting_recipe_new(id, h, w)), 0);
+  assert_null(f->tensor.buffer);
+  assert_non_null(f->recipe);
+  assert_true(sf_tensor_is_contiguous(&f->tensor));
+  assert_int_equal(sf_tensor_nbytes(&f->tensor), (size_t)(h * w * C));
+  return s;
+}
+
+/* Deferred samples are written once, into their own slot of the batch's buffer; recipes are freed once. */
+static void test_deferred_written_into_slot(void **state) {
+  reset_counts();
+  sf_harness *h = new_batch("4", "true");
+  for (int i = 0; i < 6; i++) push_sample(h, i == 2 ? make_sample(i, 0, H, W) : make_deferred_sample(i, 0, H, W));
+  push_sample(h, make_deferred_sample(99, 0, H + 1, W)); /* wrong shape: dropped, not written */
+  push_epoch_end(h, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+
+  sf_item item;
+  assert_int_equal(sf_harness_pop(h, &item), 0);
+  assert_int_equal(item.kind, SF_ITEM_BATCH);
+  uint8_t *base = sf_tensor_data(&sf_batch_field(item.u.batch, "png")->tensor);
+  for (int i = 0; i < 4; i++)
+    if (i != 2) assert_ptr_equal(written_at[i], base + (size_t)i * H * W * C);
+  assert_null(written_at[2]); /* an ordinary field is copied */
+  sf_item_clear(&item);
+  assert_int_equal(sf_harness_pop(h, &item), 0);
+  base = sf_tensor_data(&sf_batch_field(item.u.batch, "png")->tensor);
+  assert_ptr_equal(written_at[4], base);
+  assert_ptr_equal(written_at[5], base + (size_t)H * W * C);
+  sf_item_clear(&item);
+  assert_null(written_at[99]);
+  assert_int_equal(writes, 5);
+  assert_int_equal(destroys, 6);
+  assert_int_equal(sf_harness_skipped(h), 1);
+  sf_harness_destroy(&h);
+  assert_int_equal(destroys, 6);
+}
+
+/* The pixels of deferred and ordinary samples mixed in one batch, and the drop paths. */
+static void test_deferred_contents_and_drops(void **state) {
+  reset_counts();
+  sf_harness *h = new_batch("4", "false");
+  for (int i = 0; i < 10; i++) push_sample(h, i % 3 ? make_deferred_sample(i, 0, H, W) : make_sample(i, 0, H, W));
+  push_epoch_end(h, 0);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch(h, 0, 0, 0, 4);
+  expect_batch(h, 0, 1, 4, 4);
+  expect_epoch_end(h, 0);
+  expect_empty(h);
+  assert_int_equal(sf_harness_skipped(h), 2); /* the short batch (8, 9) is dropped */
+  assert_int_equal(destroys, 6);              /* 1 2 4 5 7 8 */
+  sf_harness_destroy(&h);
+
+  /* Samples still queued or held when the node goes are freed with their recipes. */
+  reset_counts();
+  h = new_batch("4", "true");
+  sf_harness_set_error_policy(h, 1);
+  push_sample(h, make_deferred_sample(0, 0, H, W));
+  push_sample(h, make_deferred_sample(1, 0, H, W + 1));
+  push_sample(h, make_deferred_sample(2, 0, H, W));
+  push_sample(h, make_deferred_sample(3, 0, H, W));
+  assert_int_equal(sf_harness_run(h, 0), SF_ESHAPE);
+  sf_harness_destroy(&h);
+  assert_int_equal(writes, 1);
+  assert_int_equal(destroys, 4);
+}
+
+/* sf_field_materialize runs the recipe once into a fresh tensor; sf_field_defer checks its shape. */
+static void test_materialize_and_defer(void **state) {
+  reset_counts();
+  sf_sample *s = make_deferred_sample(7, 0, H, W);
+  sf_field *f = sf_sample_field(s, "png");
+  assert_int_equal(sf_field_materialize(f), 0);
+  assert_null(f->recipe);
+  assert_non_null(f->tensor.buffer);
+  assert_int_equal(sf_buffer_size(f->tensor.buffer), (size_t)(H * W * C));
+  assert_false(f->encoded);
+  const uint8_t *p = sf_tensor_data(&f->tensor);
+  for (int y = 0; y < H; y++)
+    for (int x = 0; x < W; x++)
+      for (int c = 0; c < C; c++) assert_int_equal(*p++, pixel(7, y, x, c));
+  assert_int_equal(writes, 1);
+  assert_int_equal(destroys, 1);
+  assert_int_equal(sf_field_materialize(f), 0); /* no longer deferred: nothing happens */
+  assert_int_equal(sf_field_materialize(sf_sample_field(s, "cls")), 0);
+  assert_int_equal(*(int64_t *)sf_tensor_data(&sf_sample_field(s, "cls")->tensor), 7);
+  assert_int_equal(writes, 1);
+
+  /* A bad shape: the recipe is destroyed and the field stays as it was. */
+  sf_field *cls = sf_sample_field(s, "cls");
+  assert_int_equal(sf_field_defer(cls, SF_DTYPE_UINT8, 3, (int64_t[]){2, -1, 3}, counting_recipe_new(8, 1, 1)),
+                   SF_EINVAL);
+  assert_int_equal(sf_field_defer(cls, SF_DTYPE_COUNT_, 0, NULL, counting_recipe_new(8, 1, 1)), SF_EINVAL);
+  assert_int_equal(destroys, 3);
+  assert_null(cls->recipe);
+  assert_int_equal(*(int64_t *)sf_tensor_data(&cls->tensor), 7);
+
+  /* Removing or destroying deferred fields destroys their recipes once; a deferred field can be appended. */
+  sf_tensor empty = {0};
+  sf_field *g = sf_sample_add_field(s, "seg", false, &empty);
+  assert_non_null(g);
+  assert_int_equal(sf_field_defer(g, SF_DTYPE_UINT8, 3, (int64_t[]){1, 1, C}, counting_recipe_new(9, 1, 1)), 0);
+  assert_int_equal(sf_field_defer(g, SF_DTYPE_UINT8, 3, (int64_t[]){1, 1, C}, counting_recipe_new(9, 1, 1)), 0);
+  assert_int_equal(destroys, 4); /* deferring again replaced the first recipe */
+  assert_int_equal(sf_field_defer(sf_sample_field(s, "png"), SF_DTYPE_UINT8, 3, (int64_t[]){H, W, C},
+                                  counting_recipe_new(7, H, W)),
+                   0);
+  sf_sample_remove_field(s, 0); /* png */
+  assert_int_equal(destroys, 5);
+  sf_sample_destroy(&s);
+  assert_int_equal(destroys, 6);
+  assert_int_equal(writes, 1);
+}
+
 static void test_bad_options(void **state) {
   sf_harness *h;
   sf_error error;
@@ -297,7 +456,8 @@ int main(void) {
       cmocka_unit_test(test_epoch_end_flush),    cmocka_unit_test(test_batch_size_one),
       cmocka_unit_test(test_shape_mismatch_skip), cmocka_unit_test(test_dtype_and_missing_field),
       cmocka_unit_test(test_shape_mismatch_fail), cmocka_unit_test(test_strided_input),
-      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_bad_options),       cmocka_unit_test(test_deferred_written_into_slot),
+      cmocka_unit_test(test_deferred_contents_and_drops), cmocka_unit_test(test_materialize_and_defer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
