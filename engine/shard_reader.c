@@ -41,6 +41,7 @@ struct sf_shard_reader {
   uint8_t *data;      /* what the write callback delivered since the last read */
   size_t size, capacity;
   bool handed_out;    /* data was returned by read: reset it at the next call */
+  bool paused;        /* on_data asked libcurl to hold data until the next read */
   bool done;
   CURLcode result;
   char curl_text[CURL_ERROR_SIZE];
@@ -215,9 +216,16 @@ static CURLcode curl_init_result;
 
 static void curl_init(void) { curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
+enum { HTTP_CHUNK = 256 * 1024 };
+
 static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
   sf_shard_reader *r = opaque;
   size_t n = size * nmemb;
+  /* Enough for one read: leave the rest in the socket (bounded memory, no growth per shard). */
+  if (r->size >= HTTP_CHUNK) {
+    r->paused = true;
+    return CURL_WRITEFUNC_PAUSE;
+  }
   if (r->size + n > r->capacity) {
     size_t cap = r->capacity ? r->capacity : CURL_MAX_WRITE_SIZE;
     while (cap < r->size + n) cap *= 2;
@@ -282,8 +290,6 @@ static int http_result(sf_shard_reader *r, sf_error *error) {
  * right now) or the transfer ended. Handing libarchive large runs keeps the
  * per-call overhead (a perform and a poll each) off every 16 KiB packet.
  */
-enum { HTTP_CHUNK = 256 * 1024 };
-
 static int http_pump(sf_shard_reader *r, sf_error *error) {
   while (r->size < HTTP_CHUNK && !r->done) {
     int running = 0;
@@ -433,6 +439,10 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
     if (r->handed_out) {
       r->size = 0;
       r->handed_out = false;
+    }
+    if (r->paused) {
+      r->paused = false;
+      curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may deliver the held chunk at once */
     }
     int rc = http_pump(r, error);
     if (rc < 0) return rc;
