@@ -1,4 +1,4 @@
-/* Streaming reads of one shard by URL: local files, http(s) through libcurl's multi interface, pipe:CMD. */
+/* Streaming reads of one shard by URL: local files, http(s) through libcurl (a fetcher thread per shard), pipe:CMD. */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +21,8 @@
 extern char **environ;
 
 enum { FILE_CHUNK = 1 << 20 };
+/* http: blocks of 512 KiB, four per shard being read (2 MiB in flight at most). */
+enum { HTTP_BLOCK = 512 * 1024, HTTP_BLOCKS = 4 };
 
 typedef enum kind { KIND_FILE, KIND_HTTP, KIND_PIPE } kind;
 
@@ -35,14 +37,23 @@ struct sf_shard_reader {
   /* pipe */
   pid_t pid;
   const char *command; /* points into url */
-  /* http */
+  /* http: a fetcher thread fills a ring of blocks while the reader's caller parses */
   CURLM *multi;
   CURL *easy;
-  uint8_t *data;      /* what the write callback delivered since the last read */
-  size_t size, capacity;
-  bool handed_out;    /* data was returned by read: reset it at the next call */
-  bool paused;        /* on_data asked libcurl to hold data until the next read */
-  bool done;
+  pthread_t fetcher;
+  bool fetcher_started;
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  uint8_t *blocks[HTTP_BLOCKS];
+  size_t block_size[HTTP_BLOCKS];
+  int read_idx;       /* the block the caller holds, or will take next */
+  int write_idx;      /* the block the fetcher fills (or filled last, when !filling) */
+  bool filling;       /* blocks[write_idx] is partly filled, not yet handed to the caller */
+  int ready;          /* complete blocks not yet taken */
+  bool held;          /* the caller holds blocks[read_idx] (returned by the last read) */
+  bool paused;        /* on_data asked libcurl to hold data until a block frees */
+  bool stop;          /* close: the fetcher must end the transfer */
+  bool done;          /* the transfer ended (result says how) */
   CURLcode result;
   char curl_text[CURL_ERROR_SIZE];
 };
@@ -216,26 +227,54 @@ static CURLcode curl_init_result;
 
 static void curl_init(void) { curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-enum { HTTP_CHUNK = 256 * 1024 };
+/* Room for n more bytes: the rest of the block being filled plus the free blocks. Lock held. */
+static bool has_room(const sf_shard_reader *r, size_t n) {
+  int free_blocks = HTTP_BLOCKS - r->ready - (r->held ? 1 : 0) - (r->filling ? 1 : 0);
+  size_t room = (r->filling ? HTTP_BLOCK - r->block_size[r->write_idx] : 0) + (size_t)free_blocks * HTTP_BLOCK;
+  return room >= n;
+}
+
+/* Hands the block being filled to the caller. Lock held. */
+static void complete_block(sf_shard_reader *r) {
+  r->ready++;
+  r->filling = false;
+  pthread_cond_broadcast(&r->changed);
+}
 
 static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
   sf_shard_reader *r = opaque;
   size_t n = size * nmemb;
-  /* Enough for one read: leave the rest in the socket (bounded memory, no growth per shard). */
-  if (r->size >= HTTP_CHUNK) {
+  pthread_mutex_lock(&r->lock);
+  if (r->stop) {
+    pthread_mutex_unlock(&r->lock);
+    return 0; /* ends the transfer (CURLE_WRITE_ERROR, ignored on close) */
+  }
+  if (!has_room(r, n)) {
+    /* The caller is behind: leave the data with libcurl and the socket (bounded memory). */
     r->paused = true;
+    pthread_mutex_unlock(&r->lock);
     return CURL_WRITEFUNC_PAUSE;
   }
-  if (r->size + n > r->capacity) {
-    size_t cap = r->capacity ? r->capacity : CURL_MAX_WRITE_SIZE;
-    while (cap < r->size + n) cap *= 2;
-    uint8_t *grown = realloc(r->data, cap);
-    if (!grown) return 0; /* makes curl fail the transfer with CURLE_WRITE_ERROR */
-    r->data = grown;
-    r->capacity = cap;
+  pthread_mutex_unlock(&r->lock);
+  /* Only this thread touches the block being filled, so the copy runs unlocked; has_room()
+   * counted a free block for every block this chunk starts. */
+  for (size_t done = 0; done < n;) {
+    if (!r->filling) {
+      r->write_idx = (r->write_idx + 1) % HTTP_BLOCKS;
+      r->block_size[r->write_idx] = 0;
+      r->filling = true;
+    }
+    size_t *filled = &r->block_size[r->write_idx];
+    size_t take = n - done < HTTP_BLOCK - *filled ? n - done : HTTP_BLOCK - *filled;
+    memcpy(r->blocks[r->write_idx] + *filled, ptr + done, take);
+    *filled += take;
+    done += take;
+    if (*filled == HTTP_BLOCK) {
+      pthread_mutex_lock(&r->lock);
+      complete_block(r);
+      pthread_mutex_unlock(&r->lock);
+    }
   }
-  memcpy(r->data + r->size, ptr, n);
-  r->size += n;
   return n;
 }
 
@@ -285,39 +324,83 @@ static int http_result(sf_shard_reader *r, sf_error *error) {
 }
 
 /*
- * Drives the transfer until the write callback delivered a good run of data
- * (HTTP_CHUNK bytes, or whatever has arrived once the socket has nothing more
- * right now) or the transfer ended. Handing libarchive large runs keeps the
- * per-call overhead (a perform and a poll each) off every 16 KiB packet.
+ * The fetcher: drives the transfer with libcurl's multi interface, pausing
+ * while the ring is full, until the transfer ends or close asks it to stop.
  */
-static int http_pump(sf_shard_reader *r, sf_error *error) {
-  while (r->size < HTTP_CHUNK && !r->done) {
+static void *fetch(void *arg) {
+  sf_shard_reader *r = arg;
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    while (r->paused && !r->stop && !has_room(r, HTTP_BLOCK)) pthread_cond_wait(&r->changed, &r->lock);
+    bool resume = r->paused && !r->stop;
+    r->paused = false;
+    bool stop = r->stop;
+    pthread_mutex_unlock(&r->lock);
+    if (stop) break;
+    if (resume) curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may deliver the held chunk at once */
     int running = 0;
     CURLMcode mc = curl_multi_perform(r->multi, &running);
-    if (mc != CURLM_OK) {
-      set_error(error, SF_ENET, r->url, r->offset, "libcurl failed: %s", curl_multi_strerror(mc));
-      return SF_ENET;
-    }
     CURLMsg *msg;
     int left;
+    bool finished = mc != CURLM_OK;
     while ((msg = curl_multi_info_read(r->multi, &left)))
       if (msg->msg == CURLMSG_DONE) {
-        r->done = true;
+        finished = true;
         r->result = msg->data.result;
       }
-    if (r->size >= HTTP_CHUNK || r->done) break;
-    /* With data in hand, only look for more that is already there; otherwise wait for it. */
-    int ready = 0;
-    mc = curl_multi_poll(r->multi, NULL, 0, r->size > 0 ? 0 : 1000, &ready);
-    if (mc == CURLM_OK && r->size > 0 && ready == 0) break;
     if (mc != CURLM_OK) {
-      set_error(error, SF_ENET, r->url, r->offset, "libcurl failed: %s", curl_multi_strerror(mc));
-      return SF_ENET;
+      r->result = CURLE_FAILED_INIT;
+      snprintf(r->curl_text, sizeof r->curl_text, "libcurl failed: %s", curl_multi_strerror(mc));
     }
+    if (finished) break;
+    pthread_mutex_lock(&r->lock);
+    bool wait_for_network = !r->paused;
+    pthread_mutex_unlock(&r->lock);
+    if (wait_for_network) curl_multi_poll(r->multi, NULL, 0, 1000, NULL);
   }
-  /* Data delivered before a failure is still handed out; the error follows at the end. */
-  if (r->size == 0 && r->done) return http_result(r, error);
-  return 0;
+  pthread_mutex_lock(&r->lock);
+  if (r->filling && r->block_size[r->write_idx] > 0) complete_block(r);
+  r->done = true;
+  pthread_cond_broadcast(&r->changed);
+  pthread_mutex_unlock(&r->lock);
+  return NULL;
+}
+
+/*
+ * Takes the next block: releases the one handed out last time, then waits for
+ * a complete block or the end of the transfer. Returns its size, 0 at the end,
+ * or the transfer's error once every byte received before it was handed out.
+ */
+static ssize_t read_http(sf_shard_reader *r, const void **data, sf_error *error) {
+  pthread_mutex_lock(&r->lock);
+  if (r->held) {
+    r->held = false;
+    r->read_idx = (r->read_idx + 1) % HTTP_BLOCKS;
+    pthread_cond_broadcast(&r->changed);
+  }
+  while (r->ready == 0 && !r->done) pthread_cond_wait(&r->changed, &r->lock);
+  ssize_t n = 0;
+  if (r->ready > 0) {
+    r->ready--;
+    r->held = true;
+    *data = r->blocks[r->read_idx];
+    n = (ssize_t)r->block_size[r->read_idx];
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (n == 0) {
+    int rc = http_result(r, error);
+    if (rc < 0) return rc;
+  }
+  return n;
+}
+
+/* Waits for the first block or the end: a 404 or a dead host shows at open. */
+static int wait_first(sf_shard_reader *r, sf_error *error) {
+  pthread_mutex_lock(&r->lock);
+  while (r->ready == 0 && !r->done) pthread_cond_wait(&r->changed, &r->lock);
+  bool empty_end = r->ready == 0 && r->done;
+  pthread_mutex_unlock(&r->lock);
+  return empty_end ? http_result(r, error) : 0;
 }
 
 static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
@@ -358,8 +441,18 @@ static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_er
     return SF_EINVAL;
   }
   if (curl_multi_add_handle(r->multi, e) != CURLM_OK) return SF_ENOMEM;
-  /* Run until the first bytes (or the failure) so a 404 or a dead host shows at open. */
-  return http_pump(r, error);
+  for (int i = 0; i < HTTP_BLOCKS; i++)
+    if (!(r->blocks[i] = malloc(HTTP_BLOCK))) return SF_ENOMEM;
+  r->write_idx = HTTP_BLOCKS - 1; /* the first block filled is blocks[0] */
+  pthread_mutex_init(&r->lock, NULL);
+  pthread_cond_init(&r->changed, NULL);
+  if (pthread_create(&r->fetcher, NULL, fetch, r) != 0) {
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->changed);
+    return SF_ENOMEM;
+  }
+  r->fetcher_started = true;
+  return wait_first(r, error);
 }
 
 /* ---- dispatch ---- */
@@ -436,19 +529,8 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
   if (r->at_end) return 0;
   ssize_t n;
   if (r->kind == KIND_HTTP) {
-    if (r->handed_out) {
-      r->size = 0;
-      r->handed_out = false;
-    }
-    if (r->paused) {
-      r->paused = false;
-      curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may deliver the held chunk at once */
-    }
-    int rc = http_pump(r, error);
-    if (rc < 0) return rc;
-    n = (ssize_t)r->size;
-    *data = r->data;
-    r->handed_out = true;
+    n = read_http(r, data, error);
+    if (n < 0) return n;
   } else {
     n = read_fd(r, data, error);
     if (n == 0 && r->kind == KIND_PIPE) {
@@ -468,12 +550,22 @@ void sf_shard_reader_close(sf_shard_reader **reader) {
   sf_shard_reader *r = *reader;
   if (r->fd >= 0) close(r->fd);
   kill_pipe(r);
+  if (r->fetcher_started) {
+    pthread_mutex_lock(&r->lock);
+    r->stop = true;
+    pthread_cond_broadcast(&r->changed);
+    pthread_mutex_unlock(&r->lock);
+    curl_multi_wakeup(r->multi); /* out of a poll that waits on the network */
+    pthread_join(r->fetcher, NULL);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->changed);
+  }
   if (r->easy) {
     if (r->multi) curl_multi_remove_handle(r->multi, r->easy);
     curl_easy_cleanup(r->easy);
   }
   if (r->multi) curl_multi_cleanup(r->multi);
-  free(r->data);
+  for (int i = 0; i < HTTP_BLOCKS; i++) free(r->blocks[i]);
   free(r->chunk);
   free(r->url);
   free(r);
