@@ -1,5 +1,7 @@
 /* Error code names and strings, generated from SF_ERRNO_MAP; error record formatting. */
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "shardflow/error.h"
 
@@ -49,4 +51,27 @@ char *sf_error_format(const sf_error *e, char *buf, unsigned size) {
   APPEND("%s", e->message[0] ? e->message : sf_strerror(e->code));
 #undef APPEND
   return buf;
+}
+
+int sf_error_setv(sf_error *e, int code, const char *stage, const char *url, const char *key, int64_t offset,
+                  int64_t line, const char *fmt, va_list args) {
+  if (!e) return code;
+  memset(e, 0, sizeof *e);
+  e->code = code;
+  e->offset = offset;
+  e->line = line;
+  snprintf(e->stage, sizeof e->stage, "%s", stage ? stage : "");
+  snprintf(e->url, sizeof e->url, "%s", url ? url : "");
+  snprintf(e->key, sizeof e->key, "%s", key ? key : "");
+  vsnprintf(e->message, sizeof e->message, fmt, args);
+  return code;
+}
+
+int sf_error_set(sf_error *e, int code, const char *stage, const char *url, const char *key, int64_t offset,
+                 int64_t line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sf_error_setv(e, code, stage, url, key, offset, line, fmt, ap);
+  va_end(ap);
+  return code;
 }

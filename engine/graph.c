@@ -8,15 +8,9 @@
 #include "engine/options.h"
 
 int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const char *fmt, ...) {
-  if (!e) return code;
-  memset(e, 0, sizeof *e);
-  e->code = code;
-  e->offset = -1;
-  e->line = line;
-  if (g && g->path) snprintf(e->url, sizeof e->url, "%s", g->path);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(e->message, sizeof e->message, fmt, ap);
+  sf_error_setv(e, code, NULL, g && g->path ? g->path : NULL, NULL, -1, line, fmt, ap);
   va_end(ap);
   return code;
 }

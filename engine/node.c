@@ -74,16 +74,9 @@ void sf_node_count_skipped(sf_node *n, uint64_t samples) {
 
 int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_t offset, const char *fmt, ...) {
   sf_error e;
-  memset(&e, 0, sizeof e);
-  e.code = code;
-  e.offset = offset;
-  e.line = -1;
-  snprintf(e.stage, sizeof e.stage, "%s", n->name);
-  if (url) snprintf(e.url, sizeof e.url, "%s", url);
-  if (key) snprintf(e.key, sizeof e.key, "%s", key);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(e.message, sizeof e.message, fmt, ap);
+  sf_error_setv(&e, code, n->name, url, key, offset, -1, fmt, ap);
   va_end(ap);
   atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
   sf_context_record(n->ctx, &e);

@@ -29,6 +29,17 @@ static bool strip_underscores(const char *in, char *out, size_t size) {
   return true;
 }
 
+/* The unit after a number, lower-cased, with nothing but spaces after it. */
+static bool read_unit(const char *end, char *unit, size_t size) {
+  size_t n = 0;
+  while (end[n] && !isspace((unsigned char)end[n]) && n + 1 < size) {
+    unit[n] = (char)tolower((unsigned char)end[n]);
+    n++;
+  }
+  unit[n] = '\0';
+  return only_space(end + n);
+}
+
 static int parse_scaled(const char *text, double *value, bool binary_units, bool *fractional) {
   char buf[128];
   if (!strip_underscores(skip_space(text), buf, sizeof buf) || !buf[0]) return SF_EOPTION;
@@ -51,13 +62,7 @@ static int parse_scaled(const char *text, double *value, bool binary_units, bool
       {"tb", 1e12, true},      {"ti", 1099511627776.0, true}, {"tib", 1099511627776.0, true},
   };
   char suffix[8];
-  size_t n = 0;
-  while (end[n] && !isspace((unsigned char)end[n]) && n + 1 < sizeof suffix) {
-    suffix[n] = (char)tolower((unsigned char)end[n]);
-    n++;
-  }
-  suffix[n] = '\0';
-  if (!only_space(end + n)) return SF_EOPTION;
+  if (!read_unit(end, suffix, sizeof suffix)) return SF_EOPTION;
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
     if (strcmp(units[i].suffix, suffix) == 0) {
       if (units[i].binary && !binary_units) return SF_EOPTION;
@@ -97,13 +102,7 @@ int sf_parse_duration(const char *text, double *seconds) {
     double factor;
   } units[] = {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"m", 60}, {"min", 60}, {"h", 3600}};
   char suffix[8];
-  size_t n = 0;
-  while (end[n] && !isspace((unsigned char)end[n]) && n + 1 < sizeof suffix) {
-    suffix[n] = (char)tolower((unsigned char)end[n]);
-    n++;
-  }
-  suffix[n] = '\0';
-  if (!only_space(end + n)) return SF_EOPTION;
+  if (!read_unit(end, suffix, sizeof suffix)) return SF_EOPTION;
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
     if (strcmp(units[i].suffix, suffix) == 0) {
       *seconds = v * units[i].factor;

@@ -18,6 +18,9 @@
 
 #include "engine/shard_reader.h"
 
+/* An error about this shard: no stage, no key, no graph line. */
+#define SET_ERROR(error, code, url, offset, ...) sf_error_set(error, code, NULL, url, NULL, offset, -1, __VA_ARGS__)
+
 extern char **environ;
 
 enum { FILE_CHUNK = 1 << 20 };
@@ -58,22 +61,6 @@ struct sf_shard_reader {
   char curl_text[CURL_ERROR_SIZE];
 };
 
-static void set_error(sf_error *error, int code, const char *url, int64_t offset, const char *fmt,
-                      ...) __attribute__((format(printf, 5, 6)));
-
-static void set_error(sf_error *error, int code, const char *url, int64_t offset, const char *fmt,
-                      ...) {
-  if (!error) return;
-  memset(error, 0, sizeof *error);
-  error->code = code;
-  error->offset = offset;
-  error->line = -1;
-  snprintf(error->url, sizeof error->url, "%s", url ? url : "");
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error->message, sizeof error->message, fmt, ap);
-  va_end(ap);
-}
 
 /* ---- local files ---- */
 
@@ -108,13 +95,13 @@ static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
   r->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (r->fd < 0) {
     int e = errno, code = e == ENOENT || e == ENOTDIR ? SF_ENOENT : SF_EIO;
-    set_error(error, code, r->url, -1, "cannot open shard: %s — check the path in the shard list",
+    SET_ERROR(error, code, r->url, -1, "cannot open shard: %s — check the path in the shard list",
               strerror(e));
     return code;
   }
   struct stat st;
   if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    set_error(error, SF_EIO, r->url, -1,
+    SET_ERROR(error, SF_EIO, r->url, -1,
               "is a directory, not a tar shard — list the .tar files inside it "
               "(e.g. dir/shard-{0..9}.tar)");
     return SF_EIO;
@@ -134,7 +121,7 @@ static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
       return n;
     }
     if (errno == EINTR) continue;
-    set_error(error, SF_EIO, r->url, r->offset, "read failed: %s", strerror(errno));
+    SET_ERROR(error, SF_EIO, r->url, r->offset, "read failed: %s", strerror(errno));
     return SF_EIO;
   }
 }
@@ -144,7 +131,7 @@ static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
 static int open_pipe(sf_shard_reader *r, sf_error *error) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    set_error(error, SF_EIO, r->url, -1, "cannot create a pipe: %s", strerror(errno));
+    SET_ERROR(error, SF_EIO, r->url, -1, "cannot create a pipe: %s", strerror(errno));
     return SF_EIO;
   }
   posix_spawn_file_actions_t actions;
@@ -172,7 +159,7 @@ static int open_pipe(sf_shard_reader *r, sf_error *error) {
   if (e != 0) {
     close(fds[0]);
     r->pid = 0;
-    set_error(error, SF_EIO, r->url, -1, "cannot start /bin/sh for the pipe command: %s",
+    SET_ERROR(error, SF_EIO, r->url, -1, "cannot start /bin/sh for the pipe command: %s",
               strerror(e));
     return SF_EIO;
   }
@@ -192,11 +179,11 @@ static int reap_pipe(sf_shard_reader *r, sf_error *error) {
   if (w < 0) return 0;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
   if (WIFEXITED(status))
-    set_error(error, SF_EIO, r->url, r->offset,
+    SET_ERROR(error, SF_EIO, r->url, r->offset,
               "pipe command `%s` exited with status %d — run it by hand to see why",
               r->command, WEXITSTATUS(status));
   else
-    set_error(error, SF_EIO, r->url, r->offset,
+    SET_ERROR(error, SF_EIO, r->url, r->offset,
               "pipe command `%s` was killed by signal %d — run it by hand to see why", r->command,
               WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   return SF_EIO;
@@ -287,35 +274,35 @@ static int http_result(sf_shard_reader *r, sf_error *error) {
   switch (r->result) {
   case CURLE_HTTP_RETURNED_ERROR:
     if (status == 404 || status == 410) {
-      set_error(error, SF_ENOENT, r->url, r->offset,
+      SET_ERROR(error, SF_ENOENT, r->url, r->offset,
                 "HTTP %ld: the server has no such shard (%s) — check the URL and the shard list",
                 status, text);
       return SF_ENOENT;
     }
-    set_error(error, SF_ENET, r->url, r->offset,
+    SET_ERROR(error, SF_ENET, r->url, r->offset,
               "HTTP %ld from the server (%s) — check access rights and the server's logs", status,
               text);
     return SF_ENET;
   case CURLE_OPERATION_TIMEDOUT:
-    set_error(error, SF_ETIMEDOUT, r->url, r->offset,
+    SET_ERROR(error, SF_ETIMEDOUT, r->url, r->offset,
               "timed out (%s) — the server is unreachable or stalled; raise connect_timeout / "
               "stall_timeout on tar_split if it is just slow",
               text);
     return SF_ETIMEDOUT;
   case CURLE_OUT_OF_MEMORY:
   case CURLE_WRITE_ERROR:
-    set_error(error, SF_ENOMEM, r->url, r->offset, "out of memory while downloading (%s)", text);
+    SET_ERROR(error, SF_ENOMEM, r->url, r->offset, "out of memory while downloading (%s)", text);
     return SF_ENOMEM;
   case CURLE_UNSUPPORTED_PROTOCOL:
-    set_error(error, SF_EDENIED, r->url, r->offset,
+    SET_ERROR(error, SF_EDENIED, r->url, r->offset,
               "refused to follow (%s): only http and https URLs are fetched, redirects included",
               text);
     return SF_EDENIED;
   default:
     if (status >= 400)
-      set_error(error, SF_ENET, r->url, r->offset, "HTTP %ld, then: %s", status, text);
+      SET_ERROR(error, SF_ENET, r->url, r->offset, "HTTP %ld, then: %s", status, text);
     else
-      set_error(error, SF_ENET, r->url, r->offset,
+      SET_ERROR(error, SF_ENET, r->url, r->offset,
                 "download failed: %s — check that the host name resolves and the server is "
                 "running and reachable",
                 text);
@@ -406,7 +393,7 @@ static int wait_first(sf_shard_reader *r, sf_error *error) {
 static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
   pthread_once(&curl_once, curl_init);
   if (curl_init_result != CURLE_OK) {
-    set_error(error, SF_ENET, r->url, -1, "libcurl did not initialise: %s",
+    SET_ERROR(error, SF_ENET, r->url, -1, "libcurl did not initialise: %s",
               curl_easy_strerror(curl_init_result));
     return SF_ENET;
   }
@@ -436,7 +423,7 @@ static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_er
   bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
   bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
   if (bad) {
-    set_error(error, SF_EINVAL, r->url, -1,
+    SET_ERROR(error, SF_EINVAL, r->url, -1,
               "libcurl refused the transfer options (is libcurl older than 7.85?)");
     return SF_EINVAL;
   }
@@ -469,13 +456,13 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
                          const sf_shard_reader_options *options, sf_error *error) {
   *reader = NULL;
   if (!url || !*url) {
-    set_error(error, SF_EINVAL, "", -1, "empty shard URL — check the shard list");
+    SET_ERROR(error, SF_EINVAL, "", -1, "empty shard URL — check the shard list");
     return SF_EINVAL;
   }
   sf_shard_reader *r = calloc(1, sizeof *r);
   if (!r || !(r->url = strdup(url))) {
     free(r);
-    set_error(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+    SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
     return SF_ENOMEM;
   }
   r->fd = -1;
@@ -484,7 +471,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     r->kind = KIND_PIPE;
     r->command = r->url + 5;
     if (!options || !options->allow_pipe) {
-      set_error(error, SF_EDENIED, url, -1,
+      SET_ERROR(error, SF_EDENIED, url, -1,
                 "pipe: URLs run shell commands and are off by default — set `allow_pipe: true` "
                 "on shard_source if you trust the shard list");
       rc = SF_EDENIED;
@@ -498,7 +485,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     r->kind = KIND_FILE;
     char *path = file_url_path(url);
     if (!path) {
-      set_error(error, SF_EINVAL, url, -1,
+      SET_ERROR(error, SF_EINVAL, url, -1,
                 "a file URL needs an absolute path (file:///data/shard.tar)");
       rc = SF_EINVAL;
     } else {
@@ -506,7 +493,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
       free(path);
     }
   } else if (has_scheme(url)) {
-    set_error(error, SF_EUNSUPPORTED, url, -1,
+    SET_ERROR(error, SF_EUNSUPPORTED, url, -1,
               "unsupported URL scheme — use a path, file://, http://, https:// or "
               "pipe:CMD (e.g. pipe:aws s3 cp URL - with allow_pipe)");
     rc = SF_EUNSUPPORTED;
@@ -516,7 +503,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
   }
   if (rc < 0) {
     if (rc == SF_ENOMEM && error && error->code != SF_ENOMEM)
-      set_error(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+      SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
     sf_shard_reader_close(&r);
     return rc;
   }

@@ -10,6 +10,10 @@
 
 #include "engine/tar_reader.h"
 
+/* An error about this shard and key: no stage, no graph line. */
+#define SET_ERROR(error, code, url, key, offset, ...) \
+  sf_error_set(error, code, NULL, url, key, offset, -1, __VA_ARGS__)
+
 /* Larger members are refused: one field is one allocation, and no trainer's sample is that big. */
 #define MEMBER_MAX ((int64_t)1 << 30)
 /* Most bytes read after the end-of-archive blocks to reach the source's end. */
@@ -41,23 +45,6 @@ struct sf_tar_reader {
   char last_key[128];       /* for messages */
 };
 
-static void set_error(sf_error *error, int code, const char *url, const char *key, int64_t offset,
-                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-
-static void set_error(sf_error *error, int code, const char *url, const char *key, int64_t offset,
-                      const char *fmt, ...) {
-  if (!error) return;
-  memset(error, 0, sizeof *error);
-  error->code = code;
-  error->offset = offset;
-  error->line = -1;
-  snprintf(error->url, sizeof error->url, "%s", url ? url : "");
-  snprintf(error->key, sizeof error->key, "%s", key ? key : "");
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error->message, sizeof error->message, fmt, ap);
-  va_end(ap);
-}
 
 static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
   sf_tar_reader *t = opaque;
@@ -96,7 +83,7 @@ static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  set_error(&t->fatal, code, t->url_text, t->last_key, offset, "%s", message);
+  SET_ERROR(&t->fatal, code, t->url_text, t->last_key, offset, "%s", message);
   t->failed = code;
   return code;
 }
@@ -190,7 +177,7 @@ static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int co
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  set_error(error, code, t->url_text, t->last_key, t->offset, "%s", message);
+  SET_ERROR(error, code, t->url_text, t->last_key, t->offset, "%s", message);
 }
 
 /* Moves the pending member into sample as an encoded field (or drops it with a problem). */
@@ -343,7 +330,7 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   t->url = sf_buffer_new(len + 1);
   t->archive = archive_read_new();
   if (!t->url || !t->archive) {
-    set_error(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
     return SF_ENOMEM;
   }
   memcpy(sf_buffer_data(t->url), url, len + 1);
@@ -371,7 +358,7 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
   *reader = NULL;
   sf_tar_reader *t = calloc(1, sizeof *t);
   if (!t) {
-    set_error(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
     return SF_ENOMEM;
   }
   int rc = sf_shard_reader_open(&t->source, url, options, error);
@@ -389,7 +376,7 @@ int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t s
   *reader = NULL;
   sf_tar_reader *t = calloc(1, sizeof *t);
   if (!t) {
-    set_error(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
     return SF_ENOMEM;
   }
   t->memory = data;

@@ -2,6 +2,7 @@
 #ifndef SHARDFLOW_ERROR_H
 #define SHARDFLOW_ERROR_H
 
+#include <stdarg.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -78,6 +79,20 @@ typedef struct sf_error {
   int64_t line;          /**< line in the graph file, or -1 */
   char message[512];     /**< what happened and what to do */
 } sf_error;
+
+/**
+ * Fills *error (when not NULL): code, the stage, URL and key (NULL = ""), the
+ * byte offset and graph-file line (-1 = none), and the message from fmt.
+ * Strings longer than their fields are cut.  Returns code, so a caller can
+ * `return sf_error_set(...)`.
+ */
+SF_API int sf_error_set(sf_error *error, int code, const char *stage, const char *url, const char *key,
+                        int64_t offset, int64_t line, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+
+/** sf_error_set() with a va_list. */
+SF_API int sf_error_setv(sf_error *error, int code, const char *stage, const char *url, const char *key,
+                         int64_t offset, int64_t line, const char *fmt, va_list args);
 
 /**
  * Formats a record as one line: "stage: url @ offset (key): message".

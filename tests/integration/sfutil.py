@@ -99,8 +99,8 @@ def free_port():
 
 
 @contextlib.contextmanager
-def nginx(root):
-    """Serves root over HTTP on a free loopback port; yields the base URL."""
+def nginx(root, locations=""):
+    """Serves root over HTTP on a free loopback port (plus extra `location` blocks); yields the base URL."""
     run_dir = tempfile.mkdtemp(prefix="sf-nginx-")
     port = free_port()
     user = "user root;" if os.geteuid() == 0 else ""
@@ -120,7 +120,7 @@ http {{
   fastcgi_temp_path {run_dir}/fastcgi;
   uwsgi_temp_path {run_dir}/uwsgi;
   scgi_temp_path {run_dir}/scgi;
-  server {{ listen 127.0.0.1:{port}; root {root}; }}
+  server {{ listen 127.0.0.1:{port}; root {root}; {locations} }}
 }}
 """)
     proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", run_dir], stderr=subprocess.PIPE)

@@ -12,7 +12,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, free_port, run  # noqa: E402
+from sfutil import Checks, nginx, run  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-http-")
@@ -36,48 +36,13 @@ write_shard(os.path.join(root, "big.tar"), "big", 40, 150_000)
 subprocess.run(["gzip", "-k", os.path.join(root, "shard-0.tar")], check=True)
 
 
-def start_nginx():
-    """nginx in the foreground, one process, on a free loopback port. Returns (process, base URL)."""
-    run_dir = os.path.join(tmp, "nginx")
-    os.makedirs(run_dir, exist_ok=True)
-    port = free_port()
-    conf = os.path.join(run_dir, "nginx.conf")
-    with open(conf, "w") as f:
-        f.write(f"""{"user root;" if os.geteuid() == 0 else ""}
-daemon off;
-master_process off;
-worker_processes 1;
-error_log {run_dir}/error.log;
-pid {run_dir}/nginx.pid;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  client_body_temp_path {run_dir}/body;
-  proxy_temp_path {run_dir}/proxy;
-  fastcgi_temp_path {run_dir}/fastcgi;
-  uwsgi_temp_path {run_dir}/uwsgi;
-  scgi_temp_path {run_dir}/scgi;
-  server {{
-    listen 127.0.0.1:{port};
-    root {root};
+# Redirects and error statuses next to the shards.
+LOCATIONS = f"""
     location = /moved.tar {{ return 302 /shard-1.tar; }}
     location = /to-file.tar {{ return 302 file://{root}/shard-1.tar; }}
     location = /forbidden.tar {{ return 403; }}
     location = /broken.tar {{ return 500; }}
-  }}
-}}
-""")
-    proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", run_dir], stderr=subprocess.PIPE)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("nginx did not start: " + proc.stderr.read().decode())
+"""
 
 
 def ls(*urls, expect=0):
@@ -115,8 +80,7 @@ class CutServer:
             self.sock.close()
 
 
-proc, base = start_nginx()
-try:
+with nginx(root, LOCATIONS) as base:
     # The same samples over HTTP as from the local files, in order, offsets included.
     local, _, _ = ls(os.path.join(root, "shard-{0..2}.tar"), os.path.join(root, "big.tar"))
     remote, p, _ = ls(base + "/shard-{0..2}.tar", base + "/big.tar")
@@ -141,10 +105,6 @@ try:
     _, p, _ = ls(base + "/to-file.tar", expect=1)
     check("to-file.tar" in p.stderr and ("http" in p.stderr or "protocol" in p.stderr.lower()),
           f"a redirect to file:// is refused: {p.stderr}")
-finally:
-    proc.kill()
-    proc.wait()
-    shutil.rmtree(os.path.join(tmp, "nginx"), ignore_errors=True)
 
 # A server that is gone: refused at once, with a clear message.
 _, p, took = ls("http://127.0.0.1:1/x.tar", expect=1)
