@@ -10,7 +10,7 @@ import tarfile
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, nginx, read_batches, run, write_graph, write_shard  # noqa: E402
+from sfutil import Checks, make_dataset, nginx, read_batches, run, write_graph  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-bad-")
@@ -20,7 +20,6 @@ good = [os.path.join(tmp, f"shard-{i:06d}.tar") for i in range(4)]
 # shard 0: a member in the middle whose header is garbage (corrupt tar)
 corrupt = os.path.join(tmp, "corrupt.tar")
 data = bytearray(open(good[0], "rb").read())
-offset = 512 * 2 * 5 + 1024 * 5  # somewhere past the fifth sample
 hdr = data.find(b"0000005.ppm")
 data[hdr:hdr + 512] = b"\xde\xad\xbe\xef" * 128
 open(corrupt, "wb").write(bytes(data))
