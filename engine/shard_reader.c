@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -390,6 +391,13 @@ static int wait_first(sf_shard_reader *r, sf_error *error) {
   return empty_end ? http_result(r, error) : 0;
 }
 
+/* A deep socket buffer: the sender streams on while this side parses, with fewer wake-ups. */
+static int big_receive_buffer(void *opaque, curl_socket_t fd, curlsocktype purpose) {
+  int size = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  return CURL_SOCKOPT_OK;
+}
+
 static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
   pthread_once(&curl_once, curl_init);
   if (curl_init_result != CURLE_OK) {
@@ -422,6 +430,7 @@ static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_er
   bad |= curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
   bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
   bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
+  bad |= curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, big_receive_buffer);
   if (bad) {
     SET_ERROR(error, SF_EINVAL, r->url, -1,
               "libcurl refused the transfer options (is libcurl older than 7.85?)");
