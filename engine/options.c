@@ -207,10 +207,10 @@ int sf_option_parse(const sf_option *o, const char *text, void *priv, char *why,
     break;
   }
   case SF_OPT_INT: {
-    char buf[64], *end;
+    char buf[64], *end = NULL;
     errno = 0;
     long long v = strip_underscores(skip_space(text), buf, sizeof buf) ? strtoll(buf, &end, 0) : 0;
-    if (!buf[0] || errno || !only_space(end)) {
+    if (!end || end == buf || errno || !only_space(end)) {
       snprintf(why, n, "'%s' is not an integer for %s", text, o->name);
       r = SF_EOPTION;
     } else if ((r = out_of_range(o, (double)v, why, n)) == 0) {

@@ -96,6 +96,9 @@ static void test_errors(void **state) {
   assert_int_equal(parse(&o, "i", "11", why), SF_EOPTION);
   assert_non_null(strstr(why, "-10..10"));
   assert_int_equal(parse(&o, "i", "abc", why), SF_EOPTION);
+  assert_int_equal(parse(&o, "i", "1234567890123456789012345678901234567890123456789012345678901234567890", why),
+                   SF_EOPTION); /* longer than the parser's buffer (found by fuzz_graph) */
+  assert_int_equal(parse(&o, "i", "", why), SF_EOPTION);
   assert_non_null(strstr(why, "not an integer"));
   assert_int_equal(parse(&o, "e", "purple", why), SF_EOPTION);
   assert_non_null(strstr(why, "red|green|blue"));
