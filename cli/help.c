@@ -18,7 +18,8 @@ int sf_cli_help(int argc, char **argv) {
     printf("stages (shardflow help STAGE for options):\n");
     while ((def = sf_stage_iterate(&it))) printf("  %-14s %s\n", def->name, def->summary);
     printf("\ngraph settings: seed (seed), epochs (count, 0 = forever), error_policy (skip|fail),\n"
-           "queue_size (count, items per edge); every stage also takes `name`, and map stages `replicas`.\n");
+           "queue_size (count, items per edge), threads (count, pool workers, 0 = CPUs);\n"
+           "every stage also takes `name`, and map stages `replicas`.\n");
     return 0;
   }
   int status = 0;

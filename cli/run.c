@@ -42,12 +42,12 @@ static void print_summary(const sf_pipeline *p) {
   sf_node_stats stats[64];
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
-  fprintf(stderr, "\n%-14s %-13s %4s %12s %12s %9s %9s %7s %8s\n", "node", "stage", "reps", "items", "MiB", "busy s",
-          "wait s", "errors", "skipped");
+  fprintf(stderr, "\n%-14s %-13s %4s %12s %12s %9s %7s %8s\n", "node", "stage", "reps", "items", "MiB", "busy s",
+          "errors", "skipped");
   for (int i = 0; i < n; i++) {
     const sf_node_stats *s = &stats[i];
-    fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu\n", s->name, s->type, s->replicas,
-            (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds,
+    fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %7llu %8llu\n", s->name, s->type, s->replicas,
+            (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds,
             (unsigned long long)s->errors, (unsigned long long)s->skipped);
   }
 }
@@ -79,10 +79,14 @@ int sf_cli_run(int argc, char **argv) {
       options.epochs = e;
       i++;
     } else if (strcmp(a, "--rank") == 0 && v) {
-      options.rank = atoi(v);
+      int64_t x;
+      if (sf_parse_count(v, &x) < 0 || x > 1 << 20) goto bad;
+      options.rank = (int)x;
       i++;
     } else if (strcmp(a, "--world-size") == 0 && v) {
-      options.world_size = atoi(v);
+      int64_t x;
+      if (sf_parse_count(v, &x) < 0 || x < 1 || x > 1 << 20) goto bad;
+      options.world_size = (int)x;
       i++;
     } else if (strcmp(a, "--log-steps") == 0 && v) {
       log_steps = atol(v);

@@ -11,16 +11,15 @@ struct sf_buffer {
   size_t size;
   sf_buffer_free_fn free_fn;
   void *opaque;
-  /* inline data follows, aligned to 64 bytes, when allocated by sf_buffer_new */
+  /* sf_buffer_new's data follows the 64-byte header (16-byte aligned, as malloc's) */
 };
 
 enum { HEADER_SIZE = 64 };
 _Static_assert(sizeof(struct sf_buffer) <= HEADER_SIZE, "sf_buffer header must fit in 64 bytes");
 
 sf_buffer *sf_buffer_new(size_t size) {
-  if (size > SIZE_MAX - HEADER_SIZE - 64) return NULL;
-  size_t total = (HEADER_SIZE + size + 63) & ~(size_t)63;
-  sf_buffer *b = malloc(total);
+  if (size > SIZE_MAX - HEADER_SIZE) return NULL;
+  sf_buffer *b = malloc(HEADER_SIZE + size);
   if (!b) return NULL;
   atomic_init(&b->refs, 1);
   b->data = (uint8_t *)b + HEADER_SIZE;
@@ -51,7 +50,7 @@ void sf_buffer_unref(sf_buffer **pb) {
   sf_buffer *b = *pb;
   *pb = NULL;
   if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
-  if (b->data != (uint8_t *)b + HEADER_SIZE && b->free_fn) b->free_fn(b->opaque, b->data);
+  if (b->free_fn) b->free_fn(b->opaque, b->data); /* wrapped memory; sf_buffer_new's has none */
   free(b);
 }
 

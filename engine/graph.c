@@ -340,7 +340,7 @@ static int chain_order(const sf_graph *g, int *order, sf_error *e) {
     start = i;
   }
   int count = 0;
-  for (int i = start; r == 0 && i >= 0 && count <= n; i = next[i]) order[count++] = i;
+  for (int i = start; r == 0 && i >= 0 && count < n; i = next[i]) order[count++] = i;
   if (r == 0 && count != n)
     r = sf_graph_error(e, SF_EGRAPH, g, -1, "the edges do not join all %d nodes into one chain (a cycle?)", n);
   free(next);

@@ -68,9 +68,10 @@ int sf_graph_set_setting(sf_graph *graph, const char *key, const char *value, in
 
 /*
  * Resolves stage definitions and the execution order (edges, or file order),
- * checking port kinds and replicas. On success order[i] is the i-th node of
- * the chain (source first) and defs[i] its definition; both arrays have
- * n_nodes entries and are owned by the caller (free()).
+ * checking port kinds and replicas. On success order[k] is the graph index of
+ * the k-th node of the chain (source first) and defs[i] the definition of
+ * graph node i; both arrays have n_nodes entries and are owned by the caller
+ * (free()).
  */
 int sf_graph_resolve(const sf_graph *graph, int **order, const sf_stage_def ***defs, sf_error *error);
 

@@ -6,7 +6,8 @@
 
 #include "engine/graph.h"
 
-enum { MAX_GRAPH_FILE = 1 << 20 };
+/* Bounds on what a graph file may ask for: aliases can make a small file name huge graphs. */
+enum { MAX_GRAPH_FILE = 1 << 20, MAX_STAGES = 1024, MAX_STAGE_KEYS = 128 };
 
 typedef struct reader {
   yaml_document_t *doc;
@@ -60,6 +61,9 @@ static int read_stage(reader *r, const yaml_node_t *m) {
   if (m->type != YAML_MAPPING_NODE)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m),
                           "each entry of `stages` is a mapping with `type:` and options");
+  if (m->data.mapping.pairs.top - m->data.mapping.pairs.start > MAX_STAGE_KEYS)
+    return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m), "a stage entry has more than %d keys",
+                          MAX_STAGE_KEYS);
   const char *type = NULL, *name = NULL;
   const yaml_node_t *replicas = NULL;
   for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
@@ -141,11 +145,15 @@ static int read_top(reader *r, const yaml_node_t *root) {
       if (v->type != YAML_SEQUENCE_NODE)
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "`stages` is a list of stage entries");
       have_stages = true;
+      if (v->data.sequence.items.top - v->data.sequence.items.start > MAX_STAGES)
+        return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d stages", MAX_STAGES);
       for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top && !rc; it++)
         rc = read_stage(r, yaml_document_get_node(r->doc, *it));
     } else if (strcmp(k, "edges") == 0) {
       if (v->type != YAML_SEQUENCE_NODE)
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "`edges` is a list of `from -> to` entries");
+      if (v->data.sequence.items.top - v->data.sequence.items.start > MAX_STAGES)
+        return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d edges", MAX_STAGES);
       for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top && !rc; it++)
         rc = read_edge(r, yaml_document_get_node(r->doc, *it));
     } else if (!scalar(v)) {
@@ -203,8 +211,14 @@ int sf_graph_load_file(sf_graph **pg, const char *path, sf_error *error) {
   }
   char *text = malloc(MAX_GRAPH_FILE + 1);
   size_t n = text ? fread(text, 1, MAX_GRAPH_FILE + 1, f) : 0;
+  bool failed = ferror(f);
   fclose(f);
   if (!text) return SF_ENOMEM;
+  if (failed) {
+    free(text);
+    sf_graph tmp = {.path = (char *)path};
+    return sf_graph_error(error, SF_EIO, &tmp, -1, "cannot read the graph file (a directory?)");
+  }
   if (n > MAX_GRAPH_FILE) {
     free(text);
     sf_graph tmp = {.path = (char *)path};

@@ -60,6 +60,8 @@ void sf_node_close_epoch(sf_node *n, uint64_t epoch) {
 
 uint64_t sf_node_epochs_closed(const sf_node *n) { return atomic_load(&n->ctx->epochs_closed); }
 
+bool sf_node_cancelled(const sf_node *n) { return atomic_load(&n->ctx->stop); }
+
 void sf_node_count_output(sf_node *n, uint64_t items, uint64_t bytes) {
   atomic_fetch_add_explicit(&n->items, items, memory_order_relaxed);
   atomic_fetch_add_explicit(&n->bytes, bytes, memory_order_relaxed);
@@ -106,21 +108,29 @@ static int pop_port(sf_port *p, sf_item *item) {
   }
 }
 
-static void push_port(sf_port *p, sf_item *item) {
-  if (p->n == 1) {
-    sf_queue_push(p->queues[0], item);
-    return;
-  }
+/* Returns 0, or SF_ENOMEM when an item was lost (the queue could not grow). */
+static int push_port(sf_port *p, sf_item *item) {
+  if (p->n == 1) return sf_queue_push(p->queues[0], item);
+  int r = 0;
   if (item->kind == SF_ITEM_EPOCH_END) {
     for (int i = 0; i < p->n; i++) {
       sf_item copy = *item;
-      sf_queue_push(p->queues[i], &copy);
+      r |= sf_queue_push(p->queues[i], &copy);
     }
     item->kind = SF_ITEM_NONE;
-    return;
+    return r ? SF_ENOMEM : 0;
   }
-  sf_queue_push(p->queues[p->rr], item);
+  r = sf_queue_push(p->queues[p->rr], item);
   p->rr = (p->rr + 1) % p->n;
+  return r;
+}
+
+/* Nothing is lost silently: an item the queue could not take is an error record. */
+static void push_or_report(sf_node *n, sf_item *item) {
+  bool sample = item->kind == SF_ITEM_SAMPLE;
+  if (push_port(&n->out, item) == 0) return;
+  sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: an item on the way out of this node was dropped");
+  if (sample) sf_node_count_skipped(n, 1);
 }
 
 bool sf_port_can_push(sf_port *p) { return p->n == 0 || sf_queue_can_push(p->queues[p->rr]); }
@@ -132,7 +142,7 @@ int sf_node_pop(sf_node *n, sf_item *item) {
     int r = pop_port(&n->in, item);
     if (r < 0) return r;
     if (map && item->kind == SF_ITEM_EPOCH_END) {
-      push_port(&n->out, item); /* map stages keep no state: the marker passes straight on */
+      push_or_report(n, item); /* map stages keep no state: the marker passes straight on */
       continue;
     }
     if (map) n->popped++;
@@ -147,7 +157,7 @@ void sf_node_push(sf_node *n, sf_item *item) {
     return;
   }
   if (item->kind == SF_ITEM_SAMPLE || item->kind == SF_ITEM_BATCH) n->pushed++;
-  push_port(&n->out, item);
+  push_or_report(n, item);
 }
 
 bool sf_node_output_ready(const sf_node *n) { return sf_port_can_push((sf_port *)&n->out); }
@@ -159,12 +169,9 @@ int sf_node_step(sf_node *n) {
     /* A dropped sample leaves a hole so round-robin readers stay in step. */
     for (; n->pushed < n->popped; n->pushed++) {
       sf_item hole = {.kind = SF_ITEM_NONE};
-      if (n->out.n == 1) {
-        sf_queue_push(n->out.queues[0], &hole);
-      } else {
-        sf_queue_push(n->out.queues[n->out.rr], &hole);
-        n->out.rr = (n->out.rr + 1) % n->out.n;
-      }
+      sf_queue *q = n->out.queues[n->out.n == 1 ? 0 : n->out.rr];
+      if (n->out.n > 1) n->out.rr = (n->out.rr + 1) % n->out.n;
+      if (sf_queue_push(q, &hole) < 0) sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");
     }
   }
   return r;

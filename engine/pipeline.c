@@ -27,7 +27,6 @@ struct sf_pipeline {
   atomic_uint_fast64_t sched_version;
   atomic_int sleepers;
   atomic_int live_nodes;
-  double idle_seconds;
   uint64_t epoch;
   bool done;
 };
@@ -46,18 +45,31 @@ void sf_pipeline_options_init(sf_pipeline_options *o) {
   o->first_epoch = 0;
 }
 
-static int env_int(const char *a, const char *b, int fallback) {
-  const char *v = getenv(a);
-  if (!v || !*v) v = getenv(b);
-  if (!v || !*v) return fallback;
+/*
+ * The first of two environment variables that is set (torchrun's, then Slurm's),
+ * else fallback. A value that is not a whole number is an error, not a silent 0:
+ * every rank reading the same shards would be worse than stopping.
+ */
+static int env_int(const char *a, const char *b, int fallback, int *out, sf_error *error) {
+  const char *name = a, *v = getenv(a);
+  if (!v || !*v) v = getenv(name = b);
+  if (!v || !*v) {
+    *out = fallback;
+    return 0;
+  }
   char *end;
   long x = strtol(v, &end, 10);
-  return (*end || x < 0 || x > 1 << 20) ? fallback : (int)x;
+  if (end == v || *end || x < 0 || x > 1 << 20)
+    return sf_error_set(error, SF_EOPTION, NULL, NULL, NULL, -1, -1,
+                        "environment variable %s='%s' is not a rank or world size (a whole number)", name, v);
+  *out = (int)x;
+  return 0;
 }
 
 static void notify(sf_pipeline *p);
 
 static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
+  if (atomic_load(&p->ctx.stop)) return; /* stopping: a step cut short is not a failure */
   if (atomic_load(&n->errors) == errors_before) {
     sf_error e;
     memset(&e, 0, sizeof e);
@@ -80,7 +92,6 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
  * the source (draining first keeps memory low), takes a node nobody runs,
  * steps it while it makes progress and its output has room, and moves on.
  * A worker that finds nothing to do sleeps until some node made progress.
- * Nodes flagged SF_STAGE_BLOCKING (network reads) get a thread of their own.
  */
 enum { STEPS_PER_TURN = 256 };
 
@@ -129,7 +140,7 @@ static void *pool_worker(void *arg) {
     int progress = 0;
     for (int i = p->n_nodes - 1; i >= 0; i--) {
       sf_node *n = p->nodes[i];
-      if ((n->def->flags & SF_STAGE_BLOCKING) || atomic_load(&n->done)) continue;
+      if (atomic_load(&n->done)) continue;
       if (atomic_exchange(&n->running, true)) continue;
       int steps = atomic_load(&n->done) ? 0 : run_turn(p, n);
       atomic_store(&n->running, false);
@@ -139,7 +150,6 @@ static void *pool_worker(void *arg) {
       }
     }
     if (progress) continue;
-    double t = now_seconds();
     pthread_mutex_lock(&p->sched_lock);
     atomic_fetch_add(&p->sleepers, 1);
     if (atomic_load(&p->sched_version) == version && !atomic_load(&p->ctx.stop)) {
@@ -154,33 +164,6 @@ static void *pool_worker(void *arg) {
     }
     atomic_fetch_sub(&p->sleepers, 1);
     pthread_mutex_unlock(&p->sched_lock);
-    p->idle_seconds += now_seconds() - t; /* approximate: workers add without a lock */
-  }
-  return NULL;
-}
-
-/* A node that may block on I/O: its own thread, waiting on its queues. */
-static void *blocking_thread(void *arg) {
-  sf_node *n = arg;
-  sf_pipeline *p = n->pipeline;
-  while (!atomic_load(&p->ctx.stop) && !atomic_load(&n->done)) {
-    if (!sf_port_can_push(&n->out)) {
-      double t = now_seconds();
-      sf_queue_wait_writable(n->out.queues[n->out.rr], &p->ctx.stop);
-      n->wait_seconds += now_seconds() - t;
-      continue;
-    }
-    int steps = run_turn(p, n);
-    if (steps) {
-      notify(p);
-      continue;
-    }
-    if (atomic_load(&n->done)) break;
-    if (n->in.n) {
-      double t = now_seconds();
-      sf_queue_wait_readable(n->in.queues[n->in.rr], &p->ctx.stop, 0.05);
-      n->wait_seconds += now_seconds() - t;
-    }
   }
   return NULL;
 }
@@ -349,12 +332,22 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   c->epochs = options->epochs >= 0 ? (uint64_t)options->epochs : (uint64_t)p->graph->epochs;
   c->first_epoch = options->first_epoch;
   c->error_policy = p->graph->error_policy;
-  c->rank = options->rank >= 0 ? options->rank : env_int("RANK", "SLURM_PROCID", 0);
-  c->world_size = options->world_size > 0 ? options->world_size : env_int("WORLD_SIZE", "SLURM_NTASKS", 1);
+  int r = 0;
+  if (options->rank >= 0)
+    c->rank = options->rank;
+  else
+    r = env_int("RANK", "SLURM_PROCID", 0, &c->rank, error);
+  if (r == 0 && options->world_size > 0)
+    c->world_size = options->world_size;
+  else if (r == 0)
+    r = env_int("WORLD_SIZE", "SLURM_NTASKS", 1, &c->world_size, error);
+  if (r < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
   if (c->world_size < 1) c->world_size = 1;
   atomic_init(&c->epochs_closed, c->first_epoch);
   p->epoch = c->first_epoch;
-  int r;
   if (c->rank >= c->world_size) {
     r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
                        "rank %d is not below world size %d: check RANK/WORLD_SIZE or the rank options", c->rank,
@@ -382,16 +375,13 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   if (workers <= 0) workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (workers <= 0) workers = 1;
   atomic_store(&p->live_nodes, p->n_nodes);
-  p->threads = calloc((size_t)(p->n_nodes + workers), sizeof *p->threads);
+  p->threads = calloc((size_t)workers, sizeof *p->threads);
   if (!p->threads) {
     sf_pipeline_destroy(&p);
     return SF_ENOMEM;
   }
-  for (int i = 0; i < p->n_nodes + workers; i++) {
-    bool worker = i >= p->n_nodes;
-    if (!worker && !(p->nodes[i]->def->flags & SF_STAGE_BLOCKING)) continue;
-    if (pthread_create(&p->threads[p->n_threads], NULL, worker ? pool_worker : blocking_thread,
-                       worker ? (void *)p : (void *)p->nodes[i]) != 0) {
+  for (int i = 0; i < workers; i++) {
+    if (pthread_create(&p->threads[p->n_threads], NULL, pool_worker, p) != 0) {
       r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread");
       sf_pipeline_destroy(&p);
       return r;
@@ -459,7 +449,6 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->errors += atomic_load(&n->errors);
     s->skipped += atomic_load(&n->skipped);
     s->busy_seconds += n->busy_seconds;
-    s->wait_seconds += n->wait_seconds;
   }
   return count;
 }

@@ -46,13 +46,12 @@ static bool grow(sf_queue *q) {
   return true;
 }
 
-void sf_queue_push(sf_queue *q, sf_item *item) {
+int sf_queue_push(sf_queue *q, sf_item *item) {
   pthread_mutex_lock(&q->lock);
   if (q->count == q->cap_alloc && !grow(q)) {
-    /* Out of memory while over the soft bound: the item cannot be kept. */
     pthread_mutex_unlock(&q->lock);
     sf_item_clear(item);
-    return;
+    return SF_ENOMEM;
   }
   q->ring[(q->head + q->count) % q->cap_alloc] = *item;
   q->count++;
@@ -65,6 +64,7 @@ void sf_queue_push(sf_queue *q, sf_item *item) {
   }
   pthread_mutex_unlock(&q->lock);
   item->kind = SF_ITEM_NONE;
+  return 0;
 }
 
 int sf_queue_pop(sf_queue *q, sf_item *item) {

@@ -31,8 +31,9 @@ typedef struct sf_queue {
 int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers);
 void sf_queue_destroy(sf_queue *q);
 
-/* Appends item (consumed). */
-void sf_queue_push(sf_queue *q, sf_item *item);
+/* Appends item (consumed, also on failure). Returns 0, or SF_ENOMEM when the ring
+ * could not grow past its soft bound: the item was freed and the caller must report it. */
+int sf_queue_push(sf_queue *q, sf_item *item);
 /* 0 with *item, SF_EAGAIN when empty, SF_EOF when empty and every producer closed. */
 int sf_queue_pop(sf_queue *q, sf_item *item);
 bool sf_queue_can_push(sf_queue *q);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -34,6 +35,8 @@ struct sf_shard_reader {
   kind kind;
   char *url;
   int64_t offset;   /* bytes handed out so far */
+  bool (*cancelled)(void *opaque);
+  void *cancel_opaque;
   bool at_end;
   /* file and pipe */
   int fd;
@@ -114,8 +117,25 @@ static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
   return 0;
 }
 
+static bool cancelled(const sf_shard_reader *r) { return r->cancelled && r->cancelled(r->cancel_opaque); }
+
+static int cancel_error(sf_shard_reader *r, sf_error *error) {
+  return SET_ERROR(error, SF_ECANCELED, r->url, r->offset, "the pipeline is stopping");
+}
+
 static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
   for (;;) {
+    if (r->kind == KIND_PIPE) {
+      /* A command may take its time: wait in slices so a stopping pipeline is not held up. */
+      struct pollfd pfd = {.fd = r->fd, .events = POLLIN};
+      int ready = poll(&pfd, 1, 100);
+      if (ready < 0 && errno != EINTR)
+        return SET_ERROR(error, SF_EIO, r->url, r->offset, "poll failed: %s", strerror(errno));
+      if (ready <= 0) {
+        if (cancelled(r)) return cancel_error(r, error);
+        continue;
+      }
+    }
     ssize_t n = read(r->fd, r->chunk, FILE_CHUNK);
     if (n >= 0) {
       *data = r->chunk;
@@ -171,6 +191,7 @@ static int open_pipe(sf_shard_reader *r, sf_error *error) {
 
 /* Waits for the command; a non-zero exit means the shard is incomplete. */
 static int reap_pipe(sf_shard_reader *r, sf_error *error) {
+  if (r->pid <= 0) return 0; /* never waitpid(0): that would reap the embedding program's children */
   int status;
   pid_t w;
   do {
@@ -354,6 +375,19 @@ static void *fetch(void *arg) {
   return NULL;
 }
 
+/* Waits up to 100 ms for the fetcher (lock held). False when the caller asks to cancel. */
+static bool wait_slice(sf_shard_reader *r) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_nsec += 100 * 1000 * 1000;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  if (pthread_cond_timedwait(&r->changed, &r->lock, &deadline) == 0) return true;
+  return !cancelled(r);
+}
+
 /*
  * Takes the next block: releases the one handed out last time, then waits for
  * a complete block or the end of the transfer. Returns its size, 0 at the end,
@@ -366,7 +400,12 @@ static ssize_t read_http(sf_shard_reader *r, const void **data, sf_error *error)
     r->read_idx = (r->read_idx + 1) % HTTP_BLOCKS;
     pthread_cond_broadcast(&r->changed);
   }
-  while (r->ready == 0 && !r->done) pthread_cond_wait(&r->changed, &r->lock);
+  while (r->ready == 0 && !r->done) {
+    if (!wait_slice(r)) {
+      pthread_mutex_unlock(&r->lock);
+      return cancel_error(r, error);
+    }
+  }
   ssize_t n = 0;
   if (r->ready > 0) {
     r->ready--;
@@ -385,7 +424,12 @@ static ssize_t read_http(sf_shard_reader *r, const void **data, sf_error *error)
 /* Waits for the first block or the end: a 404 or a dead host shows at open. */
 static int wait_first(sf_shard_reader *r, sf_error *error) {
   pthread_mutex_lock(&r->lock);
-  while (r->ready == 0 && !r->done) pthread_cond_wait(&r->changed, &r->lock);
+  while (r->ready == 0 && !r->done) {
+    if (!wait_slice(r)) {
+      pthread_mutex_unlock(&r->lock);
+      return cancel_error(r, error);
+    }
+  }
   bool empty_end = r->ready == 0 && r->done;
   pthread_mutex_unlock(&r->lock);
   return empty_end ? http_result(r, error) : 0;
@@ -475,6 +519,10 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     return SF_ENOMEM;
   }
   r->fd = -1;
+  if (options) {
+    r->cancelled = options->cancelled;
+    r->cancel_opaque = options->cancel_opaque;
+  }
   int rc;
   if (strncmp(url, "pipe:", 5) == 0) {
     r->kind = KIND_PIPE;
@@ -530,6 +578,7 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
   } else {
     n = read_fd(r, data, error);
     if (n == 0 && r->kind == KIND_PIPE) {
+      r->at_end = true; /* reaped once, whatever the command's status */
       int rc = reap_pipe(r, error);
       if (rc < 0) return rc;
     }

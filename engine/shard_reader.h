@@ -14,6 +14,10 @@ typedef struct sf_shard_reader_options {
   bool allow_pipe;          /* pipe:CMD runs only when the graph opted in */
   double connect_timeout;   /* seconds; 0 = default (10 s) */
   double stall_timeout;     /* seconds without a byte before giving up; 0 = default (30 s) */
+  /* Asked every ~100 ms while a read waits (pipe output, the network): true ends the
+   * wait with SF_ECANCELED, so a stopping pipeline never waits on a hung source. */
+  bool (*cancelled)(void *opaque);
+  void *cancel_opaque;
 } sf_shard_reader_options;
 
 /*
@@ -29,7 +33,8 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
 /*
  * Returns the next chunk of bytes: > 0 bytes with *data pointing at them
  * (borrowed, valid until the next call), 0 at the end of the shard, or a
- * negative SF_E* code with *error naming the URL and the byte offset reached.
+ * negative SF_E* code (SF_EIO, SF_ENET, SF_ENOENT, SF_ETIMEDOUT, SF_ECANCELED...)
+ * with *error naming the URL and the byte offset reached.
  */
 ssize_t sf_shard_reader_read(sf_shard_reader *reader, const void **data, sf_error *error);
 

@@ -48,6 +48,10 @@ int sf_tensor_set_shape(sf_tensor *t, sf_dtype dtype, int ndim, const int64_t *s
     t->strides[i] = stride;
     stride *= shape[i];
   }
+  if (stride > INT64_MAX / (int64_t)sf_dtype_size(dtype)) { /* the byte count must fit too */
+    memset(t, 0, sizeof *t);
+    return SF_EINVAL;
+  }
   return 0;
 }
 

@@ -1,5 +1,6 @@
 /* tar_split: streams each shard (file, http(s), pipe) through libarchive and emits its samples one per step. */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "engine/tar_reader.h"
 #include "shardflow/stage.h"
@@ -14,6 +15,8 @@ typedef struct tar_split {
   uint64_t emitted;       /* samples emitted in that epoch */
   bool cut;               /* an epoch was ended at samples_per_epoch ... */
   uint64_t cut_epoch;     /* ... this one: shards of it or older are dropped */
+  uint64_t pass;          /* pass of the shards being read, within the epoch */
+  uint64_t pass_samples;  /* samples that pass yielded so far */
 } tar_split;
 
 static const sf_option options[] = {
@@ -30,6 +33,8 @@ static void close_shard(tar_split *t) {
   sf_shard_destroy(&t->shard);
 }
 
+static bool cancelled(void *node) { return sf_node_cancelled(node); }
+
 static int open_shard(sf_node *node, tar_split *t, sf_item *item) {
   sf_shard *shard = item->u.shard;
   item->u.shard = NULL;
@@ -43,16 +48,35 @@ static int open_shard(sf_node *node, tar_split *t, sf_item *item) {
     t->started = true;
     t->epoch = item->epoch;
     t->emitted = 0;
+    t->pass = shard->pass;
+    t->pass_samples = 0;
+  }
+  if (shard->pass != t->pass) {
+    /* Repeating passes to reach samples_per_epoch: a pass without a single sample would repeat forever. */
+    if (t->pass_samples == 0) {
+      char url[512];
+      snprintf(url, sizeof url, "%s", shard->url);
+      sf_shard_destroy(&shard);
+      sf_node_error(node, SF_ENOENT, url, NULL, -1,
+                    "a whole pass over this rank's shards yielded no sample, so samples_per_epoch can "
+                    "never be reached; check shard_source.urls and that members are named KEY.EXT");
+      return SF_ENOENT; /* whatever the error policy */
+    }
+    t->pass = shard->pass;
+    t->pass_samples = 0;
   }
   sf_shard_reader_options o = {
       .allow_pipe = shard->allow_pipe,
       .connect_timeout = t->connect_timeout,
       .stall_timeout = t->stall_timeout,
+      .cancelled = cancelled,
+      .cancel_opaque = node,
   };
   sf_error error;
   int rc = sf_tar_reader_open(&t->tar, shard->url, &o, &error);
   if (rc < 0) {
     sf_shard_destroy(&shard);
+    if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
     return sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
   }
   t->shard = shard;
@@ -76,6 +100,10 @@ static int read_sample(sf_node *node, tar_split *t) {
   }
   if (rc < 0) {
     sf_sample_destroy(&sample);
+    if (sf_node_cancelled(node)) {
+      close_shard(t);
+      return SF_EOF; /* stopping: not an error of the shard */
+    }
     bool recoverable = rc == SF_EDUP || rc == SF_ETOOBIG;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
@@ -92,6 +120,7 @@ static int read_sample(sf_node *node, tar_split *t) {
   sf_node_push(node, &out);
   sf_node_count_output(node, 1, bytes);
   t->emitted++;
+  t->pass_samples++;
   uint64_t quota = t->shard->samples_per_epoch;
   if (quota > 0 && t->emitted >= quota) {
     close_shard(t);

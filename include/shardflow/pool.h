@@ -12,7 +12,8 @@ extern "C" {
 #endif
 
 /**
- * A thread-safe pool of equally sized buffers.  A buffer taken from the pool
+ * A thread-safe pool of buffers, reused by exact size (a batch stage asks for
+ * the same size every time).  A buffer taken from the pool
  * goes back to it when its last reference is dropped, from any thread; the
  * pool itself is refcounted by its buffers, so a buffer (and a tensor over it)
  * that outlives the pipeline stays valid.  Fresh pages cost a page fault each

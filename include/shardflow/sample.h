@@ -142,7 +142,7 @@ SF_API int sf_field_materialize(sf_field *field);
 
 /**
  * Creates a batch for size samples with room for the keys. Returns NULL when
- * out of memory.  Fields are added by the caller.
+ * out of memory or size is negative.  Fields are added by the caller.
  */
 SF_API sf_batch *sf_batch_new(int64_t size);
 /** Frees *batch and its tensors' references; sets it to NULL. NULL-safe. */

@@ -29,9 +29,11 @@ typedef struct sf_graph sf_graph;
 /**
  * Reads a YAML graph file (format: docs/graph-files.md).
  * On success *graph is a new graph the caller destroys with sf_graph_destroy().
- * Returns 0; SF_ENOENT when the file cannot be opened; SF_EGRAPH for YAML,
- * stage or option mistakes, with error->url = path, error->line and a message
- * listing the valid names.  error may be NULL.
+ * Returns 0; SF_ENOENT when the file cannot be opened, SF_EIO when it cannot
+ * be read, SF_ETOOBIG over 1 MiB; SF_EGRAPH for YAML, stage or structure
+ * mistakes and SF_EOPTION for an unknown option or a bad value, with
+ * error->url = path, error->line and a message listing the valid names;
+ * SF_ENOMEM.  error may be NULL.
  */
 SF_API int sf_graph_load_file(sf_graph **graph, const char *path, sf_error *error);
 
@@ -41,7 +43,7 @@ SF_API int sf_graph_load_string(sf_graph **graph, const char *text, const char *
 
 /**
  * Overrides an option: target is "NODE.OPTION" (a node's option), or a graph
- * setting ("seed", "epochs", "error_policy", "queue_size").  The value is text, parsed
+ * setting ("seed", "epochs", "error_policy", "queue_size", "threads").  The value is text, parsed
  * by the option's own parser.  Returns 0, or SF_EOPTION with a message naming
  * the valid nodes or options.
  */
@@ -108,8 +110,7 @@ typedef struct sf_node_stats {
   int replicas;
   uint64_t items;         /**< items produced */
   uint64_t bytes;         /**< payload bytes produced (as the stage counts them) */
-  double busy_seconds;    /**< time inside step() (thread CPU time) */
-  double wait_seconds;    /**< time waiting for input or output room */
+  double busy_seconds;    /**< wall-clock seconds inside step() (a step that waits on I/O counts its wait) */
   uint64_t errors;        /**< error records raised */
   uint64_t skipped;       /**< samples dropped under the skip policy */
 } sf_node_stats;

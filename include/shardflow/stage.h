@@ -87,11 +87,6 @@ typedef struct sf_option {
 enum {
   /** One sample in, at most one out, no state between samples: may run as `replicas: N`. */
   SF_STAGE_MAP = 1u << 0,
-  /**
-   * step() may wait on I/O (a network read): the node gets a thread of its
-   * own instead of occupying one of the pool's workers.
-   */
-  SF_STAGE_BLOCKING = 1u << 1,
 };
 
 typedef struct sf_node sf_node;
@@ -173,8 +168,8 @@ SF_API bool sf_node_output_ready(const sf_node *node);
 
 /**
  * Records an error against this node: counts it, stores the record (stage
- * name filled in), prints it to stderr once per message, and applies the
- * graph's error policy.  url, key may be NULL; offset may be -1.
+ * name filled in), prints it to stderr (the first 20 records of a pipeline;
+ * the rest are counted), and applies the graph's error policy.  url, key may be NULL; offset may be -1.
  * Returns 0 when the policy is `skip` (drop the sample and go on), or code
  * when it is `fail` (return it from step).
  */
@@ -194,6 +189,12 @@ SF_API void sf_node_close_epoch(sf_node *node, uint64_t epoch);
 
 /** Number of epochs closed so far with sf_node_close_epoch() (0 at start). */
 SF_API uint64_t sf_node_epochs_closed(const sf_node *node);
+
+/**
+ * True once the pipeline is stopping (destroyed, or failed elsewhere): a
+ * stage that waits inside step() on I/O should give up and return.
+ */
+SF_API bool sf_node_cancelled(const sf_node *node);
 
 /** Adds to the node's metrics: items and bytes it produced. */
 SF_API void sf_node_count_output(sf_node *node, uint64_t items, uint64_t bytes);
@@ -219,7 +220,7 @@ SF_API uint64_t sf_rng_below(sf_rng *rng, uint64_t n);
 /** Uniform double in [0, 1). */
 SF_API double sf_rng_double(sf_rng *rng);
 
-/** Iterates the built-in and loaded stage definitions; *opaque starts as NULL. Returns NULL at the end. */
+/** Iterates the built-in stage definitions; *opaque starts as NULL. Returns NULL at the end. */
 SF_API const sf_stage_def *sf_stage_iterate(void **opaque);
 /** Finds a stage definition by name, or NULL. */
 SF_API const sf_stage_def *sf_stage_find(const char *name);

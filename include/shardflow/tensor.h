@@ -66,9 +66,10 @@ SF_API int sf_tensor_set_shape(sf_tensor *tensor, sf_dtype dtype, int ndim, cons
 /**
  * Makes *tensor a contiguous row-major view of buffer at byte offset, taking
  * over the caller's reference to buffer (transfer full).
- * Returns 0; SF_EINVAL when ndim is out of range or a dimension is negative;
- * SF_ETOOBIG when offset + nbytes exceeds the buffer (the reference is then
- * dropped and *tensor zeroed).
+ * Returns 0; SF_EINVAL when ndim or the dtype is out of range, a dimension is
+ * negative or the byte count overflows; SF_ETOOBIG when offset + nbytes
+ * exceeds the buffer.  On every failure the reference is dropped and *tensor
+ * zeroed.
  */
 SF_API int sf_tensor_view(sf_tensor *tensor, sf_dtype dtype, int ndim, const int64_t *shape,
                           sf_buffer *buffer, size_t offset);

@@ -64,6 +64,8 @@ static void test_tensor_view(void **state) {
   sf_buffer_unref(&b);
   int64_t neg[1] = {-1};
   assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT64, 1, neg), SF_EINVAL);
+  int64_t huge[1] = {INT64_C(1) << 62}; /* fits as elements, not as float32 bytes */
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_FLOAT32, 1, huge), SF_EINVAL);
   assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_BFLOAT16, 0, NULL), 0);
   assert_int_equal(sf_tensor_numel(&t), 1);
   assert_int_equal(sf_tensor_nbytes(&t), 2);

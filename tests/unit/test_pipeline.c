@@ -1,0 +1,107 @@
+/* Pipelines through the public API: next() with a timeout, destroy while a source hangs, and an
+ * epoch quota that can never be met failing instead of spinning. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "shardflow/shardflow.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static sf_pipeline *start(const char *graph_text) {
+  sf_graph *g;
+  sf_error e;
+  int r = sf_graph_load_string(&g, graph_text, "test.yaml", &e);
+  if (r < 0) fail_msg("graph: %s", e.message);
+  sf_pipeline *p;
+  r = sf_pipeline_new(&p, g, NULL, &e);
+  sf_graph_destroy(&g);
+  if (r < 0) fail_msg("pipeline: %s", e.message);
+  return p;
+}
+
+/* A pipe: source that never writes: next() times out, and destroy does not wait for the command. */
+static void test_destroy_while_source_hangs(void **state) {
+  sf_pipeline *p = start("error_policy: skip\n"
+                         "stages:\n"
+                         "  - type: shard_source\n"
+                         "    urls: 'pipe:sleep 30'\n"
+                         "    allow_pipe: true\n"
+                         "  - type: tar_split\n"
+                         "  - type: batch\n"
+                         "    batch_size: 2\n"
+                         "  - type: device_sink\n");
+  sf_batch *b;
+  double t = now();
+  assert_int_equal(sf_pipeline_next(p, &b, 0.3), SF_ETIMEDOUT);
+  assert_null(b);
+  assert_true(now() - t >= 0.25 && now() - t < 5);
+  t = now();
+  sf_pipeline_destroy(&p);
+  assert_null(p);
+  assert_true(now() - t < 3.0); /* the reader gives up within ~100 ms of the stop */
+}
+
+/* samples_per_epoch with shards that yield nothing: an error, not an endless search for samples. */
+static void test_unreachable_quota_fails(void **state) {
+  sf_pipeline *p = start("error_policy: skip\n"
+                         "stages:\n"
+                         "  - type: shard_source\n"
+                         "    urls: /nonexistent/shard-{0..3}.tar\n"
+                         "    samples_per_epoch: 100\n"
+                         "  - type: tar_split\n"
+                         "  - type: batch\n"
+                         "  - type: device_sink\n");
+  sf_batch *b;
+  int r = sf_pipeline_next(p, &b, 10.0);
+  assert_int_equal(r, SF_ENOENT);
+  sf_error e;
+  assert_true(sf_pipeline_last_error(p, &e));
+  assert_non_null(strstr(e.message, "samples_per_epoch"));
+  assert_true(sf_pipeline_error_count(p) >= 4); /* the four missing shards were recorded too */
+  sf_pipeline_destroy(&p);
+}
+
+/* Options from the API override the environment; a bad rank is refused with the reason. */
+static void test_rank_checks(void **state) {
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g,
+                                        "stages:\n  - type: shard_source\n    urls: x-{0..3}.tar\n"
+                                        "  - type: tar_split\n  - type: batch\n  - type: device_sink\n",
+                                        "rank.yaml", &e),
+                   0);
+  sf_pipeline_options o;
+  sf_pipeline_options_init(&o);
+  o.rank = 5;
+  o.world_size = 2;
+  sf_pipeline *p;
+  assert_int_equal(sf_pipeline_new(&p, g, &o, &e), SF_EOPTION);
+  assert_null(p);
+  assert_non_null(strstr(e.message, "rank 5"));
+  setenv("RANK", "abc", 1);
+  sf_pipeline_options_init(&o);
+  assert_int_equal(sf_pipeline_new(&p, g, &o, &e), SF_EOPTION);
+  assert_non_null(strstr(e.message, "RANK"));
+  unsetenv("RANK");
+  sf_graph_destroy(&g);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_destroy_while_source_hangs),
+      cmocka_unit_test(test_unreachable_quota_fails),
+      cmocka_unit_test(test_rank_checks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
