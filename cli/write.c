@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "engine/files.h"
 #include "cli/cli.h"
 #include "engine/image.h"
 #include "engine/options.h"
@@ -689,21 +690,6 @@ typedef struct shard_writer {
 static int64_t member_bytes(size_t size) { return 512 + ((int64_t)size + 511) / 512 * 512; }
 
 /* Creates the directories leading to path (mkdir -p of its parent). */
-static int make_parents(const char *path) {
-  char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return 0;
-  *slash = 0;
-  for (char *p = dir + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(dir, 0777) < 0 && errno != EEXIST) return -errno;
-    *p = '/';
-  }
-  if (mkdir(dir, 0777) < 0 && errno != EEXIST) return -errno;
-  return 0;
-}
 
 static int close_shard(shard_writer *w) {
   if (!w->a) return 0;
@@ -718,7 +704,7 @@ static int close_shard(shard_writer *w) {
 
 static int open_shard(shard_writer *w) {
   shard_path(&w->opt->out, w->shard, w->path, sizeof w->path);
-  int e = make_parents(w->path);
+  int e = sf_make_dirs(w->path, true);
   if (e < 0)
     return fail("cannot create the directory for %s: %s (check OUTPUT_PATTERN and permissions)",
                 w->path, strerror(-e));

@@ -27,22 +27,8 @@
 
 static const uint8_t png_signature[8] = {137, 80, 78, 71, 13, 10, 26, 10};
 
-static int fail(sf_error *error, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(sf_error *error, int code, const char *fmt, ...) {
-  if (error) {
-    memset(error, 0, sizeof *error);
-    error->code = code;
-    error->offset = -1;
-    error->line = -1;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(error->message, sizeof error->message, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
+/* An error about the image bytes (the caller adds the URL and key). */
+#define fail(error, code, ...) sf_error_set(error, code, NULL, NULL, NULL, -1, -1, __VA_ARGS__)
 
 static int64_t max_pixels_of(const sf_image_limits *limits) {
   return limits && limits->max_pixels > 0 ? limits->max_pixels : DEFAULT_MAX_PIXELS;

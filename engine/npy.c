@@ -12,22 +12,8 @@
 #define ENDIAN "<"
 #endif
 
-static int fail(sf_error *error, int code, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(sf_error *error, int code, const char *path, const char *fmt, ...) {
-  if (!error) return code;
-  memset(error, 0, sizeof *error);
-  error->code = code;
-  error->offset = -1;
-  error->line = -1;
-  snprintf(error->url, sizeof error->url, "%s", path);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error->message, sizeof error->message, fmt, ap);
-  va_end(ap);
-  return code;
-}
+/* An error about the file at path. */
+#define fail(error, code, path, ...) sf_error_set(error, code, NULL, path, NULL, -1, -1, __VA_ARGS__)
 
 /* numpy's descriptor strings; bfloat16 has none, so its raw bits go out as uint16. */
 static const char *descr(sf_dtype dtype) {

@@ -52,16 +52,8 @@ static int init(sf_node *node) {
   return 0;
 }
 
-static int fail(sf_error *error, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(sf_error *error, int code, const char *fmt, ...) {
-  error->code = code;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error->message, sizeof error->message, fmt, ap);
-  va_end(ap);
-  return code;
-}
+/* An error about a field's bytes (the stage adds the URL, key and offset). */
+#define fail(error, code, ...) sf_error_set(error, code, NULL, NULL, NULL, -1, -1, __VA_ARGS__)
 
 static void free_inflated(void *opaque, uint8_t *data) {
   (void)opaque;

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "engine/image.h"
+#include "engine/files.h"
 #include "engine/npy.h"
 #include "shardflow/stage.h"
 
@@ -57,18 +58,6 @@ static int init(sf_node *node) {
 }
 
 /* mkdir -p: the dump directory may be several levels deep. */
-static int make_dirs(const char *path) {
-  char dir[4096];
-  if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir) return -ENAMETOOLONG;
-  for (char *p = dir + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(dir, 0777) < 0 && errno != EEXIST) return -errno;
-    *p = '/';
-  }
-  if (mkdir(dir, 0777) < 0 && errno != EEXIST) return -errno;
-  return 0;
-}
 
 /* Reports a failed debug write; under `skip` the batch still goes on and dumps stop. */
 static int dump_error(sf_node *node, device_sink *s, const char *path, const char *what) {
@@ -79,7 +68,7 @@ static int dump_error(sf_node *node, device_sink *s, const char *path, const cha
 static int dump_npy(sf_node *node, device_sink *s, const sf_batch *b) {
   char path[4096], why[4800];
   if (!s->npy_ready) {
-    int e = make_dirs(s->npy_dir);
+    int e = sf_make_dirs(s->npy_dir, false);
     if (e < 0) {
       snprintf(why, sizeof why, "cannot create npy_dir %s: %s (check the path and permissions)",
                s->npy_dir, strerror(-e));
@@ -313,7 +302,7 @@ static int write_preview(sf_node *node, device_sink *s, const sf_batch *b) {
   char *slash = strrchr(dir, '/');
   if (slash && slash != dir) {
     *slash = 0;
-    make_dirs(dir); /* a failure shows up as the fopen error below */
+    sf_make_dirs(dir, false); /* a failure shows up as the fopen error below */
   }
   FILE *out = fopen(path, "wb");
   size_t size = sf_buffer_size(png);
