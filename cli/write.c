@@ -558,7 +558,7 @@ static int collect_idx(image_list *l, const char *spec) {
   char *images_path = strndup(spec, (size_t)(comma - spec));
   const char *labels_path = comma + 1;
   sf_buffer *images = NULL, *labels = NULL;
-  uint32_t idims[3], ldims[3];
+  uint32_t idims[3] = {0}, ldims[3] = {0};
   int r = images_path ? 0 : fail("out of memory");
   if (r == 0) r = read_gz(images_path, &images);
   if (r == 0) r = idx_header(images_path, images, 3, idims);
