@@ -47,7 +47,7 @@ struct sf_node {
   int popped, pushed;
   /* metrics */
   atomic_uint_fast64_t items, bytes, errors, skipped;
-  double busy_seconds;           /* wall time inside step(), summed by the worker that ran it */
+  atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
 };
 
 void sf_context_init(sf_context *ctx);

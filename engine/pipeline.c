@@ -129,7 +129,7 @@ static int run_turn(sf_pipeline *p, sf_node *n) {
     steps++;
     break;
   }
-  n->busy_seconds += now_seconds() - t;
+  atomic_fetch_add_explicit(&n->busy_ns, (uint64_t)((now_seconds() - t) * 1e9), memory_order_relaxed);
   return steps;
 }
 
@@ -448,7 +448,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->bytes += atomic_load(&n->bytes);
     s->errors += atomic_load(&n->errors);
     s->skipped += atomic_load(&n->skipped);
-    s->busy_seconds += n->busy_seconds;
+    s->busy_seconds += (double)atomic_load_explicit(&n->busy_ns, memory_order_relaxed) * 1e-9;
   }
   return count;
 }

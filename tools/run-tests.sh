@@ -2,6 +2,7 @@
 # Sets up, builds and runs the whole test suite; ends with "N passed, N failed".
 #   tools/run-tests.sh            normal build (build-test/)
 #   tools/run-tests.sh --asan     AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
+#   tools/run-tests.sh --tsan     ThreadSanitizer (build-tsan/; the CLI without mimalloc)
 #   extra arguments after -- go to `meson test` (e.g. -- --suite unit)
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,6 +10,10 @@ cd "$top"
 dir=build-test opts=()
 if [ "${1:-}" = "--asan" ]; then
   dir=build-asan opts=(-Db_sanitize=address,undefined -Db_lundef=false)
+  shift
+elif [ "${1:-}" = "--tsan" ]; then
+  dir=build-tsan opts=(-Db_sanitize=thread -Dmimalloc=disabled)
+  export TSAN_OPTIONS="halt_on_error=1"
   shift
 fi
 [ "${1:-}" = "--" ] && shift

@@ -83,7 +83,9 @@ static void test_threads(void **state) {
     }
     assert_int_equal(out.epoch, expect);
     expect++;
+    pthread_mutex_lock(&q.lock);
     if (q.count > max_seen) max_seen = q.count;
+    pthread_mutex_unlock(&q.lock);
   }
   pthread_join(t, NULL);
   assert_int_equal(expect, c.n);
