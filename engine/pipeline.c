@@ -1,4 +1,4 @@
-/* The executor: one thread per node replica, bounded queues on every edge, batches out through next(). */
+/* The executor: a pool of workers runs the nodes' step functions; bounded queues on every edge; batches out through next(). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +14,6 @@ struct sf_pipeline {
   sf_context ctx;
   sf_node **nodes;       /* all replicas, chain order */
   int n_nodes;
-  int *node_of_graph;    /* graph node index of each entry in nodes */
   sf_queue *queues;      /* every edge queue plus the output queue */
   int n_queues;
   sf_queue *output;
@@ -36,7 +35,6 @@ static double now_seconds(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
 
 void sf_pipeline_options_init(sf_pipeline_options *o) {
   o->rank = -1;
@@ -70,13 +68,9 @@ static void notify(sf_pipeline *p);
 
 static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   if (atomic_load(&p->ctx.stop)) return; /* stopping: a step cut short is not a failure */
-  if (atomic_load(&n->errors) == errors_before) {
+  if (atomic_load(&n->errors) == errors_before) { /* the stage returned an error without a record */
     sf_error e;
-    memset(&e, 0, sizeof e);
-    e.code = code;
-    e.offset = e.line = -1;
-    snprintf(e.stage, sizeof e.stage, "%s", n->name);
-    snprintf(e.message, sizeof e.message, "stage %s stopped: %s", n->def->name, sf_strerror(code));
+    sf_error_set(&e, code, n->name, NULL, NULL, -1, -1, "stage %s stopped: %s", n->def->name, sf_strerror(code));
     sf_context_record(&p->ctx, &e);
   }
   int expected = 0;
@@ -87,8 +81,8 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
 }
 
 /*
- * Scheduling: a pool of workers runs the step functions of every node that
- * does not block (STYLE 9). A worker scans the nodes from the sink back to
+ * Scheduling: a pool of workers runs the step functions of every node
+ * (STYLE 9). A worker scans the nodes from the sink back to
  * the source (draining first keeps memory low), takes a node nobody runs,
  * steps it while it makes progress and its output has room, and moves on.
  * A worker that finds nothing to do sleeps until some node made progress.
@@ -155,7 +149,7 @@ static void *pool_worker(void *arg) {
     if (atomic_load(&p->sched_version) == version && !atomic_load(&p->ctx.stop)) {
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_nsec += 1 * 1000 * 1000; /* a safety net only: progress always notifies */
+      ts.tv_nsec += 100 * 1000 * 1000; /* a safety net only: progress always notifies */
       if (ts.tv_nsec >= 1000000000L) {
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
@@ -182,7 +176,6 @@ static void destroy_nodes(sf_pipeline *p) {
     free(n);
   }
   free(p->nodes);
-  free(p->node_of_graph);
   p->nodes = NULL;
 }
 
@@ -224,7 +217,6 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
   int total = 0;
   for (int i = 0; i < g->n_nodes; i++) total += (int)g->nodes[i].replicas;
   p->nodes = calloc((size_t)total, sizeof *p->nodes);
-  p->node_of_graph = calloc((size_t)total, sizeof *p->node_of_graph);
   /* Edges: between chain positions k and k+1, max(replicas) queues; plus one output queue. */
   int n_queues = 1;
   for (int k = 0; k + 1 < g->n_nodes; k++) {
@@ -232,7 +224,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
     n_queues += a > b ? a : b;
   }
   p->queues = calloc((size_t)n_queues, sizeof *p->queues);
-  if (!p->nodes || !p->node_of_graph || !p->queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  if (!p->nodes || !p->queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
 
   int first_node = 0, q = 0;
   sf_queue *prev_out = NULL; /* queues feeding the current chain position */
@@ -268,7 +260,6 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       sf_node *n = calloc(1, sizeof *n);
       if (!n) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
       p->nodes[first_node + rep] = n;
-      p->node_of_graph[first_node + rep] = order[k];
       p->n_nodes++;
       n->def = def;
       n->ctx = &p->ctx;
