@@ -45,6 +45,13 @@ struct sf_tar_reader {
   char last_key[128];       /* for messages */
 };
 
+/* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
+static const char *offset_note(const sf_tar_reader *t) {
+  return t->archive && archive_filter_count(t->archive) > 1 ? " (byte offsets count the decompressed tar stream)"
+                                                            : "";
+}
+
+
 
 static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
   sf_tar_reader *t = opaque;
@@ -83,7 +90,7 @@ static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  SET_ERROR(&t->fatal, code, t->url_text, t->last_key, offset, "%s", message);
+  SET_ERROR(&t->fatal, code, t->url_text, t->last_key, offset, "%s%s", message, offset_note(t));
   t->failed = code;
   return code;
 }
@@ -177,7 +184,7 @@ static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int co
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  SET_ERROR(error, code, t->url_text, t->last_key, t->offset, "%s", message);
+  SET_ERROR(error, code, t->url_text, t->last_key, t->offset, "%s%s", message, offset_note(t));
 }
 
 /* Moves the pending member into sample as an encoded field (or drops it with a problem). */
