@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "engine/graph.h"
@@ -27,6 +28,8 @@ struct sf_pipeline {
   atomic_int sleepers;
   atomic_int live_nodes;
   uint64_t epoch;
+  uint64_t step;         /* batches returned in this epoch */
+  int event_fd;          /* readable while next() would not wait (see sf_pipeline_fd) */
   bool done;
 };
 
@@ -77,6 +80,9 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   atomic_compare_exchange_strong(&p->failed, &expected, code);
   atomic_store(&p->ctx.stop, true);
   for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  uint64_t one = 1; /* next() returns the failure at once: a polling trainer must hear of it */
+  ssize_t written = write(p->event_fd, &one, sizeof one);
+  (void)written; /* the counter is far from overflow; a failed write leaves next()'s own wait */
   notify(p);
 }
 
@@ -199,6 +205,7 @@ void sf_pipeline_destroy(sf_pipeline **pp) {
   sf_context_destroy(&p->ctx);
   pthread_mutex_destroy(&p->sched_lock);
   pthread_cond_destroy(&p->sched_cond);
+  if (p->event_fd >= 0) close(p->event_fd);
   free(p);
   *pp = NULL;
 }
@@ -306,6 +313,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   if (!p) return SF_ENOMEM;
   sf_context_init(&p->ctx);
   atomic_init(&p->failed, 0);
+  p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   pthread_mutex_init(&p->sched_lock, NULL);
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -356,6 +364,8 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   c->quiet = true; /* init errors are returned to the caller, not printed */
   r = build(p, order, defs, error);
   c->quiet = false;
+  if (r == 0 && p->event_fd < 0) r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "eventfd: %m");
+  if (r == 0) sf_queue_set_notify_fd(p->output, p->event_fd);
   free(order);
   free(defs);
   if (r < 0) {
@@ -396,10 +406,12 @@ int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
       notify(p); /* the sink may have been waiting for room */
       if (item.kind == SF_ITEM_BATCH) {
         *batch = item.u.batch;
+        p->step++;
         return 0;
       }
       if (item.kind == SF_ITEM_EPOCH_END) {
         p->epoch = item.epoch + 1;
+        p->step = 0;
         return SF_EOF;
       }
       sf_item_clear(&item);
@@ -419,6 +431,8 @@ int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
 }
 
 uint64_t sf_pipeline_epoch(const sf_pipeline *p) { return p->epoch; }
+uint64_t sf_pipeline_step(const sf_pipeline *p) { return p->step; }
+int sf_pipeline_fd(const sf_pipeline *p) { return p->event_fd; }
 int sf_pipeline_rank(const sf_pipeline *p) { return p->ctx.rank; }
 int sf_pipeline_world_size(const sf_pipeline *p) { return p->ctx.world_size; }
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/queue.h"
 
@@ -14,6 +15,7 @@ int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers) {
   q->ring = calloc(q->cap_alloc, sizeof *q->ring);
   if (!q->ring) return SF_ENOMEM;
   q->producers = producers;
+  q->notify_fd = -1;
   pthread_mutex_init(&q->lock, NULL);
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -32,6 +34,25 @@ void sf_queue_destroy(sf_queue *q) {
   pthread_mutex_destroy(&q->lock);
   pthread_cond_destroy(&q->readable);
   pthread_cond_destroy(&q->writable);
+}
+
+/* Brings the eventfd's state in line with the queue's (lock held). */
+static void update_fd(sf_queue *q) {
+  if (q->notify_fd < 0) return;
+  bool ready = q->count > 0 || q->producers <= 0;
+  if (ready == q->fd_ready) return;
+  uint64_t v = 1;
+  ssize_t n = ready ? write(q->notify_fd, &v, sizeof v) : read(q->notify_fd, &v, sizeof v);
+  (void)n; /* an eventfd counter cannot overflow here (it holds 0 or 1) */
+  q->fd_ready = ready;
+}
+
+void sf_queue_set_notify_fd(sf_queue *q, int fd) {
+  pthread_mutex_lock(&q->lock);
+  q->notify_fd = fd;
+  q->fd_ready = false;
+  update_fd(q);
+  pthread_mutex_unlock(&q->lock);
 }
 
 static bool grow(sf_queue *q) {
@@ -56,6 +77,7 @@ int sf_queue_push(sf_queue *q, sf_item *item) {
   q->ring[(q->head + q->count) % q->cap_alloc] = *item;
   q->count++;
   q->pushed++;
+  update_fd(q);
   bool wake = q->consumer_waiting && (q->count >= q->wake_at || item->kind == SF_ITEM_EPOCH_END ||
                                       item->kind == SF_ITEM_BATCH);
   if (wake) {
@@ -78,6 +100,7 @@ int sf_queue_pop(sf_queue *q, sf_item *item) {
   q->head = (q->head + 1) % q->cap_alloc;
   q->count--;
   q->popped++;
+  update_fd(q);
   if (q->producers_waiting && q->count <= q->capacity / 2) pthread_cond_broadcast(&q->writable);
   pthread_mutex_unlock(&q->lock);
   return 0;
@@ -93,6 +116,7 @@ bool sf_queue_can_push(sf_queue *q) {
 void sf_queue_close(sf_queue *q) {
   pthread_mutex_lock(&q->lock);
   q->producers--;
+  update_fd(q);
   pthread_cond_broadcast(&q->readable);
   pthread_mutex_unlock(&q->lock);
 }

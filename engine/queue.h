@@ -26,6 +26,8 @@ typedef struct sf_queue {
   bool consumer_waiting;
   int producers_waiting;
   uint64_t pushed, popped;
+  int notify_fd;            /* eventfd kept readable while the consumer has something, or -1 */
+  bool fd_ready;
 } sf_queue;
 
 int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers);
@@ -37,6 +39,11 @@ int sf_queue_push(sf_queue *q, sf_item *item);
 /* 0 with *item, SF_EAGAIN when empty, SF_EOF when empty and every producer closed. */
 int sf_queue_pop(sf_queue *q, sf_item *item);
 bool sf_queue_can_push(sf_queue *q);
+/*
+ * Keeps eventfd fd readable exactly while pop would not return SF_EAGAIN
+ * (level-triggered, for consumers that poll). fd stays owned by the caller.
+ */
+void sf_queue_set_notify_fd(sf_queue *q, int fd);
 /* One producer is done. */
 void sf_queue_close(sf_queue *q);
 /* Wakes every waiter (used when the pipeline stops). */

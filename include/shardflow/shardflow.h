@@ -99,6 +99,19 @@ SF_API int sf_pipeline_next(sf_pipeline *pipeline, sf_batch **batch, double time
 /** Epoch of the batches sf_pipeline_next() currently returns (0-based). */
 SF_API uint64_t sf_pipeline_epoch(const sf_pipeline *pipeline);
 
+/** Batches sf_pipeline_next() has returned in the current epoch (the trainer's step). */
+SF_API uint64_t sf_pipeline_step(const sf_pipeline *pipeline);
+
+/**
+ * A file descriptor for trainers with an event loop of their own (poll,
+ * epoll, asyncio's add_reader): it is readable while sf_pipeline_next() would
+ * return without waiting (a batch, an epoch end, or the error that stopped
+ * the pipeline).  Never read from or close it; it stays valid until
+ * sf_pipeline_destroy().  Level-triggered: after next() has taken the last
+ * ready item, it is no longer readable.  Linux eventfd(2).
+ */
+SF_API int sf_pipeline_fd(const sf_pipeline *pipeline);
+
 /** Rank and world size the pipeline runs as. */
 SF_API int sf_pipeline_rank(const sf_pipeline *pipeline);
 SF_API int sf_pipeline_world_size(const sf_pipeline *pipeline);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <poll.h>
 
 #include <cmocka.h>
 
@@ -97,11 +98,57 @@ static void test_rank_checks(void **state) {
   sf_graph_destroy(&g);
 }
 
+/* The pollable descriptor: silent while nothing is ready, readable when a batch is, and the step count. */
+static void test_poll_fd(void **state) {
+  char dir[] = "/tmp/sf-test-poll-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char shard[256], cmd[600];
+  snprintf(shard, sizeof shard, "%s/s.tar", dir);
+  /* three samples with a 1-byte cls field each, written by GNU tar */
+  snprintf(cmd, sizeof cmd, "cd %s && printf 1 > 0.cls && printf 2 > 1.cls && printf 3 > 2.cls && tar cf s.tar 0.cls 1.cls 2.cls",
+           dir);
+  assert_int_equal(system(cmd), 0);
+  char text[1024];
+  snprintf(text, sizeof text,
+           "stages:\n  - type: shard_source\n    urls: %s\n  - type: tar_split\n  - type: decode\n"
+           "  - type: batch\n    batch_size: 2\n  - type: device_sink\n",
+           shard);
+  sf_pipeline *p = start(text);
+  int fd = sf_pipeline_fd(p);
+  assert_true(fd >= 0);
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  assert_int_equal(poll(&pfd, 1, 5000), 1); /* the first batch arrives */
+  sf_batch *b;
+  assert_int_equal(sf_pipeline_next(p, &b, 0), 0);
+  assert_int_equal(b->size, 2);
+  assert_int_equal(sf_pipeline_step(p), 1);
+  sf_batch_destroy(&b);
+  assert_int_equal(poll(&pfd, 1, 5000), 1); /* the short last batch */
+  assert_int_equal(sf_pipeline_next(p, &b, 0), 0);
+  assert_int_equal(b->size, 1);
+  sf_batch_destroy(&b);
+  assert_int_equal(poll(&pfd, 1, 5000), 1); /* the epoch end */
+  assert_int_equal(sf_pipeline_next(p, &b, 0), SF_EOF);
+  assert_int_equal(sf_pipeline_step(p), 0);
+  assert_int_equal(sf_pipeline_epoch(p), 1);
+  sf_pipeline_destroy(&p);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+
+  /* a source that never delivers: the descriptor stays quiet */
+  p = start("stages:\n  - type: shard_source\n    urls: 'pipe:sleep 30'\n    allow_pipe: true\n"
+            "  - type: tar_split\n  - type: batch\n  - type: device_sink\n");
+  pfd.fd = sf_pipeline_fd(p);
+  assert_int_equal(poll(&pfd, 1, 200), 0);
+  sf_pipeline_destroy(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_while_source_hangs),
       cmocka_unit_test(test_unreachable_quota_fails),
       cmocka_unit_test(test_rank_checks),
+      cmocka_unit_test(test_poll_fd),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
