@@ -154,6 +154,11 @@ const char *sf_graph_node_name(const sf_graph *g, int i) {
   return g && i >= 0 && i < g->n_nodes ? g->nodes[i].name : NULL;
 }
 
+bool sf_graph_node_has_option(const sf_graph *g, int i, const char *option) {
+  const sf_stage_def *def = g && i >= 0 && i < g->n_nodes ? sf_stage_find(g->nodes[i].type) : NULL;
+  return def && option && (sf_option_find(def->options, option) || strcmp(option, "replicas") == 0);
+}
+
 const char *sf_graph_node_type(const sf_graph *g, int i) {
   return g && i >= 0 && i < g->n_nodes ? g->nodes[i].type : NULL;
 }

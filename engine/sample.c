@@ -142,3 +142,13 @@ void sf_item_clear(sf_item *item) {
   }
   item->kind = SF_ITEM_NONE;
 }
+
+int64_t sf_batch_size(const sf_batch *b) { return b->size; }
+uint64_t sf_batch_epoch(const sf_batch *b) { return b->epoch; }
+int sf_batch_field_count(const sf_batch *b) { return b->n_fields; }
+
+const char *sf_batch_field_name(const sf_batch *b, int i) {
+  return i >= 0 && i < b->n_fields ? b->fields[i].name : NULL;
+}
+
+const char *sf_batch_key(const sf_batch *b, int64_t j) { return j >= 0 && j < b->size ? b->keys[j] : NULL; }

@@ -150,6 +150,17 @@ SF_API void sf_batch_destroy(sf_batch **batch);
 /** The field called name, or NULL (borrowed). */
 SF_API const sf_field *sf_batch_field(const sf_batch *batch, const char *name);
 
+/*
+ * Accessors for bindings that do not mirror these structs (Python's ctypes):
+ * the number of samples B, the epoch, the number of fields, field i's name
+ * and sample j's key (borrowed strings; NULL when out of range).
+ */
+SF_API int64_t sf_batch_size(const sf_batch *batch);
+SF_API uint64_t sf_batch_epoch(const sf_batch *batch);
+SF_API int sf_batch_field_count(const sf_batch *batch);
+SF_API const char *sf_batch_field_name(const sf_batch *batch, int i);
+SF_API const char *sf_batch_key(const sf_batch *batch, int64_t j);
+
 #ifdef __cplusplus
 }
 #endif

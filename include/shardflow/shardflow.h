@@ -60,6 +60,9 @@ SF_API int sf_graph_node_count(const sf_graph *graph);
 SF_API const char *sf_graph_node_name(const sf_graph *graph, int i);
 SF_API const char *sf_graph_node_type(const sf_graph *graph, int i);
 
+/** True when node i's stage has an option called option (for bindings that map keyword arguments). */
+SF_API bool sf_graph_node_has_option(const sf_graph *graph, int i, const char *option);
+
 /** Frees *graph and sets it to NULL. NULL-safe. */
 SF_API void sf_graph_destroy(sf_graph **graph);
 

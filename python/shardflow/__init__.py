@@ -1,0 +1,284 @@
+"""shardflow for Python: run a graph file, get batches as NumPy arrays or PyTorch tensors without a copy.
+
+    import shardflow
+    for images, labels in shardflow.Pipeline("graphs/cifar10_train.yaml", batch_size=256):
+        ...                      # images: float32 [B,3,32,32], labels: int64 [B]
+
+The binding is ctypes over libshardflow (no compiler needed); batches reach NumPy and
+PyTorch through DLPack, so `numpy.from_dlpack` / `torch.from_dlpack` see the engine's own
+buffer. Keyword arguments set stage options by name (`batch_size=256`) or, where several
+stages have that option, as NODE__OPTION (`shard_source__urls=...`); the stages' option
+tables decide what exists (`shardflow help STAGE`).
+"""
+import ctypes
+import ctypes.util
+import os
+
+__all__ = ["Pipeline", "ShardflowError", "library"]
+
+SF_EAGAIN, SF_EOF = -1, -2
+
+
+class ShardflowError(RuntimeError):
+    """An error record from the engine: code name, and the message with file:line or URL and offset."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class _Error(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("stage", ctypes.c_char * 32), ("url", ctypes.c_char * 512),
+                ("key", ctypes.c_char * 128), ("offset", ctypes.c_int64), ("line", ctypes.c_int64),
+                ("message", ctypes.c_char * 512)]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int), ("epochs", ctypes.c_int64),
+                ("first_epoch", ctypes.c_uint64)]
+
+
+def _find_library():
+    env = os.environ.get("SHARDFLOW_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "libshardflow.so"),
+                      os.path.join(here, "..", "..", "build", "libshardflow.so")):
+        if os.path.exists(candidate):
+            return candidate
+    found = ctypes.util.find_library("shardflow")
+    if not found:
+        raise OSError("libshardflow not found: build it (meson) and set SHARDFLOW_LIB to libshardflow.so")
+    return found
+
+
+def _load():
+    lib = ctypes.CDLL(_find_library())
+    p, c = ctypes.c_void_p, ctypes.c_char_p
+    sigs = {
+        "sf_strerror": (c, [ctypes.c_int]),
+        "sf_err_name": (c, [ctypes.c_int]),
+        "sf_error_format": (c, [ctypes.POINTER(_Error), ctypes.c_char_p, ctypes.c_uint]),
+        "sf_graph_load_file": (ctypes.c_int, [ctypes.POINTER(p), c, ctypes.POINTER(_Error)]),
+        "sf_graph_load_string": (ctypes.c_int, [ctypes.POINTER(p), c, c, ctypes.POINTER(_Error)]),
+        "sf_graph_set": (ctypes.c_int, [p, c, c, ctypes.POINTER(_Error)]),
+        "sf_graph_node_count": (ctypes.c_int, [p]),
+        "sf_graph_node_name": (c, [p, ctypes.c_int]),
+        "sf_graph_node_has_option": (ctypes.c_bool, [p, ctypes.c_int, c]),
+        "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
+        "sf_pipeline_new": (ctypes.c_int, [ctypes.POINTER(p), p, ctypes.POINTER(_Options), ctypes.POINTER(_Error)]),
+        "sf_pipeline_next": (ctypes.c_int, [p, ctypes.POINTER(p), ctypes.c_double]),
+        "sf_pipeline_epoch": (ctypes.c_uint64, [p]),
+        "sf_pipeline_step": (ctypes.c_uint64, [p]),
+        "sf_pipeline_rank": (ctypes.c_int, [p]),
+        "sf_pipeline_world_size": (ctypes.c_int, [p]),
+        "sf_pipeline_fd": (ctypes.c_int, [p]),
+        "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
+        "sf_pipeline_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_batch_size": (ctypes.c_int64, [p]),
+        "sf_batch_epoch": (ctypes.c_uint64, [p]),
+        "sf_batch_field_count": (ctypes.c_int, [p]),
+        "sf_batch_field_name": (c, [p, ctypes.c_int]),
+        "sf_batch_key": (c, [p, ctypes.c_int64]),
+        "sf_batch_to_dlpack": (ctypes.c_int, [p, ctypes.c_int, ctypes.POINTER(p)]),
+        "sf_batch_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_dlpack_release": (None, [p]),
+        "sf_version_string": (c, []),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+library = _load()
+__version__ = library.sf_version_string().decode()
+
+# DLPack capsules (the protocol NumPy and PyTorch speak): "dltensor" until a consumer takes it and
+# renames it "used_dltensor"; a capsule nobody took releases its tensor itself.
+_CAPSULE_NAME = b"dltensor"
+_Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, _Destructor]
+_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid.restype, _capsule_valid.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+
+
+@_Destructor
+def _release_unused(capsule):
+    if _capsule_valid(capsule, _CAPSULE_NAME):
+        library.sf_dlpack_release(_capsule_pointer(capsule, _CAPSULE_NAME))
+
+
+class _Field:
+    """One batch field as a DLPack producer (the __dlpack__ protocol, both call forms)."""
+
+    def __init__(self, managed):
+        self._managed = managed
+
+    def __dlpack__(self, stream=None, max_version=None):
+        if self._managed is None:
+            raise BufferError("a shardflow field can be exported once")
+        managed, self._managed = self._managed, None
+        return _capsule_new(managed, _CAPSULE_NAME, _release_unused)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
+
+    def __del__(self):
+        if self._managed is not None:
+            library.sf_dlpack_release(self._managed)
+
+
+def _error(code, err=None):
+    text = ctypes.create_string_buffer(2048)
+    message = library.sf_error_format(ctypes.byref(err), text, len(text)).decode() if err else ""
+    return ShardflowError(library.sf_err_name(code).decode(), message or library.sf_strerror(code).decode())
+
+
+def _text(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+class Pipeline:
+    """A running graph. Iterating it yields one epoch of batches: (images, labels) by default,
+    or a dict of every field plus "__key__" with output="dict".
+
+    graph: a graph file's path or YAML text. rank / world_size: None takes RANK / WORLD_SIZE
+    (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy", "dict" (NumPy
+    arrays) or "torch_dict"; None = torch when it imports, else numpy.
+    """
+
+    def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, **options):
+        self._pipeline = ctypes.c_void_p()
+        g = ctypes.c_void_p()
+        err = _Error()
+        if os.path.exists(str(graph)):
+            r = library.sf_graph_load_file(ctypes.byref(g), str(graph).encode(), ctypes.byref(err))
+        else:
+            r = library.sf_graph_load_string(ctypes.byref(g), str(graph).encode(), b"<string>", ctypes.byref(err))
+        if r < 0:
+            raise _error(r, err)
+        try:
+            for name, value in options.items():
+                r = library.sf_graph_set(g, self._target(g, name).encode(), _text(value).encode(), ctypes.byref(err))
+                if r < 0:
+                    raise _error(r, err)
+            opts = _Options()
+            library.sf_pipeline_options_init(ctypes.byref(opts))
+            if rank is not None:
+                opts.rank = rank
+            if world_size is not None:
+                opts.world_size = world_size
+            if epochs is not None:
+                opts.epochs = epochs
+            r = library.sf_pipeline_new(ctypes.byref(self._pipeline), g, ctypes.byref(opts), ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+        self._output = output or self._default_output()
+
+    @staticmethod
+    def _target(g, name):
+        """A keyword argument as NODE.OPTION: NODE__OPTION, or the one node whose stage has OPTION."""
+        if "__" in name:
+            node, option = name.split("__", 1)
+            return f"{node}.{option}"
+        nodes = [library.sf_graph_node_name(g, i).decode() for i in range(library.sf_graph_node_count(g))
+                 if library.sf_graph_node_has_option(g, i, name.encode())]
+        if len(nodes) == 1:
+            return f"{nodes[0]}.{name}"
+        if not nodes:
+            return name  # a graph setting (seed, epochs...) or a mistake sf_graph_set explains
+        raise TypeError(f"option {name!r} belongs to several nodes ({', '.join(nodes)}): "
+                        f"write NODE__{name}, e.g. {nodes[0]}__{name}")
+
+    @staticmethod
+    def _default_output():
+        try:
+            import torch  # noqa: F401
+            return "torch"
+        except ImportError:
+            return "numpy"
+
+    @property
+    def epoch(self):
+        """Epoch of the batches being returned (0-based)."""
+        return library.sf_pipeline_epoch(self._pipeline)
+
+    @property
+    def step(self):
+        """Batches returned in this epoch."""
+        return library.sf_pipeline_step(self._pipeline)
+
+    def fileno(self):
+        """A descriptor readable while the next batch is ready (for select/poll/asyncio)."""
+        return library.sf_pipeline_fd(self._pipeline)
+
+    def next_batch(self, timeout=-1.0):
+        """The next batch in the chosen output form; None at the end of the epoch (the next call
+        goes on with the next epoch); raises TimeoutError or ShardflowError."""
+        b = ctypes.c_void_p()
+        r = library.sf_pipeline_next(self._pipeline, ctypes.byref(b), timeout)
+        if r == SF_EOF:
+            return None
+        if r < 0:
+            if library.sf_err_name(r) == b"SF_ETIMEDOUT":
+                raise TimeoutError(f"no batch within {timeout} s")
+            err = _Error()
+            has = library.sf_pipeline_last_error(self._pipeline, ctypes.byref(err))
+            raise _error(r, err if has else None)
+        try:
+            return self._convert(b)
+        finally:
+            library.sf_batch_destroy(ctypes.byref(b))
+
+    def _convert(self, b):
+        if self._output in ("torch", "torch_dict"):
+            import torch
+            take = torch.from_dlpack
+        else:
+            import numpy
+            take = numpy.from_dlpack
+        fields = {}
+        for i in range(library.sf_batch_field_count(b)):
+            managed = ctypes.c_void_p()
+            r = library.sf_batch_to_dlpack(b, i, ctypes.byref(managed))
+            if r < 0:
+                raise _error(r)
+            fields[library.sf_batch_field_name(b, i).decode()] = take(_Field(managed.value))
+        if self._output.endswith("dict"):
+            fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
+            return fields
+        images = next((v for v in fields.values() if v.ndim == 4), None)
+        return images, fields.get("cls")
+
+    def __iter__(self):
+        while True:
+            batch = self.next_batch()
+            if batch is None:
+                return
+            yield batch
+
+    def close(self):
+        """Stops the threads and frees the pipeline; batches already returned stay valid."""
+        if self._pipeline:
+            library.sf_pipeline_destroy(ctypes.byref(self._pipeline))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,91 @@
+"""The Python binding: batches equal the device sink's dumps, arrive without a copy (DLPack), outlive
+their pipeline, take both __dlpack__ call forms, map keyword arguments to stage options, and report
+errors with their file:line."""
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
+os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
+from sfutil import Checks, make_dataset, read_batches, run, write_graph  # noqa: E402
+
+import shardflow  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-python-")
+urls, truth = make_dataset(tmp, shards=4, per_shard=25)
+out = os.path.join(tmp, "npy")
+graph = write_graph(os.path.join(tmp, "g.yaml"), [
+    ("shard_source", dict(urls=urls)),
+    ("tar_split", {}),
+    ("decode", {}),
+    ("augment", dict(crop="random", size=8, padding=2, flip=0.5, mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25])),
+    ("shuffle", dict(buffer_size=30)),
+    ("batch", dict(batch_size=16)),
+    ("device_sink", dict(npy_dir=out)),
+], seed=5, epochs=2)
+run(["run", graph, "--quiet", "--no-summary"])
+reference = read_batches(out)
+
+# Same batches as the CLI's run of the same graph, epoch by epoch, as NumPy arrays.
+with shardflow.Pipeline(graph, output="dict") as p:
+    got = []
+    for epoch in range(2):
+        check(p.epoch == epoch, f"epoch {epoch}")
+        for b in p:
+            got.append(b)
+        check(p.step == 0 and p.epoch == epoch + 1, "the epoch ended")
+check(len(got) == len(reference), f"{len(got)} batches, as the CLI ({len(reference)})")
+for b, (e, i, keys, fields) in zip(got, reference):
+    check(b["__key__"] == keys, f"epoch {e} batch {i}: keys")
+    check(np.array_equal(b["ppm"], fields["ppm"]) and b["ppm"].dtype == np.float32, "images equal the dump")
+    check(np.array_equal(b["cls"], fields["cls"]) and b["cls"].dtype == np.int64, "labels equal the dump")
+    check(b["ppm"].shape == (len(keys), 3, 8, 8), "images are [B,3,8,8]")
+
+# No copy: the arrays view memory they do not own (the engine's batch buffer), and they stay
+# valid after the pipeline is gone.
+p = shardflow.Pipeline(graph, epochs=1, output="numpy")
+images, labels = p.next_batch()
+check(not images.flags.owndata and not labels.flags.owndata, "NumPy views the engine's buffer")
+first = images.copy()
+p.close()
+del p
+check(np.array_equal(images, first), "a batch outlives its pipeline")
+
+# The protocol both ways: NumPy 1.24 calls __dlpack__() without max_version; newer callers pass it.
+p = shardflow.Pipeline(graph, epochs=1, output="numpy")
+b = shardflow.library
+field = None
+import ctypes  # noqa: E402
+raw = ctypes.c_void_p()
+check(b.sf_pipeline_next(p._pipeline, ctypes.byref(raw), -1.0) == 0, "a raw batch")
+managed = ctypes.c_void_p()
+check(b.sf_batch_to_dlpack(raw, 0, ctypes.byref(managed)) == 0, "export")
+field = shardflow._Field(managed.value)
+cap = field.__dlpack__(stream=None, max_version=(1, 0))
+check(type(cap).__name__ == "PyCapsule", "a capsule with max_version")
+del cap  # never consumed: its destructor releases the tensor
+b.sf_batch_destroy(ctypes.byref(raw))
+p.close()
+
+# Keyword arguments are stage options; an ambiguous or unknown one is refused with the reason.
+with shardflow.Pipeline(graph, epochs=1, output="dict", batch_size=50, device_sink__npy_dir="") as p:
+    sizes = [len(b["__key__"]) for b in p]
+check(sizes == [50, 50], f"batch_size=50 reached the batch stage: {sizes}")
+try:
+    shardflow.Pipeline(graph, batch_sise=3)
+    check(False, "an unknown option is refused")
+except shardflow.ShardflowError as e:
+    check("batch_sise" in str(e) and e.code == "SF_EOPTION", f"unknown option: {e}")
+bad = os.path.join(tmp, "bad.yaml")
+with open(bad, "w") as f:
+    f.write("stages:\n  - type: shard_source\n    urls: x\n  - type: tar_splitt\n")
+try:
+    shardflow.Pipeline(bad)
+    check(False, "a bad graph is refused")
+except shardflow.ShardflowError as e:
+    check(f"{bad}:4" in str(e) and "tar_split" in str(e), f"graph error names file:line: {e}")
+check.done("python")
