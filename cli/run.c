@@ -11,12 +11,15 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: shardflow run GRAPH [--set NODE.OPTION=VALUE]... [--epochs N] [--rank R --world-size W]\n"
+          "                           [--start-epoch E --start-step K]\n"
           "                           [--log-steps N] [--quiet] [--no-summary]\n"
           "\n"
           "Runs GRAPH (a YAML graph file) and consumes its batches as a trainer would.\n"
           "  --set NODE.OPTION=VALUE  override an option (or a setting: --set seed=7)\n"
-          "  --epochs N               epochs to run (default: the graph's `epochs`)\n"
+          "  --epochs N               epochs of the run, counted from epoch 0 (default: the graph's `epochs`)\n"
           "  --rank R, --world-size W this process's rank (default: RANK / WORLD_SIZE, else 0 of 1)\n"
+          "  --start-epoch E, --start-step K  resume: epoch E (0-based) after its first K batches;\n"
+          "                           the batches are exactly those an uninterrupted run returns next\n"
           "  --log-steps N            print a rate line every N batches (default 100; 0 = never)\n"
           "  --quiet                  only errors and the epoch lines\n"
           "  --no-summary             no per-stage table at the end\n"
@@ -88,6 +91,16 @@ int sf_cli_run(int argc, char **argv) {
       if (sf_parse_count(v, &x) < 0 || x < 1 || x > 1 << 20) goto bad;
       options.world_size = (int)x;
       i++;
+    } else if (strcmp(a, "--start-epoch") == 0 && v) {
+      int64_t x;
+      if (sf_parse_count(v, &x) < 0) goto bad;
+      options.first_epoch = (uint64_t)x;
+      i++;
+    } else if (strcmp(a, "--start-step") == 0 && v) {
+      int64_t x;
+      if (sf_parse_count(v, &x) < 0) goto bad;
+      options.first_step = (uint64_t)x;
+      i++;
     } else if (strcmp(a, "--log-steps") == 0 && v) {
       log_steps = atol(v);
       i++;
@@ -138,14 +151,15 @@ int sf_cli_run(int argc, char **argv) {
   int rank = sf_pipeline_rank(p);
   char clk[16];
   double epoch_start = now_seconds(), last_time = epoch_start, rate = 0;
-  uint64_t samples = 0, last_samples = 0, step = 0, total = 0;
+  uint64_t samples = 0, last_samples = 0, step = sf_pipeline_step(p);
+  uint64_t epoch_seen = sf_pipeline_epoch(p);
   int status = 0;
   for (;;) {
     sf_batch *batch;
     r = sf_pipeline_next(p, &batch, -1);
     if (r == 0) {
       samples += (uint64_t)batch->size;
-      step++;
+      step = sf_pipeline_step(p);
       sf_batch_destroy(&batch);
       if (log_steps > 0 && step % (uint64_t)log_steps == 0 && !quiet) {
         double t = now_seconds();
@@ -161,15 +175,14 @@ int sf_cli_run(int argc, char **argv) {
       continue;
     }
     if (r == SF_EOF) {
-      if (samples == 0 && step == 0 && total > 0) break; /* nothing after the last epoch */
+      if (sf_pipeline_epoch(p) == epoch_seen) break; /* no epoch ended: the last one is done */
+      epoch_seen = sf_pipeline_epoch(p);
       double t = now_seconds();
-      unsigned long long epoch = (unsigned long long)sf_pipeline_epoch(p); /* already advanced: 1-based */
+      unsigned long long epoch = (unsigned long long)epoch_seen; /* already advanced: 1-based */
       printf("| Epoch=%llu Rank=%d Replica Train Samples=%llu Steps=%llu Epoch Time=%.2fs GlobalRate=%.2f\n",
              epoch, rank, (unsigned long long)samples, (unsigned long long)step, t - epoch_start,
              (double)samples / (t - epoch_start > 1e-9 ? t - epoch_start : 1e-9));
       fflush(stdout);
-      total += samples;
-      if (samples == 0 && step == 0) break;
       samples = last_samples = step = 0;
       rate = 0;
       epoch_start = last_time = now_seconds();

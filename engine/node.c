@@ -43,6 +43,7 @@ int sf_node_replica(const sf_node *n) { return n->replica; }
 int sf_node_replicas(const sf_node *n) { return n->replicas; }
 uint64_t sf_node_epochs(const sf_node *n) { return n->ctx->epochs; }
 uint64_t sf_node_first_epoch(const sf_node *n) { return n->ctx->first_epoch; }
+uint64_t sf_node_first_step(const sf_node *n) { return n->ctx->first_step; }
 int sf_node_rank(const sf_node *n) { return n->ctx->rank; }
 int sf_node_world_size(const sf_node *n) { return n->ctx->world_size; }
 

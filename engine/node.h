@@ -14,6 +14,7 @@ typedef struct sf_context {
   uint64_t seed;
   uint64_t epochs;
   uint64_t first_epoch;
+  uint64_t first_step;             /* batches of first_epoch to rebuild without returning */
   int rank, world_size;
   int error_policy;                /* SF_POLICY_* */
   atomic_uint_fast64_t epochs_closed;

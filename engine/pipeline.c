@@ -44,6 +44,7 @@ void sf_pipeline_options_init(sf_pipeline_options *o) {
   o->world_size = -1;
   o->epochs = -1;
   o->first_epoch = 0;
+  o->first_step = 0;
 }
 
 /*
@@ -330,6 +331,8 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   c->seed = p->graph->seed;
   c->epochs = options->epochs >= 0 ? (uint64_t)options->epochs : (uint64_t)p->graph->epochs;
   c->first_epoch = options->first_epoch;
+  c->first_step = options->first_step;
+  p->step = options->first_step;
   c->error_policy = p->graph->error_policy;
   int r = 0;
   if (options->rank >= 0)

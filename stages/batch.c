@@ -129,10 +129,20 @@ static int check_sample(const batch *b, sf_sample *s, char *why, size_t why_size
 }
 
 /* Hands the open batch on (trimmed to count samples), or drops it when partial is off. */
+/* A batch the trainer consumed before a resumption: its samples pass through, unbuilt. */
+static bool replayed(sf_node *node, const sf_batch *out) {
+  return out->epoch == sf_node_first_epoch(node) && out->index < sf_node_first_step(node);
+}
+
 static void flush(sf_node *node, batch *b) {
   sf_batch *out = b->open;
   b->open = NULL;
   if (!out) return;
+  if (replayed(node, out)) {
+    b->index++;
+    sf_batch_destroy(&out);
+    return;
+  }
   if (b->count < b->batch_size && !b->partial) {
     sf_node_count_skipped(node, (uint64_t)b->count);
     sf_batch_destroy(&out);
@@ -175,7 +185,7 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
     return 0;
   }
   sf_batch *out = b->open;
-  for (int i = 0; i < out->n_fields; i++) {
+  for (int i = 0; i < out->n_fields && !replayed(node, out); i++) {
     sf_tensor *t = &out->fields[i].tensor;
     size_t slot = sf_tensor_nbytes(t) / (size_t)b->batch_size;
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)b->count;

@@ -94,7 +94,7 @@ static int init(sf_node *node) {
   if (!s->order) return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu shards", s->list.count);
   s->epoch = sf_node_first_epoch(node);
   uint64_t epochs = sf_node_epochs(node);
-  s->end = epochs == 0 || epochs > UINT64_MAX - s->epoch ? UINT64_MAX : s->epoch + epochs;
+  s->end = epochs == 0 ? UINT64_MAX : epochs; /* epochs counts from 0: a resumed run ends where the first would */
   s->next = s->slot;
   return 0;
 }

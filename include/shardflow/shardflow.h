@@ -70,8 +70,9 @@ SF_API void sf_graph_destroy(sf_graph **graph);
 typedef struct sf_pipeline_options {
   int rank;             /**< -1: RANK, else SLURM_PROCID, else 0 */
   int world_size;       /**< -1: WORLD_SIZE, else SLURM_NTASKS, else 1 */
-  int64_t epochs;       /**< -1: the graph's `epochs` setting (0 = unlimited) */
+  int64_t epochs;       /**< epochs of the whole run, from epoch 0; -1: the graph's `epochs` (0 = unlimited) */
   uint64_t first_epoch; /**< epoch to start at (0-based) */
+  uint64_t first_step;  /**< batches of first_epoch already consumed: they are rebuilt, not returned (resumption) */
 } sf_pipeline_options;
 
 /** Fills options with the defaults (everything from the graph or environment). */
@@ -104,6 +105,19 @@ SF_API uint64_t sf_pipeline_epoch(const sf_pipeline *pipeline);
 
 /** Batches sf_pipeline_next() has returned in the current epoch (the trainer's step). */
 SF_API uint64_t sf_pipeline_step(const sf_pipeline *pipeline);
+
+/*
+ * Exact resumption.  Every batch is a function of the graph, seed, rank, world
+ * size, epoch and its position in the epoch (shard order, crops and the
+ * shuffle buffer all draw from the seed), so the position is the whole state:
+ * save epoch and step (sf_pipeline_epoch, sf_pipeline_step) with the rank and
+ * world size; to resume, create the pipeline with first_epoch = epoch and
+ * first_step = step.  The engine then re-reads the epoch's first `step`
+ * batches' samples without building them (no augment, no copies) and returns
+ * exactly the batches the uninterrupted run would have returned next.
+ * Resuming with another world size (or worker split) changes which shards a
+ * rank reads and is not supported: bindings refuse it.
+ */
 
 /**
  * A file descriptor for trainers with an event loop of their own (poll,

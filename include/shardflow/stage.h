@@ -135,11 +135,21 @@ SF_API int sf_node_replicas(const sf_node *node);
  */
 SF_API uint64_t sf_node_seed(const sf_node *node);
 
-/** Number of epochs the pipeline runs (0 = until stopped). */
+/**
+ * Epochs of the whole run, counted from epoch 0 (0 = until stopped): the
+ * pipeline runs epochs first_epoch .. epochs-1, so a resumed run ends where
+ * the uninterrupted one would.
+ */
 SF_API uint64_t sf_node_epochs(const sf_node *node);
 
 /** First epoch to run (0 unless the pipeline was told to start later). */
 SF_API uint64_t sf_node_first_epoch(const sf_node *node);
+
+/**
+ * Batches of the first epoch that were already consumed before a resumption:
+ * the batch stage rebuilds their sample stream but neither fills nor emits them.
+ */
+SF_API uint64_t sf_node_first_step(const sf_node *node);
 
 /**
  * Rank and world size of the pipeline: from the API or the standard

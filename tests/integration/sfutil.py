@@ -79,6 +79,8 @@ def make_dataset(root, shards, per_shard, size=8, seed=0):
 def read_batches(npy_dir):
     """Reads the device sink's dumps: list of (epoch, batch, keys, {field: array}) in order."""
     out = {}
+    if not os.path.isdir(npy_dir):  # the sink writes its directory with the first batch
+        return []
     for name in sorted(os.listdir(npy_dir)):
         stem, ext = os.path.splitext(name)
         parts = stem.split("_", 2)
