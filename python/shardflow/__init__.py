@@ -35,7 +35,7 @@ class _Error(ctypes.Structure):
 
 class _Options(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int), ("epochs", ctypes.c_int64),
-                ("first_epoch", ctypes.c_uint64)]
+                ("first_epoch", ctypes.c_uint64), ("first_step", ctypes.c_uint64)]
 
 
 def _find_library():
@@ -159,6 +159,13 @@ class Pipeline:
 
     def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, **options):
         self._pipeline = ctypes.c_void_p()
+        self._args = (graph, rank, world_size, epochs, options)
+        self._start(0, 0)
+        self._output = output or self._default_output()
+
+    def _start(self, first_epoch, first_step):
+        graph, rank, world_size, epochs, options = self._args
+        self.close()
         g = ctypes.c_void_p()
         err = _Error()
         if os.path.exists(str(graph)):
@@ -180,12 +187,12 @@ class Pipeline:
                 opts.world_size = world_size
             if epochs is not None:
                 opts.epochs = epochs
+            opts.first_epoch, opts.first_step = first_epoch, first_step
             r = library.sf_pipeline_new(ctypes.byref(self._pipeline), g, ctypes.byref(opts), ctypes.byref(err))
             if r < 0:
                 raise _error(r, err)
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
-        self._output = output or self._default_output()
 
     @staticmethod
     def _target(g, name):
@@ -219,6 +226,27 @@ class Pipeline:
     def step(self):
         """Batches returned in this epoch."""
         return library.sf_pipeline_step(self._pipeline)
+
+    def state_dict(self):
+        """The position to resume from: every batch is a function of the graph, seed, rank, world
+        size and position, so this is the whole state (a small dict, picklable)."""
+        return {"epoch": self.epoch, "step": self.step, "rank": library.sf_pipeline_rank(self._pipeline),
+                "world_size": library.sf_pipeline_world_size(self._pipeline)}
+
+    def load_state_dict(self, state):
+        """Continues exactly where state was taken: the next batches are those the uninterrupted run
+        returned next. Refuses a state from another rank or world size (a rank would read other
+        shards than the ones its position counts)."""
+        rank, world = library.sf_pipeline_rank(self._pipeline), library.sf_pipeline_world_size(self._pipeline)
+        if (state["rank"], state["world_size"]) != (rank, world):
+            raise ValueError(f"state saved as rank {state['rank']} of {state['world_size']} cannot resume "
+                             f"rank {rank} of {world}: resume with the same world size")
+        self._start(int(state["epoch"]), int(state["step"]))
+
+    def set_epoch(self, epoch):
+        """Starts epoch `epoch` (0-based) from its beginning (DistributedSampler's set_epoch)."""
+        if epoch != self.epoch or self.step != 0:
+            self._start(int(epoch), 0)
 
     def fileno(self):
         """A descriptor readable while the next batch is ready (for select/poll/asyncio)."""

@@ -89,3 +89,28 @@ try:
 except shardflow.ShardflowError as e:
     check(f"{bad}:4" in str(e) and "tar_split" in str(e), f"graph error names file:line: {e}")
 check.done("python")
+
+# state_dict / load_state_dict: a fresh pipeline continues with exactly the remaining batches.
+check2 = Checks()
+with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="") as p:
+    whole = [b for b in p] + [b for b in p]
+with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="") as p:
+    for _ in range(5):
+        p.next_batch()
+    state = p.state_dict()
+check2(state["epoch"] == 0 and state["step"] == 5, f"state after five batches: {state}")
+with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="") as q:
+    q.load_state_dict(state)
+    rest = [b for b in q] + [b for b in q]
+check2(len(rest) == len(whole) - 5, f"{len(rest)} batches remain of {len(whole)}")
+for a, b in zip(whole[5:], rest):
+    check2(a["__key__"] == b["__key__"] and np.array_equal(a["ppm"], b["ppm"]), "resumed batches are identical")
+with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="", rank=1, world_size=2) as q:
+    try:
+        q.load_state_dict(state)
+        check2(False, "another world size is refused")
+    except ValueError as e:
+        check2("world size" in str(e), f"refusal says why: {e}")
+    q.set_epoch(1)
+    check2(q.epoch == 1 and q.step == 0, "set_epoch starts an epoch")
+check2.done("python resume")
