@@ -6,5 +6,6 @@ int sf_cli_run(int argc, char **argv);   /* cli/run.c:   shardflow run GRAPH ...
 int sf_cli_ls(int argc, char **argv);    /* cli/ls.c:    shardflow ls URL... */
 int sf_cli_help(int argc, char **argv);  /* cli/help.c:  shardflow help [STAGE] */
 int sf_cli_write(int argc, char **argv); /* cli/write.c: shardflow write ... */
+int sf_cli_cp(int argc, char **argv);    /* cli/cp.c:    shardflow cp SRC DST */
 
 #endif

@@ -13,6 +13,7 @@ static void usage(FILE *out) {
           "  run GRAPH [--set NODE.OPTION=VALUE]... [--epochs N]   run a graph file, print rates\n"
           "  ls [--json] URL...                                   list the samples of shards\n"
           "  write [OPTIONS] INPUT OUTPUT_PATTERN                  create WebDataset shards\n"
+          "  cp [--no-verify] SRC DST                             copy files to/from http(s) storage, atomically\n"
           "  help [STAGE]                                         stages and their options\n"
           "  version                                              print the version\n"
           "\n"
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "run") == 0) return sf_cli_run(argc - 1, argv + 1);
   if (strcmp(cmd, "ls") == 0) return sf_cli_ls(argc - 1, argv + 1);
   if (strcmp(cmd, "write") == 0) return sf_cli_write(argc - 1, argv + 1);
+  if (strcmp(cmd, "cp") == 0) return sf_cli_cp(argc - 1, argv + 1);
   if (strcmp(cmd, "help") == 0) return sf_cli_help(argc - 1, argv + 1);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("shardflow %s\n", sf_version_string());

@@ -14,7 +14,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["Pipeline", "ShardflowError", "library"]
+__all__ = ["Pipeline", "ShardflowError", "copy", "library"]
 
 SF_EAGAIN, SF_EOF = -1, -2
 
@@ -86,6 +86,7 @@ def _load():
         "sf_batch_destroy": (None, [ctypes.POINTER(p)]),
         "sf_dlpack_release": (None, [p]),
         "sf_version_string": (c, []),
+        "sf_storage_copy": (ctypes.c_int, [c, c, ctypes.c_bool, ctypes.POINTER(_Error)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -146,6 +147,16 @@ def _text(value):
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
+
+
+def copy(src, dst, verify=True):
+    """Copies a file between a local path and an http(s) URL (checkpoints to the shards' store),
+    atomically: PUT + WebDAV MOVE for uploads (read back and compared unless verify=False),
+    GET into a temporary file + rename for downloads. Raises ShardflowError."""
+    err = _Error()
+    r = library.sf_storage_copy(str(src).encode(), str(dst).encode(), verify, ctypes.byref(err))
+    if r < 0:
+        raise _error(r, err)
 
 
 class Pipeline:
