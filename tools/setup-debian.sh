@@ -7,7 +7,7 @@ packages=(
   libcurl4-openssl-dev libarchive-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   libyaml-dev zlib1g-dev libzstd-dev libmimalloc-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev libdlpack-dev
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
-  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-pil nginx-light zstd tar
+  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-pil python3-torch nginx-light zstd tar
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind
 )

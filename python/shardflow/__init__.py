@@ -14,7 +14,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["Pipeline", "ShardflowError", "copy", "library"]
+__all__ = ["Pipeline", "ShardflowError", "copy", "dataset", "library"]
 
 SF_EAGAIN, SF_EOF = -1, -2
 
@@ -321,3 +321,31 @@ class Pipeline:
 
     def __del__(self):
         self.close()
+
+
+def dataset(graph, **kwargs):
+    """The pipeline as a torch.utils.data.IterableDataset, for DataLoader(ds, batch_size=None):
+    each iteration is one epoch of (images, labels) tensors. With num_workers > 1 every DataLoader
+    worker runs its own pipeline over its own share of the shards (shard_source's worker split)."""
+    import torch.utils.data
+
+    class PipelineDataset(torch.utils.data.IterableDataset):
+        def __init__(self):
+            super().__init__()
+            self.epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            options = dict(kwargs)
+            if info is not None and info.num_workers > 1:
+                options.setdefault("shard_source__workers", info.num_workers)
+                options.setdefault("shard_source__worker", info.id)
+            options.setdefault("output", "torch")
+            with Pipeline(graph, **options) as p:
+                p.set_epoch(self.epoch)
+                yield from p
+
+    return PipelineDataset()

@@ -114,3 +114,28 @@ with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="", rank=1, w
     q.set_epoch(1)
     check2(q.epoch == 1 and q.step == 0, "set_epoch starts an epoch")
 check2.done("python resume")
+
+# PyTorch: tensors without a copy (bfloat16 too), and DataLoader(batch_size=None) with two workers
+# that split the shards between them.
+try:
+    import torch
+    import torch.utils.data
+except ImportError:
+    torch = None
+if torch is not None:
+    check3 = Checks()
+    with shardflow.Pipeline(graph, epochs=1, output="torch", augment__dtype="bfloat16") as p:
+        images, labels = p.next_batch()
+    check3(isinstance(images, torch.Tensor) and images.dtype == torch.bfloat16, f"bfloat16 tensor: {images.dtype}")
+    check3(labels.dtype == torch.int64 and images.shape == (16, 3, 8, 8), f"shapes {tuple(images.shape)}")
+    ref = [b["ppm"] for b in shardflow.Pipeline(graph, epochs=1, output="dict", device_sink__npy_dir="")]
+    with shardflow.Pipeline(graph, epochs=1, output="torch") as p:
+        first, _ = p.next_batch()
+    check3(np.array_equal(first.numpy(), ref[0]), "torch sees the same values as NumPy")
+    ds = shardflow.dataset(graph, epochs=1, device_sink__npy_dir="")
+    seen = []
+    for images, labels in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+        seen.extend(int(v) for v in labels)
+    check3(len(seen) == len(truth), f"two DataLoader workers together read every sample once ({len(seen)})")
+    check3(sorted(seen) == sorted(v[1] for v in truth.values()), "their labels are the dataset's")
+    check3.done("python torch")
