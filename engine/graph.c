@@ -154,6 +154,16 @@ const char *sf_graph_node_name(const sf_graph *g, int i) {
   return g && i >= 0 && i < g->n_nodes ? g->nodes[i].name : NULL;
 }
 
+const char *sf_graph_node_option(const sf_graph *g, int i, const char *option) {
+  if (!g || i < 0 || i >= g->n_nodes || !option) return NULL;
+  const sf_graph_node *n = &g->nodes[i];
+  for (int j = 0; j < n->n_values; j++)
+    if (strcmp(n->values[j].key, option) == 0) return n->values[j].value;
+  const sf_stage_def *def = sf_stage_find(n->type);
+  const sf_option *o = def ? sf_option_find(def->options, option) : NULL;
+  return o ? (o->default_value ? o->default_value : "") : NULL;
+}
+
 bool sf_graph_node_has_option(const sf_graph *g, int i, const char *option) {
   const sf_stage_def *def = g && i >= 0 && i < g->n_nodes ? sf_stage_find(g->nodes[i].type) : NULL;
   return def && option && (sf_option_find(def->options, option) || strcmp(option, "replicas") == 0);

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "engine/options.h"
+#include "shardflow/shardflow.h"
 
 static const char *skip_space(const char *s) {
   while (isspace((unsigned char)*s)) s++;
@@ -360,4 +361,27 @@ void sf_stage_print_markdown(FILE *out, const sf_stage_def *def) {
             o->default_value && o->default_value[0] ? o->default_value : "\"\"", range, o->help ? o->help : "");
   }
   fprintf(out, "\n");
+}
+
+int sf_stage_help(const char *stage, char *buf, size_t size) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return SF_ENOMEM;
+  int r = 0;
+  if (stage) {
+    const sf_stage_def *def = sf_stage_find(stage);
+    if (def)
+      sf_stage_print_help(f, def);
+    else
+      r = SF_ENOENT;
+  } else {
+    void *it = NULL;
+    const sf_stage_def *def;
+    while ((def = sf_stage_iterate(&it))) fprintf(f, "%s: %s\n", def->name, def->summary);
+  }
+  fclose(f);
+  if (r == 0 && buf && size) snprintf(buf, size, "%s", text);
+  free(text);
+  return r < 0 ? r : (int)len;
 }

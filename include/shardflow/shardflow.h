@@ -60,6 +60,21 @@ SF_API int sf_graph_node_count(const sf_graph *graph);
 SF_API const char *sf_graph_node_name(const sf_graph *graph, int i);
 SF_API const char *sf_graph_node_type(const sf_graph *graph, int i);
 
+/**
+ * The value option of node i will run with, as text: the graph file's or
+ * --set's value, else the option's default.  Returns a borrowed string valid
+ * until the graph changes, or NULL for an unknown node or option.
+ */
+SF_API const char *sf_graph_node_option(const sf_graph *graph, int i, const char *option);
+
+/**
+ * Writes `shardflow help STAGE` for stage (summary, ports, every option with
+ * type, default, range and meaning; from the options table) into buf, cut to
+ * size bytes with a NUL.  Returns the full length, or SF_ENOENT for an
+ * unknown stage.  stage NULL lists the stages, one "name: summary" a line.
+ */
+SF_API int sf_stage_help(const char *stage, char *buf, size_t size);
+
 /** True when node i's stage has an option called option (for bindings that map keyword arguments). */
 SF_API bool sf_graph_node_has_option(const sf_graph *graph, int i, const char *option);
 

@@ -66,6 +66,9 @@ def _load():
         "sf_graph_node_count": (ctypes.c_int, [p]),
         "sf_graph_node_name": (c, [p, ctypes.c_int]),
         "sf_graph_node_has_option": (ctypes.c_bool, [p, ctypes.c_int, c]),
+        "sf_graph_node_option": (c, [p, ctypes.c_int, c]),
+        "sf_graph_node_type": (c, [p, ctypes.c_int]),
+        "sf_stage_help": (ctypes.c_int, [c, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
         "sf_pipeline_new": (ctypes.c_int, [ctypes.POINTER(p), p, ctypes.POINTER(_Options), ctypes.POINTER(_Error)]),
@@ -202,6 +205,7 @@ class Pipeline:
             r = library.sf_pipeline_new(ctypes.byref(self._pipeline), g, ctypes.byref(opts), ctypes.byref(err))
             if r < 0:
                 raise _error(r, err)
+            self._batches = self._epoch_batches(g)
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
 
@@ -219,6 +223,29 @@ class Pipeline:
             return name  # a graph setting (seed, epochs...) or a mistake sf_graph_set explains
         raise TypeError(f"option {name!r} belongs to several nodes ({', '.join(nodes)}): "
                         f"write NODE__{name}, e.g. {nodes[0]}__{name}")
+
+    @staticmethod
+    def _epoch_batches(g):
+        """Batches per epoch when shard_source fixes samples_per_epoch, else None."""
+        values = {}
+        for i in range(library.sf_graph_node_count(g)):
+            stage = library.sf_graph_node_type(g, i).decode()
+            for option in {"shard_source": ("samples_per_epoch",), "batch": ("batch_size", "partial")}.get(stage, ()):
+                values.setdefault(option, library.sf_graph_node_option(g, i, option.encode()).decode())
+        try:
+            samples, size = int(values["samples_per_epoch"]), int(values["batch_size"])
+        except (KeyError, ValueError):
+            return None
+        if samples == 0:
+            return None
+        full, rest = divmod(samples, size)
+        return full + (1 if rest and values.get("partial", "true") in ("true", "yes", "on", "1") else 0)
+
+    def __len__(self):
+        """Batches per epoch on this rank (known when shard_source sets samples_per_epoch)."""
+        if self._batches is None:
+            raise TypeError("the epoch length is not fixed: set shard_source's samples_per_epoch to have len()")
+        return self._batches
 
     @staticmethod
     def _default_output():
@@ -349,3 +376,16 @@ def dataset(graph, **kwargs):
                 yield from p
 
     return PipelineDataset()
+
+
+def _stage_help(stage=None):
+    size = library.sf_stage_help(stage.encode() if stage else None, None, 0)
+    buf = ctypes.create_string_buffer(size + 1)
+    library.sf_stage_help(stage.encode() if stage else None, buf, len(buf))
+    return buf.value.decode()
+
+
+# Keyword arguments are the stages' options: their reference comes from the same tables the engine
+# parses graph files with, not from a second list here.
+Pipeline.__doc__ += "\n\nStage options (keyword arguments):\n\n" + "\n".join(
+    _stage_help(line.split(":", 1)[0]) for line in _stage_help().splitlines())

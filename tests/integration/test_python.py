@@ -139,3 +139,40 @@ if torch is not None:
     check3(len(seen) == len(truth), f"two DataLoader workers together read every sample once ({len(seen)})")
     check3(sorted(seen) == sorted(v[1] for v in truth.values()), "their labels are the dataset's")
     check3.done("python torch")
+
+# len() from samples_per_epoch and batch_size; the docstring lists every stage's options from the tables.
+check4 = Checks()
+with shardflow.Pipeline(graph, epochs=1, output="dict", device_sink__npy_dir="", samples_per_epoch=90,
+                        batch_size=16) as p:
+    check4(len(p) == 6, f"len: 90 samples in batches of 16 = 6 batches ({len(p)})")
+    check4(len(list(p)) == 6, "and the epoch has that many")
+with shardflow.Pipeline(graph, epochs=1, output="dict", device_sink__npy_dir="") as p:
+    try:
+        len(p)
+        check4(False, "len() without samples_per_epoch is refused")
+    except TypeError as e:
+        check4("samples_per_epoch" in str(e), f"len() says why: {e}")
+doc = shardflow.Pipeline.__doc__
+for stage, option in (("shard_source", "samples_per_epoch"), ("augment", "padding"), ("batch", "partial")):
+    check4(f"{stage}:" in doc and option in doc, f"the docstring documents {stage}.{option}")
+check4.done("python len/doc")
+
+# Batch buffers go back to the pool when the arrays are freed: memory stays flat over many epochs.
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+check5 = Checks()
+# 64x64 float32 crops: 2.4 MiB a batch, so a leak of the 80 batches would show as ~190 MiB.
+with shardflow.Pipeline(graph, epochs=40, output="numpy", device_sink__npy_dir="", batch_size=50,
+                        augment__crop="center", augment__size=64) as p:
+    marks = {}
+    for epoch in range(40):
+        for images, labels in p:
+            pass
+        del images, labels
+        if epoch in (4, 39):
+            marks[epoch] = rss_mib()
+check5(marks[39] - marks[4] < 8, f"resident memory after 5 epochs {marks[4]:.1f} MiB, after 40 {marks[39]:.1f} MiB")
+check5.done("python memory")
