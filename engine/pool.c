@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/pin.h"
 #include "shardflow/pool.h"
 
 typedef struct idle {
@@ -16,6 +17,7 @@ struct sf_pool {
   pthread_mutex_t lock;
   idle *free_list;
   size_t n_free, max_free, allocated;
+  bool pinned;  /* buffers are registered with cudaHostRegister (engine/pin.c) */
 };
 
 sf_pool *sf_pool_new(size_t max_free) {
@@ -27,11 +29,19 @@ sf_pool *sf_pool_new(size_t max_free) {
   return p;
 }
 
+/* Frees one allocation for good (unpinning it first when the pool pins). */
+static void drop(const sf_pool *p, idle *i) {
+  if (p->pinned) sf_unpin(i);
+  free(i);
+}
+
+void sf_pool_pin(sf_pool *p) { p->pinned = true; }
+
 static void release(sf_pool *p) {
   if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1) return;
   for (idle *i = p->free_list, *next; i; i = next) {
     next = i->next;
-    free(i);
+    drop(p, i);
   }
   pthread_mutex_destroy(&p->lock);
   free(p);
@@ -57,7 +67,7 @@ static void give_back(void *opaque, uint8_t *data) {
     i = NULL;
   }
   pthread_mutex_unlock(&p->lock);
-  free(i);
+  if (i) drop(p, i);
   release(p);
 }
 
@@ -77,6 +87,10 @@ sf_buffer *sf_pool_get(sf_pool *p, size_t size) {
     if (size > SIZE_MAX - HEADER - 64) return NULL;
     got = aligned_alloc(64, (HEADER + size + 63) & ~(size_t)63);
     if (!got) return NULL;
+    if (p->pinned && sf_pin(got, HEADER + size) < 0) { /* pinned memory ran out: reported as out of memory */
+      free(got);
+      return NULL;
+    }
     got->size = size;
     pthread_mutex_lock(&p->lock);
     p->allocated++;

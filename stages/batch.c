@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/pin.h"
 #include "shardflow/pool.h"
 #include "shardflow/stage.h"
 
@@ -16,6 +17,7 @@ typedef struct batch {
   sf_item held;         /* item to handle next step (an epoch end, or a sample of a new epoch) */
   bool eof;
   sf_pool *pool;        /* batch buffers, reused: fresh pages cost a fault each */
+  bool pin_memory;      /* option */
 } batch;
 
 static const sf_option options[] = {
@@ -24,6 +26,10 @@ static const sf_option options[] = {
     {"partial", SF_OPT_BOOL, offsetof(batch, partial), "true", 0, 0,
      "emit the short last batch of an epoch (or of the input); false drops it and counts its samples "
      "as skipped",
+     NULL},
+    {"pin_memory", SF_OPT_BOOL, offsetof(batch, pin_memory), "false", 0, 0,
+     "allocate batches in page-locked memory (cudaHostRegister through a run-time load of the CUDA "
+     "runtime) so host-to-GPU copies can run asynchronously; fails at start without a usable GPU",
      NULL},
     {NULL},
 };
@@ -249,7 +255,17 @@ static int step(sf_node *node) {
 static int init(sf_node *node) {
   batch *b = sf_node_priv(node);
   b->pool = sf_pool_new(32);
-  return b->pool ? 0 : SF_ENOMEM;
+  if (!b->pool) return SF_ENOMEM;
+  if (b->pin_memory) {
+    sf_error e;
+    int r = sf_pin_open(&e);
+    if (r < 0) {
+      sf_node_error(node, r, NULL, NULL, -1, "%s", e.message);
+      return r; /* whatever the error policy: the trainer asked for pinned batches */
+    }
+    sf_pool_pin(b->pool);
+  }
+  return 0;
 }
 
 static void uninit(sf_node *node) {

@@ -143,12 +143,35 @@ static void test_poll_fd(void **state) {
   sf_pipeline_destroy(&p);
 }
 
+/* pin_memory: pinned batches on a GPU host; elsewhere a start-up error that says what is missing. */
+static void test_pin_memory(void **state) {
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g,
+                                        "stages:\n  - type: shard_source\n    urls: x.tar\n  - type: tar_split\n"
+                                        "  - type: batch\n    pin_memory: true\n  - type: device_sink\n",
+                                        "pin.yaml", &e),
+                   0);
+  sf_pipeline *p;
+  int r = sf_pipeline_new(&p, g, NULL, &e);
+  if (r == 0) {
+    sf_pipeline_destroy(&p); /* a host with a GPU and the CUDA runtime */
+  } else {
+    assert_int_equal(r, SF_EUNSUPPORTED);
+    assert_non_null(strstr(e.message, "pin_memory"));
+    assert_int_equal(e.line, 5);
+    assert_null(p);
+  }
+  sf_graph_destroy(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_while_source_hangs),
       cmocka_unit_test(test_unreachable_quota_fails),
       cmocka_unit_test(test_rank_checks),
       cmocka_unit_test(test_poll_fd),
+      cmocka_unit_test(test_pin_memory),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

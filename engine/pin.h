@@ -1,0 +1,25 @@
+/* Pinned (page-locked) host memory for batch buffers, through the CUDA runtime loaded at run time. */
+#ifndef SF_ENGINE_PIN_H
+#define SF_ENGINE_PIN_H
+
+#include <stddef.h>
+
+#include "shardflow/error.h"
+#include "shardflow/pool.h"
+
+/*
+ * Loads the CUDA runtime (libcudart.so.13, .12, .11, or libcudart.so) with
+ * dlopen and checks that it can pin memory on this host (a probe register of
+ * one page). Never a build-time dependency. Returns 0, or SF_EUNSUPPORTED with
+ * *error saying what is missing (the library, a GPU, a driver) and what to do.
+ */
+int sf_pin_open(sf_error *error);
+
+/* Buffers the pool allocates from now on are registered with cudaHostRegister (sf_pin_open first). */
+void sf_pool_pin(sf_pool *pool);
+
+/* For pool.c: pin / unpin one allocation (no-ops when sf_pin_open has not succeeded). */
+int sf_pin(void *ptr, size_t size);
+void sf_unpin(void *ptr);
+
+#endif
