@@ -26,6 +26,8 @@ http {
   server {
     listen 127.0.0.1:$port;
     root $root;
+    # checkpoints: uploads by shardflow cp (PUT to a temporary name, MOVE into place)
+    location /checkpoints/ { dav_methods PUT DELETE MOVE; create_full_put_path on; client_max_body_size 0; }
   }
 }
 CONF
