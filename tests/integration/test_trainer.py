@@ -25,6 +25,18 @@ for split, shards in (("train", 2), ("test", 2)):
         os.rename(os.path.join(d, f"shard-{i:06d}.tar"), os.path.join(d, f"cifar-{split}-{i:06d}.tar"))
 script = os.path.join(os.environ["SF_SOURCE_ROOT"], "examples", "train_cifar10.py")
 env = dict(os.environ, SHARDFLOW_LIB=os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
+
+
+def trainer(args):
+    """Runs the trainer; returns (status, log). The log goes through a file, not a pipe: the
+    multiprocessing helpers it starts may hold a pipe open after it exits."""
+    path = os.path.join(root, f"log-{len(os.listdir(root))}.txt")
+    with open(path, "w") as out:
+        p = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, timeout=600, env=env)
+    with open(path) as f:
+        return p.returncode, f.read()
+
+
 DAV = "location /checkpoints/ { dav_methods PUT DELETE MOVE; create_full_put_path on; client_max_body_size 0; }"
 
 with nginx(root, DAV) as base:
@@ -32,10 +44,8 @@ with nginx(root, DAV) as base:
     common = [sys.executable, script, "--shards", f"{base}/cifar10", "--train-shards", "2", "--test-shards", "2",
               "--samples-per-epoch", "256", "--batch-size", "32", "--epochs", "3", "--log-steps", "2",
               "--checkpoint-url", ckpt, "--lr", "0.05"]
-    first = subprocess.run(common + ["--interrupt-at", "3", "2", "--port", str(free_port())],
-                           capture_output=True, text=True, timeout=600, env=env)
-    log = first.stdout + first.stderr
-    check(first.returncode != 0, "the interrupted run ends with an error status")
+    status, log = trainer(common + ["--interrupt-at", "3", "2", "--port", str(free_port())])
+    check(status != 0, "the interrupted run ends with an error status")
     for needle in ("Rate=", "GlobalRate=", "Replica Train Samples=128", "Reduced GlobalRate=",
                    "Validation Epoch=1 Accuracy=", "Interrupted (--interrupt-at) at Epoch=3 Step=2"):
         check(needle in log, f"first run logs {needle!r}:\n{log[-2000:]}")
@@ -43,10 +53,8 @@ with nginx(root, DAV) as base:
           "a checkpoint was uploaded to object storage")
     saved = [line for line in log.splitlines() if "Checkpoint Epoch=" in line]
     last_saved = int(saved[-1].split("Checkpoint Epoch=")[1].split()[0])
-    second = subprocess.run(common + ["--load-checkpoint", ckpt, "--port", str(free_port())],
-                            capture_output=True, text=True, timeout=600, env=env)
-    log2 = second.stdout + second.stderr
-    check(second.returncode == 0, f"the resumed run finishes:\n{log2[-2000:]}")
+    status, log2 = trainer(common + ["--load-checkpoint", ckpt, "--port", str(free_port())])
+    check(status == 0, f"the resumed run finishes:\n{log2[-2000:]}")
     check(f"Resumed from {ckpt} at Epoch={last_saved + 1}" in log2, f"the log shows where it resumed:\n{log2[:1500]}")
     check(f"Epoch={last_saved + 1} Replica Train Samples=128" in log2 and "Done BestAccuracy=" in log2,
           "it trains the remaining epochs")
