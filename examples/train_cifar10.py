@@ -103,9 +103,12 @@ def evaluate(model, args, rank, world):
 
 
 def train(rank, world, args):
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args.port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if args.rendezvous:  # a shared file: no port to collide with anything else on the host
+        dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank, world_size=world)
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(args.port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = ResNet(args.width, args.depth)
@@ -193,6 +196,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-steps", type=int, default=20)
     ap.add_argument("--port", type=int, default=29517, help="rendezvous port on 127.0.0.1")
+    ap.add_argument("--rendezvous", metavar="FILE", help="rendezvous through this (new) file instead of a port")
     ap.add_argument("--interrupt-at", type=int, nargs=2, metavar=("EPOCH", "STEP"),
                     help="die at this (1-based) epoch and step, to show resumption")
     args = ap.parse_args()

@@ -7,7 +7,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, free_port, make_dataset, nginx  # noqa: E402
+from sfutil import Checks, make_dataset, nginx  # noqa: E402
 
 try:
     import torch  # noqa: F401
@@ -44,7 +44,7 @@ with nginx(root, DAV) as base:
     common = [sys.executable, script, "--shards", f"{base}/cifar10", "--train-shards", "2", "--test-shards", "2",
               "--samples-per-epoch", "256", "--batch-size", "32", "--epochs", "3", "--log-steps", "2",
               "--checkpoint-url", ckpt, "--lr", "0.05"]
-    status, log = trainer(common + ["--interrupt-at", "3", "2", "--port", str(free_port())])
+    status, log = trainer(common + ["--interrupt-at", "3", "2", "--rendezvous", os.path.join(root, "rdv1")])
     check(status != 0, "the interrupted run ends with an error status")
     for needle in ("Rate=", "GlobalRate=", "Replica Train Samples=128", "Reduced GlobalRate=",
                    "Validation Epoch=1 Accuracy=", "Interrupted (--interrupt-at) at Epoch=3 Step=2"):
@@ -53,7 +53,7 @@ with nginx(root, DAV) as base:
           "a checkpoint was uploaded to object storage")
     saved = [line for line in log.splitlines() if "Checkpoint Epoch=" in line]
     last_saved = int(saved[-1].split("Checkpoint Epoch=")[1].split()[0])
-    status, log2 = trainer(common + ["--load-checkpoint", ckpt, "--port", str(free_port())])
+    status, log2 = trainer(common + ["--load-checkpoint", ckpt, "--rendezvous", os.path.join(root, "rdv2")])
     check(status == 0, f"the resumed run finishes:\n{log2[-2000:]}")
     check(f"Resumed from {ckpt} at Epoch={last_saved + 1}" in log2, f"the log shows where it resumed:\n{log2[:1500]}")
     check(f"Epoch={last_saved + 1} Replica Train Samples=128" in log2 and "Done BestAccuracy=" in log2,
