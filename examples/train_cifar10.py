@@ -14,6 +14,7 @@ A checkpoint (model, optimizer, scheduler, epoch, best accuracy, pipeline state)
 whenever the accuracy improves.
 """
 import argparse
+import datetime
 import os
 import sys
 import tempfile
@@ -103,12 +104,14 @@ def evaluate(model, args, rank, world):
 
 
 def train(rank, world, args):
+    timeout = datetime.timedelta(seconds=300)  # a lost peer becomes an error, not a hang
     if args.rendezvous:  # a shared file: no port to collide with anything else on the host
-        dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=f"file://{args.rendezvous}", rank=rank, world_size=world,
+                                timeout=timeout)
     else:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = ResNet(args.width, args.depth)
@@ -175,6 +178,8 @@ def train(rank, world, args):
         log(rank, f"Done BestAccuracy={best:.2f}%")
     train_data.close()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # a spawned worker ends here: interpreter teardown with gloo and the engine's threads can hang
 
 
 def main():

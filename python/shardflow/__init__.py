@@ -100,22 +100,13 @@ def _load():
 library = _load()
 __version__ = library.sf_version_string().decode()
 
-# DLPack capsules (the protocol NumPy and PyTorch speak): "dltensor" until a consumer takes it and
-# renames it "used_dltensor"; a capsule nobody took releases its tensor itself.
+# DLPack capsules (the protocol NumPy and PyTorch speak): named "dltensor" until a consumer takes
+# the tensor (and with it the duty to call its deleter). The capsule has no destructor of its own:
+# a Python callback there could run during interpreter shutdown, where ctypes callbacks may hang.
+# A capsule that no consumer takes therefore keeps its batch buffer; from_dlpack always takes it.
 _CAPSULE_NAME = b"dltensor"
-_Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, _Destructor]
-_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_valid.restype, _capsule_valid.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
-
-
-@_Destructor
-def _release_unused(capsule):
-    if _capsule_valid(capsule, _CAPSULE_NAME):
-        library.sf_dlpack_release(_capsule_pointer(capsule, _CAPSULE_NAME))
+_capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
 class _Field:
@@ -128,7 +119,7 @@ class _Field:
         if self._managed is None:
             raise BufferError("a shardflow field can be exported once")
         managed, self._managed = self._managed, None
-        return _capsule_new(managed, _CAPSULE_NAME, _release_unused)
+        return _capsule_new(managed, _CAPSULE_NAME, None)
 
     def __dlpack_device__(self):
         return (1, 0)  # kDLCPU
