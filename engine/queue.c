@@ -76,7 +76,6 @@ int sf_queue_push(sf_queue *q, sf_item *item) {
   }
   q->ring[(q->head + q->count) % q->cap_alloc] = *item;
   q->count++;
-  q->pushed++;
   update_fd(q);
   bool wake = q->consumer_waiting && (q->count >= q->wake_at || item->kind == SF_ITEM_EPOCH_END ||
                                       item->kind == SF_ITEM_BATCH);
@@ -99,7 +98,6 @@ int sf_queue_pop(sf_queue *q, sf_item *item) {
   *item = q->ring[q->head];
   q->head = (q->head + 1) % q->cap_alloc;
   q->count--;
-  q->popped++;
   update_fd(q);
   if (q->producers_waiting && q->count <= q->capacity / 2) pthread_cond_broadcast(&q->writable);
   pthread_mutex_unlock(&q->lock);

@@ -25,7 +25,6 @@ typedef struct sf_queue {
   int producers;            /* still open */
   bool consumer_waiting;
   int producers_waiting;
-  uint64_t pushed, popped;
   int notify_fd;            /* eventfd kept readable while the consumer has something, or -1 */
   bool fd_ready;
 } sf_queue;
