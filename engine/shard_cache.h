@@ -8,7 +8,6 @@
 #define SF_ENGINE_SHARD_CACHE_H
 
 #include <stdbool.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
