@@ -1,0 +1,403 @@
+/* Unit tests of the shard cache: hit/miss, the cap, LRU order, abandoned temp files, 4 processes at once. */
+#include <dirent.h>
+#include <ftw.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine/shard_cache.h"
+
+/* A fresh temporary directory for one test (removed by rm_tree). */
+static char *make_tmpdir(void) {
+  const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  char *dir = malloc(strlen(base) + 32);
+  assert_non_null(dir);
+  snprintf(dir, strlen(base) + 32, "%s/sf-cache-XXXXXX", base);
+  assert_non_null(mkdtemp(dir));
+  return dir;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  return remove(path);
+}
+
+/* Removes dir and everything under it, and frees the string. */
+static void rm_tree(char *dir) {
+  nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  free(dir);
+}
+
+/*
+ * The bytes a URL's shard consists of: length 1..max_len from a hash of the URL,
+ * content an xorshift stream seeded by it (independent of the cache's code).
+ */
+static size_t url_bytes(const char *url, unsigned char *out, size_t max_len) {
+  uint64_t h = 14695981039346656037ull;
+  for (const char *p = url; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  size_t len = max_len / 2 + h % (max_len / 2);
+  uint64_t x = h | 1;
+  for (size_t i = 0; i < len; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out[i] = (unsigned char)x;
+  }
+  return len;
+}
+
+/* Stores data under url in `pieces` writes (sleeping between them when slow). */
+static void store(sf_shard_cache *c, const char *url, const unsigned char *data, size_t len, int pieces, bool slow) {
+  sf_shard_cache_entry *e;
+  int fd = sf_shard_cache_begin(c, url, &e);
+  assert_true(fd >= 0);
+  assert_non_null(e);
+  size_t step = len / (size_t)pieces + 1;
+  for (size_t off = 0; off < len; off += step) {
+    sf_shard_cache_write(e, data + off, off + step > len ? len - off : step);
+    if (slow) usleep(200);
+  }
+  sf_shard_cache_end(c, &e, true);
+  assert_null(e);
+}
+
+/* Reads the whole fd (closing it) into a malloc'ed buffer; *len gets its size. */
+static unsigned char *slurp(int fd, size_t *len) {
+  struct stat st;
+  assert_int_equal(fstat(fd, &st), 0);
+  unsigned char *buf = malloc((size_t)st.st_size + 1);
+  size_t got = 0;
+  ssize_t n;
+  while ((n = pread(fd, buf + got, (size_t)st.st_size - got + 1, (off_t)got)) > 0) got += (size_t)n;
+  close(fd);
+  *len = got;
+  return buf;
+}
+
+/* Sum of the sizes of the published entries, and their count. */
+static int64_t dir_total(const char *dir, int *entries, int *temps) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int64_t total = 0;
+  *entries = 0;
+  if (temps) *temps = 0;
+  struct dirent *de;
+  char path[4096];
+  while ((de = readdir(d))) {
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    struct stat st;
+    if (stat(path, &st) || !S_ISREG(st.st_mode)) continue;
+    if (strstr(de->d_name, ".shard")) {
+      total += st.st_size;
+      (*entries)++;
+    } else if (temps && !strncmp(de->d_name, ".tmp-", 5)) {
+      (*temps)++;
+    }
+  }
+  closedir(d);
+  return total;
+}
+
+static void test_name(void **state) {
+  char name[SF_SHARD_CACHE_NAME_LEN + 1];
+  /* sha256("abc") from FIPS 180-2. */
+  sf_shard_cache_name("abc", name);
+  assert_string_equal(name, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad.shard");
+  assert_int_equal(strlen(name), SF_SHARD_CACHE_NAME_LEN);
+}
+
+static void test_open_errors(void **state) {
+  sf_shard_cache *c = (sf_shard_cache *)1;
+  sf_error error;
+  assert_int_equal(sf_shard_cache_open(&c, "/tmp/x", 0, &error), SF_EINVAL);
+  assert_null(c);
+  assert_non_null(strstr(error.message, "cache_size"));
+  assert_int_equal(sf_shard_cache_open(&c, "", 10, &error), SF_EINVAL);
+  assert_int_equal(sf_shard_cache_open(&c, "/proc/sf-no-such/cache", 10, &error), SF_EIO);
+  assert_non_null(strstr(error.message, "/proc/sf-no-such/cache"));
+  assert_null(c);
+  /* Also without an error record. */
+  assert_int_equal(sf_shard_cache_open(&c, "/proc/sf-no-such/cache", 10, NULL), SF_EIO);
+}
+
+static void test_hit_miss(void **state) {
+  char *dir = make_tmpdir();
+  char sub[4200];
+  snprintf(sub, sizeof sub, "%s/a/b", dir); /* parents are created */
+  sf_shard_cache *c;
+  sf_error error;
+  assert_int_equal(sf_shard_cache_open(&c, sub, 1 << 20, &error), 0);
+  static unsigned char data[20000];
+  size_t len = url_bytes("http://h/s-0.tar", data, sizeof data);
+  int64_t size = -1;
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-0.tar", &size), -1);
+  store(c, "http://h/s-0.tar", data, len, 7, false);
+  int fd = sf_shard_cache_lookup(c, "http://h/s-0.tar", &size);
+  assert_true(fd >= 0);
+  assert_int_equal(size, (int64_t)len);
+  size_t got;
+  unsigned char *buf = slurp(fd, &got);
+  assert_int_equal(got, len);
+  assert_memory_equal(buf, data, len);
+  free(buf);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-1.tar", NULL), -1);
+
+  /* An incomplete entry is discarded, and so is one that was never written. */
+  sf_shard_cache_entry *e;
+  assert_true(sf_shard_cache_begin(c, "http://h/s-1.tar", &e) >= 0);
+  sf_shard_cache_write(e, data, 100);
+  sf_shard_cache_end(c, &e, false);
+  assert_null(e);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-1.tar", NULL), -1);
+  sf_shard_cache_end(c, &e, true); /* NULL entry */
+  sf_shard_cache_write(NULL, data, 1);
+
+  /* A shard larger than the whole cap is not kept, and evicts nothing. */
+  sf_shard_cache_close(&c);
+  assert_int_equal(sf_shard_cache_open(&c, sub, 30000, &error), 0);
+  static unsigned char big[40000];
+  store(c, "http://h/big.tar", big, sizeof big, 3, false);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/big.tar", NULL), -1);
+  fd = sf_shard_cache_lookup(c, "http://h/s-0.tar", NULL);
+  assert_true(fd >= 0);
+  close(fd);
+
+  uint64_t hits, misses, evicted;
+  sf_shard_cache_stats(c, &hits, &misses, &evicted);
+  assert_int_equal(hits, 1);
+  assert_int_equal(misses, 1);
+  assert_int_equal(evicted, 0);
+  int entries, temps;
+  assert_int_equal(dir_total(sub, &entries, &temps), (int64_t)len);
+  assert_int_equal(entries, 1);
+  assert_int_equal(temps, 0);
+  sf_shard_cache_close(&c);
+  assert_null(c);
+  sf_shard_cache_close(&c);
+  rm_tree(dir);
+}
+
+/* Cap and LRU order: 10 shards of 1000 bytes under a 4500-byte cap; a hit saves an old shard. */
+static void test_lru(void **state) {
+  char *dir = make_tmpdir();
+  sf_shard_cache *c;
+  assert_int_equal(sf_shard_cache_open(&c, dir, 4500, NULL), 0);
+  unsigned char data[1000];
+  char url[64];
+  for (int i = 0; i < 4; i++) {
+    memset(data, i, sizeof data);
+    snprintf(url, sizeof url, "s3://b/%d.tar", i);
+    store(c, url, data, sizeof data, 1, false);
+  }
+  /* Use 0: now 1 is the least recently used, then 2. */
+  int fd = sf_shard_cache_lookup(c, "s3://b/0.tar", NULL);
+  assert_true(fd >= 0);
+  close(fd);
+  memset(data, 4, sizeof data);
+  store(c, "s3://b/4.tar", data, sizeof data, 1, false);
+  int entries;
+  assert_int_equal(dir_total(dir, &entries, NULL), 4000);
+  assert_int_equal(entries, 4);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/1.tar", NULL), -1);
+  const int kept[] = {0, 2, 3, 4};
+  for (int i = 0; i < 4; i++) {
+    snprintf(url, sizeof url, "s3://b/%d.tar", kept[i]);
+    fd = sf_shard_cache_lookup(c, url, NULL);
+    if (fd < 0) fail_msg("%s was evicted", url);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, 999), 1);
+    assert_int_equal(b, kept[i]);
+    close(fd);
+  }
+  /* Looked up in order 0, 2, 3, 4: adding two more evicts 0 and 2. */
+  store(c, "s3://b/5.tar", data, sizeof data, 1, false);
+  store(c, "s3://b/6.tar", data, sizeof data, 1, false);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/0.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/2.tar", NULL), -1);
+  for (int i = 3; i <= 6; i++) {
+    snprintf(url, sizeof url, "s3://b/%d.tar", i);
+    fd = sf_shard_cache_lookup(c, url, NULL);
+    if (fd < 0) fail_msg("%s was evicted", url);
+    close(fd);
+  }
+  /* Re-storing a cached URL replaces it without counting it twice. */
+  store(c, "s3://b/6.tar", data, sizeof data, 1, false);
+  assert_int_equal(dir_total(dir, &entries, NULL), 4000);
+  uint64_t evicted;
+  sf_shard_cache_stats(c, NULL, NULL, &evicted);
+  assert_int_equal(evicted, 3000);
+  /* An fd stays readable after its file is evicted. */
+  fd = sf_shard_cache_lookup(c, "s3://b/3.tar", NULL);
+  assert_true(fd >= 0);
+  for (int i = 7; i < 12; i++) {
+    snprintf(url, sizeof url, "s3://b/%d.tar", i);
+    store(c, url, data, sizeof data, 1, false);
+  }
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/3.tar", NULL), -1);
+  size_t got;
+  unsigned char *buf = slurp(fd, &got);
+  assert_int_equal(got, 1000);
+  assert_int_equal(buf[0], 3);
+  free(buf);
+  sf_shard_cache_close(&c);
+  rm_tree(dir);
+}
+
+/* A writer killed mid-shard leaves a temp file: never visible as an entry, removed by the next publish. */
+static void test_abandoned_tmp(void **state) {
+  char *dir = make_tmpdir();
+  sf_shard_cache *c;
+  assert_int_equal(sf_shard_cache_open(&c, dir, 1 << 20, NULL), 0);
+  int pipefd[2];
+  assert_int_equal(pipe(pipefd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    sf_shard_cache_entry *e;
+    sf_shard_cache_begin(c, "http://h/killed.tar", &e);
+    sf_shard_cache_write(e, "partial", 7);
+    if (write(pipefd[1], "x", 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  char x;
+  assert_int_equal(read(pipefd[0], &x, 1), 1);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  int entries, temps;
+  dir_total(dir, &entries, &temps);
+  assert_int_equal(entries, 0);
+  assert_int_equal(temps, 1);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/killed.tar", NULL), -1);
+  store(c, "http://h/other.tar", (const unsigned char *)"whole", 5, 1, false);
+  dir_total(dir, &entries, &temps);
+  assert_int_equal(entries, 1);
+  assert_int_equal(temps, 0);
+  sf_shard_cache_close(&c);
+  rm_tree(dir);
+}
+
+enum { N_CHILDREN = 4, N_URLS = 24, ROUNDS = 150, MAX_SHARD = 24000 };
+
+/*
+ * One of 4 processes sharing the directory: each round looks a random URL up
+ * (checking a hit's bytes in full) or stores it on a miss, in slow pieces so
+ * that writers overlap. Exits 0, or 1 + a message on a mismatch.
+ */
+static void child(const char *dir, int64_t cap, unsigned seed) {
+  sf_shard_cache *c;
+  if (sf_shard_cache_open(&c, dir, cap, NULL)) _exit(2);
+  static unsigned char want[MAX_SHARD];
+  srand(seed);
+  for (int round = 0; round < ROUNDS; round++) {
+    char url[64];
+    snprintf(url, sizeof url, "http://store/shard-%02d.tar", rand() % N_URLS);
+    size_t len = url_bytes(url, want, sizeof want);
+    int64_t size;
+    int fd = sf_shard_cache_lookup(c, url, &size);
+    if (fd >= 0) {
+      size_t got;
+      unsigned char *buf = slurp(fd, &got);
+      if (got != len || (int64_t)got != size || memcmp(buf, want, len)) {
+        fprintf(stderr, "child %u: %s: %zu bytes cached, %zu expected or content differs\n", seed, url, got, len);
+        _exit(1);
+      }
+      free(buf);
+    } else {
+      sf_shard_cache_entry *e;
+      if (sf_shard_cache_begin(c, url, &e) < 0) _exit(3);
+      for (size_t off = 0; off < len; off += 4096) {
+        sf_shard_cache_write(e, want + off, off + 4096 > len ? len - off : 4096);
+        if (rand() % 4 == 0) usleep(100);
+      }
+      sf_shard_cache_end(c, &e, rand() % 10 != 0); /* one in ten downloads "fails" */
+    }
+  }
+  sf_shard_cache_close(&c);
+  _exit(0);
+}
+
+static void test_processes(void **state) {
+  char *dir = make_tmpdir();
+  const int64_t cap = 8 * MAX_SHARD; /* about half of the 24 URLs' bytes */
+  pid_t pids[N_CHILDREN];
+  for (int i = 0; i < N_CHILDREN; i++) {
+    pids[i] = fork();
+    assert_true(pids[i] >= 0);
+    if (pids[i] == 0) child(dir, cap, 1000u + (unsigned)i);
+  }
+  /*
+   * Meanwhile, holding the cache's lock as publishers do, the directory is
+   * never over the cap (without the lock two publishers could both evict for
+   * themselves and then both rename).
+   */
+  char lock[4200];
+  snprintf(lock, sizeof lock, "%s/.lock", dir);
+  int running = N_CHILDREN, checks = 0, entries, temps;
+  while (running) {
+    int lfd = open(lock, O_RDWR | O_CLOEXEC);
+    if (lfd >= 0) {
+      assert_int_equal(flock(lfd, LOCK_EX), 0);
+      int64_t total = dir_total(dir, &entries, NULL);
+      if (total > cap) fail_msg("%lld bytes cached under the lock, cap %lld", (long long)total, (long long)cap);
+      close(lfd);
+      checks++;
+    }
+    for (int i = 0; i < N_CHILDREN; i++) {
+      int status;
+      if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
+      if (!WIFEXITED(status) || WEXITSTATUS(status)) fail_msg("child %d failed (status %#x)", i, status);
+      pids[i] = 0;
+      running--;
+    }
+  }
+  assert_true(checks > 0);
+  /* Every entry is the whole shard of some URL, the total is under the cap, no temp file is left. */
+  int64_t total = dir_total(dir, &entries, &temps);
+  assert_true(total <= cap);
+  assert_int_equal(temps, 0);
+  assert_true(entries > 0);
+  sf_shard_cache *c;
+  assert_int_equal(sf_shard_cache_open(&c, dir, cap, NULL), 0);
+  int found = 0;
+  static unsigned char want[MAX_SHARD];
+  for (int u = 0; u < N_URLS; u++) {
+    char url[64];
+    snprintf(url, sizeof url, "http://store/shard-%02d.tar", u);
+    size_t len = url_bytes(url, want, sizeof want);
+    int fd = sf_shard_cache_lookup(c, url, NULL);
+    if (fd < 0) continue;
+    found++;
+    size_t got;
+    unsigned char *buf = slurp(fd, &got);
+    assert_int_equal(got, len);
+    assert_memory_equal(buf, want, len);
+    free(buf);
+  }
+  assert_int_equal(found, entries); /* no file that belongs to no URL */
+  sf_shard_cache_close(&c);
+  rm_tree(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_name),          cmocka_unit_test(test_open_errors),
+      cmocka_unit_test(test_hit_miss),      cmocka_unit_test(test_lru),
+      cmocka_unit_test(test_abandoned_tmp), cmocka_unit_test(test_processes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
