@@ -1,4 +1,4 @@
-/* Streaming reads of one shard by URL: local files, http(s) through libcurl (a fetcher thread per shard), pipe:CMD. */
+/* Streaming reads of one shard by URL: local files, http(s)/s3/gs through the prefetcher (engine/prefetch.c), pipe:CMD. */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,8 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
-
+#include "engine/prefetch.h"
+#include "engine/shard_cache.h"
 #include "engine/shard_reader.h"
 
 /* An error about this shard: no stage, no key, no graph line. */
@@ -26,8 +26,6 @@
 extern char **environ;
 
 enum { FILE_CHUNK = 1 << 20 };
-/* http: blocks of 512 KiB, four per shard being read (2 MiB in flight at most). */
-enum { HTTP_BLOCK = 512 * 1024, HTTP_BLOCKS = 4 };
 
 typedef enum kind { KIND_FILE, KIND_HTTP, KIND_PIPE } kind;
 
@@ -44,25 +42,11 @@ struct sf_shard_reader {
   /* pipe */
   pid_t pid;
   const char *command; /* points into url */
-  /* http: a fetcher thread fills a ring of blocks while the reader's caller parses */
-  CURLM *multi;
-  CURL *easy;
-  pthread_t fetcher;
-  bool fetcher_started;
-  pthread_mutex_t lock;
-  pthread_cond_t changed;
-  uint8_t *blocks[HTTP_BLOCKS];
-  size_t block_size[HTTP_BLOCKS];
-  int read_idx;       /* the block the caller holds, or will take next */
-  int write_idx;      /* the block the fetcher fills (or filled last, when !filling) */
-  bool filling;       /* blocks[write_idx] is partly filled, not yet handed to the caller */
-  int ready;          /* complete blocks not yet taken */
-  bool held;          /* the caller holds blocks[read_idx] (returned by the last read) */
-  bool paused;        /* on_data asked libcurl to hold data until a block frees */
-  bool stop;          /* close: the fetcher must end the transfer */
-  bool done;          /* the transfer ended (result says how) */
-  CURLcode result;
-  char curl_text[CURL_ERROR_SIZE];
+  /* http(s), s3, gs */
+  sf_fetch *fetch;
+  sf_prefetch *own_prefetch; /* when the caller gave none */
+  sf_shard_cache *cache;        /* borrowed */
+  sf_shard_cache_entry *entry;  /* the shard being copied into the cache */
 };
 
 
@@ -229,270 +213,48 @@ static void kill_pipe(sf_shard_reader *r) {
   r->pid = 0;
 }
 
-/* ---- http(s) ---- */
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_result;
-
-static void curl_init(void) { curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
-
-/* Room for n more bytes: the rest of the block being filled plus the free blocks. Lock held. */
-static bool has_room(const sf_shard_reader *r, size_t n) {
-  int free_blocks = HTTP_BLOCKS - r->ready - (r->held ? 1 : 0) - (r->filling ? 1 : 0);
-  size_t room = (r->filling ? HTTP_BLOCK - r->block_size[r->write_idx] : 0) + (size_t)free_blocks * HTTP_BLOCK;
-  return room >= n;
-}
-
-/* Hands the block being filled to the caller. Lock held. */
-static void complete_block(sf_shard_reader *r) {
-  r->ready++;
-  r->filling = false;
-  pthread_cond_broadcast(&r->changed);
-}
-
-static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
-  sf_shard_reader *r = opaque;
-  size_t n = size * nmemb;
-  pthread_mutex_lock(&r->lock);
-  if (r->stop) {
-    pthread_mutex_unlock(&r->lock);
-    return 0; /* ends the transfer (CURLE_WRITE_ERROR, ignored on close) */
-  }
-  if (!has_room(r, n)) {
-    /* The caller is behind: leave the data with libcurl and the socket (bounded memory). */
-    r->paused = true;
-    pthread_mutex_unlock(&r->lock);
-    return CURL_WRITEFUNC_PAUSE;
-  }
-  pthread_mutex_unlock(&r->lock);
-  /* Only this thread touches the block being filled, so the copy runs unlocked; has_room()
-   * counted a free block for every block this chunk starts. */
-  for (size_t done = 0; done < n;) {
-    if (!r->filling) {
-      r->write_idx = (r->write_idx + 1) % HTTP_BLOCKS;
-      r->block_size[r->write_idx] = 0;
-      r->filling = true;
-    }
-    size_t *filled = &r->block_size[r->write_idx];
-    size_t take = n - done < HTTP_BLOCK - *filled ? n - done : HTTP_BLOCK - *filled;
-    memcpy(r->blocks[r->write_idx] + *filled, ptr + done, take);
-    *filled += take;
-    done += take;
-    if (*filled == HTTP_BLOCK) {
-      pthread_mutex_lock(&r->lock);
-      complete_block(r);
-      pthread_mutex_unlock(&r->lock);
-    }
-  }
-  return n;
-}
-
-/* Maps a finished transfer's result to an error record; 0 when it succeeded. */
-static int http_result(sf_shard_reader *r, sf_error *error) {
-  if (r->result == CURLE_OK) return 0;
-  long status = 0;
-  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
-  const char *text = r->curl_text[0] ? r->curl_text : curl_easy_strerror(r->result);
-  switch (r->result) {
-  case CURLE_HTTP_RETURNED_ERROR:
-    if (status == 404 || status == 410) {
-      SET_ERROR(error, SF_ENOENT, r->url, r->offset,
-                "HTTP %ld: the server has no such shard (%s) — check the URL and the shard list",
-                status, text);
-      return SF_ENOENT;
-    }
-    SET_ERROR(error, SF_ENET, r->url, r->offset,
-              "HTTP %ld from the server (%s) — check access rights and the server's logs", status,
-              text);
-    return SF_ENET;
-  case CURLE_OPERATION_TIMEDOUT:
-    SET_ERROR(error, SF_ETIMEDOUT, r->url, r->offset,
-              "timed out (%s) — the server is unreachable or stalled; raise connect_timeout / "
-              "stall_timeout on tar_split if it is just slow",
-              text);
-    return SF_ETIMEDOUT;
-  case CURLE_OUT_OF_MEMORY:
-  case CURLE_WRITE_ERROR:
-    SET_ERROR(error, SF_ENOMEM, r->url, r->offset, "out of memory while downloading (%s)", text);
-    return SF_ENOMEM;
-  case CURLE_UNSUPPORTED_PROTOCOL:
-    SET_ERROR(error, SF_EDENIED, r->url, r->offset,
-              "refused to follow (%s): only http and https URLs are fetched, redirects included",
-              text);
-    return SF_EDENIED;
-  default:
-    if (status >= 400)
-      SET_ERROR(error, SF_ENET, r->url, r->offset, "HTTP %ld, then: %s", status, text);
-    else
-      SET_ERROR(error, SF_ENET, r->url, r->offset,
-                "download failed: %s — check that the host name resolves and the server is "
-                "running and reachable",
-                text);
-    return SF_ENET;
-  }
-}
+/* ---- http(s), s3://, gs:// ---- */
 
 /*
- * The fetcher: drives the transfer with libcurl's multi interface, pausing
- * while the ring is full, until the transfer ends or close asks it to stop.
+ * Remote shards come from a prefetcher: the caller's (tar_split's, shared by
+ * the shards it reads ahead), or one of the reader's own for this shard.
  */
-static void *fetch(void *arg) {
-  sf_shard_reader *r = arg;
-  for (;;) {
-    pthread_mutex_lock(&r->lock);
-    while (r->paused && !r->stop && !has_room(r, HTTP_BLOCK)) pthread_cond_wait(&r->changed, &r->lock);
-    bool resume = r->paused && !r->stop;
-    r->paused = false;
-    bool stop = r->stop;
-    pthread_mutex_unlock(&r->lock);
-    if (stop) break;
-    if (resume) curl_easy_pause(r->easy, CURLPAUSE_CONT); /* may deliver the held chunk at once */
-    int running = 0;
-    CURLMcode mc = curl_multi_perform(r->multi, &running);
-    CURLMsg *msg;
-    int left;
-    bool finished = mc != CURLM_OK;
-    while ((msg = curl_multi_info_read(r->multi, &left)))
-      if (msg->msg == CURLMSG_DONE) {
-        finished = true;
-        r->result = msg->data.result;
-      }
-    if (mc != CURLM_OK) {
-      r->result = CURLE_FAILED_INIT;
-      snprintf(r->curl_text, sizeof r->curl_text, "libcurl failed: %s", curl_multi_strerror(mc));
+static int open_remote(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
+  if (o && o->cache) {
+    /* Whole shards read before: a local file, no download. */
+    int fd = o->cached_fd >= 0 ? o->cached_fd : r->fetch ? -1 : sf_shard_cache_lookup(o->cache, r->url, NULL);
+    if (fd >= 0) {
+      sf_fetch_close(&r->fetch);
+      r->kind = KIND_FILE;
+      r->fd = fd;
+      r->chunk = malloc(FILE_CHUNK);
+      return r->chunk ? 0 : SF_ENOMEM;
     }
-    if (finished) break;
-    pthread_mutex_lock(&r->lock);
-    bool wait_for_network = !r->paused;
-    pthread_mutex_unlock(&r->lock);
-    if (wait_for_network) curl_multi_poll(r->multi, NULL, 0, 1000, NULL);
+    r->cache = o->cache;
   }
-  pthread_mutex_lock(&r->lock);
-  if (r->filling && r->block_size[r->write_idx] > 0) complete_block(r);
-  r->done = true;
-  pthread_cond_broadcast(&r->changed);
-  pthread_mutex_unlock(&r->lock);
-  return NULL;
-}
-
-/* Waits up to 100 ms for the fetcher (lock held). False when the caller asks to cancel. */
-static bool wait_slice(sf_shard_reader *r) {
-  struct timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  deadline.tv_nsec += 100 * 1000 * 1000;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
-  if (pthread_cond_timedwait(&r->changed, &r->lock, &deadline) == 0) return true;
-  return !cancelled(r);
-}
-
-/*
- * Takes the next block: releases the one handed out last time, then waits for
- * a complete block or the end of the transfer. Returns its size, 0 at the end,
- * or the transfer's error once every byte received before it was handed out.
- */
-static ssize_t read_http(sf_shard_reader *r, const void **data, sf_error *error) {
-  pthread_mutex_lock(&r->lock);
-  if (r->held) {
-    r->held = false;
-    r->read_idx = (r->read_idx + 1) % HTTP_BLOCKS;
-    pthread_cond_broadcast(&r->changed);
-  }
-  while (r->ready == 0 && !r->done) {
-    if (!wait_slice(r)) {
-      pthread_mutex_unlock(&r->lock);
-      return cancel_error(r, error);
+  if (!r->fetch) {
+    sf_prefetch *p = o ? o->prefetch : NULL;
+    if (!p) {
+      sf_prefetch_options po = {
+          .max_transfers = 1,
+          .max_bytes = 2 << 20,
+          .connect_timeout = o ? o->connect_timeout : 0,
+          .stall_timeout = o ? o->stall_timeout : 0,
+          .retries = o ? o->retries : 0,
+          .retry_wait = o ? o->retry_wait : 0,
+          .retry_max_wait = o ? o->retry_max_wait : 0,
+      };
+      int rc = sf_prefetch_new(&r->own_prefetch, &po, error);
+      if (rc < 0) return rc;
+      p = r->own_prefetch;
     }
-  }
-  ssize_t n = 0;
-  if (r->ready > 0) {
-    r->ready--;
-    r->held = true;
-    *data = r->blocks[r->read_idx];
-    n = (ssize_t)r->block_size[r->read_idx];
-  }
-  pthread_mutex_unlock(&r->lock);
-  if (n == 0) {
-    int rc = http_result(r, error);
+    int rc = sf_prefetch_start(p, r->url, &r->fetch, error);
     if (rc < 0) return rc;
   }
-  return n;
-}
-
-/* Waits for the first block or the end: a 404 or a dead host shows at open. */
-static int wait_first(sf_shard_reader *r, sf_error *error) {
-  pthread_mutex_lock(&r->lock);
-  while (r->ready == 0 && !r->done) {
-    if (!wait_slice(r)) {
-      pthread_mutex_unlock(&r->lock);
-      return cancel_error(r, error);
-    }
-  }
-  bool empty_end = r->ready == 0 && r->done;
-  pthread_mutex_unlock(&r->lock);
-  return empty_end ? http_result(r, error) : 0;
-}
-
-/* A deep socket buffer: the sender streams on while this side parses, with fewer wake-ups. */
-static int big_receive_buffer(void *opaque, curl_socket_t fd, curlsocktype purpose) {
-  int size = 4 << 20;
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
-  return CURL_SOCKOPT_OK;
-}
-
-static int open_http(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_result != CURLE_OK) {
-    SET_ERROR(error, SF_ENET, r->url, -1, "libcurl did not initialise: %s",
-              curl_easy_strerror(curl_init_result));
-    return SF_ENET;
-  }
-  r->multi = curl_multi_init();
-  r->easy = curl_easy_init();
-  if (!r->multi || !r->easy) return SF_ENOMEM;
-  double connect = o && o->connect_timeout > 0 ? o->connect_timeout : 10.0;
-  double stall = o && o->stall_timeout > 0 ? o->stall_timeout : 30.0;
-  long stall_s = (long)stall < stall ? (long)stall + 1 : (long)stall;
-  CURL *e = r->easy;
-  int bad = 0;
-  bad |= curl_easy_setopt(e, CURLOPT_URL, r->url);
-  bad |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  bad |= curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  bad |= curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
-  bad |= curl_easy_setopt(e, CURLOPT_FAILONERROR, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024); /* fewer, larger deliveries */
-  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
-  bad |= curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(connect * 1000));
-  bad |= curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, stall_s < 1 ? 1L : stall_s);
-  bad |= curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->curl_text);
-  bad |= curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
-  bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-  bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
-  bad |= curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, big_receive_buffer);
-  if (bad) {
-    SET_ERROR(error, SF_EINVAL, r->url, -1,
-              "libcurl refused the transfer options (is libcurl older than 7.85?)");
-    return SF_EINVAL;
-  }
-  if (curl_multi_add_handle(r->multi, e) != CURLM_OK) return SF_ENOMEM;
-  for (int i = 0; i < HTTP_BLOCKS; i++)
-    if (!(r->blocks[i] = malloc(HTTP_BLOCK))) return SF_ENOMEM;
-  r->write_idx = HTTP_BLOCKS - 1; /* the first block filled is blocks[0] */
-  pthread_mutex_init(&r->lock, NULL);
-  pthread_cond_init(&r->changed, NULL);
-  if (pthread_create(&r->fetcher, NULL, fetch, r) != 0) {
-    pthread_mutex_destroy(&r->lock);
-    pthread_cond_destroy(&r->changed);
-    return SF_ENOMEM;
-  }
-  r->fetcher_started = true;
-  return wait_first(r, error);
+  /* The first bytes or the failure: a 404 or a dead host shows at open. */
+  int rc = sf_fetch_wait(r->fetch, r->cancelled, r->cancel_opaque, error);
+  if (rc == 0 && r->cache) (void)sf_shard_cache_begin(r->cache, r->url, &r->entry); /* -1: not cached */
+  return rc;
 }
 
 /* ---- dispatch ---- */
@@ -508,12 +270,15 @@ static bool has_scheme(const char *url) {
 int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
                          const sf_shard_reader_options *options, sf_error *error) {
   *reader = NULL;
+  sf_fetch *given = options ? options->fetch : NULL; /* consumed whatever happens */
   if (!url || !*url) {
+    sf_fetch_close(&given);
     SET_ERROR(error, SF_EINVAL, "", -1, "empty shard URL — check the shard list");
     return SF_EINVAL;
   }
   sf_shard_reader *r = calloc(1, sizeof *r);
   if (!r || !(r->url = strdup(url))) {
+    sf_fetch_close(&given);
     free(r);
     SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
     return SF_ENOMEM;
@@ -524,6 +289,9 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     r->cancel_opaque = options->cancel_opaque;
   }
   int rc;
+  if (given && !sf_prefetch_url_is_remote(url)) sf_fetch_close(&given);
+  if (options && options->cache && options->cached_fd >= 0 && !sf_prefetch_url_is_remote(url))
+    close(options->cached_fd);
   if (strncmp(url, "pipe:", 5) == 0) {
     r->kind = KIND_PIPE;
     r->command = r->url + 5;
@@ -535,9 +303,11 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     } else {
       rc = open_pipe(r, error);
     }
-  } else if (strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0) {
+  } else if (sf_prefetch_url_is_remote(url)) {
     r->kind = KIND_HTTP;
-    rc = open_http(r, options, error);
+    r->fetch = given;
+    given = NULL;
+    rc = open_remote(r, options, error);
   } else if (strncmp(url, "file://", 7) == 0) {
     r->kind = KIND_FILE;
     char *path = file_url_path(url);
@@ -573,8 +343,13 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
   if (r->at_end) return 0;
   ssize_t n;
   if (r->kind == KIND_HTTP) {
-    n = read_http(r, data, error);
-    if (n < 0) return n;
+    n = sf_fetch_read(r->fetch, data, r->cancelled, r->cancel_opaque, error);
+    if (n < 0) {
+      if (n != SF_ECANCELED) sf_shard_cache_end(r->cache, &r->entry, false);
+      return n;
+    }
+    if (n > 0) sf_shard_cache_write(r->entry, *data, (size_t)n);
+    if (n == 0) sf_shard_cache_end(r->cache, &r->entry, true); /* the whole shard: publish it */
   } else {
     n = read_fd(r, data, error);
     if (n == 0 && r->kind == KIND_PIPE) {
@@ -595,22 +370,9 @@ void sf_shard_reader_close(sf_shard_reader **reader) {
   sf_shard_reader *r = *reader;
   if (r->fd >= 0) close(r->fd);
   kill_pipe(r);
-  if (r->fetcher_started) {
-    pthread_mutex_lock(&r->lock);
-    r->stop = true;
-    pthread_cond_broadcast(&r->changed);
-    pthread_mutex_unlock(&r->lock);
-    curl_multi_wakeup(r->multi); /* out of a poll that waits on the network */
-    pthread_join(r->fetcher, NULL);
-    pthread_mutex_destroy(&r->lock);
-    pthread_cond_destroy(&r->changed);
-  }
-  if (r->easy) {
-    if (r->multi) curl_multi_remove_handle(r->multi, r->easy);
-    curl_easy_cleanup(r->easy);
-  }
-  if (r->multi) curl_multi_cleanup(r->multi);
-  for (int i = 0; i < HTTP_BLOCKS; i++) free(r->blocks[i]);
+  sf_shard_cache_end(r->cache, &r->entry, false); /* not read to its end: not cached */
+  sf_fetch_close(&r->fetch);
+  sf_prefetch_destroy(&r->own_prefetch);
   free(r->chunk);
   free(r->url);
   free(r);

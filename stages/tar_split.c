@@ -1,13 +1,40 @@
-/* tar_split: streams each shard (file, http(s), pipe) through libarchive and emits its samples one per step. */
+/* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive and emits its samples one per step, downloading the next shards meanwhile. */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include "engine/prefetch.h"
+#include "engine/shard_cache.h"
 #include "engine/tar_reader.h"
 #include "shardflow/stage.h"
+
+/* Most shards read ahead. */
+enum { LOOKAHEAD_MAX = 64 };
+
+/* An input item taken ahead of its turn, with the download started for it. */
+typedef struct ahead {
+  sf_item item;
+  sf_fetch *fetch;   /* remote shard: its download (owned), or NULL */
+  int cache_fd;      /* the shard from the cache (owned), or -1 */
+} ahead;
 
 typedef struct tar_split {
   double connect_timeout; /* option, seconds */
   double stall_timeout;   /* option, seconds */
+  int64_t prefetch;       /* option: remote shards downloaded ahead of the one being split */
+  int64_t prefetch_bytes; /* option: bytes those downloads may hold */
+  int64_t retries;        /* option */
+  double retry_wait;      /* option, seconds */
+  double retry_max_wait;  /* option, seconds */
+  char *cache_dir;        /* option, or NULL */
+  int64_t cache_size;     /* option, bytes */
+  sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
+  sf_shard_cache *cache;
+  ahead queue[LOOKAHEAD_MAX + 1]; /* items taken from the input, in order (a ring) */
+  int q_head, q_len, q_shards;
+  bool input_done;        /* the input said SF_EOF */
+  bool downloads_failed;  /* the prefetcher could not start: do not try again */
   sf_tar_reader *tar;     /* the open shard, or NULL */
   sf_shard *shard;        /* its descriptor (owned) */
   bool started;           /* an epoch has been seen */
@@ -25,8 +52,120 @@ static const sf_option options[] = {
     {"stall_timeout", SF_OPT_DURATION, offsetof(tar_split, stall_timeout), "30s", 1, 86400,
      "give up on an http(s) shard that sends under 1 byte/s for this long, in seconds "
      "(libcurl averages over ~5 s, so a stall shows that much later)", NULL},
+    {"prefetch", SF_OPT_COUNT, offsetof(tar_split, prefetch), "2", 0, LOOKAHEAD_MAX,
+     "remote shards (http, https, s3, gs) downloaded ahead while one is split, all on one "
+     "thread and connection pool; 0 = one at a time", NULL},
+    {"prefetch_bytes", SF_OPT_SIZE, offsetof(tar_split, prefetch_bytes), "64MiB", 1 << 20,
+     (double)(1LL << 40), "most bytes the downloads ahead may hold before they pause, in bytes", NULL},
+    {"retries", SF_OPT_INT, offsetof(tar_split, retries), "5", 0, 1000,
+     "retries of a remote shard after a 5xx, 429, timeout or reset (an attempt that brought new "
+     "bytes starts the count again); a broken download resumes at the byte reached", NULL},
+    {"retry_wait", SF_OPT_DURATION, offsetof(tar_split, retry_wait), "100ms", 0.001, 3600,
+     "first wait before a retry, in seconds; doubles with each retry, with jitter", NULL},
+    {"retry_max_wait", SF_OPT_DURATION, offsetof(tar_split, retry_max_wait), "30s", 0.001, 86400,
+     "longest wait before one retry, in seconds; a server asking (Retry-After) for longer fails "
+     "the shard", NULL},
+    {"cache_dir", SF_OPT_STRING, offsetof(tar_split, cache_dir), NULL, 0, 0,
+     "directory keeping whole remote shards for later epochs and runs (shared safely between "
+     "processes); empty = no cache", NULL},
+    {"cache_size", SF_OPT_SIZE, offsetof(tar_split, cache_size), "10GiB", 1 << 20, (double)(1LL << 50),
+     "cap on cache_dir, in bytes; least recently used shards are evicted", NULL},
     {NULL},
 };
+
+/* ---- items taken ahead ---- */
+
+static ahead *q_at(tar_split *t, int i) { return &t->queue[(t->q_head + i) % (LOOKAHEAD_MAX + 1)]; }
+
+static void ahead_clear(ahead *a) {
+  sf_fetch_close(&a->fetch);
+  if (a->cache_fd >= 0) close(a->cache_fd);
+  a->cache_fd = -1;
+  sf_item_clear(&a->item);
+}
+
+static int ensure_downloads(sf_node *node, tar_split *t, const char *url);
+
+/* Starts fetching a remote shard taken ahead: from the cache, else a download. */
+static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
+  const char *url = a->item.u.shard->url;
+  if (t->prefetch == 0 || !sf_prefetch_url_is_remote(url)) return; /* local files: the page cache */
+  if (t->cache && (a->cache_fd = sf_shard_cache_lookup(t->cache, url, NULL)) >= 0) return;
+  if (ensure_downloads(node, t, url) == 0) {
+    sf_error error;
+    (void)sf_prefetch_start(t->downloads, url, &a->fetch, &error); /* on failure: at its turn */
+  }
+}
+
+/*
+ * The downloads' thread and connection pool, started with the first remote
+ * shard. Returns 0, or SF_ENOMEM (recorded; shards then download on their own).
+ */
+static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
+  if (t->downloads) return 0;
+  if (t->downloads_failed) return SF_ENOMEM;
+  {
+    sf_prefetch_options o = {
+        .max_transfers = (int)t->prefetch + 1,
+        .max_bytes = t->prefetch_bytes,
+        .connect_timeout = t->connect_timeout,
+        .stall_timeout = t->stall_timeout,
+        .retries = (int)t->retries,
+        .retry_wait = t->retry_wait,
+        .retry_max_wait = t->retry_max_wait,
+    };
+    sf_error error;
+    if (sf_prefetch_new(&t->downloads, &o, &error) < 0) {
+      t->downloads_failed = true; /* each shard then downloads on its own when its turn comes */
+      sf_node_error(node, error.code, url, NULL, -1, "cannot start downloads ahead: %s", error.message);
+      return error.code;
+    }
+  }
+  return 0;
+}
+
+/* Takes input items ahead (up to `prefetch` shards) and starts their downloads. */
+static void fill_ahead(sf_node *node, tar_split *t) {
+  while (!t->input_done && t->q_len < LOOKAHEAD_MAX + 1 && t->q_shards < t->prefetch + (t->tar ? 0 : 1)) {
+    ahead *a = q_at(t, t->q_len);
+    *a = (ahead){.cache_fd = -1};
+    int rc = sf_node_pop(node, &a->item);
+    if (rc == SF_EOF) t->input_done = true;
+    if (rc < 0) return;
+    if (a->item.kind == SF_ITEM_SHARD && t->cut && a->item.epoch <= t->cut_epoch) {
+      sf_item_clear(&a->item); /* the epoch already has its samples_per_epoch samples */
+      continue;
+    }
+    t->q_len++;
+    if (a->item.kind == SF_ITEM_SHARD) {
+      t->q_shards++;
+      start_ahead(node, t, a);
+    }
+  }
+}
+
+/* Takes the next item in input order. Returns 0, SF_EAGAIN or SF_EOF. */
+static int next_item(sf_node *node, tar_split *t, ahead *out) {
+  fill_ahead(node, t);
+  if (t->q_len == 0) return t->input_done ? SF_EOF : SF_EAGAIN;
+  *out = *q_at(t, 0);
+  t->q_head = (t->q_head + 1) % (LOOKAHEAD_MAX + 1);
+  t->q_len--;
+  if (out->item.kind == SF_ITEM_SHARD) t->q_shards--;
+  return 0;
+}
+
+/* An epoch was cut: downloads ahead for it (or older ones) will never be read. */
+static void drop_cut_downloads(tar_split *t) {
+  for (int i = 0; i < t->q_len; i++) {
+    ahead *a = q_at(t, i);
+    if (a->item.kind == SF_ITEM_SHARD && a->item.epoch <= t->cut_epoch) {
+      sf_fetch_close(&a->fetch);
+      if (a->cache_fd >= 0) close(a->cache_fd);
+      a->cache_fd = -1;
+    }
+  }
+}
 
 static void close_shard(tar_split *t) {
   sf_tar_reader_close(&t->tar);
@@ -35,13 +174,15 @@ static void close_shard(tar_split *t) {
 
 static bool cancelled(void *node) { return sf_node_cancelled(node); }
 
-static int open_shard(sf_node *node, tar_split *t, sf_item *item) {
+static int open_shard(sf_node *node, tar_split *t, ahead *a) {
+  sf_item *item = &a->item;
   sf_shard *shard = item->u.shard;
   item->u.shard = NULL;
   item->kind = SF_ITEM_NONE;
   if (t->cut && item->epoch <= t->cut_epoch) {
     /* The epoch already has its samples_per_epoch samples. */
     sf_shard_destroy(&shard);
+    ahead_clear(a);
     return 0;
   }
   if (!t->started || item->epoch != t->epoch) {
@@ -57,6 +198,7 @@ static int open_shard(sf_node *node, tar_split *t, sf_item *item) {
       char url[512];
       snprintf(url, sizeof url, "%s", shard->url);
       sf_shard_destroy(&shard);
+      ahead_clear(a);
       sf_node_error(node, SF_ENOENT, url, NULL, -1,
                     "a whole pass over this rank's shards yielded no sample, so samples_per_epoch can "
                     "never be reached; check shard_source.urls and that members are named KEY.EXT");
@@ -65,13 +207,23 @@ static int open_shard(sf_node *node, tar_split *t, sf_item *item) {
     t->pass = shard->pass;
     t->pass_samples = 0;
   }
+  if (sf_prefetch_url_is_remote(shard->url)) (void)ensure_downloads(node, t, shard->url); /* counts retries */
   sf_shard_reader_options o = {
       .allow_pipe = shard->allow_pipe,
       .connect_timeout = t->connect_timeout,
       .stall_timeout = t->stall_timeout,
+      .retries = (int)t->retries,
+      .retry_wait = t->retry_wait,
+      .retry_max_wait = t->retry_max_wait,
+      .fetch = a->fetch,
+      .prefetch = t->downloads,
+      .cache = t->cache,
+      .cached_fd = a->cache_fd,
       .cancelled = cancelled,
       .cancel_opaque = node,
   };
+  a->fetch = NULL; /* the readers own them now */
+  a->cache_fd = -1;
   sf_error error;
   int rc = sf_tar_reader_open(&t->tar, shard->url, &o, &error);
   if (rc < 0) {
@@ -129,28 +281,67 @@ static int read_sample(sf_node *node, tar_split *t) {
     sf_node_close_epoch(node, t->epoch);
     t->cut = true;
     t->cut_epoch = t->epoch;
+    drop_cut_downloads(t);
   }
   return 0;
 }
 
 static int step(sf_node *node) {
   tar_split *t = sf_node_priv(node);
-  if (t->tar) return read_sample(node, t);
-  sf_item item;
-  int rc = sf_node_pop(node, &item);
+  if (t->tar) {
+    if (t->prefetch > 0) fill_ahead(node, t); /* the next shards download while this one is split */
+    return read_sample(node, t);
+  }
+  ahead a;
+  int rc = next_item(node, t, &a);
   if (rc < 0) return rc; /* SF_EAGAIN, or SF_EOF: no shard is open */
-  switch (item.kind) {
-  case SF_ITEM_SHARD: return open_shard(node, t, &item);
+  switch (a.item.kind) {
+  case SF_ITEM_SHARD: return open_shard(node, t, &a);
   case SF_ITEM_EPOCH_END:
     /* One-pass mode: the source ends epochs. An end for an epoch already cut is stale. */
-    if (t->cut && item.epoch <= t->cut_epoch) return 0;
-    sf_node_push(node, &item);
+    if (t->cut && a.item.epoch <= t->cut_epoch) return 0;
+    sf_node_push(node, &a.item);
     return 0;
-  default: sf_item_clear(&item); return 0;
+  default: ahead_clear(&a); return 0;
   }
 }
 
-static void uninit(sf_node *node) { close_shard(sf_node_priv(node)); }
+static int init(sf_node *node) {
+  tar_split *t = sf_node_priv(node);
+  if (t->cache_dir && t->cache_dir[0]) {
+    sf_error error;
+    int rc = sf_shard_cache_open(&t->cache, t->cache_dir, t->cache_size, &error);
+    if (rc < 0) {
+      sf_node_error(node, rc, error.url, NULL, -1, "cache_dir: %s", error.message);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static void uninit(sf_node *node) {
+  tar_split *t = sf_node_priv(node);
+  close_shard(t);
+  while (t->q_len > 0) {
+    ahead a = *q_at(t, 0);
+    t->q_head = (t->q_head + 1) % (LOOKAHEAD_MAX + 1);
+    t->q_len--;
+    ahead_clear(&a);
+  }
+  if (t->downloads) {
+    sf_prefetch_stats s;
+    sf_prefetch_stats_get(t->downloads, &s);
+    /* The end-of-run account of the network: what was fetched twice and why. */
+    fprintf(stderr,
+            "%s: downloaded %llu shard(s), %.1f MiB; refetched %llu bytes; %llu retries (%llu resumed "
+            "with Range); %llu failed\n",
+            sf_node_name(node), (unsigned long long)s.shards, (double)s.bytes / 1048576.0,
+            (unsigned long long)s.refetched_bytes, (unsigned long long)s.retries,
+            (unsigned long long)s.resumes, (unsigned long long)s.failed);
+    sf_prefetch_destroy(&t->downloads);
+  }
+  sf_shard_cache_close(&t->cache);
+}
 
 const sf_stage_def sf_stage_tar_split = {
     .abi_version = SF_STAGE_ABI_VERSION,
@@ -161,7 +352,7 @@ const sf_stage_def sf_stage_tar_split = {
     .output = SF_PORT_SAMPLE,
     .priv_size = sizeof(tar_split),
     .options = options,
-    .init = NULL,
+    .init = init,
     .step = step,
     .uninit = uninit,
 };

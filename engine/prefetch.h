@@ -1,0 +1,119 @@
+/* Parallel downloads of whole shards over http(s), s3:// and gs:// on one libcurl multi handle and one thread, with retries and Range resume. */
+#ifndef SF_ENGINE_PREFETCH_H
+#define SF_ENGINE_PREFETCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shardflow/error.h"
+
+/*
+ * A prefetcher runs one thread that drives every download through one libcurl
+ * multi handle (so connections to a server are reused from shard to shard).
+ * Downloads are started in the order the shards will be read; at most
+ * max_transfers run at once and the bytes they hold, not yet read, stay under
+ * max_bytes (the download being read may always hold up to 2 MiB more, so it
+ * never waits on the ones ahead of it).
+ *
+ * Faults: a download that fails with a 5xx, 429 or 408 status, a timeout, a
+ * reset or a refused connection is retried after an exponential backoff with
+ * jitter (Retry-After is honoured).  When bytes were received before the
+ * failure, the retry asks for `Range: bytes=N-` pinned with `If-Match: <ETag>`
+ * of the first response (or If-Unmodified-Since with its Last-Modified when
+ * there was no strong ETag), so the stream goes on with the byte after the
+ * last one received.  A server that answers 200 instead of 206 is accepted
+ * only when its ETag equals the first one: the first N bytes are received
+ * again and discarded (counted as refetched).  A 412, a different ETag, or a
+ * resume without any validator fails the download: two versions of an object
+ * are never spliced.
+ */
+typedef struct sf_prefetch sf_prefetch;
+
+/* One shard's download, owned by whoever started it until sf_fetch_close(). */
+typedef struct sf_fetch sf_fetch;
+
+typedef struct sf_prefetch_options {
+  int max_transfers;        /* downloads running at once; 0 = 3 */
+  int64_t max_bytes;        /* bytes held for unread data over all downloads; 0 = 64 MiB */
+  double connect_timeout;   /* seconds; 0 = 10 s */
+  double stall_timeout;     /* seconds under 1 byte/s before an attempt fails; 0 = 30 s */
+  int retries;              /* retries after failures that brought no new byte; 0 = none */
+  double retry_wait;        /* seconds, first backoff (doubles each time); 0 = 0.1 s */
+  double retry_max_wait;    /* seconds, longest single wait (Retry-After included); 0 = 30 s */
+} sf_prefetch_options;
+
+/* Counters over the prefetcher's life (all downloads). */
+typedef struct sf_prefetch_stats {
+  uint64_t shards;          /* downloads started */
+  uint64_t bytes;           /* body bytes received */
+  uint64_t refetched_bytes; /* of which were received a second time and discarded */
+  uint64_t retries;         /* attempts made after a failure */
+  uint64_t resumes;         /* of which asked for a Range from a byte > 0 */
+  uint64_t failed;          /* downloads that failed for good */
+} sf_prefetch_stats;
+
+/*
+ * Starts a prefetcher and its thread.  options may be NULL (defaults).
+ * Returns 0; SF_ENET (libcurl did not initialise), SF_ENOMEM.  The caller
+ * owns *prefetch and frees it with sf_prefetch_destroy().
+ */
+int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error);
+
+/*
+ * Stops the thread and frees the prefetcher; downloads not yet closed are
+ * closed too (their sf_fetch pointers must not be used afterwards).  Sets
+ * *prefetch to NULL.  NULL-safe.
+ */
+void sf_prefetch_destroy(sf_prefetch **prefetch);
+
+/* Copies the counters into *stats.  Thread-safe. */
+void sf_prefetch_stats_get(sf_prefetch *prefetch, sf_prefetch_stats *stats);
+
+/* True for URLs the prefetcher downloads: http://, https://, s3://, gs://. */
+bool sf_prefetch_url_is_remote(const char *url);
+
+/*
+ * Queues a download of url (http, https, s3 or gs; s3/gs requests are signed
+ * through sf_object_request_prepare() for every attempt).  It starts as soon
+ * as fewer than max_transfers run.  Returns 0 with *fetch (owned by the
+ * caller: close it with sf_fetch_close()); SF_EINVAL (not a remote URL),
+ * SF_ENOMEM.
+ */
+int sf_prefetch_start(sf_prefetch *prefetch, const char *url, sf_fetch **fetch, sf_error *error);
+
+/*
+ * Marks fetch as the one being read (it may then use its 2 MiB reserve) and
+ * waits until its first bytes, its end or its failure.  cancelled (may be
+ * NULL) is asked every ~100 ms: true ends the wait with SF_ECANCELED.
+ * Returns 0 when bytes or a clean end are there; the download's error when it
+ * failed before its first byte (SF_ENOENT for 404/410, SF_ENET, SF_ETIMEDOUT,
+ * SF_EDENIED, SF_EIO for a changed object); *error names the URL
+ * (credentials redacted) and what to do.
+ */
+int sf_fetch_wait(sf_fetch *fetch, bool (*cancelled)(void *), void *cancel_opaque, sf_error *error);
+
+/*
+ * Returns the next bytes of the shard: > 0 with *data pointing at them
+ * (borrowed, valid until the next call or close), 0 at the end, or a negative
+ * SF_E* code once every byte received before the failure was handed out, with
+ * *error naming the URL, the byte offset and what to do.  Waits like
+ * sf_fetch_wait().
+ */
+ssize_t sf_fetch_read(sf_fetch *fetch, const void **data, bool (*cancelled)(void *),
+                      void *cancel_opaque, sf_error *error);
+
+/*
+ * Ends the download (finished or not), frees what it holds and sets *fetch to
+ * NULL.  NULL-safe.
+ */
+void sf_fetch_close(sf_fetch **fetch);
+
+/*
+ * Writes url into out (size bytes, always NUL-terminated) with the user
+ * information (user:password@) and the values of signature, token and
+ * credential query parameters replaced by "***", for messages and logs.
+ */
+void sf_url_redact(const char *url, char *out, size_t size);
+
+#endif
