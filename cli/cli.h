@@ -7,5 +7,7 @@ int sf_cli_ls(int argc, char **argv);    /* cli/ls.c:    shardflow ls URL... */
 int sf_cli_help(int argc, char **argv);  /* cli/help.c:  shardflow help [STAGE] */
 int sf_cli_write(int argc, char **argv); /* cli/write.c: shardflow write ... */
 int sf_cli_cp(int argc, char **argv);    /* cli/cp.c:    shardflow cp SRC DST */
+int sf_cli_worker(int argc, char **argv); /* cli/worker.c: shardflow worker --connect ENDPOINT */
+int sf_cli_keygen(int argc, char **argv); /* cli/keygen.c: shardflow keygen NAME [--dir DIR] */
 
 #endif

@@ -14,6 +14,8 @@ static void usage(FILE *out) {
           "  ls [--json] URL...                                   list the samples of shards\n"
           "  write [OPTIONS] INPUT OUTPUT_PATTERN                  create WebDataset shards\n"
           "  cp [--no-verify] SRC DST                             copy files to/from http(s) storage, atomically\n"
+          "  worker --connect ENDPOINT [--key K --server-key K]   join a head's group and run its stages\n"
+          "  keygen NAME [--dir DIR]                              CURVE key pair for a head or worker (NAME.key, NAME.pub)\n"
           "  help [STAGE]                                         stages and their options\n"
           "  version                                              print the version\n"
           "\n"
@@ -30,6 +32,8 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "ls") == 0) return sf_cli_ls(argc - 1, argv + 1);
   if (strcmp(cmd, "write") == 0) return sf_cli_write(argc - 1, argv + 1);
   if (strcmp(cmd, "cp") == 0) return sf_cli_cp(argc - 1, argv + 1);
+  if (strcmp(cmd, "worker") == 0) return sf_cli_worker(argc - 1, argv + 1);
+  if (strcmp(cmd, "keygen") == 0) return sf_cli_keygen(argc - 1, argv + 1);
   if (strcmp(cmd, "help") == 0) return sf_cli_help(argc - 1, argv + 1);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("shardflow %s\n", sf_version_string());

@@ -49,6 +49,41 @@ sf_graph_node *sf_graph_add_node(sf_graph *g, const char *name, const char *type
   return n;
 }
 
+sf_graph_node *sf_graph_add_group(sf_graph *g, const char *name, int64_t line) {
+  sf_graph_node *groups = realloc(g->groups, (size_t)(g->n_groups + 1) * sizeof *groups);
+  if (!groups) return NULL;
+  g->groups = groups;
+  sf_graph_node *n = &groups[g->n_groups];
+  memset(n, 0, sizeof *n);
+  n->name = strdup(name);
+  n->type = strdup("group");
+  n->line = line;
+  n->replicas = 1;
+  n->replicas_line = -1;
+  if (!n->name || !n->type) {
+    free(n->name);
+    free(n->type);
+    return NULL;
+  }
+  g->n_groups++;
+  return n;
+}
+
+sf_graph_node *sf_graph_find_group(const sf_graph *g, const char *name) {
+  for (int i = 0; i < g->n_groups; i++)
+    if (strcmp(g->groups[i].name, name) == 0) return &g->groups[i];
+  return NULL;
+}
+
+int sf_graph_node_set_group(sf_graph_node *n, const char *group, int64_t line) {
+  char *copy = strdup(group);
+  if (!copy) return SF_ENOMEM;
+  free(n->group);
+  n->group = copy;
+  n->group_line = line;
+  return 0;
+}
+
 int sf_graph_node_set(sf_graph_node *n, const char *key, const char *value, int64_t line) {
   for (int i = 0; i < n->n_values; i++) {
     if (strcmp(n->values[i].key, key) == 0) {
@@ -99,19 +134,23 @@ sf_graph_node *sf_graph_find_node(const sf_graph *g, const char *name) {
   return NULL;
 }
 
+static void free_node(sf_graph_node *n) {
+  for (int j = 0; j < n->n_values; j++) {
+    free(n->values[j].key);
+    free(n->values[j].value);
+  }
+  free(n->values);
+  free(n->name);
+  free(n->type);
+  free(n->group);
+}
+
 void sf_graph_destroy(sf_graph **pg) {
   if (!pg || !*pg) return;
   sf_graph *g = *pg;
-  for (int i = 0; i < g->n_nodes; i++) {
-    sf_graph_node *n = &g->nodes[i];
-    for (int j = 0; j < n->n_values; j++) {
-      free(n->values[j].key);
-      free(n->values[j].value);
-    }
-    free(n->values);
-    free(n->name);
-    free(n->type);
-  }
+  for (int i = 0; i < g->n_nodes; i++) free_node(&g->nodes[i]);
+  for (int i = 0; i < g->n_groups; i++) free_node(&g->groups[i]);
+  free(g->groups);
   for (int i = 0; i < g->n_edges; i++) {
     free(g->edges[i].from);
     free(g->edges[i].to);
@@ -137,6 +176,14 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
     if (!n) goto fail;
     n->replicas = s->replicas;
     n->replicas_line = s->replicas_line;
+    if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) goto fail;
+    for (int j = 0; j < s->n_values; j++)
+      if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
+  }
+  for (int i = 0; i < src->n_groups; i++) {
+    const sf_graph_node *s = &src->groups[i];
+    sf_graph_node *n = sf_graph_add_group(g, s->name, s->line);
+    if (!n) goto fail;
     for (int j = 0; j < s->n_values; j++)
       if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
   }
@@ -238,6 +285,18 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
   node_name[len] = '\0';
   const char *key = dot + 1;
   sf_graph_node *n = sf_graph_find_node(g, node_name);
+  sf_graph_node *group = n ? NULL : sf_graph_find_group(g, node_name);
+  if (group) {
+    const sf_stage_def *remote = sf_stage_find("_remote");
+    if (!sf_option_find(remote->options, key)) {
+      char names[1024];
+      sf_options_names(remote->options, names, sizeof names);
+      return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': groups have no option '%s' (options: %s)",
+                            target, key, names);
+    }
+    if (sf_graph_node_set(group, key, value, -1) < 0) return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+    return 0;
+  }
   if (!n) {
     char names[512];
     node_names(g, names, sizeof names);
@@ -417,7 +476,7 @@ int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdef
     if (defs[order[0]]->input != SF_PORT_NONE)
       r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
                          first->name, first->type);
-    else if (defs[order[g->n_nodes - 1]]->output != SF_PORT_BATCH)
+    else if (defs[order[g->n_nodes - 1]]->output != SF_PORT_BATCH && strcmp(last->type, "_worker_sink") != 0)
       r = sf_graph_error(e, SF_EGRAPH, g, last->line,
                          "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
                          last->type, kind_name(defs[order[g->n_nodes - 1]]->output));
@@ -447,5 +506,6 @@ int sf_graph_validate(const sf_graph *g, sf_error *e) {
   }
   free(order);
   free(defs);
+  if (r == 0) r = sf_graph_check_groups(g, e);
   return r;
 }

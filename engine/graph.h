@@ -22,6 +22,8 @@ typedef struct sf_graph_node {
   int64_t replicas_line;
   sf_graph_value *values;
   int n_values;
+  char *group;          /* the group the node runs in (`group:`), or NULL for the head process */
+  int64_t group_line;
 } sf_graph_node;
 
 typedef struct sf_graph_edge {
@@ -42,6 +44,10 @@ struct sf_graph {
   int n_nodes;
   sf_graph_edge *edges;
   int n_edges;
+  /* `groups:` entries: name, line and options as text (type is "group"); parsed by the
+   * _remote stage's options table when the head's pipeline is built (engine/group.c). */
+  sf_graph_node *groups;
+  int n_groups;
 };
 
 /* An empty graph named path. NULL when out of memory. */
@@ -50,6 +56,12 @@ sf_graph *sf_graph_new_empty(const char *path);
 /* Adds a node (copies strings). Returns the node or NULL when out of memory. */
 sf_graph_node *sf_graph_add_node(sf_graph *graph, const char *name, const char *type, int64_t line);
 
+/* Adds a group (copies the name). Returns the group or NULL when out of memory. */
+sf_graph_node *sf_graph_add_group(sf_graph *graph, const char *name, int64_t line);
+/* Finds a group by name, or NULL. */
+sf_graph_node *sf_graph_find_group(const sf_graph *graph, const char *name);
+/* Puts node into group (copies the name). Returns 0 or SF_ENOMEM. */
+int sf_graph_node_set_group(sf_graph_node *node, const char *group, int64_t line);
 /* Sets (or replaces) node option key. Returns 0 or SF_ENOMEM. */
 int sf_graph_node_set(sf_graph_node *node, const char *key, const char *value, int64_t line);
 
@@ -83,6 +95,13 @@ int sf_graph_resolve(const sf_graph *graph, int **order, const sf_stage_def ***d
 int sf_graph_node_apply(const sf_graph *graph, const sf_graph_node *node, const sf_stage_def *def,
                         void **priv, sf_error *error);
 
+/*
+ * Checks `groups:` and `group:` (engine/group.c): every group named by a node
+ * exists and has a valid configuration, and each group is a contiguous run of
+ * sample-to-sample map stages of the chain.  Returns 0 or SF_EGRAPH/SF_EOPTION
+ * with the graph file and line.
+ */
+int sf_graph_check_groups(const sf_graph *graph, sf_error *error);
 /* Fills an error record (graph path, line, message). Returns code. */
 int sf_graph_error(sf_error *error, int code, const sf_graph *graph, int64_t line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

@@ -65,7 +65,7 @@ static int read_stage(reader *r, const yaml_node_t *m) {
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m), "a stage entry has more than %d keys",
                           MAX_STAGE_KEYS);
   const char *type = NULL, *name = NULL;
-  const yaml_node_t *replicas = NULL;
+  const yaml_node_t *replicas = NULL, *group = NULL;
   for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
     const char *k = scalar(yaml_document_get_node(r->doc, p->key));
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
@@ -73,6 +73,7 @@ static int read_stage(reader *r, const yaml_node_t *m) {
     if (strcmp(k, "type") == 0) type = scalar(v);
     else if (strcmp(k, "name") == 0) name = scalar(v);
     else if (strcmp(k, "replicas") == 0) replicas = v;
+    else if (strcmp(k, "group") == 0) group = v;
   }
   if (!type || !type[0])
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m),
@@ -89,9 +90,17 @@ static int read_stage(reader *r, const yaml_node_t *m) {
     n->replicas = v;
     n->replicas_line = line_of(replicas);
   }
+  if (group) {
+    const char *s = scalar(group);
+    if (!s || !s[0])
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(group),
+                            "node '%s': group takes the name of an entry of `groups:`", n->name);
+    if (sf_graph_node_set_group(n, s, line_of(group)) < 0) return SF_ENOMEM;
+  }
   for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
     const char *k = scalar(yaml_document_get_node(r->doc, p->key));
-    if (strcmp(k, "type") == 0 || strcmp(k, "name") == 0 || strcmp(k, "replicas") == 0) continue;
+    if (strcmp(k, "type") == 0 || strcmp(k, "name") == 0 || strcmp(k, "replicas") == 0 || strcmp(k, "group") == 0)
+      continue;
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
     char *text = NULL;
     int rc = value_text(r, v, k, &text);
@@ -130,6 +139,45 @@ static int read_edge(reader *r, const yaml_node_t *e) {
   return sf_graph_add_edge(r->graph, from, to, line_of(e));
 }
 
+/* groups: {NAME: {option: value, ...}, ...}: where stages run outside the head process. */
+static int read_groups(reader *r, const yaml_node_t *v) {
+  if (v->type != YAML_MAPPING_NODE)
+    return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v),
+                          "`groups` maps group names to their options, e.g. `decoders: {processes: 2}`");
+  if (v->data.mapping.pairs.top - v->data.mapping.pairs.start > MAX_STAGES)
+    return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d groups", MAX_STAGES);
+  for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+    const yaml_node_t *kn = yaml_document_get_node(r->doc, p->key);
+    const yaml_node_t *gv = yaml_document_get_node(r->doc, p->value);
+    const char *name = scalar(kn);
+    if (!name || !name[0] || strlen(name) > 31)
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(kn), "group names are plain words of 1-31 characters");
+    if (sf_graph_find_group(r->graph, name))
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(kn), "group '%s' is defined twice", name);
+    sf_graph_node *g = sf_graph_add_group(r->graph, name, line_of(kn));
+    if (!g) return SF_ENOMEM;
+    if (gv->type == YAML_SCALAR_NODE && !scalar(gv)[0]) continue; /* `decoders:` with no options */
+    if (gv->type != YAML_MAPPING_NODE)
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(gv),
+                            "group '%s' takes a mapping of options (processes, listen, ...)", name);
+    if (gv->data.mapping.pairs.top - gv->data.mapping.pairs.start > MAX_STAGE_KEYS)
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(gv), "a group has more than %d keys",
+                            MAX_STAGE_KEYS);
+    for (yaml_node_pair_t *q = gv->data.mapping.pairs.start; q < gv->data.mapping.pairs.top; q++) {
+      const char *k = scalar(yaml_document_get_node(r->doc, q->key));
+      const yaml_node_t *val = yaml_document_get_node(r->doc, q->value);
+      if (!k) return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(gv), "option names must be plain words");
+      char *text = NULL;
+      int rc = value_text(r, val, k, &text);
+      if (rc < 0) return rc;
+      rc = sf_graph_node_set(g, k, text, line_of(val));
+      free(text);
+      if (rc < 0) return rc;
+    }
+  }
+  return 0;
+}
+
 static int read_top(reader *r, const yaml_node_t *root) {
   if (!root || root->type != YAML_MAPPING_NODE)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, root ? line_of(root) : 1,
@@ -156,6 +204,8 @@ static int read_top(reader *r, const yaml_node_t *root) {
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d edges", MAX_STAGES);
       for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top && !rc; it++)
         rc = read_edge(r, yaml_document_get_node(r->doc, *it));
+    } else if (strcmp(k, "groups") == 0) {
+      rc = read_groups(r, v);
     } else if (!scalar(v)) {
       rc = sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "setting '%s' takes a single value", k);
     } else {

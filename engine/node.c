@@ -23,6 +23,7 @@ static void record_locked(sf_context *ctx, const sf_error *e) {
   ctx->error_count++;
   ctx->last_error = *e;
   ctx->has_error = true;
+  if (ctx->on_record) ctx->on_record(ctx->on_record_opaque, e);
   if (!ctx->quiet && ctx->printed < MAX_PRINTED_ERRORS) {
     char line[2048];
     fprintf(stderr, "shardflow: error: %s\n", sf_error_format(e, line, sizeof line));
@@ -84,6 +85,12 @@ int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_
   atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
   sf_context_record(n->ctx, &e);
   return n->ctx->error_policy == SF_POLICY_FAIL ? code : 0;
+}
+
+int sf_node_error_record(sf_node *n, const sf_error *e) {
+  atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
+  sf_context_record(n->ctx, e);
+  return n->ctx->error_policy == SF_POLICY_FAIL ? e->code : 0;
 }
 
 /* One queue, holes skipped. */

@@ -24,6 +24,9 @@ typedef struct sf_context {
   sf_error last_error;
   bool has_error;
   bool quiet;                      /* do not print records to stderr */
+  /* Called with every record, under error_lock (a worker forwards its records to the head). */
+  void (*on_record)(void *opaque, const sf_error *error);
+  void *on_record_opaque;
 } sf_context;
 
 /* Where a node's items go or come from: one queue, or several in round-robin order. */
@@ -49,6 +52,8 @@ struct sf_node {
   /* metrics */
   atomic_uint_fast64_t items, bytes, errors, skipped;
   atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
+  atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
+  double starved_since;          /* when the current wait for input began, or 0 */
 };
 
 void sf_context_init(sf_context *ctx);
@@ -56,6 +61,20 @@ void sf_context_destroy(sf_context *ctx);
 /* Records an error raised outside any stage call, e.g. a failing init. */
 void sf_context_record(sf_context *ctx, const sf_error *error);
 
+/*
+ * Records an error raised elsewhere (a worker's record arriving at the head)
+ * as this node's: counts it, keeps the record's own stage name, prints it like
+ * local records and applies the error policy.  Returns 0 (skip) or error->code (fail).
+ */
+int sf_node_error_record(sf_node *node, const sf_error *error);
+/* Wakes the pipeline's sleeping workers: node has work that arrived from outside (the network). */
+void sf_node_notify(sf_node *node);
+/* The pipeline's shared context (a worker installs its error hook there). */
+sf_context *sf_pipeline_context(sf_pipeline *pipeline);
+/* The error code that stopped the pipeline, or 0 while it runs. */
+int sf_pipeline_failed(const sf_pipeline *pipeline);
+/* The first node (replica 0) whose stage is def, or NULL. */
+sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 /* Runs one step and patches holes for map stages. Returns the step's result. */
 int sf_node_step(sf_node *node);
 /* True when the output port may take another item. */

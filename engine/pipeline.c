@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "engine/graph.h"
+#include "engine/group.h"
 #include "engine/node.h"
 #include "engine/options.h"
 
@@ -105,6 +106,20 @@ static void notify(sf_pipeline *p) {
   }
 }
 
+sf_context *sf_pipeline_context(sf_pipeline *p) { return &p->ctx; }
+
+int sf_pipeline_failed(const sf_pipeline *p) { return atomic_load(&((sf_pipeline *)p)->failed); }
+
+sf_node *sf_pipeline_find_node(sf_pipeline *p, const sf_stage_def *def) {
+  for (int i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i]->def == def && p->nodes[i]->replica == 0) return p->nodes[i];
+  return NULL;
+}
+
+void sf_node_notify(sf_node *n) {
+  if (n->pipeline) notify(n->pipeline);
+}
+
 static void close_outputs(sf_pipeline *p, sf_node *n) {
   for (int i = 0; i < n->out.n; i++) sf_queue_close(n->out.queues[i]);
   atomic_store(&n->done, true);
@@ -121,10 +136,18 @@ static int run_turn(sf_pipeline *p, sf_node *n) {
     uint64_t errors_before = atomic_load(&n->errors);
     int r = sf_node_step(n);
     if (r == 0) {
+      if (n->starved_since > 0) {
+        double now = now_seconds();
+        atomic_fetch_add_explicit(&n->wait_ns, (uint64_t)((now - n->starved_since) * 1e9), memory_order_relaxed);
+        n->starved_since = 0;
+      }
       steps++;
       continue;
     }
-    if (r == SF_EAGAIN) break;
+    if (r == SF_EAGAIN) {
+      if (n->starved_since == 0) n->starved_since = now_seconds();
+      break;
+    }
     if (r != SF_EOF) fail(p, n, r, errors_before);
     close_outputs(p, n);
     steps++;
@@ -321,7 +344,18 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   pthread_cond_init(&p->sched_cond, &attr);
   pthread_condattr_destroy(&attr);
-  p->graph = sf_graph_copy(graph);
+  /* Groups: the head runs its own part of the chain, with one _remote node per group. */
+  if (graph->n_groups > 0) {
+    int split = sf_graph_split_groups(graph, &p->graph, error);
+    if (split < 0) {
+      if (p->event_fd >= 0) close(p->event_fd);
+      sf_context_destroy(&p->ctx);
+      free(p);
+      return split;
+    }
+  } else {
+    p->graph = sf_graph_copy(graph);
+  }
   if (!p->graph) {
     sf_context_destroy(&p->ctx);
     free(p);
@@ -457,6 +491,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->errors += atomic_load(&n->errors);
     s->skipped += atomic_load(&n->skipped);
     s->busy_seconds += (double)atomic_load_explicit(&n->busy_ns, memory_order_relaxed) * 1e-9;
+    s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
   }
   return count;
 }

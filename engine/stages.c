@@ -1,6 +1,7 @@
 /* The registry of built-in stages: adding a stage is one file plus one line here. */
 #include <string.h>
 
+#include "engine/remote.h"
 #include "shardflow/stage.h"
 
 extern const sf_stage_def sf_stage_shard_source;
@@ -23,8 +24,13 @@ const sf_stage_def *sf_stage_iterate(void **opaque) {
   return def;
 }
 
+/* Stages the engine places itself (groups); found by name, never listed. */
+static const sf_stage_def *const internal[] = {&sf_stage_remote, &sf_stage_worker_source, &sf_stage_worker_sink, NULL};
+
 const sf_stage_def *sf_stage_find(const char *name) {
   for (int i = 0; builtin[i]; i++)
     if (strcmp(builtin[i]->name, name) == 0) return builtin[i];
+  for (int i = 0; internal[i]; i++)
+    if (strcmp(internal[i]->name, name) == 0) return internal[i];
   return NULL;
 }

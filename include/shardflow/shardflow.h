@@ -156,6 +156,7 @@ typedef struct sf_node_stats {
   uint64_t items;         /**< items produced */
   uint64_t bytes;         /**< payload bytes produced (as the stage counts them) */
   double busy_seconds;    /**< wall-clock seconds inside step() (a step that waits on I/O counts its wait) */
+  double wait_seconds;    /**< wall-clock seconds the node waited for input (queue wait: its input queue was empty) */
   uint64_t errors;        /**< error records raised */
   uint64_t skipped;       /**< samples dropped under the skip policy */
 } sf_node_stats;

@@ -1,0 +1,867 @@
+/*
+ * _remote: a group's stages running in worker processes (the head's side).
+ *
+ * The node cuts its input into work units (up to unit_samples consecutive
+ * samples of one shard), hands them to workers over ZeroMQ as they ask for
+ * work (credits), and passes the results on in unit order, so the samples
+ * leave in exactly the order they came in and the batches do not depend on
+ * how many workers there are or which one ran what.  A network thread owns
+ * the sockets: it answers HELLO with the group's stages, dispatches units,
+ * takes RESULTs, sends heartbeats, declares a silent worker dead and gives
+ * its units to others; a RESULT for a unit already finished is a duplicate
+ * and is dropped.  docs/protocol.md has the message sequence.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "engine/node.h"
+#include "engine/remote.h"
+#include "engine/transport.h"
+#include "engine/wire.h"
+
+extern char **environ;
+
+enum { MAX_WORKERS = 1024, MAX_ATTEMPTS = 3, MAX_LOGGED = 20 };
+
+typedef enum unit_state { UNIT_PENDING, UNIT_AT_WORKER, UNIT_DONE, UNIT_MARKER } unit_state;
+
+/* One slot of the ordered window: a work unit, or an epoch-end marker between units. */
+typedef struct unit {
+  uint64_t id;
+  unit_state state;
+  uint64_t epoch;
+  sf_sample **in;        /* kept until the result arrives, to hand the unit to another worker */
+  int n_in;
+  sf_sample **out;
+  int n_out, next_out;
+  int worker;            /* index into workers while UNIT_AT_WORKER */
+  int attempts;
+} unit;
+
+typedef struct worker {
+  bool live;
+  int socket;            /* 0: the listen socket, 1: the local ipc socket */
+  sf_wire_peer peer;
+  char name[64];
+  int64_t pid;
+  uint32_t credits;
+  int in_flight;
+  double last_seen, joined;
+  uint64_t samples, units;
+  /* for the rate shown on the progress line */
+  uint64_t rate_samples;
+  double rate_since, rate;
+  sf_wire_stage_stats stats[SF_WIRE_MAX_STATS];
+  int n_stats;
+} worker;
+
+typedef struct remote {
+  /* options: the group's configuration */
+  int64_t processes;
+  char *listen;
+  char *secret_key, *allowed_keys;
+  bool plaintext;
+  int64_t unit_samples;
+  int64_t window;
+  int64_t buffer_size;
+  double heartbeat_interval, heartbeat_timeout, worker_timeout;
+  int64_t worker_threads;
+  char *worker_command;
+  int64_t max_message;
+  char *stages;          /* the group's stages as graph-file YAML (set by the engine) */
+
+  sf_node *node;
+  char ipc_path[108];
+  void *zctx;
+  sf_transport *sockets[2];
+  int wake_fd;
+  pthread_t thread;
+  bool thread_started;
+  atomic_bool stop;
+  pid_t *children;
+  int n_children;
+  int respawns;
+
+  pthread_mutex_t lock;
+  /* the ordered window: units[(head + i) % cap] for i in [0, count) */
+  unit *units;
+  int cap, head, count;
+  uint64_t next_id;
+  sf_sample **open;      /* the unit being filled from the input */
+  int n_open;
+  bool input_done;
+  int failed;            /* an error the step must return (error policy fail, lost workers) */
+  double out_bytes_per_sample;
+  worker workers[MAX_WORKERS];
+  int n_workers;
+  double no_worker_since;
+  /* counts */
+  uint64_t duplicates, malformed, reassigned, logged;
+  double last_wait_log;
+} remote;
+
+static const sf_option options[] = {
+    {"processes", SF_OPT_COUNT, offsetof(remote, processes), "0", 0, 256,
+     "worker processes the head starts on its own host (connected over ipc://)", NULL},
+    {"listen", SF_OPT_STRING, offsetof(remote, listen), "", 0, 0,
+     "endpoint remote workers connect to: tcp://ADDR:PORT (CURVE unless plaintext) or ipc://PATH", NULL},
+    {"secret_key", SF_OPT_STRING, offsetof(remote, secret_key), "", 0, 0,
+     "the head's key file from `shardflow keygen` (tcp:// listen)", NULL},
+    {"allowed_keys", SF_OPT_STRING, offsetof(remote, allowed_keys), "", 0, 0,
+     "workers admitted on tcp://: a file of public keys (one a line) or a directory of *.pub files", NULL},
+    {"plaintext", SF_OPT_BOOL, offsetof(remote, plaintext), "false", 0, 0,
+     "accept unauthenticated, unencrypted tcp:// connections (trusted networks only)", NULL},
+    {"unit_samples", SF_OPT_COUNT, offsetof(remote, unit_samples), "32", 1, 4096,
+     "samples in one work unit (a range of one shard)", NULL},
+    {"window", SF_OPT_COUNT, offsetof(remote, window), "16", 2, 4096,
+     "work units the head holds at once (waiting, at workers, or done but not yet passed on)", NULL},
+    {"buffer_size", SF_OPT_SIZE, offsetof(remote, buffer_size), "256MiB", 1048576, 1099511627776.0,
+     "bytes of results the head holds at most; shrinks the window for large samples", NULL},
+    {"heartbeat_interval", SF_OPT_DURATION, offsetof(remote, heartbeat_interval), "1s", 0.01, 3600,
+     "seconds between heartbeats in both directions", NULL},
+    {"heartbeat_timeout", SF_OPT_DURATION, offsetof(remote, heartbeat_timeout), "5s", 0.05, 86400,
+     "seconds of silence after which a worker is dead and its units go to others", NULL},
+    {"worker_timeout", SF_OPT_DURATION, offsetof(remote, worker_timeout), "0", 0, 864000,
+     "fail when work waits this long with no live worker (0 = wait, logging every 10 s)", NULL},
+    {"worker_threads", SF_OPT_COUNT, offsetof(remote, worker_threads), "0", 0, 1024,
+     "threads of each worker's pipeline (0 = the worker's CPUs)", NULL},
+    {"worker_command", SF_OPT_STRING, offsetof(remote, worker_command), "", 0, 0,
+     "the shardflow executable for local processes (default: this one, or $SHARDFLOW_BIN, or shardflow on PATH)",
+     NULL},
+    {"max_message", SF_OPT_SIZE, offsetof(remote, max_message), "256MiB", 65536, 1099511627776.0,
+     "largest message accepted from a worker (ZMQ_MAXMSGSIZE)", NULL},
+    {"stages", SF_OPT_STRING, offsetof(remote, stages), "", 0, 0,
+     "(set by the engine) the group's stages as graph-file YAML", NULL},
+    {NULL},
+};
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void wake_thread(remote *r) {
+  uint64_t one = 1;
+  ssize_t n = write(r->wake_fd, &one, sizeof one);
+  (void)n;
+}
+
+static unit *unit_at(remote *r, int i) { return &r->units[(r->head + i) % r->cap]; }
+
+/* The unit with this id, or NULL once it has left the window (or never was in it). */
+static unit *unit_by_id(remote *r, uint64_t id) {
+  for (int i = 0; i < r->count; i++) {
+    unit *u = unit_at(r, i);
+    if (u->state != UNIT_MARKER && u->id == id) return u;
+  }
+  return NULL;
+}
+
+static void free_samples(sf_sample **s, int n) {
+  for (int i = 0; i < n; i++) sf_sample_destroy(&s[i]);
+  free(s);
+}
+
+/* How many units the window may hold now: the option, shrunk when results are large. */
+static int effective_window(const remote *r) {
+  int64_t w = r->window;
+  if (r->out_bytes_per_sample > 0) {
+    double fit = (double)r->buffer_size / (r->out_bytes_per_sample * (double)r->unit_samples);
+    if (fit < (double)w) w = fit < 2 ? 2 : (int64_t)fit;
+  }
+  return (int)w;
+}
+
+static void log_line(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(remote *r, const char *fmt, ...) {
+  if (r->node->ctx->quiet) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "shardflow: %s: %s\n", sf_node_name(r->node), line);
+}
+
+/* ---- the network thread ---- */
+
+static int send_to(remote *r, worker *w, sf_wire_message *m) {
+  m->peer = w->peer;
+  sf_error e;
+  int rc = sf_wire_send(sf_transport_socket(r->sockets[w->socket]), m, ZMQ_DONTWAIT, &e);
+  return rc;
+}
+
+/* Gives a worker's units back to the queue (it died or left). Called with the lock held. */
+static void release_worker(remote *r, int wi, const char *why) {
+  worker *w = &r->workers[wi];
+  if (!w->live) return;
+  w->live = false;
+  int requeued = 0;
+  for (int i = 0; i < r->count; i++) {
+    unit *u = unit_at(r, i);
+    if (u->state != UNIT_AT_WORKER || u->worker != wi) continue;
+    u->state = UNIT_PENDING;
+    requeued++;
+  }
+  r->reassigned += (uint64_t)requeued;
+  log_line(r, "worker %s (pid %lld) %s; %d unit%s handed to other workers", w->name, (long long)w->pid, why, requeued,
+           requeued == 1 ? "" : "s");
+}
+
+static int find_worker(remote *r, int socket, const sf_wire_peer *peer) {
+  for (int i = 0; i < r->n_workers; i++) {
+    worker *w = &r->workers[i];
+    if (w->live && w->socket == socket && w->peer.len == peer->len && memcmp(w->peer.id, peer->id, peer->len) == 0)
+      return i;
+  }
+  return -1;
+}
+
+static void on_hello(remote *r, int socket, sf_wire_message *m) {
+  int old = find_worker(r, socket, &m->peer);
+  if (old >= 0) release_worker(r, old, "said hello again");
+  int wi = -1;
+  for (int i = 0; i < r->n_workers; i++)
+    if (!r->workers[i].live) {
+      wi = i;
+      break;
+    }
+  if (wi < 0 && r->n_workers < MAX_WORKERS) wi = r->n_workers++;
+  if (wi < 0) return;
+  worker *w = &r->workers[wi];
+  memset(w, 0, sizeof *w);
+  w->live = true;
+  w->socket = socket;
+  w->peer = m->peer;
+  snprintf(w->name, sizeof w->name, "%s", m->text ? m->text : "?");
+  w->pid = m->pid;
+  w->joined = w->last_seen = w->rate_since = now_seconds();
+  sf_wire_message welcome = {
+      .type = SF_WIRE_WELCOME,
+      .text = r->stages,
+      .seed = r->node->ctx->seed,
+      .epochs = r->node->ctx->epochs,
+      .rank = r->node->ctx->rank,
+      .world_size = r->node->ctx->world_size,
+      .error_policy = r->node->ctx->error_policy,
+      .heartbeat_interval = r->heartbeat_interval,
+      .heartbeat_timeout = r->heartbeat_timeout,
+      .threads = (uint32_t)r->worker_threads,
+  };
+  send_to(r, w, &welcome);
+  log_line(r, "worker %s (pid %lld, %u threads) joined", w->name, (long long)w->pid, m->threads);
+}
+
+/* The result's samples must be the unit's own, in order: a worker cannot add or reorder samples. */
+static bool result_matches(const unit *u, sf_sample *const *out, int n_out) {
+  int j = 0;
+  for (int i = 0; i < n_out; i++) {
+    const sf_sample *s = out[i];
+    while (j < u->n_in && !(u->in[j]->shard_index == s->shard_index && u->in[j]->index == s->index &&
+                            u->in[j]->pass == s->pass && u->in[j]->epoch == s->epoch))
+      j++;
+    if (j == u->n_in) return false;
+    j++;
+  }
+  return true;
+}
+
+static void on_result(remote *r, int wi, sf_wire_message *m) {
+  worker *w = wi >= 0 ? &r->workers[wi] : NULL;
+  unit *u = unit_by_id(r, m->unit);
+  bool was_mine = u && u->state == UNIT_AT_WORKER && u->worker == wi;
+  if (w) {
+    w->credits++;
+    if (was_mine) w->in_flight--;
+  }
+  if (!u || u->state == UNIT_DONE) {
+    r->duplicates++;
+    return;
+  }
+  if (m->n_samples > u->n_in || !result_matches(u, m->samples, m->n_samples)) {
+    r->malformed++;
+    if (r->logged++ < MAX_LOGGED)
+      log_line(r, "worker %s sent a result for unit %llu whose samples are not the unit's; dropped",
+               w ? w->name : "?", (unsigned long long)m->unit);
+    return;
+  }
+  if (u->state == UNIT_AT_WORKER && !was_mine && u->worker >= 0) r->workers[u->worker].in_flight--;
+  u->out = calloc((size_t)(m->n_samples ? m->n_samples : 1), sizeof *u->out);
+  if (!u->out) return;
+  uint64_t bytes = 0;
+  for (int i = 0; i < m->n_samples; i++) {
+    u->out[i] = m->samples[i];
+    m->samples[i] = NULL;
+    for (int f = 0; f < u->out[i]->n_fields; f++) bytes += sf_tensor_nbytes(&u->out[i]->fields[f].tensor);
+  }
+  u->n_out = m->n_samples;
+  u->next_out = 0;
+  u->state = UNIT_DONE;
+  free_samples(u->in, u->n_in);
+  u->in = NULL;
+  if (m->n_samples) {
+    double per = (double)bytes / m->n_samples;
+    r->out_bytes_per_sample = r->out_bytes_per_sample > 0 ? 0.9 * r->out_bytes_per_sample + 0.1 * per : per;
+  }
+  uint64_t skipped = m->skipped;
+  if (skipped) sf_node_count_skipped(r->node, skipped);
+  for (int i = 0; i < m->n_errors; i++) {
+    int rc = sf_node_error_record(r->node, &m->errors[i]);
+    if (rc < 0 && !r->failed) r->failed = rc;
+  }
+  if (w) {
+    w->samples += (uint64_t)m->n_samples;
+    w->units++;
+    if (m->n_stats > 0) {
+      w->n_stats = m->n_stats < SF_WIRE_MAX_STATS ? m->n_stats : SF_WIRE_MAX_STATS;
+      memcpy(w->stats, m->stats, (size_t)w->n_stats * sizeof *w->stats);
+    }
+  }
+  sf_node_notify(r->node);
+}
+
+static void handle(remote *r, int socket, sf_wire_message *m) {
+  int wi = find_worker(r, socket, &m->peer);
+  if (m->type == SF_WIRE_HELLO) {
+    on_hello(r, socket, m);
+    return;
+  }
+  if (wi < 0) {
+    /* a worker declared dead that is still talking: its results still count once */
+    if (m->type == SF_WIRE_RESULT) on_result(r, -1, m);
+    return;
+  }
+  worker *w = &r->workers[wi];
+  w->last_seen = now_seconds();
+  switch (m->type) {
+  case SF_WIRE_CREDIT: w->credits += m->credits; break;
+  case SF_WIRE_RESULT: on_result(r, wi, m); break;
+  case SF_WIRE_HEARTBEAT:
+    if (m->n_stats > 0) {
+      w->n_stats = m->n_stats < SF_WIRE_MAX_STATS ? m->n_stats : SF_WIRE_MAX_STATS;
+      memcpy(w->stats, m->stats, (size_t)w->n_stats * sizeof *w->stats);
+    }
+    break;
+  case SF_WIRE_ERROR:
+    /* a worker that cannot run the group's stages: for a local process the group cannot run at all */
+    for (int i = 0; i < m->n_errors; i++) {
+      sf_error e = m->errors[i];
+      char prefix[96];
+      snprintf(prefix, sizeof prefix, "worker %s: ", w->name);
+      size_t pl = strlen(prefix);
+      memmove(e.message + pl, e.message, sizeof e.message - pl - 1);
+      memcpy(e.message, prefix, pl);
+      e.message[sizeof e.message - 1] = '\0';
+      int rc = sf_node_error_record(r->node, &e);
+      if (!r->failed && (rc < 0 || w->socket == 1)) r->failed = e.code < 0 ? e.code : SF_EINTERNAL;
+    }
+    release_worker(r, wi, "failed");
+    sf_node_notify(r->node);
+    break;
+  case SF_WIRE_BYE: release_worker(r, wi, "left"); break;
+  default: r->malformed++; break;
+  }
+}
+
+/* Sends pending units, oldest first, to live workers with credit. Called with the lock held. */
+static void dispatch(remote *r) {
+  int next_worker = 0;
+  for (int i = 0; i < r->count; i++) {
+    unit *u = unit_at(r, i);
+    if (u->state != UNIT_PENDING) continue;
+    if (u->attempts >= MAX_ATTEMPTS) {
+      /* a unit that took several workers down with it: skip its samples rather than lose more workers */
+      sf_error e;
+      sf_error_set(&e, SF_EIO, sf_node_name(r->node), sf_sample_url(u->in[0]), u->in[0]->key, u->in[0]->offset, -1,
+                   "work unit %llu (%d samples from this key on) was lost with %d workers; its samples are skipped",
+                   (unsigned long long)u->id, u->n_in, u->attempts);
+      int rc = sf_node_error_record(r->node, &e);
+      if (rc < 0 && !r->failed) r->failed = rc;
+      sf_node_count_skipped(r->node, (uint64_t)u->n_in);
+      free_samples(u->in, u->n_in);
+      u->in = NULL;
+      u->state = UNIT_DONE;
+      sf_node_notify(r->node);
+      continue;
+    }
+    int chosen = -1;
+    for (int k = 0; k < r->n_workers; k++) {
+      int wi = (next_worker + k) % r->n_workers;
+      if (r->workers[wi].live && r->workers[wi].credits > 0) {
+        chosen = wi;
+        break;
+      }
+    }
+    if (chosen < 0) return;
+    worker *w = &r->workers[chosen];
+    sf_wire_message m = {.type = SF_WIRE_UNIT, .unit = u->id, .epoch = u->epoch, .samples = u->in, .n_samples = u->n_in};
+    int rc = send_to(r, w, &m);
+    if (rc == SF_EAGAIN) return;
+    if (rc < 0) {
+      release_worker(r, chosen, "cannot be reached");
+      continue;
+    }
+    w->credits--;
+    w->in_flight++;
+    u->state = UNIT_AT_WORKER;
+    u->worker = chosen;
+    u->attempts++;
+    next_worker = chosen + 1;
+  }
+}
+
+static void reap_children(remote *r);
+
+/* Heartbeats out, silent workers declared dead, the no-worker timeout. Called with the lock held. */
+static void housekeeping(remote *r, double now, double *last_beat) {
+  if (now - *last_beat >= r->heartbeat_interval) {
+    *last_beat = now;
+    for (int i = 0; i < r->n_workers; i++) {
+      worker *w = &r->workers[i];
+      if (!w->live) continue;
+      sf_wire_message hb = {.type = SF_WIRE_HEARTBEAT};
+      send_to(r, w, &hb);
+      double span = now - w->rate_since;
+      if (span >= 1.0) {
+        w->rate = (double)(w->samples - w->rate_samples) / span;
+        w->rate_samples = w->samples;
+        w->rate_since = now;
+      }
+    }
+  }
+  int live = 0;
+  for (int i = 0; i < r->n_workers; i++) {
+    worker *w = &r->workers[i];
+    if (!w->live) continue;
+    if (now - w->last_seen > r->heartbeat_timeout) {
+      char why[96];
+      snprintf(why, sizeof why, "missed heartbeats for %.1f s", now - w->last_seen);
+      release_worker(r, i, why);
+      continue;
+    }
+    live++;
+  }
+  bool work_waiting = false;
+  for (int i = 0; i < r->count && !work_waiting; i++) work_waiting = unit_at(r, i)->state == UNIT_PENDING;
+  if (live > 0 || !work_waiting) {
+    r->no_worker_since = 0;
+    return;
+  }
+  if (r->no_worker_since == 0) r->no_worker_since = now;
+  double waited = now - r->no_worker_since;
+  if (r->worker_timeout > 0 && waited > r->worker_timeout && !r->failed) {
+    sf_error e;
+    sf_error_set(&e, SF_ETIMEDOUT, sf_node_name(r->node), NULL, NULL, -1, -1,
+                 "no live worker for %.0f s (worker_timeout) while work waits: start workers with `shardflow worker "
+                 "--connect %s` or give the group `processes:`",
+                 waited, r->listen[0] ? r->listen : "ENDPOINT");
+    sf_context_record(r->node->ctx, &e);
+    r->failed = SF_ETIMEDOUT;
+    sf_node_notify(r->node);
+  } else if (now - r->last_wait_log >= 10) {
+    r->last_wait_log = now;
+    log_line(r, "waiting for workers: none alive for %.0f s%s", waited,
+             r->listen[0] ? "; they connect to the group's listen endpoint" : "");
+  }
+}
+
+static void *network_thread(void *arg) {
+  remote *r = arg;
+  double last_beat = 0;
+  while (!atomic_load(&r->stop)) {
+    zmq_pollitem_t items[3];
+    int n = 0, socket_of[2];
+    for (int s = 0; s < 2; s++)
+      if (r->sockets[s]) {
+        items[n] = (zmq_pollitem_t){.socket = sf_transport_socket(r->sockets[s]), .events = ZMQ_POLLIN};
+        socket_of[n++] = s;
+      }
+    int wake_index = n;
+    items[n++] = (zmq_pollitem_t){.fd = r->wake_fd, .events = ZMQ_POLLIN};
+    long timeout_ms = (long)(r->heartbeat_interval * 1000 / 4);
+    if (timeout_ms < 5) timeout_ms = 5;
+    if (timeout_ms > 250) timeout_ms = 250;
+    if (zmq_poll(items, n, timeout_ms) < 0 && zmq_errno() != EINTR) break;
+    if (items[wake_index].revents & ZMQ_POLLIN) {
+      uint64_t v;
+      ssize_t got = read(r->wake_fd, &v, sizeof v);
+      (void)got;
+    }
+    for (int k = 0; k < wake_index; k++) {
+      if (!(items[k].revents & ZMQ_POLLIN)) continue;
+      for (int budget = 0; budget < 256; budget++) {
+        sf_wire_message m;
+        sf_error e;
+        int rc = sf_wire_recv(items[k].socket, true, &m, ZMQ_DONTWAIT, &e);
+        if (rc == SF_EAGAIN) break;
+        pthread_mutex_lock(&r->lock);
+        if (rc == 0) {
+          handle(r, socket_of[k], &m);
+        } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
+          r->malformed++;
+          if (r->logged++ < MAX_LOGGED) log_line(r, "dropped a malformed message: %s", e.message);
+        }
+        pthread_mutex_unlock(&r->lock);
+        sf_wire_message_clear(&m);
+        if (rc < 0 && rc != SF_EFORMAT && rc != SF_ETOOBIG) break;
+      }
+    }
+    pthread_mutex_lock(&r->lock);
+    housekeeping(r, now_seconds(), &last_beat);
+    dispatch(r);
+    pthread_mutex_unlock(&r->lock);
+    reap_children(r);
+  }
+  /* the end of the run: tell every worker */
+  pthread_mutex_lock(&r->lock);
+  for (int i = 0; i < r->n_workers; i++)
+    if (r->workers[i].live) {
+      sf_wire_message bye = {.type = SF_WIRE_BYE, .text = "the run is over"};
+      send_to(r, &r->workers[i], &bye);
+    }
+  pthread_mutex_unlock(&r->lock);
+  return NULL;
+}
+
+/* ---- local worker processes ---- */
+
+static const char *worker_executable(remote *r) {
+  if (r->worker_command[0]) return r->worker_command;
+  static char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    const char *base = strrchr(self, '/');
+    if (base && strcmp(base + 1, "shardflow") == 0) return self;
+  }
+  const char *env = getenv("SHARDFLOW_BIN");
+  return env && env[0] ? env : "shardflow";
+}
+
+static int spawn_worker(remote *r, int index, sf_error *error) {
+  const char *exe = worker_executable(r);
+  char endpoint[128], name[64];
+  snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
+  snprintf(name, sizeof name, "%s-local-%d", sf_node_name(r->node), index);
+  char *argv[] = {(char *)"shardflow", (char *)"worker", (char *)"--connect", endpoint, (char *)"--name", name,
+                  (char *)"--exit-with-parent", NULL};
+  pid_t pid;
+  int rc = strchr(exe, '/') ? posix_spawn(&pid, exe, NULL, NULL, argv, environ)
+                            : posix_spawnp(&pid, exe, NULL, NULL, argv, environ);
+  if (rc != 0)
+    return sf_error_set(error, SF_ENOENT, sf_node_name(r->node), NULL, NULL, -1, -1,
+                        "cannot start worker process '%s': %s; set the group's worker_command or SHARDFLOW_BIN to the "
+                        "shardflow executable",
+                        exe, strerror(rc));
+  r->children[index] = pid;
+  return 0;
+}
+
+/* Local workers that died are started again (a few times): the group keeps its processes. */
+static void reap_children(remote *r) {
+  for (int i = 0; i < r->n_children; i++) {
+    if (r->children[i] <= 0) continue;
+    int status;
+    pid_t p = waitpid(r->children[i], &status, WNOHANG);
+    if (p != r->children[i]) continue;
+    r->children[i] = 0;
+    if (atomic_load(&r->stop)) continue;
+    if (r->respawns >= 3 * r->n_children) {
+      log_line(r, "local worker %d exited (status %d) and is not restarted (too many restarts)", i, status);
+      continue;
+    }
+    r->respawns++;
+    log_line(r, "local worker %d exited (%s %d); starting another", i,
+             WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    sf_error e;
+    if (spawn_worker(r, i, &e) < 0) log_line(r, "%s", e.message);
+  }
+}
+
+/* ---- the stage ---- */
+
+static int init(sf_node *node) {
+  remote *r = sf_node_priv(node);
+  r->node = node;
+  r->wake_fd = -1;
+  pthread_mutex_init(&r->lock, NULL);
+  atomic_init(&r->stop, false);
+  sf_error e;
+  if (!r->stages[0]) {
+    sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "a _remote node is made by the engine from `groups:`");
+    return SF_EINVAL;
+  }
+  if (r->processes == 0 && !r->listen[0]) {
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                  "group '%s' has neither `processes:` nor `listen:`: nothing would run its stages", sf_node_name(node));
+    return SF_EOPTION;
+  }
+  r->cap = (int)r->window + 2;
+  r->units = calloc((size_t)r->cap, sizeof *r->units);
+  r->open = calloc((size_t)r->unit_samples, sizeof *r->open);
+  r->children = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->children);
+  r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  r->zctx = zmq_ctx_new();
+  if (!r->units || !r->open || !r->children || r->wake_fd < 0 || !r->zctx) {
+    sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory");
+    return SF_ENOMEM;
+  }
+  sf_transport_options t = {.max_message_bytes = r->max_message};
+  if (r->listen[0]) {
+    t.endpoint = r->listen;
+    t.secret_key_file = r->secret_key[0] ? r->secret_key : NULL;
+    t.allowed_keys = r->allowed_keys[0] ? r->allowed_keys : NULL;
+    t.plaintext = r->plaintext;
+    int rc = sf_transport_listen(r->zctx, &t, &r->sockets[0], &e);
+    if (rc < 0) {
+      e.line = -1;
+      snprintf(e.stage, sizeof e.stage, "%s", sf_node_name(node));
+      sf_context_record(node->ctx, &e);
+      return rc;
+    }
+  }
+  if (r->processes > 0) {
+    snprintf(r->ipc_path, sizeof r->ipc_path, "%s/shardflow-%d-%s.ipc", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid(), sf_node_name(node));
+    char endpoint[128];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
+    sf_transport_options local = {.endpoint = endpoint, .max_message_bytes = r->max_message};
+    int rc = sf_transport_listen(r->zctx, &local, &r->sockets[1], &e);
+    if (rc < 0) {
+      sf_context_record(node->ctx, &e);
+      return rc;
+    }
+    r->n_children = (int)r->processes;
+    for (int i = 0; i < r->n_children; i++) {
+      rc = spawn_worker(r, i, &e);
+      if (rc < 0) {
+        sf_context_record(node->ctx, &e);
+        return rc;
+      }
+    }
+  }
+  if (pthread_create(&r->thread, NULL, network_thread, r) != 0) {
+    sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "cannot start the network thread");
+    return SF_ENOMEM;
+  }
+  r->thread_started = true;
+  return 0;
+}
+
+/* Moves the open unit into the window. Called with the lock held and a free slot. */
+static void close_open_unit(remote *r) {
+  if (r->n_open == 0) return;
+  unit *u = &r->units[(r->head + r->count) % r->cap];
+  memset(u, 0, sizeof *u);
+  u->id = r->next_id++;
+  u->state = UNIT_PENDING;
+  u->epoch = r->open[0]->epoch;
+  u->in = malloc((size_t)r->n_open * sizeof *u->in);
+  if (!u->in) return; /* the samples stay open; the next step tries again */
+  memcpy(u->in, r->open, (size_t)r->n_open * sizeof *u->in);
+  u->n_in = r->n_open;
+  u->worker = -1;
+  r->n_open = 0;
+  r->count++;
+}
+
+static void add_marker(remote *r, uint64_t epoch) {
+  unit *u = &r->units[(r->head + r->count) % r->cap];
+  memset(u, 0, sizeof *u);
+  u->state = UNIT_MARKER;
+  u->epoch = epoch;
+  r->count++;
+}
+
+/* Takes input into units while the window has room. Returns true when anything changed. */
+static bool take_input(remote *r, bool *closed) {
+  bool progress = false;
+  int window = effective_window(r);
+  while (!r->input_done && r->count < window) {
+    sf_item item;
+    int rc = sf_node_pop(r->node, &item);
+    if (rc == SF_EAGAIN) {
+      /* nothing more now: hand out a partial unit rather than let workers idle */
+      bool pending = false;
+      for (int i = 0; i < r->count && !pending; i++) pending = unit_at(r, i)->state == UNIT_PENDING;
+      if (r->n_open && !pending) {
+        close_open_unit(r);
+        *closed = true;
+      }
+      break;
+    }
+    progress = true;
+    if (rc == SF_EOF) {
+      close_open_unit(r);
+      *closed = true;
+      r->input_done = true;
+      break;
+    }
+    if (item.kind == SF_ITEM_EPOCH_END) {
+      close_open_unit(r);
+      add_marker(r, item.epoch);
+      *closed = true;
+      continue;
+    }
+    if (item.kind != SF_ITEM_SAMPLE) {
+      sf_item_clear(&item);
+      continue;
+    }
+    sf_sample *s = item.u.sample;
+    if (r->n_open > 0) {
+      const sf_sample *first = r->open[0];
+      if (r->n_open == r->unit_samples || first->shard_index != s->shard_index || first->epoch != s->epoch ||
+          first->pass != s->pass) {
+        close_open_unit(r);
+        *closed = true;
+        if (r->count >= window) {
+          /* no room for the next unit yet: keep this sample open on its own */
+          r->open[r->n_open++] = s;
+          break;
+        }
+      }
+    }
+    r->open[r->n_open++] = s;
+    if (r->n_open == r->unit_samples) {
+      close_open_unit(r);
+      *closed = true;
+    }
+  }
+  return progress;
+}
+
+/* Passes finished units on, in order. Returns true when anything was pushed. */
+static bool deliver(remote *r) {
+  bool progress = false;
+  while (r->count > 0 && sf_node_output_ready(r->node)) {
+    unit *u = unit_at(r, 0);
+    if (u->state == UNIT_MARKER) {
+      sf_item item = {.kind = SF_ITEM_EPOCH_END, .epoch = u->epoch};
+      sf_node_push(r->node, &item);
+    } else if (u->state == UNIT_DONE) {
+      if (u->next_out < u->n_out) {
+        sf_sample *s = u->out[u->next_out];
+        u->out[u->next_out++] = NULL;
+        uint64_t bytes = 0;
+        for (int f = 0; f < s->n_fields; f++) bytes += sf_tensor_nbytes(&s->fields[f].tensor);
+        sf_node_count_output(r->node, 1, bytes);
+        sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = s->epoch, .u.sample = s};
+        sf_node_push(r->node, &item);
+        progress = true;
+        if (u->next_out < u->n_out) continue;
+      }
+      free(u->out);
+      u->out = NULL;
+    } else {
+      break;
+    }
+    r->head = (r->head + 1) % r->cap;
+    r->count--;
+    progress = true;
+  }
+  return progress;
+}
+
+static int step(sf_node *node) {
+  remote *r = sf_node_priv(node);
+  pthread_mutex_lock(&r->lock);
+  if (r->failed) {
+    int rc = r->failed;
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+  }
+  bool closed = false;
+  bool progress = take_input(r, &closed);
+  progress |= deliver(r);
+  bool finished = r->input_done && r->count == 0 && r->n_open == 0;
+  pthread_mutex_unlock(&r->lock);
+  if (closed) wake_thread(r);
+  if (finished) return SF_EOF;
+  return progress ? 0 : SF_EAGAIN;
+}
+
+static void uninit(sf_node *node) {
+  remote *r = sf_node_priv(node);
+  if (!r->node) return;
+  atomic_store(&r->stop, true);
+  if (r->thread_started) {
+    wake_thread(r);
+    pthread_join(r->thread, NULL);
+  }
+  for (int i = 0; i < r->n_children; i++)
+    if (r->children[i] > 0) kill(r->children[i], SIGTERM);
+  for (int i = 0; i < r->n_children; i++)
+    if (r->children[i] > 0) waitpid(r->children[i], NULL, 0);
+  for (int s = 0; s < 2; s++) sf_transport_close(&r->sockets[s]);
+  if (r->zctx) zmq_ctx_term(r->zctx);
+  if (r->ipc_path[0]) unlink(r->ipc_path);
+  for (int i = 0; i < r->count; i++) {
+    unit *u = unit_at(r, i);
+    free_samples(u->in, u->n_in);
+    if (u->out) {
+      for (int j = u->next_out; j < u->n_out; j++) sf_sample_destroy(&u->out[j]);
+      free(u->out);
+    }
+  }
+  free_samples(r->open, r->n_open);
+  free(r->units);
+  free(r->children);
+  if (r->wake_fd >= 0) close(r->wake_fd);
+  pthread_mutex_destroy(&r->lock);
+}
+
+int sf_remote_describe(sf_node *node, sf_remote_stats *stats) {
+  remote *r = sf_node_priv(node);
+  memset(stats, 0, sizeof *stats);
+  pthread_mutex_lock(&r->lock);
+  for (int i = 0; i < r->n_workers && stats->n_workers < SF_REMOTE_MAX_REPORTED; i++) {
+    worker *w = &r->workers[i];
+    if (w->live) stats->live++;
+    sf_remote_worker_stats *o = &stats->workers[stats->n_workers++];
+    snprintf(o->name, sizeof o->name, "%s", w->name);
+    o->pid = w->pid;
+    o->live = w->live;
+    o->samples = w->samples;
+    o->units = w->units;
+    o->rate = w->live ? w->rate : 0;
+    o->n_stats = w->n_stats;
+    memcpy(o->stats, w->stats, (size_t)w->n_stats * sizeof *o->stats);
+  }
+  stats->duplicates = r->duplicates;
+  stats->malformed = r->malformed;
+  stats->reassigned = r->reassigned;
+  stats->refused = 0;
+  for (int s = 0; s < 2; s++)
+    if (r->sockets[s]) stats->refused += sf_transport_refused(r->sockets[s]);
+  pthread_mutex_unlock(&r->lock);
+  return 0;
+}
+
+const sf_stage_def sf_stage_remote = {
+    .abi_version = SF_STAGE_ABI_VERSION,
+    .name = "_remote",
+    .summary = "a group's stages running in worker processes (made by the engine from `groups:`)",
+    .input = SF_PORT_SAMPLE,
+    .output = SF_PORT_SAMPLE,
+    .priv_size = sizeof(remote),
+    .options = options,
+    .init = init,
+    .step = step,
+    .uninit = uninit,
+};
