@@ -55,6 +55,7 @@ struct sf_fetch {
   bool in_multi;
   struct curl_slist *headers;
   double retry_at;      /* monotonic seconds (F_BACKOFF) */
+  double last_progress; /* monotonic seconds: the last byte or header, or the attempt's start or unpause */
   int failures;         /* consecutive failed attempts that brought no new byte */
   int64_t attempt_from; /* received when the attempt started: its Range start */
   body_mode mode;
@@ -217,6 +218,7 @@ static void copy_value(char *dst, size_t size, const char *v, size_t len) {
 static size_t on_header(char *line, size_t size, size_t nmemb, void *opaque) {
   sf_fetch *f = opaque;
   size_t n = size * nmemb;
+  f->last_progress = now();
   if (n >= 5 && strncmp(line, "HTTP/", 5) == 0) {
     /* A new response (after a redirect or a 100 Continue): forget the last one's headers. */
     f->etag[0] = f->last_modified[0] = '\0';
@@ -339,6 +341,7 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
     return CURL_WRITEFUNC_PAUSE;
   }
   f->skip -= (int64_t)skip;
+  f->last_progress = now();
   p->stats.bytes += n;
   p->stats.refetched_bytes += skip;
   int rc = append(p, f, ptr + skip, n - skip);
@@ -381,7 +384,6 @@ static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...)
 static int set_constant_options(sf_prefetch *p, sf_fetch *f) {
   CURL *e = f->easy;
   double connect = p->o.connect_timeout;
-  long stall_s = (long)ceil(p->o.stall_timeout);
   int bad = 0;
   bad |= curl_easy_setopt(e, CURLOPT_PRIVATE, f);
   bad |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -393,8 +395,6 @@ static int set_constant_options(sf_prefetch *p, sf_fetch *f) {
   bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
   bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
   bad |= curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(connect * 1000));
-  bad |= curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, stall_s < 1 ? 1L : stall_s);
   bad |= curl_easy_setopt(e, CURLOPT_ERRORBUFFER, f->curl_text);
   bad |= curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
   bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, f);
@@ -475,6 +475,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     f->etag[0] = f->last_modified[0] = '\0';
     f->range_start = -1;
     f->retry_after = -1;
+    f->last_progress = now();
     if (curl_multi_add_handle(p->multi, f->easy) != CURLM_OK) {
       code = SF_ENOMEM;
       snprintf(text, sizeof text, "libcurl could not add the transfer");
@@ -654,7 +655,7 @@ static void *fetcher(void *arg) {
       if (f->state == F_RUNNING || f->state == F_BACKOFF) active++;
     }
     double t = now(), wait = 1.0;
-    enum { NOTHING, START, UNPAUSE } *todo = calloc((size_t)(n ? n : 1), sizeof *todo);
+    enum { NOTHING, START, UNPAUSE, STALLED } *todo = calloc((size_t)(n ? n : 1), sizeof *todo);
     int i = 0;
     for (sf_fetch *f = first; todo && i < n; f = f->next, i++) {
       if (f->state == F_QUEUED && active < p->o.max_transfers) {
@@ -667,7 +668,12 @@ static void *fetcher(void *arg) {
           wait = f->retry_at - t;
       } else if (f->state == F_RUNNING && f->paused && has_room(p, f, BLOCK)) {
         f->paused = false;
+        f->last_progress = t; /* a pause is the reader's doing, not the server's */
         todo[i] = UNPAUSE;
+      } else if (f->state == F_RUNNING && !f->paused) {
+        /* Our own stall clock: libcurl's low-speed check averages over ~5 s of history. */
+        if (t - f->last_progress > p->o.stall_timeout) todo[i] = STALLED;
+        if (wait > 0.1) wait = 0.1;
       }
     }
     pthread_mutex_unlock(&p->lock);
@@ -691,6 +697,12 @@ static void *fetcher(void *arg) {
         start_attempt(p, f);
       } else if (todo[i] == UNPAUSE) {
         curl_easy_pause(f->easy, CURLPAUSE_CONT); /* may deliver the held data at once */
+      } else if (todo[i] == STALLED && f->in_multi) {
+        curl_multi_remove_handle(p->multi, f->easy); /* closes its connection */
+        f->in_multi = false;
+        snprintf(f->curl_text, sizeof f->curl_text, "no byte from the server for %.1f s (stall_timeout)",
+                 p->o.stall_timeout);
+        on_done(p, f, CURLE_OPERATION_TIMEDOUT);
       }
     }
     free(todo);

@@ -50,8 +50,8 @@ static const sf_option options[] = {
     {"connect_timeout", SF_OPT_DURATION, offsetof(tar_split, connect_timeout), "10s", 0.001,
      86400, "longest wait for an http(s) connection to a shard's server, in seconds", NULL},
     {"stall_timeout", SF_OPT_DURATION, offsetof(tar_split, stall_timeout), "30s", 1, 86400,
-     "give up on an http(s) shard that sends under 1 byte/s for this long, in seconds "
-     "(libcurl averages over ~5 s, so a stall shows that much later)", NULL},
+     "abandon a download attempt of a remote shard that brings no byte for this long (then "
+     "retried, resuming at the byte reached), in seconds", NULL},
     {"prefetch", SF_OPT_COUNT, offsetof(tar_split, prefetch), "2", 0, LOOKAHEAD_MAX,
      "remote shards (http, https, s3, gs) downloaded ahead while one is split, all on one "
      "thread and connection pool; 0 = one at a time", NULL},
@@ -259,9 +259,12 @@ static int read_sample(sf_node *node, tar_split *t) {
     bool recoverable = rc == SF_EDUP || rc == SF_ETOOBIG;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
+    /* A download that failed for good (retries spent, object changed) cut the sample in progress. */
+    bool cut_sample = !recoverable && (rc == SF_ENET || rc == SF_ETIMEDOUT || rc == SF_EIO) && error.key[0] &&
+                      sf_prefetch_url_is_remote(error.url);
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
     if (policy < 0) return policy;
-    if (recoverable) sf_node_count_skipped(node, 1);
+    if (recoverable || cut_sample) sf_node_count_skipped(node, 1);
     return 0;
   }
   sample->epoch = t->epoch;
