@@ -8,16 +8,19 @@
 #include "engine/tar_reader.h"
 
 static const char usage[] =
-    "usage: shardflow ls [--json] [--allow-pipe] URL...\n"
+    "usage: shardflow ls [--json] [--allow-pipe] [--shards] URL...\n"
     "\n"
     "Lists the samples of tar shards, grouped as tar_split groups them: one line\n"
     "per sample with its key, a TAB and its field names in member order.\n"
     "URLs are paths, file://, http(s):// or pipe:CMD, and may be brace patterns\n"
-    "(shard-{000..009}.tar) or @FILE lists.\n"
+    "(shard-{000..009}.tar) or @FILE lists. s3:// and gs:// URLs ending in '/'\n"
+    "are prefixes: every .tar, .tar.gz, .tgz and .tar.zst object under them.\n"
     "\n"
     "  --json        one JSON object per sample: __key__, __url__, offset,\n"
     "                fields and sizes (bytes per field)\n"
     "  --allow-pipe  allow pipe:CMD URLs (they run shell commands)\n"
+    "  --shards      print the shard URLs the arguments expand to, one per\n"
+    "                line, without reading the shards\n"
     "  -h, --help    show this help\n"
     "\n"
     "Exit status: 0 when every shard was read cleanly, 1 when any shard or\n"
@@ -136,7 +139,7 @@ static int list_shard(const char *url, const sf_shard_reader_options *options, b
 }
 
 int sf_cli_ls(int argc, char **argv) {
-  bool json = false;
+  bool json = false, shards_only = false;
   sf_shard_reader_options options = {0};
   int first = argc;
   for (int i = 1; i < argc; i++) {
@@ -151,13 +154,15 @@ int sf_cli_ls(int argc, char **argv) {
     }
     if (strcmp(a, "--json") == 0) {
       json = true;
+    } else if (strcmp(a, "--shards") == 0) {
+      shards_only = true;
     } else if (strcmp(a, "--allow-pipe") == 0) {
       options.allow_pipe = true;
     } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       fputs(usage, stdout);
       return 0;
     } else {
-      fprintf(stderr, "shardflow ls: unknown option '%s' (valid: --json, --allow-pipe, --help)\n%s",
+      fprintf(stderr, "shardflow ls: unknown option '%s' (valid: --json, --allow-pipe, --shards, --help)\n%s",
               a, usage);
       return 2;
     }
@@ -178,10 +183,14 @@ int sf_cli_ls(int argc, char **argv) {
     sf_error error;
     if (sf_shard_list_expand(&lists[i], argv[first + i], &error) < 0) {
       report(&error);
-      status = 2;
+      /* A bad pattern is a usage error; a store that refused or failed a listing is not. */
+      status = error.code == SF_EINVAL || error.code == SF_ETOOBIG ? 2 : 1;
     }
   }
-  for (int i = 0; i < n && status != 2; i++)
+  bool expanded = status == 0;
+  for (int i = 0; i < n && expanded && shards_only; i++)
+    for (size_t j = 0; j < lists[i].count; j++) puts(lists[i].urls[j]);
+  for (int i = 0; i < n && expanded && !shards_only; i++)
     for (size_t j = 0; j < lists[i].count; j++)
       status |= list_shard(lists[i].urls[j], &options, json);
   for (int i = 0; i < n; i++) sf_shard_list_clear(&lists[i]);

@@ -1,6 +1,8 @@
 /* Shard lists: expands brace patterns ({000..649}, {a,b}), '::' joins and @FILE lists into URLs. */
 #include "engine/shard_list.h"
 
+#include "engine/object_store.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -304,6 +306,71 @@ static int emit(ctx *c, const pattern *p, size_t i, const frame *next) {
   return r;
 }
 
+static bool is_shard_name(const char *url) {
+  static const char *const suffixes[] = {".tar", ".tar.gz", ".tgz", ".tar.zst"};
+  size_t n = strlen(url);
+  for (size_t i = 0; i < sizeof suffixes / sizeof *suffixes; i++) {
+    size_t k = strlen(suffixes[i]);
+    if (n > k && strcmp(url + n - k, suffixes[i]) == 0 && url[n - k - 1] != '/') return true;
+  }
+  return false;
+}
+
+static int compare_urls(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/*
+ * Replaces every s3:// or gs:// URL from index `from` on that ends in '/' (a prefix) by the shards stored
+ * under it: the .tar, .tar.gz, .tgz and .tar.zst objects, sorted by key.
+ */
+static int expand_prefixes(ctx *c, size_t from) {
+  sf_shard_list *list = c->list;
+  for (size_t i = from; i < list->count; i++) {
+    char *prefix = list->urls[i];
+    size_t len = strlen(prefix);
+    if (!sf_object_url_is_store(prefix) || prefix[len - 1] != '/') continue;
+    char **found = NULL;
+    size_t n = 0;
+    sf_error local;
+    int r = sf_object_list(prefix, &found, &n, c->error ? c->error : &local);
+    if (r) return r;
+    size_t kept = 0;
+    for (size_t k = 0; k < n; k++) {
+      if (is_shard_name(found[k])) found[kept++] = found[k];
+      else free(found[k]);
+    }
+    qsort(found, kept, sizeof *found, compare_urls);
+    if (kept == 0) {
+      free(found);
+      c->pattern = prefix;
+      r = fail(c, SF_ENOENT, 0, "no .tar, .tar.gz, .tgz or .tar.zst objects under this prefix; check the bucket "
+                                "and the prefix (keys are case-sensitive)");
+      if (c->error) snprintf(c->error->url, sizeof c->error->url, "%s", prefix);
+      return r;
+    }
+    if (kept - 1 > MAX_URLS - list->count) {
+      for (size_t k = 0; k < kept; k++) free(found[k]);
+      free(found);
+      c->pattern = prefix;
+      return fail(c, SF_ETOOBIG, 0, "the prefix holds more than 10,000,000 shards");
+    }
+    char **urls = realloc(list->urls, (list->count + kept - 1) * sizeof *urls);
+    if (!urls) {
+      for (size_t k = 0; k < kept; k++) free(found[k]);
+      free(found);
+      c->pattern = prefix;
+      return fail(c, SF_ENOMEM, 0, "out of memory");
+    }
+    list->urls = urls;
+    memmove(&urls[i + kept], &urls[i + 1], (list->count - i - 1) * sizeof *urls);
+    memcpy(&urls[i], found, kept * sizeof *urls);
+    list->count += kept - 1;
+    free(prefix);
+    free(found);
+    i += kept - 1;
+  }
+  return 0;
+}
+
 /* Expands one brace pattern (no '::', no '@') and appends its URLs to the list. */
 static int expand_pattern(ctx *c, const char *text) {
   c->pattern = text;
@@ -324,8 +391,10 @@ static int expand_pattern(ctx *c, const char *text) {
       } else {
         c->list->urls = urls;
         c->len = 0;
+        size_t from = c->list->count;
         r = emit(c, p, 0, NULL);
         if (r) fail(c, r, 0, "out of memory");
+        if (!r) r = expand_prefixes(c, from);
       }
     }
   }

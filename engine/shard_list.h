@@ -16,6 +16,10 @@ typedef struct sf_shard_list {
  * with "::". Brace groups: {000000..000649} (zero padding of the wider bound
  * kept), {a,b,c}; groups may repeat and nest left to right as in bash.
  * "@FILE" reads one URL (or pattern) per line from FILE ('#' comments).
+ * An s3:// or gs:// URL ending in '/' is a prefix: it expands to every
+ * .tar, .tar.gz, .tgz and .tar.zst object under it, sorted by key (a
+ * listing request to the store, see sf_object_list); SF_ENOENT when there
+ * are none, and the store's errors (SF_EDENIED, SF_ENET) as they come.
  * Returns 0, SF_EINVAL with *error naming the pattern and column, SF_ETOOBIG
  * past 10,000,000 URLs, SF_ENOMEM. The caller frees with sf_shard_list_clear().
  */

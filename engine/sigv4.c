@@ -62,6 +62,7 @@ static size_t percent_decode(char *out, const char *s, size_t n) {
 typedef struct param {
   char *name;
   char *value;
+  bool bare; /* written without '=' ("?uploads"): kept so on the wire, signed as "uploads=" */
 } param;
 
 /* Re-encodes s[0, n) canonically into a new string. */
@@ -105,6 +106,7 @@ static int parse_query(const char *query, param **out, size_t *count) {
       const char *name_end = eq ? eq : end;
       p[n].name = reencode(s, (size_t)(name_end - s));
       p[n].value = eq ? reencode(eq + 1, (size_t)(end - eq - 1)) : strdup("");
+      p[n].bare = !eq;
       n++;
       if (!p[n - 1].name || !p[n - 1].value) {
         params_free(p, n);
@@ -125,15 +127,16 @@ static int compare_params(const void *a, const void *b) {
   return c ? c : strcmp(x->value, y->value);
 }
 
-/* Joins pairs as name=value&...; NULL when out of memory. */
-static char *join_params(const param *p, size_t n) {
+/* Joins pairs as name=value&... (bare names without '=' unless canonical); NULL when out of memory. */
+static char *join_params(const param *p, size_t n, bool canonical) {
   size_t size = 1;
   for (size_t i = 0; i < n; i++) size += strlen(p[i].name) + strlen(p[i].value) + 2;
   char *s = malloc(size);
   if (!s) return NULL;
   size_t len = 0;
   for (size_t i = 0; i < n; i++)
-    len += (size_t)snprintf(s + len, size - len, "%s%s=%s", i ? "&" : "", p[i].name, p[i].value);
+    len += (size_t)snprintf(s + len, size - len, "%s%s%s%s", i ? "&" : "", p[i].name,
+                            p[i].bare && !canonical ? "" : "=", p[i].value);
   s[len] = '\0';
   return s;
 }
@@ -142,7 +145,7 @@ char *sf_sigv4_query_normalize(const char *query) {
   param *p;
   size_t n;
   if (parse_query(query, &p, &n) < 0) return NULL;
-  char *s = join_params(p, n);
+  char *s = join_params(p, n, false);
   params_free(p, n);
   return s;
 }
@@ -184,7 +187,7 @@ int sf_sigv4_sign(const sf_sigv4_request *r, char **canonical, char **authorizat
   size_t n;
   if (parse_query(r->query, &p, &n) < 0) return -1;
   qsort(p, n, sizeof *p, compare_params);
-  char *query = join_params(p, n);
+  char *query = join_params(p, n, true);
   params_free(p, n);
   if (!query) return -1;
 

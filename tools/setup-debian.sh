@@ -11,6 +11,8 @@ packages=(
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind
 )
+# s3rver (tools/s3rver.sh, for the s3:// tests) comes from the npm registry; keep a node that is already there.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
