@@ -3,16 +3,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/node.h"
 #include "engine/options.h"
+#include "engine/remote.h"
 #include "shardflow/shardflow.h"
 
 static void usage(FILE *out) {
   fprintf(out,
           "usage: shardflow run GRAPH [--set NODE.OPTION=VALUE]... [--epochs N] [--rank R --world-size W]\n"
           "                           [--start-epoch E --start-step K]\n"
-          "                           [--log-steps N] [--quiet] [--no-summary]\n"
+          "                           [--log-steps N] [--step-time S] [--quiet] [--no-summary]\n"
           "\n"
           "Runs GRAPH (a YAML graph file) and consumes its batches as a trainer would.\n"
           "  --set NODE.OPTION=VALUE  override an option (or a setting: --set seed=7)\n"
@@ -21,10 +24,12 @@ static void usage(FILE *out) {
           "  --start-epoch E, --start-step K  resume: epoch E (0-based) after its first K batches;\n"
           "                           the batches are exactly those an uninterrupted run returns next\n"
           "  --log-steps N            print a rate line every N batches (default 100; 0 = never)\n"
+          "  --step-time S            sleep S seconds per batch, like a trainer's step (a slow consumer)\n"
           "  --quiet                  only errors and the epoch lines\n"
           "  --no-summary             no per-stage table at the end\n"
           "Rate= is an exponential moving average of samples/s (smoothing 0.4, as torch_xla's\n"
-          "RateTracker); GlobalRate= is samples/s since the epoch began.\n");
+          "RateTracker); GlobalRate= is samples/s since the epoch began. With groups, Workers= is the\n"
+          "number of live workers and each worker's samples/s follows its name.\n");
 }
 
 static double now_seconds(void) {
@@ -41,18 +46,50 @@ static const char *clock_text(char *buf, size_t size) {
   return buf;
 }
 
-static void print_summary(const sf_pipeline *p) {
+/* Appends " Workers=N name=rate ..." for each group's node to the progress line. */
+static void print_workers(sf_pipeline *p) {
+  sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
+  if (!node) return;
+  static sf_remote_stats st;
+  sf_remote_describe(node, &st);
+  printf(" Workers=%d", st.live);
+  for (int i = 0; i < st.n_workers; i++)
+    if (st.workers[i].live) printf(" %s=%.1f", st.workers[i].name, st.workers[i].rate);
+}
+
+/* One table per process: the head's nodes, then each worker's stages as it last reported them. */
+static void print_summary(sf_pipeline *p) {
   sf_node_stats stats[64];
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
-  fprintf(stderr, "\n%-14s %-13s %4s %12s %12s %9s %7s %8s\n", "node", "stage", "reps", "items", "MiB", "busy s",
-          "errors", "skipped");
+  const char *header = "%-14s %-13s %4s %12s %12s %9s %9s %7s %8s\n";
+  fprintf(stderr, "\nhead (pid %d)\n", (int)getpid());
+  fprintf(stderr, header, "node", "stage", "reps", "items", "MiB", "busy s", "wait s", "errors", "skipped");
   for (int i = 0; i < n; i++) {
     const sf_node_stats *s = &stats[i];
-    fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %7llu %8llu\n", s->name, s->type, s->replicas,
-            (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds,
+    fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu\n", s->name, s->type, s->replicas,
+            (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds,
             (unsigned long long)s->errors, (unsigned long long)s->skipped);
   }
+  sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
+  if (!node) return;
+  static sf_remote_stats st;
+  sf_remote_describe(node, &st);
+  for (int w = 0; w < st.n_workers; w++) {
+    const sf_remote_worker_stats *ws = &st.workers[w];
+    fprintf(stderr, "\nworker %s (pid %lld%s): %llu samples in %llu units\n", ws->name, (long long)ws->pid,
+            ws->live ? "" : ", gone", (unsigned long long)ws->samples, (unsigned long long)ws->units);
+    fprintf(stderr, "%-14s %12s %12s %9s %9s %7s\n", "node", "items", "MiB", "busy s", "wait s", "errors");
+    for (int i = 0; i < ws->n_stats; i++) {
+      const sf_wire_stage_stats *s = &ws->stats[i];
+      fprintf(stderr, "%-14s %12llu %12.1f %9.2f %9.2f %7llu\n", s->name, (unsigned long long)s->items,
+              (double)s->bytes / 1048576.0, (double)s->busy_ns * 1e-9, (double)s->wait_ns * 1e-9,
+              (unsigned long long)s->errors);
+    }
+  }
+  fprintf(stderr, "\ngroup %s: %llu units reassigned, %llu duplicate results dropped, %llu malformed messages "
+          "dropped, %llu connections refused\n", sf_node_name(node), (unsigned long long)st.reassigned,
+          (unsigned long long)st.duplicates, (unsigned long long)st.malformed, (unsigned long long)st.refused);
 }
 
 int sf_cli_run(int argc, char **argv) {
@@ -60,6 +97,7 @@ int sf_cli_run(int argc, char **argv) {
   sf_pipeline_options options;
   sf_pipeline_options_init(&options);
   long log_steps = 100;
+  double step_time = 0;
   bool quiet = false, summary = true;
   const char **sets = calloc((size_t)argc, sizeof *sets);
   int n_sets = 0;
@@ -103,6 +141,11 @@ int sf_cli_run(int argc, char **argv) {
       i++;
     } else if (strcmp(a, "--log-steps") == 0 && v) {
       log_steps = atol(v);
+      i++;
+    } else if (strcmp(a, "--step-time") == 0 && v) {
+      char *end;
+      step_time = strtod(v, &end);
+      if (*end || step_time < 0 || step_time > 3600) goto bad;
       i++;
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = true;
@@ -161,15 +204,21 @@ int sf_cli_run(int argc, char **argv) {
       samples += (uint64_t)batch->size;
       step = sf_pipeline_step(p);
       sf_batch_destroy(&batch);
+      if (step_time > 0) {
+        struct timespec ts = {.tv_sec = (time_t)step_time, .tv_nsec = (long)((step_time - (double)(time_t)step_time) * 1e9)};
+        nanosleep(&ts, NULL);
+      }
       if (log_steps > 0 && step % (uint64_t)log_steps == 0 && !quiet) {
         double t = now_seconds();
         double instant = (double)(samples - last_samples) / (t - last_time > 1e-9 ? t - last_time : 1e-9);
         rate = rate == 0 ? instant : rate * 0.4 + instant * 0.6;
         last_time = t;
         last_samples = samples;
-        printf("| Training Rank=%d Epoch=%llu Step=%llu Rate=%.2f GlobalRate=%.2f Time=%s\n", rank,
+        printf("| Training Rank=%d Epoch=%llu Step=%llu Rate=%.2f GlobalRate=%.2f Time=%s", rank,
                (unsigned long long)sf_pipeline_epoch(p) + 1, (unsigned long long)step, rate,
                (double)samples / (t - epoch_start), clock_text(clk, sizeof clk));
+        print_workers(p);
+        printf("\n");
         fflush(stdout);
       }
       continue;

@@ -108,6 +108,7 @@ typedef struct remote {
   double out_bytes_per_sample;
   worker workers[MAX_WORKERS];
   int n_workers;
+  int next_worker;       /* where the round robin of dispatch() goes on */
   double no_worker_since;
   /* counts */
   uint64_t duplicates, malformed, reassigned, logged;
@@ -381,7 +382,6 @@ static void handle(remote *r, int socket, sf_wire_message *m) {
 
 /* Sends pending units, oldest first, to live workers with credit. Called with the lock held. */
 static void dispatch(remote *r) {
-  int next_worker = 0;
   for (int i = 0; i < r->count; i++) {
     unit *u = unit_at(r, i);
     if (u->state != UNIT_PENDING) continue;
@@ -402,7 +402,7 @@ static void dispatch(remote *r) {
     }
     int chosen = -1;
     for (int k = 0; k < r->n_workers; k++) {
-      int wi = (next_worker + k) % r->n_workers;
+      int wi = (r->next_worker + k) % r->n_workers;
       if (r->workers[wi].live && r->workers[wi].credits > 0) {
         chosen = wi;
         break;
@@ -422,7 +422,7 @@ static void dispatch(remote *r) {
     u->state = UNIT_AT_WORKER;
     u->worker = chosen;
     u->attempts++;
-    next_worker = chosen + 1;
+    r->next_worker = chosen + 1; /* round robin across calls: every worker with credit gets its turn */
   }
 }
 
@@ -617,6 +617,7 @@ static int init(sf_node *node) {
   r->open = calloc((size_t)r->unit_samples, sizeof *r->open);
   r->children = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->children);
   r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  r->last_wait_log = now_seconds(); /* the first "waiting" line after 10 s, not at start */
   r->zctx = zmq_ctx_new();
   if (!r->units || !r->open || !r->children || r->wake_fd < 0 || !r->zctx) {
     sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory");

@@ -1,0 +1,202 @@
+"""Groups over real processes and sockets: the batches equal one process's, whatever the workers do.
+
+Each run's batches (device_sink npy dumps) are compared with the same graph run without groups in one
+process: same keys in the same order, same pixels.  Workers over ipc:// (started by the head, or by
+the test) and tcp://127.0.0.1 (plaintext); workers killed with SIGKILL at several points, stopped with
+SIGTERM, joining late; a head with no workers; corrupt samples decoded on a worker; graph errors.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import SHARDFLOW, Checks, free_port, make_dataset, read_batches, run, write_graph, write_shard  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-groups-")
+urls, truth = make_dataset(tmp, shards=8, per_shard=250, size=16)
+
+
+def graph(name, group=None, batch_size=16, source_urls=urls, epochs=1):
+    """The reference graph; with group (a dict of group options) decode and augment run in group `decoders`."""
+    out = os.path.join(tmp, name)
+    in_group = {"group": "decoders"} if group is not None else {}
+    path = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls=source_urls, shuffle=True)),
+        ("tar_split", {}),
+        ("decode", dict(**in_group)),
+        ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **in_group)),
+        ("shuffle", dict(buffer_size=300)),
+        ("batch", dict(batch_size=batch_size, partial=True)),
+        ("device_sink", dict(npy_dir=out)),
+    ], seed=5, epochs=epochs)
+    if group is not None:
+        lines = ["groups:", "  decoders:"] + [f"    {k}: {v}" for k, v in group.items()]
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n" + text)
+    return path, out
+
+
+def same_batches(a, b, what):
+    check(len(a) == len(b), f"{what}: {len(a)} batches, one process made {len(b)}")
+    for (ea, ba, ka, fa), (eb, bb, kb, fb) in zip(a, b):
+        check((ea, ba) == (eb, bb), f"{what}: batch order")
+        check(ka == kb, f"{what}: epoch {ea} batch {ba} keys differ from one process's")
+        for name in fb:
+            check(np.array_equal(fa[name], fb[name]), f"{what}: epoch {ea} batch {ba} field {name} differs")
+
+
+def every_key_once(batches, what):
+    keys = [k for _, _, ks, _ in batches for k in ks]
+    check(len(keys) == len(truth), f"{what}: {len(keys)} samples, want {len(truth)} (none lost, none twice)")
+    check(set(keys) == set(truth), f"{what}: every key exactly once")
+
+
+def start_worker(endpoint, *extra):
+    return subprocess.Popen([SHARDFLOW, "worker", "--connect", endpoint, "--quiet", "--connect-timeout", "20", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def head(path, *extra):
+    return subprocess.Popen([SHARDFLOW, "run", path, "--log-steps", "0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, what, timeout=120):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{what}: timed out\n{err}")
+    return proc.returncode, out, err
+
+
+# The reference: one process, no groups.
+ref_path, ref_out = graph("reference")
+run(["run", ref_path, "--quiet", "--no-summary"])
+reference = read_batches(ref_out)
+every_key_once(reference, "one process")
+
+# Two local processes over ipc:// started by the head itself.
+path, out = graph("local", {"processes": 2, "unit_samples": 16})
+p = run(["run", path, "--log-steps", "10"])
+same_batches(read_batches(out), reference, "processes: 2")
+check("Workers=2" in p.stdout, "the progress line counts live workers")
+check("worker decoders-local-0" in p.stderr and "worker decoders-local-1" in p.stderr,
+      "the summary has a table for each worker process")
+
+# Remote workers over tcp:// on loopback, plaintext explicitly allowed.
+port = free_port()
+path, out = graph("tcp", {"listen": f"tcp://127.0.0.1:{port}", "plaintext": "true", "worker_timeout": "60s"})
+h = head(path)
+workers = [start_worker(f"tcp://127.0.0.1:{port}", "--plaintext") for _ in range(2)]
+rc, _, err = finish(h, "tcp head")
+check(rc == 0, f"tcp head failed:\n{err}")
+for w in workers:
+    check(w.wait(timeout=30) == 0, f"a worker leaves with status 0 when the run ends: {w.stderr.read()}")
+same_batches(read_batches(out), reference, "tcp://127.0.0.1, 2 workers")
+
+# tcp:// without keys and without plaintext fails closed, naming the option.
+path, _ = graph("closed", {"listen": f"tcp://127.0.0.1:{free_port()}"})
+p = run(["run", path], check=False)
+check(p.returncode != 0, "a tcp:// group without keys refuses to start")
+check("allowed_keys" in p.stderr or "keygen" in p.stderr, f"...and says how to fix it: {p.stderr}")
+
+# Workers killed with SIGKILL in the middle of the epoch, at several points: nothing lost, nothing twice.
+# SIGSTOP first, so the victim surely holds units (the head keeps sending it work while it has credits).
+for kill_at in (0.3, 0.9, 1.6):
+    ipc = os.path.join(tmp, f"kill-{kill_at}.ipc")
+    path, out = graph(f"kill-{kill_at}", {"listen": f"ipc://{ipc}", "heartbeat_interval": "100ms",
+                                           "heartbeat_timeout": "1s", "worker_timeout": "60s", "unit_samples": 8})
+    h = head(path, "--step-time", "0.03")
+    workers = [start_worker(f"ipc://{ipc}") for _ in range(3)]
+    time.sleep(kill_at)
+    workers[0].send_signal(signal.SIGSTOP)
+    time.sleep(0.3)
+    workers[0].send_signal(signal.SIGKILL)
+    rc, _, err = finish(h, f"kill at {kill_at}s")
+    check(rc == 0, f"kill at {kill_at}s: the head finished the epoch:\n{err}")
+    check("missed heartbeats" in err or "cannot be reached" in err, f"kill at {kill_at}s: the head noticed:\n{err}")
+    reassigned = int(err.split(" units reassigned")[0].rsplit(" ", 1)[1])
+    check(reassigned > 0, f"kill at {kill_at}s: the dead worker's units went to others:\n{err}")
+    batches = read_batches(out)
+    every_key_once(batches, f"kill at {kill_at}s")
+    same_batches(batches, reference, f"kill at {kill_at}s")
+    for w in workers:
+        w.wait(timeout=30)
+
+# SIGTERM: the worker leaves cleanly, says so, and its units go to the other worker at once.
+ipc = os.path.join(tmp, "term.ipc")
+path, out = graph("term", {"listen": f"ipc://{ipc}", "heartbeat_timeout": "30s", "worker_timeout": "60s",
+                           "unit_samples": 8})
+h = head(path, "--step-time", "0.02")
+workers = [start_worker(f"ipc://{ipc}") for _ in range(2)]
+time.sleep(0.8)
+workers[0].send_signal(signal.SIGTERM)
+check(workers[0].wait(timeout=10) == 0, "a worker stopped by SIGTERM exits with status 0")
+rc, _, err = finish(h, "SIGTERM")
+check(rc == 0 and " left;" in err, f"the head saw the worker leave (no 30 s heartbeat wait):\n{err}")
+same_batches(read_batches(out), reference, "a worker stopped by SIGTERM")
+
+# A worker that joins late receives work; until then the head waits.
+ipc = os.path.join(tmp, "late.ipc")
+path, out = graph("late", {"listen": f"ipc://{ipc}", "worker_timeout": "60s"})
+h = head(path)
+time.sleep(1.5)
+check(h.poll() is None, "the head waits for workers")
+late = start_worker(f"ipc://{ipc}")
+rc, _, err = finish(h, "late worker")
+check(rc == 0, f"a late worker completes the epoch:\n{err}")
+late.wait(timeout=30)
+same_batches(read_batches(out), reference, "a late worker")
+
+# No worker at all: the head fails after worker_timeout with a message saying what to start.
+ipc = os.path.join(tmp, "none.ipc")
+path, _ = graph("none", {"listen": f"ipc://{ipc}", "worker_timeout": "2s"})
+t0 = time.time()
+rc, _, err = finish(head(path), "no workers", timeout=60)
+check(rc != 0 and "no live worker" in err and "shardflow worker --connect" in err,
+      f"a head without workers fails after worker_timeout with a clear message:\n{err}")
+check(time.time() - t0 < 30, "...soon after the timeout")
+
+# Errors on a worker travel to the head: a corrupt image is counted and reported there, as in one process.
+bad = os.path.join(tmp, "bad")
+os.makedirs(bad)
+good = np.zeros((16, 16, 3), np.uint8).tobytes()
+write_shard(os.path.join(bad, "bad-000000.tar"), [
+    (f"{i:07d}", {"ppm": (b"P6\n16 16\n255\n" + good) if i != 3 else b"P6\n16 16\n255\nshort", "cls": b"1"})
+    for i in range(20)])
+bad_url = os.path.join(bad, "bad-000000.tar")
+path1, _ = graph("bad-one", source_urls=bad_url)
+one = run(["run", path1, "--no-summary", "--log-steps", "0"])
+path2, _ = graph("bad-group", {"processes": 1}, source_urls=bad_url)
+two = run(["run", path2, "--no-summary", "--log-steps", "0"])
+check("1 error record(s), 1 sample(s) skipped" in one.stderr, f"one process counts the corrupt sample: {one.stderr}")
+check("1 error record(s), 1 sample(s) skipped" in two.stderr, f"the head counts the worker's record: {two.stderr}")
+check("0000003" in two.stderr and "bad-000000.tar" in two.stderr, "the record names the key and the shard")
+
+# Graph errors name the line.
+for text, want in [
+    ("groups:\n  decoders:\n    processes: 1\nstages:\n  - type: shard_source\n    urls: x.tar\n"
+     "  - type: tar_split\n  - type: shuffle\n    group: decoders\n  - type: batch\n  - type: device_sink\n",
+     ":9:"),
+    ("stages:\n  - type: shard_source\n    urls: x.tar\n  - type: tar_split\n  - type: decode\n    group: nope\n"
+     "  - type: batch\n  - type: device_sink\n", ":6:"),
+    ("groups:\n  decoders:\n    procesess: 1\nstages:\n  - type: shard_source\n    urls: x.tar\n  - type: tar_split\n"
+     "  - type: decode\n    group: decoders\n  - type: batch\n  - type: device_sink\n", ":3:"),
+]:
+    gp = os.path.join(tmp, "err.yaml")
+    with open(gp, "w") as f:
+        f.write(text)
+    p = run(["run", gp], check=False)
+    check(p.returncode != 0 and want in p.stderr, f"graph error at line {want}: {p.stderr}")
+
+check.done("groups")
