@@ -538,6 +538,10 @@ int sf_object_http_error(const char *url, const char *what, long status, const c
                strcmp(code, "InvalidAccessKeyId") == 0 ? "the key id is unknown to the store; check it and the endpoint"
                                                        : "check that the secret key belongs to this key id (and the "
                                                          "region, AWS_REGION, and the clock)");
+  if ((status == 301 || status == 400) &&
+      (strcmp(code, "PermanentRedirect") == 0 || strcmp(code, "AuthorizationHeaderMalformed") == 0))
+    return SET(error, SF_ENET, url, "%s: HTTP %ld%s — the bucket lives in another region; set AWS_REGION to it (or "
+               "AWS_ENDPOINT_URL to its endpoint)", what, status, from_store);
   if (status == 401)
     return SET(error, SF_EDENIED, url, "%s: HTTP 401%s — the store refused %.200s: %s", what, from_store, used,
                gs ? "the token is wrong or expired; get a new one (gcloud auth print-access-token)"
@@ -639,8 +643,10 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   curl_easy_cleanup(e);
   if (status) *status = code;
   if (rc != CURLE_OK) {
+    char *q = strchr(req.url, '?');
+    if (q) *q = '\0';
     r = SET(error, rc == CURLE_OPERATION_TIMEDOUT ? SF_ETIMEDOUT : SF_ENET, url,
-            "%s %s: %s — check that the endpoint is reachable", method, strtok(req.url, "?"),
+            "%s %s: %s — check that the endpoint is reachable", method, req.url,
             errbuf[0] ? errbuf : curl_easy_strerror(rc));
   } else if (code < 200 || code > 299) {
     r = sf_object_http_error(url, method, code, b.data, b.size, &req, error);

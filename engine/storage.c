@@ -241,6 +241,20 @@ static int upload(const char *src, const char *dst, bool verify, sf_error *error
   return r;
 }
 
+/* sf_object_call for uploads, tried up to 4 times when the store fails (5xx, 429) or the connection does. */
+static int call_retrying(const char *url, const char *method, const char *query, const void *body, size_t size,
+                         char **response, char **etag, sf_error *error) {
+  int r = 0;
+  for (int attempt = 0; attempt < 4; attempt++) {
+    if (attempt) usleep((useconds_t)(200000u << attempt) + (useconds_t)(rand() % 100000));
+    long status = 0;
+    r = sf_object_call(url, method, query, body, size, &status, response, NULL, etag, error);
+    bool transient = (r == SF_ENET || r == SF_ETIMEDOUT) && (status == 0 || status == 429 || status >= 500);
+    if (!transient) break;
+  }
+  return r;
+}
+
 /* Reads n bytes at offset of f into a new buffer (*out); SF_EIO names path. */
 static int read_part(FILE *f, const char *path, long long offset, size_t n, char **out, sf_error *error) {
   *out = malloc(n ? n : 1);
@@ -290,7 +304,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     char *part = NULL, *etag = NULL;
     r = read_part(f, src, offset, n, &part, error);
     snprintf(query, strlen(upload_id) + 64, "partNumber=%lld&uploadId=%s", i + 1, upload_id);
-    if (!r) r = sf_object_call(dst, "PUT", query, part, n, NULL, NULL, NULL, &etag, error);
+    if (!r) r = call_retrying(dst, "PUT", query, part, n, NULL, &etag, error);
     if (!r && (!etag || strlen(etag) > 150))
       r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, offset, -1, "part %lld came back without an ETag", i + 1);
     if (!r) len += (size_t)snprintf(complete + len, cap - len, "<Part><PartNumber>%lld</PartNumber><ETag>%s</ETag></Part>",
@@ -302,7 +316,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     snprintf(complete + len, cap - len, "</CompleteMultipartUpload>");
     snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
     body = NULL;
-    r = sf_object_call(dst, "POST", query, complete, strlen(complete), NULL, &body, NULL, NULL, error);
+    r = call_retrying(dst, "POST", query, complete, strlen(complete), &body, NULL, error);
     /* CompleteMultipartUpload may answer 200 and put the failure in the body. */
     if (!r && body && strstr(body, "<Error>")) r = sf_object_http_error(dst, "complete the multipart upload", 500,
                                                                         body, strlen(body), NULL, error);
@@ -332,7 +346,7 @@ static int store_upload(const char *src, const char *dst, bool verify, sf_error 
   if ((long long)size <= part_size) {
     char *data = NULL;
     r = read_part(f, src, 0, (size_t)size, &data, error);
-    if (!r) r = sf_object_call(dst, "PUT", NULL, data, (size_t)size, NULL, NULL, NULL, NULL, error);
+    if (!r) r = call_retrying(dst, "PUT", NULL, data, (size_t)size, NULL, NULL, error);
     free(data);
   } else {
     r = store_multipart(f, src, dst, (long long)size, part_size, error);

@@ -33,6 +33,7 @@ class Proxy:
         self.upstream_port = upstream_port
         self.secrets = secrets          # access key id -> secret
         self.seen = []                  # (method, path, verdict) per request
+        self.fail = None                # fail(method, path) -> True: answer 500 InternalError instead
         self.lock = threading.Lock()
 
     def check(self, method, path, headers, body):
@@ -80,6 +81,8 @@ class Proxy:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 headers["Authorization"] = self.headers.get("Authorization", "")
                 verdict = proxy.check(self.command, self.path, headers, body)
+                if not verdict and proxy.fail and proxy.fail(self.command, self.path):
+                    verdict = (500, "InternalError", "injected by the test")
                 with proxy.lock:
                     proxy.seen.append((self.command, self.path, verdict[1] if verdict else "ok"))
                 if verdict:
