@@ -81,6 +81,7 @@ struct sf_prefetch {
   CURLM *multi;
   sf_fetch *list;
   int64_t buffered;       /* over all downloads */
+  block *spare;           /* freed blocks kept for reuse: no mmap/munmap and page faults per block */
   sf_prefetch_stats stats;
   sf_rng rng;             /* jitter; the fetcher thread only */
 };
@@ -164,8 +165,11 @@ static bool has_room(const sf_prefetch *p, const sf_fetch *f, size_t n) {
 static int append(sf_prefetch *p, sf_fetch *f, const char *data, size_t n) {
   while (n > 0) {
     if (!f->tail || f->tail->size == BLOCK) {
-      block *b = malloc(sizeof *b + BLOCK);
-      if (!b) return -1;
+      block *b = p->spare;
+      if (b)
+        p->spare = b->next;
+      else if (!(b = malloc(sizeof *b + BLOCK)))
+        return -1;
       b->next = NULL;
       b->size = 0;
       if (f->tail)
@@ -189,7 +193,9 @@ static int append(sf_prefetch *p, sf_fetch *f, const char *data, size_t n) {
 
 static void free_block(sf_prefetch *p, sf_fetch *f, block **b) {
   if (!*b) return;
-  free(*b);
+  /* Kept for the next block: at most as many as were ever held at once (within the budget). */
+  (*b)->next = p->spare;
+  p->spare = *b;
   *b = NULL;
   f->buffered -= BLOCK;
   p->buffered -= BLOCK;
@@ -784,6 +790,11 @@ void sf_prefetch_destroy(sf_prefetch **prefetch) {
     free_fetch(f);
   }
   if (p->multi) curl_multi_cleanup(p->multi);
+  while (p->spare) {
+    block *b = p->spare;
+    p->spare = b->next;
+    free(b);
+  }
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->changed);
   free(p);

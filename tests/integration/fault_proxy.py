@@ -13,6 +13,7 @@ Each request for a path takes the next action from the plan the test gave for th
                                 412 to an If-Match naming the old ETag, as a real server would;
                                 dishonest: ignore If-Match and serve the changed bytes from the Range
 
+FaultProxy(port, plan, delay=0.1) also holds every answer back for 0.1 s (a distant server's latency).
 Every request is logged as a dict (path, range, if_match, action, time) in proxy.log.
 Only Debian's /usr/bin/python3 standard library; one thread per client connection.
 """
@@ -24,8 +25,9 @@ import time
 
 
 class FaultProxy:
-    def __init__(self, upstream_port, plan=None, upstream_host="127.0.0.1"):
+    def __init__(self, upstream_port, plan=None, upstream_host="127.0.0.1", delay=0.0):
         self.upstream = (upstream_host, upstream_port)
+        self.delay = delay  # seconds before every answer: a far-away server's time to first byte
         self.plan = {k: list(v) for k, v in (plan or {}).items()}
         self.log = []
         self.lock = threading.Lock()
@@ -126,6 +128,8 @@ class FaultProxy:
                 with self.lock:
                     self.log.append(dict(path=path, range=headers.get("range"), if_match=headers.get("if-match"),
                                          action=kind, time=time.monotonic()))
+                if self.delay:
+                    time.sleep(self.delay)
                 if not self._answer(conn, method, target, headers, action, kind):
                     return
         except OSError:
