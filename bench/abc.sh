@@ -4,13 +4,14 @@
 #   B: the shards on local disk (page cache),
 #   C: the same shards over HTTP behind the delay proxy, with prefetch when tar_split has it.
 # First checks that the proxy's RTT and rate are what it was asked for. Medians of hyperfine runs.
-#   bench/abc.sh [--runs N] [--shards N] [--a-samples N] [--rtt 20ms] [--rate 1GB/s] [--prefetch K]
+#   bench/abc.sh [--runs N] [--shards N] [--a-samples N] [--rtt 20ms] [--rate 1GB/s] [--prefetch K] [--check-proxy]
+# --check-proxy stops after the proxy check (exit 1 when the proxy is not what it was asked to be).
 # SF_BUILD names the build directory (default build-release), SF_PORT nginx's port (default 8752).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 runs=5 a_runs=3 shards=50 a_samples=400 rtt=20ms rate=1GB/s prefetch=4 prefetch_bytes=64MiB
-port=${SF_PORT:-8752} build=${SF_BUILD:-build-release}
+port=${SF_PORT:-8752} build=${SF_BUILD:-build-release} check_only=no
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) runs=$2; a_runs=$(( $2 < 3 ? $2 : 3 )); shift 2 ;;
@@ -19,7 +20,8 @@ while [ $# -gt 0 ]; do
     --rtt) rtt=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --prefetch) prefetch=$2; shift 2 ;;
-    *) echo "usage: bench/abc.sh [--runs N] [--shards N] [--a-samples N] [--rtt 20ms] [--rate 1GB/s] [--prefetch K]" >&2; exit 2 ;;
+    --check-proxy) check_only=yes; shift ;;
+    *) echo "usage: bench/abc.sh [--runs N] [--shards N] [--a-samples N] [--rtt 20ms] [--rate 1GB/s] [--prefetch K] [--check-proxy]" >&2; exit 2 ;;
   esac
 done
 tools/setup-debian.sh
@@ -92,8 +94,14 @@ for _ in $(seq 50); do grep -q listening "$run/proxy.out" 2>/dev/null && break; 
 pport=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$run/proxy.out")
 [ -n "$pport" ] || { echo "abc.sh: the delay proxy did not start:" >&2; cat "$run/proxy.err" >&2; exit 1; }
 
-echo "== delay proxy check (asked: RTT $rtt, rate $rate)"
-/usr/bin/python3 - "$port" "$pport" <<'PY'
+# A second proxy with a cap low enough for one client to measure: is the rate what it says?
+"$proxy_bin" --upstream "127.0.0.1:$port" --listen 127.0.0.1:0 --rtt "$rtt" --rate 200MB/s > "$run/proxy2.out" 2>/dev/null &
+proxy2_pid=$!
+for _ in $(seq 50); do grep -q listening "$run/proxy2.out" 2>/dev/null && break; sleep 0.1; done
+pport2=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$run/proxy2.out")
+
+echo "== delay proxy check (asked: RTT $rtt, rate $rate; the second proxy: RTT $rtt, rate 200MB/s)"
+/usr/bin/python3 - "$port" "$pport" "$pport2" "$rtt" <<'PY'
 import http.client, statistics, sys, threading, time
 def get(conn, path):
     conn.request("GET", path)
@@ -105,10 +113,13 @@ def get(conn, path):
             return n
         n += len(b)
 def check(port):
-    t = time.perf_counter()
-    c = http.client.HTTPConnection("127.0.0.1", port)
-    get(c, "/small.bin")
-    first = time.perf_counter() - t
+    news = []
+    for _ in range(5):
+        t = time.perf_counter()
+        c = http.client.HTTPConnection("127.0.0.1", port)
+        get(c, "/small.bin")
+        news.append(time.perf_counter() - t)
+    first = statistics.median(news)
     lat = []
     for _ in range(15):
         t = time.perf_counter(); get(c, "/small.bin"); lat.append(time.perf_counter() - t)
@@ -125,11 +136,28 @@ def check(port):
     for th in ths: th.join()
     four = sum(res) / (time.perf_counter() - t)
     return first * 1e3, statistics.median(lat) * 1e3, one / 1e6, four / 1e6
-for name, port in (("nginx direct", sys.argv[1]), ("through proxy", sys.argv[2])):
-    f, l, one, four = check(int(port))
-    print(f"{name:14s}: request {l:6.2f} ms on a kept-alive connection, {f:6.2f} ms on a new one; "
+rtt = float(sys.argv[4].removesuffix("ms")) if sys.argv[4].endswith("ms") else float(sys.argv[4].removesuffix("s")) * 1e3
+got = {}
+for name, port in (("nginx direct", sys.argv[1]), ("proxy", sys.argv[2]), ("proxy 200MB/s", sys.argv[3])):
+    got[name] = f, l, one, four = check(int(port))
+    print(f"{name:14s}: request {l:6.2f} ms on a kept-alive connection, {f:6.2f} ms on a new one (medians); "
           f"one GET of {big/1e6:.0f} MB {one:7.1f} MB/s, 4 at once {four:7.1f} MB/s in all")
+# What the proxy promises: +1 RTT per request, +2 RTT for a new connection (handshake), the rate cap
+# (a 410 MB GET pays one RTT on top of size/rate; four connections share the one link).
+direct, slow = got["nginx direct"], got["proxy 200MB/s"]
+bad = []
+for name in ("proxy", "proxy 200MB/s"):
+    f, l, _, _ = got[name]
+    # never faster than the delay; slower only by the machine's own noise
+    if not (l >= rtt * 0.98 and l - direct[1] <= rtt * 1.25 + 2): bad.append(f"{name}: request adds {l - direct[1]:.2f} ms, not {rtt:g}")
+    if not (f >= 2 * rtt * 0.98 and f - direct[0] <= 2 * rtt * 1.25 + 4): bad.append(f"{name}: new connection adds {f - direct[0]:.2f} ms, not {2 * rtt:g}")
+for label, v in (("one GET", slow[2]), ("4 at once", slow[3])):
+    if not 180 <= v <= 202: bad.append(f"proxy 200MB/s: {label} moved {v:.1f} MB/s")
+print("proxy check: " + ("as asked" if not bad else "MISMATCH: " + "; ".join(bad)))
+sys.exit(1 if bad else 0)
 PY
+kill "$proxy2_pid"; wait "$proxy2_pid" 2>/dev/null || true
+[ "$check_only" = yes ] && exit 0
 
 have_prefetch=no
 if "$sf" help tar_split | grep -Eq '^[[:space:]]*prefetch[[:space:]]'; then have_prefetch=yes; fi
@@ -138,7 +166,7 @@ pf=()
 cmd_a="$sf run $graph --quiet --no-summary --set 'shard_source.urls=http://127.0.0.1:$pport/a/$a_range' ${pf[*]}"
 cmd_b="$sf run $graph --quiet --no-summary --set 'shard_source.urls=$src/$shard_range'"
 cmd_c="$sf run $graph --quiet --no-summary --set 'shard_source.urls=http://127.0.0.1:$pport/shards/$shard_range' ${pf[*]}"
-cmd_c0="$sf run $graph --quiet --no-summary --set 'shard_source.urls=http://127.0.0.1:$pport/shards/$shard_range'"
+cmd_c0="$sf run $graph --quiet --no-summary --set 'shard_source.urls=http://127.0.0.1:$pport/shards/$shard_range' --set tar_split.prefetch=0"
 
 # Every run must deliver every sample: check once (this also warms the page cache and nginx).
 verify() {

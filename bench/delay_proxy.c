@@ -1,7 +1,7 @@
 /* A TCP proxy that makes a loopback server look distant: one-way delay per chunk, a shared bandwidth cap. */
 /*
  * delay_proxy --upstream HOST:PORT [--listen [ADDR:]PORT] [--rtt 20ms] [--rate 100MB/s]
- *             [--burst 256KiB] [--no-handshake] [--max-queue 8MiB]
+ *             [--burst 256KiB] [--no-handshake] [--max-queue 16MiB]
  *
  * This kernel has no netem, so the proxy does in user space what a distant
  * link does. Each direction is one link shared by every connection (a
@@ -13,7 +13,8 @@
  * after it was accepted (SYN, SYN-ACK, then the first data: the handshake a
  * distant server costs), unless --no-handshake. A connection stops being
  * read once --max-queue bytes wait in one direction (backpressure, bounded
- * memory). Prints "listening on ADDR:PORT" on stdout when ready; SIGTERM or
+ * memory; like a TCP window it bounds one connection to max-queue / (rtt/2):
+ * 16 MiB / 10 ms = 1.6 GB/s by default). Prints "listening on ADDR:PORT" on stdout when ready; SIGTERM or
  * SIGINT ends it; at exit it prints bytes moved per direction on stderr.
  * Data never passes through user space (see pipebuf below).
  */
@@ -453,7 +454,7 @@ static int64_t next_deadline(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: delay_proxy --upstream HOST:PORT [--listen [ADDR:]PORT] [--rtt 20ms] [--rate 100MB/s]\n"
-                  "                   [--burst 256KiB] [--max-queue 8MiB] [--no-handshake]\n");
+                  "                   [--burst 256KiB] [--max-queue 16MiB] [--no-handshake]\n");
   exit(2);
 }
 
@@ -483,7 +484,7 @@ int main(int argc, char **argv) {
   int64_t rtt = 20000000;
   P.rate = 0;
   double burst = 256 * 1024;
-  P.max_queue = 8u << 20;
+  P.max_queue = 16u << 20;
   bool handshake = true;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
