@@ -120,6 +120,16 @@ int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_
 int sf_wire_decode(const uint8_t *header, size_t header_len, sf_buffer *const *frames, int n_frames,
                    sf_wire_message *msg, sf_error *error);
 
+/*
+ * Bytes this process has copied so far (process-wide counters, for metrics and
+ * tests): *sent, by sf_wire_send for strided tensors (deferred fields are
+ * written once by their recipe and not counted); *received, by sf_wire_recv
+ * for payload frames whose address does not suit their dtype's alignment
+ * (libzmq packs small received frames into its receive batch at any offset).
+ * Either pointer may be NULL.
+ */
+void sf_wire_copy_stats(uint64_t *sent, uint64_t *received);
+
 /* Frees what a received message owns and zeroes it. */
 void sf_wire_message_clear(sf_wire_message *msg);
 
