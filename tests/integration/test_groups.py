@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -69,6 +70,31 @@ def head(path, *extra):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+class Head:
+    """A head whose stderr is read as it comes, to act when its workers have joined."""
+
+    def __init__(self, path, *extra):
+        self.proc = head(path, *extra)
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
+        self.reader.start()
+
+    def wait_joined(self, n, timeout=30):
+        deadline = time.time() + timeout
+        while sum(" joined" in line for line in list(self.lines)) < n:
+            check(time.time() < deadline, f"{n} workers join within {timeout} s: {''.join(self.lines)}")
+            time.sleep(0.02)
+
+    def finish(self, what, timeout=120):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"{what}: timed out\n{''.join(self.lines)}")
+        self.reader.join(timeout=10)
+        return self.proc.returncode, "".join(self.lines)
+
+
 def finish(proc, what, timeout=120):
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -116,13 +142,14 @@ for kill_at in (0.3, 0.9, 1.6):
     ipc = os.path.join(tmp, f"kill-{kill_at}.ipc")
     path, out = graph(f"kill-{kill_at}", {"listen": f"ipc://{ipc}", "heartbeat_interval": "100ms",
                                            "heartbeat_timeout": "1s", "worker_timeout": "60s", "unit_samples": 8})
-    h = head(path, "--step-time", "0.03")
+    h = Head(path, "--step-time", "0.03")
     workers = [start_worker(f"ipc://{ipc}") for _ in range(3)]
+    h.wait_joined(3)
     time.sleep(kill_at)
     workers[0].send_signal(signal.SIGSTOP)
     time.sleep(0.3)
     workers[0].send_signal(signal.SIGKILL)
-    rc, _, err = finish(h, f"kill at {kill_at}s")
+    rc, err = h.finish(f"kill at {kill_at}s")
     check(rc == 0, f"kill at {kill_at}s: the head finished the epoch:\n{err}")
     check("missed heartbeats" in err or "cannot be reached" in err, f"kill at {kill_at}s: the head noticed:\n{err}")
     reassigned = int(err.split(" units reassigned")[0].rsplit(" ", 1)[1])
@@ -137,12 +164,13 @@ for kill_at in (0.3, 0.9, 1.6):
 ipc = os.path.join(tmp, "term.ipc")
 path, out = graph("term", {"listen": f"ipc://{ipc}", "heartbeat_timeout": "30s", "worker_timeout": "60s",
                            "unit_samples": 8})
-h = head(path, "--step-time", "0.02")
+h = Head(path, "--step-time", "0.02")
 workers = [start_worker(f"ipc://{ipc}") for _ in range(2)]
+h.wait_joined(2)
 time.sleep(0.8)
 workers[0].send_signal(signal.SIGTERM)
 check(workers[0].wait(timeout=10) == 0, "a worker stopped by SIGTERM exits with status 0")
-rc, _, err = finish(h, "SIGTERM")
+rc, err = h.finish("SIGTERM")
 check(rc == 0 and " left;" in err, f"the head saw the worker leave (no 30 s heartbeat wait):\n{err}")
 same_batches(read_batches(out), reference, "a worker stopped by SIGTERM")
 
