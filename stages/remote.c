@@ -11,6 +11,7 @@
  * its units to others; a RESULT for a unit already finished is a duplicate
  * and is dropped.  docs/protocol.md has the message sequence.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -551,7 +552,19 @@ static const char *worker_executable(remote *r) {
     if (base && strcmp(base + 1, "shardflow") == 0) return self;
   }
   const char *env = getenv("SHARDFLOW_BIN");
-  return env && env[0] ? env : "shardflow";
+  if (env && env[0]) return env;
+  /* embedded (a Python trainer): the CLI next to libshardflow (a build tree) or in ../bin (an install) */
+  Dl_info info;
+  static char near[PATH_MAX];
+  if (dladdr((void *)worker_executable, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+    const char *slash = strrchr(info.dli_fname, '/');
+    int dir = (int)(slash - info.dli_fname);
+    snprintf(near, sizeof near, "%.*s/shardflow", dir, info.dli_fname);
+    if (access(near, X_OK) == 0) return near;
+    snprintf(near, sizeof near, "%.*s/../bin/shardflow", dir, info.dli_fname);
+    if (access(near, X_OK) == 0) return near;
+  }
+  return "shardflow";
 }
 
 static int spawn_worker(remote *r, int index, sf_error *error) {
