@@ -30,12 +30,14 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_sent (glibc's copy predates it) */
 #include <zmq.h>
 
 enum {
@@ -571,6 +573,22 @@ static void peer_address(int fd, char *out, size_t size) {
 }
 
 /*
+ * Bytes the kernel sent on a TCP socket (0 if unknown).  A connection that
+ * has been sent more than a greeting and a WELCOME passed the CURVE HELLO;
+ * garbage and silent peers never get past the 64-byte greeting.
+ */
+enum { CURVE_SENT_MIN = 64 + 168 };
+static uint64_t bytes_sent(int fd) {
+  struct tcp_info ti;
+  memset(&ti, 0, sizeof ti);
+  socklen_t len = sizeof ti;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0) return 0;
+  if (len >= offsetof(struct tcp_info, tcpi_bytes_sent) + sizeof ti.tcpi_bytes_sent) return ti.tcpi_bytes_sent;
+  if (len >= offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof ti.tcpi_bytes_acked) return ti.tcpi_bytes_acked;
+  return 0;
+}
+
+/*
  * Ties monitor events to connections.  Events carry the fd only for ACCEPTED
  * and DISCONNECTED; a handshake failure is emitted right before the
  * DISCONNECTED of its connection (same I/O thread, same call), so it is
@@ -606,11 +624,22 @@ static void serve_monitor(sf_transport *t) {
     peer_address(fd, t->tracked[i].addr, sizeof t->tracked[i].addr);
     break;
   }
-  case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+  case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: {
     atomic_fetch_add(&t->accepted, 1);
-    if (t->n_tracked == 1) untrack(t, 0);
+    int best = -1;
+    uint64_t best_sent = CURVE_SENT_MIN;
+    for (int i = 0; i < t->n_tracked; i++) {
+      uint64_t sent = bytes_sent(t->tracked[i].fd);
+      if (sent > best_sent) {
+        best = i;
+        best_sent = sent;
+      }
+    }
+    if (best < 0 && t->n_tracked == 1) best = 0;
+    if (best >= 0) untrack(t, best);
     else t->pending_success++;
     break;
+  }
   case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: /* counted and logged by the ZAP handler */
     t->pending_auth++;
     break;
