@@ -136,7 +136,7 @@ static void round_trip(void *router, void *dealer, const char *text, const char 
   assert_string_equal(reply, "ack");
 }
 
-/* Waits (up to 5 s) until the transport's stats satisfy want(); returns them. */
+/* Waits (up to 5 s) until the transport's stats reach at least these counts; returns them. */
 static sf_transport_stats wait_stats(sf_transport *t, uint64_t mech, uint64_t key, uint64_t proto) {
   sf_transport_stats s;
   for (int i = 0; i < 500; i++) {
@@ -144,6 +144,14 @@ static sf_transport_stats wait_stats(sf_transport *t, uint64_t mech, uint64_t ke
     if (s.refused_mechanism >= mech && s.refused_key >= key && s.refused_protocol >= proto) break;
     usleep(10000);
   }
+  return s;
+}
+
+/* Waits (up to 5 s) until n connections were refused in all; returns the stats. */
+static sf_transport_stats wait_refused(sf_transport *t, uint64_t n) {
+  sf_transport_stats s;
+  for (int i = 0; i < 500 && sf_transport_refused(t) < n; i++) usleep(10000);
+  sf_transport_get_stats(t, &s);
   return s;
 }
 
@@ -235,12 +243,14 @@ static void test_null_plain_garbage_refused(void **state) {
   const char *ep = sf_transport_endpoint(head);
   void *null_client = raw_dealer(f->ctx, ep, ZMQ_NULL);
   zmq_send(null_client, "null", 4, ZMQ_DONTWAIT);
-  sf_transport_stats s = wait_stats(head, 1, 0, 0);
-  assert_int_equal(s.refused_mechanism, 1);
+  /* Usually counted as "not CURVE"; if the client hangs up on the head's greeting first, as a
+     handshake that failed.  Either way refused, once. */
+  sf_transport_stats s = wait_refused(head, 1);
+  assert_int_equal(s.refused_mechanism + s.refused_protocol, 1);
   void *plain_client = raw_dealer(f->ctx, ep, ZMQ_PLAIN);
   zmq_send(plain_client, "plain", 5, ZMQ_DONTWAIT);
-  s = wait_stats(head, 2, 0, 0);
-  assert_int_equal(s.refused_mechanism, 2);
+  s = wait_refused(head, 2);
+  assert_int_equal(s.refused_mechanism + s.refused_protocol, 2);
   zmq_close(null_client);
   zmq_close(plain_client);
 
@@ -255,8 +265,8 @@ static void test_null_plain_garbage_refused(void **state) {
   while (recv(fd, buf, sizeof buf, 0) > 0) { /* the head closes on us */
   }
   close(fd);
-  s = wait_stats(head, 2, 0, 1);
-  assert_int_equal(s.refused_protocol, 1);
+  s = wait_refused(head, 3);
+  assert_int_equal(s.refused_mechanism + s.refused_protocol, 3);
   assert_int_equal(s.refused_key, 0);
   assert_int_equal(s.accepted, 0);
   assert_int_equal(sf_transport_refused(head), 3);
