@@ -20,6 +20,7 @@ Needs root and `ip netns` (exits 77 otherwise).  Namespaces and processes are re
 blocks, on failure too.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,13 +125,25 @@ def read(path):
 
 
 def keygen(keys, name):
-    # WORKAROUND (transport.c in progress): a key with '#' (a Z85 character) is read as a comment.
+    # WORKAROUND, to be removed: engine/transport.c (in progress, another helper's) cuts key-file lines
+    # at '#', which is also a Z85 character, so ~60% of key pairs fail to load ("not a Z85 CURVE key").
     for _ in range(100):
         sfutil.run(["keygen", name, "--dir", keys])
         if "#" not in read(os.path.join(keys, f"{name}.key")).split("curve", 1)[1]:
             return
+        print(f"note: key {name} has '#' in it; made another (transport.c reads '#' as a comment)")
         os.unlink(os.path.join(keys, f"{name}.key"))
         os.unlink(os.path.join(keys, f"{name}.pub"))
+
+
+def remove_stale_namespaces():
+    """Namespaces this test left behind when its process was killed (its pid no longer runs)."""
+    p = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(r"sf(\d+)-(head|w1|w2|rogue|probe)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def wait_for(pred, timeout, what):
@@ -145,6 +158,7 @@ def wait_for(pred, timeout, what):
 def main():
     if not can_netns():
         return 77
+    remove_stale_namespaces()
     check = sfutil.Checks()
     tmp = tempfile.mkdtemp(prefix="sf-netns-")
     os.chmod(tmp, 0o755)  # namespaces share the filesystem; any user may read the shards
@@ -238,6 +252,10 @@ def main():
         refused = int(summary[0].split(" connections refused")[0].rsplit(", ", 1)[1])
         check(refused >= 1, f"the summary counts the refused connection: {summary[0]}")
         check(" 0 duplicate results dropped, 0 malformed" in summary[0], f"nothing dropped: {summary[0]}")
+        kinds = re.search(r"refused (\d+) connection\(s\): (\d+) not CURVE, (\d+) unknown key", hlog)
+        check(kinds and int(kinds.group(3)) >= 1 and int(kinds.group(2)) == 0,
+              f"the listening socket's closing count says: unknown key, not another mechanism:\n{hlog}")
+        print(kinds.group(0))
 
         got = sfutil.read_batches(out_dir)
         check(len(got) == len(ref), f"{len(got)} batches from the group run, {len(ref)} from the reference")
