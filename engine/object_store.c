@@ -564,7 +564,7 @@ static size_t on_read(char *ptr, size_t size, size_t nmemb, void *opaque) {
   upload_body *b = opaque;
   size_t n = size * nmemb;
   if (n > b->size - b->at) n = b->size - b->at;
-  memcpy(ptr, b->data + b->at, n);
+  if (n) memcpy(ptr, b->data + b->at, n);
   b->at += n;
   return n;
 }

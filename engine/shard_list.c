@@ -338,7 +338,7 @@ static int expand_prefixes(ctx *c, size_t from) {
       if (is_shard_name(found[k])) found[kept++] = found[k];
       else free(found[k]);
     }
-    qsort(found, kept, sizeof *found, compare_urls);
+    if (kept > 1) qsort(found, kept, sizeof *found, compare_urls);
     if (kept == 0) {
       free(found);
       c->pattern = prefix;

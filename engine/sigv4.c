@@ -186,7 +186,7 @@ int sf_sigv4_sign(const sf_sigv4_request *r, char **canonical, char **authorizat
   param *p;
   size_t n;
   if (parse_query(r->query, &p, &n) < 0) return -1;
-  qsort(p, n, sizeof *p, compare_params);
+  if (n > 1) qsort(p, n, sizeof *p, compare_params);
   char *query = join_params(p, n, true);
   params_free(p, n);
   if (!query) return -1;
