@@ -2,10 +2,10 @@
 
 The graph: shard_source -> tar_split -> [decode -> augment in group `decoders`, processes: 2]
 -> shuffle -> batch -> device_sink, on 64x64 RGB images (PPM, 12,288 bytes a sample in; augment
-makes float32 CHW, 49,152 bytes a sample out).  The source side can produce several thousand samples
-a second; `shardflow run --step-time` makes the consumer take STEP seconds per batch of BATCH, a few
-hundred samples a second, so without flow control the head (results waiting to be passed on) or
-the workers (units queued at them) would fill with the whole input.
+makes float32 CHW, 49,152 bytes a sample out).  The group produces 1,000-4,000 samples a second here
+(2 cores; measured by the fast run below); `shardflow run --step-time 0.1` makes the consumer take
+0.1 s per batch of 32, 320 samples a second, so without flow control the head (results waiting to
+be passed on) or the workers (units queued at them) would fill with the whole input.
 
 While the run goes on, VmRSS and VmHWM of the head and of both workers (the head's children
 running `shardflow worker`) are sampled from /proc/PID/status every 20 ms.  The bound for every
@@ -129,7 +129,7 @@ def run_sampled(graph, step, seconds, log_path):
     """Runs the graph; samples memory every 20 ms until it ends or `seconds` pass (then SIGTERM).
 
     Returns ({'head': hwm, 'worker<pid>': hwm, ...}, [(t, {role: rss})], finished, log text)."""
-    args = [sfutil.SHARDFLOW, "run", graph, "--log-steps", "10", "--no-summary"]
+    args = [sfutil.SHARDFLOW, "run", graph, "--log-steps", "5", "--no-summary"]
     if step:
         args += ["--step-time", str(step)]
     with open(log_path, "w") as log:
@@ -197,6 +197,7 @@ def main():
         base, _, finished, log = run_sampled(short_graph, 0, 60, os.path.join(tmp, "fast.log"))
         check(finished and f"Replica Train Samples={SHARDS * PER_SHARD} " in log, f"the fast run completes:\n{log}")
         check(set(base) == {"head", "worker0", "worker1"}, f"sampled the head and two workers: {sorted(base)}")
+        print("fast consumer:", [line for line in log.splitlines() if "Replica Train Samples=" in line][0].strip())
         term = {"head": WINDOW * UNIT * (BYTES_IN + BYTES_OUT) + QUEUES["head"],
                 "worker": CREDITS * UNIT * (BYTES_IN + BYTES_OUT) + QUEUES["worker"]}
         bound = {role: b + term[role.rstrip("01")] + SLACK for role, b in base.items()}
