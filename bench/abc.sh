@@ -177,10 +177,13 @@ verify() {
 eval cat "$src/$shard_range" > /dev/null
 verify "$a_samples" "$cmd_a"; verify "$samples" "$cmd_b"; verify "$samples" "$cmd_c"
 
-echo "== A/B/C (prefetch: $have_prefetch${pf[*]:+, ${pf[*]}})"
+echo "== A/B/C (prefetch: $have_prefetch${pf[*]:+, ${pf[*]}}); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 hyperfine --style basic --runs "$a_runs" --export-json "$run/a.json" -n A "$cmd_a" >&2
-extra=()
-[ $have_prefetch = yes ] && extra=(-n C-without-prefetch "$cmd_c0")
+# Two rows that separate the costs: C's graph straight from nginx (no delay: the loopback HTTP path's
+# CPU), and C without prefetch (what the delay costs when nothing hides it).
+cmd_n="$sf run $graph --quiet --no-summary --set 'shard_source.urls=http://127.0.0.1:$port/shards/$shard_range' ${pf[*]}"
+extra=(-n C-nginx-no-delay "$cmd_n")
+[ $have_prefetch = yes ] && extra+=(-n C-without-prefetch "$cmd_c0")
 hyperfine --style basic --warmup 1 --runs "$runs" --export-json "$run/bc.json" -n B "$cmd_b" -n C "$cmd_c" "${extra[@]}" >&2
 /usr/bin/python3 - "$run/a.json" "$run/bc.json" "$a_samples" "$samples" "$rtt" "$rate" "$(git rev-parse --short HEAD)" <<'PY'
 import json, statistics, sys, datetime
@@ -192,12 +195,15 @@ for f in (a, bc):
 n = {"A": int(na)}
 rates = {k: (n.get(k, int(nb)) / t, runs) for k, (t, runs) in med.items()}
 print(f"commit {commit}, {datetime.date.today()}, RTT {rtt}, rate cap {rate}; samples/s = samples / wall time (start-up included), median")
-for k in ("A", "B", "C", "C-without-prefetch"):
+for k in ("A", "B", "C", "C-nginx-no-delay", "C-without-prefetch"):
     if k in rates:
         r, runs = rates[k]
         print(f"  {k:19s} {r:12,.0f} samples/s  ({n.get(k, int(nb)):,} samples, median of {runs})")
 ra, rb, rc = rates["A"][0], rates["B"][0], rates["C"][0]
 print(f"  B/A = {rb / ra:.1f}   C/B = {rc / rb:.3f}   (the article: B/A = 1.112, C/B = 1.0; goal here: C/B >= 0.95)")
+if "C-nginx-no-delay" in rates:
+    print(f"  C / C-nginx-no-delay = {rc / rates['C-nginx-no-delay'][0]:.3f} (the delay's own cost once prefetch hides it)")
 PY
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores; other work on the machine skews every row)"
 kill "$proxy_pid" 2>/dev/null; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""
 cat "$run/proxy.err"
