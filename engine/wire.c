@@ -163,7 +163,8 @@ static int check_sample(const SfWire__SampleMeta *s, size_t i, int type, int n_f
 /* Everything about a header that can be checked without the frames' sizes. */
 static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf_error *error) {
   int type = (int)h->type;
-  if (h->version != SF_WIRE_VERSION)
+  /* A BYE reads across versions (fields 1, 2 and 7 never change): a head can tell an old worker why it is refused. */
+  if (h->version != SF_WIRE_VERSION && type != SF_WIRE_BYE)
     return REJECT(SF_EFORMAT, NULL, "wire: the peer speaks wire version %u, this shardflow %d: run the same shardflow "
                   "version on the head and its workers", h->version, SF_WIRE_VERSION);
   if (type < SF_WIRE_HELLO || type > SF_WIRE_EPOCH_END)
@@ -307,6 +308,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
     msg->threads = h->threads;
     break;
   case SF_WIRE_WELCOME:
+    msg->threads = h->threads;
     msg->seed = h->welcome->seed;
     msg->epochs = h->welcome->epochs;
     msg->rank = h->welcome->rank;

@@ -71,7 +71,7 @@ typedef struct sf_wire_message {
   char *text;                   /* HELLO: worker name; WELCOME: group graph (YAML); BYE: reason */
   /* HELLO */
   int64_t pid;
-  uint32_t threads;
+  uint32_t threads;             /* HELLO: the worker's threads; WELCOME: threads the head asks it to run (0 = its own) */
   /* WELCOME: what the worker's pipeline needs to reproduce the head's results */
   uint64_t seed, epochs;
   int32_t rank, world_size;

@@ -114,7 +114,7 @@ static void test_control_messages(void **state) {
   sf_wire_message_clear(&r);
 
   const char *yaml = "stages:\n  - type: decode\n  - type: augment\n    size: 32\n";
-  m = (sf_wire_message){.type = SF_WIRE_WELCOME, .peer = peer, .text = (char *)yaml, .seed = 0xfeedfacecafebeefull,
+  m = (sf_wire_message){.type = SF_WIRE_WELCOME, .peer = peer, .text = (char *)yaml, .threads = 3, .seed = 0xfeedfacecafebeefull,
                         .epochs = 3, .rank = 1, .world_size = 4, .error_policy = 1, .heartbeat_interval = 0.5,
                         .heartbeat_timeout = 5.0};
   send_ok(head, &m);
@@ -127,6 +127,7 @@ static void test_control_messages(void **state) {
   assert_int_equal(r.world_size, 4);
   assert_int_equal(r.error_policy, 1);
   assert_true(r.heartbeat_interval == 0.5 && r.heartbeat_timeout == 5.0);
+  assert_int_equal(r.threads, 3);
   assert_int_equal(r.peer.len, 0);
   sf_wire_message_clear(&r);
 
@@ -807,6 +808,29 @@ static void test_malformed(void **state) {
   assert_int_equal(sf_wire_decode(packed, n, NULL, -1, &r, &e), SF_ETOOBIG);
 }
 
+/* Another wire version: only a BYE (its reason) is read; anything else is refused naming both versions. */
+static void test_version(void **state) {
+  SfWire__Header h = SF_WIRE__HEADER__INIT;
+  h.version = SF_WIRE_VERSION + 1;
+  h.type = SF_WIRE__MESSAGE_TYPE__BYE;
+  h.text = "wire version mismatch";
+  uint8_t packed[128];
+  size_t n = sf_wire__header__pack(&h, packed);
+  sf_wire_message r = {0};
+  sf_error e;
+  assert_int_equal(sf_wire_decode(packed, n, NULL, 0, &r, &e), 0);
+  assert_int_equal(r.type, SF_WIRE_BYE);
+  assert_string_equal(r.text, "wire version mismatch");
+  sf_wire_message_clear(&r);
+  h.type = SF_WIRE__MESSAGE_TYPE__HELLO;
+  h.text = "w";
+  n = sf_wire__header__pack(&h, packed);
+  assert_int_equal(sf_wire_decode(packed, n, NULL, 0, &r, &e), SF_EFORMAT);
+  char expect[64];
+  snprintf(expect, sizeof expect, "wire version %d, this shardflow %d", SF_WIRE_VERSION + 1, SF_WIRE_VERSION);
+  assert_non_null(strstr(e.message, expect));
+}
+
 /* Decoding straight from bytes, as the fuzz target does: frames are borrowed, fields take references. */
 static void test_decode_borrowed_frames(void **state) {
   craft c;
@@ -943,6 +967,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_send_backpressure, close_sockets),
       cmocka_unit_test_teardown(test_malformed, close_sockets),
       cmocka_unit_test_teardown(test_decode_borrowed_frames, close_sockets),
+      cmocka_unit_test_teardown(test_version, close_sockets),
       cmocka_unit_test_teardown(test_corpus, close_sockets),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
