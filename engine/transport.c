@@ -823,8 +823,11 @@ static int start_curve_server(void *ctx, sf_transport *t, const sf_transport_opt
                         e == EADDRINUSE ? " (another socket of this ZeroMQ context serves ZAP: one CURVE listening transport "
                                           "per context; give this one a context of its own)" : "");
   }
-  snprintf(t->monitor_ep, sizeof t->monitor_ep, "inproc://sf-transport-monitor-%p", (void *)t);
-  snprintf(t->ctl_ep, sizeof t->ctl_ep, "inproc://sf-transport-ctl-%p", (void *)t);
+  /* Names never reused: libzmq releases an inproc name only when the socket's close completes. */
+  static _Atomic uint64_t serial;
+  uint64_t n = atomic_fetch_add(&serial, 1);
+  snprintf(t->monitor_ep, sizeof t->monitor_ep, "inproc://sf-transport-monitor-%d-%llu", (int)getpid(), (unsigned long long)n);
+  snprintf(t->ctl_ep, sizeof t->ctl_ep, "inproc://sf-transport-ctl-%d-%llu", (int)getpid(), (unsigned long long)n);
   int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
                ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
   if (zmq_socket_monitor(t->socket, t->monitor_ep, events) != 0 || !(t->monitor = zmq_socket(ctx, ZMQ_PAIR)) ||
