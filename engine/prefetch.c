@@ -693,8 +693,10 @@ static void *fetcher(void *arg) {
       curl_multi_poll(p->multi, NULL, 0, 100, NULL);
       continue;
     }
-    i = 0;
-    for (sf_fetch *f = first; i < n; f = f->next, i++) {
+    /* Unlocked: the first n entries stay (only this thread unlinks) and their links before the last
+     * are fixed; the last one's link may change as downloads are appended, so it is not read. */
+    sf_fetch *f = first;
+    for (i = 0; i < n; i++, f = i < n ? f->next : NULL) {
       if (todo[i] == START) {
         if (f->in_multi) {
           curl_multi_remove_handle(p->multi, f->easy);
@@ -718,7 +720,7 @@ static void *fetcher(void *arg) {
     int left;
     while ((msg = curl_multi_info_read(p->multi, &left))) {
       if (msg->msg != CURLMSG_DONE) continue;
-      sf_fetch *f = NULL;
+      f = NULL;
       curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
       CURLcode result = msg->data.result;
       curl_multi_remove_handle(p->multi, msg->easy_handle);
