@@ -609,6 +609,20 @@ static void reap_children(remote *r) {
 
 /* ---- the stage ---- */
 
+/* An init failure: the engine reports only the message, so it must name the endpoint or key file itself. */
+static int start_error(sf_node *node, sf_error *e, int rc) {
+  if (e->url[0] && !strstr(e->message, e->url)) {
+    char message[sizeof e->url + sizeof e->message + 4];
+    int n = snprintf(message, sizeof message, "%s: %s", e->url, e->message);
+    size_t keep = n < 0 ? 0 : (size_t)n < sizeof e->message ? (size_t)n : sizeof e->message - 1;
+    memcpy(e->message, message, keep);
+    e->message[keep] = '\0';
+  }
+  snprintf(e->stage, sizeof e->stage, "%s", sf_node_name(node));
+  sf_context_record(node->ctx, e);
+  return rc;
+}
+
 static int init(sf_node *node) {
   remote *r = sf_node_priv(node);
   r->node = node;
@@ -643,12 +657,7 @@ static int init(sf_node *node) {
     t.allowed_keys = r->allowed_keys[0] ? r->allowed_keys : NULL;
     t.plaintext = r->plaintext;
     int rc = sf_transport_listen(r->zctx, &t, &r->sockets[0], &e);
-    if (rc < 0) {
-      e.line = -1;
-      snprintf(e.stage, sizeof e.stage, "%s", sf_node_name(node));
-      sf_context_record(node->ctx, &e);
-      return rc;
-    }
+    if (rc < 0) return start_error(node, &e, rc);
   }
   if (r->processes > 0) {
     snprintf(r->ipc_path, sizeof r->ipc_path, "%s/shardflow-%d-%s.ipc", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
@@ -657,17 +666,11 @@ static int init(sf_node *node) {
     snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
     sf_transport_options local = {.endpoint = endpoint, .max_message_bytes = r->max_message};
     int rc = sf_transport_listen(r->zctx, &local, &r->sockets[1], &e);
-    if (rc < 0) {
-      sf_context_record(node->ctx, &e);
-      return rc;
-    }
+    if (rc < 0) return start_error(node, &e, rc);
     r->n_children = (int)r->processes;
     for (int i = 0; i < r->n_children; i++) {
       rc = spawn_worker(r, i, &e);
-      if (rc < 0) {
-        sf_context_record(node->ctx, &e);
-        return rc;
-      }
+      if (rc < 0) return start_error(node, &e, rc);
     }
   }
   if (pthread_create(&r->thread, NULL, network_thread, r) != 0) {
