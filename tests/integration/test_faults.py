@@ -2,7 +2,9 @@
 a server that ignores Range, and objects that change while they are read. Every epoch must yield each sample
 exactly once (the multiset of keys equals Python tarfile's, in shard order), the resumed requests must carry
 Range and If-Match, the refetched bytes must be reported, and a changed object must fail its shard with an
-error record, never a sample spliced from two versions."""
+error record, never a sample spliced from two versions. Last, tar_split's shard cache: each shard is
+downloaded once over two epochs and a second run, and the cached files equal the originals."""
+import hashlib
 import os
 import re
 import shutil
@@ -69,7 +71,7 @@ SUMMARY = re.compile(r"downloaded (\d+) shard\(s\), [\d.]+ MiB; refetched (\d+) 
                      r"\((\d+) resumed with Range\); (\d+) failed")
 
 
-def epoch(name, base, policy="fail", expect_rc=0, **tar_options):
+def epoch(name, base, policy="fail", expect_rc=0, epochs=1, **tar_options):
     """One epoch over the shards through base; returns (keys in order, stderr, summary numbers)."""
     out = os.path.join(tmp, name)
     opts = dict(retries=6, retry_wait="50ms", retry_max_wait="5s", stall_timeout="1s", connect_timeout="2s",
@@ -81,15 +83,15 @@ def epoch(name, base, policy="fail", expect_rc=0, **tar_options):
         ("decode", {}),
         ("batch", dict(batch_size=64, partial=True)),
         ("device_sink", dict(npy_dir=out)),
-    ], seed=1, epochs=1, error_policy=policy)
+    ], seed=1, epochs=epochs, error_policy=policy)
     t0 = time.monotonic()
     p = run(["run", graph, "--quiet"], check=False)
     took = time.monotonic() - t0
     check(p.returncode == expect_rc, f"{name}: exit {p.returncode}, expected {expect_rc}\n{p.stderr}")
     keys = [k for _, _, ks, _ in read_batches(out) for k in ks]
     m = SUMMARY.search(p.stderr)
-    check(m is not None, f"{name}: the end-of-run download summary is printed\n{p.stderr}")
-    numbers = dict(zip(("shards", "refetched", "retries", "resumes", "failed"), map(int, m.groups())))
+    check(m is not None or tar_options.get("cache_dir"), f"{name}: the end-of-run download summary is printed\n{p.stderr}")
+    numbers = dict(zip(("shards", "refetched", "retries", "resumes", "failed"), map(int, m.groups() if m else [0] * 5)))
     print(f"{name}: {took:.1f}s, {numbers}")
     return keys, p.stderr, numbers
 
@@ -220,6 +222,23 @@ with nginx(root) as upstream:
         keys, err, n = epoch("no_prefetch", proxy.base, prefetch=0)
         check(keys == all_keys, f"no_prefetch: every sample once ({len(keys)})")
         check(n["resumes"] == 2, f"no_prefetch: two resumes {n}")
+
+    # 11. The shard cache: two epochs download each shard once (a reset included: only complete shards are
+    #     cached); a second run with the same cache_dir downloads nothing.
+    cache = os.path.join(tmp, "shard-cache")
+    with FaultProxy(port, {"/" + names[1]: [("reset", 300_000)]}) as proxy:
+        keys, err, n = epoch("cache", proxy.base, epochs=2, cache_dir=cache, cache_size="64MiB")
+        check(keys == all_keys + all_keys, f"cache: every sample once per epoch ({len(keys)})")
+        counts = [len([r for r in proxy.requests("/" + nm) if not r["range"]]) for nm in names]
+        check(counts == [1] * SHARDS, f"cache: each shard downloaded once over two epochs ({counts})")
+        cached = [f for f in os.listdir(cache) if f.endswith(".shard")]
+        digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
+        check(sorted(digest(os.path.join(cache, f)) for f in cached) == sorted(digest(os.path.join(root, nm))
+                                                                             for nm in names),
+              f"cache: the shards in cache_dir are byte for byte the originals ({len(cached)})")
+        keys, err, n = epoch("cache_again", proxy.base, cache_dir=cache, cache_size="64MiB")
+        check(keys == all_keys, "cache_again: every sample once")
+        check(sum(len(proxy.requests("/" + nm)) for nm in names) == SHARDS + 1, "cache_again: no download at all")
 
 # Credentials in URLs never reach messages.
 graph = write_graph(os.path.join(tmp, "secret.yaml"), [
