@@ -223,6 +223,11 @@ with nginx(root) as upstream:
         check(keys == all_keys, f"no_prefetch: every sample once ({len(keys)})")
         check(n["resumes"] == 2, f"no_prefetch: two resumes {n}")
 
+    # 10b. A tight budget (1 MiB for 3 shards ahead): downloads pause and resume on their own; a reset too.
+    with FaultProxy(port, {"/" + names[2]: [("reset", 200_000)]}) as proxy:
+        keys, err, n = epoch("tight_budget", proxy.base, prefetch=3, prefetch_bytes="1MiB")
+        check(keys == all_keys, f"tight_budget: every sample once, in order ({len(keys)})")
+
     # 11. The shard cache: two epochs download each shard once (a reset included: only complete shards are
     #     cached); a second run with the same cache_dir downloads nothing.
     cache = os.path.join(tmp, "shard-cache")
