@@ -111,20 +111,23 @@ run(["run", ref_path, "--quiet", "--no-summary"])
 reference = read_batches(ref_out)
 every_key_once(reference, "one process")
 
-# Two local processes over ipc:// started by the head itself.
-path, out = graph("local", {"processes": 2, "unit_samples": 16})
-p = run(["run", path, "--log-steps", "10"])
-same_batches(read_batches(out), reference, "processes: 2")
-check("Workers=2" in p.stdout, "the progress line counts live workers")
-check("worker decoders-local-0" in p.stderr and "worker decoders-local-1" in p.stderr,
-      "the summary has a table for each worker process")
+# 1, 2 and 4 local processes over ipc:// started by the head itself: the same batches.
+for n in (1, 2, 4):
+    path, out = graph(f"local-{n}", {"processes": n, "unit_samples": 16})
+    p = run(["run", path, "--log-steps", "10"])
+    same_batches(read_batches(out), reference, f"processes: {n}")
+    if n == 2:
+        check("Workers=2" in p.stdout, "the progress line counts live workers")
+        check("worker decoders-local-0" in p.stderr and "worker decoders-local-1" in p.stderr,
+              "the summary has a table for each worker process")
 
 # Remote workers over tcp:// on loopback, plaintext explicitly allowed.
 port = free_port()
 path, out = graph("tcp", {"listen": f"tcp://127.0.0.1:{port}", "plaintext": "true", "worker_timeout": "60s"})
-h = head(path)
+h = Head(path, "--step-time", "0.02")  # long enough for both workers to join before the epoch ends
 workers = [start_worker(f"tcp://127.0.0.1:{port}", "--plaintext") for _ in range(2)]
-rc, _, err = finish(h, "tcp head")
+h.wait_joined(2)
+rc, err = h.finish("tcp head")
 check(rc == 0, f"tcp head failed:\n{err}")
 for w in workers:
     check(w.wait(timeout=30) == 0, f"a worker leaves with status 0 when the run ends: {w.stderr.read()}")
