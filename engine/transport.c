@@ -191,6 +191,7 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
   rc = read_fd(fd, path, MAX_KEY_FILE, &text, error);
   close(fd);
   if (rc < 0) return rc;
+  size_t text_len = strlen(text); /* before strtok_r cuts it into lines: all of it is wiped below */
   char pub[SF_CURVE_KEY_Z85_LEN + 1] = "", sec[SF_CURVE_KEY_Z85_LEN + 1] = "";
   int line_no = 0;
   rc = 0;
@@ -219,7 +220,7 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
     }
     memcpy(dst, value, SF_CURVE_KEY_Z85_LEN + 1);
   }
-  explicit_bzero(text, strlen(text));
+  explicit_bzero(text, text_len);
   free(text);
   if (rc == 0 && !pub[0] && !(sec[0] && secret_z85))
     rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, -1, "no public key in the file (make key files with `shardflow keygen`)");
