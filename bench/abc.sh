@@ -10,7 +10,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-runs=5 a_runs=3 shards=50 a_samples=400 rtt=20ms rate=1GB/s prefetch=4 prefetch_bytes=64MiB
+runs=5 a_runs=3 shards=100 a_samples=400 rtt=20ms rate=1GB/s prefetch=4 prefetch_bytes=64MiB
 port=${SF_PORT:-8752} build=${SF_BUILD:-build-release} check_only=no
 while [ $# -gt 0 ]; do
   case $1 in
