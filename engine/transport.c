@@ -934,6 +934,11 @@ int sf_transport_connect(void *zmq_ctx, const sf_transport_options *options, sf_
     }
     explicit_bzero(sec, sizeof sec);
   }
+  /* A refused or restarted peer is retried from 100 ms, backing off to 1 s (not every 100 ms forever). */
+  if (set_int(t->socket, ZMQ_RECONNECT_IVL_MAX, 1000, "ZMQ_RECONNECT_IVL_MAX", options->endpoint, error) < 0) {
+    rc = SF_ENET;
+    goto fail;
+  }
   if (zmq_connect(t->socket, options->endpoint) != 0) {
     rc = sf_error_set(error, SF_EINVAL, NULL, options->endpoint, NULL, -1, -1, "cannot connect: %s", zmq_strerror(errno));
     goto fail;
