@@ -13,7 +13,7 @@ if [ "${1:-}" = "--asan" ]; then
   shift
 elif [ "${1:-}" = "--tsan" ]; then
   dir=build-tsan opts=(-Db_sanitize=thread -Dmimalloc=disabled)
-  export TSAN_OPTIONS="halt_on_error=1"
+  export TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp"
   shift
 fi
 [ "${1:-}" = "--" ] && shift
