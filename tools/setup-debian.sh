@@ -9,7 +9,7 @@ packages=(
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar
   # data and benchmarks
-  dataset-fashion-mnist hyperfine valgrind
+  dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds
 )
 # s3rver (tools/s3rver.sh, for the s3:// tests) comes from the npm registry; keep a node that is already there.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
