@@ -1,9 +1,11 @@
-/* Unit tests of the shard cache: hit/miss, the cap, LRU order, abandoned temp files, 4 processes at once. */
+/* Unit tests of the shard cache: hit/miss, the cap, LRU order, abandoned temp files, 4 processes and 4 threads at once. */
 #include <dirent.h>
 #include <ftw.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -294,79 +296,57 @@ static void test_abandoned_tmp(void **state) {
 enum { N_CHILDREN = 4, N_URLS = 24, ROUNDS = 150, MAX_SHARD = 24000 };
 
 /*
- * One of 4 processes sharing the directory: each round looks a random URL up
- * (checking a hit's bytes in full) or stores it on a miss, in slow pieces so
- * that writers overlap. Exits 0, or 1 + a message on a mismatch.
+ * One of 4 processes or threads sharing the directory: each round looks a
+ * random URL up (checking a hit's bytes in full) or stores it on a miss, in
+ * slow pieces so that writers overlap. Returns 0, or 1 + a message on a mismatch.
  */
-static void child(const char *dir, int64_t cap, unsigned seed) {
-  sf_shard_cache *c;
-  if (sf_shard_cache_open(&c, dir, cap, NULL)) _exit(2);
-  static unsigned char want[MAX_SHARD];
-  srand(seed);
-  for (int round = 0; round < ROUNDS; round++) {
+static int hammer(sf_shard_cache *c, unsigned seed) {
+  unsigned char *want = malloc(MAX_SHARD);
+  if (!want) return 4;
+  unsigned r = seed;
+  int status = 0;
+  for (int round = 0; round < ROUNDS && !status; round++) {
     char url[64];
-    snprintf(url, sizeof url, "http://store/shard-%02d.tar", rand() % N_URLS);
-    size_t len = url_bytes(url, want, sizeof want);
+    snprintf(url, sizeof url, "http://store/shard-%02d.tar", rand_r(&r) % N_URLS);
+    size_t len = url_bytes(url, want, MAX_SHARD);
     int64_t size;
     int fd = sf_shard_cache_lookup(c, url, &size);
     if (fd >= 0) {
       size_t got;
       unsigned char *buf = slurp(fd, &got);
       if (got != len || (int64_t)got != size || memcmp(buf, want, len)) {
-        fprintf(stderr, "child %u: %s: %zu bytes cached, %zu expected or content differs\n", seed, url, got, len);
-        _exit(1);
+        fprintf(stderr, "worker %u: %s: %zu bytes cached, %zu expected or content differs\n", seed, url, got, len);
+        status = 1;
       }
       free(buf);
     } else {
       sf_shard_cache_entry *e;
-      if (sf_shard_cache_begin(c, url, &e) < 0) _exit(3);
+      if (sf_shard_cache_begin(c, url, &e) < 0) {
+        status = 3;
+        break;
+      }
       for (size_t off = 0; off < len; off += 4096) {
         sf_shard_cache_write(e, want + off, off + 4096 > len ? len - off : 4096);
-        if (rand() % 4 == 0) usleep(100);
+        if (rand_r(&r) % 4 == 0) usleep(100);
       }
-      sf_shard_cache_end(c, &e, rand() % 10 != 0); /* one in ten downloads "fails" */
+      sf_shard_cache_end(c, &e, rand_r(&r) % 10 != 0); /* one in ten downloads "fails" */
     }
   }
-  sf_shard_cache_close(&c);
-  _exit(0);
+  free(want);
+  return status;
 }
 
-static void test_processes(void **state) {
-  char *dir = make_tmpdir();
-  const int64_t cap = 8 * MAX_SHARD; /* about half of the 24 URLs' bytes */
-  pid_t pids[N_CHILDREN];
-  for (int i = 0; i < N_CHILDREN; i++) {
-    pids[i] = fork();
-    assert_true(pids[i] >= 0);
-    if (pids[i] == 0) child(dir, cap, 1000u + (unsigned)i);
-  }
-  /*
-   * Meanwhile, holding the cache's lock as publishers do, the directory is
-   * never over the cap (without the lock two publishers could both evict for
-   * themselves and then both rename).
-   */
-  char lock[4200];
-  snprintf(lock, sizeof lock, "%s/.lock", dir);
-  int running = N_CHILDREN, checks = 0, entries, temps;
-  while (running) {
-    int lfd = open(lock, O_RDWR | O_CLOEXEC);
-    if (lfd >= 0) {
-      assert_int_equal(flock(lfd, LOCK_EX), 0);
-      int64_t total = dir_total(dir, &entries, NULL);
-      if (total > cap) fail_msg("%lld bytes cached under the lock, cap %lld", (long long)total, (long long)cap);
-      close(lfd);
-      checks++;
-    }
-    for (int i = 0; i < N_CHILDREN; i++) {
-      int status;
-      if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
-      if (!WIFEXITED(status) || WEXITSTATUS(status)) fail_msg("child %d failed (status %#x)", i, status);
-      pids[i] = 0;
-      running--;
-    }
-  }
-  assert_true(checks > 0);
-  /* Every entry is the whole shard of some URL, the total is under the cap, no temp file is left. */
+static void child(const char *dir, int64_t cap, unsigned seed) {
+  sf_shard_cache *c;
+  if (sf_shard_cache_open(&c, dir, cap, NULL)) _exit(2);
+  int status = hammer(c, seed);
+  sf_shard_cache_close(&c);
+  _exit(status);
+}
+
+/* Every entry is the whole shard of some URL, the total is under the cap, no temp file is left. */
+static void check_dir(const char *dir, int64_t cap) {
+  int entries, temps;
   int64_t total = dir_total(dir, &entries, &temps);
   assert_true(total <= cap);
   assert_int_equal(temps, 0);
@@ -390,6 +370,91 @@ static void test_processes(void **state) {
   }
   assert_int_equal(found, entries); /* no file that belongs to no URL */
   sf_shard_cache_close(&c);
+}
+
+/*
+ * Holding the cache's lock as publishers do, checks that the directory is not
+ * over the cap (without the lock two publishers could both evict for
+ * themselves and then both rename). Returns 1 when it checked.
+ */
+static int check_cap_locked(const char *dir, int64_t cap) {
+  char lock[4200];
+  snprintf(lock, sizeof lock, "%s/.lock", dir);
+  int lfd = open(lock, O_RDWR | O_CLOEXEC), entries;
+  if (lfd < 0) return 0;
+  assert_int_equal(flock(lfd, LOCK_EX), 0);
+  int64_t total = dir_total(dir, &entries, NULL);
+  close(lfd);
+  if (total > cap) fail_msg("%lld bytes cached under the lock, cap %lld", (long long)total, (long long)cap);
+  return 1;
+}
+
+typedef struct thread_arg {
+  sf_shard_cache *cache;
+  unsigned seed;
+  int status;
+  _Atomic int *done;
+} thread_arg;
+
+static void *thread_main(void *p) {
+  thread_arg *a = p;
+  a->status = hammer(a->cache, a->seed);
+  atomic_fetch_add(a->done, 1);
+  return NULL;
+}
+
+/* One cache object used by 4 threads at once (flock on a fresh open file description excludes threads too). */
+static void test_threads(void **state) {
+  char *dir = make_tmpdir();
+  const int64_t cap = 8 * MAX_SHARD;
+  sf_shard_cache *c;
+  assert_int_equal(sf_shard_cache_open(&c, dir, cap, NULL), 0);
+  pthread_t threads[N_CHILDREN];
+  thread_arg args[N_CHILDREN];
+  _Atomic int done = 0;
+  for (int i = 0; i < N_CHILDREN; i++) {
+    args[i] = (thread_arg){c, 2000u + (unsigned)i, -1, &done};
+    assert_int_equal(pthread_create(&threads[i], NULL, thread_main, &args[i]), 0);
+  }
+  int checks = 0;
+  while (atomic_load(&done) < N_CHILDREN) checks += check_cap_locked(dir, cap);
+  assert_true(checks > 0);
+  for (int i = 0; i < N_CHILDREN; i++) {
+    pthread_join(threads[i], NULL);
+    if (args[i].status) fail_msg("thread %d failed (%d)", i, args[i].status);
+  }
+  uint64_t hits, misses;
+  sf_shard_cache_stats(c, &hits, &misses, NULL);
+  assert_int_equal(hits + misses, N_CHILDREN * ROUNDS);
+  assert_true(hits > 0);
+  sf_shard_cache_close(&c);
+  check_dir(dir, cap);
+  rm_tree(dir);
+}
+
+static void test_processes(void **state) {
+  char *dir = make_tmpdir();
+  const int64_t cap = 8 * MAX_SHARD; /* about half of the 24 URLs' bytes */
+  pid_t pids[N_CHILDREN];
+  for (int i = 0; i < N_CHILDREN; i++) {
+    pids[i] = fork();
+    assert_true(pids[i] >= 0);
+    if (pids[i] == 0) child(dir, cap, 1000u + (unsigned)i);
+  }
+  /* Meanwhile the directory is never over the cap. */
+  int running = N_CHILDREN, checks = 0;
+  while (running) {
+    checks += check_cap_locked(dir, cap);
+    for (int i = 0; i < N_CHILDREN; i++) {
+      int status;
+      if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
+      if (!WIFEXITED(status) || WEXITSTATUS(status)) fail_msg("child %d failed (status %#x)", i, status);
+      pids[i] = 0;
+      running--;
+    }
+  }
+  assert_true(checks > 0);
+  check_dir(dir, cap);
   rm_tree(dir);
 }
 
@@ -398,6 +463,7 @@ int main(void) {
       cmocka_unit_test(test_name),          cmocka_unit_test(test_open_errors),
       cmocka_unit_test(test_hit_miss),      cmocka_unit_test(test_lru),
       cmocka_unit_test(test_abandoned_tmp), cmocka_unit_test(test_processes),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
