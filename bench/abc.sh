@@ -74,8 +74,9 @@ a_range="sample-{000000..$(printf '%06d' $((a_samples - 1)))}.tar"
 
 # One nginx serves both sets (symlinks) a small object and a big one (40 shards) for the proxy check.
 run=$(mktemp -d)
-proxy_pid=""
+proxy_pid="" proxy2_pid=""
 cleanup() {
+  [ -n "$proxy2_pid" ] && kill "$proxy2_pid" 2>/dev/null
   [ -n "$proxy_pid" ] && kill "$proxy_pid" 2>/dev/null && wait "$proxy_pid" 2>/dev/null
   tools/nginx.sh stop "$run/nginx" || true
   rm -rf "$run"
@@ -101,7 +102,8 @@ for _ in $(seq 50); do grep -q listening "$run/proxy2.out" 2>/dev/null && break;
 pport2=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$run/proxy2.out")
 
 echo "== delay proxy check (asked: RTT $rtt, rate $rate; the second proxy: RTT $rtt, rate 200MB/s)"
-/usr/bin/python3 - "$port" "$pport" "$pport2" "$rtt" <<'PY'
+check_rc=0
+/usr/bin/python3 - "$port" "$pport" "$pport2" "$rtt" <<'PY' || check_rc=$?
 import http.client, statistics, sys, threading, time
 def get(conn, path):
     conn.request("GET", path)
@@ -156,7 +158,8 @@ for label, v in (("one GET", slow[2]), ("4 at once", slow[3])):
 print("proxy check: " + ("as asked" if not bad else "MISMATCH: " + "; ".join(bad)))
 sys.exit(1 if bad else 0)
 PY
-kill "$proxy2_pid"; wait "$proxy2_pid" 2>/dev/null || true
+kill "$proxy2_pid"; wait "$proxy2_pid" 2>/dev/null || true; proxy2_pid=""
+[ "$check_rc" -eq 0 ] || exit "$check_rc"
 [ "$check_only" = yes ] && exit 0
 
 have_prefetch=no
