@@ -2,7 +2,8 @@
 # Benchmark: a decode-bound graph (ImageNet-sized JPEG photographs decoded, random-resized-cropped to 224,
 # normalised float32 CHW, batched by 64) run (a) in one process with 2 threads, (b) with decode+augment in a
 # group of 2 local worker processes (ipc://), (c) in a group served over tcp://127.0.0.1 with CURVE to two
-# `shardflow worker` processes; samples/s (medians of hyperfine runs), the ratio to (a), CPU per sample.
+# `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
+# decode has `replicas: 2` everywhere (in (a) it is what lets decoding use both cores).
 #   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8] [--unit-samples N] [--perf]
 # --dtype uint8 keeps augment's output as uint8 HWC (4x fewer bytes between processes);
 # --perf records one run of each configuration with `perf record -g` (reports under data/bench/perf-groups).
@@ -115,6 +116,7 @@ stages:
     urls: $urls
   - type: tar_split
   - type: decode
+    replicas: 2
     $member
   - type: augment
     $member
@@ -161,10 +163,31 @@ done
 rm -rf "$run"/npy-?
 
 cat "$data"/*.tar > /dev/null # the page cache holds the shards for every run
-hyperfine --style basic --warmup 1 --runs "$runs" --export-json "$run/times.json" \
-  -n a "$sf run $run/a.yaml --quiet --no-summary" \
-  -n b "$sf run $run/b.yaml --quiet --no-summary" \
-  -n c "$run/c.sh" >&2
+# Timed runs, interleaved (a b c, b c a, c a b, ...) so that load from anything else on the machine falls on
+# every configuration alike; one round first as warm-up. Wall time and the CPU time of the whole process
+# tree (wait4 of the command; the workers are its descendants) per run.
+/usr/bin/python3 - "$run/times.json" "$runs" "$sf" "$run" <<'PY' >&2
+import json, os, resource, subprocess, sys, time
+out, runs, sf, run = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+cmds = {"a": [sf, "run", f"{run}/a.yaml", "--quiet", "--no-summary"],
+        "b": [sf, "run", f"{run}/b.yaml", "--quiet", "--no-summary"],
+        "c": [f"{run}/c.sh"]}
+res = {k: {"times": [], "cpu": []} for k in cmds}
+for r in range(runs + 1):
+    order = "abc"[r % 3:] + "abc"[:r % 3]
+    for k in order:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        subprocess.run(cmds[k], check=True, stdout=subprocess.DEVNULL)
+        wall = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        if r > 0:
+            res[k]["times"].append(wall)
+            res[k]["cpu"].append(cpu)
+        print(f"  round {r}{' (warm-up)' if r == 0 else ''} ({k}): {wall:6.2f} s wall, {cpu:6.2f} s CPU", flush=True)
+json.dump(res, open(out, "w"))
+PY
 
 if [ "$perf" = 1 ]; then
   out=$top/data/bench/perf-groups
@@ -179,18 +202,18 @@ fi
 
 /usr/bin/python3 - "$run/times.json" "$samples" "$dtype" "$(nproc)" <<'PY'
 import json, statistics, sys
-runs = json.load(open(sys.argv[1]))["results"]
+res = json.load(open(sys.argv[1]))
 n, dtype, cpus = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-wall = {r["command"]: statistics.median(r["times"]) for r in runs}
-cpu = {r["command"]: r["user"] + r["system"] for r in runs}  # hyperfine gives means of CPU time
+wall = {k: statistics.median(v["times"]) for k, v in res.items()}
+cpu = {k: statistics.median(v["cpu"]) for k, v in res.items()}
 names = {"a": "(a) one process, 2 threads",
          "b": "(b) group: 2 local processes, ipc://",
          "c": "(c) group: 2 workers, tcp:// + CURVE"}
 out = "float32 CHW normalised" if dtype == "float32" else "uint8 HWC"
 print(f"{n} JPEG photographs (~500x416, q95) -> random_resized 224, {out}, batches of 64; "
-      f"{cpus} CPUs; medians of {len(runs[0]['times'])} runs")
-print(f"{'configuration':40} {'samples/s':>10} {'of (a)':>7} {'CPU ms/sample':>14}")
+      f"{cpus} CPUs; medians of {len(res['a']['times'])} interleaved runs")
+print(f"{'configuration':40} {'samples/s':>10} {'of (a)':>7} {'CPU ms/sample':>14} {'cores busy':>11}")
 for k in "abc":
     rate = n / wall[k]
-    print(f"{names[k]:40} {rate:10,.0f} {rate / (n / wall['a']):7.3f} {1000 * cpu[k] / n:14.2f}")
+    print(f"{names[k]:40} {rate:10,.0f} {rate / (n / wall['a']):7.3f} {1000 * cpu[k] / n:14.2f} {cpu[k] / wall[k]:11.2f}")
 PY
