@@ -137,12 +137,17 @@ graph c "listen: 'tcp://127.0.0.1:$port', secret_key: '$run/keys/head.key', allo
 cat > "$run/c.sh" <<SH
 #!/usr/bin/env bash
 # (c): two workers connect over tcp:// with CURVE; the head's run ends them (BYE).
-set -e
+pids=()
 for w in w1 w2; do
   "$sf" worker --connect tcp://127.0.0.1:$port --key "$run/keys/\$w.key" --server-key "$run/keys/head.pub" \
     --name "\$w" --quiet --connect-timeout 20 &
+  pids+=(\$!)
 done
-"$sf" run "$run/c.yaml" --quiet --no-summary "\$@"
+if ! "$sf" run "$run/c.yaml" --quiet --no-summary "\$@"; then
+  kill "\${pids[@]}" 2>/dev/null
+  wait
+  exit 1
+fi
 wait
 SH
 chmod +x "$run/c.sh"
