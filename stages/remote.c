@@ -83,6 +83,7 @@ typedef struct remote {
   int64_t worker_threads;
   char *worker_command;
   int64_t max_message;
+  int64_t io_threads;
   char *stages;          /* the group's stages as graph-file YAML (set by the engine) */
 
   sf_node *node;
@@ -146,6 +147,9 @@ static const sf_option options[] = {
      NULL},
     {"max_message", SF_OPT_SIZE, offsetof(remote, max_message), "256MiB", 65536, 1099511627776.0,
      "largest message accepted from a worker (ZMQ_MAXMSGSIZE)", NULL},
+    {"io_threads", SF_OPT_COUNT, offsetof(remote, io_threads), "2", 1, 64,
+     "ZeroMQ I/O threads of the head (each worker's connection is served by one; CURVE decryption runs there)",
+     NULL},
     {"stages", SF_OPT_STRING, offsetof(remote, stages), "", 0, 0,
      "(set by the engine) the group's stages as graph-file YAML", NULL},
     {NULL},
@@ -646,6 +650,7 @@ static int init(sf_node *node) {
   r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   r->last_wait_log = now_seconds(); /* the first "waiting" line after 10 s, not at start */
   r->zctx = zmq_ctx_new();
+  if (r->zctx) zmq_ctx_set(r->zctx, ZMQ_IO_THREADS, (int)r->io_threads);
   if (!r->units || !r->open || !r->children || r->wake_fd < 0 || !r->zctx) {
     sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory");
     return SF_ENOMEM;
