@@ -4,8 +4,10 @@
 # group of 2 local worker processes (ipc://), (c) in a group served over tcp://127.0.0.1 with CURVE to two
 # `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
 # decode has `replicas: 2` everywhere (in (a) it is what lets decoding use both cores).
-#   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8] [--unit-samples N] [--perf]
+#   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--unit-samples N] [--perf]
 # --dtype uint8 keeps augment's output as uint8 HWC (4x fewer bytes between processes);
+# --dtype split: the group's augment crops to uint8 HWC, a second augment on the head normalises to float32 CHW
+#   (written straight into the batch): the trainer gets what float32 gives, the sockets carry uint8;
 # --perf records one run of each configuration with `perf record -g` (reports under data/bench/perf-groups).
 # SF_BUILD names the build directory (default build-release), SF_PORT the tcp port (default: a free one).
 set -euo pipefail
@@ -20,7 +22,7 @@ while [ $# -gt 0 ]; do
     --dtype) dtype=$2; shift 2 ;;
     --unit-samples) unit_samples=$2; shift 2 ;;
     --perf) perf=1; shift ;;
-    *) echo "usage: bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8] [--unit-samples N] [--perf]" >&2
+    *) echo "usage: bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--unit-samples N] [--perf]" >&2
        exit 2 ;;
   esac
 done
@@ -76,7 +78,7 @@ last=$(printf '%06d' $(( (samples + per_shard - 1) / per_shard - 1 )))
 urls="$data/photos-{000000..$last}.tar"
 
 run=$(mktemp -d)
-trap 'rm -rf "$run"' EXIT
+[ -n "${SF_BENCH_KEEP:-}" ] || trap 'rm -rf "$run"' EXIT
 
 [ -n "$port" ] || port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
@@ -94,11 +96,21 @@ done
 cp "$run/keys/w1.pub" "$run/keys/w2.pub" "$run/keys/allowed/"
 
 # One graph, three placements of decode+augment.
-layout=chw
+layout=chw out_dtype=$dtype
 [ "$dtype" = uint8 ] && layout=hwc
 norm="mean: [0.485, 0.456, 0.406]
     std: [0.229, 0.224, 0.225]"
 [ "$dtype" = uint8 ] && norm=""
+normalize=""
+if [ "$dtype" = split ]; then
+  layout=hwc out_dtype=uint8 norm=""
+  normalize="  - type: augment
+    name: normalize
+    mean: [0.485, 0.456, 0.406]
+    std: [0.229, 0.224, 0.225]
+    layout: chw
+    dtype: float32"
+fi
 graph() { # graph NAME GROUP-OPTIONS (empty: no group)
   local group_line="" member=""
   if [ -n "$2" ]; then
@@ -125,7 +137,8 @@ stages:
     flip: 0.5
     $norm
     layout: $layout
-    dtype: $dtype
+    dtype: $out_dtype
+$normalize
   - type: batch
     batch_size: 64
   - type: device_sink
@@ -214,7 +227,8 @@ cpu = {k: statistics.median(v["cpu"]) for k, v in res.items()}
 names = {"a": "(a) one process, 2 threads",
          "b": "(b) group: 2 local processes, ipc://",
          "c": "(c) group: 2 workers, tcp:// + CURVE"}
-out = "float32 CHW normalised" if dtype == "float32" else "uint8 HWC"
+out = {"float32": "float32 CHW normalised", "uint8": "uint8 HWC",
+       "split": "uint8 HWC in the group, normalised to float32 CHW on the head"}[dtype]
 print(f"{n} JPEG photographs (~500x416, q95) -> random_resized 224, {out}, batches of 64; "
       f"{cpus} CPUs; medians of {len(res['a']['times'])} interleaved runs")
 print(f"{'configuration':40} {'samples/s':>10} {'of (a)':>7} {'CPU ms/sample':>14} {'cores busy':>11}")
