@@ -21,6 +21,7 @@
 #include "engine/image.h"
 #include "engine/options.h"
 #include "shardflow/stage.h"
+#include "shardflow/storage.h"
 
 enum out_format { FMT_PPM, FMT_PNG, FMT_JPG, FMT_ORIG };
 
@@ -79,7 +80,9 @@ static const char usage_text[] =
     "  ARCHIVE.tar[.gz|.zst]    a tar of such a tree (see --subdir)\n"
     "  idx:IMAGES,LABELS        MNIST / Fashion-MNIST IDX files (gzip'd or plain)\n"
     "OUTPUT_PATTERN holds one %d conversion for the shard number, e.g.\n"
-    "out/cifar-train-%06d.tar (shards are numbered from 0).\n"
+    "out/cifar-train-%06d.tar (shards are numbered from 0), or a URL such as\n"
+    "s3://bucket/train/shard-%06d.tar (s3://, gs://, http(s)://: each shard is written to\n"
+    "$TMPDIR, uploaded as by `shardflow cp` and read back, then removed).\n"
     "\n"
     "options:\n"
     "  --format ppm|png|jpg|orig  image field (default ppm: decoded to binary P6 .ppm, .pgm\n"
@@ -680,6 +683,8 @@ typedef struct shard_writer {
   struct archive *a;
   struct archive_entry *entry;
   char path[PATH_MAX];
+  bool remote;          /* OUTPUT_PATTERN is a URL: each shard goes to a local temporary file, then up */
+  char local[PATH_MAX]; /* that temporary file */
   int64_t shard;        /* number of the open shard; shards opened so far */
   int64_t count;        /* samples in the open shard */
   int64_t bytes;        /* tar bytes in the open shard (headers, padding, end blocks) */
@@ -689,22 +694,41 @@ typedef struct shard_writer {
 
 static int64_t member_bytes(size_t size) { return 512 + ((int64_t)size + 511) / 512 * 512; }
 
-/* Creates the directories leading to path (mkdir -p of its parent). */
+static bool is_url(const char *s) {
+  return strncmp(s, "s3://", 5) == 0 || strncmp(s, "gs://", 5) == 0 || strncmp(s, "http://", 7) == 0 ||
+         strncmp(s, "https://", 8) == 0;
+}
 
 static int close_shard(shard_writer *w) {
   if (!w->a) return 0;
+  const char *written = w->remote ? w->local : w->path;
   int r = archive_write_close(w->a) == ARCHIVE_OK
               ? 0
-              : fail("cannot write %s: %s (check free disk space)", w->path, archive_error_string(w->a));
+              : fail("cannot write %s: %s (check free disk space)", written, archive_error_string(w->a));
   archive_write_free(w->a);
   w->a = NULL;
   w->total_bytes += w->bytes;
+  if (w->remote) {
+    /* the same atomic, read-back-checked upload as `shardflow cp` (multipart for large shards) */
+    sf_error err;
+    if (r == 0 && sf_storage_copy(w->local, w->path, true, &err) < 0) {
+      char line[2048];
+      r = fail("%s", sf_error_format(&err, line, sizeof line));
+    }
+    unlink(w->local);
+  }
   return r;
 }
 
 static int open_shard(shard_writer *w) {
   shard_path(&w->opt->out, w->shard, w->path, sizeof w->path);
-  int e = sf_make_dirs(w->path, true);
+  w->remote = is_url(w->path);
+  if (w->remote) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(w->local, sizeof w->local, "%s/shardflow-write-%d-%lld.tar", tmp && tmp[0] ? tmp : "/tmp",
+             (int)getpid(), (long long)w->shard);
+  }
+  int e = w->remote ? 0 : sf_make_dirs(w->path, true);
   if (e < 0)
     return fail("cannot create the directory for %s: %s (check OUTPUT_PATTERN and permissions)",
                 w->path, strerror(-e));
@@ -716,8 +740,8 @@ static int open_shard(shard_writer *w) {
   archive_write_add_filter_none(w->a);
   archive_write_set_bytes_per_block(w->a, 1 << 20);
   archive_write_set_bytes_in_last_block(w->a, 1); /* no padding after the end-of-archive blocks */
-  if (archive_write_open_filename(w->a, w->path) != ARCHIVE_OK)
-    return fail("cannot create %s: %s (check the path and permissions)", w->path,
+  if (archive_write_open_filename(w->a, w->remote ? w->local : w->path) != ARCHIVE_OK)
+    return fail("cannot create %s: %s (check the path and permissions)", w->remote ? w->local : w->path,
                 archive_error_string(w->a));
   w->shard++;
   w->count = 0;

@@ -94,6 +94,26 @@ try:
         for path, name in zip(local, names):
             got = boto.get_object(Bucket="shards", Key=f"train set/{name}")
             check(got["Body"].read() == open(path, "rb").read(), f"boto3 reads back {name!r} byte for byte")
+        # `shardflow write` straight to s3://: the uploaded shards are byte for byte a local write's.
+        import numpy as np
+        from PIL import Image
+        tree = os.path.join(tmp, "tree")
+        rng = np.random.default_rng(3)
+        for c in ("cat", "dog"):
+            os.makedirs(os.path.join(tree, c))
+            for i in range(5):
+                Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(
+                    os.path.join(tree, c, f"{i}.png"))
+        written = os.path.join(tmp, "written")
+        boto.create_bucket(Bucket="written")
+        run(["write", "--quiet", "--maxcount", "4", tree, os.path.join(written, "w-%06d.tar")], env=env)
+        run(["write", "--quiet", "--maxcount", "4", tree, "s3://written/w-%06d.tar"], env=env)
+        for name in sorted(os.listdir(written)):
+            got = boto.get_object(Bucket="written", Key=name)["Body"].read()
+            check(got == open(os.path.join(written, name), "rb").read(), f"write to s3:// uploads {name} intact")
+        check(len(os.listdir(written)) == 3, "10 samples, 4 a shard: 3 shards")
+        check(not [f for f in os.listdir(os.environ.get("TMPDIR", "/tmp")) if f.startswith("shardflow-write-")],
+              "the writer's temporary shards are removed")
         # (s3rver's ETag of a multipart object is the plain MD5, not S3's "-N" form: count the requests.)
         size = os.path.getsize(local[1])
         check(50000 < size <= 100000, f"shard 1 ({size} bytes) takes 2 parts of 50000")
