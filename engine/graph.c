@@ -29,11 +29,13 @@ sf_graph *sf_graph_new_empty(const char *path) {
   return g;
 }
 
-sf_graph_node *sf_graph_add_node(sf_graph *g, const char *name, const char *type, int64_t line) {
-  sf_graph_node *nodes = realloc(g->nodes, (size_t)(g->n_nodes + 1) * sizeof *nodes);
+/* Fills the slot past *count in *array (grown by one) with a node of name and type. */
+static sf_graph_node *append_node(sf_graph_node **array, int *count, const char *name, const char *type,
+                                  int64_t line) {
+  sf_graph_node *nodes = realloc(*array, (size_t)(*count + 1) * sizeof *nodes);
   if (!nodes) return NULL;
-  g->nodes = nodes;
-  sf_graph_node *n = &nodes[g->n_nodes];
+  *array = nodes;
+  sf_graph_node *n = &nodes[*count];
   memset(n, 0, sizeof *n);
   n->name = strdup(name);
   n->type = strdup(type);
@@ -45,28 +47,16 @@ sf_graph_node *sf_graph_add_node(sf_graph *g, const char *name, const char *type
     free(n->type);
     return NULL;
   }
-  g->n_nodes++;
+  (*count)++;
   return n;
 }
 
+sf_graph_node *sf_graph_add_node(sf_graph *g, const char *name, const char *type, int64_t line) {
+  return append_node(&g->nodes, &g->n_nodes, name, type, line);
+}
+
 sf_graph_node *sf_graph_add_group(sf_graph *g, const char *name, int64_t line) {
-  sf_graph_node *groups = realloc(g->groups, (size_t)(g->n_groups + 1) * sizeof *groups);
-  if (!groups) return NULL;
-  g->groups = groups;
-  sf_graph_node *n = &groups[g->n_groups];
-  memset(n, 0, sizeof *n);
-  n->name = strdup(name);
-  n->type = strdup("group");
-  n->line = line;
-  n->replicas = 1;
-  n->replicas_line = -1;
-  if (!n->name || !n->type) {
-    free(n->name);
-    free(n->type);
-    return NULL;
-  }
-  g->n_groups++;
-  return n;
+  return append_node(&g->groups, &g->n_groups, name, "group", line);
 }
 
 sf_graph_node *sf_graph_find_group(const sf_graph *g, const char *name) {

@@ -1,4 +1,5 @@
 /* Tensors: strided views of refcounted buffers. */
+#include <stddef.h>
 #include <string.h>
 
 #include "shardflow/tensor.h"
@@ -93,4 +94,24 @@ void sf_tensor_ref(sf_tensor *dst, const sf_tensor *src) {
 void sf_tensor_clear(sf_tensor *t) {
   sf_buffer_unref(&t->buffer);
   memset(t, 0, sizeof *t);
+}
+
+void sf_tensor_copy_to(const sf_tensor *src, void *dst_) {
+  uint8_t *dst = dst_;
+  size_t esize = sf_dtype_size(src->dtype);
+  const uint8_t *base = sf_tensor_data(src);
+  if (sf_tensor_is_contiguous(src)) {
+    memcpy(dst, base, sf_tensor_nbytes(src));
+    return;
+  }
+  int64_t numel = sf_tensor_numel(src);
+  int64_t idx[SF_TENSOR_MAX_DIMS] = {0};
+  int last = src->ndim - 1;
+  for (int64_t n = 0; n < numel; n++) {
+    ptrdiff_t off = 0;
+    for (int d = 0; d <= last; d++) off += (ptrdiff_t)(idx[d] * src->strides[d]);
+    memcpy(dst, base + off * (ptrdiff_t)esize, esize);
+    dst += esize;
+    for (int d = last; d >= 0 && ++idx[d] == src->shape[d]; d--) idx[d] = 0;
+  }
 }

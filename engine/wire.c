@@ -542,22 +542,6 @@ static void release_frame(void *data, void *hint) {
   sf_buffer_unref(&b);
 }
 
-/* Copies a strided tensor in logical C order into dst. */
-static void copy_strided(uint8_t *dst, const sf_tensor *src) {
-  size_t esize = sf_dtype_size(src->dtype);
-  const uint8_t *base = sf_tensor_data(src);
-  int64_t numel = sf_tensor_numel(src);
-  int64_t idx[SF_TENSOR_MAX_DIMS] = {0};
-  int last = src->ndim - 1;
-  for (int64_t n = 0; n < numel; n++) {
-    ptrdiff_t off = 0;
-    for (int d = 0; d <= last; d++) off += (ptrdiff_t)(idx[d] * src->strides[d]);
-    memcpy(dst, base + off * (ptrdiff_t)esize, esize);
-    dst += esize;
-    for (int d = last; d >= 0 && ++idx[d] == src->shape[d]; d--) idx[d] = 0;
-  }
-}
-
 /* Makes *m a payload frame holding field f's values: zero-copy when contiguous, else written or copied. */
 static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_error *error) {
   const sf_tensor *t = &f->tensor;
@@ -579,7 +563,7 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
   } else {
     b = sf_buffer_new(bytes);
     if (!b) return sf_error_set(error, SF_ENOMEM, NULL, NULL, key, -1, -1, "wire: out of memory for field '%s'", f->name);
-    copy_strided(sf_buffer_data(b), t);
+    sf_tensor_copy_to(t, sf_buffer_data(b));
     data = sf_buffer_data(b);
     atomic_fetch_add(&copied_sent, bytes);
   }

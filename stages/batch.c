@@ -54,26 +54,6 @@ static bool same_layout(const sf_tensor *a, const sf_tensor *b) {
   return true;
 }
 
-/* Copies src in logical C order into dst (contiguous, same shape): memcpy when src is contiguous. */
-static void copy_tensor(uint8_t *dst, const sf_tensor *src) {
-  size_t esize = sf_dtype_size(src->dtype);
-  const uint8_t *base = sf_tensor_data(src);
-  if (sf_tensor_is_contiguous(src)) {
-    memcpy(dst, base, sf_tensor_nbytes(src));
-    return;
-  }
-  int64_t numel = sf_tensor_numel(src);
-  int64_t idx[SF_TENSOR_MAX_DIMS] = {0};
-  int last = src->ndim - 1;
-  for (int64_t n = 0; n < numel; n++) {
-    ptrdiff_t off = 0;
-    for (int d = 0; d <= last; d++) off += (ptrdiff_t)(idx[d] * src->strides[d]);
-    memcpy(dst, base + off * (ptrdiff_t)esize, esize);
-    dst += esize;
-    for (int d = last; d >= 0 && ++idx[d] == src->shape[d]; d--) idx[d] = 0;
-  }
-}
-
 /* Starts a batch shaped after sample s: its decoded fields, each [batch_size, ...]. */
 static int open_batch(batch *b, const sf_sample *s, char *why, size_t why_size) {
   sf_batch *out = sf_batch_new(b->batch_size);
@@ -199,7 +179,7 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
     if (f->recipe) /* deferred (augment's output): computed straight into the slot, no copy */
       f->recipe->write(f->recipe, dst);
     else
-      copy_tensor(dst, &f->tensor);
+      sf_tensor_copy_to(&f->tensor, dst);
   }
   memcpy(out->keys[b->count], s->key, sizeof out->keys[0]);
   b->count++;

@@ -81,6 +81,13 @@ SF_API int sf_tensor_view(sf_tensor *tensor, sf_dtype dtype, int ndim, const int
  */
 SF_API int sf_tensor_alloc(sf_tensor *tensor, sf_dtype dtype, int ndim, const int64_t *shape);
 
+/**
+ * Copies the tensor's elements in logical C order (row-major over shape) into
+ * dst, which must hold sf_tensor_nbytes(tensor) bytes: one memcpy when the
+ * tensor is contiguous, element by element through the strides otherwise.
+ */
+SF_API void sf_tensor_copy_to(const sf_tensor *tensor, void *dst);
+
 /** Pointer to the first element (borrowed). NULL for an empty tensor. */
 SF_API void *sf_tensor_data(const sf_tensor *tensor);
 
