@@ -112,6 +112,7 @@ typedef struct remote {
   int n_workers;
   int next_worker;       /* where the round robin of dispatch() goes on */
   double no_worker_since;
+  uint64_t epochs_ended, epochs_announced; /* epoch markers passed on / told to the workers (EPOCH_END) */
   /* counts */
   uint64_t duplicates, malformed, reassigned, logged;
   double last_wait_log;
@@ -435,6 +436,14 @@ static void reap_children(remote *r);
 
 /* Heartbeats out, silent workers declared dead, the no-worker timeout. Called with the lock held. */
 static void housekeeping(remote *r, double now, double *last_beat) {
+  if (r->epochs_announced < r->epochs_ended) {
+    r->epochs_announced = r->epochs_ended;
+    for (int i = 0; i < r->n_workers; i++)
+      if (r->workers[i].live) {
+        sf_wire_message end = {.type = SF_WIRE_EPOCH_END, .epoch = r->epochs_ended - 1};
+        send_to(r, &r->workers[i], &end);
+      }
+  }
   if (now - *last_beat >= r->heartbeat_interval) {
     *last_beat = now;
     for (int i = 0; i < r->n_workers; i++) {
@@ -521,6 +530,12 @@ static void *network_thread(void *arg) {
         } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
           r->malformed++;
           if (r->logged++ < MAX_LOGGED) log_line(r, "dropped a malformed message: %s", e.message);
+          if (strstr(e.message, "wire version") && m.peer.len > 0) {
+            /* a worker of another shardflow: tell it why it gets no work (BYE reads across versions) */
+            sf_wire_message bye = {.type = SF_WIRE_BYE, .peer = m.peer, .text = e.message};
+            sf_error ignored;
+            sf_wire_send(items[k].socket, &bye, ZMQ_DONTWAIT, &ignored);
+          }
         }
         pthread_mutex_unlock(&r->lock);
         sf_wire_message_clear(&m);
@@ -776,6 +791,7 @@ static bool deliver(remote *r) {
     if (u->state == UNIT_MARKER) {
       sf_item item = {.kind = SF_ITEM_EPOCH_END, .epoch = u->epoch};
       sf_node_push(r->node, &item);
+      r->epochs_ended = u->epoch + 1;
     } else if (u->state == UNIT_DONE) {
       if (u->next_out < u->n_out) {
         sf_sample *s = u->out[u->next_out];

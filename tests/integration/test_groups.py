@@ -181,7 +181,19 @@ same_batches(read_batches(out), reference, "a worker stopped by SIGTERM")
 ipc = os.path.join(tmp, "late.ipc")
 path, out = graph("late", {"listen": f"ipc://{ipc}", "worker_timeout": "60s"})
 h = head(path)
-time.sleep(1.5)
+# A worker of another wire version is told why it gets no work: a BYE, readable across versions.
+import zmq  # Debian's python3-zmq
+zctx = zmq.Context()
+old = zctx.socket(zmq.DEALER)
+old.connect(f"ipc://{ipc}")
+old.send(bytes([0x08, 0x02, 0x10, 0x01]))  # Header{version: 2, type: HELLO}
+check(old.poll(10000), "the head answers a worker of another version")
+reply = old.recv_multipart()
+check(len(reply) == 1 and b"wire version 2" in reply[0] and reply[0][:2] == b"\x08\x01",
+      f"...with a version-1 BYE naming both versions: {reply}")
+old.close(0)
+zctx.term()
+time.sleep(1.0)
 check(h.poll() is None, "the head waits for workers")
 late = start_worker(f"ipc://{ipc}")
 rc, _, err = finish(h, "late worker")
