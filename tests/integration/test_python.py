@@ -45,6 +45,23 @@ for b, (e, i, keys, fields) in zip(got, reference):
     check(np.array_equal(b["cls"], fields["cls"]) and b["cls"].dtype == np.int64, "labels equal the dump")
     check(b["ppm"].shape == (len(keys), 3, 8, 8), "images are [B,3,8,8]")
 
+# A trainer embedding a graph with a group: the head starts its local workers from the shardflow CLI found
+# next to libshardflow (SHARDFLOW_BIN unset), and the batches are the same.
+grouped = os.path.join(tmp, "grouped.yaml")
+with open(graph) as f:
+    text = f.read().replace("  - type: decode\n", "  - type: decode\n    group: decoders\n")
+    text = text.replace("  - type: augment\n", "  - type: augment\n    group: decoders\n")
+with open(grouped, "w") as f:
+    f.write("groups:\n  decoders:\n    processes: 2\n" + text)
+env_bin = os.environ.pop("SHARDFLOW_BIN", None)
+with shardflow.Pipeline(grouped, output="dict", device_sink__npy_dir="") as p:
+    got = [b for _ in range(2) for b in p]
+check(len(got) == len(reference), f"group: {len(got)} batches, as the CLI ({len(reference)})")
+for b, (e, i, keys, fields) in zip(got, reference):
+    check(b["__key__"] == keys and np.array_equal(b["ppm"], fields["ppm"]), f"group: epoch {e} batch {i} equal")
+if env_bin is not None:
+    os.environ["SHARDFLOW_BIN"] = env_bin
+
 # No copy: the arrays view memory they do not own (the engine's batch buffer), and they stay
 # valid after the pipeline is gone.
 p = shardflow.Pipeline(graph, epochs=1, output="numpy")
