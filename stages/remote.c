@@ -731,6 +731,12 @@ static bool take_input(remote *r, bool *closed) {
   bool progress = false;
   int window = effective_window(r);
   while (!r->input_done && r->count < window) {
+    if (r->n_open == r->unit_samples) {
+      close_open_unit(r); /* a unit that could not close (out of memory) stays full: take nothing more */
+      if (r->n_open) break;
+      *closed = true;
+      continue;
+    }
     sf_item item;
     int rc = sf_node_pop(r->node, &item);
     if (rc == SF_EAGAIN) {
@@ -767,6 +773,12 @@ static bool take_input(remote *r, bool *closed) {
           first->pass != s->pass) {
         close_open_unit(r);
         *closed = true;
+        if (r->n_open) { /* out of memory: the sample has nowhere to go */
+          sf_node_error(r->node, SF_ENOMEM, sf_sample_url(s), s->key, s->offset, "out of memory forming a work unit");
+          sf_node_count_skipped(r->node, 1);
+          sf_sample_destroy(&s);
+          break;
+        }
         if (r->count >= window) {
           /* no room for the next unit yet: keep this sample open on its own */
           r->open[r->n_open++] = s;
