@@ -196,7 +196,7 @@ static int effective_window(const remote *r) {
 
 static void log_line(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(remote *r, const char *fmt, ...) {
-  if (r->node->ctx->quiet) return;
+  /* (not ctx->quiet: the engine toggles it while nodes start, and this runs on the network thread) */
   char line[1024];
   va_list ap;
   va_start(ap, fmt);
