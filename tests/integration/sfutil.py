@@ -139,6 +139,16 @@ http {{
         proc.wait()
 
 
+def wait_for(pred, timeout, what):
+    """Polls pred every 50 ms; raises AssertionError naming what after timeout seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 class Checks:
     """Counts checks; a failing check raises at once with its message."""
 

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 import sfutil
+from sfutil import wait_for
 
 PID = os.getpid()
 PREFIX = f"sf{PID}"
@@ -132,15 +133,6 @@ def remove_stale_namespaces():
         m = re.fullmatch(r"sf(\d+)-(head|w1|w2|rogue|probe)", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
-def wait_for(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def main():

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sfutil  # noqa: E402
-from sfutil import SHARDFLOW, Checks, free_port, make_dataset, read_batches, run, write_graph  # noqa: E402
+from sfutil import SHARDFLOW, Checks, free_port, make_dataset, read_batches, run, wait_for, write_graph  # noqa: E402
 
 try:
     import zmq
@@ -204,15 +204,6 @@ def listening(port):
         except OSError:
             pass
     return False
-
-
-def wait_for(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def main():
