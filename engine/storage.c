@@ -186,13 +186,21 @@ static int delete_url(const char *url) {
   return rc == CURLE_OK ? 0 : SF_ENET;
 }
 
+/* Opens the file an upload sends, with its length and CRC-32 for the read-back. */
+static int open_upload_source(const char *src, FILE **f, uLong *crc, curl_off_t *size, sf_error *error) {
+  int r = checksum_file(src, crc, size, error);
+  if (r < 0) return r;
+  *f = fopen(src, "rb");
+  if (!*f) return sf_error_set(error, SF_EIO, NULL, src, NULL, -1, -1, "cannot open: %s", strerror(errno));
+  return 0;
+}
+
 static int upload(const char *src, const char *dst, bool verify, sf_error *error) {
   uLong crc = 0;
   curl_off_t size = 0;
-  int r = checksum_file(src, &crc, &size, error);
+  FILE *f;
+  int r = open_upload_source(src, &f, &crc, &size, error);
   if (r < 0) return r;
-  FILE *f = fopen(src, "rb");
-  if (!f) return sf_error_set(error, SF_EIO, NULL, src, NULL, -1, -1, "cannot open: %s", strerror(errno));
   char tmp[4096], errbuf[CURL_ERROR_SIZE];
   temporary_name(dst, tmp, sizeof tmp);
   CURL *e = easy(tmp, errbuf);
@@ -338,10 +346,9 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
 static int store_upload(const char *src, const char *dst, bool verify, sf_error *error) {
   uLong crc = 0;
   curl_off_t size = 0;
-  int r = checksum_file(src, &crc, &size, error);
+  FILE *f;
+  int r = open_upload_source(src, &f, &crc, &size, error);
   if (r < 0) return r;
-  FILE *f = fopen(src, "rb");
-  if (!f) return sf_error_set(error, SF_EIO, NULL, src, NULL, -1, -1, "cannot open: %s", strerror(errno));
   long long part_size = sf_object_part_size();
   if ((long long)size <= part_size) {
     char *data = NULL;

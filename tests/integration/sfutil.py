@@ -76,6 +76,18 @@ def make_dataset(root, shards, per_shard, size=8, seed=0):
     return os.path.join(root, "shard-{%06d..%06d}.tar" % (0, shards - 1)), truth
 
 
+def tar_keys(*paths):
+    """Sample keys of the shards in order, by Python's tarfile (WebDataset's rule: up to the first dot)."""
+    keys = []
+    for path in paths:
+        with tarfile.open(path) as tf:
+            for m in tf.getmembers():
+                k = m.name.split(".")[0]
+                if not keys or keys[-1] != k:
+                    keys.append(k)
+    return keys
+
+
 def read_batches(npy_dir):
     """Reads the device sink's dumps: list of (epoch, batch, keys, {field: array}) in order."""
     out = {}

@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fault_proxy import FaultProxy  # noqa: E402
-from sfutil import Checks, make_dataset, nginx, read_batches, run, write_graph  # noqa: E402
+from sfutil import Checks, make_dataset, nginx, read_batches, run, tar_keys, write_graph  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-faults-")
@@ -26,17 +26,6 @@ SHARDS = 4
 make_dataset(root, shards=SHARDS, per_shard=200, size=16)
 names = [f"shard-{i:06d}.tar" for i in range(SHARDS)]
 sizes = [os.path.getsize(os.path.join(root, n)) for n in names]
-
-
-def tar_keys(path):
-    """Keys in member order, by Python's tarfile (WebDataset's rule: up to the first dot)."""
-    keys = []
-    with tarfile.open(path) as tf:
-        for m in tf.getmembers():
-            k = m.name.split(".")[0]
-            if not keys or keys[-1] != k:
-                keys.append(k)
-    return keys
 
 
 def keys_before(path, limit):

@@ -6,12 +6,11 @@ A pipeline over gs:// shards yields the keys Python's tarfile finds; uploads and
 `shardflow cp`; a wrong token is refused with a clear 401 message that never shows the token."""
 import os
 import sys
-import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, nginx, read_batches, run, write_graph  # noqa: E402
+from sfutil import Checks, make_dataset, nginx, read_batches, run, tar_keys, write_graph  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-gs-")
@@ -53,17 +52,6 @@ LOCATIONS = f"""
 """
 
 
-def tar_keys(paths):
-    keys = []
-    for path in paths:
-        with tarfile.open(path) as tf:
-            for m in tf.getmembers():
-                k = m.name.split(".")[0]
-                if not keys or keys[-1] != k:
-                    keys.append(k)
-    return keys
-
-
 local = [os.path.join(shards_dir, f"shard-{i:06d}.tar") for i in range(3)]
 
 with nginx(root, LOCATIONS) as base:
@@ -85,7 +73,7 @@ with nginx(root, LOCATIONS) as base:
     p = run(["run", graph, "--quiet", "--no-summary"], env=env, check=False)
     check(p.returncode == 0, "the pipeline over gs:// ran: " + p.stderr)
     keys = [k for _, _, ks, _ in read_batches(out) for k in ks]
-    check(keys == tar_keys(local), f"pipeline keys equal tarfile's ({len(keys)} of {len(truth)})")
+    check(keys == tar_keys(*local), f"pipeline keys equal tarfile's ({len(keys)} of {len(truth)})")
     labels = [int(v) for _, _, _, f in read_batches(out) for v in f["cls"]]
     check(labels == [truth[k][1] for k in keys], "labels travel with their samples")
 

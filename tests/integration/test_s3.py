@@ -12,12 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, free_port, make_dataset, read_batches, run, write_graph  # noqa: E402
+from sfutil import Checks, free_port, make_dataset, read_batches, run, tar_keys, write_graph  # noqa: E402
 
 try:
     import boto3
@@ -167,14 +166,8 @@ try:
         check(listing("s3://shards/train set/shard 000003.tar") == listing(local[3]), "ls --json over s3://")
 
         # A pipeline over the prefix: every sample once, the keys tarfile finds in the local shards.
-        tar_keys = []
         by_url = {f"s3://shards/train set/{name}": path for path, name in zip(local, names)}
-        for path in [by_url[u] for u in want]:  # the listing's order (' ' < '+' < '-')
-            with tarfile.open(path) as tf:
-                for m in tf.getmembers():
-                    k = m.name.split(".")[0]
-                    if not tar_keys or tar_keys[-1] != k:
-                        tar_keys.append(k)
+        want_keys = tar_keys(*[by_url[u] for u in want])  # the listing's order (' ' < '+' < '-')
         out = os.path.join(tmp, "out")
         graph = write_graph(os.path.join(tmp, "g.yaml"), [
             ("shard_source", dict(urls='"s3://shards/train set/"', shuffle=False)),
@@ -189,7 +182,7 @@ try:
         else:
             check(p.returncode == 0, "the pipeline over s3:// ran: " + p.stderr)
             keys = [k for _, _, ks, _ in read_batches(out) for k in ks]
-            check(keys == tar_keys, f"pipeline keys equal tarfile's, in listing order ({len(keys)} of {len(tar_keys)})")
+            check(keys == want_keys, f"pipeline keys equal tarfile's, in listing order ({len(keys)} of {len(want_keys)})")
             labels = [int(v) for _, _, _, f in read_batches(out) for v in f["cls"]]
             check(labels == [truth[k][1] for k in keys], "labels travel with their samples")
         gets = [s for s in proxy.seen if s[0] == "GET"]
