@@ -466,7 +466,8 @@ int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdef
     if (defs[order[0]]->input != SF_PORT_NONE)
       r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
                          first->name, first->type);
-    else if (defs[order[g->n_nodes - 1]]->output != SF_PORT_BATCH && strcmp(last->type, "_worker_sink") != 0)
+    else if (defs[order[g->n_nodes - 1]]->output != SF_PORT_BATCH &&
+             defs[order[g->n_nodes - 1]]->output != SF_PORT_NONE) /* a batch output, or a sink of its own */
       r = sf_graph_error(e, SF_EGRAPH, g, last->line,
                          "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
                          last->type, kind_name(defs[order[g->n_nodes - 1]]->output));
