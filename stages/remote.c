@@ -148,8 +148,9 @@ static const sf_option options[] = {
      NULL},
     {"max_message", SF_OPT_SIZE, offsetof(remote, max_message), "256MiB", 65536, 1099511627776.0,
      "largest message accepted from a worker (ZMQ_MAXMSGSIZE)", NULL},
-    {"io_threads", SF_OPT_COUNT, offsetof(remote, io_threads), "2", 1, 64,
-     "ZeroMQ I/O threads of the head (each worker's connection is served by one; CURVE decryption runs there)",
+    {"io_threads", SF_OPT_COUNT, offsetof(remote, io_threads), "1", 1, 64,
+     "ZeroMQ I/O threads of the head: CURVE decryption of each worker's stream runs on one; more than 1 spreads "
+     "several workers' streams (refusal counts by kind may then be off by one: monitor events interleave)",
      NULL},
     {"stages", SF_OPT_STRING, offsetof(remote, stages), "", 0, 0,
      "(set by the engine) the group's stages as graph-file YAML", NULL},

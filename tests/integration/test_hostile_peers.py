@@ -252,7 +252,7 @@ def main():
                                     "unit_samples": 20})
         head_log = os.path.join(tmp, "head.log")
         with open(head_log, "w") as log:
-            head = subprocess.Popen([SHARDFLOW, "run", path, "--log-steps", "0", "--step-time", "0.02"],
+            head = subprocess.Popen([SHARDFLOW, "run", path, "--log-steps", "0", "--step-time", "0.05"],
                                     stdout=log, stderr=subprocess.STDOUT, text=True)
         procs.append(head)
         wait_for(lambda: listening(port) or head.poll() is not None, 30, "the head to listen")
