@@ -72,6 +72,10 @@ struct sf_fetch {
   sf_object_version version; /* the first response with a body (set before its first byte is kept) */
   bool not_modified;         /* the server answered 304 to the conditional request */
   char curl_text[CURL_ERROR_SIZE];
+  /* s3/gs: where the attempt's credentials came from, and the start of an error answer's XML body. */
+  char *credentials;
+  char error_body[4096];
+  size_t error_size;
 };
 
 struct sf_prefetch {
@@ -338,7 +342,12 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
   size_t n = size * nmemb;
   if (f->mode == BODY_UNCHECKED) check_response(f);
   if (f->verdict) return 0; /* ends the attempt; on_done reports the verdict */
-  if (f->mode == BODY_DISCARD) return n;
+  if (f->mode == BODY_DISCARD) {
+    /* A store's error page names its own error code: keep its start for the message. */
+    size_t keep = sizeof f->error_body - f->error_size < n ? sizeof f->error_body - f->error_size : n;
+    if (f->is_store) memcpy(f->error_body + f->error_size, ptr, keep), f->error_size += keep;
+    return n;
+  }
   size_t skip = f->skip < (int64_t)n ? (size_t)f->skip : n;
   pthread_mutex_lock(&p->lock);
   if (f->closed) {
@@ -451,6 +460,9 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
       curl_easy_setopt(f->easy, CURLOPT_URL, request.url);
       f->headers = request.headers;
       request.headers = NULL;
+      free(f->credentials);
+      f->credentials = request.credentials;
+      request.credentials = NULL;
     }
     sf_object_request_clear(&request);
   } else if (!code) {
@@ -495,6 +507,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     f->mode = BODY_UNCHECKED;
     f->skip = 0;
     f->verdict = 0;
+    f->error_size = 0;
     f->curl_text[0] = '\0';
     f->etag[0] = f->last_modified[0] = '\0';
     f->range_start = -1;
@@ -559,6 +572,15 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       code = SF_ENET;
       snprintf(text, sizeof text, "HTTP %ld from the server — check access rights and the server's logs",
                status);
+    }
+    if (f->is_store && status != 412) {
+      /* The store's error code and the credentials' source, worded as listings and uploads word them. */
+      sf_object_request used = {.credentials = f->credentials};
+      sf_error store_error;
+      int store_code = sf_object_http_error(f->shown, "download", status, f->error_body, f->error_size, &used,
+                                            &store_error);
+      if (!retry) code = store_code;
+      snprintf(text, sizeof text, "%.470s", store_error.message);
     }
   } else if (result != CURLE_OK) {
     switch (result) {
@@ -646,6 +668,7 @@ static void release_curl(sf_prefetch *p, sf_fetch *f) {
 }
 
 static void free_fetch(sf_fetch *f) {
+  free(f->credentials);
   free(f->url);
   free(f);
 }
