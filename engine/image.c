@@ -149,6 +149,18 @@ static void jpeg_scaled_size(int width, int height, int min_size, int *out_w, in
   *out_h = TJSCALED(height, best);
 }
 
+/*
+ * True when the decoder's warning is slack before the end-of-image marker ("Corrupt JPEG data: 2
+ * extraneous bytes before marker 0xd9", common in ImageNet: the encoder padded its last scan). Seen
+ * as the first warning (decoding stopped there), it says every scan was read from intact data and
+ * nothing follows, so decoding on gives the whole image, as PIL does. Slack anywhere else may be
+ * followed by lost data that TurboJPEG would not report (it keeps one message), so it stays corrupt.
+ */
+static bool slack_before_eoi(tjhandle tj) {
+  return tjGetErrorCode(tj) == TJERR_WARNING &&
+         strstr(tjGetErrorStr2(tj), "extraneous bytes before marker 0xd9") != NULL;
+}
+
 static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                        sf_tensor *out, sf_error *error) {
   bool owned;
@@ -175,10 +187,15 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   int scaled_w, scaled_h;
   jpeg_scaled_size(width, height, limits ? limits->min_size : 0, &scaled_w, &scaled_h);
   if ((r = alloc_image(out, scaled_h, scaled_w, channels, error)) < 0) goto done;
-  /* Any warning (truncated data, bad Huffman code) is corruption: never hand on a half-grey image. */
-  int flags = TJFLAG_STOPONWARNING | (max_scans <= TURBOJPEG_SCAN_LIMIT ? TJFLAG_LIMITSCANS : 0);
-  if (tjDecompress2(tj, p, (unsigned long)n, sf_tensor_data(out), scaled_w, 0, scaled_h,
-                    channels == 1 ? TJPF_GRAY : TJPF_RGB, flags) != 0) {
+  /* Stop at the first warning: most (truncated data, a bad Huffman code) leave part of the image grey. */
+  int flags = max_scans <= TURBOJPEG_SCAN_LIMIT ? TJFLAG_LIMITSCANS : 0;
+  int format = channels == 1 ? TJPF_GRAY : TJPF_RGB;
+  uint8_t *pixels = sf_tensor_data(out);
+  if (tjDecompress2(tj, p, (unsigned long)n, pixels, scaled_w, 0, scaled_h, format,
+                    flags | TJFLAG_STOPONWARNING) != 0 &&
+      !(slack_before_eoi(tj) &&
+        (tjDecompress2(tj, p, (unsigned long)n, pixels, scaled_w, 0, scaled_h, format, flags) == 0 ||
+         slack_before_eoi(tj)))) {
     r = fail(error, SF_EFORMAT, "corrupt JPEG: %s", tjGetErrorStr2(tj));
     sf_tensor_clear(out);
     goto done;

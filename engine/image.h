@@ -24,8 +24,8 @@ typedef struct sf_image_limits {
  * Decodes an encoded image into a uint8 [H, W, C] tensor (*out, caller owns).
  * `buffer` holds the encoded bytes at [offset, offset+size); for binary
  * PPM/PGM in the requested mode the result is a view of that buffer (no copy,
- * a new reference is taken). Formats: JPEG (TurboJPEG; any warning is an
- * error), PNG (libspng with size and chunk limits, CRC checked), PPM (P6)
+ * a new reference is taken). Formats: JPEG (TurboJPEG; a warning is an error,
+ * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), PPM (P6)
  * and PGM (P5), 8-bit. Returns 0; SF_EFORMAT for corrupt data; SF_ETOOBIG over
  * max_pixels; SF_EUNSUPPORTED for e.g. 16-bit PNM. *error has a message (no URL).
  */

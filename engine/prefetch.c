@@ -68,7 +68,14 @@ struct sf_fetch {
   double retry_after;   /* seconds, -1 if none */
   /* The version pinned by the first response. */
   char pin_etag[200], pin_modified[64];
+  sf_object_version cached;  /* the caller's copy: the first request is conditional on it */
+  sf_object_version version; /* the first response with a body (set before its first byte is kept) */
+  bool not_modified;         /* the server answered 304 to the conditional request */
   char curl_text[CURL_ERROR_SIZE];
+  /* s3/gs: where the attempt's credentials came from, and the start of an error answer's XML body. */
+  char *credentials;
+  char error_body[4096];
+  size_t error_size;
 };
 
 struct sf_prefetch {
@@ -286,6 +293,8 @@ static void check_response(sf_fetch *f) {
                "server or proxy in front of it");
       return;
     }
+    snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
+    snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
     if (!f->pin_etag[0] && !f->pin_modified[0]) {
       if (strong_etag(f->etag))
         snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
@@ -333,7 +342,12 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
   size_t n = size * nmemb;
   if (f->mode == BODY_UNCHECKED) check_response(f);
   if (f->verdict) return 0; /* ends the attempt; on_done reports the verdict */
-  if (f->mode == BODY_DISCARD) return n;
+  if (f->mode == BODY_DISCARD) {
+    /* A store's error page names its own error code: keep its start for the message. */
+    size_t keep = sizeof f->error_body - f->error_size < n ? sizeof f->error_body - f->error_size : n;
+    if (f->is_store) memcpy(f->error_body + f->error_size, ptr, keep), f->error_size += keep;
+    return n;
+  }
   size_t skip = f->skip < (int64_t)n ? (size_t)f->skip : n;
   pthread_mutex_lock(&p->lock);
   if (f->closed) {
@@ -446,10 +460,26 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
       curl_easy_setopt(f->easy, CURLOPT_URL, request.url);
       f->headers = request.headers;
       request.headers = NULL;
+      free(f->credentials);
+      f->credentials = request.credentials;
+      request.credentials = NULL;
     }
     sf_object_request_clear(&request);
   } else if (!code) {
     curl_easy_setopt(f->easy, CURLOPT_URL, f->url);
+  }
+  /* Only a whole-object request asks whether the caller's copy is still current. */
+  char condition[280] = "";
+  if (from == 0 && f->cached.etag[0])
+    snprintf(condition, sizeof condition, "If-None-Match: %s", f->cached.etag);
+  else if (from == 0 && f->cached.last_modified[0])
+    snprintf(condition, sizeof condition, "If-Modified-Since: %s", f->cached.last_modified);
+  if (!code && condition[0]) {
+    struct curl_slist *h = curl_slist_append(f->headers, condition);
+    if (h)
+      f->headers = h;
+    else
+      code = SF_ENOMEM;
   }
   if (!code && from > 0) {
     char pin[280];
@@ -477,6 +507,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     f->mode = BODY_UNCHECKED;
     f->skip = 0;
     f->verdict = 0;
+    f->error_size = 0;
     f->curl_text[0] = '\0';
     f->etag[0] = f->last_modified[0] = '\0';
     f->range_start = -1;
@@ -515,9 +546,12 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
   int code = 0;
   bool retry = false;
   char text[480] = "";
+  bool conditional = f->attempt_from == 0 && (f->cached.etag[0] || f->cached.last_modified[0]);
   if (f->verdict) {
     code = f->verdict;
     snprintf(text, sizeof text, "%s", f->verdict_text);
+  } else if (status == 304 && conditional && result == CURLE_OK) {
+    f->not_modified = true; /* the caller's copy is current: done, with no body */
   } else if (status >= 400 || (result == CURLE_OK && (status < 200 || status >= 300))) {
     if (status == 404 || status == 410) {
       code = SF_ENOENT;
@@ -538,6 +572,15 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       code = SF_ENET;
       snprintf(text, sizeof text, "HTTP %ld from the server — check access rights and the server's logs",
                status);
+    }
+    if (f->is_store && status != 412) {
+      /* The store's error code and the credentials' source, worded as listings and uploads word them. */
+      sf_object_request used = {.credentials = f->credentials};
+      sf_error store_error;
+      int store_code = sf_object_http_error(f->shown, "download", status, f->error_body, f->error_size, &used,
+                                            &store_error);
+      if (!retry) code = store_code;
+      snprintf(text, sizeof text, "%.470s", store_error.message);
     }
   } else if (result != CURLE_OK) {
     switch (result) {
@@ -585,6 +628,7 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
   } else if (code == 0) {
     f->state = F_DONE;
     f->code = 0;
+    if (f->not_modified) p->stats.not_modified++;
     pthread_cond_broadcast(&p->changed);
   } else {
     if (f->received > f->attempt_from) f->failures = 0; /* progress: the budget starts again */
@@ -624,6 +668,7 @@ static void release_curl(sf_prefetch *p, sf_fetch *f) {
 }
 
 static void free_fetch(sf_fetch *f) {
+  free(f->credentials);
   free(f->url);
   free(f);
 }
@@ -809,7 +854,8 @@ void sf_prefetch_stats_get(sf_prefetch *p, sf_prefetch_stats *stats) {
   pthread_mutex_unlock(&p->lock);
 }
 
-int sf_prefetch_start(sf_prefetch *p, const char *url, sf_fetch **fetch, sf_error *error) {
+int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *cached, sf_fetch **fetch,
+                      sf_error *error) {
   *fetch = NULL;
   char shown[512];
   sf_url_redact(url, shown, sizeof shown);
@@ -827,6 +873,7 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, sf_fetch **fetch, sf_erro
   memcpy(f->shown, shown, sizeof shown);
   f->is_store = strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0;
   f->state = F_QUEUED;
+  if (cached) f->cached = *cached;
   pthread_mutex_lock(&p->lock);
   sf_fetch **pp = &p->list;
   while (*pp) pp = &(*pp)->next;
@@ -921,6 +968,16 @@ ssize_t sf_fetch_read(sf_fetch *f, const void **data, bool (*cancelled)(void *),
     return SF_ECANCELED;
   }
   return n;
+}
+
+bool sf_fetch_not_modified(sf_fetch *f, sf_object_version *version) {
+  pthread_mutex_lock(&f->p->lock);
+  /* Both are written by the fetcher before it hands out the first byte or the end, under the lock. */
+  bool settled = f->state == F_DONE || f->received > 0;
+  bool not_modified = f->state == F_DONE && f->not_modified;
+  if (version) *version = settled ? f->version : (sf_object_version){0};
+  pthread_mutex_unlock(&f->p->lock);
+  return not_modified;
 }
 
 void sf_fetch_close(sf_fetch **fetch) {

@@ -30,6 +30,12 @@
  */
 typedef struct sf_prefetch sf_prefetch;
 
+/* One version of a remote object: the validators of the response that brought it (either may be empty). */
+typedef struct sf_object_version {
+  char etag[200];
+  char last_modified[64];
+} sf_object_version;
+
 /* One shard's download, owned by whoever started it until sf_fetch_close(). */
 typedef struct sf_fetch sf_fetch;
 
@@ -51,6 +57,7 @@ typedef struct sf_prefetch_stats {
   uint64_t retries;         /* attempts made after a failure */
   uint64_t resumes;         /* of which asked for a Range from a byte > 0 */
   uint64_t failed;          /* downloads that failed for good */
+  uint64_t not_modified;    /* of the shards, revalidations answered 304: the cached copy is current */
 } sf_prefetch_stats;
 
 /*
@@ -76,11 +83,23 @@ bool sf_prefetch_url_is_remote(const char *url);
 /*
  * Queues a download of url (http, https, s3 or gs; s3/gs requests are signed
  * through sf_object_request_prepare() for every attempt).  It starts as soon
- * as fewer than max_transfers run.  Returns 0 with *fetch (owned by the
- * caller: close it with sf_fetch_close()); SF_EINVAL (not a remote URL),
- * SF_ENOMEM.
+ * as fewer than max_transfers run.  cached (may be NULL; copied) is the
+ * version of a copy the caller holds: the request is then conditional
+ * (If-None-Match with its ETag, else If-Modified-Since with its date), and a
+ * 304 answer ends the download with no body (sf_fetch_not_modified()).
+ * Returns 0 with *fetch (owned by the caller: close it with sf_fetch_close());
+ * SF_EINVAL (not a remote URL), SF_ENOMEM.
  */
-int sf_prefetch_start(sf_prefetch *prefetch, const char *url, sf_fetch **fetch, sf_error *error);
+int sf_prefetch_start(sf_prefetch *prefetch, const char *url, const sf_object_version *cached, sf_fetch **fetch,
+                      sf_error *error);
+
+/*
+ * After sf_fetch_wait() returned 0: true when the server answered a
+ * conditional download 304 Not Modified (the caller's copy is current; there
+ * is no body); otherwise *version (may be NULL) gets the validators of the
+ * response whose body is being read (empty when the server sent none).
+ */
+bool sf_fetch_not_modified(sf_fetch *fetch, sf_object_version *version);
 
 /*
  * Marks fetch as the one being read (it may then use its 2 MiB reserve) and

@@ -1,4 +1,4 @@
-/* The local shard cache: whole shards named by SHA-256 of their URL, LRU by mtime, flock + rename. */
+/* The local shard cache: whole shards named by SHA-256 of their URL with their version in a header, LRU by mtime, flock + rename. */
 #include "engine/shard_cache.h"
 
 #include <dirent.h>
@@ -23,12 +23,15 @@
 #define TMP_PREFIX ".tmp-"
 /* A temp file this old is abandoned even if its pid is alive again (a recycled pid). */
 #define TMP_MAX_AGE_S (24 * 3600)
+/* An entry's header (engine/shard_cache.h): magic, validators, a blank line; bounded by the fields' sizes. */
+#define HEADER_MAGIC "SFCACHE1\n"
+#define HEADER_MAX 512
 
 struct sf_shard_cache {
   char *dir;
   int dir_fd;
   int64_t max_bytes;
-  _Atomic uint64_t hits, misses, evicted;
+  _Atomic uint64_t hits, stale, misses, evicted;
   _Atomic uint64_t tmp_counter;
 };
 
@@ -137,27 +140,56 @@ static void touch(int fd) {
   (void)futimens(fd, times); /* fails only for a file of another user: recency then just lags */
 }
 
-int sf_shard_cache_lookup(sf_shard_cache *cache, const char *url, int64_t *size) {
+/* Reads an entry's header into *version; returns the offset of the shard's first byte, or -1 (no valid header). */
+static int64_t read_header(int fd, sf_object_version *version) {
+  char buf[HEADER_MAX];
+  ssize_t n = pread(fd, buf, sizeof buf, 0);
+  size_t magic = strlen(HEADER_MAGIC);
+  if (n < (ssize_t)magic || memcmp(buf, HEADER_MAGIC, magic)) return -1;
+  *version = (sf_object_version){0};
+  char *line = buf + magic, *end;
+  while ((end = memchr(line, '\n', (size_t)(buf + n - line))) && end > line) {
+    *end = '\0';
+    if (!strncmp(line, "ETag: ", 6))
+      snprintf(version->etag, sizeof version->etag, "%s", line + 6);
+    else if (!strncmp(line, "Last-Modified: ", 15))
+      snprintf(version->last_modified, sizeof version->last_modified, "%s", line + 15);
+    else
+      return -1;
+    line = end + 1;
+  }
+  return end ? end + 1 - buf : -1;
+}
+
+int sf_shard_cache_lookup(sf_shard_cache *cache, const char *url, int64_t *size, sf_object_version *version) {
   char name[SF_SHARD_CACHE_NAME_LEN + 1];
   sf_shard_cache_name(url, name);
   int fd = openat(cache->dir_fd, name, O_RDONLY | O_CLOEXEC);
   struct stat st;
-  if (fd >= 0 && fstat(fd, &st)) {
-    close(fd);
-    fd = -1;
-  }
-  if (fd < 0) {
+  sf_object_version v;
+  int64_t start = fd >= 0 && fstat(fd, &st) == 0 ? read_header(fd, &v) : -1;
+  if (start < 0 || lseek(fd, start, SEEK_SET) != start) {
+    if (fd >= 0) close(fd); /* an entry of an older shardflow is replaced like a stale one */
     atomic_fetch_add(&cache->misses, 1);
     return -1;
   }
   touch(fd);
-  if (size) *size = st.st_size;
-  atomic_fetch_add(&cache->hits, 1);
+  if (size) *size = st.st_size - start;
+  if (version) *version = v;
   return fd;
 }
 
-int sf_shard_cache_begin(sf_shard_cache *cache, const char *url, sf_shard_cache_entry **entry) {
+void sf_shard_cache_revalidated(sf_shard_cache *cache, bool current) {
+  atomic_fetch_add(current ? &cache->hits : &cache->stale, 1);
+}
+
+int sf_shard_cache_begin(sf_shard_cache *cache, const char *url, const sf_object_version *version,
+                         sf_shard_cache_entry **entry) {
   *entry = NULL;
+  /* Without a validator the entry could never be confirmed current; a line break would forge the header. */
+  if ((!version->etag[0] && !version->last_modified[0]) || strpbrk(version->etag, "\r\n") ||
+      strpbrk(version->last_modified, "\r\n"))
+    return -1;
   sf_shard_cache_entry *e = calloc(1, sizeof *e);
   if (!e) return -1;
   sf_shard_cache_name(url, e->name);
@@ -168,6 +200,11 @@ int sf_shard_cache_begin(sf_shard_cache *cache, const char *url, sf_shard_cache_
     free(e);
     return -1;
   }
+  char header[HEADER_MAX];
+  int n = snprintf(header, sizeof header, HEADER_MAGIC "%s%s%s%s%s%s\n", version->etag[0] ? "ETag: " : "",
+                   version->etag, version->etag[0] ? "\n" : "", version->last_modified[0] ? "Last-Modified: " : "",
+                   version->last_modified, version->last_modified[0] ? "\n" : "");
+  sf_shard_cache_write(e, header, (size_t)n);
   *entry = e;
   return e->fd;
 }
@@ -287,8 +324,9 @@ void sf_shard_cache_end(sf_shard_cache *cache, sf_shard_cache_entry **entry, boo
   free(e);
 }
 
-void sf_shard_cache_stats(const sf_shard_cache *cache, uint64_t *hits, uint64_t *misses, uint64_t *evicted_bytes) {
-  if (hits) *hits = atomic_load(&cache->hits);
-  if (misses) *misses = atomic_load(&cache->misses);
-  if (evicted_bytes) *evicted_bytes = atomic_load(&cache->evicted);
+void sf_shard_cache_stats_get(const sf_shard_cache *cache, sf_shard_cache_stats *stats) {
+  *stats = (sf_shard_cache_stats){.hits = atomic_load(&cache->hits),
+                                  .stale = atomic_load(&cache->stale),
+                                  .misses = atomic_load(&cache->misses),
+                                  .evicted_bytes = atomic_load(&cache->evicted)};
 }

@@ -4,7 +4,8 @@
  * share the directory (flock(2) on an index lock; files appear by rename(2)).
  *
  * Layout of the directory:
- *   <64 hex digits of SHA-256(url)>.shard   a complete shard (never partial)
+ *   <64 hex digits of SHA-256(url)>.shard   a complete shard (never partial) after a short
+ *                                           header naming its version (below)
  *   .tmp-<pid>-<n>                          a shard being written by process pid
  *   .lock                                   flock(2) target serialising publish + evict
  * Recency is the entry's mtime, set explicitly (nanoseconds from
@@ -16,6 +17,13 @@
  * The cap counts published entries only; shards still being written (temp
  * files) are not counted until they are published. Temp files of dead
  * processes are removed by the next publish.
+ *
+ * An entry is served only after the server confirmed that its version is
+ * still current (a conditional GET answered 304), so a shard replaced on the
+ * server is never read stale. The version travels inside the entry, so that
+ * one rename publishes shard and version together:
+ *   "SFCACHE1\n" ["ETag: <etag>\n"] ["Last-Modified: <date>\n"] "\n" <the shard's bytes>
+ * A file without this header (written by an older shardflow) is a miss.
  */
 #ifndef SF_ENGINE_SHARD_CACHE_H
 #define SF_ENGINE_SHARD_CACHE_H
@@ -24,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/prefetch.h"
 #include "shardflow/error.h"
 
 typedef struct sf_shard_cache sf_shard_cache;
@@ -54,22 +63,29 @@ void sf_shard_cache_name(const char *url, char name[SF_SHARD_CACHE_NAME_LEN + 1]
 
 /*
  * Looks url up: returns an open read-only fd (O_CLOEXEC, owned by the caller,
- * positioned at 0) of the cached shard and its size in *size (may be NULL), and
- * marks it most recently used; or -1 when it is not cached (a miss). An fd
- * stays valid even if another process evicts the file meanwhile. Counts a hit
- * or a miss.
+ * positioned at the shard's first byte) of the cached shard, its size in
+ * *size and its version in *version (either may be NULL), and marks it most
+ * recently used; or -1 when it is not cached (counted as a miss). An fd stays
+ * valid even if another process evicts the file meanwhile. Serve it only once
+ * the server confirmed the version, and say so: sf_shard_cache_revalidated().
  */
-int sf_shard_cache_lookup(sf_shard_cache *cache, const char *url, int64_t *size);
+int sf_shard_cache_lookup(sf_shard_cache *cache, const char *url, int64_t *size, sf_object_version *version);
+
+/* Counts what the server said of a looked-up entry: current (a hit) or not (stale: downloaded again). */
+void sf_shard_cache_revalidated(sf_shard_cache *cache, bool current);
 
 typedef struct sf_shard_cache_entry sf_shard_cache_entry;
 
 /*
- * Starts storing url: creates a new temporary file in the cache directory and
- * returns its fd (owned by *entry: do not close it; the caller may write to it
+ * Starts storing url at version (the response's validators): creates a new
+ * temporary file in the cache directory, writes the header and returns its fd
+ * (owned by *entry: do not close it; the caller may write the shard to it
  * directly or through sf_shard_cache_write), with *entry set; or -1 with
- * *entry NULL (the cache then just is not used for this shard).
+ * *entry NULL (the cache then just is not used for this shard) — also for a
+ * version with neither an ETag nor a date, which could never be revalidated.
  */
-int sf_shard_cache_begin(sf_shard_cache *cache, const char *url, sf_shard_cache_entry **entry);
+int sf_shard_cache_begin(sf_shard_cache *cache, const char *url, const sf_object_version *version,
+                         sf_shard_cache_entry **entry);
 
 /* Appends size bytes to the entry (errors make the entry abort quietly at end). NULL entry: no-op. */
 void sf_shard_cache_write(sf_shard_cache_entry *entry, const void *data, size_t size);
@@ -84,10 +100,15 @@ void sf_shard_cache_write(sf_shard_cache_entry *entry, const void *data, size_t 
  */
 void sf_shard_cache_end(sf_shard_cache *cache, sf_shard_cache_entry **entry, bool complete);
 
-/*
- * This process's counters since open: lookups that hit, lookups that missed,
- * and bytes of entries this process evicted (any pointer may be NULL).
- */
-void sf_shard_cache_stats(const sf_shard_cache *cache, uint64_t *hits, uint64_t *misses, uint64_t *evicted_bytes);
+/* This process's counters since open (see sf_shard_cache_stats). */
+typedef struct sf_shard_cache_stats {
+  uint64_t hits;          /* entries served: the server confirmed them current */
+  uint64_t stale;         /* entries the server had replaced: downloaded again */
+  uint64_t misses;        /* lookups that found no entry */
+  uint64_t evicted_bytes; /* bytes of entries this process evicted */
+} sf_shard_cache_stats;
+
+/* Copies this process's counters since open into *stats. */
+void sf_shard_cache_stats_get(const sf_shard_cache *cache, sf_shard_cache_stats *stats);
 
 #endif

@@ -218,19 +218,19 @@ static void kill_pipe(sf_shard_reader *r) {
 /*
  * Remote shards come from a prefetcher: the caller's (tar_split's, shared by
  * the shards it reads ahead), or one of the reader's own for this shard.
+ * With a cache, a cached copy is read only when the server answers the
+ * conditional download 304 (the copy is current); otherwise the download
+ * replaces it.
  */
 static int open_remote(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
+  sf_object_version version;
+  int cached_fd = -1, rc = 0;
   if (o && o->cache) {
-    /* Whole shards read before: a local file, no download. */
-    int fd = o->cached_fd >= 0 ? o->cached_fd : r->fetch ? -1 : sf_shard_cache_lookup(o->cache, r->url, NULL);
-    if (fd >= 0) {
-      sf_fetch_close(&r->fetch);
-      r->kind = KIND_FILE;
-      r->fd = fd;
-      r->chunk = malloc(FILE_CHUNK);
-      return r->chunk ? 0 : SF_ENOMEM;
-    }
     r->cache = o->cache;
+    cached_fd = o->cached_fd;
+    /* A download started for a cached copy was made conditional on it; without one, look up here. */
+    if (cached_fd >= 0 && !r->fetch) close(cached_fd);
+    if (!r->fetch) cached_fd = sf_shard_cache_lookup(o->cache, r->url, NULL, &version);
   }
   if (!r->fetch) {
     sf_prefetch *p = o ? o->prefetch : NULL;
@@ -244,16 +244,26 @@ static int open_remote(sf_shard_reader *r, const sf_shard_reader_options *o, sf_
           .retry_wait = o ? o->retry_wait : 0,
           .retry_max_wait = o ? o->retry_max_wait : 0,
       };
-      int rc = sf_prefetch_new(&r->own_prefetch, &po, error);
-      if (rc < 0) return rc;
+      rc = sf_prefetch_new(&r->own_prefetch, &po, error);
       p = r->own_prefetch;
     }
-    int rc = sf_prefetch_start(p, r->url, &r->fetch, error);
-    if (rc < 0) return rc;
+    if (rc == 0) rc = sf_prefetch_start(p, r->url, cached_fd >= 0 ? &version : NULL, &r->fetch, error);
   }
   /* The first bytes or the failure: a 404 or a dead host shows at open. */
-  int rc = sf_fetch_wait(r->fetch, r->cancelled, r->cancel_opaque, error);
-  if (rc == 0 && r->cache) (void)sf_shard_cache_begin(r->cache, r->url, &r->entry); /* -1: not cached */
+  if (rc == 0) rc = sf_fetch_wait(r->fetch, r->cancelled, r->cancel_opaque, error);
+  if (rc == 0 && sf_fetch_not_modified(r->fetch, &version)) {
+    sf_shard_cache_revalidated(r->cache, true);
+    sf_fetch_close(&r->fetch);
+    r->kind = KIND_FILE;
+    r->fd = cached_fd;
+    r->chunk = malloc(FILE_CHUNK);
+    return r->chunk ? 0 : SF_ENOMEM;
+  }
+  if (cached_fd >= 0) {
+    close(cached_fd);
+    if (rc == 0) sf_shard_cache_revalidated(r->cache, false);
+  }
+  if (rc == 0 && r->cache) (void)sf_shard_cache_begin(r->cache, r->url, &version, &r->entry); /* -1: not cached */
   return rc;
 }
 

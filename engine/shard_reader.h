@@ -24,8 +24,10 @@ typedef struct sf_shard_reader_options {
   sf_fetch *fetch;
   sf_prefetch *prefetch;
   /* Remote shards: a shard cache to read from (borrowed), and an fd of this shard already looked
-   * up in it (handed over like fetch; -1 for none; only read when cache is set). A shard not
-   * in the cache is stored there once it has been read to its end. */
+   * up in it (handed over like fetch; -1 for none; only read when cache is set; fetch must then be
+   * a download made conditional on the cached version). The cached copy is read when the server
+   * answers 304 Not Modified; a shard not in the cache, or replaced on the server, is stored there
+   * once it has been read to its end. */
   struct sf_shard_cache *cache;
   int cached_fd;
   /* Asked every ~100 ms while a read waits (pipe output, the network): true ends the

@@ -67,7 +67,8 @@ static const sf_option options[] = {
      "the shard", NULL},
     {"cache_dir", SF_OPT_STRING, offsetof(tar_split, cache_dir), NULL, 0, 0,
      "directory keeping whole remote shards for later epochs and runs (shared safely between "
-     "processes); empty = no cache", NULL},
+     "processes); a cached shard is read once the server confirms it is current (a conditional "
+     "GET answered 304), a replaced one is downloaded again; empty = no cache", NULL},
     {"cache_size", SF_OPT_SIZE, offsetof(tar_split, cache_size), "10GiB", 1 << 20, (double)(1LL << 50),
      "cap on cache_dir, in bytes; least recently used shards are evicted", NULL},
     {NULL},
@@ -90,10 +91,13 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url);
 static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
   const char *url = a->item.u.shard->url;
   if (t->prefetch == 0 || !sf_prefetch_url_is_remote(url)) return; /* local files: the page cache */
-  if (t->cache && (a->cache_fd = sf_shard_cache_lookup(t->cache, url, NULL)) >= 0) return;
+  /* A cached copy is read only once the server confirms it (304 to a conditional download). */
+  sf_object_version version;
+  if (t->cache) a->cache_fd = sf_shard_cache_lookup(t->cache, url, NULL, &version);
   if (ensure_downloads(node, t, url) == 0) {
     sf_error error;
-    (void)sf_prefetch_start(t->downloads, url, &a->fetch, &error); /* on failure: at its turn */
+    (void)sf_prefetch_start(t->downloads, url, a->cache_fd >= 0 ? &version : NULL, &a->fetch,
+                            &error); /* on failure: at its turn */
   }
 }
 
@@ -338,10 +342,17 @@ static void uninit(sf_node *node) {
     fprintf(stderr,
             "%s: downloaded %llu shard(s), %.1f MiB; refetched %llu bytes; %llu retries (%llu resumed "
             "with Range); %llu failed\n",
-            sf_node_name(node), (unsigned long long)s.shards, (double)s.bytes / 1048576.0,
+            sf_node_name(node), (unsigned long long)(s.shards - s.not_modified), (double)s.bytes / 1048576.0,
             (unsigned long long)s.refetched_bytes, (unsigned long long)s.retries,
             (unsigned long long)s.resumes, (unsigned long long)s.failed);
     sf_prefetch_destroy(&t->downloads);
+  }
+  if (t->cache) {
+    sf_shard_cache_stats c;
+    sf_shard_cache_stats_get(t->cache, &c);
+    fprintf(stderr, "%s: shard cache: %llu hit(s), %llu stale, %llu miss(es); %.1f MiB evicted\n",
+            sf_node_name(node), (unsigned long long)c.hits, (unsigned long long)c.stale,
+            (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
   }
   sf_shard_cache_close(&t->cache);
 }

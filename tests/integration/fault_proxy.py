@@ -14,7 +14,7 @@ Each request for a path takes the next action from the plan the test gave for th
                                 dishonest: ignore If-Match and serve the changed bytes from the Range
 
 FaultProxy(port, plan, delay=0.1) also holds every answer back for 0.1 s (a distant server's latency).
-Every request is logged as a dict (path, range, if_match, action, time) in proxy.log.
+Every request is logged as a dict (path, range, if_match, if_none_match, action, time) in proxy.log.
 Only Debian's /usr/bin/python3 standard library; one thread per client connection.
 """
 import http.client
@@ -127,7 +127,8 @@ class FaultProxy:
                 kind = action if isinstance(action, str) else action[0]
                 with self.lock:
                     self.log.append(dict(path=path, range=headers.get("range"), if_match=headers.get("if-match"),
-                                         action=kind, time=time.monotonic()))
+                                         if_none_match=headers.get("if-none-match"), action=kind,
+                                         time=time.monotonic()))
                 if self.delay:
                     time.sleep(self.delay)
                 if not self._answer(conn, method, target, headers, action, kind):

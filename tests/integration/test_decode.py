@@ -7,7 +7,9 @@ PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS)
 .ppm.gz exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
 max_pixels, a bad label, corrupt gzip) under error_policy skip (sample missing, message naming
-shard URL, key and byte offset) and fail (non-zero exit, same message).
+shard URL, key and byte offset) and fail (non-zero exit, same message); JPEGs on which libjpeg only
+warns ("2 extraneous bytes before marker 0xd9", common in ImageNet) decode to PIL's pixels, while a
+truncated JPEG stays corrupt even when such a warning comes first.
 """
 import gzip
 import io
@@ -329,6 +331,56 @@ def test_bad_input_fail():
         check(line is not None, f"fail: {what} message names URL, key and offset {offsets['0000001']}: {line}")
 
 
+def with_slack(jpeg, at):
+    """The JPEG with 16 extraneous bytes at `at` (just before a marker): libjpeg warns "Corrupt JPEG
+    data: N extraneous bytes before marker" (N < 16 before EOI, where the Huffman decoder's bit
+    buffer swallows a few), PIL does not mind."""
+    return jpeg[:at] + bytes(range(1, 17)) + jpeg[at:]
+
+
+def test_jpeg_warnings():
+    rgb = Image.fromarray(picture(37, 45, 3))
+    gray = Image.fromarray(picture(37, 45, 1))
+    clean = [encode(rgb, "JPEG", quality=90), encode(rgb, "JPEG", quality=85, progressive=True),
+             encode(gray, "JPEG", quality=90)]
+    good = [with_slack(j, len(j) - 2) for j in clean]  # ImageNet's case: slack before EOI (0xd9)
+    base, prog = clean[0], clean[1]
+    second_scan = prog.index(b"\xff\xda", prog.index(b"\xff\xda") + 2)
+    bad = [
+        ("truncated JPEG", base[: len(base) - 40]),
+        ("truncated progressive JPEG", prog[: len(prog) * 2 // 3]),
+        # The data runs out inside the scan, though an EOI marker follows ("premature end of data segment").
+        ("JPEG missing the end of its scan", base[: len(base) * 2 // 3] + b"\xff\xd9"),
+        # A harmless warning first must not hide the truncation after it.
+        ("slack between scans, then truncated", with_slack(prog, second_scan)[: len(prog) * 2 // 3]),
+    ]
+    samples = [(f"{i:07d}", [("jpg", data)]) for i, data in enumerate(good)]
+    samples += [(f"{10 + i:07d}", [("jpg", data)]) for i, (_, data) in enumerate(bad)]
+    shard = os.path.join(TMP, "warn-000.tar")
+    offsets = write_shard(shard, samples)
+    for i, (data, ref) in enumerate(zip(good, clean)):
+        # The reference itself: PIL decodes the slack version to the clean version's pixels.
+        same = np.array_equal(np.array(Image.open(io.BytesIO(data))), np.array(Image.open(io.BytesIO(ref))))
+        check(same, f"jpeg warnings: PIL decodes slack JPEG {i} like the clean one")
+    out = os.path.join(TMP, "warn")
+    code, _, err = run(write_graph(shard, out, mode="keep", policy="skip"))
+    check(code == 0, f"jpeg warnings: run succeeds (exit {code})")
+    got = read_output(out)
+    check(sorted(got) == [f"{i:07d}" for i in range(len(good))],
+          f"jpeg warnings: the slack JPEGs arrive, the truncated ones do not ({sorted(got)})")
+    for i, data in enumerate(good):
+        a = got.get(f"{i:07d}", {}).get("jpg")
+        if check(a is not None, f"jpeg warnings: slack JPEG {i} decoded"):
+            compare(a, reference(data, "keep"), 1, f"jpeg warnings: slack JPEG {i}")
+    for i, (what, _) in enumerate(bad):
+        key = f"{10 + i:07d}"
+        line = message_line(err, shard, key, offsets[key])
+        check(line is not None and "corrupt JPEG" in line, f"jpeg warnings: {what} reported as corrupt: {line}")
+    counted = re.search(r"(\d+) sample\(s\) skipped", err)
+    check(counted is not None and int(counted.group(1)) == len(bad),
+          f"jpeg warnings: {len(bad)} skipped samples counted ({counted and counted.group(0)})")
+
+
 def main():
     if not os.path.exists(SHARDFLOW):
         print(f"SHARDFLOW={SHARDFLOW} does not exist; build the CLI first")
@@ -337,6 +389,7 @@ def main():
     test_min_size()
     test_bad_input_skip()
     test_bad_input_fail()
+    test_jpeg_warnings()
     if failures:
         print(f"{len(failures)} failure(s); temp files kept in {TMP}")
         return 1

@@ -36,15 +36,23 @@ with open(os.path.join(root, "token.json"), "w") as f:
     f.write('{"access_token":"tok-from-metadata","expires_in":3599,"token_type":"Bearer"}')
 
 TOKEN = "ya29.tok-123"
+# GCS's XML API answers errors with an XML body naming its own code.
+UNAUTHENTICATED = ("'<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AuthenticationRequired</Code>"
+                   "<Message>Authentication required.</Message></Error>'")
+DENIED = ("'<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Access denied: "
+          "reader@example.iam does not have storage.objects.get access.</Message></Error>'")
 LOCATIONS = f"""
     location = /bkt {{
-      if ($http_authorization !~ "^Bearer (ya29\\.tok-123|tok-from-metadata)$") {{ return 401; }}
-      default_type application/xml; try_files /listing.xml =404;
+      default_type application/xml;
+      if ($http_authorization !~ "^Bearer (ya29\\.tok-123|tok-from-metadata)$") {{ return 401 {UNAUTHENTICATED}; }}
+      try_files /listing.xml =404;
     }}
     location /bkt/ {{
-      if ($http_authorization !~ "^Bearer (ya29\\.tok-123|tok-from-metadata)$") {{ return 401; }}
+      default_type application/xml;
+      if ($http_authorization !~ "^Bearer (ya29\\.tok-123|tok-from-metadata)$") {{ return 401 {UNAUTHENTICATED}; }}
       dav_methods PUT DELETE; create_full_put_path on; client_max_body_size 0;
     }}
+    location /bkt/private/ {{ default_type application/xml; return 403 {DENIED}; }}
     location = /computeMetadata/v1/instance/service-accounts/default/token {{
       if ($http_metadata_flavor != "Google") {{ return 403; }}
       default_type application/json; try_files /token.json =404;
@@ -113,5 +121,26 @@ with nginx(root, LOCATIONS) as base:
     p = run(["run", graph, "--quiet", "--no-summary"], env=bad, check=False)
     check(p.returncode != 0 and "401" in p.stderr and "WRONG-secret-777" not in p.stdout + p.stderr,
           "the pipeline refuses a wrong token (401) without showing it: " + p.stderr[-500:])
+    # The pipeline's own downloads (not the listing) name the store's code and the token's source, like cp.
+    one = write_graph(os.path.join(tmp, "one.yaml"), [
+        ("shard_source", dict(urls="gs://bkt/train/shard-000000.tar", shuffle=False)),
+        ("tar_split", dict(retries=0)),
+        ("batch", dict(batch_size=25)),
+        ("device_sink", {}),
+    ], seed=1, epochs=1, error_policy="fail")
+    p = run(["run", one, "--quiet", "--no-summary"], env=bad, check=False)
+    check(p.returncode != 0 and "401 AuthenticationRequired" in p.stderr and "GOOGLE_OAUTH_ACCESS_TOKEN" in p.stderr
+          and "gs://bkt/train/shard-000000.tar" in p.stderr and "WRONG-secret-777" not in p.stdout + p.stderr,
+          "a download with a wrong token: the store's code and the token's source: " + p.stderr)
+    denied = write_graph(os.path.join(tmp, "denied.yaml"), [
+        ("shard_source", dict(urls="gs://bkt/private/shard-000000.tar", shuffle=False)),
+        ("tar_split", dict(retries=0)),
+        ("batch", dict(batch_size=25)),
+        ("device_sink", {}),
+    ], seed=1, epochs=1, error_policy="fail")
+    p = run(["run", denied, "--quiet", "--no-summary"], env=env, check=False)
+    check(p.returncode != 0 and "403 AccessDenied" in p.stderr and "storage.objects.get" in p.stderr
+          and "GOOGLE_OAUTH_ACCESS_TOKEN" in p.stderr, "a download refused (403): code, message, token source: "
+          + p.stderr)
 
 check.done("gs")

@@ -199,6 +199,44 @@ try:
                   "AWS_SECRET_ACCESS_KEY" in msg and "s3://shards/" in msg, f"{args}: clear message: {msg}")
             check("not-the-secret-x9" not in msg, f"{args}: the secret is not in the message")
         check("x.tar" not in str(boto.list_objects_v2(Bucket="shards")), "the refused upload left nothing")
+        # The pipeline's downloads (the prefetcher's GETs) say as much: the store's code and the key's source.
+        one = write_graph(os.path.join(tmp, "one.yaml"), [
+            ("shard_source", dict(urls='"s3://shards/train set/shard-000000.tar"', shuffle=False)),
+            ("tar_split", dict(retries=0)),
+            ("batch", dict(batch_size=10)),
+            ("device_sink", {}),
+        ], seed=1, epochs=1, error_policy="fail")
+        for what, e, code in (("a wrong secret", bad, "SignatureDoesNotMatch"),
+                              ("an unknown key id", dict(env, AWS_ACCESS_KEY_ID="UNKNOWNKEY"), "InvalidAccessKeyId")):
+            p = run(["run", one, "--quiet", "--no-summary"], env=e, check=False)
+            check(p.returncode != 0 and "403" in p.stderr and code in p.stderr and "AWS_ACCESS_KEY_ID" in p.stderr
+                  and "s3://shards/train set/shard-000000.tar" in p.stderr,
+                  f"pipeline with {what}: the store's code and the credentials' source: {p.stderr}")
+            check("not-the-secret-x9" not in p.stdout + p.stderr, f"pipeline with {what}: the secret is not shown")
+
+        # The shard cache over s3://: a second run revalidates (signed GETs with If-None-Match, 304) and reads
+        # the cached shards; an object replaced in the bucket is downloaded again.
+        cached = write_graph(os.path.join(tmp, "cached.yaml"), [
+            ("shard_source", dict(urls='"s3://shards/cache/a.tar::s3://shards/cache/b.tar"', shuffle=False)),
+            ("tar_split", dict(cache_dir=os.path.join(tmp, "shard-cache"))),
+            ("batch", dict(batch_size=10, partial=True)),
+            ("device_sink", dict(npy_dir=os.path.join(tmp, "cached-out"))),
+        ], seed=1, epochs=1, error_policy="fail")
+        boto.upload_file(local[0], "shards", "cache/a.tar")
+        boto.upload_file(local[1], "shards", "cache/b.tar")
+        for run_no, (a, counts) in enumerate(((local[0], "0 hit(s), 0 stale, 2 miss(es)"),
+                                              (local[0], "2 hit(s), 0 stale, 0 miss(es)"),
+                                              (local[2], "1 hit(s), 1 stale, 0 miss(es)"))):
+            if run_no == 2:
+                boto.upload_file(local[2], "shards", "cache/a.tar")
+            shutil.rmtree(os.path.join(tmp, "cached-out"), ignore_errors=True)
+            before = len(proxy.seen)
+            p = run(["run", cached, "--quiet", "--no-summary"], env=env, check=False)
+            keys = [k for _, _, ks, _ in read_batches(os.path.join(tmp, "cached-out")) for k in ks]
+            check(p.returncode == 0 and keys == tar_keys(a, local[1]),
+                  f"cache run {run_no}: the bucket's current shards ({len(keys)} keys): {p.stderr}")
+            check(f"shard cache: {counts}" in p.stderr, f"cache run {run_no}: {counts}: {p.stderr}")
+            check(all(v == "ok" for _, _, v in proxy.seen[before:]), f"cache run {run_no}: every GET signed")
         # Credentials from a profile; an unknown key id (refused by s3rver itself).
         creds = os.path.join(tmp, "credentials")
         with open(creds, "w") as f:

@@ -1,4 +1,4 @@
-/* Unit tests of the shard cache: hit/miss, the cap, LRU order, abandoned temp files, 4 processes and 4 threads at once. */
+/* Unit tests of the shard cache: hit/miss, versions, the cap, LRU order, abandoned temp files, 4 processes and 4 threads at once. */
 #include <dirent.h>
 #include <ftw.h>
 #include <fcntl.h>
@@ -60,10 +60,14 @@ static size_t url_bytes(const char *url, unsigned char *out, size_t max_len) {
   return len;
 }
 
+/* The version the tests store, and the size of its entry header ("SFCACHE1\n" "ETag: \"v1\"\n" "\n"). */
+static const sf_object_version V1 = {.etag = "\"v1\""};
+enum { HEADER = 9 + 11 + 1 };
+
 /* Stores data under url in `pieces` writes (sleeping between them when slow). */
 static void store(sf_shard_cache *c, const char *url, const unsigned char *data, size_t len, int pieces, bool slow) {
   sf_shard_cache_entry *e;
-  int fd = sf_shard_cache_begin(c, url, &e);
+  int fd = sf_shard_cache_begin(c, url, &V1, &e);
   assert_true(fd >= 0);
   assert_non_null(e);
   size_t step = len / (size_t)pieces + 1;
@@ -75,14 +79,14 @@ static void store(sf_shard_cache *c, const char *url, const unsigned char *data,
   assert_null(e);
 }
 
-/* Reads the whole fd (closing it) into a malloc'ed buffer; *len gets its size. */
+/* Reads the rest of fd (closing it) into a malloc'ed buffer; *len gets its size. */
 static unsigned char *slurp(int fd, size_t *len) {
   struct stat st;
   assert_int_equal(fstat(fd, &st), 0);
   unsigned char *buf = malloc((size_t)st.st_size + 1);
   size_t got = 0;
   ssize_t n;
-  while ((n = pread(fd, buf + got, (size_t)st.st_size - got + 1, (off_t)got)) > 0) got += (size_t)n;
+  while ((n = read(fd, buf + got, (size_t)st.st_size - got + 1)) > 0) got += (size_t)n;
   close(fd);
   *len = got;
   return buf;
@@ -144,9 +148,9 @@ static void test_hit_miss(void **state) {
   static unsigned char data[20000];
   size_t len = url_bytes("http://h/s-0.tar", data, sizeof data);
   int64_t size = -1;
-  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-0.tar", &size), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-0.tar", &size, NULL), -1);
   store(c, "http://h/s-0.tar", data, len, 7, false);
-  int fd = sf_shard_cache_lookup(c, "http://h/s-0.tar", &size);
+  int fd = sf_shard_cache_lookup(c, "http://h/s-0.tar", &size, NULL);
   assert_true(fd >= 0);
   assert_int_equal(size, (int64_t)len);
   size_t got;
@@ -154,15 +158,15 @@ static void test_hit_miss(void **state) {
   assert_int_equal(got, len);
   assert_memory_equal(buf, data, len);
   free(buf);
-  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-1.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-1.tar", NULL, NULL), -1);
 
   /* An incomplete entry is discarded, and so is one that was never written. */
   sf_shard_cache_entry *e;
-  assert_true(sf_shard_cache_begin(c, "http://h/s-1.tar", &e) >= 0);
+  assert_true(sf_shard_cache_begin(c, "http://h/s-1.tar", &V1, &e) >= 0);
   sf_shard_cache_write(e, data, 100);
   sf_shard_cache_end(c, &e, false);
   assert_null(e);
-  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-1.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/s-1.tar", NULL, NULL), -1);
   sf_shard_cache_end(c, &e, true); /* NULL entry */
   sf_shard_cache_write(NULL, data, 1);
 
@@ -171,22 +175,74 @@ static void test_hit_miss(void **state) {
   assert_int_equal(sf_shard_cache_open(&c, sub, 30000, &error), 0);
   static unsigned char big[40000];
   store(c, "http://h/big.tar", big, sizeof big, 3, false);
-  assert_int_equal(sf_shard_cache_lookup(c, "http://h/big.tar", NULL), -1);
-  fd = sf_shard_cache_lookup(c, "http://h/s-0.tar", NULL);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/big.tar", NULL, NULL), -1);
+  fd = sf_shard_cache_lookup(c, "http://h/s-0.tar", NULL, NULL);
   assert_true(fd >= 0);
   close(fd);
+  sf_shard_cache_revalidated(c, true);
 
-  uint64_t hits, misses, evicted;
-  sf_shard_cache_stats(c, &hits, &misses, &evicted);
-  assert_int_equal(hits, 1);
-  assert_int_equal(misses, 1);
-  assert_int_equal(evicted, 0);
+  sf_shard_cache_stats stats;
+  sf_shard_cache_stats_get(c, &stats);
+  assert_int_equal(stats.hits, 1);
+  assert_int_equal(stats.stale, 0);
+  assert_int_equal(stats.misses, 1);
+  assert_int_equal(stats.evicted_bytes, 0);
   int entries, temps;
-  assert_int_equal(dir_total(sub, &entries, &temps), (int64_t)len);
+  assert_int_equal(dir_total(sub, &entries, &temps), (int64_t)len + HEADER);
   assert_int_equal(entries, 1);
   assert_int_equal(temps, 0);
   sf_shard_cache_close(&c);
   assert_null(c);
+  sf_shard_cache_close(&c);
+  rm_tree(dir);
+}
+
+/* An entry keeps the version it was stored at; one without a validator, or with a forged header, is not stored. */
+static void test_versions(void **state) {
+  char *dir = make_tmpdir();
+  sf_shard_cache *c;
+  assert_int_equal(sf_shard_cache_open(&c, dir, 1 << 20, NULL), 0);
+  const sf_object_version both = {.etag = "W/\"5f3c-1a2b\"", .last_modified = "Tue, 14 Nov 2023 22:13:20 GMT"};
+  const sf_object_version date = {.last_modified = "Tue, 14 Nov 2023 22:13:20 GMT"};
+  const sf_object_version none = {0}, forged = {.etag = "\"x\"\nETag: \"y\""};
+  const sf_object_version *versions[] = {&both, &date};
+  for (int i = 0; i < 2; i++) {
+    sf_shard_cache_entry *e;
+    assert_true(sf_shard_cache_begin(c, "http://h/v.tar", versions[i], &e) >= 0);
+    sf_shard_cache_write(e, "shard bytes", 11);
+    sf_shard_cache_end(c, &e, true);
+    sf_object_version got;
+    int64_t size;
+    int fd = sf_shard_cache_lookup(c, "http://h/v.tar", &size, &got);
+    assert_true(fd >= 0);
+    assert_string_equal(got.etag, versions[i]->etag);
+    assert_string_equal(got.last_modified, versions[i]->last_modified);
+    assert_int_equal(size, 11);
+    size_t len;
+    unsigned char *buf = slurp(fd, &len);
+    assert_int_equal(len, 11);
+    assert_memory_equal(buf, "shard bytes", 11);
+    free(buf);
+  }
+  sf_shard_cache_entry *e = (sf_shard_cache_entry *)1;
+  assert_int_equal(sf_shard_cache_begin(c, "http://h/n.tar", &none, &e), -1);
+  assert_null(e);
+  assert_int_equal(sf_shard_cache_begin(c, "http://h/n.tar", &forged, &e), -1);
+  /* A plain shard under an entry's name (an older shardflow's cache) is a miss, not a shard of unknown version. */
+  char name[SF_SHARD_CACHE_NAME_LEN + 1], path[4200];
+  sf_shard_cache_name("http://h/old.tar", name);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("0000000.cls\n", f);
+  fclose(f);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/old.tar", NULL, NULL), -1);
+  sf_shard_cache_revalidated(c, false);
+  sf_shard_cache_stats stats;
+  sf_shard_cache_stats_get(c, &stats);
+  assert_int_equal(stats.stale, 1);
+  assert_int_equal(stats.hits, 0);
+  assert_int_equal(stats.misses, 1);
   sf_shard_cache_close(&c);
   rm_tree(dir);
 }
@@ -204,50 +260,50 @@ static void test_lru(void **state) {
     store(c, url, data, sizeof data, 1, false);
   }
   /* Use 0: now 1 is the least recently used, then 2. */
-  int fd = sf_shard_cache_lookup(c, "s3://b/0.tar", NULL);
+  int fd = sf_shard_cache_lookup(c, "s3://b/0.tar", NULL, NULL);
   assert_true(fd >= 0);
   close(fd);
   memset(data, 4, sizeof data);
   store(c, "s3://b/4.tar", data, sizeof data, 1, false);
   int entries;
-  assert_int_equal(dir_total(dir, &entries, NULL), 4000);
+  assert_int_equal(dir_total(dir, &entries, NULL), 4 * (1000 + HEADER));
   assert_int_equal(entries, 4);
-  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/1.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/1.tar", NULL, NULL), -1);
   const int kept[] = {0, 2, 3, 4};
   for (int i = 0; i < 4; i++) {
     snprintf(url, sizeof url, "s3://b/%d.tar", kept[i]);
-    fd = sf_shard_cache_lookup(c, url, NULL);
+    fd = sf_shard_cache_lookup(c, url, NULL, NULL);
     if (fd < 0) fail_msg("%s was evicted", url);
     unsigned char b;
-    assert_int_equal(pread(fd, &b, 1, 999), 1);
+    assert_int_equal(pread(fd, &b, 1, HEADER + 999), 1);
     assert_int_equal(b, kept[i]);
     close(fd);
   }
   /* Looked up in order 0, 2, 3, 4: adding two more evicts 0 and 2. */
   store(c, "s3://b/5.tar", data, sizeof data, 1, false);
   store(c, "s3://b/6.tar", data, sizeof data, 1, false);
-  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/0.tar", NULL), -1);
-  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/2.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/0.tar", NULL, NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/2.tar", NULL, NULL), -1);
   for (int i = 3; i <= 6; i++) {
     snprintf(url, sizeof url, "s3://b/%d.tar", i);
-    fd = sf_shard_cache_lookup(c, url, NULL);
+    fd = sf_shard_cache_lookup(c, url, NULL, NULL);
     if (fd < 0) fail_msg("%s was evicted", url);
     close(fd);
   }
   /* Re-storing a cached URL replaces it without counting it twice. */
   store(c, "s3://b/6.tar", data, sizeof data, 1, false);
-  assert_int_equal(dir_total(dir, &entries, NULL), 4000);
-  uint64_t evicted;
-  sf_shard_cache_stats(c, NULL, NULL, &evicted);
-  assert_int_equal(evicted, 3000);
+  assert_int_equal(dir_total(dir, &entries, NULL), 4 * (1000 + HEADER));
+  sf_shard_cache_stats stats;
+  sf_shard_cache_stats_get(c, &stats);
+  assert_int_equal(stats.evicted_bytes, 3 * (1000 + HEADER));
   /* An fd stays readable after its file is evicted. */
-  fd = sf_shard_cache_lookup(c, "s3://b/3.tar", NULL);
+  fd = sf_shard_cache_lookup(c, "s3://b/3.tar", NULL, NULL);
   assert_true(fd >= 0);
   for (int i = 7; i < 12; i++) {
     snprintf(url, sizeof url, "s3://b/%d.tar", i);
     store(c, url, data, sizeof data, 1, false);
   }
-  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/3.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "s3://b/3.tar", NULL, NULL), -1);
   size_t got;
   unsigned char *buf = slurp(fd, &got);
   assert_int_equal(got, 1000);
@@ -268,7 +324,7 @@ static void test_abandoned_tmp(void **state) {
   assert_true(pid >= 0);
   if (pid == 0) {
     sf_shard_cache_entry *e;
-    sf_shard_cache_begin(c, "http://h/killed.tar", &e);
+    sf_shard_cache_begin(c, "http://h/killed.tar", &V1, &e);
     sf_shard_cache_write(e, "partial", 7);
     if (write(pipefd[1], "x", 1) != 1) _exit(1);
     pause();
@@ -284,7 +340,7 @@ static void test_abandoned_tmp(void **state) {
   dir_total(dir, &entries, &temps);
   assert_int_equal(entries, 0);
   assert_int_equal(temps, 1);
-  assert_int_equal(sf_shard_cache_lookup(c, "http://h/killed.tar", NULL), -1);
+  assert_int_equal(sf_shard_cache_lookup(c, "http://h/killed.tar", NULL, NULL), -1);
   store(c, "http://h/other.tar", (const unsigned char *)"whole", 5, 1, false);
   dir_total(dir, &entries, &temps);
   assert_int_equal(entries, 1);
@@ -310,8 +366,9 @@ static int hammer(sf_shard_cache *c, unsigned seed) {
     snprintf(url, sizeof url, "http://store/shard-%02d.tar", rand_r(&r) % N_URLS);
     size_t len = url_bytes(url, want, MAX_SHARD);
     int64_t size;
-    int fd = sf_shard_cache_lookup(c, url, &size);
+    int fd = sf_shard_cache_lookup(c, url, &size, NULL);
     if (fd >= 0) {
+      sf_shard_cache_revalidated(c, true);
       size_t got;
       unsigned char *buf = slurp(fd, &got);
       if (got != len || (int64_t)got != size || memcmp(buf, want, len)) {
@@ -321,7 +378,7 @@ static int hammer(sf_shard_cache *c, unsigned seed) {
       free(buf);
     } else {
       sf_shard_cache_entry *e;
-      if (sf_shard_cache_begin(c, url, &e) < 0) {
+      if (sf_shard_cache_begin(c, url, &V1, &e) < 0) {
         status = 3;
         break;
       }
@@ -359,7 +416,7 @@ static void check_dir(const char *dir, int64_t cap) {
     char url[64];
     snprintf(url, sizeof url, "http://store/shard-%02d.tar", u);
     size_t len = url_bytes(url, want, sizeof want);
-    int fd = sf_shard_cache_lookup(c, url, NULL);
+    int fd = sf_shard_cache_lookup(c, url, NULL, NULL);
     if (fd < 0) continue;
     found++;
     size_t got;
@@ -423,10 +480,10 @@ static void test_threads(void **state) {
     pthread_join(threads[i], NULL);
     if (args[i].status) fail_msg("thread %d failed (%d)", i, args[i].status);
   }
-  uint64_t hits, misses;
-  sf_shard_cache_stats(c, &hits, &misses, NULL);
-  assert_int_equal(hits + misses, N_CHILDREN * ROUNDS);
-  assert_true(hits > 0);
+  sf_shard_cache_stats stats;
+  sf_shard_cache_stats_get(c, &stats);
+  assert_int_equal(stats.hits + stats.misses, N_CHILDREN * ROUNDS);
+  assert_true(stats.hits > 0);
   sf_shard_cache_close(&c);
   check_dir(dir, cap);
   rm_tree(dir);
@@ -461,7 +518,8 @@ static void test_processes(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_name),          cmocka_unit_test(test_open_errors),
-      cmocka_unit_test(test_hit_miss),      cmocka_unit_test(test_lru),
+      cmocka_unit_test(test_hit_miss),      cmocka_unit_test(test_versions),
+      cmocka_unit_test(test_lru),
       cmocka_unit_test(test_abandoned_tmp), cmocka_unit_test(test_processes),
       cmocka_unit_test(test_threads),
   };
