@@ -1,4 +1,4 @@
-/* `shardflow help [STAGE]`: stages and options, printed from the stages' own tables. */
+/* `shardflow help [STAGE|COMMAND]`: stages and options, printed from the stages' own tables; commands' usage. */
 #include <stdio.h>
 #include <string.h>
 
@@ -32,7 +32,8 @@ int sf_cli_help(int argc, char **argv) {
     printf("\ngraph settings: seed (seed), epochs (count, 0 = forever), error_policy (skip|fail),\n"
            "queue_size (count, items per edge), threads (count, pool workers, 0 = CPUs);\n"
            "every stage also takes `name`, and map stages `replicas` and `group`\n"
-           "(shardflow help groups: running stages in worker processes).\n");
+           "(shardflow help groups: running stages in worker processes).\n"
+           "shardflow help COMMAND shows a command's usage, as COMMAND --help.\n");
     return 0;
   }
   int status = 0;
@@ -42,11 +43,19 @@ int sf_cli_help(int argc, char **argv) {
       sf_stage_print_help(stdout, &groups);
       continue;
     }
+    const sf_cli_command *command = sf_cli_find_command(argv[i]);
+    if (command && strcmp(command->name, "help") != 0) { /* `help ls` is `ls --help` */
+      char *args[] = {argv[i], (char *)"--help", NULL};
+      status |= command->run(2, args);
+      continue;
+    }
     def = sf_stage_find(argv[i]);
     if (!def) {
-      fprintf(stderr, "shardflow help: unknown stage '%s'; stages:", argv[i]);
+      fprintf(stderr, "shardflow help: '%s' is neither a stage nor a command; stages:", argv[i]);
       it = NULL;
       while ((def = sf_stage_iterate(&it))) fprintf(stderr, " %s", def->name);
+      fprintf(stderr, "; commands:");
+      for (const sf_cli_command *c = sf_cli_commands; c->name; c++) fprintf(stderr, " %s", c->name);
       fprintf(stderr, "\n");
       status = 2;
       continue;

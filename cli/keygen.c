@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/files.h"
 #include "engine/transport.h"
 
 static const char keygen_usage[] = "usage: shardflow keygen NAME [--dir DIR]\n";
@@ -17,7 +18,8 @@ int sf_cli_keygen(int argc, char **argv) {
              "  DIR/NAME.pub  public key only: give it to the other side\n"
              "A head listening on tcp:// needs head.key (secret_key:) and the workers' .pub files\n"
              "(allowed_keys: a file of keys or a directory of *.pub); a worker needs its own .key\n"
-             "(--key) and head.pub (--server-key). Existing files are never overwritten.\n"
+             "(--key) and head.pub (--server-key). DIR is made if missing; existing files are never\n"
+             "overwritten.\n"
              "See docs/security.md.\n",
              keygen_usage);
       return 0;
@@ -42,6 +44,11 @@ int sf_cli_keygen(int argc, char **argv) {
   if (!name) {
     fprintf(stderr, "%s", keygen_usage);
     return 2;
+  }
+  int e = sf_make_dirs(dir, false); /* `--dir keys` in a fresh checkout: the README's recipe */
+  if (e < 0) {
+    fprintf(stderr, "shardflow keygen: cannot create the directory %s: %s\n", dir, strerror(-e));
+    return 1;
   }
   char pub[SF_CURVE_KEY_Z85_LEN + 1];
   sf_error err;

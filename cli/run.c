@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/graph.h"
 #include "engine/node.h"
 #include "engine/options.h"
 #include "engine/remote.h"
@@ -184,6 +185,13 @@ int sf_cli_run(int argc, char **argv) {
     r = sf_graph_set(graph, target, eq + 1, &err);
   }
   free(sets);
+  int64_t epochs = options.epochs >= 0 ? options.epochs : graph ? graph->epochs : 0;
+  if (r == 0 && epochs > 0 && options.first_epoch >= (uint64_t)epochs) {
+    fprintf(stderr, "shardflow run: --start-epoch %llu is past the run's %lld epochs (0..%lld); give --epochs N to "
+            "run more\n", (unsigned long long)options.first_epoch, (long long)epochs, (long long)epochs - 1);
+    sf_graph_destroy(&graph);
+    return 2;
+  }
   sf_pipeline *p = NULL;
   if (r == 0) r = sf_pipeline_new(&p, graph, &options, &err);
   sf_graph_destroy(&graph);

@@ -246,7 +246,7 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
   };
   const sf_option *o = sf_option_find(settings, key);
   if (!o)
-    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges",
+    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups",
                           key, settings_help);
   char why[256];
   int r = sf_option_parse(o, value, g, why, sizeof why);

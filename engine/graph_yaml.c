@@ -6,8 +6,9 @@
 
 #include "engine/graph.h"
 
-/* Bounds on what a graph file may ask for: aliases can make a small file name huge graphs. */
-enum { MAX_GRAPH_FILE = 1 << 20, MAX_STAGES = 1024, MAX_STAGE_KEYS = 128 };
+/* Bounds on what a graph file may ask for: aliases can make a small file name huge graphs, and
+ * libyaml takes time quadratic in the nesting depth (34 s for 100,000 `[`). A graph needs 4 levels. */
+enum { MAX_GRAPH_FILE = 1 << 20, MAX_STAGES = 1024, MAX_STAGE_KEYS = 128, MAX_DEPTH = 32 };
 
 typedef struct reader {
   yaml_document_t *doc;
@@ -19,6 +20,23 @@ static int64_t line_of(const yaml_node_t *n) { return (int64_t)n->start_mark.lin
 
 static const char *scalar(const yaml_node_t *n) {
   return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+/* A key written twice: YAML forbids it, and libyaml would let the last one win silently. */
+static int check_keys(reader *r, const yaml_node_t *m) {
+  for (const yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
+    const yaml_node_t *kn = yaml_document_get_node(r->doc, p->key);
+    const char *k = scalar(kn);
+    if (!k) return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(kn), "keys must be plain words");
+    for (const yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
+      const yaml_node_t *first = yaml_document_get_node(r->doc, q->key);
+      if (strcmp(scalar(first), k) == 0)
+        return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(kn),
+                              "'%s' appears twice (lines %lld and %lld): keep one", k, (long long)line_of(first),
+                              (long long)line_of(kn));
+    }
+  }
+  return 0;
 }
 
 /* A scalar as is; a flow list of scalars as "a, b, c" for list-typed options. */
@@ -64,12 +82,13 @@ static int read_stage(reader *r, const yaml_node_t *m) {
   if (m->data.mapping.pairs.top - m->data.mapping.pairs.start > MAX_STAGE_KEYS)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m), "a stage entry has more than %d keys",
                           MAX_STAGE_KEYS);
+  int rc = check_keys(r, m);
+  if (rc < 0) return rc;
   const char *type = NULL, *name = NULL;
   const yaml_node_t *replicas = NULL, *group = NULL;
   for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
     const char *k = scalar(yaml_document_get_node(r->doc, p->key));
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
-    if (!k) return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m), "option names must be plain words");
     if (strcmp(k, "type") == 0) type = scalar(v);
     else if (strcmp(k, "name") == 0) name = scalar(v);
     else if (strcmp(k, "replicas") == 0) replicas = v;
@@ -103,7 +122,7 @@ static int read_stage(reader *r, const yaml_node_t *m) {
       continue;
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
     char *text = NULL;
-    int rc = value_text(r, v, k, &text);
+    rc = value_text(r, v, k, &text);
     if (rc < 0) return rc;
     rc = sf_graph_node_set(n, k, text, line_of(v));
     free(text);
@@ -163,12 +182,13 @@ static int read_groups(reader *r, const yaml_node_t *v) {
     if (gv->data.mapping.pairs.top - gv->data.mapping.pairs.start > MAX_STAGE_KEYS)
       return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(gv), "a group has more than %d keys",
                             MAX_STAGE_KEYS);
+    int rc = check_keys(r, gv);
+    if (rc < 0) return rc;
     for (yaml_node_pair_t *q = gv->data.mapping.pairs.start; q < gv->data.mapping.pairs.top; q++) {
       const char *k = scalar(yaml_document_get_node(r->doc, q->key));
       const yaml_node_t *val = yaml_document_get_node(r->doc, q->value);
-      if (!k) return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(gv), "option names must be plain words");
       char *text = NULL;
-      int rc = value_text(r, val, k, &text);
+      rc = value_text(r, val, k, &text);
       if (rc < 0) return rc;
       rc = sf_graph_node_set(g, k, text, line_of(val));
       free(text);
@@ -182,16 +202,21 @@ static int read_top(reader *r, const yaml_node_t *root) {
   if (!root || root->type != YAML_MAPPING_NODE)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, root ? line_of(root) : 1,
                           "a graph file is a mapping with `stages:` (and optional seed, epochs, error_policy, edges)");
+  if (root->data.mapping.pairs.top - root->data.mapping.pairs.start > MAX_STAGE_KEYS)
+    return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(root), "a graph file has more than %d keys",
+                          MAX_STAGE_KEYS);
+  int rc = check_keys(r, root);
+  if (rc < 0) return rc;
   bool have_stages = false;
   for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
-    const yaml_node_t *kn = yaml_document_get_node(r->doc, p->key);
+    const char *k = scalar(yaml_document_get_node(r->doc, p->key));
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
-    const char *k = scalar(kn);
-    if (!k) return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(kn), "keys must be plain words");
-    int rc = 0;
     if (strcmp(k, "stages") == 0) {
       if (v->type != YAML_SEQUENCE_NODE)
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "`stages` is a list of stage entries");
+      if (v->data.sequence.items.top == v->data.sequence.items.start)
+        return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v),
+                              "`stages` is empty: list the stages, from shard_source to device_sink");
       have_stages = true;
       if (v->data.sequence.items.top - v->data.sequence.items.start > MAX_STAGES)
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d stages", MAX_STAGES);
@@ -218,10 +243,63 @@ static int read_top(reader *r, const yaml_node_t *root) {
   return 0;
 }
 
+static int syntax_error(const yaml_parser_t *parser, const sf_graph *g, sf_error *error) {
+  if (parser->error == YAML_MEMORY_ERROR) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  return sf_graph_error(error, SF_EGRAPH, g, (int64_t)parser->problem_mark.line + 1, "YAML syntax: %s%s%s",
+                        parser->problem ? parser->problem : "error", parser->context ? " " : "",
+                        parser->context ? parser->context : "");
+}
+
+/*
+ * One pass over libyaml's events before the document loader runs: refuses deep
+ * nesting before the loader spends quadratic time on it, and a second document,
+ * which the loader would leave unread.
+ */
+static int check_events(const char *text, const sf_graph *g, sf_error *error) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+  int depth = 0, documents = 0, rc = 0;
+  for (bool end = false; !end && rc == 0;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&parser, &ev)) {
+      rc = syntax_error(&parser, g, error);
+      break;
+    }
+    int64_t line = (int64_t)ev.start_mark.line + 1;
+    switch (ev.type) {
+    case YAML_DOCUMENT_START_EVENT:
+      if (++documents > 1)
+        rc = sf_graph_error(error, SF_EGRAPH, g, line,
+                            "a second YAML document starts here; a graph file holds one: remove the `---` "
+                            "and merge what follows into the first");
+      break;
+    case YAML_SEQUENCE_START_EVENT:
+    case YAML_MAPPING_START_EVENT:
+      if (++depth > MAX_DEPTH)
+        rc = sf_graph_error(error, SF_EGRAPH, g, line,
+                            "lists and mappings nested deeper than %d levels (a graph file needs 4)", MAX_DEPTH);
+      break;
+    case YAML_SEQUENCE_END_EVENT:
+    case YAML_MAPPING_END_EVENT: depth--; break;
+    case YAML_STREAM_END_EVENT: end = true; break;
+    default: break;
+    }
+    yaml_event_delete(&ev);
+  }
+  yaml_parser_delete(&parser);
+  return rc;
+}
+
 int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_error *error) {
   *pg = NULL;
   sf_graph *g = sf_graph_new_empty(name);
   if (!g) return SF_ENOMEM;
+  int rc = check_events(text, g, error);
+  if (rc < 0) {
+    sf_graph_destroy(&g);
+    return rc;
+  }
   yaml_parser_t parser;
   yaml_document_t doc;
   if (!yaml_parser_initialize(&parser)) {
@@ -229,11 +307,8 @@ int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_e
     return SF_ENOMEM;
   }
   yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
-  int rc;
   if (!yaml_parser_load(&parser, &doc)) {
-    rc = sf_graph_error(error, SF_EGRAPH, g, (int64_t)parser.problem_mark.line + 1, "YAML syntax: %s%s%s",
-                        parser.problem ? parser.problem : "error", parser.context ? " " : "",
-                        parser.context ? parser.context : "");
+    rc = syntax_error(&parser, g, error);
     yaml_parser_delete(&parser);
     sf_graph_destroy(&g);
     return rc;

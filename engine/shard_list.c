@@ -18,6 +18,9 @@
  * spec cannot exhaust the stack. Real shard lists use one or two groups. */
 #define MAX_GROUPS 256
 #define MAX_NESTING 32
+/* A list file is read with bounded memory, whatever it is (@/dev/zero, an endless pipe). */
+#define MAX_LIST_LINE 65536
+#define MAX_LIST_FILE (256u << 20)
 
 typedef struct pattern pattern;
 
@@ -402,6 +405,26 @@ static int expand_pattern(ctx *c, const char *text) {
   return r;
 }
 
+enum { LIST_END = -1, LIST_NUL = -2, LIST_LONG_LINE = -3, LIST_TOO_LARGE = -4 };
+
+/*
+ * Reads one line of f into line (room for MAX_LIST_LINE bytes and a NUL), without its '\n';
+ * *total counts the bytes read so far. Returns its length or a LIST_* code.
+ */
+static long read_line(FILE *f, char *line, uint64_t *total) {
+  long n = 0;
+  int ch;
+  while ((ch = getc_unlocked(f)) != EOF) {
+    if (++*total > MAX_LIST_FILE) return LIST_TOO_LARGE;
+    if (ch == '\n') break;
+    if (ch == '\0') return LIST_NUL;
+    if (n == MAX_LIST_LINE) return LIST_LONG_LINE;
+    line[n++] = (char)ch;
+  }
+  line[n] = '\0';
+  return ch == EOF && n == 0 ? LIST_END : n;
+}
+
 /* Expands every line of a list file as a pattern ('#' comments and blank lines skipped). */
 static int expand_file(ctx *c, const char *path) {
   c->pattern = path - 1; /* "@path", for messages about the file itself */
@@ -413,13 +436,18 @@ static int expand_file(ctx *c, const char *path) {
     if (c->error) snprintf(c->error->url, sizeof c->error->url, "%s", path);
     return r;
   }
-  char *line = NULL;
-  size_t size = 0;
-  ssize_t n;
+  char *line = malloc(MAX_LIST_LINE + 1);
+  if (!line) {
+    fclose(f);
+    return fail(c, SF_ENOMEM, 0, "out of memory");
+  }
+  long n;
+  uint64_t total = 0;
   int r = 0;
   c->file = path;
   c->line = 0;
-  while (!r && (n = getline(&line, &size, f)) >= 0) {
+  flockfile(f);
+  while (!r && (n = read_line(f, line, &total)) >= 0) {
     c->line++;
     char *s = line, *e = line + n;
     while (s < e && (*s == ' ' || *s == '\t')) s++;
@@ -433,6 +461,19 @@ static int expand_file(ctx *c, const char *path) {
       r = expand_pattern(c, s);
     }
   }
+  if (!r && n < LIST_END) {
+    c->pattern = path - 1;
+    c->line++;
+    if (n == LIST_NUL)
+      r = fail(c, SF_EFORMAT, 0, "a NUL byte: a list file is text, one URL or pattern a line");
+    else if (n == LIST_LONG_LINE)
+      r = fail(c, SF_ETOOBIG, 0, "a line is longer than %d bytes: a list file holds one URL or pattern a line",
+               MAX_LIST_LINE);
+    else
+      r = fail(c, SF_ETOOBIG, 0, "the list file is larger than %u MiB: use brace patterns or split the list",
+               MAX_LIST_FILE >> 20);
+  }
+  funlockfile(f);
   if (!r && ferror(f)) {
     c->pattern = path - 1;
     r = fail(c, SF_EIO, 0, "read error in the list file: %s", strerror(errno));

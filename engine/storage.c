@@ -2,6 +2,7 @@
  * gs:// (signed PUT, or a multipart upload for files larger than one part; signed GET + rename). */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <curl/curl.h>
 #include <zlib.h>
 
+#include "engine/files.h"
 #include "engine/object_store.h"
 #include "shardflow/storage.h"
 
@@ -20,9 +22,43 @@ static bool is_remote(const char *s) { return is_http(s) || sf_object_url_is_sto
 
 static bool has_other_scheme(const char *s) { return strstr(s, "://") && !is_remote(s); }
 
-/* A temporary name next to path: same directory (rename stays atomic), unlikely to collide. */
+/* ".partial-HOST-": the host keeps another machine's live downloads (shared storage) from looking stale. */
+static void partial_marker(char *out, size_t size) {
+  char host[HOST_NAME_MAX + 1] = "localhost";
+  gethostname(host, sizeof host);
+  host[HOST_NAME_MAX] = '\0';
+  snprintf(out, size, ".partial-%s-", host);
+}
+
+/* A temporary name next to path, PATH.partial-HOST-PID-RAND: same directory (rename stays atomic). */
 static void temporary_name(const char *path, char *out, size_t size) {
-  snprintf(out, size, "%s.partial-%ld-%08x", path, (long)getpid(), (unsigned)rand());
+  char marker[HOST_NAME_MAX + 16];
+  partial_marker(marker, sizeof marker);
+  snprintf(out, size, "%s%s%ld-%08x", path, marker, (long)getpid(), (unsigned)rand());
+}
+
+/*
+ * Creates the temporary file of a copy to the local path, in path's directory, made if missing.
+ * Partials left there by processes of this host that are gone (killed downloads) are removed
+ * first. Returns the open file, or NULL with errno set.
+ */
+static FILE *open_partial(const char *path, char *tmp, size_t size) {
+  char marker[HOST_NAME_MAX + 16];
+  partial_marker(marker, sizeof marker);
+  temporary_name(path, tmp, size);
+  int e = sf_make_dirs(path, true);
+  if (e < 0) {
+    errno = -e;
+    return NULL;
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  sf_remove_stale_files(dir, marker, "", S_IFREG);
+  return fopen(tmp, "wb");
 }
 
 static CURL *easy(const char *url, char *errbuf) {
@@ -143,8 +179,7 @@ static int store_get(const char *url, sink *s, sf_error *error) {
 
 static int download(const char *src, const char *dst, sf_error *error) {
   char tmp[4096];
-  temporary_name(dst, tmp, sizeof tmp);
-  sink s = {.file = fopen(tmp, "wb"), .crc = crc32(0, NULL, 0)};
+  sink s = {.file = open_partial(dst, tmp, sizeof tmp), .crc = crc32(0, NULL, 0)};
   if (!s.file)
     return sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));
   int r = sf_object_url_is_store(src) ? store_get(src, &s, error) : get(src, &s, error);
@@ -374,8 +409,7 @@ static int copy_local(const char *src, const char *dst, sf_error *error) {
   if (!in) return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, NULL, src, NULL, -1, -1,
                                "cannot open: %s", strerror(errno));
   char tmp[4096];
-  temporary_name(dst, tmp, sizeof tmp);
-  FILE *out = fopen(tmp, "wb");
+  FILE *out = open_partial(dst, tmp, sizeof tmp);
   int r = 0;
   if (!out) {
     r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));

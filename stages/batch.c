@@ -124,13 +124,13 @@ static void flush(sf_node *node, batch *b) {
   sf_batch *out = b->open;
   b->open = NULL;
   if (!out) return;
-  if (replayed(node, out)) {
-    b->index++;
+  if (b->count < b->batch_size && !b->partial) { /* before the replay: a dropped batch has no index */
+    sf_node_count_skipped(node, (uint64_t)b->count);
     sf_batch_destroy(&out);
     return;
   }
-  if (b->count < b->batch_size && !b->partial) {
-    sf_node_count_skipped(node, (uint64_t)b->count);
+  if (replayed(node, out)) {
+    b->index++;
     sf_batch_destroy(&out);
     return;
   }
@@ -216,6 +216,18 @@ static int step(sf_node *node) {
       flush(node, b);
       b->held = item;
       return 0;
+    }
+    if (item.epoch == sf_node_first_epoch(node)) { /* a resumption past the end would return nothing */
+      uint64_t made = b->epoch == item.epoch ? b->index : 0, step = sf_node_first_step(node);
+      if (made < step) {
+        sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                      "cannot resume after the first %llu batches of epoch %llu (--start-step %llu, or the "
+                      "state's step): "
+                      "the epoch has %llu batches; resume at a step of 0..%llu",
+                      (unsigned long long)step, (unsigned long long)item.epoch, (unsigned long long)step,
+                      (unsigned long long)made, (unsigned long long)made);
+        return SF_EOPTION; /* whatever the error policy: the run would silently skip an epoch */
+      }
     }
     sf_node_push(node, &item);
     return 0;

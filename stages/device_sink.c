@@ -31,7 +31,9 @@ static const sf_option options[] = {
     {"npy_batches", SF_OPT_COUNT, offsetof(device_sink, npy_batches), "0", 0, 0,
      "dump only the first N batches of each epoch (0 = all)", NULL},
     {"preview_png", SF_OPT_STRING, offsetof(device_sink, preview_png), "", 0, 0,
-     "PNG file for a labelled grid of up to 64 images of the first batch (\"\" = off)", NULL},
+     "PNG file for a labelled grid of up to 64 images of the first batch, in a directory that "
+     "exists (\"\" = off)",
+     NULL},
     {"mean", SF_OPT_FLOAT_LIST, offsetof(device_sink, mean), "", 0, 0,
      "per-channel mean the images were normalised with (0..1 units, as augment's mean), to undo "
      "it for the preview",
@@ -53,6 +55,22 @@ static int init(sf_node *node) {
                   "mean has %d values but std has %d; give both with one value per channel",
                   s->mean.n, s->std.n);
     return SF_EOPTION;
+  }
+  if (is_set(s->preview_png)) { /* a typo in the path is an error now, not a new directory tree */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", s->preview_png);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) dir[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    struct stat st;
+    int found = stat(dir, &st) == 0 ? 0 : errno;
+    if (found || !S_ISDIR(st.st_mode)) {
+      sf_node_error(node, SF_EOPTION, s->preview_png, NULL, -1,
+                    "preview_png %s: its directory %s: %s; create it or fix the path", s->preview_png, dir,
+                    found ? strerror(found) : "not a directory");
+      return SF_EOPTION;
+    }
   }
   return 0;
 }
@@ -297,13 +315,6 @@ static int write_preview(sf_node *node, device_sink *s, const sf_batch *b) {
   int r = sf_image_encode("png", &img, 0, &png, &err);
   sf_tensor_clear(&img);
   if (r < 0) return sf_node_error(node, r, path, NULL, -1, "preview: %s", err.message);
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (slash && slash != dir) {
-    *slash = 0;
-    sf_make_dirs(dir, false); /* a failure shows up as the fopen error below */
-  }
   FILE *out = fopen(path, "wb");
   size_t size = sf_buffer_size(png);
   bool ok = out && fwrite(sf_buffer_data(png), 1, size, out) == size;

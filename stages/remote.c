@@ -23,12 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
 
+#include "engine/files.h"
 #include "engine/node.h"
 #include "engine/remote.h"
 #include "engine/transport.h"
@@ -681,8 +683,9 @@ static int init(sf_node *node) {
     if (rc < 0) return start_error(node, &e, rc);
   }
   if (r->processes > 0) {
-    snprintf(r->ipc_path, sizeof r->ipc_path, "%s/shardflow-%d-%s.ipc", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-             (int)getpid(), sf_node_name(node));
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    sf_remove_stale_files(tmp, "shardflow-", ".ipc", S_IFSOCK); /* of heads that were killed */
+    snprintf(r->ipc_path, sizeof r->ipc_path, "%s/shardflow-%d-%s.ipc", tmp, (int)getpid(), sf_node_name(node));
     char endpoint[128];
     snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
     sf_transport_options local = {.endpoint = endpoint, .max_message_bytes = r->max_message};

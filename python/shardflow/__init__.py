@@ -13,10 +13,12 @@ tables decide what exists (`shardflow help STAGE`).
 import ctypes
 import ctypes.util
 import os
+import time
 
 __all__ = ["Pipeline", "ShardflowError", "copy", "dataset", "library"]
 
-SF_EAGAIN, SF_EOF = -1, -2
+SF_EAGAIN, SF_EOF, SF_ETIMEDOUT = -1, -2, -12  # include/shardflow/error.h
+_WAIT_SLICE = 0.1  # seconds next_batch() waits in C between chances for Python to run signal handlers
 
 
 class ShardflowError(RuntimeError):
@@ -157,9 +159,9 @@ class Pipeline:
     """A running graph. Iterating it yields one epoch of batches: (images, labels) by default,
     or a dict of every field plus "__key__" with output="dict".
 
-    graph: a graph file's path or YAML text. rank / world_size: None takes RANK / WORLD_SIZE
-    (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy", "dict" (NumPy
-    arrays) or "torch_dict"; None = torch when it imports, else numpy.
+    graph: a graph file's path, or YAML text (which has a newline). rank / world_size: None takes
+    RANK / WORLD_SIZE (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy",
+    "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy.
     """
 
     def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, **options):
@@ -173,8 +175,9 @@ class Pipeline:
         self.close()
         g = ctypes.c_void_p()
         err = _Error()
-        if os.path.exists(str(graph)):
-            r = library.sf_graph_load_file(ctypes.byref(g), str(graph).encode(), ctypes.byref(err))
+        # YAML text has a newline: a string without one names a file, and a missing file is an error.
+        if isinstance(graph, os.PathLike) or "\n" not in graph or os.path.exists(graph):
+            r = library.sf_graph_load_file(ctypes.byref(g), os.fsencode(graph), ctypes.byref(err))
         else:
             r = library.sf_graph_load_string(ctypes.byref(g), str(graph).encode(), b"<string>", ctypes.byref(err))
         if r < 0:
@@ -285,11 +288,17 @@ class Pipeline:
         """The next batch in the chosen output form; None at the end of the epoch (the next call
         goes on with the next epoch); raises TimeoutError or ShardflowError."""
         b = ctypes.c_void_p()
-        r = library.sf_pipeline_next(self._pipeline, ctypes.byref(b), timeout)
+        # Waits in slices: Python runs signal handlers (Ctrl-C's KeyboardInterrupt) between calls only.
+        deadline = time.monotonic() + timeout if timeout >= 0 else None
+        while True:
+            left = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, max(0.0, deadline - time.monotonic()))
+            r = library.sf_pipeline_next(self._pipeline, ctypes.byref(b), left)
+            if r != SF_ETIMEDOUT or (deadline is not None and time.monotonic() >= deadline):
+                break
         if r == SF_EOF:
             return None
         if r < 0:
-            if library.sf_err_name(r) == b"SF_ETIMEDOUT":
+            if r == SF_ETIMEDOUT:
                 raise TimeoutError(f"no batch within {timeout} s")
             err = _Error()
             has = library.sf_pipeline_last_error(self._pipeline, ctypes.byref(err))

@@ -1,8 +1,11 @@
 """Graph-file and option mistakes: file:line, the valid names, non-zero exit, never a crash."""
 import os
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from sfutil import Checks, make_dataset, run  # noqa: E402
@@ -61,6 +64,44 @@ expect_error(GOOD.replace(f"urls: {urls}", "urls: ''"), None, "urls")
 # --set fixes a graph: point it at other shards.
 path, p = run_text(GOOD.replace(urls, "/nonexistent/x.tar"), "--set", f"shard_source.urls={urls}")
 check(p.returncode == 0 and "Replica Train Samples=3" in p.stdout, "--set shard_source.urls overrides the graph")
+# Hostile graph files (issue 16): each refused at once, with the line that says what is wrong.
+expect_error(GOOD.replace("seed: 1", "seed: 0\nseed: 1"), 2, "'seed' appears twice (lines 1 and 2)")
+expect_error(GOOD.replace("batch_size: 2", "batch_size: 2\n    batch_size: 3"), 9, "'batch_size' appears twice")
+expect_error(GOOD + "---\nseed: 2\n", 10, "second YAML document")
+expect_error("seed: 1\nstages: []\n", 2, "`stages` is empty")
+expect_error(GOOD.replace("seed: 1", "sead: 1"), 1, "unknown graph setting 'sead'", "stages, edges, groups")
+start = time.monotonic()
+expect_error("seed: 1\nstages: " + "[" * 100000 + "]" * 100000 + "\n", 2, "nested deeper than")
+check(time.monotonic() - start < 5, f"deep nesting refused in {time.monotonic() - start:.1f} s")
+
+
+def limited():
+    """Caps the address space of an unfixed reader at 2 GiB (not under ASan, which reserves terabytes)."""
+    if os.environ.get("SF_SANITIZE", "none") == "none":
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+# A list file is read with bounded memory: /dev/zero is not text, and endless pipes have no line
+# end or no file end.
+for i, (feed, needle) in enumerate(((None, "a NUL byte"), ("yes x | tr -d '\\n'", "a line is longer than"),
+                                    ("yes '# a comment'", "larger than 256 MiB"))):
+    source, feeder = "/dev/zero", None
+    if feed:
+        source = os.path.join(tmp, f"endless-{i}.fifo")
+        os.mkfifo(source)
+        feeder = subprocess.Popen(f"{feed} > {source}", shell=True, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+    path = os.path.join(tmp, "list.yaml")
+    with open(path, "w") as f:
+        f.write(GOOD.replace(f"urls: {urls}", f'urls: "@{source}"'))
+    start = time.monotonic()
+    p = run(["run", path, "--quiet", "--no-summary"], check=False, preexec_fn=limited)
+    if feeder:
+        os.killpg(feeder.pid, signal.SIGKILL)
+        feeder.wait()
+    check(p.returncode == 1 and f"@{source}" in p.stderr and needle in p.stderr,
+          f"@{source}: {p.returncode} {p.stderr!r}")
+    check(time.monotonic() - start < 60, f"@{source} refused in {time.monotonic() - start:.1f} s")
 # help lists stages and options from the tables
 p = run(["help", "augment"])
 check("padding" in p.stdout and "flip" in p.stdout and "default" in p.stdout, "help augment lists options")

@@ -2,8 +2,14 @@
 their pipeline, take both __dlpack__ call forms, map keyword arguments to stage options, and report
 errors with their file:line."""
 import os
+import pathlib
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import numpy as np
 
@@ -105,7 +111,54 @@ try:
     check(False, "a bad graph is refused")
 except shardflow.ShardflowError as e:
     check(f"{bad}:4" in str(e) and "tar_split" in str(e), f"graph error names file:line: {e}")
+# A string without a newline that names no file is a missing graph file, not YAML text.
+for missing in ("nonexistent.yaml", os.path.join(tmp, "no-dir", "g.yaml"), pathlib.Path(tmp, "missing.yaml")):
+    try:
+        shardflow.Pipeline(missing)
+        check(False, f"{missing}: a missing graph file is refused")
+    except shardflow.ShardflowError as e:
+        check(e.code == "SF_ENOENT" and f"{missing}: cannot open the graph file" in str(e),
+              f"{missing}: the error names the missing file: {e.code} {e}")
 check.done("python")
+
+check_int = Checks()
+# Ctrl-C reaches a trainer blocked in next_batch(): here on a shard from a server that accepts
+# connections and never answers.
+stalled = socket.socket()
+stalled.bind(("127.0.0.1", 0))
+stalled.listen(16)
+stalled_graph = (f"stages: [{{type: shard_source, urls: 'http://127.0.0.1:{stalled.getsockname()[1]}/s.tar'}},\n"
+                 "  {type: tar_split}, {type: batch}, {type: device_sink}]\n")
+trainer = subprocess.Popen([sys.executable, "-c", f"""
+import sys
+sys.path.insert(0, {os.path.join(os.environ["SF_SOURCE_ROOT"], "python")!r})
+import shardflow
+p = shardflow.Pipeline({stalled_graph!r})
+print("waiting", flush=True)
+try:
+    p.next_batch()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+check_int(trainer.stdout.readline() == "waiting\n", "the trainer started")
+time.sleep(1)  # well inside next_batch()
+trainer.send_signal(signal.SIGINT)
+start = time.monotonic()
+line = [None]
+reader = threading.Thread(target=lambda: line.__setitem__(0, trainer.stdout.readline()), daemon=True)
+reader.start()
+reader.join(5)
+took = time.monotonic() - start
+try:
+    trainer.wait(30)
+except subprocess.TimeoutExpired:
+    trainer.kill()
+    trainer.wait()
+check_int(line[0] == "interrupted\n" and took < 2,
+          f"KeyboardInterrupt in next_batch() after {took:.1f} s: {line[0]!r} {trainer.stderr.read()[-2000:]}")
+check_int(trainer.returncode == 0, f"the interrupted trainer exits (status {trainer.returncode})")
+stalled.close()
+check_int.done("python interrupt")
 
 # state_dict / load_state_dict: a fresh pipeline continues with exactly the remaining batches.
 check2 = Checks()

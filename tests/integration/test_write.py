@@ -435,6 +435,7 @@ stages:
     mean, std = [0.5, 0.4, 0.3], [0.25, 0.2, 0.3]
     for sink_norm in (True, False):
         out = os.path.join(TMP, f"rt_float_{sink_norm}")
+        os.makedirs(out)  # preview_png writes into a directory that exists
         sink_opts = f"    mean: {mean}\n    std: {std}\n" if sink_norm else ""
         with open(graph, "w") as f:
             f.write(f"""seed: 1

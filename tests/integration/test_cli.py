@@ -1,0 +1,132 @@
+"""The shardflow command's own promises (issue 17): keygen and cp make the directories they write to,
+resume positions outside the run are refused, nothing a dead process left (partial downloads, ipc
+sockets) stays for ever, preview_png does not invent directories, `help COMMAND` shows its usage."""
+import filecmp
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import SHARDFLOW, Checks, make_dataset, nginx, run, tar_keys, wait_for, write_graph  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-cli-")
+urls, truth = make_dataset(tmp, shards=1, per_shard=10)
+
+
+def graph(name, epochs=1, sink=None, group=None, source=None):
+    """10 samples in batches of 4 (the last one short): 3 batches an epoch."""
+    path = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls=urls, **(source or {}))),
+        ("tar_split", {}),
+        ("decode", dict(group="decoders") if group else {}),
+        ("batch", dict(batch_size=4)),
+        ("device_sink", sink or {}),
+    ], seed=1, epochs=epochs)
+    if group:
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(f"groups:\n  decoders: {group}\n" + text)
+    return path
+
+
+def dead_pid():
+    """A process id that was alive a moment ago and is gone now."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+# keygen --dir makes the directory (the README's recipe: `shardflow keygen w1 --dir keys`).
+keys = os.path.join(tmp, "keys", "workers")
+p = run(["keygen", "w1", "--dir", keys], check=False)
+check(p.returncode == 0, f"keygen into a missing directory: {p.returncode} {p.stderr}")
+check(p.returncode == 0 and os.stat(os.path.join(keys, "w1.key")).st_mode & 0o777 == 0o600
+      and os.path.exists(os.path.join(keys, "w1.pub")),
+      "keygen wrote w1.key (0600) and w1.pub")
+
+# Resume positions: an epoch the run never reaches, a step past the end of its epoch.
+g = graph("two-epochs", epochs=2)
+batches = -(-len(tar_keys(urls.replace("{000000..000000}", "000000"))) // 4)  # tarfile: 10 samples, 4 a batch
+p = run(["run", g, "--start-epoch", "2"], check=False)
+check(p.returncode == 2 and "--start-epoch 2" in p.stderr and "2 epochs" in p.stderr,
+      f"--start-epoch at the run's end is refused: {p.returncode} {p.stdout} {p.stderr}")
+p = run(["run", g, "--start-epoch", "2", "--epochs", "3", "--quiet", "--no-summary"], check=False)
+check(p.returncode == 0 and "Epoch=3 " in p.stdout and "Epoch=2 " not in p.stdout, f"--epochs 3: {p.stdout}")
+p = run(["run", g, "--start-step", str(batches + 1)], check=False)
+check(p.returncode == 1 and f"--start-step {batches + 1}" in p.stderr and f"has {batches} batches" in p.stderr,
+      f"--start-step past the epoch's end is refused: {p.returncode} {p.stdout} {p.stderr}")
+p = run(["run", g, "--start-epoch", "1", "--start-step", str(batches), "--quiet", "--no-summary"], check=False)
+check(p.returncode == 0 and "Epoch=2 Rank=0 Replica Train Samples=0" in p.stdout,
+      f"--start-step at the epoch's end resumes an epoch with nothing left: {p.stdout} {p.stderr}")
+p = run(["run", g, "--start-step", str(batches - 1), "--quiet", "--no-summary"], check=False)
+check(p.returncode == 0 and "Epoch=1 Rank=0 Replica Train Samples=2" in p.stdout and "Epoch=2 " in p.stdout,
+      f"--start-step inside the epoch: its last batch, then the next epoch: {p.stdout} {p.stderr}")
+
+# cp makes the target's directories, and removes the partial downloads of processes that are gone.
+www = os.path.join(tmp, "www")
+os.makedirs(www)
+with open(os.path.join(www, "model.ckpt"), "wb") as f:
+    f.write(os.urandom(100000))
+with nginx(www) as base:
+    dst = os.path.join(tmp, "ckpt", "run1", "model.ckpt")
+    p = run(["cp", f"{base}/model.ckpt", dst], check=False)
+    check(p.returncode == 0 and filecmp.cmp(dst, os.path.join(www, "model.ckpt"), shallow=False),
+          f"a download into a missing directory: {p.returncode} {p.stderr}")
+    host = os.uname().nodename
+    stale = [f"{dst}.partial-{host}-{dead_pid()}-0badf00d", os.path.join(tmp, "ckpt", "run1",
+                                                                          f"other.bin.partial-{host}-{dead_pid()}-1")]
+    alive = [f"{dst}.partial-{host}-{os.getpid()}-12345678", f"{dst}.partial-otherhost-{dead_pid()}-12345678"]
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    for name in stale + alive:
+        open(name, "w").close()
+    run(["cp", f"{base}/model.ckpt", dst])
+    check(not any(os.path.exists(n) for n in stale), f"dead processes' partials are gone: {os.listdir(os.path.dirname(dst))}")
+    check(all(os.path.exists(n) for n in alive), "a live process's partial, and another host's, stay")
+local_dst = os.path.join(tmp, "copies", "a", "b.ckpt")
+p = run(["cp", dst, local_dst], check=False)
+check(p.returncode == 0 and filecmp.cmp(dst, local_dst, shallow=False), f"a local copy into a missing directory: {p.stderr}")
+
+# preview_png names a file in a directory that exists: a typo is an error naming the path, not a new tree.
+preview = os.path.join(tmp, "no-such-dir", "grid.png")
+p = run(["run", graph("preview", sink=dict(preview_png=preview)), "--quiet", "--no-summary"], check=False)
+check(p.returncode == 1 and os.path.dirname(preview) in p.stderr and "preview_png" in p.stderr,
+      f"preview_png in a missing directory is refused: {p.returncode} {p.stderr}")
+check(not os.path.exists(os.path.dirname(preview)), "and the directory was not created")
+p = run(["run", graph("preview-ok", sink=dict(preview_png=os.path.join(tmp, "grid.png"))), "--quiet"], check=False)
+check(p.returncode == 0 and os.path.getsize(os.path.join(tmp, "grid.png")) > 0, f"preview_png: {p.stderr}")
+
+# A head killed with SIGKILL leaves its ipc socket; the next head removes it (and keeps a live one's).
+ipc_tmp = tempfile.mkdtemp(prefix="sf-ipc-")
+env = dict(os.environ, TMPDIR=ipc_tmp)
+head = subprocess.Popen([SHARDFLOW, "run", graph("forever", epochs=0, group="{processes: 1}"), "--quiet"],
+                        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+wait_for(lambda: glob.glob(os.path.join(ipc_tmp, f"shardflow-{head.pid}-*.ipc")), 60, "the head's ipc socket")
+head.send_signal(signal.SIGKILL)
+head.wait()
+left = glob.glob(os.path.join(ipc_tmp, "shardflow-*.ipc"))
+check(len(left) == 1, f"the killed head left its socket: {left}")
+live = os.path.join(ipc_tmp, f"shardflow-{os.getpid()}-decoders.ipc")
+subprocess.run([sys.executable, "-c", f"import socket; socket.socket(socket.AF_UNIX).bind({live!r})"], check=True)
+time.sleep(0.5)  # the killed head's worker notices its parent is gone
+p = subprocess.run([SHARDFLOW, "run", graph("once", group="{processes: 1}"), "--quiet", "--no-summary"], env=env,
+                   capture_output=True, text=True, timeout=120)
+check(p.returncode == 0 and "Replica Train Samples=10" in p.stdout, f"the next head runs: {p.stdout} {p.stderr}")
+check(sorted(os.listdir(ipc_tmp)) == [os.path.basename(live)],
+      f"the dead head's socket is gone, the live one stays: {os.listdir(ipc_tmp)}")
+
+# `shardflow help COMMAND` is COMMAND's usage.
+for command in ("run", "ls", "write", "cp", "worker", "keygen"):
+    p = run(["help", command], check=False)
+    own = run([command, "--help"], check=False)
+    check(p.returncode == 0 and own.returncode == 0 and p.stdout == own.stdout and "usage: shardflow " + command in p.stdout,
+          f"help {command}: {p.returncode} {p.stdout[:200]!r} {p.stderr!r}")
+p = run(["help", "nosuch"], check=False)
+check(p.returncode == 2 and "shard_source" in p.stderr and "keygen" in p.stderr,
+      f"help of an unknown name lists stages and commands: {p.stderr}")
+check.done("cli")
