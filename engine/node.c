@@ -93,17 +93,13 @@ int sf_node_error_record(sf_node *n, const sf_error *e) {
   return n->ctx->error_policy == SF_POLICY_FAIL ? e->code : 0;
 }
 
-/* One queue, holes skipped. */
-static int pop_one(sf_queue *q, sf_item *item) {
-  for (;;) {
-    int r = sf_queue_pop(q, item);
-    if (r < 0 || item->kind != SF_ITEM_NONE) return r;
-  }
-}
-
-/* Several queues fed in round-robin order: read them in the same order; an epoch end counts once all have it. */
+/*
+ * Several queues fed in round-robin order: read them in the same order; an epoch end counts once all have it.
+ * Holes (SF_ITEM_NONE) are returned from a single queue, as a replica must pass them on (sf_node_pop),
+ * and skipped where the round-robin readers merge the queues again.
+ */
 static int pop_port(sf_port *p, sf_item *item) {
-  if (p->n == 1) return pop_one(p->queues[0], item);
+  if (p->n == 1) return sf_queue_pop(p->queues[0], item);
   for (;;) {
     int r = sf_queue_pop(p->queues[p->rr], item);
     if (r < 0) return r;
@@ -149,6 +145,12 @@ int sf_node_pop(sf_node *n, sf_item *item) {
   for (;;) {
     int r = pop_port(&n->in, item);
     if (r < 0) return r;
+    if (item->kind == SF_ITEM_NONE) {
+      /* A replica is one lane of several: the hole keeps the lanes in step down to where they merge. */
+      if (map && n->replicas > 1 && sf_queue_push(n->out.queues[0], item) < 0)
+        sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");
+      continue;
+    }
     if (map && item->kind == SF_ITEM_EPOCH_END) {
       push_or_report(n, item); /* map stages keep no state: the marker passes straight on */
       continue;
