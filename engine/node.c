@@ -8,16 +8,52 @@
 #include "engine/node.h"
 
 enum { MAX_PRINTED_ERRORS = 20 };
+/* The error rate is noise over the first few samples (one bad sample first would be 100%). */
+enum { MIN_SAMPLES_FOR_RATE = 100 };
 
 void sf_context_init(sf_context *ctx) {
   memset(ctx, 0, sizeof *ctx);
   ctx->world_size = 1;
   atomic_init(&ctx->epochs_closed, 0);
   atomic_init(&ctx->stop, false);
+  atomic_init(&ctx->samples_read, 0);
+  atomic_init(&ctx->over_budget, false);
+  ctx->max_error_rate = 1;
   pthread_mutex_init(&ctx->error_lock, NULL);
 }
 
 void sf_context_destroy(sf_context *ctx) { pthread_mutex_destroy(&ctx->error_lock); }
+
+static int check_budget_locked(sf_context *ctx, bool final) {
+  if (atomic_load(&ctx->over_budget)) return SF_EBUDGET;
+  uint64_t read = atomic_load(&ctx->samples_read);
+  char why[512];
+  if (ctx->max_errors && ctx->error_count > ctx->max_errors)
+    snprintf(why, sizeof why, "%llu error records, more than max_errors %llu",
+             (unsigned long long)ctx->error_count, (unsigned long long)ctx->max_errors);
+  else if (read && (final || read >= MIN_SAMPLES_FOR_RATE) && (double)ctx->skipped > ctx->max_error_rate * (double)read)
+    snprintf(why, sizeof why, "%llu of %llu samples read were skipped (%.0f%%), more than max_error_rate %g",
+             (unsigned long long)ctx->skipped, (unsigned long long)read, 100.0 * (double)ctx->skipped / (double)read,
+             ctx->max_error_rate);
+  else
+    return 0;
+  sf_error e;
+  sf_error_set(&e, SF_EBUDGET, NULL, NULL, NULL, -1, -1,
+               "stopping: %s (the last error: %s); fix the input, or raise the graph's max_errors / "
+               "max_error_rate (or set error_policy: fail to stop at the first error)",
+               why, ctx->has_error ? ctx->last_error.message : "none");
+  ctx->last_error = e;
+  ctx->has_error = true;
+  atomic_store(&ctx->over_budget, true);
+  return SF_EBUDGET;
+}
+
+int sf_context_check_budget(sf_context *ctx, bool final) {
+  pthread_mutex_lock(&ctx->error_lock);
+  int r = check_budget_locked(ctx, final);
+  pthread_mutex_unlock(&ctx->error_lock);
+  return r;
+}
 
 static void record_locked(sf_context *ctx, const sf_error *e) {
   ctx->error_count++;
@@ -30,6 +66,7 @@ static void record_locked(sf_context *ctx, const sf_error *e) {
     if (++ctx->printed == MAX_PRINTED_ERRORS)
       fprintf(stderr, "shardflow: further errors are counted but not printed (see the summary)\n");
   }
+  check_budget_locked(ctx, false);
 }
 
 void sf_context_record(sf_context *ctx, const sf_error *e) {
@@ -64,15 +101,23 @@ uint64_t sf_node_epochs_closed(const sf_node *n) { return atomic_load(&n->ctx->e
 
 bool sf_node_cancelled(const sf_node *n) { return atomic_load(&n->ctx->stop); }
 
+/* The stage that splits shards into samples: what it reads is the error rate's denominator. */
+static bool splits_shards(const sf_node *n) {
+  return n->def->input == SF_PORT_SHARD && n->def->output == SF_PORT_SAMPLE;
+}
+
 void sf_node_count_output(sf_node *n, uint64_t items, uint64_t bytes) {
   atomic_fetch_add_explicit(&n->items, items, memory_order_relaxed);
   atomic_fetch_add_explicit(&n->bytes, bytes, memory_order_relaxed);
+  if (splits_shards(n)) atomic_fetch_add_explicit(&n->ctx->samples_read, items, memory_order_relaxed);
 }
 
 void sf_node_count_skipped(sf_node *n, uint64_t samples) {
   atomic_fetch_add_explicit(&n->skipped, samples, memory_order_relaxed);
+  if (splits_shards(n)) atomic_fetch_add_explicit(&n->ctx->samples_read, samples, memory_order_relaxed);
   pthread_mutex_lock(&n->ctx->error_lock);
   n->ctx->skipped += samples;
+  check_budget_locked(n->ctx, false);
   pthread_mutex_unlock(&n->ctx->error_lock);
 }
 

@@ -17,6 +17,10 @@ typedef struct sf_context {
   uint64_t first_step;             /* batches of first_epoch to rebuild without returning */
   int rank, world_size;
   int error_policy;                /* SF_POLICY_* */
+  uint64_t max_errors;             /* error budget (graph settings): 0 = no limit */
+  double max_error_rate;           /* skipped / samples_read; >= 1 never stops */
+  atomic_uint_fast64_t samples_read; /* samples split from shards, kept or skipped */
+  atomic_bool over_budget;         /* set once with its record; the executor stops the run */
   atomic_uint_fast64_t epochs_closed;
   atomic_bool stop;
   pthread_mutex_t error_lock;
@@ -60,6 +64,13 @@ void sf_context_init(sf_context *ctx);
 void sf_context_destroy(sf_context *ctx);
 /* Records an error raised outside any stage call, e.g. a failing init. */
 void sf_context_record(sf_context *ctx, const sf_error *error);
+/*
+ * Checks the error budget (max_errors, max_error_rate). While samples are still
+ * arriving the rate is judged only after enough of them; at an epoch's end
+ * (final) always. Returns 0, or SF_EBUDGET once over budget, with a record that
+ * says why and what to change (made the last error, printed once).
+ */
+int sf_context_check_budget(sf_context *ctx, bool final);
 
 /*
  * Records an error raised elsewhere (a worker's record arriving at the head)
