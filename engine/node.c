@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/graph.h"
 #include "engine/node.h"
@@ -205,8 +206,66 @@ int sf_node_pop(sf_node *n, sf_item *item) {
   }
 }
 
+/* Shared by a node and the recipes it made, which may outlive it in queues. */
+typedef struct sf_deferred_clock {
+  atomic_uint_fast64_t refs, ns;
+} sf_deferred_clock;
+
+typedef struct timed_recipe {
+  sf_field_recipe base;
+  sf_field_recipe *inner;
+  sf_deferred_clock *clock;
+} timed_recipe;
+
+static _Thread_local uint64_t thread_deferred_ns;
+
+static void clock_unref(sf_deferred_clock *c) {
+  if (c && atomic_fetch_sub(&c->refs, 1) == 1) free(c);
+}
+
+static void timed_write(const sf_field_recipe *recipe, void *dst) {
+  const timed_recipe *t = (const timed_recipe *)recipe;
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  t->inner->write(t->inner, dst);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  uint64_t ns = (uint64_t)((b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec));
+  atomic_fetch_add_explicit(&t->clock->ns, ns, memory_order_relaxed);
+  thread_deferred_ns += ns;
+}
+
+static void timed_destroy(sf_field_recipe *recipe) {
+  timed_recipe *t = (timed_recipe *)recipe;
+  t->inner->destroy(t->inner);
+  clock_unref(t->clock);
+  free(t);
+}
+
+/* Wraps the sample's new recipes so their time is charged here. Only metrics: out of memory leaves them as they are. */
+static void time_deferred(sf_node *n, sf_sample *s) {
+  for (int i = 0; i < s->n_fields; i++) {
+    sf_field *f = &s->fields[i];
+    if (!f->recipe || f->recipe->write == timed_write) continue;
+    if (!n->deferred && (n->deferred = calloc(1, sizeof *n->deferred))) atomic_init(&n->deferred->refs, 1);
+    timed_recipe *t = n->deferred ? malloc(sizeof *t) : NULL;
+    if (!t) return;
+    *t = (timed_recipe){.base = {.write = timed_write, .destroy = timed_destroy}, .inner = f->recipe, .clock = n->deferred};
+    atomic_fetch_add(&n->deferred->refs, 1);
+    f->recipe = &t->base;
+  }
+}
+
+uint64_t sf_node_deferred_ns(const sf_node *n) { return n->deferred ? atomic_load(&n->deferred->ns) : 0; }
+uint64_t sf_thread_deferred_ns(void) { return thread_deferred_ns; }
+
+void sf_node_release_deferred(sf_node *n) {
+  clock_unref(n->deferred);
+  n->deferred = NULL;
+}
+
 void sf_node_push(sf_node *n, sf_item *item) {
   if (item->kind == SF_ITEM_NONE) return;
+  if (item->kind == SF_ITEM_SAMPLE && n->pipeline) time_deferred(n, item->u.sample);
   if (n->out.n == 0) {
     sf_item_clear(item);
     return;

@@ -58,6 +58,7 @@ struct sf_node {
   atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */
+  struct sf_deferred_clock *deferred; /* time other nodes spent writing this node's deferred fields */
 };
 
 void sf_context_init(sf_context *ctx);
@@ -90,5 +91,14 @@ sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 int sf_node_step(sf_node *node);
 /* True when the output port may take another item. */
 bool sf_port_can_push(sf_port *port);
+/*
+ * Deferred fields (augment's output, written when batch collates) are timed where
+ * they are written and charged to the node that made them: its deferred time, and
+ * the time this thread spent on other nodes' fields (to take off the running node's).
+ */
+uint64_t sf_node_deferred_ns(const sf_node *node);
+uint64_t sf_thread_deferred_ns(void);
+/* Drops the node's clock (the recipes still queued keep theirs alive). */
+void sf_node_release_deferred(sf_node *node);
 
 #endif

@@ -133,6 +133,7 @@ static void close_outputs(sf_pipeline *p, sf_node *n) {
 static int run_turn(sf_pipeline *p, sf_node *n) {
   int steps = 0;
   double t = now_seconds();
+  uint64_t others = sf_thread_deferred_ns(); /* other nodes' deferred fields written here are theirs */
   while (steps < STEPS_PER_TURN && !atomic_load(&p->ctx.stop)) {
     if (!sf_port_can_push(&n->out)) break;
     uint64_t errors_before = atomic_load(&n->errors);
@@ -159,7 +160,8 @@ static int run_turn(sf_pipeline *p, sf_node *n) {
     steps++;
     break;
   }
-  atomic_fetch_add_explicit(&n->busy_ns, (uint64_t)((now_seconds() - t) * 1e9), memory_order_relaxed);
+  uint64_t wall = (uint64_t)((now_seconds() - t) * 1e9), moved = sf_thread_deferred_ns() - others;
+  atomic_fetch_add_explicit(&n->busy_ns, wall > moved ? wall - moved : 0, memory_order_relaxed);
   return steps;
 }
 
@@ -206,6 +208,7 @@ static void destroy_nodes(sf_pipeline *p) {
       if (n->def->uninit) n->def->uninit(n);
       sf_options_free(n->def->options, n->priv);
     }
+    sf_node_release_deferred(n);
     free(n->priv);
     free(n->in.queues);
     free(n->out.queues);
@@ -527,7 +530,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->bytes += atomic_load(&n->bytes);
     s->errors += atomic_load(&n->errors);
     s->skipped += atomic_load(&n->skipped);
-    s->busy_seconds += (double)atomic_load_explicit(&n->busy_ns, memory_order_relaxed) * 1e-9;
+    s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
     s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
   }
   return count;

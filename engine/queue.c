@@ -30,19 +30,6 @@ int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers) {
 
 void sf_queue_set_max_bytes(sf_queue *q, size_t max_bytes) { q->max_bytes = max_bytes ? max_bytes : SIZE_MAX; }
 
-/* What an item holds in tensors: decoded images are what fills memory. */
-static size_t item_bytes(const sf_item *item) {
-  const sf_field *fields = item->kind == SF_ITEM_SAMPLE ? item->u.sample->fields
-                           : item->kind == SF_ITEM_BATCH ? item->u.batch->fields
-                                                         : NULL;
-  int n = item->kind == SF_ITEM_SAMPLE ? item->u.sample->n_fields
-          : item->kind == SF_ITEM_BATCH ? item->u.batch->n_fields
-                                        : 0;
-  size_t bytes = 0;
-  for (int i = 0; i < n; i++) bytes += sf_tensor_nbytes(&fields[i].tensor);
-  return bytes;
-}
-
 /* Room for another item (lock held): under both bounds, and an empty queue always has room. */
 static bool has_room(const sf_queue *q) { return q->count == 0 || (q->count < q->capacity && q->bytes < q->max_bytes); }
 
@@ -96,7 +83,7 @@ int sf_queue_push(sf_queue *q, sf_item *item) {
   }
   q->ring[(q->head + q->count) % q->cap_alloc] = *item;
   q->count++;
-  q->bytes += item_bytes(item);
+  q->bytes += sf_item_nbytes(item);
   update_fd(q);
   bool wake = q->consumer_waiting && (q->count >= q->wake_at || !has_room(q) || item->kind == SF_ITEM_EPOCH_END ||
                                       item->kind == SF_ITEM_BATCH);
@@ -119,7 +106,7 @@ int sf_queue_pop(sf_queue *q, sf_item *item) {
   *item = q->ring[q->head];
   q->head = (q->head + 1) % q->cap_alloc;
   q->count--;
-  size_t bytes = item_bytes(item);
+  size_t bytes = sf_item_nbytes(item);
   q->bytes = bytes < q->bytes ? q->bytes - bytes : 0;
   update_fd(q);
   /* Producers wake once the queue is half empty, in items and in bytes (or down to one huge item). */
