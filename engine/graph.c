@@ -21,7 +21,9 @@ sf_graph *sf_graph_new_empty(const char *path) {
   g->path = strdup(path ? path : "<graph>");
   g->epochs = 1;
   g->queue_size = 64;
+  g->queue_bytes = 64 << 20;
   g->error_policy = SF_POLICY_SKIP;
+  g->max_error_rate = 0.5;
   if (!g->path) {
     free(g);
     return NULL;
@@ -159,7 +161,10 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
   g->epochs = src->epochs;
   g->error_policy = src->error_policy;
   g->queue_size = src->queue_size;
+  g->queue_bytes = src->queue_bytes;
   g->threads = src->threads;
+  g->max_errors = src->max_errors;
+  g->max_error_rate = src->max_error_rate;
   for (int i = 0; i < src->n_nodes; i++) {
     const sf_graph_node *s = &src->nodes[i];
     sf_graph_node *n = sf_graph_add_node(g, s->name, s->type, s->line);
@@ -232,7 +237,8 @@ static void node_names(const sf_graph *g, char *buf, size_t size) {
   }
 }
 
-static const char *const settings_help = "seed, epochs, error_policy, queue_size, threads";
+static const char *const settings_help =
+    "seed, epochs, error_policy, max_errors, max_error_rate, queue_size, queue_bytes, threads";
 
 int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_t line, sf_error *e) {
   static const char *const policies[] = {"skip", "fail", NULL};
@@ -240,7 +246,10 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
       {"seed", SF_OPT_SEED, offsetof(sf_graph, seed), NULL, 0, 0, "graph seed", NULL},
       {"epochs", SF_OPT_COUNT, offsetof(sf_graph, epochs), NULL, 0, 1e12, "epochs (0 = forever)", NULL},
       {"error_policy", SF_OPT_ENUM, offsetof(sf_graph, error_policy), NULL, 0, 0, "skip|fail", policies},
+      {"max_errors", SF_OPT_COUNT, offsetof(sf_graph, max_errors), NULL, 0, 1e15, "error records (0 = no limit)", NULL},
+      {"max_error_rate", SF_OPT_FLOAT, offsetof(sf_graph, max_error_rate), NULL, 0, 1, "skipped/read", NULL},
       {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), NULL, 2, 1e6, "items per edge", NULL},
+      {"queue_bytes", SF_OPT_SIZE, offsetof(sf_graph, queue_bytes), NULL, 0, 1e15, "bytes per queue (0 = items only)", NULL},
       {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), NULL, 0, 1024, "pool workers (0 = CPUs)", NULL},
       {NULL},
   };

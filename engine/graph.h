@@ -39,7 +39,10 @@ struct sf_graph {
   int64_t epochs;          /* 0 = until stopped */
   int error_policy;        /* SF_POLICY_* */
   int64_t queue_size;      /* items per sample edge */
+  int64_t queue_bytes;     /* tensor bytes per queue (sample and batch edges); 0 = items only */
   int64_t threads;         /* pool workers; 0 = online CPUs */
+  int64_t max_errors;      /* error records before the run stops; 0 = no limit */
+  double max_error_rate;   /* skipped / read samples above which the run stops; 1 = never */
   sf_graph_node *nodes;
   int n_nodes;
   sf_graph_edge *edges;

@@ -17,6 +17,10 @@ typedef struct sf_context {
   uint64_t first_step;             /* batches of first_epoch to rebuild without returning */
   int rank, world_size;
   int error_policy;                /* SF_POLICY_* */
+  uint64_t max_errors;             /* error budget (graph settings): 0 = no limit */
+  double max_error_rate;           /* skipped / samples_read; >= 1 never stops */
+  atomic_uint_fast64_t samples_read; /* samples split from shards, kept or skipped */
+  atomic_bool over_budget;         /* set once with its record; the executor stops the run */
   atomic_uint_fast64_t epochs_closed;
   atomic_bool stop;
   pthread_mutex_t error_lock;
@@ -54,12 +58,20 @@ struct sf_node {
   atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */
+  struct sf_deferred_clock *deferred; /* time other nodes spent writing this node's deferred fields */
 };
 
 void sf_context_init(sf_context *ctx);
 void sf_context_destroy(sf_context *ctx);
 /* Records an error raised outside any stage call, e.g. a failing init. */
 void sf_context_record(sf_context *ctx, const sf_error *error);
+/*
+ * Checks the error budget (max_errors, max_error_rate). While samples are still
+ * arriving the rate is judged only after enough of them; at an epoch's end
+ * (final) always. Returns 0, or SF_EBUDGET once over budget, with a record that
+ * says why and what to change (made the last error, printed once).
+ */
+int sf_context_check_budget(sf_context *ctx, bool final);
 
 /*
  * Records an error raised elsewhere (a worker's record arriving at the head)
@@ -79,5 +91,14 @@ sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 int sf_node_step(sf_node *node);
 /* True when the output port may take another item. */
 bool sf_port_can_push(sf_port *port);
+/*
+ * Deferred fields (augment's output, written when batch collates) are timed where
+ * they are written and charged to the node that made them: its deferred time, and
+ * the time this thread spent on other nodes' fields (to take off the running node's).
+ */
+uint64_t sf_node_deferred_ns(const sf_node *node);
+uint64_t sf_thread_deferred_ns(void);
+/* Drops the node's clock (the recipes still queued keep theirs alive). */
+void sf_node_release_deferred(sf_node *node);
 
 #endif

@@ -30,6 +30,7 @@ struct sf_pipeline {
   atomic_int live_nodes;
   uint64_t epoch;
   uint64_t step;         /* batches returned in this epoch */
+  uint64_t epoch_samples; /* samples returned in this epoch */
   int event_fd;          /* readable while next() would not wait (see sf_pipeline_fd) */
   bool done;
 };
@@ -71,9 +72,10 @@ static int env_int(const char *a, const char *b, int fallback, int *out, sf_erro
 
 static void notify(sf_pipeline *p);
 
+/* Stops the pipeline with code. n: the node whose step failed (recorded for it when it left no record), or NULL. */
 static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   if (atomic_load(&p->ctx.stop)) return; /* stopping: a step cut short is not a failure */
-  if (atomic_load(&n->errors) == errors_before) { /* the stage returned an error without a record */
+  if (n && atomic_load(&n->errors) == errors_before) { /* the stage returned an error without a record */
     sf_error e;
     sf_error_set(&e, code, n->name, NULL, NULL, -1, -1, "stage %s stopped: %s", n->def->name, sf_strerror(code));
     sf_context_record(&p->ctx, &e);
@@ -131,10 +133,15 @@ static void close_outputs(sf_pipeline *p, sf_node *n) {
 static int run_turn(sf_pipeline *p, sf_node *n) {
   int steps = 0;
   double t = now_seconds();
+  uint64_t others = sf_thread_deferred_ns(); /* other nodes' deferred fields written here are theirs */
   while (steps < STEPS_PER_TURN && !atomic_load(&p->ctx.stop)) {
     if (!sf_port_can_push(&n->out)) break;
     uint64_t errors_before = atomic_load(&n->errors);
     int r = sf_node_step(n);
+    if (atomic_load(&p->ctx.over_budget)) { /* the budget's record says why */
+      fail(p, NULL, SF_EBUDGET, 0);
+      break;
+    }
     if (r == 0) {
       if (n->starved_since > 0) {
         double now = now_seconds();
@@ -153,7 +160,8 @@ static int run_turn(sf_pipeline *p, sf_node *n) {
     steps++;
     break;
   }
-  atomic_fetch_add_explicit(&n->busy_ns, (uint64_t)((now_seconds() - t) * 1e9), memory_order_relaxed);
+  uint64_t wall = (uint64_t)((now_seconds() - t) * 1e9), moved = sf_thread_deferred_ns() - others;
+  atomic_fetch_add_explicit(&n->busy_ns, wall > moved ? wall - moved : 0, memory_order_relaxed);
   return steps;
 }
 
@@ -200,6 +208,7 @@ static void destroy_nodes(sf_pipeline *p) {
       if (n->def->uninit) n->def->uninit(n);
       sf_options_free(n->def->options, n->priv);
     }
+    sf_node_release_deferred(n);
     free(n->priv);
     free(n->in.queues);
     free(n->out.queues);
@@ -275,6 +284,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       for (int i = 0; i < out_n; i++) {
         int r = sf_queue_init(&p->queues[q + i], cap, replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16), 1);
         if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+        sf_queue_set_max_bytes(&p->queues[q + i], (size_t)g->queue_bytes);
         p->n_queues++;
       }
       out = &p->queues[q];
@@ -282,6 +292,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
     } else {
       int r = sf_queue_init(&p->queues[q], capacity_for(def->output, g->queue_size), 1, 1);
       if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+      sf_queue_set_max_bytes(&p->queues[q], (size_t)g->queue_bytes);
       p->n_queues++;
       out = p->output = &p->queues[q];
       out_n = 1;
@@ -368,6 +379,8 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   c->first_step = options->first_step;
   p->step = options->first_step;
   c->error_policy = p->graph->error_policy;
+  c->max_errors = (uint64_t)p->graph->max_errors;
+  c->max_error_rate = p->graph->max_error_rate;
   int r = 0;
   if (options->rank >= 0)
     c->rank = options->rank;
@@ -430,6 +443,31 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   return 0;
 }
 
+/*
+ * An epoch reached the trainer: one that delivered nothing (every shard missing, wrong
+ * credentials...) is an error, else `epochs: 0` would spin through empty epochs for ever;
+ * then the error budget is judged over the whole epoch. Returns 0 or the failure code.
+ */
+static int end_epoch(sf_pipeline *p, uint64_t epoch) {
+  bool resumed = epoch == p->ctx.first_epoch && p->ctx.first_step > 0; /* its batches were returned before */
+  uint64_t delivered = p->epoch_samples;
+  p->epoch_samples = 0;
+  int code = sf_context_check_budget(&p->ctx, true);
+  if (code == 0 && delivered == 0 && !resumed) {
+    sf_error last, e;
+    bool has = sf_pipeline_last_error(p, &last);
+    code = has ? last.code : SF_ENOENT;
+    sf_error_set(&e, code, NULL, NULL, NULL, -1, -1,
+                 "epoch %llu delivered no sample (%llu error records, %llu samples skipped%s%s); check the "
+                 "shard list, the credentials and the errors above",
+                 (unsigned long long)epoch, (unsigned long long)sf_pipeline_error_count(p),
+                 (unsigned long long)sf_pipeline_skipped(p), has ? "; the last: " : "", has ? last.message : "");
+    sf_context_record(&p->ctx, &e);
+  }
+  if (code) fail(p, NULL, code, 0);
+  return code;
+}
+
 int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
   *batch = NULL;
   double deadline = timeout >= 0 ? now_seconds() + timeout : 0;
@@ -444,9 +482,11 @@ int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
       if (item.kind == SF_ITEM_BATCH) {
         *batch = item.u.batch;
         p->step++;
+        p->epoch_samples += (uint64_t)(*batch)->size;
         return 0;
       }
       if (item.kind == SF_ITEM_EPOCH_END) {
+        if ((r = end_epoch(p, item.epoch)) < 0) return r;
         p->epoch = item.epoch + 1;
         p->step = 0;
         return SF_EOF;
@@ -490,7 +530,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->bytes += atomic_load(&n->bytes);
     s->errors += atomic_load(&n->errors);
     s->skipped += atomic_load(&n->skipped);
-    s->busy_seconds += (double)atomic_load_explicit(&n->busy_ns, memory_order_relaxed) * 1e-9;
+    s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
     s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
   }
   return count;

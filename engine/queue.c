@@ -1,5 +1,6 @@
 /* Bounded queues between nodes: mutex + condition variables, woken in runs (see queue.h). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,6 +16,7 @@ int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers) {
   q->ring = calloc(q->cap_alloc, sizeof *q->ring);
   if (!q->ring) return SF_ENOMEM;
   q->producers = producers;
+  q->max_bytes = SIZE_MAX;
   q->notify_fd = -1;
   pthread_mutex_init(&q->lock, NULL);
   pthread_condattr_t attr;
@@ -25,6 +27,11 @@ int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers) {
   pthread_condattr_destroy(&attr);
   return 0;
 }
+
+void sf_queue_set_max_bytes(sf_queue *q, size_t max_bytes) { q->max_bytes = max_bytes ? max_bytes : SIZE_MAX; }
+
+/* Room for another item (lock held): under both bounds, and an empty queue always has room. */
+static bool has_room(const sf_queue *q) { return q->count == 0 || (q->count < q->capacity && q->bytes < q->max_bytes); }
 
 void sf_queue_destroy(sf_queue *q) {
   if (!q->ring) return;
@@ -76,8 +83,9 @@ int sf_queue_push(sf_queue *q, sf_item *item) {
   }
   q->ring[(q->head + q->count) % q->cap_alloc] = *item;
   q->count++;
+  q->bytes += sf_item_nbytes(item);
   update_fd(q);
-  bool wake = q->consumer_waiting && (q->count >= q->wake_at || item->kind == SF_ITEM_EPOCH_END ||
+  bool wake = q->consumer_waiting && (q->count >= q->wake_at || !has_room(q) || item->kind == SF_ITEM_EPOCH_END ||
                                       item->kind == SF_ITEM_BATCH);
   if (wake) {
     q->consumer_waiting = false;
@@ -98,15 +106,19 @@ int sf_queue_pop(sf_queue *q, sf_item *item) {
   *item = q->ring[q->head];
   q->head = (q->head + 1) % q->cap_alloc;
   q->count--;
+  size_t bytes = sf_item_nbytes(item);
+  q->bytes = bytes < q->bytes ? q->bytes - bytes : 0;
   update_fd(q);
-  if (q->producers_waiting && q->count <= q->capacity / 2) pthread_cond_broadcast(&q->writable);
+  /* Producers wake once the queue is half empty, in items and in bytes (or down to one huge item). */
+  if (q->producers_waiting && q->count <= q->capacity / 2 && (q->bytes <= q->max_bytes / 2 || q->count <= 1))
+    pthread_cond_broadcast(&q->writable);
   pthread_mutex_unlock(&q->lock);
   return 0;
 }
 
 bool sf_queue_can_push(sf_queue *q) {
   pthread_mutex_lock(&q->lock);
-  bool ok = q->count < q->capacity;
+  bool ok = has_room(q);
   pthread_mutex_unlock(&q->lock);
   return ok;
 }
@@ -150,7 +162,7 @@ bool sf_queue_wait_readable(sf_queue *q, const atomic_bool *stop, double timeout
   if (timeout >= 0) deadline_after(&deadline, timeout);
   bool ok = true;
   pthread_mutex_lock(&q->lock);
-  while (!atomic_load(stop) && q->producers > 0 && q->count < q->wake_at && !has_marker(q)) {
+  while (!atomic_load(stop) && q->producers > 0 && q->count < q->wake_at && has_room(q) && !has_marker(q)) {
     q->consumer_waiting = true;
     if (timeout < 0) {
       pthread_cond_wait(&q->readable, &q->lock);
@@ -166,7 +178,7 @@ bool sf_queue_wait_readable(sf_queue *q, const atomic_bool *stop, double timeout
 
 void sf_queue_wait_writable(sf_queue *q, const atomic_bool *stop) {
   pthread_mutex_lock(&q->lock);
-  while (!atomic_load(stop) && q->count >= q->capacity) {
+  while (!atomic_load(stop) && !has_room(q)) {
     q->producers_waiting++;
     pthread_cond_wait(&q->writable, &q->lock);
     q->producers_waiting--;

@@ -9,10 +9,12 @@
 #include "shardflow/stage.h"
 
 /*
- * A ring of items with one consumer and one or more producers. The bound is
- * soft: push never fails (the ring grows), because the engine only steps a
+ * A ring of items with one consumer and one or more producers, bounded in
+ * items (capacity) and in bytes (max_bytes: the samples' and batches' tensor
+ * bytes; a queue always takes one item, however large). The bound is soft:
+ * push never fails (the ring grows), because the engine only steps a
  * producer while can_push() holds, so at most a step's worth of items goes
- * past capacity. A waiting consumer is woken when `wake_at` items are queued
+ * past the bound. A waiting consumer is woken when `wake_at` items are queued
  * (or an epoch end / close arrives) and a waiting producer when the count
  * falls to half the capacity: threads then trade items in runs, not one by one.
  */
@@ -22,6 +24,7 @@ typedef struct sf_queue {
   sf_item *ring;
   size_t cap_alloc, head, count;
   size_t capacity, wake_at;
+  size_t bytes, max_bytes;  /* tensor bytes queued, and the bound (SIZE_MAX = items only) */
   int producers;            /* still open */
   bool consumer_waiting;
   int producers_waiting;
@@ -30,6 +33,8 @@ typedef struct sf_queue {
 } sf_queue;
 
 int sf_queue_init(sf_queue *q, size_t capacity, size_t wake_at, int producers);
+/* Bounds the queue in bytes as well (before any thread uses it). */
+void sf_queue_set_max_bytes(sf_queue *q, size_t max_bytes);
 void sf_queue_destroy(sf_queue *q);
 
 /* Appends item (consumed, also on failure). Returns 0, or SF_ENOMEM when the ring

@@ -143,6 +143,16 @@ void sf_item_clear(sf_item *item) {
   item->kind = SF_ITEM_NONE;
 }
 
+size_t sf_item_nbytes(const sf_item *item) {
+  const sf_field *fields = item->kind == SF_ITEM_SAMPLE  ? item->u.sample->fields
+                           : item->kind == SF_ITEM_BATCH ? item->u.batch->fields
+                                                         : NULL;
+  int n = item->kind == SF_ITEM_SAMPLE ? item->u.sample->n_fields : item->kind == SF_ITEM_BATCH ? item->u.batch->n_fields : 0;
+  size_t bytes = 0;
+  for (int i = 0; i < n; i++) bytes += sf_tensor_nbytes(&fields[i].tensor);
+  return bytes;
+}
+
 int64_t sf_batch_size(const sf_batch *b) { return b->size; }
 uint64_t sf_batch_epoch(const sf_batch *b) { return b->epoch; }
 int sf_batch_field_count(const sf_batch *b) { return b->n_fields; }

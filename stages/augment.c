@@ -137,6 +137,10 @@ static int init(sf_node *node) {
   for (int i = 0; i < a->std.n; i++)
     if (!(a->std.v[i] > 0))
       return option_error(node, "std values must be positive");
+  /* decode gives 1 (gray), 3 (rgb) or 4 (keep, with alpha) channels: another count matches no image. */
+  if (a->mean.n && a->mean.n != 1 && a->mean.n != 3 && a->mean.n != 4)
+    return option_error(node, "mean and std have %d values, but decoded images have 1 (gray), 3 (rgb) or 4 "
+                              "(rgba) channels: give one value per channel", a->mean.n);
   if (a->mean.n > 0 && a->dtype == OUT_UINT8)
     return option_error(node, "mean/std need a float output: use dtype float32 or bfloat16, "
                               "or drop mean and std for dtype uint8");

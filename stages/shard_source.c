@@ -2,6 +2,7 @@
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/shard_list.h"
 #include "shardflow/stage.h"
@@ -79,6 +80,13 @@ static int init(sf_node *node) {
   if (s->list.count == 0)
     return INIT_FAIL(node, SF_ENOENT, NULL,
                      "urls \"%.200s\" expands to no shard; check the list file", s->urls);
+
+  /* A mistake in the graph, found before any shard is read rather than once per shard. */
+  for (size_t i = 0; !s->allow_pipe && i < s->list.count; i++)
+    if (strncmp(s->list.urls[i], "pipe:", 5) == 0)
+      return INIT_FAIL(node, SF_EDENIED, s->list.urls[i],
+                       "pipe: URLs run shell commands and are off by default; set `allow_pipe: true` on "
+                       "shard_source if you trust the shard list");
 
   s->stride = (uint64_t)s->world_size * (uint64_t)s->workers;
   s->slot = (uint64_t)s->rank * (uint64_t)s->workers + (uint64_t)s->worker;

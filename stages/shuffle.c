@@ -45,6 +45,7 @@ static void emit_one(sf_node *node, shuffle *s) {
   sf_sample *out = s->buffer[i];
   s->buffer[i] = s->buffer[--s->count];
   sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = out->epoch, .u.sample = out};
+  sf_node_count_output(node, 1, sf_item_nbytes(&item));
   sf_node_push(node, &item);
 }
 

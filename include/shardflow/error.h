@@ -42,7 +42,8 @@ extern "C" {
   X(EDENIED, -15, "not allowed (a pipe: URL without allow_pipe)")                    \
   X(ECANCELED, -16, "pipeline stopped")                                              \
   X(EUNSUPPORTED, -17, "unsupported format or feature")                              \
-  X(EINTERNAL, -18, "internal error (a bug in shardflow; please report it)")
+  X(EINTERNAL, -18, "internal error (a bug in shardflow; please report it)")         \
+  X(EBUDGET, -19, "too much bad input: over max_errors / max_error_rate, or an empty epoch")
 
 /** Error codes.  0 is success; every code is negative. */
 typedef enum sf_errno {

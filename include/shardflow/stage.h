@@ -47,6 +47,9 @@ typedef struct sf_item {
 /** Frees whatever the item holds and sets kind to SF_ITEM_NONE. */
 SF_API void sf_item_clear(sf_item *item);
 
+/** Bytes of the tensors a sample or batch item holds (deferred fields count as their output); 0 otherwise. */
+SF_API size_t sf_item_nbytes(const sf_item *item);
+
 /** Option value types; the storage type at `offset` in the stage's private struct. */
 typedef enum sf_option_type {
   SF_OPT_BOOL,       /**< bool: true/false/yes/no/on/off/1/0 */

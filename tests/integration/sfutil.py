@@ -13,9 +13,9 @@ import numpy as np
 SHARDFLOW = os.environ.get("SHARDFLOW", "build/shardflow")
 
 
-def run(args, check=True, **kw):
+def run(args, check=True, timeout=300, **kw):
     """Runs the shardflow CLI; returns the CompletedProcess (text mode)."""
-    p = subprocess.run([SHARDFLOW] + list(args), capture_output=True, text=True, timeout=300, **kw)
+    p = subprocess.run([SHARDFLOW] + list(args), capture_output=True, text=True, timeout=timeout, **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"shardflow {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p
