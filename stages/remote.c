@@ -185,6 +185,13 @@ static void free_samples(sf_sample **s, int n) {
   free(s);
 }
 
+/* A unit's input is kept until its result is in (or it is skipped); then it goes, count included. */
+static void drop_input(unit *u) {
+  free_samples(u->in, u->n_in);
+  u->in = NULL;
+  u->n_in = 0;
+}
+
 /* How many units the window may hold now: the option, shrunk when results are large. */
 static int effective_window(const remote *r) {
   int64_t w = r->window;
@@ -321,8 +328,7 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   u->n_out = m->n_samples;
   u->next_out = 0;
   u->state = UNIT_DONE;
-  free_samples(u->in, u->n_in);
-  u->in = NULL;
+  drop_input(u);
   if (m->n_samples) {
     double per = (double)bytes / m->n_samples;
     r->out_bytes_per_sample = r->out_bytes_per_sample > 0 ? 0.9 * r->out_bytes_per_sample + 0.1 * per : per;
@@ -401,8 +407,7 @@ static void dispatch(remote *r) {
       int rc = sf_node_error_record(r->node, &e);
       if (rc < 0 && !r->failed) r->failed = rc;
       sf_node_count_skipped(r->node, (uint64_t)u->n_in);
-      free_samples(u->in, u->n_in);
-      u->in = NULL;
+      drop_input(u);
       u->state = UNIT_DONE;
       sf_node_notify(r->node);
       continue;
@@ -864,7 +869,7 @@ static void uninit(sf_node *node) {
   if (r->ipc_path[0]) unlink(r->ipc_path);
   for (int i = 0; i < r->count; i++) {
     unit *u = unit_at(r, i);
-    free_samples(u->in, u->n_in);
+    drop_input(u);
     if (u->out) {
       for (int j = u->next_out; j < u->n_out; j++) sf_sample_destroy(&u->out[j]);
       free(u->out);
