@@ -107,6 +107,8 @@ typedef struct remote {
   int n_open;
   bool input_done;
   int failed;            /* an error the step must return (error policy fail, lost workers) */
+  sf_error failure;      /* the network thread's reason for failed, recorded by the step (the stage's own record) */
+  bool failure_pending;
   double out_bytes_per_sample;
   worker workers[MAX_WORKERS];
   int n_workers;
@@ -214,6 +216,15 @@ static void log_line(remote *r, const char *fmt, ...) {
 }
 
 /* ---- the network thread ---- */
+
+/* Fails the run with e; the step records it, so it is the stage's record (not a generic "stopped"). Lock held. */
+static void fail_run(remote *r, const sf_error *e) {
+  if (r->failed) return;
+  r->failure = *e;
+  r->failure_pending = true;
+  r->failed = e->code;
+  sf_node_notify(r->node);
+}
 
 static int send_to(remote *r, worker *w, sf_wire_message *m) {
   m->peer = w->peer;
@@ -491,9 +502,7 @@ static void housekeeping(remote *r, double now, double *last_beat) {
                  "no live worker for %.0f s (worker_timeout) while work waits: start workers with `shardflow worker "
                  "--connect %s` or give the group `processes:`",
                  waited, r->listen[0] ? r->listen : "ENDPOINT");
-    sf_context_record(r->node->ctx, &e);
-    r->failed = SF_ETIMEDOUT;
-    sf_node_notify(r->node);
+    fail_run(r, &e);
   } else if (now - r->last_wait_log >= 10) {
     r->last_wait_log = now;
     log_line(r, "waiting for workers: none alive for %.0f s%s", waited,
@@ -611,6 +620,33 @@ static int spawn_worker(remote *r, int index, sf_error *error) {
   return 0;
 }
 
+static void describe_exit(int status, char *out, size_t size) {
+  if (WIFSIGNALED(status)) snprintf(out, size, "was killed by signal %d", WTERMSIG(status));
+  else snprintf(out, size, "exited with status %d", WEXITSTATUS(status));
+}
+
+/*
+ * The last local worker ended for good.  With no listen: endpoint no other worker can ever join, so the
+ * run fails now rather than wait for ever (worker_timeout 0) with work left.
+ */
+static void no_local_worker_left(remote *r, const char *how) {
+  if (r->listen[0]) return;
+  for (int i = 0; i < r->n_children; i++)
+    if (r->children[i] > 0) return;
+  pthread_mutex_lock(&r->lock);
+  bool work_left = !r->input_done || r->count > 0 || r->n_open > 0;
+  if (work_left) {
+    sf_error e;
+    sf_error_set(&e, SF_EIO, sf_node_name(r->node), NULL, NULL, -1, -1,
+                 "every local worker process ended and none is restarted after %d restarts (the last %s), and "
+                 "without `listen:` no other worker can join: see the workers' messages above; check the group's "
+                 "worker_command (or SHARDFLOW_BIN) runs `shardflow worker`",
+                 r->respawns, how);
+    fail_run(r, &e);
+  }
+  pthread_mutex_unlock(&r->lock);
+}
+
 /* Local workers that died are started again (a few times): the group keeps its processes. */
 static void reap_children(remote *r) {
   for (int i = 0; i < r->n_children; i++) {
@@ -620,15 +656,20 @@ static void reap_children(remote *r) {
     if (p != r->children[i]) continue;
     r->children[i] = 0;
     if (atomic_load(&r->stop)) continue;
+    char how[64];
+    describe_exit(status, how, sizeof how);
     if (r->respawns >= 3 * r->n_children) {
-      log_line(r, "local worker %d exited (status %d) and is not restarted (too many restarts)", i, status);
+      log_line(r, "local worker %d %s and is not restarted (%d restarts used)", i, how, r->respawns);
+      no_local_worker_left(r, how);
       continue;
     }
     r->respawns++;
-    log_line(r, "local worker %d exited (%s %d); starting another", i,
-             WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    log_line(r, "local worker %d %s; starting another", i, how);
     sf_error e;
-    if (spawn_worker(r, i, &e) < 0) log_line(r, "%s", e.message);
+    if (spawn_worker(r, i, &e) < 0) {
+      log_line(r, "%s", e.message);
+      no_local_worker_left(r, how);
+    }
   }
 }
 
@@ -838,6 +879,8 @@ static int step(sf_node *node) {
   remote *r = sf_node_priv(node);
   pthread_mutex_lock(&r->lock);
   if (r->failed) {
+    if (r->failure_pending) sf_node_error_record(node, &r->failure);
+    r->failure_pending = false;
     int rc = r->failed;
     pthread_mutex_unlock(&r->lock);
     return rc;
