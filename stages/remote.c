@@ -9,7 +9,10 @@
  * the sockets: it answers HELLO with the group's stages, dispatches units,
  * takes RESULTs, sends heartbeats, declares a silent worker dead and gives
  * its units to others; a RESULT for a unit already finished is a duplicate
- * and is dropped.  docs/protocol.md has the message sequence.
+ * and is dropped.  A unit held far longer than units take (LATE_FACTOR times
+ * the observed time, at least LATE_MIN_SECONDS) goes to another worker too:
+ * a worker that heartbeats but never answers does not stall the epoch.
+ * docs/protocol.md has the message sequence.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -38,6 +41,11 @@ extern char **environ;
 
 enum { MAX_WORKERS = 1024, MAX_ATTEMPTS = 3, MAX_LOGGED = 20 };
 
+/* A unit is late after LATE_FACTOR times what units take (queueing at the worker included), never sooner than
+ * LATE_MIN_SECONDS: a false alarm costs one unit's work twice, a missed one stalls the epoch. */
+#define LATE_FACTOR 4.0
+#define LATE_MIN_SECONDS 1.0
+
 typedef enum unit_state { UNIT_PENDING, UNIT_AT_WORKER, UNIT_DONE, UNIT_MARKER } unit_state;
 
 /* One slot of the ordered window: a work unit, or an epoch-end marker between units. */
@@ -50,7 +58,9 @@ typedef struct unit {
   sf_sample **out;
   int n_out, next_out;
   int worker;            /* index into workers while UNIT_AT_WORKER */
-  int attempts;
+  int attempts;          /* workers lost while they held it */
+  double sent_at;        /* when it last went to a worker */
+  bool late;             /* handed to a second worker for being late (once) */
 } unit;
 
 typedef struct worker {
@@ -61,6 +71,7 @@ typedef struct worker {
   int64_t pid;
   uint32_t credits;
   int in_flight;
+  bool late;             /* a unit of its was handed on for being late: no more work until it answers */
   double last_seen, joined;
   uint64_t samples, units;
   /* for the rate shown on the progress line */
@@ -110,6 +121,7 @@ typedef struct remote {
   sf_error failure;      /* the network thread's reason for failed, recorded by the step (the stage's own record) */
   bool failure_pending;
   double out_bytes_per_sample;
+  double unit_seconds;   /* how long units take from dispatch to result: rises at once, falls slowly */
   worker workers[MAX_WORKERS];
   int n_workers;
   int next_worker;       /* where the round robin of dispatch() goes on */
@@ -243,6 +255,7 @@ static void release_worker(remote *r, int wi, const char *why) {
     unit *u = unit_at(r, i);
     if (u->state != UNIT_AT_WORKER || u->worker != wi) continue;
     u->state = UNIT_PENDING;
+    u->attempts++;
     requeued++;
   }
   r->reassigned += (uint64_t)requeued;
@@ -314,6 +327,7 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   bool was_mine = u && u->state == UNIT_AT_WORKER && u->worker == wi;
   if (w) {
     w->credits++;
+    w->late = false; /* it answers after all */
     if (was_mine) w->in_flight--;
   }
   if (!u || u->state == UNIT_DONE) {
@@ -339,6 +353,10 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   u->n_out = m->n_samples;
   u->next_out = 0;
   u->state = UNIT_DONE;
+  if (u->sent_at > 0) {
+    double took = now_seconds() - u->sent_at;
+    r->unit_seconds = took > r->unit_seconds ? took : 0.95 * r->unit_seconds + 0.05 * took;
+  }
   drop_input(u);
   if (m->n_samples) {
     double per = (double)bytes / m->n_samples;
@@ -404,6 +422,45 @@ static void handle(remote *r, int socket, sf_wire_message *m) {
   }
 }
 
+/* Whether a live worker other than `holder` has answered every unit in time. */
+static bool prompt_worker_besides(const remote *r, int holder) {
+  for (int i = 0; i < r->n_workers; i++)
+    if (i != holder && r->workers[i].live && !r->workers[i].late) return true;
+  return false;
+}
+
+/* The next worker with credit, round robin; one that owes a late unit only when no other is alive. */
+static int choose_worker(const remote *r) {
+  bool prompt = prompt_worker_besides(r, -1);
+  for (int k = 0; k < r->n_workers; k++) {
+    int wi = (r->next_worker + k) % r->n_workers;
+    const worker *w = &r->workers[wi];
+    if (w->live && w->credits > 0 && !(w->late && prompt)) return wi;
+  }
+  return -1;
+}
+
+/* Hands late units to another worker too; whichever result comes first is kept. Called with the lock held. */
+static void hand_on_late_units(remote *r, double now) {
+  if (r->unit_seconds <= 0) return; /* no unit finished yet: nothing to compare with */
+  double deadline = LATE_FACTOR * r->unit_seconds;
+  if (deadline < LATE_MIN_SECONDS) deadline = LATE_MIN_SECONDS;
+  for (int i = 0; i < r->count; i++) {
+    unit *u = unit_at(r, i);
+    if (u->state != UNIT_AT_WORKER || u->late || now - u->sent_at <= deadline) continue;
+    if (!prompt_worker_besides(r, u->worker)) return;
+    worker *w = &r->workers[u->worker];
+    if (r->logged++ < MAX_LOGGED)
+      log_line(r, "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
+               (unsigned long long)u->id, now - u->sent_at, w->name, r->unit_seconds);
+    w->late = true;
+    w->in_flight--;
+    u->late = true;
+    u->state = UNIT_PENDING;
+    r->reassigned++;
+  }
+}
+
 /* Sends pending units, oldest first, to live workers with credit. Called with the lock held. */
 static void dispatch(remote *r) {
   for (int i = 0; i < r->count; i++) {
@@ -423,14 +480,7 @@ static void dispatch(remote *r) {
       sf_node_notify(r->node);
       continue;
     }
-    int chosen = -1;
-    for (int k = 0; k < r->n_workers; k++) {
-      int wi = (r->next_worker + k) % r->n_workers;
-      if (r->workers[wi].live && r->workers[wi].credits > 0) {
-        chosen = wi;
-        break;
-      }
-    }
+    int chosen = choose_worker(r);
     if (chosen < 0) return;
     worker *w = &r->workers[chosen];
     sf_wire_message m = {.type = SF_WIRE_UNIT, .unit = u->id, .epoch = u->epoch, .samples = u->in, .n_samples = u->n_in};
@@ -444,7 +494,7 @@ static void dispatch(remote *r) {
     w->in_flight++;
     u->state = UNIT_AT_WORKER;
     u->worker = chosen;
-    u->attempts++;
+    u->sent_at = now_seconds();
     r->next_worker = chosen + 1; /* round robin across calls: every worker with credit gets its turn */
   }
 }
@@ -558,7 +608,9 @@ static void *network_thread(void *arg) {
       }
     }
     pthread_mutex_lock(&r->lock);
-    housekeeping(r, now_seconds(), &last_beat);
+    double now = now_seconds();
+    housekeeping(r, now, &last_beat);
+    hand_on_late_units(r, now);
     dispatch(r);
     pthread_mutex_unlock(&r->lock);
     reap_children(r);
