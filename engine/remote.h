@@ -26,7 +26,7 @@ typedef struct sf_remote_stats {
   sf_remote_worker_stats workers[SF_REMOTE_MAX_REPORTED];
   uint64_t duplicates;           /* results dropped because their unit was already done */
   uint64_t malformed;            /* messages dropped as malformed or not matching their unit */
-  uint64_t reassigned;           /* units handed to another worker after theirs died or left */
+  uint64_t reassigned;           /* units handed to another worker after theirs died, left or was late */
   uint64_t refused;              /* connections refused by authentication */
 } sf_remote_stats;
 

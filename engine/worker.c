@@ -6,8 +6,10 @@
  * source pushes an epoch-end marker whose epoch is the unit id.  Map stages
  * pass markers through in order (replicas too), so when the sink sees the
  * marker every surviving sample of that unit has arrived: the unit is done
- * and its result goes back to the head.  One worker per process: the two
- * stages find the loop's state through `current`.
+ * and its result goes back to the head.  A unit counts as running from its
+ * first sample on: a unit larger than the queues reaches the sink before its
+ * last samples leave the source.  One worker per process: the two stages
+ * find the loop's state through `current`.
  */
 #include <errno.h>
 #include <poll.h>
@@ -41,8 +43,9 @@ typedef struct wunit {
 
 typedef struct worker_state {
   pthread_mutex_t lock;
-  wunit *inbox, *inbox_tail;       /* received, not yet (fully) fed to the pipeline */
-  wunit *running, *running_tail;   /* fed, waiting for their marker at the sink */
+  wunit *inbox, *inbox_tail;       /* received, not yet fed to the pipeline */
+  wunit *running, *running_tail;   /* fed (the last one maybe in part), waiting for their marker at the sink */
+  wunit *feeding;                  /* the unit the source is pushing (the tail of running), or NULL */
   wunit *outbox, *outbox_tail;     /* done, to be sent */
   int done_fd;                     /* eventfd: the sink finished a unit */
   sf_node *source;
@@ -108,8 +111,15 @@ static int source_step(sf_node *node) {
   worker_state *w = current;
   pthread_mutex_lock(&w->lock);
   int rc = SF_EAGAIN;
-  while (w->inbox && sf_node_output_ready(node)) {
-    wunit *u = w->inbox;
+  while (sf_node_output_ready(node)) {
+    wunit *u = w->feeding;
+    if (!u) {
+      /* running before its first sample goes: the sink attributes samples to the oldest running unit */
+      u = take_first(&w->inbox, &w->inbox_tail);
+      if (!u) break;
+      append(&w->running, &w->running_tail, u);
+      w->feeding = u;
+    }
     if (u->next_in < u->n_in) {
       sf_sample *s = u->in[u->next_in];
       u->in[u->next_in++] = NULL;
@@ -118,8 +128,7 @@ static int source_step(sf_node *node) {
     } else {
       sf_item marker = {.kind = SF_ITEM_EPOCH_END, .epoch = u->id};
       sf_node_push(node, &marker);
-      take_first(&w->inbox, &w->inbox_tail);
-      append(&w->running, &w->running_tail, u);
+      w->feeding = NULL;
     }
     rc = 0;
   }

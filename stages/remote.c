@@ -9,7 +9,10 @@
  * the sockets: it answers HELLO with the group's stages, dispatches units,
  * takes RESULTs, sends heartbeats, declares a silent worker dead and gives
  * its units to others; a RESULT for a unit already finished is a duplicate
- * and is dropped.  docs/protocol.md has the message sequence.
+ * and is dropped.  A unit held far longer than units take (LATE_FACTOR times
+ * the observed time, at least LATE_MIN_SECONDS) goes to another worker too:
+ * a worker that heartbeats but never answers does not stall the epoch.
+ * docs/protocol.md has the message sequence.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -40,6 +43,11 @@ extern char **environ;
 
 enum { MAX_WORKERS = 1024, MAX_ATTEMPTS = 3, MAX_LOGGED = 20 };
 
+/* A unit is late after LATE_FACTOR times what units take (queueing at the worker included), never sooner than
+ * LATE_MIN_SECONDS: a false alarm costs one unit's work twice, a missed one stalls the epoch. */
+#define LATE_FACTOR 4.0
+#define LATE_MIN_SECONDS 1.0
+
 typedef enum unit_state { UNIT_PENDING, UNIT_AT_WORKER, UNIT_DONE, UNIT_MARKER } unit_state;
 
 /* One slot of the ordered window: a work unit, or an epoch-end marker between units. */
@@ -52,7 +60,9 @@ typedef struct unit {
   sf_sample **out;
   int n_out, next_out;
   int worker;            /* index into workers while UNIT_AT_WORKER */
-  int attempts;
+  int attempts;          /* workers lost while they held it */
+  double sent_at;        /* when it last went to a worker */
+  bool late;             /* handed to a second worker for being late (once) */
 } unit;
 
 typedef struct worker {
@@ -63,6 +73,7 @@ typedef struct worker {
   int64_t pid;
   uint32_t credits;
   int in_flight;
+  bool late;             /* a unit of its was handed on for being late: no more work until it answers */
   double last_seen, joined;
   uint64_t samples, units;
   /* for the rate shown on the progress line */
@@ -109,7 +120,10 @@ typedef struct remote {
   int n_open;
   bool input_done;
   int failed;            /* an error the step must return (error policy fail, lost workers) */
+  sf_error failure;      /* the network thread's reason for failed, recorded by the step (the stage's own record) */
+  bool failure_pending;
   double out_bytes_per_sample;
+  double unit_seconds;   /* how long units take from dispatch to result: rises at once, falls slowly */
   worker workers[MAX_WORKERS];
   int n_workers;
   int next_worker;       /* where the round robin of dispatch() goes on */
@@ -187,6 +201,13 @@ static void free_samples(sf_sample **s, int n) {
   free(s);
 }
 
+/* A unit's input is kept until its result is in (or it is skipped); then it goes, count included. */
+static void drop_input(unit *u) {
+  free_samples(u->in, u->n_in);
+  u->in = NULL;
+  u->n_in = 0;
+}
+
 /* How many units the window may hold now: the option, shrunk when results are large. */
 static int effective_window(const remote *r) {
   int64_t w = r->window;
@@ -210,6 +231,15 @@ static void log_line(remote *r, const char *fmt, ...) {
 
 /* ---- the network thread ---- */
 
+/* Fails the run with e; the step records it, so it is the stage's record (not a generic "stopped"). Lock held. */
+static void fail_run(remote *r, const sf_error *e) {
+  if (r->failed) return;
+  r->failure = *e;
+  r->failure_pending = true;
+  r->failed = e->code;
+  sf_node_notify(r->node);
+}
+
 static int send_to(remote *r, worker *w, sf_wire_message *m) {
   m->peer = w->peer;
   sf_error e;
@@ -227,6 +257,7 @@ static void release_worker(remote *r, int wi, const char *why) {
     unit *u = unit_at(r, i);
     if (u->state != UNIT_AT_WORKER || u->worker != wi) continue;
     u->state = UNIT_PENDING;
+    u->attempts++;
     requeued++;
   }
   r->reassigned += (uint64_t)requeued;
@@ -298,6 +329,7 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   bool was_mine = u && u->state == UNIT_AT_WORKER && u->worker == wi;
   if (w) {
     w->credits++;
+    w->late = false; /* it answers after all */
     if (was_mine) w->in_flight--;
   }
   if (!u || u->state == UNIT_DONE) {
@@ -323,8 +355,11 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   u->n_out = m->n_samples;
   u->next_out = 0;
   u->state = UNIT_DONE;
-  free_samples(u->in, u->n_in);
-  u->in = NULL;
+  if (u->sent_at > 0) {
+    double took = now_seconds() - u->sent_at;
+    r->unit_seconds = took > r->unit_seconds ? took : 0.95 * r->unit_seconds + 0.05 * took;
+  }
+  drop_input(u);
   if (m->n_samples) {
     double per = (double)bytes / m->n_samples;
     r->out_bytes_per_sample = r->out_bytes_per_sample > 0 ? 0.9 * r->out_bytes_per_sample + 0.1 * per : per;
@@ -389,6 +424,45 @@ static void handle(remote *r, int socket, sf_wire_message *m) {
   }
 }
 
+/* Whether a live worker other than `holder` has answered every unit in time. */
+static bool prompt_worker_besides(const remote *r, int holder) {
+  for (int i = 0; i < r->n_workers; i++)
+    if (i != holder && r->workers[i].live && !r->workers[i].late) return true;
+  return false;
+}
+
+/* The next worker with credit, round robin; one that owes a late unit only when no other is alive. */
+static int choose_worker(const remote *r) {
+  bool prompt = prompt_worker_besides(r, -1);
+  for (int k = 0; k < r->n_workers; k++) {
+    int wi = (r->next_worker + k) % r->n_workers;
+    const worker *w = &r->workers[wi];
+    if (w->live && w->credits > 0 && !(w->late && prompt)) return wi;
+  }
+  return -1;
+}
+
+/* Hands late units to another worker too; whichever result comes first is kept. Called with the lock held. */
+static void hand_on_late_units(remote *r, double now) {
+  if (r->unit_seconds <= 0) return; /* no unit finished yet: nothing to compare with */
+  double deadline = LATE_FACTOR * r->unit_seconds;
+  if (deadline < LATE_MIN_SECONDS) deadline = LATE_MIN_SECONDS;
+  for (int i = 0; i < r->count; i++) {
+    unit *u = unit_at(r, i);
+    if (u->state != UNIT_AT_WORKER || u->late || now - u->sent_at <= deadline) continue;
+    if (!prompt_worker_besides(r, u->worker)) return;
+    worker *w = &r->workers[u->worker];
+    if (r->logged++ < MAX_LOGGED)
+      log_line(r, "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
+               (unsigned long long)u->id, now - u->sent_at, w->name, r->unit_seconds);
+    w->late = true;
+    w->in_flight--;
+    u->late = true;
+    u->state = UNIT_PENDING;
+    r->reassigned++;
+  }
+}
+
 /* Sends pending units, oldest first, to live workers with credit. Called with the lock held. */
 static void dispatch(remote *r) {
   for (int i = 0; i < r->count; i++) {
@@ -403,20 +477,12 @@ static void dispatch(remote *r) {
       int rc = sf_node_error_record(r->node, &e);
       if (rc < 0 && !r->failed) r->failed = rc;
       sf_node_count_skipped(r->node, (uint64_t)u->n_in);
-      free_samples(u->in, u->n_in);
-      u->in = NULL;
+      drop_input(u);
       u->state = UNIT_DONE;
       sf_node_notify(r->node);
       continue;
     }
-    int chosen = -1;
-    for (int k = 0; k < r->n_workers; k++) {
-      int wi = (r->next_worker + k) % r->n_workers;
-      if (r->workers[wi].live && r->workers[wi].credits > 0) {
-        chosen = wi;
-        break;
-      }
-    }
+    int chosen = choose_worker(r);
     if (chosen < 0) return;
     worker *w = &r->workers[chosen];
     sf_wire_message m = {.type = SF_WIRE_UNIT, .unit = u->id, .epoch = u->epoch, .samples = u->in, .n_samples = u->n_in};
@@ -430,7 +496,7 @@ static void dispatch(remote *r) {
     w->in_flight++;
     u->state = UNIT_AT_WORKER;
     u->worker = chosen;
-    u->attempts++;
+    u->sent_at = now_seconds();
     r->next_worker = chosen + 1; /* round robin across calls: every worker with credit gets its turn */
   }
 }
@@ -488,9 +554,7 @@ static void housekeeping(remote *r, double now, double *last_beat) {
                  "no live worker for %.0f s (worker_timeout) while work waits: start workers with `shardflow worker "
                  "--connect %s` or give the group `processes:`",
                  waited, r->listen[0] ? r->listen : "ENDPOINT");
-    sf_context_record(r->node->ctx, &e);
-    r->failed = SF_ETIMEDOUT;
-    sf_node_notify(r->node);
+    fail_run(r, &e);
   } else if (now - r->last_wait_log >= 10) {
     r->last_wait_log = now;
     log_line(r, "waiting for workers: none alive for %.0f s%s", waited,
@@ -546,7 +610,9 @@ static void *network_thread(void *arg) {
       }
     }
     pthread_mutex_lock(&r->lock);
-    housekeeping(r, now_seconds(), &last_beat);
+    double now = now_seconds();
+    housekeeping(r, now, &last_beat);
+    hand_on_late_units(r, now);
     dispatch(r);
     pthread_mutex_unlock(&r->lock);
     reap_children(r);
@@ -608,6 +674,33 @@ static int spawn_worker(remote *r, int index, sf_error *error) {
   return 0;
 }
 
+static void describe_exit(int status, char *out, size_t size) {
+  if (WIFSIGNALED(status)) snprintf(out, size, "was killed by signal %d", WTERMSIG(status));
+  else snprintf(out, size, "exited with status %d", WEXITSTATUS(status));
+}
+
+/*
+ * The last local worker ended for good.  With no listen: endpoint no other worker can ever join, so the
+ * run fails now rather than wait for ever (worker_timeout 0) with work left.
+ */
+static void no_local_worker_left(remote *r, const char *how) {
+  if (r->listen[0]) return;
+  for (int i = 0; i < r->n_children; i++)
+    if (r->children[i] > 0) return;
+  pthread_mutex_lock(&r->lock);
+  bool work_left = !r->input_done || r->count > 0 || r->n_open > 0;
+  if (work_left) {
+    sf_error e;
+    sf_error_set(&e, SF_EIO, sf_node_name(r->node), NULL, NULL, -1, -1,
+                 "every local worker process ended and none is restarted after %d restarts (the last %s), and "
+                 "without `listen:` no other worker can join: see the workers' messages above; check the group's "
+                 "worker_command (or SHARDFLOW_BIN) runs `shardflow worker`",
+                 r->respawns, how);
+    fail_run(r, &e);
+  }
+  pthread_mutex_unlock(&r->lock);
+}
+
 /* Local workers that died are started again (a few times): the group keeps its processes. */
 static void reap_children(remote *r) {
   for (int i = 0; i < r->n_children; i++) {
@@ -617,15 +710,20 @@ static void reap_children(remote *r) {
     if (p != r->children[i]) continue;
     r->children[i] = 0;
     if (atomic_load(&r->stop)) continue;
+    char how[64];
+    describe_exit(status, how, sizeof how);
     if (r->respawns >= 3 * r->n_children) {
-      log_line(r, "local worker %d exited (status %d) and is not restarted (too many restarts)", i, status);
+      log_line(r, "local worker %d %s and is not restarted (%d restarts used)", i, how, r->respawns);
+      no_local_worker_left(r, how);
       continue;
     }
     r->respawns++;
-    log_line(r, "local worker %d exited (%s %d); starting another", i,
-             WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    log_line(r, "local worker %d %s; starting another", i, how);
     sf_error e;
-    if (spawn_worker(r, i, &e) < 0) log_line(r, "%s", e.message);
+    if (spawn_worker(r, i, &e) < 0) {
+      log_line(r, "%s", e.message);
+      no_local_worker_left(r, how);
+    }
   }
 }
 
@@ -836,6 +934,8 @@ static int step(sf_node *node) {
   remote *r = sf_node_priv(node);
   pthread_mutex_lock(&r->lock);
   if (r->failed) {
+    if (r->failure_pending) sf_node_error_record(node, &r->failure);
+    r->failure_pending = false;
     int rc = r->failed;
     pthread_mutex_unlock(&r->lock);
     return rc;
@@ -867,7 +967,7 @@ static void uninit(sf_node *node) {
   if (r->ipc_path[0]) unlink(r->ipc_path);
   for (int i = 0; i < r->count; i++) {
     unit *u = unit_at(r, i);
-    free_samples(u->in, u->n_in);
+    drop_input(u);
     if (u->out) {
       for (int j = u->next_out; j < u->n_out; j++) sf_sample_destroy(&u->out[j]);
       free(u->out);

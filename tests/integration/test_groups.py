@@ -210,6 +210,20 @@ check(rc != 0 and "no live worker" in err and "shardflow worker --connect" in er
       f"a head without workers fails after worker_timeout with a clear message:\n{err}")
 check(time.time() - t0 < 30, "...soon after the timeout")
 
+# Local workers that keep dying: once the restarts are used up and nothing can join (no listen:), the run
+# fails and says how each worker ended, instead of waiting for ever (worker_timeout is 0).
+for body, how in (("kill -9 $$", "killed by signal 9"), ("exit 3", "exited with status 3")):
+    script = os.path.join(tmp, "dying-worker.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/sh\n{body}\n")
+    os.chmod(script, 0o755)
+    path, _ = graph("dying", {"processes": 2, "worker_command": script})
+    t0 = time.time()
+    rc, _, err = finish(head(path), f"local workers that {how}", timeout=60)
+    check(rc == 1 and how in err, f"local workers that {how}: the run fails and says how they ended:\n{err}")
+    check("not restarted" in err and "worker_command" in err, f"...that they are not restarted, and what to check:\n{err}")
+    check(time.time() - t0 < 30, "...soon")
+
 # Errors on a worker travel to the head: a corrupt image is counted and reported there, as in one process.
 bad = os.path.join(tmp, "bad")
 os.makedirs(bad)
