@@ -72,17 +72,19 @@ static la_ssize_t read_source(struct archive *a, void *opaque, const void **data
 }
 
 /*
- * Marks the reader failed. A failure of the shard reader underneath (network,
- * pipe) wins over libarchive's view of it, which is only "no more bytes".
+ * Marks the reader failed. key names the sample the failure cut (a member read
+ * in part), or is NULL between samples: callers count a named sample as lost.
+ * A failure of the shard reader underneath (network, pipe) wins over
+ * libarchive's view of it, which is only "no more bytes".
  */
-static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static int fail(sf_tar_reader *t, int code, const char *key, int64_t offset, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
-static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...) {
+static int fail(sf_tar_reader *t, int code, const char *key, int64_t offset, const char *fmt, ...) {
   if (t->source_code < 0) {
     t->fatal = t->source_error;
     t->failed = t->source_code;
-    snprintf(t->fatal.key, sizeof t->fatal.key, "%s", t->last_key);
+    snprintf(t->fatal.key, sizeof t->fatal.key, "%s", key ? key : "");
     return t->failed;
   }
   char message[sizeof t->fatal.message];
@@ -90,9 +92,16 @@ static int fail(sf_tar_reader *t, int code, int64_t offset, const char *fmt, ...
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  SET_ERROR(&t->fatal, code, t->url_text, t->last_key, offset, "%s%s", message, offset_note(t));
+  SET_ERROR(&t->fatal, code, t->url_text, key, offset, "%s%s", message, offset_note(t));
   t->failed = code;
   return code;
+}
+
+/* " after sample KEY" for messages about a header, or "" before the first sample. */
+static const char *after_key(const sf_tar_reader *t, char *buf, size_t size) {
+  if (!t->last_key[0]) return "";
+  snprintf(buf, size, " after sample %s", t->last_key);
+  return buf;
 }
 
 static const char *archive_text(struct archive *a) {
@@ -124,21 +133,32 @@ static size_t split_key(const char *path) {
 /* Reads headers until the next member that belongs to a sample; sets pending or eof. */
 static int advance(sf_tar_reader *t) {
   t->pending = false;
+  if (t->failed) return t->failed; /* libarchive cannot go on after a fatal error */
   for (;;) {
     struct archive_entry *entry;
     int r = archive_read_next_header(t->archive, &entry);
+    int64_t offset = archive_read_header_position(t->archive);
     if (r == ARCHIVE_EOF) {
+      /* libarchive takes a clean end of data for the end: without tar's zero blocks, the shard was cut. */
+      if (archive_filter_bytes(t->archive, 0) <= offset) {
+        char where[160];
+        return fail(t, SF_EFORMAT, NULL, offset,
+                    "the shard ends%s without tar's end-of-archive blocks — it is truncated; "
+                    "re-create or re-download it",
+                    after_key(t, where, sizeof where));
+      }
       t->eof = true;
       return 0;
     }
-    int64_t offset = archive_read_header_position(t->archive);
     /* After a fatal error libarchive no longer reports the header position: use how far it got. */
     if (offset < 0) offset = archive_filter_bytes(t->archive, 0);
-    if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-      return fail(t, SF_EFORMAT, offset,
-                  "damaged tar stream (%s) — the shard is truncated or corrupt; re-create or "
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
+      char where[160];
+      return fail(t, SF_EFORMAT, NULL, offset,
+                  "damaged tar stream%s (%s) — the shard is truncated or corrupt; re-create or "
                   "re-download it",
-                  archive_text(t->archive));
+                  after_key(t, where, sizeof where), archive_text(t->archive));
+    }
     if (archive_entry_filetype(entry) != AE_IFREG || archive_entry_hardlink(entry)) continue;
     /* The raw name bytes (no charset conversion: keys compare as bytes, and it is per member). */
     const char *path = archive_entry_pathname(entry);
@@ -151,7 +171,7 @@ static int advance(sf_tar_reader *t) {
     size_t len = strlen(path);
     if (len + 1 > t->path_capacity) {
       char *grown = realloc(t->path, len + 1);
-      if (!grown) return fail(t, SF_ENOMEM, offset, "out of memory reading a member name");
+      if (!grown) return fail(t, SF_ENOMEM, NULL, offset, "out of memory reading a member name");
       t->path = grown;
       t->path_capacity = len + 1;
     }
@@ -163,7 +183,7 @@ static int advance(sf_tar_reader *t) {
     snprintf(t->last_key, sizeof t->last_key, "%.*s", (int)key_len, t->path);
     t->size = archive_entry_size_is_set(entry) ? archive_entry_size(entry) : 0;
     if (t->size < 0)
-      return fail(t, SF_EFORMAT, offset, "tar member %s has a negative size — the shard is "
+      return fail(t, SF_EFORMAT, NULL, offset, "tar member %s has a negative size — the shard is "
                   "damaged; re-create or re-download it", t->path);
     t->offset = offset;
     t->pending = true;
@@ -212,14 +232,14 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
     drop = false;
   if (drop) {
     if (archive_read_data_skip(t->archive) != ARCHIVE_OK)
-      return fail(t, SF_EFORMAT, t->offset,
-                  "truncated tar member %s (%s) — the shard is damaged; re-create or "
-                  "re-download it",
+      return fail(t, SF_EFORMAT, t->last_key, t->offset,
+                  "truncated tar member %s (%s) — the sample is lost and the shard is damaged; "
+                  "re-create or re-download it",
                   t->path, archive_text(t->archive));
     return 0;
   }
   sf_buffer *buffer = sf_buffer_new((size_t)t->size);
-  if (!buffer) return fail(t, SF_ENOMEM, t->offset, "out of memory for a %lld-byte member",
+  if (!buffer) return fail(t, SF_ENOMEM, t->last_key, t->offset, "out of memory for a %lld-byte member",
                            (long long)t->size);
   uint8_t *data = sf_buffer_data(buffer);
   int64_t got = 0;
@@ -246,17 +266,24 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
     memcpy(data + at, block, n);
     got = at + (int64_t)n;
   }
-  if (got < 0 || got < t->size) {
+  bool failed = got < 0;
+  if (failed) got = -got - 1;
+  if (failed && got == t->size) {
+    /* Every byte of the member arrived, only the block padding after it did not: the member is whole. */
+    char where[160];
+    fail(t, SF_EFORMAT, NULL, t->offset + 512 + t->size,
+         "damaged tar stream%s (%s) — the shard is truncated or corrupt; re-create or re-download it",
+         after_key(t, where, sizeof where), archive_text(t->archive));
+  } else if (failed || got < t->size) {
     sf_buffer_unref(&buffer);
-    if (got < 0) got = -got - 1;
-    return fail(t, SF_EFORMAT, t->offset,
-                "truncated tar member %s (expected %lld bytes, got %lld: %s) — the shard is "
-                "damaged; re-create or re-download it",
+    return fail(t, SF_EFORMAT, t->last_key, t->offset,
+                "truncated tar member %s (expected %lld bytes, got %lld: %s) — the sample is lost "
+                "and the shard is damaged; re-create or re-download it",
                 t->path, (long long)t->size, (long long)got, archive_text(t->archive));
   }
   sf_tensor tensor;
   int rc = sf_tensor_view(&tensor, SF_DTYPE_UINT8, 1, &t->size, buffer, 0);
-  if (rc < 0) return fail(t, SF_EINTERNAL, t->offset, "cannot wrap a member as a tensor");
+  if (rc < 0) return fail(t, SF_EINTERNAL, t->last_key, t->offset, "cannot wrap a member as a tensor");
   sf_sample_add_field(sample, field, true, &tensor);
   return 0;
 }
@@ -276,7 +303,7 @@ static int drain_source(sf_tar_reader *t) {
     if (n == 0) return 0;
     if (n < 0) {
       t->source_code = (int)n;
-      return fail(t, (int)n, sf_shard_reader_offset(t->source), "%s", t->source_error.message);
+      return fail(t, (int)n, NULL, sf_shard_reader_offset(t->source), "%s", t->source_error.message);
     }
     /* Trailing data after the archive is not ours to read; a pipe: command is then killed. */
     if (sf_shard_reader_offset(t->source) - start > DRAIN_MAX) return 0;
@@ -300,7 +327,7 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   if (!sample || !key) {
     sf_sample_destroy(&sample);
     free(key);
-    fail(t, SF_ENOMEM, t->offset, "out of memory for a sample");
+    fail(t, SF_ENOMEM, NULL, t->offset, "out of memory for a sample");
     goto failed;
   }
   memcpy(key, t->path, t->key_len);
@@ -315,14 +342,20 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   sample->url = sf_buffer_ref(t->url);
   sample->index = t->index++;
   sample->offset = t->offset;
-  /* A sample is complete only when the next member has another key or the shard ends. */
+  /*
+   * A sample is complete when the next member has another key or the shard
+   * ends. A member cut short loses the sample; a damaged header after whole
+   * members does not (tarfile and WebDataset read them too): the sample goes
+   * out, and the failure, kept sticky, comes with the next call.
+   */
   do {
-    if (consume(t, sample, &problem, error) < 0 || advance(t) < 0) {
+    if (consume(t, sample, &problem, error) < 0) {
       sf_sample_destroy(&sample);
       free(key);
       goto failed;
     }
-  } while (t->pending && t->key_len == key_len && memcmp(t->path, key, key_len) == 0);
+  } while (advance(t) == 0 && t->pending && t->key_len == key_len &&
+           memcmp(t->path, key, key_len) == 0);
   free(key);
   *out = sample;
   return problem;
@@ -349,9 +382,9 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   archive_read_support_filter_zstd(t->archive);
   if (archive_read_open(t->archive, t, NULL, read_source, NULL) != ARCHIVE_OK) {
     bool empty = t->source ? sf_shard_reader_offset(t->source) == 0 : t->memory_size == 0;
-    int code = empty ? fail(t, SF_EFORMAT, 0, "the shard is empty (0 bytes) — re-create or "
+    int code = empty ? fail(t, SF_EFORMAT, NULL, 0, "the shard is empty (0 bytes) — re-create or "
                             "re-download it")
-                     : fail(t, SF_EFORMAT, 0, "cannot read the shard as a tar (%s) — it is "
+                     : fail(t, SF_EFORMAT, NULL, 0, "cannot read the shard as a tar (%s) — it is "
                             "damaged, or not a .tar, .tar.gz or .tar.zst file",
                             archive_text(t->archive));
     if (error) *error = t->fatal;

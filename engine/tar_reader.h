@@ -30,7 +30,10 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
  * name over 31 bytes or more than SF_MAX_FIELDS fields (the sample is returned
  * without the offending members, and reading may go on);
  * SF_EFORMAT for a corrupt or truncated tar (reading cannot go on); other
- * reader errors. *error names the URL, key and byte offset.
+ * reader errors. *error names the URL and byte offset, and the key only when
+ * the failure cut a sample (a member read in part): that sample is lost and
+ * callers count it as skipped. Whole members before a damaged header still
+ * form a sample, returned first; the failure comes with the next call.
  */
 int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *error);
 

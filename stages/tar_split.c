@@ -259,9 +259,8 @@ static int read_sample(sf_node *node, tar_split *t) {
     bool recoverable = rc == SF_EDUP || rc == SF_ETOOBIG;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
-    /* A download that failed for good (retries spent, object changed) cut the sample in progress. */
-    bool cut_sample = !recoverable && (rc == SF_ENET || rc == SF_ETIMEDOUT || rc == SF_EIO) && error.key[0] &&
-                      sf_prefetch_url_is_remote(error.url);
+    /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
+    bool cut_sample = !recoverable && error.key[0];
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
     if (policy < 0) return policy;
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);

@@ -377,11 +377,30 @@ static void test_truncated(void **state) {
   assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
   sf_tar_reader_close(&t);
 
-  /* Cut inside the second header: s0 cannot be known complete, so it is not returned. */
+  /* Cut inside the second header: s0's members so far are whole, so it goes on (as tarfile reads
+   * it); the error follows, naming no key since no sample was cut. */
   t = open_memory(tar, (size_t)ustar_offset(two, 1) + 100);
+  expect_sample(t, 0, "s0", "jpg", NULL, 0);
   assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_null(s);
   assert_int_equal(e.offset, ustar_offset(two, 1));
-  assert_string_equal(e.key, "s0");
+  assert_string_equal(e.key, "");
+  assert_non_null(strstr(e.message, "after sample s0"));
+  sf_tar_reader_close(&t);
+
+  /* Cut in the block padding after s0.cls: every byte of it arrived, so s0 is whole. */
+  t = open_memory(tar, (size_t)ustar_offset(two, 1) + 512 + 1 + 100);
+  expect_sample(t, 0, "s0", "jpg,cls", NULL, 0);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_string_equal(e.key, "");
+  sf_tar_reader_close(&t);
+
+  /* Cut at a member boundary: libarchive sees a clean end, but tar's end-of-archive blocks are missing. */
+  t = open_memory(tar, (size_t)ustar_offset(two, 2));
+  expect_sample(t, 0, "s0", "jpg,cls", NULL, 0);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_int_equal(e.offset, ustar_offset(two, 2));
+  assert_non_null(strstr(e.message, "end-of-archive"));
   sf_tar_reader_close(&t);
   free(tar);
 }
