@@ -42,7 +42,7 @@ struct sf_tar_reader {
   const char *field;        /* points into path */
   int64_t size;
   int64_t offset;           /* header position in the (decompressed) tar stream */
-  char last_key[128];       /* for messages */
+  char last_key[sizeof(sf_error){0}.key]; /* for messages (cut short like every error's key) */
 };
 
 /* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
@@ -130,6 +130,18 @@ static size_t split_key(const char *path) {
   return (size_t)(dot - path);
 }
 
+/*
+ * WebDataset's metadata members (tar_file_iterator's skip_meta regex
+ * __[^/]*__($|/) at the start): the first path component starts and ends with
+ * "__", like "__meta__" or "__meta__/inner.json". "__key__.txt" and
+ * "__init__.py" are samples. (Its other rule, a top-level name both starting
+ * and ending with "__", adds only "__" and "___", which have no key anyway.)
+ */
+static bool is_metadata(const char *path) {
+  size_t first = strcspn(path, "/");
+  return first >= 4 && strncmp(path, "__", 2) == 0 && strncmp(path + first - 2, "__", 2) == 0;
+}
+
 /* Reads headers until the next member that belongs to a sample; sets pending or eof. */
 static int advance(sf_tar_reader *t) {
   t->pending = false;
@@ -164,8 +176,7 @@ static int advance(sf_tar_reader *t) {
     const char *path = archive_entry_pathname(entry);
     if (!path) path = archive_entry_pathname_utf8(entry);
     if (!path) continue;
-    /* Top-level "__*__" names carry metadata for tools, not samples. */
-    if (strncmp(path, "__", 2) == 0 && !strchr(path, '/')) continue;
+    if (is_metadata(path)) continue;
     size_t key_len = split_key(path);
     if (key_len == 0) continue;
     size_t len = strlen(path);
@@ -323,22 +334,13 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   }
 
   sf_sample *sample = sf_sample_new();
-  char *key = malloc(t->key_len + 1);
-  if (!sample || !key) {
+  if (!sample || sf_sample_set_key(sample, t->path, t->key_len) < 0) {
     sf_sample_destroy(&sample);
-    free(key);
     fail(t, SF_ENOMEM, NULL, t->offset, "out of memory for a sample");
     goto failed;
   }
-  memcpy(key, t->path, t->key_len);
-  key[t->key_len] = '\0';
   size_t key_len = t->key_len;
   int problem = 0;
-  if (key_len >= sizeof sample->key)
-    note_problem(t, &problem, error, SF_ETOOBIG,
-                 "sample key is %zu bytes, over the %zu-byte limit — it is cut short", key_len,
-                 sizeof sample->key - 1);
-  snprintf(sample->key, sizeof sample->key, "%s", key);
   sample->url = sf_buffer_ref(t->url);
   sample->index = t->index++;
   sample->offset = t->offset;
@@ -351,12 +353,10 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   do {
     if (consume(t, sample, &problem, error) < 0) {
       sf_sample_destroy(&sample);
-      free(key);
       goto failed;
     }
   } while (advance(t) == 0 && t->pending && t->key_len == key_len &&
-           memcmp(t->path, key, key_len) == 0);
-  free(key);
+           memcmp(t->path, sample->key, key_len) == 0);
   *out = sample;
   return problem;
 

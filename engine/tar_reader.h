@@ -18,8 +18,9 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
  * Reads the next sample with WebDataset's grouping rule: key = member path up
  * to the first dot of its last path component, field name = the rest,
  * lower-cased; only consecutive members with one key form a sample;
- * directories, non-regular members, top-level names starting with "__" and
- * names without a dot are skipped. Each field is an encoded uint8 [n] tensor
+ * directories, non-regular members, metadata (a first path component that
+ * starts and ends with "__": "__meta__", "__meta__/inner.json"; not
+ * "__key__.txt") and names without a dot are skipped. Each field is an encoded uint8 [n] tensor
  * holding the member bytes in one allocation. key, url, index (0-based in the
  * shard) and offset (byte offset of the sample's first header) are set.
  *
