@@ -8,14 +8,13 @@
 #include <archive.h>
 #include <archive_entry.h>
 
+#include "engine/options.h"
 #include "engine/tar_reader.h"
 
 /* An error about this shard and key: no stage, no graph line. */
 #define SET_ERROR(error, code, url, key, offset, ...) \
   sf_error_set(error, code, NULL, url, key, offset, -1, __VA_ARGS__)
 
-/* Larger members are refused: one field is one allocation, and no trainer's sample is that big. */
-#define MEMBER_MAX ((int64_t)1 << 30)
 /* Most bytes read after the end-of-archive blocks to reach the source's end. */
 #define DRAIN_MAX ((int64_t)4 << 20)
 
@@ -41,7 +40,10 @@ struct sf_tar_reader {
   size_t key_len;           /* key = path[0, key_len) */
   const char *field;        /* points into path */
   int64_t size;
+  bool sparse;
   int64_t offset;           /* header position in the (decompressed) tar stream */
+  int64_t sample_size;      /* bytes of the sample being read */
+  int64_t max_member_size, max_sample_size; /* see sf_tar_reader_set_limits() */
   char last_key[sizeof(sf_error){0}.key]; /* for messages (cut short like every error's key) */
 };
 
@@ -196,6 +198,7 @@ static int advance(sf_tar_reader *t) {
     if (t->size < 0)
       return fail(t, SF_EFORMAT, NULL, offset, "tar member %s has a negative size — the shard is "
                   "damaged; re-create or re-download it", t->path);
+    t->sparse = archive_entry_sparse_count(entry) > 0;
     t->offset = offset;
     t->pending = true;
     return 0;
@@ -221,16 +224,29 @@ static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int co
 /* Moves the pending member into sample as an encoded field (or drops it with a problem). */
 static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *error) {
   const char *field = t->field;
-  bool drop = true;
+  sf_buffer *buffer = NULL;
   if (sf_sample_field(sample, field))
     note_problem(t, problem, error, SF_EDUP,
                  "field \"%s\" appears twice in one sample (member %s) — the second copy is "
                  "dropped; give each member of a sample a distinct extension",
                  field, t->path);
-  else if (t->size > MEMBER_MAX)
-    note_problem(t, problem, error, SF_ETOOBIG,
-                 "member %s is %lld bytes, over the 1 GiB limit for one field — it is dropped",
+  /* A sparse member stores its holes in a few bytes; expanded, it may be any size. */
+  else if (t->sparse)
+    note_problem(t, problem, error, SF_EUNSUPPORTED,
+                 "member %s is a sparse file (%lld bytes with its holes) — sparse members are "
+                 "refused; re-create the shard without tar --sparse",
                  t->path, (long long)t->size);
+  else if (t->size > t->max_member_size)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "member %s is %lld bytes, over tar_split's max_member_size (%lld) — the sample is "
+                 "skipped; raise max_member_size if members this large are expected",
+                 t->path, (long long)t->size, (long long)t->max_member_size);
+  else if (t->size > t->max_sample_size - t->sample_size)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "with member %s the sample holds %lld bytes, over tar_split's max_sample_size "
+                 "(%lld) — the sample is skipped; raise max_sample_size if samples this large are "
+                 "expected",
+                 t->path, (long long)(t->sample_size + t->size), (long long)t->max_sample_size);
   else if (strlen(field) >= SF_FIELD_NAME_MAX)
     note_problem(t, problem, error, SF_ETOOBIG,
                  "field name \"%s\" is longer than %d bytes — it is dropped; shorten the "
@@ -239,9 +255,12 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   else if (sample->n_fields >= SF_MAX_FIELDS)
     note_problem(t, problem, error, SF_ETOOBIG,
                  "sample has more than %d fields — member %s is dropped", SF_MAX_FIELDS, t->path);
-  else
-    drop = false;
-  if (drop) {
+  else if (!(buffer = sf_buffer_new((size_t)t->size)))
+    note_problem(t, problem, error, SF_ENOMEM,
+                 "out of memory for the %lld-byte member %s — the sample is skipped",
+                 (long long)t->size, t->path);
+  if (!buffer) {
+    /* Passed over, never held: for a compressed shard libarchive decompresses into its own window. */
     if (archive_read_data_skip(t->archive) != ARCHIVE_OK)
       return fail(t, SF_EFORMAT, t->last_key, t->offset,
                   "truncated tar member %s (%s) — the sample is lost and the shard is damaged; "
@@ -249,36 +268,24 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
                   t->path, archive_text(t->archive));
     return 0;
   }
-  sf_buffer *buffer = sf_buffer_new((size_t)t->size);
-  if (!buffer) return fail(t, SF_ENOMEM, t->last_key, t->offset, "out of memory for a %lld-byte member",
-                           (long long)t->size);
   uint8_t *data = sf_buffer_data(buffer);
   int64_t got = 0;
+  bool failed = false;
   /* Block reads (not archive_read_data) so a truncation still tells how much arrived. */
   for (;;) {
     const void *block;
     size_t n;
     la_int64_t at;
     int r = archive_read_data_block(t->archive, &block, &n, &at);
-    if (r == ARCHIVE_EOF) {
-      /* A sparse member may end in a hole: libarchive then reports the end offset. */
-      if (at > got && at <= t->size) {
-        memset(data + got, 0, (size_t)(at - got));
-        got = at;
-      }
+    if (r == ARCHIVE_EOF) break;
+    /* Blocks of a member that is not sparse are contiguous. */
+    if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at != got || (int64_t)n > t->size - at) {
+      failed = true;
       break;
     }
-    if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at < got || at > t->size ||
-        (int64_t)n > t->size - at) {
-      got = -got - 1; /* marks a failure, keeping the count */
-      break;
-    }
-    memset(data + got, 0, (size_t)(at - got)); /* a sparse member's hole */
     memcpy(data + at, block, n);
     got = at + (int64_t)n;
   }
-  bool failed = got < 0;
-  if (failed) got = -got - 1;
   if (failed && got == t->size) {
     /* Every byte of the member arrived, only the block padding after it did not: the member is whole. */
     char where[160];
@@ -296,6 +303,7 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   int rc = sf_tensor_view(&tensor, SF_DTYPE_UINT8, 1, &t->size, buffer, 0);
   if (rc < 0) return fail(t, SF_EINTERNAL, t->last_key, t->offset, "cannot wrap a member as a tensor");
   sf_sample_add_field(sample, field, true, &tensor);
+  t->sample_size += t->size;
   return 0;
 }
 
@@ -341,6 +349,7 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   }
   size_t key_len = t->key_len;
   int problem = 0;
+  t->sample_size = 0;
   sample->url = sf_buffer_ref(t->url);
   sample->index = t->index++;
   sample->offset = t->offset;
@@ -365,7 +374,14 @@ failed:
   return t->failed;
 }
 
+void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t max_sample_size) {
+  t->max_member_size = max_member_size;
+  t->max_sample_size = max_sample_size;
+}
+
 static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
+  (void)sf_parse_size(SF_TAR_MAX_MEMBER_SIZE, &t->max_member_size);
+  (void)sf_parse_size(SF_TAR_MAX_SAMPLE_SIZE, &t->max_sample_size);
   size_t len = strlen(url);
   t->url = sf_buffer_new(len + 1);
   t->archive = archive_read_new();
