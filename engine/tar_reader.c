@@ -1,4 +1,4 @@
-/* WebDataset samples from a streamed tar shard: libarchive (tar; gzip/zstd filters only) plus key grouping. */
+/* WebDataset samples from a streamed tar shard: libarchive (tar; zstd filter), gzip checked with zlib, key grouping. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -7,6 +7,7 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <zlib.h>
 
 #include "engine/options.h"
 #include "engine/tar_reader.h"
@@ -17,13 +18,26 @@
 
 /* Most bytes read after the end-of-archive blocks to reach the source's end. */
 #define DRAIN_MAX ((int64_t)4 << 20)
+/* Inflated bytes handed to libarchive per read of a .tar.gz; memory shards go to zlib in pieces this big at most. */
+#define GZIP_CHUNK ((size_t)256 << 10)
+#define MEMORY_CHUNK ((size_t)1 << 30)
 
 struct sf_tar_reader {
   struct archive *archive;
   sf_shard_reader *source;  /* NULL when reading from memory */
   const void *memory;
   size_t memory_size;
-  bool memory_done;
+  size_t memory_pos;
+  /* The first raw chunk, read to look for gzip's magic and not yet handed on. */
+  bool has_first;
+  const void *first;
+  ssize_t first_size;
+  /* A .tar.gz is inflated here, not by libarchive's filter, which does not check gzip's CRC-32 and length. */
+  z_stream *gzip;           /* NULL unless the shard starts with gzip's magic */
+  uint8_t *inflated;        /* GZIP_CHUNK bytes */
+  bool raw_done;            /* the raw source said end */
+  bool member_end;          /* zlib finished a gzip member, its trailer checked */
+  int gzip_failed;          /* zlib's error, held back while the bytes inflated before it are read */
   sf_buffer *url;           /* NUL-terminated, shared by every sample */
   const char *url_text;
   int source_code;          /* the shard reader's failure, if libarchive saw one */
@@ -49,22 +63,100 @@ struct sf_tar_reader {
 
 /* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
 static const char *offset_note(const sf_tar_reader *t) {
-  return t->archive && archive_filter_count(t->archive) > 1 ? " (byte offsets count the decompressed tar stream)"
-                                                            : "";
+  bool compressed = t->gzip || (t->archive && archive_filter_count(t->archive) > 1);
+  return compressed ? " (byte offsets count the decompressed tar stream)" : "";
 }
 
+/* Raw bytes of the shard read so far. */
+static int64_t raw_offset(const sf_tar_reader *t) {
+  return t->source ? sf_shard_reader_offset(t->source) : (int64_t)t->memory_pos;
+}
 
+/* The next raw chunk of the shard (borrowed until the next call): its size, 0 at the end, or an error in source_error. */
+static ssize_t read_raw(sf_tar_reader *t, const void **data) {
+  if (t->has_first) {
+    t->has_first = false;
+    *data = t->first;
+    return t->first_size;
+  }
+  if (!t->source) {
+    size_t n = t->memory_size - t->memory_pos;
+    if (n > MEMORY_CHUNK) n = MEMORY_CHUNK;
+    *data = (const uint8_t *)t->memory + t->memory_pos;
+    t->memory_pos += n;
+    return (ssize_t)n;
+  }
+  return sf_shard_reader_read(t->source, data, &t->source_error);
+}
+
+static ssize_t gzip_error(sf_tar_reader *t, int code, const char *what) {
+  int64_t at = raw_offset(t) - (int64_t)t->gzip->avail_in;
+  SET_ERROR(&t->source_error, code, t->url_text, NULL, at,
+            "the gzip stream %s (at byte %lld of the compressed file) — the shard is damaged, as "
+            "gzip -t shows; re-create or re-download it",
+            what, (long long)at);
+  return code;
+}
+
+/*
+ * The next inflated chunk of a .tar.gz. zlib checks each member's CRC-32 and
+ * length as it reaches the member's end, so damage that still inflates is
+ * found too, at the latest when the shard is drained.
+ */
+static ssize_t read_gzip(sf_tar_reader *t, const void **data) {
+  z_stream *z = t->gzip;
+  if (t->gzip_failed) return t->gzip_failed;
+  for (;;) {
+    if (z->avail_in == 0 && !t->raw_done) {
+      const void *in;
+      ssize_t n = read_raw(t, &in);
+      if (n < 0) return n;
+      t->raw_done = n == 0;
+      z->next_in = (Bytef *)(uintptr_t)in;
+      z->avail_in = (uInt)n;
+    }
+    if (t->member_end) {
+      if (z->avail_in == 0) {
+        if (t->raw_done) return 0;
+        continue;
+      }
+      /* Another member follows (pigz, cat a.gz b.gz): it has its own CRC. */
+      inflateReset(z);
+      t->member_end = false;
+    }
+    z->next_out = t->inflated;
+    z->avail_out = GZIP_CHUNK;
+    int r = inflate(z, Z_NO_FLUSH);
+    size_t n = GZIP_CHUNK - z->avail_out;
+    /* Bytes inflated before an error go on first: samples before the damage are read as with a cut tar. */
+    if (r == Z_STREAM_END) {
+      t->member_end = true;
+    } else if (r == Z_MEM_ERROR) {
+      t->gzip_failed = gzip_error(t, SF_ENOMEM, "cannot be inflated (out of memory)");
+    } else if (r != Z_OK && r != Z_BUF_ERROR) {
+      char what[160];
+      snprintf(what, sizeof what, "is corrupt (zlib: %s)", z->msg ? z->msg : "bad data");
+      t->gzip_failed = gzip_error(t, SF_EFORMAT, what);
+    } else if (n == 0 && z->avail_in == 0 && t->raw_done) {
+      t->gzip_failed = gzip_error(t, SF_EFORMAT, "ends before its CRC-32 and length (truncated)");
+    }
+    if (t->gzip_failed && n == 0) return t->gzip_failed;
+    if (n > 0) {
+      *data = t->inflated;
+      return (ssize_t)n;
+    }
+  }
+}
+
+/* The next chunk of the tar stream (borrowed until the next call), inflated when the shard is a .tar.gz. */
+static ssize_t read_stream(sf_tar_reader *t, const void **data) {
+  return t->gzip ? read_gzip(t, data) : read_raw(t, data);
+}
 
 static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
   sf_tar_reader *t = opaque;
-  if (!t->source) {
-    *data = t->memory;
-    if (t->memory_done) return 0;
-    t->memory_done = true;
-    return (la_ssize_t)t->memory_size;
-  }
-  /* Zero copy: libarchive reads straight from the shard reader's chunk. */
-  ssize_t n = sf_shard_reader_read(t->source, data, &t->source_error);
+  /* Zero copy: libarchive reads straight from the shard reader's chunk (or zlib's output). */
+  ssize_t n = read_stream(t, data);
   if (n < 0) {
     t->source_code = (int)n;
     archive_set_error(a, EIO, "%s", t->source_error.message);
@@ -313,19 +405,19 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
  * only show at the real end of the stream.
  */
 static int drain_source(sf_tar_reader *t) {
-  if (!t->source || t->drained) return 0;
+  if (t->drained) return 0;
   t->drained = true;
-  int64_t start = sf_shard_reader_offset(t->source);
+  int64_t start = raw_offset(t);
   for (;;) {
     const void *data;
-    ssize_t n = sf_shard_reader_read(t->source, &data, &t->source_error);
+    ssize_t n = read_stream(t, &data);
     if (n == 0) return 0;
     if (n < 0) {
       t->source_code = (int)n;
-      return fail(t, (int)n, NULL, sf_shard_reader_offset(t->source), "%s", t->source_error.message);
+      return fail(t, (int)n, NULL, raw_offset(t), "%s", t->source_error.message);
     }
     /* Trailing data after the archive is not ours to read; a pipe: command is then killed. */
-    if (sf_shard_reader_offset(t->source) - start > DRAIN_MAX) return 0;
+    if (raw_offset(t) - start > DRAIN_MAX) return 0;
   }
 }
 
@@ -379,6 +471,29 @@ void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t
   t->max_sample_size = max_sample_size;
 }
 
+/* Reads the first chunk and, when it starts with gzip's magic, sets up zlib for the shard. Returns 0 or an error in source_error. */
+static int open_gzip(sf_tar_reader *t) {
+  ssize_t n = read_raw(t, &t->first);
+  if (n < 0) return (int)n;
+  const uint8_t *head = t->first;
+  if (n < 2 || head[0] != 0x1f || head[1] != 0x8b) {
+    t->has_first = true;
+    t->first_size = n;
+    return 0;
+  }
+  t->gzip = calloc(1, sizeof *t->gzip);
+  t->inflated = malloc(GZIP_CHUNK);
+  if (!t->gzip || !t->inflated || inflateInit2(t->gzip, 16 + MAX_WBITS) != Z_OK) {
+    free(t->gzip); /* never initialised: inflateEnd must not see it */
+    t->gzip = NULL;
+    SET_ERROR(&t->source_error, SF_ENOMEM, t->url_text, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  t->gzip->next_in = (Bytef *)(uintptr_t)head;
+  t->gzip->avail_in = (uInt)n;
+  return 0;
+}
+
 static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   (void)sf_parse_size(SF_TAR_MAX_MEMBER_SIZE, &t->max_member_size);
   (void)sf_parse_size(SF_TAR_MAX_SAMPLE_SIZE, &t->max_sample_size);
@@ -394,10 +509,14 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   /* Only tar and its usual compressions: the other formats and filters are attack surface. */
   archive_read_support_format_tar(t->archive);
   archive_read_support_filter_none(t->archive);
-  archive_read_support_filter_gzip(t->archive);
   archive_read_support_filter_zstd(t->archive);
+  int rc = open_gzip(t);
+  if (rc < 0) {
+    if (error) *error = t->source_error;
+    return rc;
+  }
   if (archive_read_open(t->archive, t, NULL, read_source, NULL) != ARCHIVE_OK) {
-    bool empty = t->source ? sf_shard_reader_offset(t->source) == 0 : t->memory_size == 0;
+    bool empty = raw_offset(t) == 0;
     int code = empty ? fail(t, SF_EFORMAT, NULL, 0, "the shard is empty (0 bytes) — re-create or "
                             "re-download it")
                      : fail(t, SF_EFORMAT, NULL, 0, "cannot read the shard as a tar (%s) — it is "
@@ -450,6 +569,9 @@ void sf_tar_reader_close(sf_tar_reader **reader) {
   if (!reader || !*reader) return;
   sf_tar_reader *t = *reader;
   if (t->archive) archive_read_free(t->archive);
+  if (t->gzip) inflateEnd(t->gzip);
+  free(t->gzip);
+  free(t->inflated);
   sf_shard_reader_close(&t->source);
   sf_buffer_unref(&t->url);
   free(t->path);

@@ -1,13 +1,16 @@
 """Bad input through whole pipelines: corrupt and truncated shards, bad members, dead URLs.
 Each gets a message naming the shard URL and byte offset (or key), is counted, and follows the
 error policy: skip goes on with every good sample, fail stops with the record. No crash, no hang."""
+import gzip
 import io
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 
 sys.path.insert(0, os.path.dirname(__file__))
 from sfutil import Checks, make_dataset, nginx, read_batches, run, tar_whole_samples, write_graph  # noqa: E402
@@ -96,6 +99,46 @@ expect("truncated", f"{truncated}::{good[3]}", whole(truncated) + good3, [re.esc
 expect("members", f"{bad_members}::{good[3]}", [k for k in keys_of(20, 30) if k not in ("0000023", "0000024", "0000027")] + good3,
        [r"key 0000023", r"key 0000024", r"key 0000027"], errors_at_least=3)
 expect("missing", f"{tmp}/nonexistent.tar::{good[3]}", good3, [re.escape(f"{tmp}/nonexistent.tar")])
+
+# .tar.gz damage that only gzip's CRC-32 and length show (`gzip -t` is the reference): changed
+# deflate data that still inflates (the audit's wrong pixels), a changed CRC or length, a cut trailer.
+plain = open(good[2], "rb").read()
+gz = gzip.compress(plain, mtime=0)
+HEADER = 10  # gzip.compress writes no file name
+
+
+def silent_corruption(data):
+    """The first 4-byte change from the middle on that inflates to the same length, changing only .ppm data."""
+    with tarfile.open(good[2]) as tf:
+        ppm = [(m.offset_data, m.offset_data + m.size) for m in tf.getmembers() if m.name.endswith(".ppm")]
+    for at in range(len(data) // 2, len(data) - 8):
+        bad = bytearray(data)
+        bad[at:at + 4] = bytes(b ^ 0x5a for b in bad[at:at + 4])
+        try:
+            out = zlib.decompressobj(-15).decompress(bytes(bad[HEADER:-8]))
+        except zlib.error:
+            continue
+        diff = [i for i in range(len(plain)) if len(out) == len(plain) and out[i] != plain[i]]
+        if diff and all(any(lo <= i < hi for lo, hi in ppm) for i in diff):
+            return bytes(bad)
+    raise AssertionError("no silent corruption found")
+
+
+variants = {
+    "gz-pixels": silent_corruption(gz),
+    "gz-crc": gz[:-8] + bytes(b ^ 1 for b in gz[-8:-4]) + gz[-4:],
+    "gz-length": gz[:-4] + bytes(b ^ 1 for b in gz[-4:]),
+    "gz-cut": gz[:-6],
+}
+for name, data in variants.items():
+    path = os.path.join(tmp, name + ".tar.gz")
+    with open(path, "wb") as f:
+        f.write(data)
+    check(subprocess.run(["gzip", "-t", path], capture_output=True).returncode != 0, f"{name}: gzip -t rejects it")
+    p = run(["ls", path], check=False)
+    check(p.returncode == 1 and path in p.stderr and "gzip" in p.stderr, f"{name}: ls reports it: {p.returncode} {p.stderr}")
+    # The tar inside is whole, so its samples arrive; the record follows, and the next shard is read.
+    expect(name, f"{path}::{good[3]}", keys_of(20, 30) + good3, [re.escape(path) + r".*gzip"])
 
 with nginx(tmp) as base:
     expect("http404", f"{base}/nope.tar::{base}/{os.path.basename(good[3])}", good3,

@@ -435,6 +435,19 @@ static void test_filters(void **state) {
       sf_tar_reader_close(&t);
     }
     assert_int_equal(rc, SF_EFORMAT);
+    if (filter == FILTER_GZIP) {
+      /* A wrong CRC-32 in the trailer: every sample is whole, then the shard's damage is reported. */
+      tar[size - 8] ^= 1;
+      t = open_memory(tar, size);
+      sf_sample *s = NULL;
+      int n = 0;
+      while ((rc = sf_tar_reader_next(t, &s, &e)) == 0) sf_sample_destroy(&s), n++;
+      assert_int_equal(n, 6);
+      assert_int_equal(rc, SF_EFORMAT);
+      assert_non_null(strstr(e.message, "gzip stream is corrupt (zlib: incorrect data check)"));
+      assert_string_equal(e.key, "");
+      sf_tar_reader_close(&t);
+    }
     free(tar);
   }
 }
