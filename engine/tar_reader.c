@@ -1,4 +1,4 @@
-/* WebDataset samples from a streamed tar shard: libarchive (tar; zstd filter), gzip checked with zlib, key grouping. */
+/* WebDataset samples from a streamed tar shard: gzip/zstd decompressed and checked, libarchive's tar reader, key grouping. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,6 +8,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #include "engine/options.h"
 #include "engine/tar_reader.h"
@@ -18,8 +19,8 @@
 
 /* Most bytes read after the end-of-archive blocks to reach the source's end. */
 #define DRAIN_MAX ((int64_t)4 << 20)
-/* Inflated bytes handed to libarchive per read of a .tar.gz; memory shards go to zlib in pieces this big at most. */
-#define GZIP_CHUNK ((size_t)256 << 10)
+/* Decompressed bytes handed to libarchive per read; memory shards go to zlib in pieces this big at most. */
+#define OUT_CHUNK ((size_t)256 << 10)
 #define MEMORY_CHUNK ((size_t)1 << 30)
 
 struct sf_tar_reader {
@@ -28,16 +29,23 @@ struct sf_tar_reader {
   const void *memory;
   size_t memory_size;
   size_t memory_pos;
-  /* The first raw chunk, read to look for gzip's magic and not yet handed on. */
+  /* The first raw chunk, read to look for a compressor's magic and not yet handed on. */
   bool has_first;
   const void *first;
   ssize_t first_size;
-  /* A .tar.gz is inflated here, not by libarchive's filter, which does not check gzip's CRC-32 and length. */
-  z_stream *gzip;           /* NULL unless the shard starts with gzip's magic */
-  uint8_t *inflated;        /* GZIP_CHUNK bytes */
+  /*
+   * A .tar.gz or .tar.zst is decompressed here, not by libarchive's filters:
+   * they stop at the tar's end-of-archive blocks, before gzip's CRC-32 and
+   * length or zstd's checksum, which then go unchecked.
+   */
+  z_stream *gzip;           /* set when the shard starts with gzip's magic */
+  ZSTD_DStream *zstd;       /* set when it starts with zstd's */
+  uint8_t *out;             /* OUT_CHUNK decompressed bytes */
+  const uint8_t *in;        /* raw bytes not yet decompressed */
+  size_t in_size;
   bool raw_done;            /* the raw source said end */
-  bool member_end;          /* zlib finished a gzip member, its trailer checked */
-  int gzip_failed;          /* zlib's error, held back while the bytes inflated before it are read */
+  bool frame_end;           /* the last gzip member or zstd frame ended, its check passed */
+  int codec_failed;         /* the decompressor's error, held back while the bytes before it are read */
   sf_buffer *url;           /* NUL-terminated, shared by every sample */
   const char *url_text;
   int source_code;          /* the shard reader's failure, if libarchive saw one */
@@ -89,68 +97,87 @@ static ssize_t read_raw(sf_tar_reader *t, const void **data) {
   return sf_shard_reader_read(t->source, data, &t->source_error);
 }
 
-static ssize_t gzip_error(sf_tar_reader *t, int code, const char *what) {
-  int64_t at = raw_offset(t) - (int64_t)t->gzip->avail_in;
+static const char *codec_name(const sf_tar_reader *t) { return t->gzip ? "gzip" : "zstd"; }
+
+static int codec_error(sf_tar_reader *t, int code, const char *what) {
+  int64_t at = raw_offset(t) - (int64_t)t->in_size;
   SET_ERROR(&t->source_error, code, t->url_text, NULL, at,
-            "the gzip stream %s (at byte %lld of the compressed file) — the shard is damaged, as "
-            "gzip -t shows; re-create or re-download it",
-            what, (long long)at);
+            "the %s stream %s (at byte %lld of the compressed file) — the shard is damaged, as "
+            "%s -t shows; re-create or re-download it",
+            codec_name(t), what, (long long)at, codec_name(t));
   return code;
 }
 
-/*
- * The next inflated chunk of a .tar.gz. zlib checks each member's CRC-32 and
- * length as it reaches the member's end, so damage that still inflates is
- * found too, at the latest when the shard is drained.
- */
-static ssize_t read_gzip(sf_tar_reader *t, const void **data) {
+/* Decompresses some of in into out; sets *n. Returns NULL, or what is wrong with the stream. */
+static const char *decompress(sf_tar_reader *t, size_t *n, char *why, size_t why_size) {
+  if (t->zstd) {
+    ZSTD_inBuffer in = {t->in, t->in_size, 0};
+    ZSTD_outBuffer out = {t->out, OUT_CHUNK, 0};
+    size_t r = ZSTD_decompressStream(t->zstd, &out, &in); /* checks each frame's checksum at its end */
+    t->in += in.pos;
+    t->in_size -= in.pos;
+    *n = out.pos;
+    if (ZSTD_isError(r)) {
+      snprintf(why, why_size, "is corrupt (zstd: %s)", ZSTD_getErrorName(r));
+      return why;
+    }
+    t->frame_end = r == 0;
+    return NULL;
+  }
   z_stream *z = t->gzip;
-  if (t->gzip_failed) return t->gzip_failed;
+  if (t->frame_end && t->in_size > 0) {
+    inflateReset(z); /* another member follows (pigz, cat a.gz b.gz): it has its own CRC */
+    t->frame_end = false;
+  }
+  z->next_in = (Bytef *)(uintptr_t)t->in;
+  z->avail_in = (uInt)t->in_size;
+  z->next_out = t->out;
+  z->avail_out = OUT_CHUNK;
+  int r = inflate(z, Z_NO_FLUSH); /* checks each member's CRC-32 and length at its end */
+  t->in = z->next_in;
+  t->in_size = z->avail_in;
+  *n = OUT_CHUNK - z->avail_out;
+  if (r == Z_STREAM_END) t->frame_end = true;
+  if (r == Z_OK || r == Z_STREAM_END || r == Z_BUF_ERROR) return NULL;
+  snprintf(why, why_size, "is corrupt (zlib: %s)", z->msg ? z->msg : "bad data");
+  return why;
+}
+
+/*
+ * The next decompressed chunk of a .tar.gz or .tar.zst. Damage that still
+ * decompresses is found by the check at the end of its member or frame, at
+ * the latest when the shard is drained.
+ */
+static ssize_t read_compressed(sf_tar_reader *t, const void **data) {
+  if (t->codec_failed) return t->codec_failed;
   for (;;) {
-    if (z->avail_in == 0 && !t->raw_done) {
+    if (t->in_size == 0 && !t->raw_done) {
       const void *in;
       ssize_t n = read_raw(t, &in);
       if (n < 0) return n;
       t->raw_done = n == 0;
-      z->next_in = (Bytef *)(uintptr_t)in;
-      z->avail_in = (uInt)n;
+      t->in = in;
+      t->in_size = (size_t)n;
     }
-    if (t->member_end) {
-      if (z->avail_in == 0) {
-        if (t->raw_done) return 0;
-        continue;
-      }
-      /* Another member follows (pigz, cat a.gz b.gz): it has its own CRC. */
-      inflateReset(z);
-      t->member_end = false;
-    }
-    z->next_out = t->inflated;
-    z->avail_out = GZIP_CHUNK;
-    int r = inflate(z, Z_NO_FLUSH);
-    size_t n = GZIP_CHUNK - z->avail_out;
-    /* Bytes inflated before an error go on first: samples before the damage are read as with a cut tar. */
-    if (r == Z_STREAM_END) {
-      t->member_end = true;
-    } else if (r == Z_MEM_ERROR) {
-      t->gzip_failed = gzip_error(t, SF_ENOMEM, "cannot be inflated (out of memory)");
-    } else if (r != Z_OK && r != Z_BUF_ERROR) {
-      char what[160];
-      snprintf(what, sizeof what, "is corrupt (zlib: %s)", z->msg ? z->msg : "bad data");
-      t->gzip_failed = gzip_error(t, SF_EFORMAT, what);
-    } else if (n == 0 && z->avail_in == 0 && t->raw_done) {
-      t->gzip_failed = gzip_error(t, SF_EFORMAT, "ends before its CRC-32 and length (truncated)");
-    }
-    if (t->gzip_failed && n == 0) return t->gzip_failed;
+    if (t->in_size == 0 && t->raw_done && t->frame_end) return 0;
+    size_t n = 0;
+    char why[160];
+    const char *bad = decompress(t, &n, why, sizeof why);
+    if (bad) t->codec_failed = codec_error(t, SF_EFORMAT, bad);
+    else if (n == 0 && t->in_size == 0 && t->raw_done)
+      t->codec_failed = codec_error(t, SF_EFORMAT, "ends before its check (truncated)");
+    /* Bytes decompressed before an error go on first: samples before the damage are read as with a cut tar. */
     if (n > 0) {
-      *data = t->inflated;
+      *data = t->out;
       return (ssize_t)n;
     }
+    if (t->codec_failed) return t->codec_failed;
   }
 }
 
-/* The next chunk of the tar stream (borrowed until the next call), inflated when the shard is a .tar.gz. */
+/* The next chunk of the tar stream (borrowed until the next call), decompressed when the shard is. */
 static ssize_t read_stream(sf_tar_reader *t, const void **data) {
-  return t->gzip ? read_gzip(t, data) : read_raw(t, data);
+  return t->gzip || t->zstd ? read_compressed(t, data) : read_raw(t, data);
 }
 
 static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
@@ -471,26 +498,35 @@ void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t
   t->max_sample_size = max_sample_size;
 }
 
-/* Reads the first chunk and, when it starts with gzip's magic, sets up zlib for the shard. Returns 0 or an error in source_error. */
-static int open_gzip(sf_tar_reader *t) {
-  ssize_t n = read_raw(t, &t->first);
+/* Reads the first chunk and sets up zlib or zstd when it starts with their magic. Returns 0 or an error in source_error. */
+static int open_codec(sf_tar_reader *t) {
+  const void *first;
+  ssize_t n = read_raw(t, &first);
   if (n < 0) return (int)n;
-  const uint8_t *head = t->first;
-  if (n < 2 || head[0] != 0x1f || head[1] != 0x8b) {
+  static const uint8_t gzip_magic[] = {0x1f, 0x8b}, zstd_magic[] = {0x28, 0xb5, 0x2f, 0xfd};
+  bool gzip = n >= 2 && memcmp(first, gzip_magic, 2) == 0;
+  bool zstd = n >= 4 && memcmp(first, zstd_magic, 4) == 0;
+  if (!gzip && !zstd) {
     t->has_first = true;
+    t->first = first;
     t->first_size = n;
     return 0;
   }
-  t->gzip = calloc(1, sizeof *t->gzip);
-  t->inflated = malloc(GZIP_CHUNK);
-  if (!t->gzip || !t->inflated || inflateInit2(t->gzip, 16 + MAX_WBITS) != Z_OK) {
-    free(t->gzip); /* never initialised: inflateEnd must not see it */
-    t->gzip = NULL;
+  t->in = first;
+  t->in_size = (size_t)n;
+  t->out = malloc(OUT_CHUNK);
+  if (t->out && gzip) {
+    t->gzip = calloc(1, sizeof *t->gzip);
+    if (t->gzip && inflateInit2(t->gzip, 16 + MAX_WBITS) != Z_OK) {
+      free(t->gzip); /* not initialised: inflateEnd must not see it */
+      t->gzip = NULL;
+    }
+  }
+  if (t->out && zstd) t->zstd = ZSTD_createDStream();
+  if (!t->out || (!t->gzip && !t->zstd)) {
     SET_ERROR(&t->source_error, SF_ENOMEM, t->url_text, NULL, -1, "out of memory opening the shard");
     return SF_ENOMEM;
   }
-  t->gzip->next_in = (Bytef *)(uintptr_t)head;
-  t->gzip->avail_in = (uInt)n;
   return 0;
 }
 
@@ -509,8 +545,7 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   /* Only tar and its usual compressions: the other formats and filters are attack surface. */
   archive_read_support_format_tar(t->archive);
   archive_read_support_filter_none(t->archive);
-  archive_read_support_filter_zstd(t->archive);
-  int rc = open_gzip(t);
+  int rc = open_codec(t);
   if (rc < 0) {
     if (error) *error = t->source_error;
     return rc;
@@ -571,7 +606,8 @@ void sf_tar_reader_close(sf_tar_reader **reader) {
   if (t->archive) archive_read_free(t->archive);
   if (t->gzip) inflateEnd(t->gzip);
   free(t->gzip);
-  free(t->inflated);
+  ZSTD_freeDStream(t->zstd);
+  free(t->out);
   sf_shard_reader_close(&t->source);
   sf_buffer_unref(&t->url);
   free(t->path);

@@ -124,21 +124,32 @@ def silent_corruption(data):
     raise AssertionError("no silent corruption found")
 
 
+# Likewise zstd's content checksum (written by the zstd CLI) and a cut frame, with `zstd -t`, on a
+# shard larger than one read, so that the tar's end comes before the frame's.
+big_dir = os.path.join(tmp, "big")
+os.makedirs(big_dir)
+_, big_truth = make_dataset(big_dir, shards=1, per_shard=50, size=32)
+zst = subprocess.run(["zstd", "-q", "-c", os.path.join(big_dir, "shard-000000.tar")], capture_output=True,
+                     check=True).stdout
 variants = {
     "gz-pixels": silent_corruption(gz),
     "gz-crc": gz[:-8] + bytes(b ^ 1 for b in gz[-8:-4]) + gz[-4:],
     "gz-length": gz[:-4] + bytes(b ^ 1 for b in gz[-4:]),
     "gz-cut": gz[:-6],
+    "zst-checksum": zst[:-1] + bytes([zst[-1] ^ 1]),
+    "zst-cut": zst[:-4],
 }
 for name, data in variants.items():
-    path = os.path.join(tmp, name + ".tar.gz")
+    kind = "gzip" if name.startswith("gz") else "zstd"
+    path = os.path.join(tmp, name + (".tar.gz" if kind == "gzip" else ".tar.zst"))
     with open(path, "wb") as f:
         f.write(data)
-    check(subprocess.run(["gzip", "-t", path], capture_output=True).returncode != 0, f"{name}: gzip -t rejects it")
+    check(subprocess.run([kind, "-t", path], capture_output=True).returncode != 0, f"{name}: {kind} -t rejects it")
     p = run(["ls", path], check=False)
-    check(p.returncode == 1 and path in p.stderr and "gzip" in p.stderr, f"{name}: ls reports it: {p.returncode} {p.stderr}")
+    check(p.returncode == 1 and path in p.stderr and kind in p.stderr, f"{name}: ls reports it: {p.returncode} {p.stderr}")
     # The tar inside is whole, so its samples arrive; the record follows, and the next shard is read.
-    expect(name, f"{path}::{good[3]}", keys_of(20, 30) + good3, [re.escape(path) + r".*gzip"])
+    inside = keys_of(20, 30) if kind == "gzip" else list(big_truth)
+    expect(name, f"{path}::{good[3]}", inside + good3, [re.escape(path) + ".*" + kind])
 
 with nginx(tmp) as base:
     expect("http404", f"{base}/nope.tar::{base}/{os.path.basename(good[3])}", good3,
