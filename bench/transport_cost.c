@@ -126,7 +126,9 @@ static void run_sender(const char *endpoint, const char *key_dir, const transpor
     if (!(samples[i] = sf_sample_new()) || sf_tensor_alloc(&tensor, SF_DTYPE_FLOAT32, c->ndim, c->shape) < 0)
       die("out of memory", NULL);
     memset(sf_tensor_data(&tensor), i + 1, sf_tensor_nbytes(&tensor)); /* touched: no page faults while timed */
-    snprintf(samples[i]->key, sizeof samples[i]->key, "%07d", i);
+    char name[16];
+    snprintf(name, sizeof name, "%07d", i);
+    if (sf_sample_set_key(samples[i], name, strlen(name)) < 0) die("out of memory", NULL);
     samples[i]->index = (uint64_t)i;
     if (!sf_sample_add_field(samples[i], "img", false, &tensor)) die("sf_sample_add_field", NULL);
   }

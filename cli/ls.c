@@ -125,13 +125,14 @@ static int list_shard(const char *url, const sf_shard_reader_options *options, b
     sf_sample *sample = NULL;
     int rc = sf_tar_reader_next(tar, &sample, &error);
     if (rc == SF_EOF) break;
+    /* With an error, a sample comes back only when the problem spoils that sample alone. */
+    bool goes_on = rc == 0 || sample;
     if (sample) print_sample(stdout, sample, json);
     sf_sample_destroy(&sample);
     if (rc < 0) {
       report(&error);
       status = 1;
-      /* A duplicate or oversized member spoils one sample; anything else ends the shard. */
-      if (rc != SF_EDUP && rc != SF_ETOOBIG) break;
+      if (!goes_on) break;
     }
   }
   sf_tar_reader_close(&tar);

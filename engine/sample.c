@@ -23,13 +23,33 @@ void sf_shard_destroy(sf_shard **ps) {
   *ps = NULL;
 }
 
+/* The key of a sample that has none: shared, never freed. */
+static char no_key[1];
+
 sf_sample *sf_sample_new(void) {
   sf_sample *s = malloc(sizeof *s);
   if (!s) return NULL;
   /* Zero the header only: fields past n_fields are never read. */
   memset(s, 0, offsetof(sf_sample, fields));
+  s->key = no_key;
   s->offset = -1;
   return s;
+}
+
+int sf_sample_set_key(sf_sample *s, const char *key, size_t len) {
+  char *copy = malloc(len + 1);
+  if (!copy) return SF_ENOMEM;
+  memcpy(copy, key, len);
+  copy[len] = '\0';
+  free(sf_sample_take_key(s));
+  s->key = copy;
+  return 0;
+}
+
+char *sf_sample_take_key(sf_sample *s) {
+  char *key = s->key == no_key ? NULL : s->key;
+  s->key = no_key;
+  return key;
 }
 
 /* Drops a field's tensor reference and its recipe. */
@@ -44,6 +64,7 @@ void sf_sample_destroy(sf_sample **ps) {
   sf_sample *s = *ps;
   for (int i = 0; i < s->n_fields; i++) field_clear(&s->fields[i]);
   sf_buffer_unref(&s->url);
+  free(sf_sample_take_key(s));
   free(s);
   *ps = NULL;
 }
@@ -122,6 +143,7 @@ void sf_batch_destroy(sf_batch **pb) {
   if (!pb || !*pb) return;
   sf_batch *b = *pb;
   for (int i = 0; i < b->n_fields; i++) field_clear(&b->fields[i]);
+  for (int64_t j = 0; j < b->size; j++) free(b->keys[j]);
   free(b->keys);
   free(b);
   *pb = NULL;
@@ -161,4 +183,7 @@ const char *sf_batch_field_name(const sf_batch *b, int i) {
   return i >= 0 && i < b->n_fields ? b->fields[i].name : NULL;
 }
 
-const char *sf_batch_key(const sf_batch *b, int64_t j) { return j >= 0 && j < b->size ? b->keys[j] : NULL; }
+const char *sf_batch_key(const sf_batch *b, int64_t j) {
+  if (j < 0 || j >= b->size) return NULL;
+  return b->keys[j] ? b->keys[j] : "";
+}

@@ -14,12 +14,12 @@
 /* Bytes protobuf-c may allocate while unpacking one header (it has no limits of its own). */
 enum { DECODE_BUDGET = 64 << 20 };
 /* String limits (bytes, excluding the NUL). */
-enum { KEY_MAX = 127, NAME_MAX_ = SF_FIELD_NAME_MAX - 1, URL_MAX = 4095 };
+/* Keys have no limit of their own (tar paths); this one only bounds what a peer may send. */
+enum { KEY_MAX = 65535, NAME_MAX_ = SF_FIELD_NAME_MAX - 1, URL_MAX = 4095 };
 
 _Static_assert((int)SF_WIRE_HELLO == (int)SF_WIRE__MESSAGE_TYPE__HELLO &&
                    (int)SF_WIRE_EPOCH_END == (int)SF_WIRE__MESSAGE_TYPE__EPOCH_END,
                "sf_wire_type and wire.proto's MessageType must agree");
-_Static_assert(sizeof(((sf_sample *)0)->key) == KEY_MAX + 1, "sample keys are 128 bytes");
 
 static atomic_uint_fast64_t copied_sent, copied_received;
 
@@ -274,7 +274,8 @@ static int build_sample(sf_wire_message *msg, const SfWire__SampleMeta *s, size_
   sf_sample *out = sf_sample_new();
   if (!out) return REJECT(SF_ENOMEM, NULL, "wire: out of memory decoding sample %zu", i);
   msg->samples[msg->n_samples++] = out;
-  memcpy(out->key, s->key, strlen(s->key) + 1);
+  if (sf_sample_set_key(out, s->key, strlen(s->key)) < 0)
+    return REJECT(SF_ENOMEM, NULL, "wire: out of memory decoding sample %zu", i);
   out->epoch = s->epoch;
   out->shard_index = s->shard_index;
   out->index = s->index;
@@ -600,6 +601,9 @@ static int check_outgoing(const sf_wire_message *msg, size_t *n_fields, sf_error
     if (strnlen(sf_sample_url(s), URL_MAX + 1) > URL_MAX)
       return sf_error_set(error, SF_ETOOBIG, NULL, sf_sample_url(s), s->key, -1, -1,
                           "wire: the sample's URL is longer than %d bytes", URL_MAX);
+    if (strnlen(s->key, KEY_MAX + 1) > KEY_MAX)
+      return sf_error_set(error, SF_ETOOBIG, NULL, sf_sample_url(s), s->key, -1, -1,
+                          "wire: the sample's key is longer than %d bytes; shorten the member paths", KEY_MAX);
     for (int j = 0; j < s->n_fields; j++) {
       const sf_field *f = &s->fields[j];
       const sf_tensor *t = &f->tensor;

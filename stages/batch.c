@@ -181,7 +181,7 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
     else
       sf_tensor_copy_to(&f->tensor, dst);
   }
-  memcpy(out->keys[b->count], s->key, sizeof out->keys[0]);
+  out->keys[b->count] = sf_sample_take_key(s);
   b->count++;
   sf_sample_destroy(ps);
   if (b->count == b->batch_size) flush(node, b);

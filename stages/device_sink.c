@@ -109,7 +109,7 @@ static int dump_npy(sf_node *node, device_sink *s, const sf_batch *b) {
   snprintf(path, sizeof path, "%s/e%03u_b%06llu_keys.txt", s->npy_dir, epoch, index);
   FILE *f = fopen(path, "w");
   int ok = f != NULL;
-  for (int64_t i = 0; ok && i < b->size; i++) ok = fprintf(f, "%s\n", b->keys[i]) >= 0;
+  for (int64_t i = 0; ok && i < b->size; i++) ok = fprintf(f, "%s\n", sf_batch_key(b, i)) >= 0;
   if (f && fclose(f) != 0) ok = 0;
   if (!ok) {
     snprintf(why, sizeof why, "cannot write %s: %s (check the directory and free disk space)", path,

@@ -29,6 +29,8 @@ typedef struct tar_split {
   double retry_max_wait;  /* option, seconds */
   char *cache_dir;        /* option, or NULL */
   int64_t cache_size;     /* option, bytes */
+  int64_t max_member_size; /* option, bytes */
+  int64_t max_sample_size; /* option, bytes */
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
   sf_shard_cache *cache;
   ahead queue[LOOKAHEAD_MAX + 1]; /* items taken from the input, in order (a ring) */
@@ -71,6 +73,15 @@ static const sf_option options[] = {
      "GET answered 304), a replaced one is downloaded again; empty = no cache", NULL},
     {"cache_size", SF_OPT_SIZE, offsetof(tar_split, cache_size), "10GiB", 1 << 20, (double)(1LL << 50),
      "cap on cache_dir, in bytes; least recently used shards are evicted", NULL},
+    {"max_member_size", SF_OPT_SIZE, offsetof(tar_split, max_member_size), SF_TAR_MAX_MEMBER_SIZE, 1,
+     (double)(1LL << 40),
+     "largest tar member held in memory, in bytes: a sample with a larger one gets an error record "
+     "and is skipped (the member's bytes are passed over, never held) and the shard goes on. Sparse "
+     "members are always refused", NULL},
+    {"max_sample_size", SF_OPT_SIZE, offsetof(tar_split, max_sample_size), SF_TAR_MAX_SAMPLE_SIZE, 1,
+     (double)(1LL << 40),
+     "most bytes the members of one sample may hold, in bytes; a larger sample is skipped like an "
+     "oversized member. With the queues' lengths this bounds a pipeline's memory", NULL},
     {NULL},
 };
 
@@ -235,6 +246,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
     return sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
   }
+  sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   t->shard = shard;
   return 0;
 }
@@ -255,17 +267,17 @@ static int read_sample(sf_node *node, tar_split *t) {
     return 0;
   }
   if (rc < 0) {
+    /* The reader returns the sample of a problem that spoils only that sample (see sf_tar_reader_next). */
+    bool recoverable = sample != NULL;
     sf_sample_destroy(&sample);
     if (sf_node_cancelled(node)) {
       close_shard(t);
       return SF_EOF; /* stopping: not an error of the shard */
     }
-    bool recoverable = rc == SF_EDUP || rc == SF_ETOOBIG;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
-    /* A download that failed for good (retries spent, object changed) cut the sample in progress. */
-    bool cut_sample = !recoverable && (rc == SF_ENET || rc == SF_ETIMEDOUT || rc == SF_EIO) && error.key[0] &&
-                      sf_prefetch_url_is_remote(error.url);
+    /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
+    bool cut_sample = !recoverable && error.key[0];
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
     if (policy < 0) return policy;
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);

@@ -3,6 +3,7 @@
 #define SHARDFLOW_SAMPLE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "shardflow/tensor.h"
@@ -75,7 +76,8 @@ typedef struct sf_shard {
  * Owned by whoever holds the item; free with sf_sample_destroy().
  */
 typedef struct sf_sample {
-  char key[128];                /**< __key__: member path up to the first dot of its basename */
+  char *key;                    /**< __key__: member path up to the first dot of its basename, any
+                                     length; owned, never NULL ("" until sf_sample_set_key()) */
   sf_buffer *url;               /**< __url__ as a NUL-terminated shared string (owned ref) */
   uint64_t epoch;               /**< 0-based epoch */
   uint64_t shard_index;         /**< index of the shard in the expanded list */
@@ -95,7 +97,7 @@ typedef struct sf_batch {
   uint64_t epoch;               /**< 0-based epoch */
   uint64_t index;               /**< 0-based batch index within the epoch */
   int64_t size;                 /**< number of samples B */
-  char (*keys)[128];            /**< B keys, owned */
+  char **keys;                  /**< B keys, owned (NULL for a sample without one); read with sf_batch_key() */
   int n_fields;
   sf_field fields[SF_MAX_FIELDS];
 } sf_batch;
@@ -109,6 +111,10 @@ SF_API void sf_shard_destroy(sf_shard **shard);
 SF_API sf_sample *sf_sample_new(void);
 /** Frees *sample, dropping every field's reference and recipe; sets it to NULL. NULL-safe. */
 SF_API void sf_sample_destroy(sf_sample **sample);
+/** Sets the sample's key to the len bytes at key (copied; keys have no length limit). Returns 0 or SF_ENOMEM. */
+SF_API int sf_sample_set_key(sf_sample *sample, const char *key, size_t len);
+/** Takes the sample's key (caller frees it; NULL when it had none), leaving "" behind. */
+SF_API char *sf_sample_take_key(sf_sample *sample);
 /** The sample's URL string, or "" when it has none (borrowed). */
 SF_API const char *sf_sample_url(const sf_sample *sample);
 /** The field called name, or NULL (borrowed). */

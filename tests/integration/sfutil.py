@@ -88,6 +88,29 @@ def tar_keys(*paths):
     return keys
 
 
+def tar_whole_samples(path):
+    """A damaged shard as tarfile reads it: ([(key, [fields])] of the samples read whole, the key of
+    the sample whose member the damage cuts, or None). Keys and fields split at the first dot."""
+    done, half = [], None
+    try:
+        with tarfile.open(path) as tf:
+            for m in tf:
+                key, field = m.name.split(".", 1)
+                try:
+                    tf.extractfile(m).read()
+                except tarfile.ReadError:  # "unexpected end of data": the cut is in this member
+                    half = key
+                    break
+                if not done or done[-1][0] != key:
+                    done.append((key, []))
+                done[-1][1].append(field)
+    except tarfile.ReadError:  # the first header is damaged: nothing to read
+        pass
+    if half is not None and done and done[-1][0] == half:
+        done.pop()  # its first members were whole, but the sample was not
+    return done, half
+
+
 def read_batches(npy_dir):
     """Reads the device sink's dumps: list of (epoch, batch, keys, {field: array}) in order."""
     out = {}

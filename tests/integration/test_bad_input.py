@@ -1,16 +1,19 @@
 """Bad input through whole pipelines: corrupt and truncated shards, bad members, dead URLs.
 Each gets a message naming the shard URL and byte offset (or key), is counted, and follows the
 error policy: skip goes on with every good sample, fail stops with the record. No crash, no hang."""
+import gzip
 import io
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, nginx, read_batches, run, write_graph  # noqa: E402
+from sfutil import Checks, make_dataset, nginx, read_batches, run, tar_whole_samples, write_graph  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-bad-")
@@ -86,20 +89,67 @@ def expect(name, urls, kept, needles, errors_at_least=1):
 
 keys_of = lambda lo, hi: [f"{i:07d}" for i in range(lo, hi)]  # noqa: E731
 good3 = keys_of(30, 40)
-# A sample is complete only once the next member's header shows another key, so the sample
-# before a damaged header is reported (with its key) rather than passed on possibly short.
-expect("corrupt", f"{corrupt}::{good[3]}", keys_of(0, 4) + good3,
+# A damaged shard gives the samples Python's tarfile reads whole, the last one before the damage too
+# (one that lost its .cls to a cut header goes on as well, and batch then refuses it).
+whole = lambda path: [k for k, f in tar_whole_samples(path)[0] if f == ["ppm", "cls"]]  # noqa: E731
+check(whole(corrupt) == keys_of(0, 5), f"tarfile reads 0000004 whole before the damaged header: {whole(corrupt)}")
+expect("corrupt", f"{corrupt}::{good[3]}", whole(corrupt) + good3,
        [re.escape(corrupt) + r" @ byte \d+"])
-cut = len(raw) // 2 + 100
-with tarfile.open(good[1]) as tf:
-    members = tf.getmembers()
-# sample k survives when its members end before the cut and the next sample's first header is whole
-whole = [k for i, k in enumerate(keys_of(10, 20))
-         if 2 * i + 2 < len(members) and members[2 * i + 2].offset + 512 <= cut]
-expect("truncated", f"{truncated}::{good[3]}", whole + good3, [re.escape(truncated) + r" @ byte \d+"])
+expect("truncated", f"{truncated}::{good[3]}", whole(truncated) + good3, [re.escape(truncated) + r" @ byte \d+"])
 expect("members", f"{bad_members}::{good[3]}", [k for k in keys_of(20, 30) if k not in ("0000023", "0000024", "0000027")] + good3,
        [r"key 0000023", r"key 0000024", r"key 0000027"], errors_at_least=3)
 expect("missing", f"{tmp}/nonexistent.tar::{good[3]}", good3, [re.escape(f"{tmp}/nonexistent.tar")])
+
+# .tar.gz damage that only gzip's CRC-32 and length show (`gzip -t` is the reference): changed
+# deflate data that still inflates (the audit's wrong pixels), a changed CRC or length, a cut trailer.
+plain = open(good[2], "rb").read()
+gz = gzip.compress(plain, mtime=0)
+HEADER = 10  # gzip.compress writes no file name
+
+
+def silent_corruption(data):
+    """The first 4-byte change from the middle on that inflates to the same length, changing only .ppm data."""
+    with tarfile.open(good[2]) as tf:
+        ppm = [(m.offset_data, m.offset_data + m.size) for m in tf.getmembers() if m.name.endswith(".ppm")]
+    for at in range(len(data) // 2, len(data) - 8):
+        bad = bytearray(data)
+        bad[at:at + 4] = bytes(b ^ 0x5a for b in bad[at:at + 4])
+        try:
+            out = zlib.decompressobj(-15).decompress(bytes(bad[HEADER:-8]))
+        except zlib.error:
+            continue
+        diff = [i for i in range(len(plain)) if len(out) == len(plain) and out[i] != plain[i]]
+        if diff and all(any(lo <= i < hi for lo, hi in ppm) for i in diff):
+            return bytes(bad)
+    raise AssertionError("no silent corruption found")
+
+
+# Likewise zstd's content checksum (written by the zstd CLI) and a cut frame, with `zstd -t`, on a
+# shard larger than one read, so that the tar's end comes before the frame's.
+big_dir = os.path.join(tmp, "big")
+os.makedirs(big_dir)
+_, big_truth = make_dataset(big_dir, shards=1, per_shard=50, size=32)
+zst = subprocess.run(["zstd", "-q", "-c", os.path.join(big_dir, "shard-000000.tar")], capture_output=True,
+                     check=True).stdout
+variants = {
+    "gz-pixels": silent_corruption(gz),
+    "gz-crc": gz[:-8] + bytes(b ^ 1 for b in gz[-8:-4]) + gz[-4:],
+    "gz-length": gz[:-4] + bytes(b ^ 1 for b in gz[-4:]),
+    "gz-cut": gz[:-6],
+    "zst-checksum": zst[:-1] + bytes([zst[-1] ^ 1]),
+    "zst-cut": zst[:-4],
+}
+for name, data in variants.items():
+    kind = "gzip" if name.startswith("gz") else "zstd"
+    path = os.path.join(tmp, name + (".tar.gz" if kind == "gzip" else ".tar.zst"))
+    with open(path, "wb") as f:
+        f.write(data)
+    check(subprocess.run([kind, "-t", path], capture_output=True).returncode != 0, f"{name}: {kind} -t rejects it")
+    p = run(["ls", path], check=False)
+    check(p.returncode == 1 and path in p.stderr and kind in p.stderr, f"{name}: ls reports it: {p.returncode} {p.stderr}")
+    # The tar inside is whole, so its samples arrive; the record follows, and the next shard is read.
+    inside = keys_of(20, 30) if kind == "gzip" else list(big_truth)
+    expect(name, f"{path}::{good[3]}", inside + good3, [re.escape(path) + ".*" + kind])
 
 with nginx(tmp) as base:
     expect("http404", f"{base}/nope.tar::{base}/{os.path.basename(good[3])}", good3,

@@ -32,7 +32,9 @@ static void add_image(sf_sample *s, const char *name, int id, int h, int w) {
 static sf_sample *make_sample(int id, uint64_t epoch, int h, int w) {
   sf_sample *s = sf_sample_new();
   assert_non_null(s);
-  snprintf(s->key, sizeof s->key, "sample%04d", id);
+  char key[32];
+  snprintf(key, sizeof key, "sample%04d", id);
+  assert_int_equal(sf_sample_set_key(s, key, strlen(key)), 0);
   const char url[] = "/data/shard-000.tar";
   s->url = sf_buffer_new(sizeof url);
   memcpy(sf_buffer_data(s->url), url, sizeof url);

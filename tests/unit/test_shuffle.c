@@ -30,7 +30,9 @@ static sf_harness *new_shuffle(const char *buffer_size, const char *initial, uin
 static void push_sample(sf_harness *h, int id, uint64_t epoch) {
   sf_sample *s = sf_sample_new();
   assert_non_null(s);
-  snprintf(s->key, sizeof s->key, "%d", id);
+  char key[16];
+  snprintf(key, sizeof key, "%d", id);
+  assert_int_equal(sf_sample_set_key(s, key, strlen(key)), 0);
   s->epoch = epoch;
   s->index = (uint64_t)id;
   sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = epoch, .u.sample = s};

@@ -176,7 +176,7 @@ static void test_sample_index_and_url_shared(void **state) {
 
 static const member skips[] = {
     FILE_("__meta__", "m"),
-    FILE_("__info.json", "i"),
+    FILE_("__info.json", "i"),                   /* WebDataset keeps it: key "__info" */
     DIR_("top"),
     FILE_("top/x.jpg", "X"),
     SYMLINK_("link.jpg", "top/x.jpg"),
@@ -186,7 +186,9 @@ static const member skips[] = {
     FILE_("top/y.jpg", "Y"),
     FILE_("top/.z", "Z"),                        /* WebDataset: key "top/" */
     FILE_("a.b/.w", "W"),                        /* dotted parent: no key at all */
-    FILE_("sub/__meta__.json", "S"),             /* only top-level __ names are metadata */
+    FILE_("sub/__meta__.json", "S"),             /* only a first component __NAME__ is metadata */
+    FILE_("__meta__/inner.json", "I"),           /* like this one */
+    FILE_("__key__.txt", "K"),                   /* WebDataset keeps it */
     END_,
 };
 
@@ -194,10 +196,12 @@ static void test_skips(void **state) {
   size_t size;
   uint8_t *tar = build_tar(skips, FILTER_NONE, &size);
   sf_tar_reader *t = open_memory(tar, size);
+  expect_sample(t, 0, "__info", "json", "i", ustar_offset(skips, 1));
   expect_sample(t, 0, "top/x", "jpg", "X", ustar_offset(skips, 3));
   expect_sample(t, 0, "top/y", "jpg", "Y", ustar_offset(skips, 8));
   expect_sample(t, 0, "top/", "z", "Z", ustar_offset(skips, 9));
   expect_sample(t, 0, "sub/__meta__", "json", "S", ustar_offset(skips, 11));
+  expect_sample(t, 0, "__key__", "txt", "K", ustar_offset(skips, 13));
   expect_eof(t);
   sf_tar_reader_close(&t);
   free(tar);
@@ -250,8 +254,8 @@ static void test_limits(void **state) {
   sf_tar_reader *t = open_memory(tar, size);
   sf_sample *s = NULL;
   sf_error e;
-  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
-  assert_int_equal(strlen(s->key), sizeof s->key - 1);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0); /* keys have no length limit */
+  assert_int_equal(strlen(s->key), 150);
   sf_sample_destroy(&s);
   assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
   assert_string_equal(s->key, "f");
@@ -268,8 +272,8 @@ static void test_limits(void **state) {
   free(tar);
 }
 
-/* A sparse pax member claiming 2 GiB takes a few bytes in the tar: over the limit, skipped. */
-static void test_oversized_member(void **state) {
+/* A sparse pax member claiming 2 GiB takes a few bytes in the tar: refused unread, the sample goes on. */
+static void test_sparse_member(void **state) {
   size_t cap = 1 << 16, size;
   uint8_t *buf = malloc(cap);
   struct archive *a = archive_write_new();
@@ -295,10 +299,12 @@ static void test_oversized_member(void **state) {
   archive_write_free(a);
 
   sf_tar_reader *t = open_memory(buf, size);
+  sf_tar_reader_set_limits(t, (int64_t)4 << 30, (int64_t)4 << 30); /* refused for being sparse, not for its size */
   sf_sample *s = NULL;
   sf_error err;
-  assert_int_equal(sf_tar_reader_next(t, &s, &err), SF_ETOOBIG);
-  assert_non_null(strstr(err.message, "1 GiB"));
+  assert_int_equal(sf_tar_reader_next(t, &s, &err), SF_EUNSUPPORTED);
+  assert_non_null(strstr(err.message, "big.bin is a sparse file"));
+  assert_string_equal(err.key, "big");
   assert_string_equal(s->key, "big");
   assert_int_equal(s->n_fields, 1);
   assert_string_equal(s->fields[0].name, "cls");
@@ -308,49 +314,39 @@ static void test_oversized_member(void **state) {
   free(buf);
 }
 
-/* Sparse members (GNU sparse in pax): holes read as zeros, leading and trailing. */
-static void test_sparse_member(void **state) {
-  size_t cap = 1 << 16, size;
-  uint8_t *buf = malloc(cap);
-  struct archive *a = archive_write_new();
-  archive_write_set_format_pax(a);
-  assert_int_equal(archive_write_open_memory(a, buf, cap, &size), ARCHIVE_OK);
-  struct archive_entry *e = archive_entry_new();
-  const char *names[] = {"s.head", "s.tail"};
-  for (int i = 0; i < 2; i++) {
-    archive_entry_clear(e);
-    archive_entry_set_pathname(e, names[i]);
-    archive_entry_set_filetype(e, AE_IFREG);
-    archive_entry_set_perm(e, 0644);
-    archive_entry_set_size(e, 4096);
-    archive_entry_sparse_add_entry(e, i == 0 ? 0 : 4092, 4);
-    assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
-    /* The writer takes the logical bytes up to the last data region and stores the regions. */
-    static char logical[4096];
-    memcpy(logical + (i == 0 ? 0 : 4092), "DATA", 4);
-    archive_write_data(a, logical, i == 0 ? 4 : 4096);
-  }
-  archive_entry_free(e);
-  assert_int_equal(archive_write_close(a), ARCHIVE_OK);
-  archive_write_free(a);
-
-  sf_tar_reader *t = open_memory(buf, size);
+/* max_member_size and max_sample_size: the member that crosses one is dropped, the shard goes on. */
+static void test_member_limits(void **state) {
+  static char m2000[2001], m900[901];
+  memset(m2000, 'x', 2000);
+  memset(m900, 'y', 900);
+  const member m[] = {
+      FILE_("a.jpg", m2000), FILE_("a.cls", "1"),
+      FILE_("b.x", m900),    FILE_("b.y", m900), FILE_("b.z", m900), /* 2700 bytes together */
+      FILE_("c.jpg", m900),  END_,
+  };
+  size_t size;
+  uint8_t *tar = build_tar(m, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  sf_tar_reader_set_limits(t, 1024, 2048);
   sf_sample *s = NULL;
-  sf_error err;
-  assert_int_equal(sf_tar_reader_next(t, &s, &err), 0);
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
+  assert_non_null(strstr(e.message, "a.jpg is 2000 bytes, over tar_split's max_member_size (1024)"));
+  assert_string_equal(e.key, "a");
+  assert_int_equal(s->n_fields, 1);
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
+  assert_non_null(strstr(e.message, "with member b.z the sample holds 2700 bytes, over tar_split's max_sample_size (2048)"));
   assert_int_equal(s->n_fields, 2);
-  for (int i = 0; i < 2; i++) {
-    const uint8_t *d = sf_tensor_data(&s->fields[i].tensor);
-    assert_int_equal(s->fields[i].tensor.shape[0], 4096);
-    size_t at = i == 0 ? 0 : 4092;
-    assert_memory_equal(d + at, "DATA", 4);
-    for (size_t k = 0; k < 4096; k++)
-      if (k < at || k >= at + 4) assert_int_equal(d[k], 0);
-  }
+  sf_sample_destroy(&s);
+  /* The sample limit is per sample: c starts again from 0 bytes. */
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  assert_string_equal(s->key, "c");
+  assert_int_equal(s->fields[0].tensor.shape[0], 900);
   sf_sample_destroy(&s);
   expect_eof(t);
   sf_tar_reader_close(&t);
-  free(buf);
+  free(tar);
 }
 
 static const member two[] = {
@@ -377,11 +373,30 @@ static void test_truncated(void **state) {
   assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
   sf_tar_reader_close(&t);
 
-  /* Cut inside the second header: s0 cannot be known complete, so it is not returned. */
+  /* Cut inside the second header: s0's members so far are whole, so it goes on (as tarfile reads
+   * it); the error follows, naming no key since no sample was cut. */
   t = open_memory(tar, (size_t)ustar_offset(two, 1) + 100);
+  expect_sample(t, 0, "s0", "jpg", NULL, 0);
   assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_null(s);
   assert_int_equal(e.offset, ustar_offset(two, 1));
-  assert_string_equal(e.key, "s0");
+  assert_string_equal(e.key, "");
+  assert_non_null(strstr(e.message, "after sample s0"));
+  sf_tar_reader_close(&t);
+
+  /* Cut in the block padding after s0.cls: every byte of it arrived, so s0 is whole. */
+  t = open_memory(tar, (size_t)ustar_offset(two, 1) + 512 + 1 + 100);
+  expect_sample(t, 0, "s0", "jpg,cls", NULL, 0);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_string_equal(e.key, "");
+  sf_tar_reader_close(&t);
+
+  /* Cut at a member boundary: libarchive sees a clean end, but tar's end-of-archive blocks are missing. */
+  t = open_memory(tar, (size_t)ustar_offset(two, 2));
+  expect_sample(t, 0, "s0", "jpg,cls", NULL, 0);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_int_equal(e.offset, ustar_offset(two, 2));
+  assert_non_null(strstr(e.message, "end-of-archive"));
   sf_tar_reader_close(&t);
   free(tar);
 }
@@ -420,6 +435,19 @@ static void test_filters(void **state) {
       sf_tar_reader_close(&t);
     }
     assert_int_equal(rc, SF_EFORMAT);
+    if (filter == FILTER_GZIP) {
+      /* A wrong CRC-32 in the trailer: every sample is whole, then the shard's damage is reported. */
+      tar[size - 8] ^= 1;
+      t = open_memory(tar, size);
+      sf_sample *s = NULL;
+      int n = 0;
+      while ((rc = sf_tar_reader_next(t, &s, &e)) == 0) sf_sample_destroy(&s), n++;
+      assert_int_equal(n, 6);
+      assert_int_equal(rc, SF_EFORMAT);
+      assert_non_null(strstr(e.message, "gzip stream is corrupt (zlib: incorrect data check)"));
+      assert_string_equal(e.key, "");
+      sf_tar_reader_close(&t);
+    }
     free(tar);
   }
 }
@@ -670,8 +698,8 @@ int main(void) {
       cmocka_unit_test(test_skips),
       cmocka_unit_test(test_duplicate_field),
       cmocka_unit_test(test_limits),
-      cmocka_unit_test(test_oversized_member),
       cmocka_unit_test(test_sparse_member),
+      cmocka_unit_test(test_member_limits),
       cmocka_unit_test(test_truncated),
       cmocka_unit_test(test_not_a_tar),
       cmocka_unit_test(test_filters),

@@ -234,7 +234,10 @@ static void make_samples(sample_set *set) {
   sf_buffer *url = url_buffer("http://127.0.0.1:8750/cifar/train-000007.tar");
   for (int i = 0; i < 3; i++) {
     sf_sample *s = set->s[i] = sf_sample_new();
-    snprintf(s->key, sizeof s->key, "train/%06d", 100 + i);
+    char key[400];
+    snprintf(key, sizeof key, "train/%06d", 100 + i);
+    if (i == 2) memset(key + strlen(key), 'k', 300), key[312] = '\0'; /* keys have no 127-byte limit */
+    assert_int_equal(sf_sample_set_key(s, key, strlen(key)), 0);
     s->url = i < 2 ? sf_buffer_ref(url) : url_buffer("file:///data/other.tar");
     s->epoch = 2;
     s->shard_index = 7;
@@ -519,7 +522,7 @@ typedef struct craft {
   int64_t shape[8];
   size_t frame_sizes[4];
   int n_frames;
-  char big[5000];
+  char big[70000];
 } craft;
 
 static void craft_init(craft *c) {
@@ -565,7 +568,7 @@ static void m_type0(craft *c) { c->h.type = 0; }
 static void m_type99(craft *c) { c->h.type = 99; }
 static void m_samples_in_credit(craft *c) { c->h.type = SF_WIRE__MESSAGE_TYPE__CREDIT; }
 static void m_text_in_unit(craft *c) { c->h.text = "hello"; }
-static void m_key_long(craft *c) { c->big[128] = '\0'; c->sample.key = c->big; }
+static void m_key_long(craft *c) { c->big[65536] = '\0'; c->sample.key = c->big; }
 static void m_url_long(craft *c) { c->big[4096] = '\0'; c->sample.url = c->big; }
 static void m_name_long(craft *c) { c->big[32] = '\0'; c->field.name = c->big; }
 static void m_dtype(craft *c) { c->field.dtype = SF_DTYPE_COUNT_; }
@@ -720,7 +723,7 @@ static void test_malformed(void **state) {
   /* the base case is valid */
   craft c;
   craft_init(&c);
-  uint8_t packed[16384];
+  static uint8_t packed[1 << 17]; /* room for a header with a key over the 64 KiB limit */
   size_t n = sf_wire__header__pack(&c.h, packed);
   send_raw(attacker, packed, n, c.frame_sizes, c.n_frames);
   sf_wire_message r;
