@@ -103,8 +103,9 @@ def write_shard(path, samples):
     return offsets
 
 
-def write_graph(shard, out_dir, mode="keep", policy="fail", extra=None, replicas=1):
-    lines = [
+def write_graph(shard, out_dir, mode="keep", policy="fail", extra=None, replicas=1, settings=None):
+    lines = [f"{k}: {v}" for k, v in (settings or {}).items()]
+    lines += [
         "seed: 1",
         "epochs: 1",
         f"error_policy: {policy}",
@@ -363,7 +364,8 @@ def test_jpeg_warnings():
         same = np.array_equal(np.array(Image.open(io.BytesIO(data))), np.array(Image.open(io.BytesIO(ref))))
         check(same, f"jpeg warnings: PIL decodes slack JPEG {i} like the clean one")
     out = os.path.join(TMP, "warn")
-    code, _, err = run(write_graph(shard, out, mode="keep", policy="skip"))
+    # 4 of 7 samples are bad on purpose: lift the error budget that would stop such a run
+    code, _, err = run(write_graph(shard, out, mode="keep", policy="skip", settings={"max_error_rate": 1}))
     check(code == 0, f"jpeg warnings: run succeeds (exit {code})")
     got = read_output(out)
     check(sorted(got) == [f"{i:07d}" for i in range(len(good))],

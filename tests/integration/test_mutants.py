@@ -112,7 +112,7 @@ def run(name, path, replicas):
 
 
 rng = random.Random(20261123)
-kinds, strict, item5 = {}, 0, 0
+kinds, strict = {}, 0
 for i in range(MUTANTS):
     kind, blob = mutate(rng)
     kinds[kind] = kinds.get(kind, 0) + 1
@@ -130,11 +130,7 @@ for i in range(MUTANTS):
     check(len(b1) == len(b2) and all(k1 == k2 and all(np.array_equal(f1[n], f2[n]) for n in f1)
                                      for (_, _, k1, f1), (_, _, k2, f2) in zip(b1, b2)),
           f"{what}: identical batches with 1 and 2 replicas")
-    if clean and d1 + s1 == samples - 1 and "damaged tar stream" in p1.stderr and s1 == s2:
-        # Issue 16 item 5 (fixed on the tar reader's branch): the complete sample before a truncation is
-        # dropped uncounted. Remove this branch once that fix is merged: the check below then holds.
-        item5 += 1
-    elif clean:
+    if clean:
         strict += 1
         check(d1 + s1 == samples, f"{what}: delivered {d1} + skipped {s1} = {samples} samples (tarfile)\n{p1.stderr}")
     else:
@@ -145,7 +141,6 @@ for i in range(MUTANTS):
     shutil.rmtree(os.path.join(tmp, f"out-m{i:04d}-2"), ignore_errors=True)
     os.unlink(path) if (d1 + s1 == samples or not clean) else None
 
-print(f"{MUTANTS} mutants {kinds}; {strict} read cleanly by tarfile and counted exactly; "
-      f"{item5} lose the sample before a truncation (issue 16 item 5)")
+print(f"{MUTANTS} mutants {kinds}; {strict} read cleanly by tarfile and counted exactly")
 check(strict > MUTANTS // 8, f"enough mutants have an exact reference: {strict}")
 check.done("mutants")
