@@ -404,6 +404,15 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     sf_pipeline_destroy(&p);
     return r;
   }
+  if (c->epochs > 0 && c->first_epoch >= c->epochs) {
+    r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
+                       "cannot start at epoch %llu: the run has %llu epochs (0..%llu); resume from an earlier "
+                       "state or raise epochs",
+                       (unsigned long long)c->first_epoch, (unsigned long long)c->epochs,
+                       (unsigned long long)c->epochs - 1);
+    sf_pipeline_destroy(&p);
+    return r;
+  }
   int *order;
   const sf_stage_def **defs;
   r = sf_graph_resolve(p->graph, &order, &defs, error);

@@ -183,6 +183,13 @@ with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="", rank=1, w
         check2("world size" in str(e), f"refusal says why: {e}")
     q.set_epoch(1)
     check2(q.epoch == 1 and q.step == 0, "set_epoch starts an epoch")
+# A state past the run's last epoch is refused when loaded, not a pipeline that silently yields nothing.
+with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="", epochs=2) as q:
+    try:
+        q.load_state_dict(dict(state, epoch=2, step=0))
+        check2(False, "a state past the last epoch is refused")
+    except shardflow.ShardflowError as e:
+        check2("epoch 2" in str(e) and "2 epochs" in str(e), f"the refusal names the epoch and the run's epochs: {e}")
 check2.done("python resume")
 
 # PyTorch: tensors without a copy (bfloat16 too), and DataLoader(batch_size=None) with two workers
