@@ -83,7 +83,7 @@ run=$(mktemp -d)
 [ -n "$port" ] || port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 # Keys for (c): the head's pair and two workers' (their .pub files are the allow-list).
-# A key file whose Z85 key holds '#' is not read back by this tree's engine/transport.c (it takes '#' for a
+# A key file whose Z85 key holds '#' is not read back by this tree's engine/group/transport.c (it takes '#' for a
 # comment, even inside the quotes), so such pairs are made again.
 mkdir -p "$run/keys/allowed"
 for name in head w1 w2; do

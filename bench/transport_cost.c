@@ -22,8 +22,8 @@
 
 #include <zmq.h>
 
-#include "engine/transport.h"
-#include "engine/wire.h"
+#include "transport.h"
+#include "wire.h"
 #include "shardflow/sample.h"
 
 /* A message shape: n_samples samples of one float32 field of `shape`. */

@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "engine/options.h"
-#include "engine/remote.h"
+#include "options.h"
+#include "remote.h"
 
 /* Groups are configured by the _remote stage's options table; shown under the name users write. */
 static sf_stage_def groups_def(void) {

@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "engine/files.h"
-#include "engine/transport.h"
+#include "files.h"
+#include "transport.h"
 
 static const char keygen_usage[] = "usage: shardflow keygen NAME [--dir DIR]\n";
 

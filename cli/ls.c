@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "engine/shard_list.h"
-#include "engine/tar_reader.h"
+#include "shard_list.h"
+#include "tar_reader.h"
 
 static const char usage[] =
     "usage: shardflow ls [--json] [--allow-pipe] [--shards] URL...\n"

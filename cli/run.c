@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "engine/graph.h"
-#include "engine/node.h"
-#include "engine/options.h"
-#include "engine/remote.h"
+#include "graph.h"
+#include "node.h"
+#include "options.h"
+#include "remote.h"
 #include "shardflow/shardflow.h"
 
 static void usage(FILE *out) {

@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "engine/options.h"
-#include "engine/worker.h"
+#include "options.h"
+#include "worker.h"
 
 static volatile sig_atomic_t stop_requested;
 

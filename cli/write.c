@@ -16,10 +16,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "engine/files.h"
+#include "files.h"
 #include "cli/cli.h"
-#include "engine/image.h"
-#include "engine/options.h"
+#include "image.h"
+#include "options.h"
 #include "shardflow/stage.h"
 #include "shardflow/storage.h"
 

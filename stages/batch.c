@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/pin.h"
+#include "pin.h"
 #include "shardflow/pool.h"
 #include "shardflow/stage.h"
 

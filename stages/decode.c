@@ -10,7 +10,7 @@
 
 #include <zlib.h>
 
-#include "engine/image.h"
+#include "image.h"
 #include "shardflow/stage.h"
 
 typedef struct decode {

@@ -7,9 +7,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/image.h"
-#include "engine/files.h"
-#include "engine/npy.h"
+#include "image.h"
+#include "files.h"
+#include "npy.h"
 #include "shardflow/stage.h"
 
 typedef struct device_sink {

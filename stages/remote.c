@@ -33,11 +33,11 @@
 
 #include <zmq.h>
 
-#include "engine/files.h"
-#include "engine/node.h"
-#include "engine/remote.h"
-#include "engine/transport.h"
-#include "engine/wire.h"
+#include "files.h"
+#include "node.h"
+#include "remote.h"
+#include "transport.h"
+#include "wire.h"
 
 extern char **environ;
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/shard_list.h"
+#include "shard_list.h"
 #include "shardflow/stage.h"
 
 typedef struct shard_source {

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/prefetch.h"
-#include "engine/shard_cache.h"
-#include "engine/tar_reader.h"
+#include "prefetch.h"
+#include "shard_cache.h"
+#include "tar_reader.h"
 #include "shardflow/stage.h"
 
 /* Most shards read ahead. */

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/harness.h"
+#include "harness.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

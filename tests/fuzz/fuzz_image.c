@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/image.h"
+#include "image.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -3,7 +3,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tar_reader.h"
+#include "tar_reader.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

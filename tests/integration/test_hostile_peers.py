@@ -49,7 +49,7 @@ EPOCHS, BATCH = 2, 16
 MAX_MESSAGE = 1 << 20
 
 
-# ---------------------------------------------------------------- protobuf, by hand (engine/wire.proto)
+# ---------------------------------------------------------------- protobuf, by hand (engine/group/wire.proto)
 def varint(n):
     out = bytearray()
     while True:

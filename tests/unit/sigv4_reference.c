@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/object_store.h"
+#include "object_store.h"
 
 int main(int argc, char **argv) {
   if (argc < 5) {

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "engine/harness.h"
+#include "harness.h"
 
 enum { H = 4, W = 5, C = 3 };
 

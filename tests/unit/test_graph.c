@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "engine/graph.h"
+#include "graph.h"
 
 static const char *const good =
     "seed: 7\n"

@@ -1,4 +1,4 @@
-/* Unit tests for engine/npy.c: .npy 1.0 headers and data for every dtype, strided views, errors. */
+/* Unit tests for engine/codec/npy.c: .npy 1.0 headers and data for every dtype, strided views, errors. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "engine/npy.h"
+#include "npy.h"
 
 static char dir[256];
 

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "engine/options.h"
+#include "options.h"
 
 typedef struct opts {
   bool flag;

@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "engine/queue.h"
+#include "queue.h"
 
 static sf_item marker(uint64_t epoch) {
   sf_item it = {.kind = SF_ITEM_EPOCH_END, .epoch = epoch};

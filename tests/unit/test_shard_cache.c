@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "engine/shard_cache.h"
+#include "shard_cache.h"
 
 /* A fresh temporary directory for one test (removed by rm_tree). */
 static char *make_tmpdir(void) {

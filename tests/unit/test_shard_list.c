@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "engine/shard_list.h"
+#include "shard_list.h"
 
 /* Expands spec and checks the URLs against the NULL-terminated list of expected ones. */
 static void expect_urls(const char *spec, const char *const *expected) {

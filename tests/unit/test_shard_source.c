@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "engine/harness.h"
+#include "harness.h"
 
 #define N_SHARDS 100
 #define URLS "urls=s-{000..099}.tar"

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "engine/harness.h"
+#include "harness.h"
 
 enum { MAX_OUT = 1024, END = -1 };
 

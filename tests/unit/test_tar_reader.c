@@ -18,8 +18,8 @@
 #include <archive_entry.h>
 #include <cmocka.h>
 
-#include "engine/harness.h"
-#include "engine/tar_reader.h"
+#include "harness.h"
+#include "tar_reader.h"
 #include "shardflow/stage.h"
 
 typedef struct member {

@@ -1,5 +1,5 @@
 /*
- * engine/transport.c over real TCP on 127.0.0.1 (port 0): CURVE with a ZAP
+ * engine/group/transport.c over real TCP on 127.0.0.1 (port 0): CURVE with a ZAP
  * allow-list, refusals of NULL/PLAIN/unknown keys/garbage, fail-closed
  * listening, plaintext only when asked, the message-size bound, key files.
  */
@@ -21,7 +21,7 @@
 #include <cmocka.h>
 #include <zmq.h>
 
-#include "engine/transport.h"
+#include "transport.h"
 
 typedef struct fixture {
   char dir[64];

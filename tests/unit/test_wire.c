@@ -11,7 +11,7 @@
 #include <cmocka.h>
 #include <zmq.h>
 
-#include "engine/wire.h"
+#include "wire.h"
 #include "shardflow/stage.h"
 #include "wire.pb-c.h"
 

@@ -1,0 +1,292 @@
+/* The node API stages call (pop, push, errors, seeds, epochs) and the shared context. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "graph.h"
+#include "node.h"
+
+enum { MAX_PRINTED_ERRORS = 20 };
+/* The error rate is noise over the first few samples (one bad sample first would be 100%). */
+enum { MIN_SAMPLES_FOR_RATE = 100 };
+
+void sf_context_init(sf_context *ctx) {
+  memset(ctx, 0, sizeof *ctx);
+  ctx->world_size = 1;
+  atomic_init(&ctx->epochs_closed, 0);
+  atomic_init(&ctx->stop, false);
+  atomic_init(&ctx->samples_read, 0);
+  atomic_init(&ctx->over_budget, false);
+  ctx->max_error_rate = 1;
+  pthread_mutex_init(&ctx->error_lock, NULL);
+}
+
+void sf_context_destroy(sf_context *ctx) { pthread_mutex_destroy(&ctx->error_lock); }
+
+static int check_budget_locked(sf_context *ctx, bool final) {
+  if (atomic_load(&ctx->over_budget)) return SF_EBUDGET;
+  uint64_t read = atomic_load(&ctx->samples_read);
+  char why[512];
+  if (ctx->max_errors && ctx->error_count > ctx->max_errors)
+    snprintf(why, sizeof why, "%llu error records, more than max_errors %llu",
+             (unsigned long long)ctx->error_count, (unsigned long long)ctx->max_errors);
+  else if (read && (final || read >= MIN_SAMPLES_FOR_RATE) && (double)ctx->skipped > ctx->max_error_rate * (double)read)
+    snprintf(why, sizeof why, "%llu of %llu samples read were skipped (%.0f%%), more than max_error_rate %g",
+             (unsigned long long)ctx->skipped, (unsigned long long)read, 100.0 * (double)ctx->skipped / (double)read,
+             ctx->max_error_rate);
+  else
+    return 0;
+  sf_error e;
+  sf_error_set(&e, SF_EBUDGET, NULL, NULL, NULL, -1, -1,
+               "stopping: %s (the last error: %s); fix the input, or raise the graph's max_errors / "
+               "max_error_rate (or set error_policy: fail to stop at the first error)",
+               why, ctx->has_error ? ctx->last_error.message : "none");
+  ctx->last_error = e;
+  ctx->has_error = true;
+  atomic_store(&ctx->over_budget, true);
+  return SF_EBUDGET;
+}
+
+int sf_context_check_budget(sf_context *ctx, bool final) {
+  pthread_mutex_lock(&ctx->error_lock);
+  int r = check_budget_locked(ctx, final);
+  pthread_mutex_unlock(&ctx->error_lock);
+  return r;
+}
+
+static void record_locked(sf_context *ctx, const sf_error *e) {
+  ctx->error_count++;
+  ctx->last_error = *e;
+  ctx->has_error = true;
+  if (ctx->on_record) ctx->on_record(ctx->on_record_opaque, e);
+  if (!ctx->quiet && ctx->printed < MAX_PRINTED_ERRORS) {
+    char line[2048];
+    fprintf(stderr, "shardflow: error: %s\n", sf_error_format(e, line, sizeof line));
+    if (++ctx->printed == MAX_PRINTED_ERRORS)
+      fprintf(stderr, "shardflow: further errors are counted but not printed (see the summary)\n");
+  }
+  check_budget_locked(ctx, false);
+}
+
+void sf_context_record(sf_context *ctx, const sf_error *e) {
+  pthread_mutex_lock(&ctx->error_lock);
+  record_locked(ctx, e);
+  pthread_mutex_unlock(&ctx->error_lock);
+}
+
+void *sf_node_priv(sf_node *n) { return n->priv; }
+const char *sf_node_name(const sf_node *n) { return n->name; }
+int sf_node_replica(const sf_node *n) { return n->replica; }
+int sf_node_replicas(const sf_node *n) { return n->replicas; }
+uint64_t sf_node_epochs(const sf_node *n) { return n->ctx->epochs; }
+uint64_t sf_node_first_epoch(const sf_node *n) { return n->ctx->first_epoch; }
+uint64_t sf_node_first_step(const sf_node *n) { return n->ctx->first_step; }
+int sf_node_rank(const sf_node *n) { return n->ctx->rank; }
+int sf_node_world_size(const sf_node *n) { return n->ctx->world_size; }
+
+uint64_t sf_node_seed(const sf_node *n) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the node name */
+  for (const char *s = n->name; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return sf_seed_mix(n->ctx->seed, h);
+}
+
+void sf_node_close_epoch(sf_node *n, uint64_t epoch) {
+  uint64_t want = epoch + 1, cur = atomic_load(&n->ctx->epochs_closed);
+  while (cur < want && !atomic_compare_exchange_weak(&n->ctx->epochs_closed, &cur, want)) {
+  }
+}
+
+uint64_t sf_node_epochs_closed(const sf_node *n) { return atomic_load(&n->ctx->epochs_closed); }
+
+bool sf_node_cancelled(const sf_node *n) { return atomic_load(&n->ctx->stop); }
+
+/* The stage that splits shards into samples: what it reads is the error rate's denominator. */
+static bool splits_shards(const sf_node *n) {
+  return n->def->input == SF_PORT_SHARD && n->def->output == SF_PORT_SAMPLE;
+}
+
+void sf_node_count_output(sf_node *n, uint64_t items, uint64_t bytes) {
+  atomic_fetch_add_explicit(&n->items, items, memory_order_relaxed);
+  atomic_fetch_add_explicit(&n->bytes, bytes, memory_order_relaxed);
+  if (splits_shards(n)) atomic_fetch_add_explicit(&n->ctx->samples_read, items, memory_order_relaxed);
+}
+
+void sf_node_count_skipped(sf_node *n, uint64_t samples) {
+  atomic_fetch_add_explicit(&n->skipped, samples, memory_order_relaxed);
+  if (splits_shards(n)) atomic_fetch_add_explicit(&n->ctx->samples_read, samples, memory_order_relaxed);
+  pthread_mutex_lock(&n->ctx->error_lock);
+  n->ctx->skipped += samples;
+  check_budget_locked(n->ctx, false);
+  pthread_mutex_unlock(&n->ctx->error_lock);
+}
+
+int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_t offset, const char *fmt, ...) {
+  sf_error e;
+  va_list ap;
+  va_start(ap, fmt);
+  sf_error_setv(&e, code, n->name, url, key, offset, -1, fmt, ap);
+  va_end(ap);
+  atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
+  sf_context_record(n->ctx, &e);
+  return n->ctx->error_policy == SF_POLICY_FAIL ? code : 0;
+}
+
+int sf_node_error_record(sf_node *n, const sf_error *e) {
+  atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
+  sf_context_record(n->ctx, e);
+  return n->ctx->error_policy == SF_POLICY_FAIL ? e->code : 0;
+}
+
+/*
+ * Several queues fed in round-robin order: read them in the same order; an epoch end counts once all have it.
+ * Holes (SF_ITEM_NONE) are returned from a single queue, as a replica must pass them on (sf_node_pop),
+ * and skipped where the round-robin readers merge the queues again.
+ */
+static int pop_port(sf_port *p, sf_item *item) {
+  if (p->n == 1) return sf_queue_pop(p->queues[0], item);
+  for (;;) {
+    int r = sf_queue_pop(p->queues[p->rr], item);
+    if (r < 0) return r;
+    p->rr = (p->rr + 1) % p->n;
+    if (item->kind == SF_ITEM_NONE) continue;
+    if (item->kind != SF_ITEM_EPOCH_END) return 0;
+    if (++p->markers < p->n) continue;
+    p->markers = 0;
+    return 0;
+  }
+}
+
+/* Returns 0, or SF_ENOMEM when an item was lost (the queue could not grow). */
+static int push_port(sf_port *p, sf_item *item) {
+  if (p->n == 1) return sf_queue_push(p->queues[0], item);
+  int r = 0;
+  if (item->kind == SF_ITEM_EPOCH_END) {
+    for (int i = 0; i < p->n; i++) {
+      sf_item copy = *item;
+      r |= sf_queue_push(p->queues[i], &copy);
+    }
+    item->kind = SF_ITEM_NONE;
+    return r ? SF_ENOMEM : 0;
+  }
+  r = sf_queue_push(p->queues[p->rr], item);
+  p->rr = (p->rr + 1) % p->n;
+  return r;
+}
+
+/* Nothing is lost silently: an item the queue could not take is an error record. */
+static void push_or_report(sf_node *n, sf_item *item) {
+  bool sample = item->kind == SF_ITEM_SAMPLE;
+  if (push_port(&n->out, item) == 0) return;
+  sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: an item on the way out of this node was dropped");
+  if (sample) sf_node_count_skipped(n, 1);
+}
+
+bool sf_port_can_push(sf_port *p) { return p->n == 0 || sf_queue_can_push(p->queues[p->rr]); }
+
+int sf_node_pop(sf_node *n, sf_item *item) {
+  if (n->in.n == 0) return SF_EOF;
+  bool map = n->def->flags & SF_STAGE_MAP;
+  for (;;) {
+    int r = pop_port(&n->in, item);
+    if (r < 0) return r;
+    if (item->kind == SF_ITEM_NONE) {
+      /* A replica is one lane of several: the hole keeps the lanes in step down to where they merge. */
+      if (map && n->replicas > 1 && sf_queue_push(n->out.queues[0], item) < 0)
+        sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");
+      continue;
+    }
+    if (map && item->kind == SF_ITEM_EPOCH_END) {
+      push_or_report(n, item); /* map stages keep no state: the marker passes straight on */
+      continue;
+    }
+    if (map) n->popped++;
+    return 0;
+  }
+}
+
+/* Shared by a node and the recipes it made, which may outlive it in queues. */
+typedef struct sf_deferred_clock {
+  atomic_uint_fast64_t refs, ns;
+} sf_deferred_clock;
+
+typedef struct timed_recipe {
+  sf_field_recipe base;
+  sf_field_recipe *inner;
+  sf_deferred_clock *clock;
+} timed_recipe;
+
+static _Thread_local uint64_t thread_deferred_ns;
+
+static void clock_unref(sf_deferred_clock *c) {
+  if (c && atomic_fetch_sub(&c->refs, 1) == 1) free(c);
+}
+
+static void timed_write(const sf_field_recipe *recipe, void *dst) {
+  const timed_recipe *t = (const timed_recipe *)recipe;
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  t->inner->write(t->inner, dst);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  uint64_t ns = (uint64_t)((b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec));
+  atomic_fetch_add_explicit(&t->clock->ns, ns, memory_order_relaxed);
+  thread_deferred_ns += ns;
+}
+
+static void timed_destroy(sf_field_recipe *recipe) {
+  timed_recipe *t = (timed_recipe *)recipe;
+  t->inner->destroy(t->inner);
+  clock_unref(t->clock);
+  free(t);
+}
+
+/* Wraps the sample's new recipes so their time is charged here. Only metrics: out of memory leaves them as they are. */
+static void time_deferred(sf_node *n, sf_sample *s) {
+  for (int i = 0; i < s->n_fields; i++) {
+    sf_field *f = &s->fields[i];
+    if (!f->recipe || f->recipe->write == timed_write) continue;
+    if (!n->deferred && (n->deferred = calloc(1, sizeof *n->deferred))) atomic_init(&n->deferred->refs, 1);
+    timed_recipe *t = n->deferred ? malloc(sizeof *t) : NULL;
+    if (!t) return;
+    *t = (timed_recipe){.base = {.write = timed_write, .destroy = timed_destroy}, .inner = f->recipe, .clock = n->deferred};
+    atomic_fetch_add(&n->deferred->refs, 1);
+    f->recipe = &t->base;
+  }
+}
+
+uint64_t sf_node_deferred_ns(const sf_node *n) { return n->deferred ? atomic_load(&n->deferred->ns) : 0; }
+uint64_t sf_thread_deferred_ns(void) { return thread_deferred_ns; }
+
+void sf_node_release_deferred(sf_node *n) {
+  clock_unref(n->deferred);
+  n->deferred = NULL;
+}
+
+void sf_node_push(sf_node *n, sf_item *item) {
+  if (item->kind == SF_ITEM_NONE) return;
+  if (item->kind == SF_ITEM_SAMPLE && n->pipeline) time_deferred(n, item->u.sample);
+  if (n->out.n == 0) {
+    sf_item_clear(item);
+    return;
+  }
+  if (item->kind == SF_ITEM_SAMPLE || item->kind == SF_ITEM_BATCH) n->pushed++;
+  push_or_report(n, item);
+}
+
+bool sf_node_output_ready(const sf_node *n) { return sf_port_can_push((sf_port *)&n->out); }
+
+int sf_node_step(sf_node *n) {
+  n->popped = n->pushed = 0;
+  int r = n->def->step(n);
+  if ((n->def->flags & SF_STAGE_MAP) && n->out.n) {
+    /* A dropped sample leaves a hole so round-robin readers stay in step. */
+    for (; n->pushed < n->popped; n->pushed++) {
+      sf_item hole = {.kind = SF_ITEM_NONE};
+      sf_queue *q = n->out.queues[n->out.n == 1 ? 0 : n->out.rr];
+      if (n->out.n > 1) n->out.rr = (n->out.rr + 1) % n->out.n;
+      if (sf_queue_push(q, &hole) < 0) sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");
+    }
+  }
+  return r;
+}

@@ -1,0 +1,568 @@
+/* The executor: a pool of workers runs the nodes' step functions; bounded queues on every edge; batches out through next(). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "graph.h"
+#include "graph_groups.h"
+#include "node.h"
+#include "options.h"
+
+struct sf_pipeline {
+  sf_graph *graph;
+  sf_context ctx;
+  sf_node **nodes;       /* all replicas, chain order */
+  int n_nodes;
+  sf_queue *queues;      /* every edge queue plus the output queue */
+  int n_queues;
+  sf_queue *output;
+  pthread_t *threads;
+  int n_threads;
+  atomic_int failed;     /* the error code that stopped the pipeline, or 0 */
+  /* scheduler */
+  pthread_mutex_t sched_lock;
+  pthread_cond_t sched_cond;
+  atomic_uint_fast64_t sched_version;
+  atomic_int sleepers;
+  atomic_int live_nodes;
+  uint64_t epoch;
+  uint64_t step;         /* batches returned in this epoch */
+  uint64_t epoch_samples; /* samples returned in this epoch */
+  int event_fd;          /* readable while next() would not wait (see sf_pipeline_fd) */
+  bool done;
+};
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void sf_pipeline_options_init(sf_pipeline_options *o) {
+  o->rank = -1;
+  o->world_size = -1;
+  o->epochs = -1;
+  o->first_epoch = 0;
+  o->first_step = 0;
+}
+
+/*
+ * The first of two environment variables that is set (torchrun's, then Slurm's),
+ * else fallback. A value that is not a whole number is an error, not a silent 0:
+ * every rank reading the same shards would be worse than stopping.
+ */
+static int env_int(const char *a, const char *b, int fallback, int *out, sf_error *error) {
+  const char *name = a, *v = getenv(a);
+  if (!v || !*v) v = getenv(name = b);
+  if (!v || !*v) {
+    *out = fallback;
+    return 0;
+  }
+  char *end;
+  long x = strtol(v, &end, 10);
+  if (end == v || *end || x < 0 || x > 1 << 20)
+    return sf_error_set(error, SF_EOPTION, NULL, NULL, NULL, -1, -1,
+                        "environment variable %s='%s' is not a rank or world size (a whole number)", name, v);
+  *out = (int)x;
+  return 0;
+}
+
+static void notify(sf_pipeline *p);
+
+/* Stops the pipeline with code. n: the node whose step failed (recorded for it when it left no record), or NULL. */
+static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
+  if (atomic_load(&p->ctx.stop)) return; /* stopping: a step cut short is not a failure */
+  if (n && atomic_load(&n->errors) == errors_before) { /* the stage returned an error without a record */
+    sf_error e;
+    sf_error_set(&e, code, n->name, NULL, NULL, -1, -1, "stage %s stopped: %s", n->def->name, sf_strerror(code));
+    sf_context_record(&p->ctx, &e);
+  }
+  int expected = 0;
+  atomic_compare_exchange_strong(&p->failed, &expected, code);
+  atomic_store(&p->ctx.stop, true);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  uint64_t one = 1; /* next() returns the failure at once: a polling trainer must hear of it */
+  ssize_t written = write(p->event_fd, &one, sizeof one);
+  (void)written; /* the counter is far from overflow; a failed write leaves next()'s own wait */
+  notify(p);
+}
+
+/*
+ * Scheduling: a pool of workers runs the step functions of every node
+ * (STYLE 9). A worker scans the nodes from the sink back to
+ * the source (draining first keeps memory low), takes a node nobody runs,
+ * steps it while it makes progress and its output has room, and moves on.
+ * A worker that finds nothing to do sleeps until some node made progress.
+ */
+enum { STEPS_PER_TURN = 256 };
+
+static void notify(sf_pipeline *p) {
+  atomic_fetch_add(&p->sched_version, 1);
+  if (atomic_load(&p->sleepers) > 0) {
+    pthread_mutex_lock(&p->sched_lock);
+    pthread_cond_broadcast(&p->sched_cond);
+    pthread_mutex_unlock(&p->sched_lock);
+  }
+}
+
+sf_context *sf_pipeline_context(sf_pipeline *p) { return &p->ctx; }
+
+int sf_pipeline_failed(const sf_pipeline *p) { return atomic_load(&((sf_pipeline *)p)->failed); }
+
+sf_node *sf_pipeline_find_node(sf_pipeline *p, const sf_stage_def *def) {
+  for (int i = 0; i < p->n_nodes; i++)
+    if (p->nodes[i]->def == def && p->nodes[i]->replica == 0) return p->nodes[i];
+  return NULL;
+}
+
+void sf_node_notify(sf_node *n) {
+  if (n->pipeline) notify(n->pipeline);
+}
+
+static void close_outputs(sf_pipeline *p, sf_node *n) {
+  for (int i = 0; i < n->out.n; i++) sf_queue_close(n->out.queues[i]);
+  atomic_store(&n->done, true);
+  atomic_fetch_sub(&p->live_nodes, 1);
+  notify(p);
+}
+
+/* Steps a node until it stalls. Returns the number of steps that made progress. */
+static int run_turn(sf_pipeline *p, sf_node *n) {
+  int steps = 0;
+  double t = now_seconds();
+  uint64_t others = sf_thread_deferred_ns(); /* other nodes' deferred fields written here are theirs */
+  while (steps < STEPS_PER_TURN && !atomic_load(&p->ctx.stop)) {
+    if (!sf_port_can_push(&n->out)) break;
+    uint64_t errors_before = atomic_load(&n->errors);
+    int r = sf_node_step(n);
+    if (atomic_load(&p->ctx.over_budget)) { /* the budget's record says why */
+      fail(p, NULL, SF_EBUDGET, 0);
+      break;
+    }
+    if (r == 0) {
+      if (n->starved_since > 0) {
+        double now = now_seconds();
+        atomic_fetch_add_explicit(&n->wait_ns, (uint64_t)((now - n->starved_since) * 1e9), memory_order_relaxed);
+        n->starved_since = 0;
+      }
+      steps++;
+      continue;
+    }
+    if (r == SF_EAGAIN) {
+      if (n->starved_since == 0) n->starved_since = now_seconds();
+      break;
+    }
+    if (r != SF_EOF) fail(p, n, r, errors_before);
+    close_outputs(p, n);
+    steps++;
+    break;
+  }
+  uint64_t wall = (uint64_t)((now_seconds() - t) * 1e9), moved = sf_thread_deferred_ns() - others;
+  atomic_fetch_add_explicit(&n->busy_ns, wall > moved ? wall - moved : 0, memory_order_relaxed);
+  return steps;
+}
+
+static void *pool_worker(void *arg) {
+  sf_pipeline *p = arg;
+  while (!atomic_load(&p->ctx.stop) && atomic_load(&p->live_nodes) > 0) {
+    uint64_t version = atomic_load(&p->sched_version);
+    int progress = 0;
+    for (int i = p->n_nodes - 1; i >= 0; i--) {
+      sf_node *n = p->nodes[i];
+      if (atomic_load(&n->done)) continue;
+      if (atomic_exchange(&n->running, true)) continue;
+      int steps = atomic_load(&n->done) ? 0 : run_turn(p, n);
+      atomic_store(&n->running, false);
+      if (steps) {
+        progress += steps;
+        notify(p);
+      }
+    }
+    if (progress) continue;
+    pthread_mutex_lock(&p->sched_lock);
+    atomic_fetch_add(&p->sleepers, 1);
+    if (atomic_load(&p->sched_version) == version && !atomic_load(&p->ctx.stop)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += 100 * 1000 * 1000; /* a safety net only: progress always notifies */
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&p->sched_cond, &p->sched_lock, &ts);
+    }
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->sched_lock);
+  }
+  return NULL;
+}
+
+static void destroy_nodes(sf_pipeline *p) {
+  for (int i = 0; i < p->n_nodes; i++) {
+    sf_node *n = p->nodes[i];
+    if (!n) continue;
+    if (n->def && n->priv) {
+      if (n->def->uninit) n->def->uninit(n);
+      sf_options_free(n->def->options, n->priv);
+    }
+    sf_node_release_deferred(n);
+    free(n->priv);
+    free(n->in.queues);
+    free(n->out.queues);
+    free(n);
+  }
+  free(p->nodes);
+  p->nodes = NULL;
+}
+
+static void join_threads(sf_pipeline *p) {
+  for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+  p->n_threads = 0;
+}
+
+void sf_pipeline_destroy(sf_pipeline **pp) {
+  if (!pp || !*pp) return;
+  sf_pipeline *p = *pp;
+  atomic_store(&p->ctx.stop, true);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  notify(p);
+  join_threads(p);
+  free(p->threads);
+  destroy_nodes(p);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_destroy(&p->queues[i]);
+  free(p->queues);
+  sf_graph_destroy(&p->graph);
+  sf_context_destroy(&p->ctx);
+  pthread_mutex_destroy(&p->sched_lock);
+  pthread_cond_destroy(&p->sched_cond);
+  if (p->event_fd >= 0) close(p->event_fd);
+  free(p);
+  *pp = NULL;
+}
+
+static size_t capacity_for(sf_port_kind kind, int64_t queue_size) {
+  switch (kind) {
+  case SF_PORT_SHARD: return 4;
+  case SF_PORT_BATCH: return 4;
+  default: return (size_t)queue_size;
+  }
+}
+
+/* Builds the replicas of every node and the queues between them. */
+static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf_error *error) {
+  sf_graph *g = p->graph;
+  int total = 0;
+  for (int i = 0; i < g->n_nodes; i++) total += (int)g->nodes[i].replicas;
+  p->nodes = calloc((size_t)total, sizeof *p->nodes);
+  /* Edges: between chain positions k and k+1, max(replicas) queues; plus one output queue. */
+  int n_queues = 1;
+  for (int k = 0; k + 1 < g->n_nodes; k++) {
+    int a = (int)g->nodes[order[k]].replicas, b = (int)g->nodes[order[k + 1]].replicas;
+    n_queues += a > b ? a : b;
+  }
+  p->queues = calloc((size_t)n_queues, sizeof *p->queues);
+  if (!p->nodes || !p->queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+
+  int first_node = 0, q = 0;
+  sf_queue *prev_out = NULL; /* queues feeding the current chain position */
+  int prev_n = 0;
+  for (int k = 0; k < g->n_nodes; k++) {
+    const sf_graph_node *gn = &g->nodes[order[k]];
+    const sf_stage_def *def = defs[order[k]];
+    int replicas = (int)gn->replicas;
+    /* queues out of this position */
+    sf_queue *out;
+    int out_n;
+    if (k + 1 < g->n_nodes) {
+      int next = (int)g->nodes[order[k + 1]].replicas;
+      out_n = replicas > next ? replicas : next;
+      bool replicated = out_n > 1;
+      size_t cap = capacity_for(def->output, g->queue_size);
+      for (int i = 0; i < out_n; i++) {
+        int r = sf_queue_init(&p->queues[q + i], cap, replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16), 1);
+        if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+        sf_queue_set_max_bytes(&p->queues[q + i], (size_t)g->queue_bytes);
+        p->n_queues++;
+      }
+      out = &p->queues[q];
+      q += out_n;
+    } else {
+      int r = sf_queue_init(&p->queues[q], capacity_for(def->output, g->queue_size), 1, 1);
+      if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+      sf_queue_set_max_bytes(&p->queues[q], (size_t)g->queue_bytes);
+      p->n_queues++;
+      out = p->output = &p->queues[q];
+      out_n = 1;
+      q++;
+    }
+    for (int rep = 0; rep < replicas; rep++) {
+      sf_node *n = calloc(1, sizeof *n);
+      if (!n) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      p->nodes[first_node + rep] = n;
+      p->n_nodes++;
+      n->def = def;
+      n->ctx = &p->ctx;
+      n->pipeline = p;
+      n->replica = rep;
+      n->replicas = replicas;
+      snprintf(n->name, sizeof n->name, "%s", gn->name);
+      /* input: one queue per replica, or all of them in round-robin order for a single consumer */
+      if (prev_n) {
+        n->in.n = replicas > 1 ? 1 : prev_n;
+        n->in.queues = calloc((size_t)n->in.n, sizeof *n->in.queues);
+        if (!n->in.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+        for (int i = 0; i < n->in.n; i++) n->in.queues[i] = &prev_out[replicas > 1 ? rep : i];
+      }
+      n->out.n = replicas > 1 ? 1 : out_n;
+      n->out.queues = calloc((size_t)n->out.n, sizeof *n->out.queues);
+      if (!n->out.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      for (int i = 0; i < n->out.n; i++) n->out.queues[i] = &out[replicas > 1 ? rep : i];
+      int r = sf_graph_node_apply(g, gn, def, &n->priv, error);
+      if (r < 0) return r;
+      r = def->init ? def->init(n) : 0;
+      if (r < 0) {
+        /* The stage's own record says what is wrong; the graph file and line say where. */
+        sf_graph_error(error, r, g, gn->line, "node '%s' (%s) cannot start: %s", gn->name, def->name,
+                       p->ctx.has_error ? p->ctx.last_error.message : sf_strerror(r));
+        return r;
+      }
+    }
+    first_node += replicas;
+    prev_out = out;
+    prev_n = out_n;
+  }
+  return 0;
+}
+
+int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
+  *pp = NULL;
+  sf_pipeline_options defaults;
+  if (!options) {
+    sf_pipeline_options_init(&defaults);
+    options = &defaults;
+  }
+  sf_pipeline *p = calloc(1, sizeof *p);
+  if (!p) return SF_ENOMEM;
+  sf_context_init(&p->ctx);
+  atomic_init(&p->failed, 0);
+  p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  pthread_mutex_init(&p->sched_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->sched_cond, &attr);
+  pthread_condattr_destroy(&attr);
+  /* Groups: the head runs its own part of the chain, with one _remote node per group. */
+  if (graph->n_groups > 0) {
+    int split = sf_graph_split_groups(graph, &p->graph, error);
+    if (split < 0) {
+      if (p->event_fd >= 0) close(p->event_fd);
+      sf_context_destroy(&p->ctx);
+      free(p);
+      return split;
+    }
+  } else {
+    p->graph = sf_graph_copy(graph);
+  }
+  if (!p->graph) {
+    sf_context_destroy(&p->ctx);
+    free(p);
+    return SF_ENOMEM;
+  }
+  sf_context *c = &p->ctx;
+  c->seed = p->graph->seed;
+  c->epochs = options->epochs >= 0 ? (uint64_t)options->epochs : (uint64_t)p->graph->epochs;
+  c->first_epoch = options->first_epoch;
+  c->first_step = options->first_step;
+  p->step = options->first_step;
+  c->error_policy = p->graph->error_policy;
+  c->max_errors = (uint64_t)p->graph->max_errors;
+  c->max_error_rate = p->graph->max_error_rate;
+  int r = 0;
+  if (options->rank >= 0)
+    c->rank = options->rank;
+  else
+    r = env_int("RANK", "SLURM_PROCID", 0, &c->rank, error);
+  if (r == 0 && options->world_size > 0)
+    c->world_size = options->world_size;
+  else if (r == 0)
+    r = env_int("WORLD_SIZE", "SLURM_NTASKS", 1, &c->world_size, error);
+  if (r < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  if (c->world_size < 1) c->world_size = 1;
+  atomic_init(&c->epochs_closed, c->first_epoch);
+  p->epoch = c->first_epoch;
+  if (c->rank >= c->world_size) {
+    r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
+                       "rank %d is not below world size %d: check RANK/WORLD_SIZE or the rank options", c->rank,
+                       c->world_size);
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  if (c->epochs > 0 && c->first_epoch >= c->epochs) {
+    r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
+                       "cannot start at epoch %llu: the run has %llu epochs (0..%llu); resume from an earlier "
+                       "state or raise epochs",
+                       (unsigned long long)c->first_epoch, (unsigned long long)c->epochs,
+                       (unsigned long long)c->epochs - 1);
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  int *order;
+  const sf_stage_def **defs;
+  r = sf_graph_resolve(p->graph, &order, &defs, error);
+  if (r < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  c->quiet = true; /* init errors are returned to the caller, not printed */
+  r = build(p, order, defs, error);
+  c->quiet = false;
+  if (r == 0 && p->event_fd < 0) r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "eventfd: %m");
+  if (r == 0) sf_queue_set_notify_fd(p->output, p->event_fd);
+  free(order);
+  free(defs);
+  if (r < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
+  int workers = (int)p->graph->threads;
+  if (workers <= 0) workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (workers <= 0) workers = 1;
+  atomic_store(&p->live_nodes, p->n_nodes);
+  p->threads = calloc((size_t)workers, sizeof *p->threads);
+  if (!p->threads) {
+    sf_pipeline_destroy(&p);
+    return SF_ENOMEM;
+  }
+  for (int i = 0; i < workers; i++) {
+    if (pthread_create(&p->threads[p->n_threads], NULL, pool_worker, p) != 0) {
+      r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread");
+      sf_pipeline_destroy(&p);
+      return r;
+    }
+    p->n_threads++;
+  }
+  *pp = p;
+  return 0;
+}
+
+/*
+ * An epoch reached the trainer: one that delivered nothing (every shard missing, wrong
+ * credentials...) is an error, else `epochs: 0` would spin through empty epochs for ever;
+ * then the error budget is judged over the whole epoch. Returns 0 or the failure code.
+ */
+static int end_epoch(sf_pipeline *p, uint64_t epoch) {
+  bool resumed = epoch == p->ctx.first_epoch && p->ctx.first_step > 0; /* its batches were returned before */
+  uint64_t delivered = p->epoch_samples;
+  p->epoch_samples = 0;
+  int code = sf_context_check_budget(&p->ctx, true);
+  if (code == 0 && delivered == 0 && !resumed) {
+    sf_error last, e;
+    bool has = sf_pipeline_last_error(p, &last);
+    code = has ? last.code : SF_ENOENT;
+    sf_error_set(&e, code, NULL, NULL, NULL, -1, -1,
+                 "epoch %llu delivered no sample (%llu error records, %llu samples skipped%s%s); check the "
+                 "shard list, the credentials and the errors above",
+                 (unsigned long long)epoch, (unsigned long long)sf_pipeline_error_count(p),
+                 (unsigned long long)sf_pipeline_skipped(p), has ? "; the last: " : "", has ? last.message : "");
+    sf_context_record(&p->ctx, &e);
+  }
+  if (code) fail(p, NULL, code, 0);
+  return code;
+}
+
+int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
+  *batch = NULL;
+  double deadline = timeout >= 0 ? now_seconds() + timeout : 0;
+  for (;;) {
+    int failed = atomic_load(&p->failed);
+    if (failed) return failed;
+    if (p->done) return SF_EOF;
+    sf_item item;
+    int r = sf_queue_pop(p->output, &item);
+    if (r == 0) {
+      notify(p); /* the sink may have been waiting for room */
+      if (item.kind == SF_ITEM_BATCH) {
+        *batch = item.u.batch;
+        p->step++;
+        p->epoch_samples += (uint64_t)(*batch)->size;
+        return 0;
+      }
+      if (item.kind == SF_ITEM_EPOCH_END) {
+        if ((r = end_epoch(p, item.epoch)) < 0) return r;
+        p->epoch = item.epoch + 1;
+        p->step = 0;
+        return SF_EOF;
+      }
+      sf_item_clear(&item);
+      continue;
+    }
+    if (r == SF_EOF) {
+      failed = atomic_load(&p->failed);
+      if (failed) return failed;
+      p->done = true;
+      join_threads(p); /* every node has closed its output: collect their final metrics */
+      return SF_EOF;
+    }
+    double left = timeout >= 0 ? deadline - now_seconds() : -1;
+    if (timeout >= 0 && left <= 0) return SF_ETIMEDOUT;
+    sf_queue_wait_readable(p->output, &p->ctx.stop, left);
+  }
+}
+
+uint64_t sf_pipeline_epoch(const sf_pipeline *p) { return p->epoch; }
+uint64_t sf_pipeline_step(const sf_pipeline *p) { return p->step; }
+int sf_pipeline_fd(const sf_pipeline *p) { return p->event_fd; }
+int sf_pipeline_rank(const sf_pipeline *p) { return p->ctx.rank; }
+int sf_pipeline_world_size(const sf_pipeline *p) { return p->ctx.world_size; }
+
+int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
+  int count = 0;
+  for (int i = 0; i < p->n_nodes; i++) {
+    const sf_node *n = p->nodes[i];
+    if (n->replica == 0) count++;
+    if (count > max || count == 0) continue;
+    sf_node_stats *s = &stats[count - 1];
+    if (n->replica == 0) {
+      memset(s, 0, sizeof *s);
+      snprintf(s->name, sizeof s->name, "%s", n->name);
+      snprintf(s->type, sizeof s->type, "%s", n->def->name);
+      s->replicas = n->replicas;
+    }
+    s->items += atomic_load(&n->items);
+    s->bytes += atomic_load(&n->bytes);
+    s->errors += atomic_load(&n->errors);
+    s->skipped += atomic_load(&n->skipped);
+    s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
+    s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
+  }
+  return count;
+}
+
+uint64_t sf_pipeline_error_count(const sf_pipeline *p) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  uint64_t n = p->ctx.error_count;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return n;
+}
+
+uint64_t sf_pipeline_skipped(const sf_pipeline *p) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  uint64_t n = p->ctx.skipped;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return n;
+}
+
+bool sf_pipeline_last_error(const sf_pipeline *p, sf_error *error) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  bool has = p->ctx.has_error;
+  if (has && error) *error = p->ctx.last_error;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return has;
+}

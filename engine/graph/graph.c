@@ -1,0 +1,511 @@
+/* Graph intermediate form: building, copying, overriding, resolving the chain and applying options. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "options.h"
+
+int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sf_error_setv(e, code, NULL, g && g->path ? g->path : NULL, NULL, -1, line, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+sf_graph *sf_graph_new_empty(const char *path) {
+  sf_graph *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->path = strdup(path ? path : "<graph>");
+  g->epochs = 1;
+  g->queue_size = 64;
+  g->queue_bytes = 64 << 20;
+  g->error_policy = SF_POLICY_SKIP;
+  g->max_error_rate = 0.5;
+  if (!g->path) {
+    free(g);
+    return NULL;
+  }
+  return g;
+}
+
+/* Fills the slot past *count in *array (grown by one) with a node of name and type. */
+static sf_graph_node *append_node(sf_graph_node **array, int *count, const char *name, const char *type,
+                                  int64_t line) {
+  sf_graph_node *nodes = realloc(*array, (size_t)(*count + 1) * sizeof *nodes);
+  if (!nodes) return NULL;
+  *array = nodes;
+  sf_graph_node *n = &nodes[*count];
+  memset(n, 0, sizeof *n);
+  n->name = strdup(name);
+  n->type = strdup(type);
+  n->line = line;
+  n->replicas = 1;
+  n->replicas_line = -1;
+  if (!n->name || !n->type) {
+    free(n->name);
+    free(n->type);
+    return NULL;
+  }
+  (*count)++;
+  return n;
+}
+
+sf_graph_node *sf_graph_add_node(sf_graph *g, const char *name, const char *type, int64_t line) {
+  return append_node(&g->nodes, &g->n_nodes, name, type, line);
+}
+
+sf_graph_node *sf_graph_add_group(sf_graph *g, const char *name, int64_t line) {
+  return append_node(&g->groups, &g->n_groups, name, "group", line);
+}
+
+sf_graph_node *sf_graph_find_group(const sf_graph *g, const char *name) {
+  for (int i = 0; i < g->n_groups; i++)
+    if (strcmp(g->groups[i].name, name) == 0) return &g->groups[i];
+  return NULL;
+}
+
+int sf_graph_node_set_group(sf_graph_node *n, const char *group, int64_t line) {
+  char *copy = strdup(group);
+  if (!copy) return SF_ENOMEM;
+  free(n->group);
+  n->group = copy;
+  n->group_line = line;
+  return 0;
+}
+
+int sf_graph_node_set(sf_graph_node *n, const char *key, const char *value, int64_t line) {
+  for (int i = 0; i < n->n_values; i++) {
+    if (strcmp(n->values[i].key, key) == 0) {
+      char *v = strdup(value);
+      if (!v) return SF_ENOMEM;
+      free(n->values[i].value);
+      n->values[i].value = v;
+      n->values[i].line = line;
+      return 0;
+    }
+  }
+  sf_graph_value *vals = realloc(n->values, (size_t)(n->n_values + 1) * sizeof *vals);
+  if (!vals) return SF_ENOMEM;
+  n->values = vals;
+  sf_graph_value *v = &vals[n->n_values];
+  v->key = strdup(key);
+  v->value = strdup(value);
+  v->line = line;
+  if (!v->key || !v->value) {
+    free(v->key);
+    free(v->value);
+    return SF_ENOMEM;
+  }
+  n->n_values++;
+  return 0;
+}
+
+int sf_graph_add_edge(sf_graph *g, const char *from, const char *to, int64_t line) {
+  sf_graph_edge *edges = realloc(g->edges, (size_t)(g->n_edges + 1) * sizeof *edges);
+  if (!edges) return SF_ENOMEM;
+  g->edges = edges;
+  sf_graph_edge *e = &edges[g->n_edges];
+  e->from = strdup(from);
+  e->to = strdup(to);
+  e->line = line;
+  if (!e->from || !e->to) {
+    free(e->from);
+    free(e->to);
+    return SF_ENOMEM;
+  }
+  g->n_edges++;
+  return 0;
+}
+
+sf_graph_node *sf_graph_find_node(const sf_graph *g, const char *name) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (strcmp(g->nodes[i].name, name) == 0) return &g->nodes[i];
+  return NULL;
+}
+
+static void free_node(sf_graph_node *n) {
+  for (int j = 0; j < n->n_values; j++) {
+    free(n->values[j].key);
+    free(n->values[j].value);
+  }
+  free(n->values);
+  free(n->name);
+  free(n->type);
+  free(n->group);
+}
+
+void sf_graph_destroy(sf_graph **pg) {
+  if (!pg || !*pg) return;
+  sf_graph *g = *pg;
+  for (int i = 0; i < g->n_nodes; i++) free_node(&g->nodes[i]);
+  for (int i = 0; i < g->n_groups; i++) free_node(&g->groups[i]);
+  free(g->groups);
+  for (int i = 0; i < g->n_edges; i++) {
+    free(g->edges[i].from);
+    free(g->edges[i].to);
+  }
+  free(g->nodes);
+  free(g->edges);
+  free(g->path);
+  free(g);
+  *pg = NULL;
+}
+
+sf_graph *sf_graph_copy(const sf_graph *src) {
+  sf_graph *g = sf_graph_new_empty(src->path);
+  if (!g) return NULL;
+  g->seed = src->seed;
+  g->epochs = src->epochs;
+  g->error_policy = src->error_policy;
+  g->queue_size = src->queue_size;
+  g->queue_bytes = src->queue_bytes;
+  g->threads = src->threads;
+  g->max_errors = src->max_errors;
+  g->max_error_rate = src->max_error_rate;
+  for (int i = 0; i < src->n_nodes; i++) {
+    const sf_graph_node *s = &src->nodes[i];
+    sf_graph_node *n = sf_graph_add_node(g, s->name, s->type, s->line);
+    if (!n) goto fail;
+    n->replicas = s->replicas;
+    n->replicas_line = s->replicas_line;
+    if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) goto fail;
+    for (int j = 0; j < s->n_values; j++)
+      if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
+  }
+  for (int i = 0; i < src->n_groups; i++) {
+    const sf_graph_node *s = &src->groups[i];
+    sf_graph_node *n = sf_graph_add_group(g, s->name, s->line);
+    if (!n) goto fail;
+    for (int j = 0; j < s->n_values; j++)
+      if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
+  }
+  for (int i = 0; i < src->n_edges; i++)
+    if (sf_graph_add_edge(g, src->edges[i].from, src->edges[i].to, src->edges[i].line) < 0) goto fail;
+  return g;
+fail:
+  sf_graph_destroy(&g);
+  return NULL;
+}
+
+int sf_graph_node_count(const sf_graph *g) { return g ? g->n_nodes : 0; }
+
+const char *sf_graph_node_name(const sf_graph *g, int i) {
+  return g && i >= 0 && i < g->n_nodes ? g->nodes[i].name : NULL;
+}
+
+const char *sf_graph_node_option(const sf_graph *g, int i, const char *option) {
+  if (!g || i < 0 || i >= g->n_nodes || !option) return NULL;
+  const sf_graph_node *n = &g->nodes[i];
+  for (int j = 0; j < n->n_values; j++)
+    if (strcmp(n->values[j].key, option) == 0) return n->values[j].value;
+  const sf_stage_def *def = sf_stage_find(n->type);
+  const sf_option *o = def ? sf_option_find(def->options, option) : NULL;
+  return o ? (o->default_value ? o->default_value : "") : NULL;
+}
+
+bool sf_graph_node_has_option(const sf_graph *g, int i, const char *option) {
+  const sf_stage_def *def = g && i >= 0 && i < g->n_nodes ? sf_stage_find(g->nodes[i].type) : NULL;
+  return def && option && (sf_option_find(def->options, option) || strcmp(option, "replicas") == 0);
+}
+
+const char *sf_graph_node_type(const sf_graph *g, int i) {
+  return g && i >= 0 && i < g->n_nodes ? g->nodes[i].type : NULL;
+}
+
+static void stage_names(char *buf, size_t size) {
+  size_t n = 0;
+  void *it = NULL;
+  const sf_stage_def *d;
+  buf[0] = '\0';
+  while ((d = sf_stage_iterate(&it))) {
+    int w = snprintf(buf + n, size - n, "%s%s", n ? ", " : "", d->name);
+    if (w < 0 || (size_t)w >= size - n) break;
+    n += (size_t)w;
+  }
+}
+
+static void node_names(const sf_graph *g, char *buf, size_t size) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < g->n_nodes; i++) {
+    int w = snprintf(buf + n, size - n, "%s%s", n ? ", " : "", g->nodes[i].name);
+    if (w < 0 || (size_t)w >= size - n) break;
+    n += (size_t)w;
+  }
+}
+
+static const char *const settings_help =
+    "seed, epochs, error_policy, max_errors, max_error_rate, queue_size, queue_bytes, threads";
+
+int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_t line, sf_error *e) {
+  static const char *const policies[] = {"skip", "fail", NULL};
+  static const sf_option settings[] = {
+      {"seed", SF_OPT_SEED, offsetof(sf_graph, seed), NULL, 0, 0, "graph seed", NULL},
+      {"epochs", SF_OPT_COUNT, offsetof(sf_graph, epochs), NULL, 0, 1e12, "epochs (0 = forever)", NULL},
+      {"error_policy", SF_OPT_ENUM, offsetof(sf_graph, error_policy), NULL, 0, 0, "skip|fail", policies},
+      {"max_errors", SF_OPT_COUNT, offsetof(sf_graph, max_errors), NULL, 0, 1e15, "error records (0 = no limit)", NULL},
+      {"max_error_rate", SF_OPT_FLOAT, offsetof(sf_graph, max_error_rate), NULL, 0, 1, "skipped/read", NULL},
+      {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), NULL, 2, 1e6, "items per edge", NULL},
+      {"queue_bytes", SF_OPT_SIZE, offsetof(sf_graph, queue_bytes), NULL, 0, 1e15, "bytes per queue (0 = items only)", NULL},
+      {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), NULL, 0, 1024, "pool workers (0 = CPUs)", NULL},
+      {NULL},
+  };
+  const sf_option *o = sf_option_find(settings, key);
+  if (!o)
+    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups",
+                          key, settings_help);
+  char why[256];
+  int r = sf_option_parse(o, value, g, why, sizeof why);
+  if (r < 0) return sf_graph_error(e, SF_EOPTION, g, line, "%s", why);
+  return 0;
+}
+
+int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e) {
+  if (!g || !target || !value) return sf_graph_error(e, SF_EINVAL, g, -1, "sf_graph_set: NULL argument");
+  const char *dot = strchr(target, '.');
+  if (!dot) {
+    int r = sf_graph_set_setting(g, target, value, -1, e);
+    if (r == SF_EGRAPH) {
+      char names[512];
+      node_names(g, names, sizeof names);
+      return sf_graph_error(e, SF_EOPTION, g, -1,
+                            "cannot set '%s': use NODE.OPTION (nodes: %s) or a graph setting (%s)", target,
+                            names, settings_help);
+    }
+    return r;
+  }
+  char node_name[64];
+  size_t len = (size_t)(dot - target);
+  if (len >= sizeof node_name) len = sizeof node_name - 1;
+  memcpy(node_name, target, len);
+  node_name[len] = '\0';
+  const char *key = dot + 1;
+  sf_graph_node *n = sf_graph_find_node(g, node_name);
+  sf_graph_node *group = n ? NULL : sf_graph_find_group(g, node_name);
+  if (group) {
+    const sf_stage_def *remote = sf_stage_find("_remote");
+    if (!sf_option_find(remote->options, key)) {
+      char names[1024];
+      sf_options_names(remote->options, names, sizeof names);
+      return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': groups have no option '%s' (options: %s)",
+                            target, key, names);
+    }
+    if (sf_graph_node_set(group, key, value, -1) < 0) return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+    return 0;
+  }
+  if (!n) {
+    char names[512];
+    node_names(g, names, sizeof names);
+    return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': no node named '%s' (nodes: %s)", target,
+                          node_name, names);
+  }
+  if (strcmp(key, "replicas") == 0) {
+    int64_t v;
+    if (sf_parse_count(value, &v) < 0 || v < 1 || v > 256)
+      return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': replicas must be 1..256", target);
+    n->replicas = v;
+    n->replicas_line = -1;
+    return 0;
+  }
+  const sf_stage_def *def = sf_stage_find(n->type);
+  if (def && !sf_option_find(def->options, key)) {
+    char names[1024];
+    sf_options_names(def->options, names, sizeof names);
+    return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': stage %s has no option '%s' (options: %s, replicas)",
+                          target, n->type, key, names);
+  }
+  if (sf_graph_node_set(n, key, value, -1) < 0) return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+  return 0;
+}
+
+int sf_graph_node_apply(const sf_graph *g, const sf_graph_node *n, const sf_stage_def *def, void **priv,
+                        sf_error *e) {
+  char why[512];
+  *priv = calloc(1, def->priv_size ? def->priv_size : 1);
+  if (!*priv) return sf_graph_error(e, SF_ENOMEM, g, n->line, "out of memory");
+  int r = sf_options_set_defaults(def->options, *priv, why, sizeof why);
+  if (r < 0) {
+    r = sf_graph_error(e, r, g, n->line, "stage %s: a default does not parse (%s)", def->name, why);
+    goto fail;
+  }
+  for (int i = 0; i < n->n_values; i++) {
+    const sf_graph_value *v = &n->values[i];
+    const sf_option *o = sf_option_find(def->options, v->key);
+    if (!o) {
+      char names[1024];
+      sf_options_names(def->options, names, sizeof names);
+      r = sf_graph_error(e, SF_EOPTION, g, v->line, "node '%s' (stage %s) has no option '%s'; valid options: %s, replicas",
+                         n->name, def->name, v->key, names);
+      goto fail;
+    }
+    r = sf_option_parse(o, v->value, *priv, why, sizeof why);
+    if (r < 0) {
+      r = sf_graph_error(e, r == SF_ENOMEM ? r : SF_EOPTION, g, v->line, "node '%s': %s%s", n->name, why,
+                         v->line < 0 ? " (from --set)" : "");
+      goto fail;
+    }
+  }
+  return 0;
+fail:
+  sf_options_free(def->options, *priv);
+  free(*priv);
+  *priv = NULL;
+  return r;
+}
+
+static const char *kind_name(sf_port_kind k) {
+  switch (k) {
+  case SF_PORT_SHARD: return "shards";
+  case SF_PORT_SAMPLE: return "samples";
+  case SF_PORT_BATCH: return "batches";
+  default: return "nothing";
+  }
+}
+
+static int find_index(const sf_graph *g, const char *name) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (strcmp(g->nodes[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* The chain order: from the edges when any are given, else file order. */
+static int chain_order(const sf_graph *g, int *order, sf_error *e) {
+  int n = g->n_nodes;
+  if (g->n_edges == 0) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    return 0;
+  }
+  int *next = malloc((size_t)n * sizeof *next), *has_in = calloc((size_t)n, sizeof *has_in);
+  if (!next || !has_in) {
+    free(next);
+    free(has_in);
+    return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+  }
+  for (int i = 0; i < n; i++) next[i] = -1;
+  int r = 0;
+  char names[512];
+  node_names(g, names, sizeof names);
+  for (int i = 0; i < g->n_edges && r == 0; i++) {
+    const sf_graph_edge *ed = &g->edges[i];
+    int a = find_index(g, ed->from), b = find_index(g, ed->to);
+    if (a < 0 || b < 0)
+      r = sf_graph_error(e, SF_EGRAPH, g, ed->line, "edge %s -> %s names an unknown node '%s' (nodes: %s)", ed->from,
+                         ed->to, a < 0 ? ed->from : ed->to, names);
+    else if (next[a] >= 0 || has_in[b])
+      r = sf_graph_error(e, SF_EGRAPH, g, ed->line,
+                         "edge %s -> %s: a node may have one input and one output edge (graphs are chains for now)",
+                         ed->from, ed->to);
+    else {
+      next[a] = b;
+      has_in[b] = 1;
+    }
+  }
+  int start = -1;
+  for (int i = 0; i < n && r == 0; i++) {
+    if (has_in[i]) continue;
+    if (start >= 0)
+      r = sf_graph_error(e, SF_EGRAPH, g, g->nodes[i].line,
+                         "nodes '%s' and '%s' both have no input edge: connect every node into one chain",
+                         g->nodes[start].name, g->nodes[i].name);
+    start = i;
+  }
+  int count = 0;
+  for (int i = start; r == 0 && i >= 0 && count < n; i = next[i]) order[count++] = i;
+  if (r == 0 && count != n)
+    r = sf_graph_error(e, SF_EGRAPH, g, -1, "the edges do not join all %d nodes into one chain (a cycle?)", n);
+  free(next);
+  free(has_in);
+  return r;
+}
+
+int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, sf_error *e) {
+  *porder = NULL;
+  *pdefs = NULL;
+  if (g->n_nodes == 0) return sf_graph_error(e, SF_EGRAPH, g, -1, "the graph has no stages: add a `stages:` list");
+  int *order = malloc((size_t)g->n_nodes * sizeof *order);
+  const sf_stage_def **defs = calloc((size_t)g->n_nodes, sizeof *defs);
+  if (!order || !defs) {
+    free(order);
+    free(defs);
+    return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+  }
+  int r = 0;
+  for (int i = 0; i < g->n_nodes && r == 0; i++) {
+    const sf_graph_node *n = &g->nodes[i];
+    for (int j = 0; j < i; j++)
+      if (strcmp(g->nodes[j].name, n->name) == 0)
+        r = sf_graph_error(e, SF_EGRAPH, g, n->line, "two nodes are named '%s' (line %lld too): give each a unique `name`",
+                           n->name, (long long)g->nodes[j].line);
+    if (r) break;
+    const sf_stage_def *def = sf_stage_find(n->type);
+    if (!def) {
+      char names[512];
+      stage_names(names, sizeof names);
+      r = sf_graph_error(e, SF_EGRAPH, g, n->line, "unknown stage type '%s'; valid types: %s", n->type, names);
+      break;
+    }
+    if (def->abi_version != SF_STAGE_ABI_VERSION)
+      r = sf_graph_error(e, SF_EGRAPH, g, n->line, "stage %s was built for stage ABI %u, this engine has %u", def->name,
+                         def->abi_version, SF_STAGE_ABI_VERSION);
+    else if (n->replicas > 1 && !(def->flags & SF_STAGE_MAP))
+      r = sf_graph_error(e, SF_EGRAPH, g, n->replicas_line >= 0 ? n->replicas_line : n->line,
+                         "node '%s': stage %s keeps state between samples and cannot run as replicas; "
+                         "only map stages (decode, augment, ...) can",
+                         n->name, def->name);
+    defs[i] = def;
+  }
+  if (r == 0) r = chain_order(g, order, e);
+  for (int k = 0; k + 1 < g->n_nodes && r == 0; k++) {
+    const sf_graph_node *a = &g->nodes[order[k]], *b = &g->nodes[order[k + 1]];
+    const sf_stage_def *da = defs[order[k]], *db = defs[order[k + 1]];
+    if (da->output != db->input)
+      r = sf_graph_error(e, SF_EGRAPH, g, b->line, "node '%s' (%s) outputs %s but node '%s' (%s) takes %s", a->name,
+                         da->name, kind_name(da->output), b->name, db->name, kind_name(db->input));
+    else if (a->replicas > 1 && b->replicas > 1 && a->replicas != b->replicas)
+      r = sf_graph_error(e, SF_EGRAPH, g, b->line,
+                         "nodes '%s' (replicas %lld) and '%s' (replicas %lld) are adjacent: use equal replicas or 1",
+                         a->name, (long long)a->replicas, b->name, (long long)b->replicas);
+  }
+  if (r == 0) {
+    const sf_graph_node *first = &g->nodes[order[0]];
+    const sf_graph_node *last = &g->nodes[order[g->n_nodes - 1]];
+    if (defs[order[0]]->input != SF_PORT_NONE)
+      r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
+                         first->name, first->type);
+    else if (defs[order[g->n_nodes - 1]]->output != SF_PORT_BATCH &&
+             defs[order[g->n_nodes - 1]]->output != SF_PORT_NONE) /* a batch output, or a sink of its own */
+      r = sf_graph_error(e, SF_EGRAPH, g, last->line,
+                         "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
+                         last->type, kind_name(defs[order[g->n_nodes - 1]]->output));
+  }
+  if (r < 0) {
+    free(order);
+    free(defs);
+    return r;
+  }
+  *porder = order;
+  *pdefs = defs;
+  return 0;
+}
+
+int sf_graph_validate(const sf_graph *g, sf_error *e) {
+  int *order;
+  const sf_stage_def **defs;
+  int r = sf_graph_resolve(g, &order, &defs, e);
+  if (r < 0) return r;
+  for (int i = 0; i < g->n_nodes && r == 0; i++) {
+    void *priv;
+    r = sf_graph_node_apply(g, &g->nodes[i], defs[i], &priv, e);
+    if (r == 0) {
+      sf_options_free(defs[i]->options, priv);
+      free(priv);
+    }
+  }
+  free(order);
+  free(defs);
+  if (r == 0) r = sf_graph_check_groups(g, e);
+  return r;
+}

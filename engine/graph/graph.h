@@ -1,0 +1,112 @@
+/* The intermediate form of a graph: nodes, options as text with source lines, edges, settings. */
+#ifndef SF_ENGINE_GRAPH_H
+#define SF_ENGINE_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shardflow/shardflow.h"
+#include "shardflow/stage.h"
+
+typedef struct sf_graph_value {
+  char *key;
+  char *value;   /* text, parsed later by the option's own parser */
+  int64_t line;  /* 1-based line in the graph file, or -1 (set by --set / API) */
+} sf_graph_value;
+
+typedef struct sf_graph_node {
+  char *name;
+  char *type;
+  int64_t line;
+  int64_t replicas;
+  int64_t replicas_line;
+  sf_graph_value *values;
+  int n_values;
+  char *group;          /* the group the node runs in (`group:`), or NULL for the head process */
+  int64_t group_line;
+} sf_graph_node;
+
+typedef struct sf_graph_edge {
+  char *from, *to;
+  int64_t line;
+} sf_graph_edge;
+
+enum { SF_POLICY_SKIP = 0, SF_POLICY_FAIL = 1 };
+
+struct sf_graph {
+  char *path;              /* file name for messages */
+  uint64_t seed;
+  int64_t epochs;          /* 0 = until stopped */
+  int error_policy;        /* SF_POLICY_* */
+  int64_t queue_size;      /* items per sample edge */
+  int64_t queue_bytes;     /* tensor bytes per queue (sample and batch edges); 0 = items only */
+  int64_t threads;         /* pool workers; 0 = online CPUs */
+  int64_t max_errors;      /* error records before the run stops; 0 = no limit */
+  double max_error_rate;   /* skipped / read samples above which the run stops; 1 = never */
+  sf_graph_node *nodes;
+  int n_nodes;
+  sf_graph_edge *edges;
+  int n_edges;
+  /* `groups:` entries: name, line and options as text (type is "group"); parsed by the
+   * _remote stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
+  sf_graph_node *groups;
+  int n_groups;
+};
+
+/* An empty graph named path. NULL when out of memory. */
+sf_graph *sf_graph_new_empty(const char *path);
+
+/* Adds a node (copies strings). Returns the node or NULL when out of memory. */
+sf_graph_node *sf_graph_add_node(sf_graph *graph, const char *name, const char *type, int64_t line);
+
+/* Adds a group (copies the name). Returns the group or NULL when out of memory. */
+sf_graph_node *sf_graph_add_group(sf_graph *graph, const char *name, int64_t line);
+/* Finds a group by name, or NULL. */
+sf_graph_node *sf_graph_find_group(const sf_graph *graph, const char *name);
+/* Puts node into group (copies the name). Returns 0 or SF_ENOMEM. */
+int sf_graph_node_set_group(sf_graph_node *node, const char *group, int64_t line);
+/* Sets (or replaces) node option key. Returns 0 or SF_ENOMEM. */
+int sf_graph_node_set(sf_graph_node *node, const char *key, const char *value, int64_t line);
+
+/* Adds an edge. Returns 0 or SF_ENOMEM. */
+int sf_graph_add_edge(sf_graph *graph, const char *from, const char *to, int64_t line);
+
+/* Finds a node by name, or NULL. */
+sf_graph_node *sf_graph_find_node(const sf_graph *graph, const char *name);
+
+/* Deep copy. NULL when out of memory. */
+sf_graph *sf_graph_copy(const sf_graph *graph);
+
+/* Applies the graph setting key (seed, epochs, error_policy, queue_size). */
+int sf_graph_set_setting(sf_graph *graph, const char *key, const char *value, int64_t line,
+                         sf_error *error);
+
+/*
+ * Resolves stage definitions and the execution order (edges, or file order),
+ * checking port kinds and replicas. On success order[k] is the graph index of
+ * the k-th node of the chain (source first) and defs[i] the definition of
+ * graph node i; both arrays have n_nodes entries and are owned by the caller
+ * (free()).
+ */
+int sf_graph_resolve(const sf_graph *graph, int **order, const sf_stage_def ***defs, sf_error *error);
+
+/*
+ * Allocates def->priv_size zeroed bytes, applies defaults then the node's
+ * values. On failure the error names the graph file, line and valid names;
+ * *priv is freed and NULL.
+ */
+int sf_graph_node_apply(const sf_graph *graph, const sf_graph_node *node, const sf_stage_def *def,
+                        void **priv, sf_error *error);
+
+/*
+ * Checks `groups:` and `group:` (engine/graph/graph_groups.c): every group named by a node
+ * exists and has a valid configuration, and each group is a contiguous run of
+ * sample-to-sample map stages of the chain.  Returns 0 or SF_EGRAPH/SF_EOPTION
+ * with the graph file and line.
+ */
+int sf_graph_check_groups(const sf_graph *graph, sf_error *error);
+/* Fills an error record (graph path, line, message). Returns code. */
+int sf_graph_error(sf_error *error, int code, const sf_graph *graph, int64_t line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+#endif

@@ -1,0 +1,30 @@
+/*
+ * Groups: runs of map stages placed outside the head process (`groups:` and
+ * `group:` in a graph file).  The head's pipeline replaces each run by one
+ * _remote node (stages/remote.c) that hands work units to worker processes;
+ * a worker runs the run's stages between a _worker_source and a _worker_sink
+ * (engine/group/worker.c).
+ */
+#ifndef SF_ENGINE_GROUP_H
+#define SF_ENGINE_GROUP_H
+
+#include "graph.h"
+
+/*
+ * Builds the head's graph: graph in chain order with every group's run of
+ * nodes replaced by one node named after the group, of type _remote, whose
+ * options are the group's options plus `stages` (the run as graph-file YAML,
+ * see sf_group_stages_yaml).  Returns 0 and a new graph in *head (the caller
+ * destroys it), or an error naming the graph file and line.
+ */
+int sf_graph_split_groups(const sf_graph *graph, sf_graph **head, sf_error *error);
+
+/*
+ * Builds the graph a worker runs from the settings a head sent and the group's
+ * stages (YAML text of `stages:` entries): _worker_source, the stages,
+ * _worker_sink.  Returns 0 or the graph-file error (its path is `origin`).
+ */
+int sf_group_worker_graph(sf_graph **graph, const char *stages_yaml, uint64_t seed, int error_policy,
+                          int64_t threads, const char *origin, sf_error *error);
+
+#endif

@@ -1,0 +1,993 @@
+/* Parallel shard downloads: one thread, one libcurl multi handle, bounded memory, retries with backoff, Range resume pinned by ETag. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "object_store.h"
+#include "prefetch.h"
+#include "shardflow/stage.h"
+
+/* An error about this shard: no stage, no key, no graph line. */
+#define SET_ERROR(error, code, url, offset, ...) sf_error_set(error, code, NULL, url, NULL, offset, -1, __VA_ARGS__)
+
+/* Bytes arrive in blocks of 512 KiB; the download being read may hold 4 of them whatever the budget. */
+enum { BLOCK = 512 * 1024, RESERVE = 4 * BLOCK };
+
+typedef struct block {
+  struct block *next;
+  size_t size;
+  uint8_t data[];
+} block;
+
+typedef enum fetch_state { F_QUEUED, F_RUNNING, F_BACKOFF, F_DONE } fetch_state;
+
+/* How the body of the current attempt's response is treated. */
+typedef enum body_mode { BODY_UNCHECKED, BODY_KEEP, BODY_DISCARD } body_mode;
+
+struct sf_fetch {
+  sf_prefetch *p;
+  sf_fetch *next;     /* in p->list, in start order */
+  char *url;          /* as given: may hold credentials, never printed */
+  char shown[512];    /* redacted, for messages */
+  bool is_store;      /* s3:// or gs://: signed per attempt */
+  /* Shared with the reader, under p->lock. */
+  fetch_state state;
+  bool claimed;       /* being read: may use the reserve */
+  bool closed;        /* the owner let go: the fetcher frees it */
+  bool paused;        /* on_data left data with libcurl for want of room */
+  block *head, *tail; /* unread bytes; tail may be partly filled while running */
+  block *held;        /* handed to the reader, freed at its next read */
+  int64_t buffered;   /* capacity of the blocks above, bytes */
+  int64_t received;   /* body bytes kept = offset of the next byte wanted */
+  int code;           /* once F_DONE: 0 or the failure */
+  sf_error error;
+  /* The fetcher thread only. */
+  CURL *easy;
+  bool in_multi;
+  struct curl_slist *headers;
+  double retry_at;      /* monotonic seconds (F_BACKOFF) */
+  double last_progress; /* monotonic seconds: the last byte or header, or the attempt's start or unpause */
+  int failures;         /* consecutive failed attempts that brought no new byte */
+  int64_t attempt_from; /* received when the attempt started: its Range start */
+  body_mode mode;
+  int64_t skip;         /* bytes still to discard: a 200 answer to a Range request */
+  int verdict;          /* a problem found by the callbacks that no retry can fix */
+  char verdict_text[400];
+  /* Headers of the attempt's last response (after redirects). */
+  char etag[200], last_modified[64];
+  int64_t range_start;  /* from Content-Range, -1 if none */
+  double retry_after;   /* seconds, -1 if none */
+  /* The version pinned by the first response. */
+  char pin_etag[200], pin_modified[64];
+  sf_object_version cached;  /* the caller's copy: the first request is conditional on it */
+  sf_object_version version; /* the first response with a body (set before its first byte is kept) */
+  bool not_modified;         /* the server answered 304 to the conditional request */
+  char curl_text[CURL_ERROR_SIZE];
+  /* s3/gs: where the attempt's credentials came from, and the start of an error answer's XML body. */
+  char *credentials;
+  char error_body[4096];
+  size_t error_size;
+};
+
+struct sf_prefetch {
+  sf_prefetch_options o;
+  pthread_mutex_t lock;
+  pthread_cond_t changed; /* a block became readable or a download changed state */
+  pthread_t thread;
+  bool thread_started;
+  bool stop;
+  CURLM *multi;
+  sf_fetch *list;
+  int64_t buffered;       /* over all downloads */
+  block *spare;           /* freed blocks kept for reuse: no mmap/munmap and page faults per block */
+  sf_prefetch_stats stats;
+  sf_rng rng;             /* jitter; the fetcher thread only */
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_result;
+
+static void curl_init(void) { curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- URLs ---- */
+
+bool sf_prefetch_url_is_remote(const char *url) {
+  return strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0 ||
+         strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0;
+}
+
+static bool secret_param(const char *name, size_t len) {
+  static const char *const words[] = {"signature", "token", "credential", "secret", "password", NULL};
+  char low[64];
+  if (len >= sizeof low) len = sizeof low - 1;
+  for (size_t i = 0; i < len; i++) low[i] = (char)tolower((unsigned char)name[i]);
+  low[len] = '\0';
+  for (int i = 0; words[i]; i++)
+    if (strstr(low, words[i])) return true;
+  return false;
+}
+
+void sf_url_redact(const char *url, char *out, size_t size) {
+  if (!size) return;
+  size_t o = 0;
+#define PUT(c)                      \
+  do {                              \
+    if (o + 1 < size) out[o++] = c; \
+  } while (0)
+  const char *p = url, *scheme = strstr(url, "://");
+  if (scheme) {
+    for (; p < scheme + 3; p++) PUT(*p);
+    const char *end = p + strcspn(p, "/?#");
+    const char *at = memchr(p, '@', (size_t)(end - p));
+    if (at) {
+      for (const char *s = "***"; *s; s++) PUT(*s);
+      p = at;
+    }
+  }
+  bool in_query = false;
+  while (*p) {
+    if (*p == '#') in_query = false;
+    PUT(*p);
+    if (*p == '?' || (in_query && *p == '&')) {
+      in_query = true;
+      const char *name = p + 1, *eq = name + strcspn(name, "=&#");
+      if (*eq == '=' && secret_param(name, (size_t)(eq - name))) {
+        for (const char *s = name; s <= eq; s++) PUT(*s);
+        for (const char *s = "***"; *s; s++) PUT(*s);
+        p = eq + 1 + strcspn(eq + 1, "&#");
+        continue;
+      }
+    }
+    p++;
+  }
+  out[o] = '\0';
+#undef PUT
+}
+
+/* ---- buffers (lock held) ---- */
+
+/* Room for n more bytes in f: the tail's free space plus new blocks, within the reserve or the budget. */
+static bool has_room(const sf_prefetch *p, const sf_fetch *f, size_t n) {
+  size_t free_tail = f->tail ? BLOCK - f->tail->size : 0;
+  int64_t extra = n > free_tail ? (int64_t)((n - free_tail + BLOCK - 1) / BLOCK) * BLOCK : 0;
+  if (f->claimed && f->buffered + extra <= RESERVE) return true;
+  return p->buffered + extra <= p->o.max_bytes;
+}
+
+static int append(sf_prefetch *p, sf_fetch *f, const char *data, size_t n) {
+  while (n > 0) {
+    if (!f->tail || f->tail->size == BLOCK) {
+      block *b = p->spare;
+      if (b)
+        p->spare = b->next;
+      else if (!(b = malloc(sizeof *b + BLOCK)))
+        return -1;
+      b->next = NULL;
+      b->size = 0;
+      if (f->tail)
+        f->tail->next = b;
+      else
+        f->head = b;
+      f->tail = b;
+      f->buffered += BLOCK;
+      p->buffered += BLOCK;
+    }
+    size_t take = BLOCK - f->tail->size < n ? BLOCK - f->tail->size : n;
+    memcpy(f->tail->data + f->tail->size, data, take);
+    f->tail->size += take;
+    data += take;
+    n -= take;
+    f->received += (int64_t)take;
+    if (f->tail->size == BLOCK) pthread_cond_broadcast(&p->changed);
+  }
+  return 0;
+}
+
+static void free_block(sf_prefetch *p, sf_fetch *f, block **b) {
+  if (!*b) return;
+  /* Kept for the next block: at most as many as were ever held at once (within the budget). */
+  (*b)->next = p->spare;
+  p->spare = *b;
+  *b = NULL;
+  f->buffered -= BLOCK;
+  p->buffered -= BLOCK;
+}
+
+static void free_blocks(sf_prefetch *p, sf_fetch *f) {
+  free_block(p, f, &f->held);
+  while (f->head) {
+    block *b = f->head;
+    f->head = b->next;
+    free_block(p, f, &b);
+  }
+  f->tail = NULL;
+}
+
+/* ---- libcurl callbacks (the fetcher thread, inside curl_multi_perform or curl_easy_pause) ---- */
+
+static void copy_value(char *dst, size_t size, const char *v, size_t len) {
+  while (len && isspace((unsigned char)*v)) v++, len--;
+  while (len && isspace((unsigned char)v[len - 1])) len--;
+  if (len >= size) len = size - 1;
+  memcpy(dst, v, len);
+  dst[len] = '\0';
+}
+
+static size_t on_header(char *line, size_t size, size_t nmemb, void *opaque) {
+  sf_fetch *f = opaque;
+  size_t n = size * nmemb;
+  f->last_progress = now();
+  if (n >= 5 && strncmp(line, "HTTP/", 5) == 0) {
+    /* A new response (after a redirect or a 100 Continue): forget the last one's headers. */
+    f->etag[0] = f->last_modified[0] = '\0';
+    f->range_start = -1;
+    f->retry_after = -1;
+    return n;
+  }
+  const char *colon = memchr(line, ':', n);
+  if (!colon) return n;
+  size_t name_len = (size_t)(colon - line);
+  const char *v = colon + 1;
+  size_t v_len = n - name_len - 1;
+  char value[256];
+  copy_value(value, sizeof value, v, v_len);
+  if (name_len == 4 && strncasecmp(line, "etag", 4) == 0) {
+    copy_value(f->etag, sizeof f->etag, v, v_len);
+  } else if (name_len == 13 && strncasecmp(line, "last-modified", 13) == 0) {
+    copy_value(f->last_modified, sizeof f->last_modified, v, v_len);
+  } else if (name_len == 13 && strncasecmp(line, "content-range", 13) == 0) {
+    long long start;
+    if (sscanf(value, "bytes %lld-", &start) == 1) f->range_start = start;
+  } else if (name_len == 11 && strncasecmp(line, "retry-after", 11) == 0) {
+    char *end;
+    double s = strtod(value, &end);
+    if (end != value && *end == '\0' && s >= 0) {
+      f->retry_after = s;
+    } else {
+      time_t when = curl_getdate(value, NULL);
+      if (when >= 0) {
+        double d = difftime(when, time(NULL));
+        f->retry_after = d > 0 ? d : 0;
+      }
+    }
+  }
+  return n;
+}
+
+static bool strong_etag(const char *etag) { return etag[0] && strncmp(etag, "W/", 2) != 0; }
+
+/*
+ * The first body bytes of an attempt: is this the object (and the range) we
+ * asked for?  Sets f->mode, f->skip, or f->verdict for a response that no
+ * retry can fix.  Only the fetcher thread; no lock needed.
+ */
+static void check_response(sf_fetch *f) {
+  long status = 0;
+  curl_easy_getinfo(f->easy, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 200 || status >= 300) {
+    f->mode = BODY_DISCARD; /* an error page: the status says it all (on_done) */
+    return;
+  }
+  f->mode = BODY_KEEP;
+  int64_t from = f->attempt_from;
+  if (from == 0) {
+    if (status == 206) {
+      f->verdict = SF_EIO;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "the server answered a whole-object request with 206 Partial Content — check the "
+               "server or proxy in front of it");
+      return;
+    }
+    snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
+    snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
+    if (!f->pin_etag[0] && !f->pin_modified[0]) {
+      if (strong_etag(f->etag))
+        snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
+      else if (f->last_modified[0])
+        snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
+    }
+    return;
+  }
+  bool same = f->pin_etag[0] ? strcmp(f->etag, f->pin_etag) == 0
+                             : f->pin_modified[0] && strcmp(f->last_modified, f->pin_modified) == 0;
+  const char *now_tag = f->pin_etag[0] ? f->etag : f->last_modified;
+  const char *pin_tag = f->pin_etag[0] ? f->pin_etag : f->pin_modified;
+  if (status == 206) {
+    if (f->range_start != from) {
+      f->verdict = SF_EIO;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "asked to resume at byte %lld, the server sent bytes from %lld — check the server "
+               "or proxy in front of it",
+               (long long)from, (long long)f->range_start);
+    } else if (now_tag[0] && !same) {
+      f->verdict = SF_EIO;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "the object changed while it was read (validator %.100s, then %.100s): the shard is not "
+               "spliced from two versions — rerun once the upload is complete",
+               pin_tag, now_tag);
+    }
+    return;
+  }
+  /* 200 to a Range request: the whole object again; usable only if it is the same version. */
+  if (same) {
+    f->skip = from;
+    return;
+  }
+  f->verdict = SF_EIO;
+  snprintf(f->verdict_text, sizeof f->verdict_text,
+           "the server ignored the Range request to resume at byte %lld and sent an object whose "
+           "validator (%.100s) %s the first response's (%.100s): the shard is not spliced from two versions",
+           (long long)from, now_tag[0] ? now_tag : "none",
+           now_tag[0] ? "differs from" : "cannot be compared with", pin_tag);
+}
+
+static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  sf_fetch *f = opaque;
+  sf_prefetch *p = f->p;
+  size_t n = size * nmemb;
+  if (f->mode == BODY_UNCHECKED) check_response(f);
+  if (f->verdict) return 0; /* ends the attempt; on_done reports the verdict */
+  if (f->mode == BODY_DISCARD) {
+    /* A store's error page names its own error code: keep its start for the message. */
+    size_t keep = sizeof f->error_body - f->error_size < n ? sizeof f->error_body - f->error_size : n;
+    if (f->is_store) memcpy(f->error_body + f->error_size, ptr, keep), f->error_size += keep;
+    return n;
+  }
+  size_t skip = f->skip < (int64_t)n ? (size_t)f->skip : n;
+  pthread_mutex_lock(&p->lock);
+  if (f->closed) {
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+  }
+  if (!has_room(p, f, n - skip)) {
+    /* The reader is behind: leave the data with libcurl and the socket (bounded memory). */
+    f->paused = true;
+    pthread_mutex_unlock(&p->lock);
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  f->skip -= (int64_t)skip;
+  f->last_progress = now();
+  p->stats.bytes += n;
+  p->stats.refetched_bytes += skip;
+  int rc = append(p, f, ptr + skip, n - skip);
+  pthread_mutex_unlock(&p->lock);
+  if (rc < 0) {
+    f->verdict = SF_ENOMEM;
+    snprintf(f->verdict_text, sizeof f->verdict_text, "out of memory while downloading");
+    return 0;
+  }
+  return n;
+}
+
+/* A deep socket buffer: the sender streams on while this side parses, with fewer wake-ups. */
+static int big_receive_buffer(void *opaque, curl_socket_t fd, curlsocktype purpose) {
+  (void)opaque, (void)purpose;
+  int size = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  return CURL_SOCKOPT_OK;
+}
+
+/* ---- attempts (fetcher thread) ---- */
+
+/* Marks f failed for good (lock held). */
+static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...) {
+  char text[480];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  SET_ERROR(&f->error, code, f->shown, f->received, "%s", text);
+  f->code = code;
+  f->state = F_DONE;
+  p->stats.failed++;
+  pthread_cond_broadcast(&p->changed);
+}
+
+static int set_constant_options(sf_prefetch *p, sf_fetch *f) {
+  CURL *e = f->easy;
+  double connect = p->o.connect_timeout;
+  int bad = 0;
+  bad |= curl_easy_setopt(e, CURLOPT_PRIVATE, f);
+  bad |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  bad |= curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  bad |= curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
+  bad |= curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)BLOCK); /* fewer, larger deliveries */
+  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  bad |= curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(connect * 1000));
+  bad |= curl_easy_setopt(e, CURLOPT_ERRORBUFFER, f->curl_text);
+  bad |= curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
+  bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, f);
+  bad |= curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  bad |= curl_easy_setopt(e, CURLOPT_HEADERDATA, f);
+  bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
+  bad |= curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, big_receive_buffer);
+  return bad ? -1 : 0;
+}
+
+/*
+ * Starts one attempt of f: from byte 0, or from the byte reached with a Range
+ * pinned to the first response's version.  Returns false when f failed for
+ * good instead (reported in f).
+ */
+static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
+  pthread_mutex_lock(&p->lock);
+  int64_t from = f->received;
+  pthread_mutex_unlock(&p->lock);
+  int code = 0;
+  char text[480] = "";
+  if (!f->easy) {
+    f->easy = curl_easy_init();
+    if (!f->easy) {
+      code = SF_ENOMEM;
+      snprintf(text, sizeof text, "out of memory starting the download");
+    } else if (set_constant_options(p, f) < 0) {
+      code = SF_EINVAL;
+      snprintf(text, sizeof text, "libcurl refused the transfer options (is libcurl older than 7.85?)");
+    }
+  }
+  curl_slist_free_all(f->headers);
+  f->headers = NULL;
+  char range[32];
+  if (!code && f->is_store) {
+    sf_object_request request = {0};
+    sf_error error;
+    int rc = sf_object_request_prepare(f->url, "GET", NULL, NULL, &request, &error);
+    if (rc < 0) {
+      code = rc;
+      snprintf(text, sizeof text, "%.400s", error.message);
+    } else {
+      curl_easy_setopt(f->easy, CURLOPT_URL, request.url);
+      f->headers = request.headers;
+      request.headers = NULL;
+      free(f->credentials);
+      f->credentials = request.credentials;
+      request.credentials = NULL;
+    }
+    sf_object_request_clear(&request);
+  } else if (!code) {
+    curl_easy_setopt(f->easy, CURLOPT_URL, f->url);
+  }
+  /* Only a whole-object request asks whether the caller's copy is still current. */
+  char condition[280] = "";
+  if (from == 0 && f->cached.etag[0])
+    snprintf(condition, sizeof condition, "If-None-Match: %s", f->cached.etag);
+  else if (from == 0 && f->cached.last_modified[0])
+    snprintf(condition, sizeof condition, "If-Modified-Since: %s", f->cached.last_modified);
+  if (!code && condition[0]) {
+    struct curl_slist *h = curl_slist_append(f->headers, condition);
+    if (h)
+      f->headers = h;
+    else
+      code = SF_ENOMEM;
+  }
+  if (!code && from > 0) {
+    char pin[280];
+    if (f->pin_etag[0]) {
+      snprintf(pin, sizeof pin, "If-Match: %s", f->pin_etag);
+    } else if (f->pin_modified[0]) {
+      snprintf(pin, sizeof pin, "If-Unmodified-Since: %s", f->pin_modified);
+    } else {
+      code = SF_ENET;
+      snprintf(text, sizeof text,
+               "the connection broke at byte %lld and the server sent neither an ETag nor a "
+               "Last-Modified date, so a resumed download could mix two versions of the object — "
+               "fix the server, or retry the run",
+               (long long)from);
+    }
+    struct curl_slist *h = code ? NULL : curl_slist_append(f->headers, pin);
+    if (!code && !h) code = SF_ENOMEM;
+    if (h) f->headers = h;
+    snprintf(range, sizeof range, "%lld-", (long long)from);
+  }
+  if (!code) {
+    curl_easy_setopt(f->easy, CURLOPT_RANGE, from > 0 ? range : NULL);
+    curl_easy_setopt(f->easy, CURLOPT_HTTPHEADER, f->headers);
+    f->attempt_from = from;
+    f->mode = BODY_UNCHECKED;
+    f->skip = 0;
+    f->verdict = 0;
+    f->error_size = 0;
+    f->curl_text[0] = '\0';
+    f->etag[0] = f->last_modified[0] = '\0';
+    f->range_start = -1;
+    f->retry_after = -1;
+    f->last_progress = now();
+    if (curl_multi_add_handle(p->multi, f->easy) != CURLM_OK) {
+      code = SF_ENOMEM;
+      snprintf(text, sizeof text, "libcurl could not add the transfer");
+    } else {
+      f->in_multi = true;
+    }
+  }
+  pthread_mutex_lock(&p->lock);
+  if (code) {
+    give_up(p, f, code, "%s", text);
+  } else {
+    f->state = F_RUNNING;
+    if (from > 0) p->stats.resumes++;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return code == 0;
+}
+
+/* Seconds to wait before retry number `failures` (1, 2, ...): exponential, with jitter. */
+static double backoff(sf_prefetch *p, int failures) {
+  double d = p->o.retry_wait * pow(2.0, failures - 1);
+  if (d > p->o.retry_max_wait) d = p->o.retry_max_wait;
+  return d / 2 + sf_rng_double(&p->rng) * d / 2;
+}
+
+/* Classifies a finished attempt: done, retry after a wait, or failed for good. */
+static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
+  long status = 0;
+  curl_easy_getinfo(f->easy, CURLINFO_RESPONSE_CODE, &status);
+  const char *curl_text = f->curl_text[0] ? f->curl_text : curl_easy_strerror(result);
+  int code = 0;
+  bool retry = false;
+  char text[480] = "";
+  bool conditional = f->attempt_from == 0 && (f->cached.etag[0] || f->cached.last_modified[0]);
+  if (f->verdict) {
+    code = f->verdict;
+    snprintf(text, sizeof text, "%s", f->verdict_text);
+  } else if (status == 304 && conditional && result == CURLE_OK) {
+    f->not_modified = true; /* the caller's copy is current: done, with no body */
+  } else if (status >= 400 || (result == CURLE_OK && (status < 200 || status >= 300))) {
+    if (status == 404 || status == 410) {
+      code = SF_ENOENT;
+      snprintf(text, sizeof text, "HTTP %ld: the server has no such shard — check the URL and the shard list",
+               status);
+    } else if (status == 412) {
+      code = SF_EIO;
+      snprintf(text, sizeof text,
+               "HTTP 412: the object changed since the download began (If-Match %s failed on resuming at "
+               "byte %lld); the shard is not spliced from two versions — rerun once the upload is complete",
+               f->pin_etag[0] ? f->pin_etag : f->pin_modified, (long long)f->attempt_from);
+    } else if (status == 408 || status == 429 || status >= 500) {
+      code = SF_ENET;
+      retry = true;
+      snprintf(text, sizeof text, "HTTP %ld from the server — it is overloaded or failing; check its logs",
+               status);
+    } else {
+      code = SF_ENET;
+      snprintf(text, sizeof text, "HTTP %ld from the server — check access rights and the server's logs",
+               status);
+    }
+    if (f->is_store && status != 412) {
+      /* The store's error code and the credentials' source, worded as listings and uploads word them. */
+      sf_object_request used = {.credentials = f->credentials};
+      sf_error store_error;
+      int store_code = sf_object_http_error(f->shown, "download", status, f->error_body, f->error_size, &used,
+                                            &store_error);
+      if (!retry) code = store_code;
+      snprintf(text, sizeof text, "%.470s", store_error.message);
+    }
+  } else if (result != CURLE_OK) {
+    switch (result) {
+    case CURLE_OPERATION_TIMEDOUT:
+      code = SF_ETIMEDOUT;
+      retry = true;
+      snprintf(text, sizeof text,
+               "timed out (%s) — the server is unreachable or stalled; raise connect_timeout / "
+               "stall_timeout / retries on tar_split if it is just slow",
+               curl_text);
+      break;
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      code = SF_ENET;
+      retry = true;
+      snprintf(text, sizeof text,
+               "download failed: %s — check that the server is running and reachable", curl_text);
+      break;
+    case CURLE_OUT_OF_MEMORY:
+      code = SF_ENOMEM;
+      snprintf(text, sizeof text, "out of memory while downloading (%s)", curl_text);
+      break;
+    case CURLE_UNSUPPORTED_PROTOCOL:
+      code = SF_EDENIED;
+      snprintf(text, sizeof text,
+               "refused to follow (%s): only http and https URLs are fetched, redirects included", curl_text);
+      break;
+    default:
+      code = SF_ENET;
+      snprintf(text, sizeof text,
+               "download failed: %s — check that the host name resolves and the server is running and "
+               "reachable",
+               curl_text);
+      break;
+    }
+  }
+  pthread_mutex_lock(&p->lock);
+  if (f->closed) {
+    f->state = F_DONE;
+  } else if (code == 0) {
+    f->state = F_DONE;
+    f->code = 0;
+    if (f->not_modified) p->stats.not_modified++;
+    pthread_cond_broadcast(&p->changed);
+  } else {
+    if (f->received > f->attempt_from) f->failures = 0; /* progress: the budget starts again */
+    bool too_long = retry && f->retry_after > p->o.retry_max_wait;
+    if (retry && !too_long && f->failures < p->o.retries) {
+      f->failures++;
+      double wait = backoff(p, f->failures);
+      if (f->retry_after > wait) wait = f->retry_after;
+      f->retry_at = now() + wait;
+      f->state = F_BACKOFF;
+      p->stats.retries++;
+      pthread_cond_broadcast(&p->changed); /* the reader may take the bytes so far */
+    } else if (too_long) {
+      give_up(p, f, code,
+              "%s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
+              "retry_max_wait on tar_split or retry later",
+              text, f->retry_after, p->o.retry_max_wait);
+    } else if (retry && p->o.retries > 0) {
+      give_up(p, f, code, "%s (gave up after %d retries without progress; raise `retries` on tar_split)",
+              text, f->failures);
+    } else {
+      give_up(p, f, code, "%s", text);
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+static void release_curl(sf_prefetch *p, sf_fetch *f) {
+  if (f->easy) {
+    if (f->in_multi) curl_multi_remove_handle(p->multi, f->easy);
+    curl_easy_cleanup(f->easy);
+    f->easy = NULL;
+    f->in_multi = false;
+  }
+  curl_slist_free_all(f->headers);
+  f->headers = NULL;
+}
+
+static void free_fetch(sf_fetch *f) {
+  free(f->credentials);
+  free(f->url);
+  free(f);
+}
+
+/*
+ * The fetcher: starts downloads in order (at most max_transfers at once),
+ * retries when their wait is over, resumes paused ones that have room again,
+ * and drives everything with curl_multi_perform.
+ */
+static void *fetcher(void *arg) {
+  sf_prefetch *p = arg;
+  for (;;) {
+    pthread_mutex_lock(&p->lock);
+    if (p->stop) {
+      pthread_mutex_unlock(&p->lock);
+      break;
+    }
+    /* Closed downloads leave the list here; their curl handles are freed below, unlocked. */
+    sf_fetch *dead = NULL;
+    for (sf_fetch **pp = &p->list; *pp;) {
+      sf_fetch *f = *pp;
+      if (f->closed) {
+        *pp = f->next;
+        f->next = dead;
+        dead = f;
+      } else {
+        pp = &f->next;
+      }
+    }
+    /* What to do with each download: decided under the lock, done after it. */
+    sf_fetch *first = p->list;
+    int n = 0, active = 0;
+    for (sf_fetch *f = p->list; f; f = f->next) {
+      n++;
+      if (f->state == F_RUNNING || f->state == F_BACKOFF) active++;
+    }
+    double t = now(), wait = 1.0;
+    enum { NOTHING, START, UNPAUSE, STALLED } *todo = calloc((size_t)(n ? n : 1), sizeof *todo);
+    int i = 0;
+    for (sf_fetch *f = first; todo && i < n; f = f->next, i++) {
+      if (f->state == F_QUEUED && active < p->o.max_transfers) {
+        todo[i] = START;
+        active++;
+      } else if (f->state == F_BACKOFF) {
+        if (f->retry_at <= t)
+          todo[i] = START;
+        else if (f->retry_at - t < wait)
+          wait = f->retry_at - t;
+      } else if (f->state == F_RUNNING && f->paused && has_room(p, f, BLOCK)) {
+        f->paused = false;
+        f->last_progress = t; /* a pause is the reader's doing, not the server's */
+        todo[i] = UNPAUSE;
+      } else if (f->state == F_RUNNING && !f->paused) {
+        /* Our own stall clock: libcurl's low-speed check averages over ~5 s of history. */
+        if (t - f->last_progress > p->o.stall_timeout) todo[i] = STALLED;
+        if (wait > 0.1) wait = 0.1;
+      }
+    }
+    pthread_mutex_unlock(&p->lock);
+    while (dead) {
+      sf_fetch *f = dead;
+      dead = f->next;
+      release_curl(p, f);
+      free_fetch(f);
+    }
+    if (!todo) { /* out of memory: try again shortly */
+      curl_multi_poll(p->multi, NULL, 0, 100, NULL);
+      continue;
+    }
+    /* Unlocked: the first n entries stay (only this thread unlinks) and their links before the last
+     * are fixed; the last one's link may change as downloads are appended, so it is not read. */
+    sf_fetch *f = first;
+    for (i = 0; i < n; i++, f = i < n ? f->next : NULL) {
+      if (todo[i] == START) {
+        if (f->in_multi) {
+          curl_multi_remove_handle(p->multi, f->easy);
+          f->in_multi = false;
+        }
+        start_attempt(p, f);
+      } else if (todo[i] == UNPAUSE) {
+        curl_easy_pause(f->easy, CURLPAUSE_CONT); /* may deliver the held data at once */
+      } else if (todo[i] == STALLED && f->in_multi) {
+        curl_multi_remove_handle(p->multi, f->easy); /* closes its connection */
+        f->in_multi = false;
+        snprintf(f->curl_text, sizeof f->curl_text, "no byte from the server for %.1f s (stall_timeout)",
+                 p->o.stall_timeout);
+        on_done(p, f, CURLE_OPERATION_TIMEDOUT);
+      }
+    }
+    free(todo);
+    int running = 0;
+    curl_multi_perform(p->multi, &running);
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(p->multi, &left))) {
+      if (msg->msg != CURLMSG_DONE) continue;
+      f = NULL;
+      curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
+      CURLcode result = msg->data.result;
+      curl_multi_remove_handle(p->multi, msg->easy_handle);
+      if (f) {
+        f->in_multi = false;
+        on_done(p, f, result);
+      }
+    }
+    int ms = (int)(wait * 1000);
+    curl_multi_poll(p->multi, NULL, 0, ms < 1 ? 1 : ms, NULL);
+  }
+  return NULL;
+}
+
+/* ---- API ---- */
+
+int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error) {
+  *prefetch = NULL;
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_result != CURLE_OK) {
+    SET_ERROR(error, SF_ENET, "", -1, "libcurl did not initialise: %s", curl_easy_strerror(curl_init_result));
+    return SF_ENET;
+  }
+  sf_prefetch *p = calloc(1, sizeof *p);
+  if (!p) {
+    SET_ERROR(error, SF_ENOMEM, "", -1, "out of memory starting the downloads");
+    return SF_ENOMEM;
+  }
+  if (options) p->o = *options;
+  if (p->o.max_transfers <= 0) p->o.max_transfers = 3;
+  if (p->o.max_bytes <= 0) p->o.max_bytes = 64 << 20;
+  if (p->o.max_bytes < 2 * BLOCK) p->o.max_bytes = 2 * BLOCK;
+  if (p->o.connect_timeout <= 0) p->o.connect_timeout = 10;
+  if (p->o.stall_timeout <= 0) p->o.stall_timeout = 30;
+  if (p->o.retries < 0) p->o.retries = 0;
+  if (p->o.retry_wait <= 0) p->o.retry_wait = 0.1;
+  if (p->o.retry_max_wait <= 0) p->o.retry_max_wait = 30;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  sf_rng_seed(&p->rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)p);
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->changed, NULL);
+  p->multi = curl_multi_init();
+  if (!p->multi || pthread_create(&p->thread, NULL, fetcher, p) != 0) {
+    sf_prefetch_destroy(&p);
+    SET_ERROR(error, SF_ENOMEM, "", -1, "out of memory starting the downloads");
+    return SF_ENOMEM;
+  }
+  p->thread_started = true;
+  *prefetch = p;
+  return 0;
+}
+
+void sf_prefetch_destroy(sf_prefetch **prefetch) {
+  if (!prefetch || !*prefetch) return;
+  sf_prefetch *p = *prefetch;
+  if (p->thread_started) {
+    pthread_mutex_lock(&p->lock);
+    p->stop = true;
+    pthread_mutex_unlock(&p->lock);
+    curl_multi_wakeup(p->multi);
+    pthread_join(p->thread, NULL);
+  }
+  while (p->list) {
+    sf_fetch *f = p->list;
+    p->list = f->next;
+    release_curl(p, f);
+    free_blocks(p, f);
+    free_fetch(f);
+  }
+  if (p->multi) curl_multi_cleanup(p->multi);
+  while (p->spare) {
+    block *b = p->spare;
+    p->spare = b->next;
+    free(b);
+  }
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->changed);
+  free(p);
+  *prefetch = NULL;
+}
+
+void sf_prefetch_stats_get(sf_prefetch *p, sf_prefetch_stats *stats) {
+  pthread_mutex_lock(&p->lock);
+  *stats = p->stats;
+  pthread_mutex_unlock(&p->lock);
+}
+
+int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *cached, sf_fetch **fetch,
+                      sf_error *error) {
+  *fetch = NULL;
+  char shown[512];
+  sf_url_redact(url, shown, sizeof shown);
+  if (!sf_prefetch_url_is_remote(url)) {
+    SET_ERROR(error, SF_EINVAL, shown, -1, "not an http(s), s3 or gs URL");
+    return SF_EINVAL;
+  }
+  sf_fetch *f = calloc(1, sizeof *f);
+  if (!f || !(f->url = strdup(url))) {
+    free(f);
+    SET_ERROR(error, SF_ENOMEM, shown, -1, "out of memory starting the download");
+    return SF_ENOMEM;
+  }
+  f->p = p;
+  memcpy(f->shown, shown, sizeof shown);
+  f->is_store = strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0;
+  f->state = F_QUEUED;
+  if (cached) f->cached = *cached;
+  pthread_mutex_lock(&p->lock);
+  sf_fetch **pp = &p->list;
+  while (*pp) pp = &(*pp)->next;
+  *pp = f;
+  p->stats.shards++;
+  pthread_mutex_unlock(&p->lock);
+  curl_multi_wakeup(p->multi);
+  *fetch = f;
+  return 0;
+}
+
+/* Waits up to 100 ms for a change (lock held). False when the caller asks to cancel. */
+static bool wait_slice(sf_prefetch *p, bool (*cancelled)(void *), void *opaque) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_nsec += 100 * 1000 * 1000;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  if (pthread_cond_timedwait(&p->changed, &p->lock, &deadline) == 0) return true;
+  return !(cancelled && cancelled(opaque));
+}
+
+/* The head block may be handed out: complete, or no longer being written to. Lock held. */
+static bool readable(const sf_fetch *f) {
+  return f->head && (f->head != f->tail || f->head->size == BLOCK || f->state != F_RUNNING);
+}
+
+/* Claims f and waits for a readable block or the end (lock held). Returns 0, or SF_ECANCELED. */
+static int wait_data(sf_fetch *f, bool (*cancelled)(void *), void *opaque, bool *wake) {
+  sf_prefetch *p = f->p;
+  if (!f->claimed) {
+    f->claimed = true;
+    *wake = true; /* a paused download may now use the reserve */
+  }
+  while (!readable(f) && f->state != F_DONE) {
+    if (*wake) { /* the fetcher may be waiting on us; do not sleep before it knows */
+      pthread_mutex_unlock(&p->lock);
+      curl_multi_wakeup(p->multi);
+      pthread_mutex_lock(&p->lock);
+      *wake = false;
+    }
+    if (!wait_slice(p, cancelled, opaque)) return SF_ECANCELED;
+  }
+  return 0;
+}
+
+int sf_fetch_wait(sf_fetch *f, bool (*cancelled)(void *), void *opaque, sf_error *error) {
+  sf_prefetch *p = f->p;
+  bool wake = false;
+  pthread_mutex_lock(&p->lock);
+  int rc = wait_data(f, cancelled, opaque, &wake);
+  if (rc == 0 && !f->head && f->code < 0) {
+    rc = f->code;
+    if (error) *error = f->error;
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (wake) curl_multi_wakeup(p->multi);
+  if (rc == SF_ECANCELED) SET_ERROR(error, SF_ECANCELED, f->shown, 0, "the pipeline is stopping");
+  return rc;
+}
+
+ssize_t sf_fetch_read(sf_fetch *f, const void **data, bool (*cancelled)(void *), void *opaque,
+                      sf_error *error) {
+  sf_prefetch *p = f->p;
+  *data = NULL;
+  bool wake = false;
+  pthread_mutex_lock(&p->lock);
+  if (f->held) {
+    free_block(p, f, &f->held);
+    wake = f->paused; /* room again */
+  }
+  int rc = wait_data(f, cancelled, opaque, &wake);
+  ssize_t n = 0;
+  int64_t offset = f->received;
+  if (rc == 0 && readable(f)) {
+    block *b = f->head;
+    f->head = b->next;
+    if (!f->head) f->tail = NULL;
+    f->held = b;
+    *data = b->data;
+    n = (ssize_t)b->size;
+  } else if (rc == 0 && f->code < 0) {
+    n = f->code;
+    if (error) *error = f->error;
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (wake) curl_multi_wakeup(p->multi);
+  if (rc == SF_ECANCELED) {
+    SET_ERROR(error, SF_ECANCELED, f->shown, offset, "the pipeline is stopping");
+    return SF_ECANCELED;
+  }
+  return n;
+}
+
+bool sf_fetch_not_modified(sf_fetch *f, sf_object_version *version) {
+  pthread_mutex_lock(&f->p->lock);
+  /* Both are written by the fetcher before it hands out the first byte or the end, under the lock. */
+  bool settled = f->state == F_DONE || f->received > 0;
+  bool not_modified = f->state == F_DONE && f->not_modified;
+  if (version) *version = settled ? f->version : (sf_object_version){0};
+  pthread_mutex_unlock(&f->p->lock);
+  return not_modified;
+}
+
+void sf_fetch_close(sf_fetch **fetch) {
+  if (!fetch || !*fetch) return;
+  sf_fetch *f = *fetch;
+  sf_prefetch *p = f->p;
+  pthread_mutex_lock(&p->lock);
+  f->closed = true;
+  free_blocks(p, f);
+  pthread_mutex_unlock(&p->lock);
+  curl_multi_wakeup(p->multi); /* the fetcher frees it, and others may use the bytes it held */
+  *fetch = NULL;
+}

@@ -1,0 +1,390 @@
+/* Streaming reads of one shard by URL: local files, http(s)/s3/gs through the prefetcher (engine/io/prefetch.c), pipe:CMD. */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "prefetch.h"
+#include "shard_cache.h"
+#include "shard_reader.h"
+
+/* An error about this shard: no stage, no key, no graph line. */
+#define SET_ERROR(error, code, url, offset, ...) sf_error_set(error, code, NULL, url, NULL, offset, -1, __VA_ARGS__)
+
+extern char **environ;
+
+enum { FILE_CHUNK = 1 << 20 };
+
+typedef enum kind { KIND_FILE, KIND_HTTP, KIND_PIPE } kind;
+
+struct sf_shard_reader {
+  kind kind;
+  char *url;
+  int64_t offset;   /* bytes handed out so far */
+  bool (*cancelled)(void *opaque);
+  void *cancel_opaque;
+  bool at_end;
+  /* file and pipe */
+  int fd;
+  uint8_t *chunk;
+  /* pipe */
+  pid_t pid;
+  const char *command; /* points into url */
+  /* http(s), s3, gs */
+  sf_fetch *fetch;
+  sf_prefetch *own_prefetch; /* when the caller gave none */
+  sf_shard_cache *cache;        /* borrowed */
+  sf_shard_cache_entry *entry;  /* the shard being copied into the cache */
+};
+
+
+/* ---- local files ---- */
+
+static int hexval(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = tolower(c);
+  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* file:///path and file://localhost/path name a local path; %XX escapes are decoded. */
+static char *file_url_path(const char *url) {
+  const char *p = url + strlen("file://");
+  if (strncmp(p, "localhost/", 10) == 0) p += 9;
+  if (*p != '/') return NULL;
+  char *out = malloc(strlen(p) + 1), *o = out;
+  if (!out) return NULL;
+  for (; *p; p++) {
+    int hi, lo;
+    if (*p == '%' && (hi = hexval((unsigned char)p[1])) >= 0 &&
+        (lo = hexval((unsigned char)p[2])) >= 0) {
+      *o++ = (char)(hi * 16 + lo);
+      p += 2;
+    } else {
+      *o++ = *p;
+    }
+  }
+  *o = '\0';
+  return out;
+}
+
+static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
+  r->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (r->fd < 0) {
+    int e = errno, code = e == ENOENT || e == ENOTDIR ? SF_ENOENT : SF_EIO;
+    SET_ERROR(error, code, r->url, -1, "cannot open shard: %s — check the path in the shard list",
+              strerror(e));
+    return code;
+  }
+  struct stat st;
+  if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    SET_ERROR(error, SF_EIO, r->url, -1,
+              "is a directory, not a tar shard — list the .tar files inside it "
+              "(e.g. dir/shard-{0..9}.tar)");
+    return SF_EIO;
+  }
+  /* Shards are read once front to back: let the kernel read ahead aggressively. */
+  (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  r->chunk = malloc(FILE_CHUNK);
+  if (!r->chunk) return SF_ENOMEM;
+  return 0;
+}
+
+static bool cancelled(const sf_shard_reader *r) { return r->cancelled && r->cancelled(r->cancel_opaque); }
+
+static int cancel_error(sf_shard_reader *r, sf_error *error) {
+  return SET_ERROR(error, SF_ECANCELED, r->url, r->offset, "the pipeline is stopping");
+}
+
+static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
+  for (;;) {
+    if (r->kind == KIND_PIPE) {
+      /* A command may take its time: wait in slices so a stopping pipeline is not held up. */
+      struct pollfd pfd = {.fd = r->fd, .events = POLLIN};
+      int ready = poll(&pfd, 1, 100);
+      if (ready < 0 && errno != EINTR)
+        return SET_ERROR(error, SF_EIO, r->url, r->offset, "poll failed: %s", strerror(errno));
+      if (ready <= 0) {
+        if (cancelled(r)) return cancel_error(r, error);
+        continue;
+      }
+    }
+    ssize_t n = read(r->fd, r->chunk, FILE_CHUNK);
+    if (n >= 0) {
+      *data = r->chunk;
+      return n;
+    }
+    if (errno == EINTR) continue;
+    SET_ERROR(error, SF_EIO, r->url, r->offset, "read failed: %s", strerror(errno));
+    return SF_EIO;
+  }
+}
+
+/* ---- pipe:CMD ---- */
+
+static int open_pipe(sf_shard_reader *r, sf_error *error) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    SET_ERROR(error, SF_EIO, r->url, -1, "cannot create a pipe: %s", strerror(errno));
+    return SF_EIO;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawnattr_init(&attr);
+  /* The trainer may ignore SIGPIPE or block signals; the command should not inherit that. */
+  sigset_t none, pipe_only;
+  sigemptyset(&none);
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  sigaddset(&pipe_only, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &pipe_only);
+  /* Its own process group: closing early stops the whole pipeline (curl | zstd -d), not just sh. */
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  char *argv[] = {"sh", "-c", (char *)r->command, NULL};
+  int e = posix_spawn(&r->pid, "/bin/sh", &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(fds[1]);
+  if (e != 0) {
+    close(fds[0]);
+    r->pid = 0;
+    SET_ERROR(error, SF_EIO, r->url, -1, "cannot start /bin/sh for the pipe command: %s",
+              strerror(e));
+    return SF_EIO;
+  }
+  r->fd = fds[0];
+  r->chunk = malloc(FILE_CHUNK);
+  return r->chunk ? 0 : SF_ENOMEM;
+}
+
+/* Waits for the command; a non-zero exit means the shard is incomplete. */
+static int reap_pipe(sf_shard_reader *r, sf_error *error) {
+  if (r->pid <= 0) return 0; /* never waitpid(0): that would reap the embedding program's children */
+  int status;
+  pid_t w;
+  do {
+    w = waitpid(r->pid, &status, 0);
+  } while (w < 0 && errno == EINTR);
+  r->pid = 0;
+  if (w < 0) return 0;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  if (WIFEXITED(status))
+    SET_ERROR(error, SF_EIO, r->url, r->offset,
+              "pipe command `%s` exited with status %d — run it by hand to see why",
+              r->command, WEXITSTATUS(status));
+  else
+    SET_ERROR(error, SF_EIO, r->url, r->offset,
+              "pipe command `%s` was killed by signal %d — run it by hand to see why", r->command,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return SF_EIO;
+}
+
+/* Stops a command we no longer read from: SIGTERM, a short grace period, then SIGKILL. */
+static void kill_pipe(sf_shard_reader *r) {
+  if (r->pid <= 0) return;
+  kill(-r->pid, SIGTERM);
+  for (int i = 0; i < 200; i++) {
+    pid_t w = waitpid(r->pid, NULL, WNOHANG);
+    if (w == r->pid || (w < 0 && errno != EINTR)) {
+      r->pid = 0;
+      return;
+    }
+    nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+  }
+  kill(-r->pid, SIGKILL);
+  while (waitpid(r->pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  r->pid = 0;
+}
+
+/* ---- http(s), s3://, gs:// ---- */
+
+/*
+ * Remote shards come from a prefetcher: the caller's (tar_split's, shared by
+ * the shards it reads ahead), or one of the reader's own for this shard.
+ * With a cache, a cached copy is read only when the server answers the
+ * conditional download 304 (the copy is current); otherwise the download
+ * replaces it.
+ */
+static int open_remote(sf_shard_reader *r, const sf_shard_reader_options *o, sf_error *error) {
+  sf_object_version version;
+  int cached_fd = -1, rc = 0;
+  if (o && o->cache) {
+    r->cache = o->cache;
+    cached_fd = o->cached_fd;
+    /* A download started for a cached copy was made conditional on it; without one, look up here. */
+    if (cached_fd >= 0 && !r->fetch) close(cached_fd);
+    if (!r->fetch) cached_fd = sf_shard_cache_lookup(o->cache, r->url, NULL, &version);
+  }
+  if (!r->fetch) {
+    sf_prefetch *p = o ? o->prefetch : NULL;
+    if (!p) {
+      sf_prefetch_options po = {
+          .max_transfers = 1,
+          .max_bytes = 2 << 20,
+          .connect_timeout = o ? o->connect_timeout : 0,
+          .stall_timeout = o ? o->stall_timeout : 0,
+          .retries = o ? o->retries : 0,
+          .retry_wait = o ? o->retry_wait : 0,
+          .retry_max_wait = o ? o->retry_max_wait : 0,
+      };
+      rc = sf_prefetch_new(&r->own_prefetch, &po, error);
+      p = r->own_prefetch;
+    }
+    if (rc == 0) rc = sf_prefetch_start(p, r->url, cached_fd >= 0 ? &version : NULL, &r->fetch, error);
+  }
+  /* The first bytes or the failure: a 404 or a dead host shows at open. */
+  if (rc == 0) rc = sf_fetch_wait(r->fetch, r->cancelled, r->cancel_opaque, error);
+  if (rc == 0 && sf_fetch_not_modified(r->fetch, &version)) {
+    sf_shard_cache_revalidated(r->cache, true);
+    sf_fetch_close(&r->fetch);
+    r->kind = KIND_FILE;
+    r->fd = cached_fd;
+    r->chunk = malloc(FILE_CHUNK);
+    return r->chunk ? 0 : SF_ENOMEM;
+  }
+  if (cached_fd >= 0) {
+    close(cached_fd);
+    if (rc == 0) sf_shard_cache_revalidated(r->cache, false);
+  }
+  if (rc == 0 && r->cache) (void)sf_shard_cache_begin(r->cache, r->url, &version, &r->entry); /* -1: not cached */
+  return rc;
+}
+
+/* ---- dispatch ---- */
+
+/* True when url starts with a scheme ("s3://"), so it is not a plain path. */
+static bool has_scheme(const char *url) {
+  const char *p = url;
+  if (!isalpha((unsigned char)*p)) return false;
+  while (isalnum((unsigned char)*p) || *p == '+' || *p == '-' || *p == '.') p++;
+  return strncmp(p, "://", 3) == 0;
+}
+
+int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
+                         const sf_shard_reader_options *options, sf_error *error) {
+  *reader = NULL;
+  sf_fetch *given = options ? options->fetch : NULL; /* consumed whatever happens */
+  if (!url || !*url) {
+    sf_fetch_close(&given);
+    SET_ERROR(error, SF_EINVAL, "", -1, "empty shard URL — check the shard list");
+    return SF_EINVAL;
+  }
+  sf_shard_reader *r = calloc(1, sizeof *r);
+  if (!r || !(r->url = strdup(url))) {
+    sf_fetch_close(&given);
+    free(r);
+    SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  r->fd = -1;
+  if (options) {
+    r->cancelled = options->cancelled;
+    r->cancel_opaque = options->cancel_opaque;
+  }
+  int rc;
+  if (given && !sf_prefetch_url_is_remote(url)) sf_fetch_close(&given);
+  if (options && options->cache && options->cached_fd >= 0 && !sf_prefetch_url_is_remote(url))
+    close(options->cached_fd);
+  if (strncmp(url, "pipe:", 5) == 0) {
+    r->kind = KIND_PIPE;
+    r->command = r->url + 5;
+    if (!options || !options->allow_pipe) {
+      SET_ERROR(error, SF_EDENIED, url, -1,
+                "pipe: URLs run shell commands and are off by default — set `allow_pipe: true` "
+                "on shard_source if you trust the shard list");
+      rc = SF_EDENIED;
+    } else {
+      rc = open_pipe(r, error);
+    }
+  } else if (sf_prefetch_url_is_remote(url)) {
+    r->kind = KIND_HTTP;
+    r->fetch = given;
+    given = NULL;
+    rc = open_remote(r, options, error);
+  } else if (strncmp(url, "file://", 7) == 0) {
+    r->kind = KIND_FILE;
+    char *path = file_url_path(url);
+    if (!path) {
+      SET_ERROR(error, SF_EINVAL, url, -1,
+                "a file URL needs an absolute path (file:///data/shard.tar)");
+      rc = SF_EINVAL;
+    } else {
+      rc = open_file(r, path, error);
+      free(path);
+    }
+  } else if (has_scheme(url)) {
+    SET_ERROR(error, SF_EUNSUPPORTED, url, -1,
+              "unsupported URL scheme — use a path, file://, http://, https:// or "
+              "pipe:CMD (e.g. pipe:aws s3 cp URL - with allow_pipe)");
+    rc = SF_EUNSUPPORTED;
+  } else {
+    r->kind = KIND_FILE;
+    rc = open_file(r, url, error);
+  }
+  if (rc < 0) {
+    if (rc == SF_ENOMEM && error && error->code != SF_ENOMEM)
+      SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+    sf_shard_reader_close(&r);
+    return rc;
+  }
+  *reader = r;
+  return 0;
+}
+
+ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *error) {
+  *data = NULL;
+  if (r->at_end) return 0;
+  ssize_t n;
+  if (r->kind == KIND_HTTP) {
+    n = sf_fetch_read(r->fetch, data, r->cancelled, r->cancel_opaque, error);
+    if (n < 0) {
+      if (n != SF_ECANCELED) sf_shard_cache_end(r->cache, &r->entry, false);
+      return n;
+    }
+    if (n > 0) sf_shard_cache_write(r->entry, *data, (size_t)n);
+    if (n == 0) sf_shard_cache_end(r->cache, &r->entry, true); /* the whole shard: publish it */
+  } else {
+    n = read_fd(r, data, error);
+    if (n == 0 && r->kind == KIND_PIPE) {
+      r->at_end = true; /* reaped once, whatever the command's status */
+      int rc = reap_pipe(r, error);
+      if (rc < 0) return rc;
+    }
+  }
+  if (n == 0) r->at_end = true;
+  if (n > 0) r->offset += n;
+  return n;
+}
+
+int64_t sf_shard_reader_offset(const sf_shard_reader *r) { return r->offset; }
+
+void sf_shard_reader_close(sf_shard_reader **reader) {
+  if (!reader || !*reader) return;
+  sf_shard_reader *r = *reader;
+  if (r->fd >= 0) close(r->fd);
+  kill_pipe(r);
+  sf_shard_cache_end(r->cache, &r->entry, false); /* not read to its end: not cached */
+  sf_fetch_close(&r->fetch);
+  sf_prefetch_destroy(&r->own_prefetch);
+  free(r->chunk);
+  free(r->url);
+  free(r);
+  *reader = NULL;
+}

@@ -1,0 +1,66 @@
+/* Streaming reads of one shard by URL: plain path, file://, http(s)://, s3://, gs:// (engine/io/prefetch.h), pipe:CMD. */
+#ifndef SF_ENGINE_SHARD_READER_H
+#define SF_ENGINE_SHARD_READER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "prefetch.h"
+#include "shardflow/error.h"
+
+typedef struct sf_shard_reader sf_shard_reader;
+
+typedef struct sf_shard_reader_options {
+  bool allow_pipe;          /* pipe:CMD runs only when the graph opted in */
+  double connect_timeout;   /* seconds; 0 = default (10 s) */
+  double stall_timeout;     /* seconds without a byte before giving up; 0 = default (30 s) */
+  int retries;              /* remote: retries after failures that brought no byte; 0 = none */
+  double retry_wait;        /* remote: first backoff in seconds; 0 = 0.1 s */
+  double retry_max_wait;    /* remote: longest single wait in seconds; 0 = 30 s */
+  /* Remote shards: the download already started for this URL (handed over: the reader owns it
+   * from the call on, whatever the outcome), else a prefetcher to start it on (borrowed; it must
+   * outlive the reader), else the reader runs a prefetcher of its own with the settings above. */
+  sf_fetch *fetch;
+  sf_prefetch *prefetch;
+  /* Remote shards: a shard cache to read from (borrowed), and an fd of this shard already looked
+   * up in it (handed over like fetch; -1 for none; only read when cache is set; fetch must then be
+   * a download made conditional on the cached version). The cached copy is read when the server
+   * answers 304 Not Modified; a shard not in the cache, or replaced on the server, is stored there
+   * once it has been read to its end. */
+  struct sf_shard_cache *cache;
+  int cached_fd;
+  /* Asked every ~100 ms while a read waits (pipe output, the network): true ends the
+   * wait with SF_ECANCELED, so a stopping pipeline never waits on a hung source. */
+  bool (*cancelled)(void *opaque);
+  void *cancel_opaque;
+} sf_shard_reader_options;
+
+/*
+ * Opens url for sequential reading. Never reads the whole shard into memory.
+ * Remote shards (http, https, s3, gs) are retried and resumed as
+ * engine/io/prefetch.h says; messages show them with credentials redacted.
+ * Returns 0; SF_ENOENT (missing file, HTTP 404), SF_ENET (unreachable host,
+ * other HTTP errors), SF_ETIMEDOUT, SF_EDENIED (pipe: without allow_pipe, a
+ * redirect to another scheme), SF_EIO (the object changed while read),
+ * SF_EINVAL (bad URL), SF_ENOMEM. On failure *error names the URL and what
+ * to do. options may be NULL; options->fetch is consumed in every case.
+ */
+int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
+                         const sf_shard_reader_options *options, sf_error *error);
+
+/*
+ * Returns the next chunk of bytes: > 0 bytes with *data pointing at them
+ * (borrowed, valid until the next call), 0 at the end of the shard, or a
+ * negative SF_E* code (SF_EIO, SF_ENET, SF_ENOENT, SF_ETIMEDOUT, SF_ECANCELED...)
+ * with *error naming the URL and the byte offset reached.
+ */
+ssize_t sf_shard_reader_read(sf_shard_reader *reader, const void **data, sf_error *error);
+
+/* Bytes delivered so far. */
+int64_t sf_shard_reader_offset(const sf_shard_reader *reader);
+
+/* Closes (kills and reaps a pipe: child, ends the download) and sets *reader to NULL. NULL-safe. */
+void sf_shard_reader_close(sf_shard_reader **reader);
+
+#endif

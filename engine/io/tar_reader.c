@@ -1,0 +1,616 @@
+/* WebDataset samples from a streamed tar shard: gzip/zstd decompressed and checked, libarchive's tar reader, key grouping. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "parse.h"
+#include "tar_reader.h"
+
+/* An error about this shard and key: no stage, no graph line. */
+#define SET_ERROR(error, code, url, key, offset, ...) \
+  sf_error_set(error, code, NULL, url, key, offset, -1, __VA_ARGS__)
+
+/* Most bytes read after the end-of-archive blocks to reach the source's end. */
+#define DRAIN_MAX ((int64_t)4 << 20)
+/* Decompressed bytes handed to libarchive per read; memory shards go to zlib in pieces this big at most. */
+#define OUT_CHUNK ((size_t)256 << 10)
+#define MEMORY_CHUNK ((size_t)1 << 30)
+
+struct sf_tar_reader {
+  struct archive *archive;
+  sf_shard_reader *source;  /* NULL when reading from memory */
+  const void *memory;
+  size_t memory_size;
+  size_t memory_pos;
+  /* The first raw chunk, read to look for a compressor's magic and not yet handed on. */
+  bool has_first;
+  const void *first;
+  ssize_t first_size;
+  /*
+   * A .tar.gz or .tar.zst is decompressed here, not by libarchive's filters:
+   * they stop at the tar's end-of-archive blocks, before gzip's CRC-32 and
+   * length or zstd's checksum, which then go unchecked.
+   */
+  z_stream *gzip;           /* set when the shard starts with gzip's magic */
+  ZSTD_DStream *zstd;       /* set when it starts with zstd's */
+  uint8_t *out;             /* OUT_CHUNK decompressed bytes */
+  const uint8_t *in;        /* raw bytes not yet decompressed */
+  size_t in_size;
+  bool raw_done;            /* the raw source said end */
+  bool frame_end;           /* the last gzip member or zstd frame ended, its check passed */
+  int codec_failed;         /* the decompressor's error, held back while the bytes before it are read */
+  sf_buffer *url;           /* NUL-terminated, shared by every sample */
+  const char *url_text;
+  int source_code;          /* the shard reader's failure, if libarchive saw one */
+  sf_error source_error;
+  int failed;               /* sticky: after a fatal error every call returns it */
+  sf_error fatal;
+  bool eof;
+  bool drained;             /* the source was read to its end after the archive's end */
+  uint64_t index;           /* samples returned so far */
+  /* One member of lookahead: its header is read, its data not yet. */
+  bool pending;
+  char *path;               /* member path, the field part lower-cased */
+  size_t path_capacity;
+  size_t key_len;           /* key = path[0, key_len) */
+  const char *field;        /* points into path */
+  int64_t size;
+  bool sparse;
+  int64_t offset;           /* header position in the (decompressed) tar stream */
+  int64_t sample_size;      /* bytes of the sample being read */
+  int64_t max_member_size, max_sample_size; /* see sf_tar_reader_set_limits() */
+  char last_key[sizeof(sf_error){0}.key]; /* for messages (cut short like every error's key) */
+};
+
+/* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
+static const char *offset_note(const sf_tar_reader *t) {
+  bool compressed = t->gzip || (t->archive && archive_filter_count(t->archive) > 1);
+  return compressed ? " (byte offsets count the decompressed tar stream)" : "";
+}
+
+/* Raw bytes of the shard read so far. */
+static int64_t raw_offset(const sf_tar_reader *t) {
+  return t->source ? sf_shard_reader_offset(t->source) : (int64_t)t->memory_pos;
+}
+
+/* The next raw chunk of the shard (borrowed until the next call): its size, 0 at the end, or an error in source_error. */
+static ssize_t read_raw(sf_tar_reader *t, const void **data) {
+  if (t->has_first) {
+    t->has_first = false;
+    *data = t->first;
+    return t->first_size;
+  }
+  if (!t->source) {
+    size_t n = t->memory_size - t->memory_pos;
+    if (n > MEMORY_CHUNK) n = MEMORY_CHUNK;
+    *data = (const uint8_t *)t->memory + t->memory_pos;
+    t->memory_pos += n;
+    return (ssize_t)n;
+  }
+  return sf_shard_reader_read(t->source, data, &t->source_error);
+}
+
+static const char *codec_name(const sf_tar_reader *t) { return t->gzip ? "gzip" : "zstd"; }
+
+static int codec_error(sf_tar_reader *t, int code, const char *what) {
+  int64_t at = raw_offset(t) - (int64_t)t->in_size;
+  SET_ERROR(&t->source_error, code, t->url_text, NULL, at,
+            "the %s stream %s (at byte %lld of the compressed file) — the shard is damaged, as "
+            "%s -t shows; re-create or re-download it",
+            codec_name(t), what, (long long)at, codec_name(t));
+  return code;
+}
+
+/* Decompresses some of in into out; sets *n. Returns NULL, or what is wrong with the stream. */
+static const char *decompress(sf_tar_reader *t, size_t *n, char *why, size_t why_size) {
+  if (t->zstd) {
+    ZSTD_inBuffer in = {t->in, t->in_size, 0};
+    ZSTD_outBuffer out = {t->out, OUT_CHUNK, 0};
+    size_t r = ZSTD_decompressStream(t->zstd, &out, &in); /* checks each frame's checksum at its end */
+    t->in += in.pos;
+    t->in_size -= in.pos;
+    *n = out.pos;
+    if (ZSTD_isError(r)) {
+      snprintf(why, why_size, "is corrupt (zstd: %s)", ZSTD_getErrorName(r));
+      return why;
+    }
+    t->frame_end = r == 0;
+    return NULL;
+  }
+  z_stream *z = t->gzip;
+  if (t->frame_end && t->in_size > 0) {
+    inflateReset(z); /* another member follows (pigz, cat a.gz b.gz): it has its own CRC */
+    t->frame_end = false;
+  }
+  z->next_in = (Bytef *)(uintptr_t)t->in;
+  z->avail_in = (uInt)t->in_size;
+  z->next_out = t->out;
+  z->avail_out = OUT_CHUNK;
+  int r = inflate(z, Z_NO_FLUSH); /* checks each member's CRC-32 and length at its end */
+  t->in = z->next_in;
+  t->in_size = z->avail_in;
+  *n = OUT_CHUNK - z->avail_out;
+  if (r == Z_STREAM_END) t->frame_end = true;
+  if (r == Z_OK || r == Z_STREAM_END || r == Z_BUF_ERROR) return NULL;
+  snprintf(why, why_size, "is corrupt (zlib: %s)", z->msg ? z->msg : "bad data");
+  return why;
+}
+
+/*
+ * The next decompressed chunk of a .tar.gz or .tar.zst. Damage that still
+ * decompresses is found by the check at the end of its member or frame, at
+ * the latest when the shard is drained.
+ */
+static ssize_t read_compressed(sf_tar_reader *t, const void **data) {
+  if (t->codec_failed) return t->codec_failed;
+  for (;;) {
+    if (t->in_size == 0 && !t->raw_done) {
+      const void *in;
+      ssize_t n = read_raw(t, &in);
+      if (n < 0) return n;
+      t->raw_done = n == 0;
+      t->in = in;
+      t->in_size = (size_t)n;
+    }
+    if (t->in_size == 0 && t->raw_done && t->frame_end) return 0;
+    size_t n = 0;
+    char why[160];
+    const char *bad = decompress(t, &n, why, sizeof why);
+    if (bad) t->codec_failed = codec_error(t, SF_EFORMAT, bad);
+    else if (n == 0 && t->in_size == 0 && t->raw_done)
+      t->codec_failed = codec_error(t, SF_EFORMAT, "ends before its check (truncated)");
+    /* Bytes decompressed before an error go on first: samples before the damage are read as with a cut tar. */
+    if (n > 0) {
+      *data = t->out;
+      return (ssize_t)n;
+    }
+    if (t->codec_failed) return t->codec_failed;
+  }
+}
+
+/* The next chunk of the tar stream (borrowed until the next call), decompressed when the shard is. */
+static ssize_t read_stream(sf_tar_reader *t, const void **data) {
+  return t->gzip || t->zstd ? read_compressed(t, data) : read_raw(t, data);
+}
+
+static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
+  sf_tar_reader *t = opaque;
+  /* Zero copy: libarchive reads straight from the shard reader's chunk (or zlib's output). */
+  ssize_t n = read_stream(t, data);
+  if (n < 0) {
+    t->source_code = (int)n;
+    archive_set_error(a, EIO, "%s", t->source_error.message);
+    return -1;
+  }
+  return n;
+}
+
+/*
+ * Marks the reader failed. key names the sample the failure cut (a member read
+ * in part), or is NULL between samples: callers count a named sample as lost.
+ * A failure of the shard reader underneath (network, pipe) wins over
+ * libarchive's view of it, which is only "no more bytes".
+ */
+static int fail(sf_tar_reader *t, int code, const char *key, int64_t offset, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int fail(sf_tar_reader *t, int code, const char *key, int64_t offset, const char *fmt, ...) {
+  if (t->source_code < 0) {
+    t->fatal = t->source_error;
+    t->failed = t->source_code;
+    snprintf(t->fatal.key, sizeof t->fatal.key, "%s", key ? key : "");
+    return t->failed;
+  }
+  char message[sizeof t->fatal.message];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  SET_ERROR(&t->fatal, code, t->url_text, key, offset, "%s%s", message, offset_note(t));
+  t->failed = code;
+  return code;
+}
+
+/* " after sample KEY" for messages about a header, or "" before the first sample. */
+static const char *after_key(const sf_tar_reader *t, char *buf, size_t size) {
+  if (!t->last_key[0]) return "";
+  snprintf(buf, size, " after sample %s", t->last_key);
+  return buf;
+}
+
+static const char *archive_text(struct archive *a) {
+  const char *s = archive_error_string(a);
+  return s ? s : "no detail";
+}
+
+/*
+ * WebDataset's split of a member path into key and field: its regex
+ * ^((?:.*\/|)[^.]+)[.]([^/]*)$ means the key runs to the first dot of the last
+ * path component. A last component starting with a dot only matches when the
+ * directory part before it has no dot in its last component: the key is then
+ * the directory with its slash ("a/b/.c" -> "a/b/", field "c").
+ * Returns the key length, or 0 when the member is not part of any sample.
+ */
+static size_t split_key(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  const char *dot = strchr(base, '.');
+  if (!dot) return 0;
+  if (dot > base) return (size_t)(dot - path);
+  if (!slash) return 0;
+  const char *parent = slash;
+  while (parent > path && parent[-1] != '/') parent--;
+  if (memchr(parent, '.', (size_t)(slash - parent))) return 0;
+  return (size_t)(dot - path);
+}
+
+/*
+ * WebDataset's metadata members (tar_file_iterator's skip_meta regex
+ * __[^/]*__($|/) at the start): the first path component starts and ends with
+ * "__", like "__meta__" or "__meta__/inner.json". "__key__.txt" and
+ * "__init__.py" are samples. (Its other rule, a top-level name both starting
+ * and ending with "__", adds only "__" and "___", which have no key anyway.)
+ */
+static bool is_metadata(const char *path) {
+  size_t first = strcspn(path, "/");
+  return first >= 4 && strncmp(path, "__", 2) == 0 && strncmp(path + first - 2, "__", 2) == 0;
+}
+
+/* Reads headers until the next member that belongs to a sample; sets pending or eof. */
+static int advance(sf_tar_reader *t) {
+  t->pending = false;
+  if (t->failed) return t->failed; /* libarchive cannot go on after a fatal error */
+  for (;;) {
+    struct archive_entry *entry;
+    int r = archive_read_next_header(t->archive, &entry);
+    int64_t offset = archive_read_header_position(t->archive);
+    if (r == ARCHIVE_EOF) {
+      /* libarchive takes a clean end of data for the end: without tar's zero blocks, the shard was cut. */
+      if (archive_filter_bytes(t->archive, 0) <= offset) {
+        char where[160];
+        return fail(t, SF_EFORMAT, NULL, offset,
+                    "the shard ends%s without tar's end-of-archive blocks — it is truncated; "
+                    "re-create or re-download it",
+                    after_key(t, where, sizeof where));
+      }
+      t->eof = true;
+      return 0;
+    }
+    /* After a fatal error libarchive no longer reports the header position: use how far it got. */
+    if (offset < 0) offset = archive_filter_bytes(t->archive, 0);
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
+      char where[160];
+      return fail(t, SF_EFORMAT, NULL, offset,
+                  "damaged tar stream%s (%s) — the shard is truncated or corrupt; re-create or "
+                  "re-download it",
+                  after_key(t, where, sizeof where), archive_text(t->archive));
+    }
+    if (archive_entry_filetype(entry) != AE_IFREG || archive_entry_hardlink(entry)) continue;
+    /* The raw name bytes (no charset conversion: keys compare as bytes, and it is per member). */
+    const char *path = archive_entry_pathname(entry);
+    if (!path) path = archive_entry_pathname_utf8(entry);
+    if (!path) continue;
+    if (is_metadata(path)) continue;
+    size_t key_len = split_key(path);
+    if (key_len == 0) continue;
+    size_t len = strlen(path);
+    if (len + 1 > t->path_capacity) {
+      char *grown = realloc(t->path, len + 1);
+      if (!grown) return fail(t, SF_ENOMEM, NULL, offset, "out of memory reading a member name");
+      t->path = grown;
+      t->path_capacity = len + 1;
+    }
+    memcpy(t->path, path, len + 1);
+    for (char *c = t->path + key_len + 1; *c; c++)
+      if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
+    t->key_len = key_len;
+    t->field = t->path + key_len + 1;
+    snprintf(t->last_key, sizeof t->last_key, "%.*s", (int)key_len, t->path);
+    t->size = archive_entry_size_is_set(entry) ? archive_entry_size(entry) : 0;
+    if (t->size < 0)
+      return fail(t, SF_EFORMAT, NULL, offset, "tar member %s has a negative size — the shard is "
+                  "damaged; re-create or re-download it", t->path);
+    t->sparse = archive_entry_sparse_count(entry) > 0;
+    t->offset = offset;
+    t->pending = true;
+    return 0;
+  }
+}
+
+/* Records the first problem of a sample that does not stop the shard (EDUP, ETOOBIG). */
+static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int code,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int code,
+                         const char *fmt, ...) {
+  if (*problem) return;
+  *problem = code;
+  char message[sizeof error->message];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  SET_ERROR(error, code, t->url_text, t->last_key, t->offset, "%s%s", message, offset_note(t));
+}
+
+/* Moves the pending member into sample as an encoded field (or drops it with a problem). */
+static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *error) {
+  const char *field = t->field;
+  sf_buffer *buffer = NULL;
+  if (sf_sample_field(sample, field))
+    note_problem(t, problem, error, SF_EDUP,
+                 "field \"%s\" appears twice in one sample (member %s) — the second copy is "
+                 "dropped; give each member of a sample a distinct extension",
+                 field, t->path);
+  /* A sparse member stores its holes in a few bytes; expanded, it may be any size. */
+  else if (t->sparse)
+    note_problem(t, problem, error, SF_EUNSUPPORTED,
+                 "member %s is a sparse file (%lld bytes with its holes) — sparse members are "
+                 "refused; re-create the shard without tar --sparse",
+                 t->path, (long long)t->size);
+  else if (t->size > t->max_member_size)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "member %s is %lld bytes, over tar_split's max_member_size (%lld) — the sample is "
+                 "skipped; raise max_member_size if members this large are expected",
+                 t->path, (long long)t->size, (long long)t->max_member_size);
+  else if (t->size > t->max_sample_size - t->sample_size)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "with member %s the sample holds %lld bytes, over tar_split's max_sample_size "
+                 "(%lld) — the sample is skipped; raise max_sample_size if samples this large are "
+                 "expected",
+                 t->path, (long long)(t->sample_size + t->size), (long long)t->max_sample_size);
+  else if (strlen(field) >= SF_FIELD_NAME_MAX)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "field name \"%s\" is longer than %d bytes — it is dropped; shorten the "
+                 "member's extension",
+                 field, SF_FIELD_NAME_MAX - 1);
+  else if (sample->n_fields >= SF_MAX_FIELDS)
+    note_problem(t, problem, error, SF_ETOOBIG,
+                 "sample has more than %d fields — member %s is dropped", SF_MAX_FIELDS, t->path);
+  else if (!(buffer = sf_buffer_new((size_t)t->size)))
+    note_problem(t, problem, error, SF_ENOMEM,
+                 "out of memory for the %lld-byte member %s — the sample is skipped",
+                 (long long)t->size, t->path);
+  if (!buffer) {
+    /* Passed over, never held: for a compressed shard libarchive decompresses into its own window. */
+    if (archive_read_data_skip(t->archive) != ARCHIVE_OK)
+      return fail(t, SF_EFORMAT, t->last_key, t->offset,
+                  "truncated tar member %s (%s) — the sample is lost and the shard is damaged; "
+                  "re-create or re-download it",
+                  t->path, archive_text(t->archive));
+    return 0;
+  }
+  uint8_t *data = sf_buffer_data(buffer);
+  int64_t got = 0;
+  bool failed = false;
+  /* Block reads (not archive_read_data) so a truncation still tells how much arrived. */
+  for (;;) {
+    const void *block;
+    size_t n;
+    la_int64_t at;
+    int r = archive_read_data_block(t->archive, &block, &n, &at);
+    if (r == ARCHIVE_EOF) break;
+    /* Blocks of a member that is not sparse are contiguous. */
+    if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at != got || (int64_t)n > t->size - at) {
+      failed = true;
+      break;
+    }
+    memcpy(data + at, block, n);
+    got = at + (int64_t)n;
+  }
+  if (failed && got == t->size) {
+    /* Every byte of the member arrived, only the block padding after it did not: the member is whole. */
+    char where[160];
+    fail(t, SF_EFORMAT, NULL, t->offset + 512 + t->size,
+         "damaged tar stream%s (%s) — the shard is truncated or corrupt; re-create or re-download it",
+         after_key(t, where, sizeof where), archive_text(t->archive));
+  } else if (failed || got < t->size) {
+    sf_buffer_unref(&buffer);
+    return fail(t, SF_EFORMAT, t->last_key, t->offset,
+                "truncated tar member %s (expected %lld bytes, got %lld: %s) — the sample is lost "
+                "and the shard is damaged; re-create or re-download it",
+                t->path, (long long)t->size, (long long)got, archive_text(t->archive));
+  }
+  sf_tensor tensor;
+  int rc = sf_tensor_view(&tensor, SF_DTYPE_UINT8, 1, &t->size, buffer, 0);
+  if (rc < 0) return fail(t, SF_EINTERNAL, t->last_key, t->offset, "cannot wrap a member as a tensor");
+  sf_sample_add_field(sample, field, true, &tensor);
+  t->sample_size += t->size;
+  return 0;
+}
+
+/*
+ * After the end-of-archive blocks, reads what the source still has (record
+ * padding, normally): a pipe: command's exit status and a transfer's failure
+ * only show at the real end of the stream.
+ */
+static int drain_source(sf_tar_reader *t) {
+  if (t->drained) return 0;
+  t->drained = true;
+  int64_t start = raw_offset(t);
+  for (;;) {
+    const void *data;
+    ssize_t n = read_stream(t, &data);
+    if (n == 0) return 0;
+    if (n < 0) {
+      t->source_code = (int)n;
+      return fail(t, (int)n, NULL, raw_offset(t), "%s", t->source_error.message);
+    }
+    /* Trailing data after the archive is not ours to read; a pipe: command is then killed. */
+    if (raw_offset(t) - start > DRAIN_MAX) return 0;
+  }
+}
+
+int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
+  *out = NULL;
+  if (t->failed) {
+    if (error) *error = t->fatal;
+    return t->failed;
+  }
+  if (!t->pending && !t->eof && advance(t) < 0) goto failed;
+  if (t->eof) {
+    if (drain_source(t) < 0) goto failed;
+    return SF_EOF;
+  }
+
+  sf_sample *sample = sf_sample_new();
+  if (!sample || sf_sample_set_key(sample, t->path, t->key_len) < 0) {
+    sf_sample_destroy(&sample);
+    fail(t, SF_ENOMEM, NULL, t->offset, "out of memory for a sample");
+    goto failed;
+  }
+  size_t key_len = t->key_len;
+  int problem = 0;
+  t->sample_size = 0;
+  sample->url = sf_buffer_ref(t->url);
+  sample->index = t->index++;
+  sample->offset = t->offset;
+  /*
+   * A sample is complete when the next member has another key or the shard
+   * ends. A member cut short loses the sample; a damaged header after whole
+   * members does not (tarfile and WebDataset read them too): the sample goes
+   * out, and the failure, kept sticky, comes with the next call.
+   */
+  do {
+    if (consume(t, sample, &problem, error) < 0) {
+      sf_sample_destroy(&sample);
+      goto failed;
+    }
+  } while (advance(t) == 0 && t->pending && t->key_len == key_len &&
+           memcmp(t->path, sample->key, key_len) == 0);
+  *out = sample;
+  return problem;
+
+failed:
+  if (error) *error = t->fatal;
+  return t->failed;
+}
+
+void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t max_sample_size) {
+  t->max_member_size = max_member_size;
+  t->max_sample_size = max_sample_size;
+}
+
+/* Reads the first chunk and sets up zlib or zstd when it starts with their magic. Returns 0 or an error in source_error. */
+static int open_codec(sf_tar_reader *t) {
+  const void *first;
+  ssize_t n = read_raw(t, &first);
+  if (n < 0) return (int)n;
+  static const uint8_t gzip_magic[] = {0x1f, 0x8b}, zstd_magic[] = {0x28, 0xb5, 0x2f, 0xfd};
+  bool gzip = n >= 2 && memcmp(first, gzip_magic, 2) == 0;
+  bool zstd = n >= 4 && memcmp(first, zstd_magic, 4) == 0;
+  if (!gzip && !zstd) {
+    t->has_first = true;
+    t->first = first;
+    t->first_size = n;
+    return 0;
+  }
+  t->in = first;
+  t->in_size = (size_t)n;
+  t->out = malloc(OUT_CHUNK);
+  if (t->out && gzip) {
+    t->gzip = calloc(1, sizeof *t->gzip);
+    if (t->gzip && inflateInit2(t->gzip, 16 + MAX_WBITS) != Z_OK) {
+      free(t->gzip); /* not initialised: inflateEnd must not see it */
+      t->gzip = NULL;
+    }
+  }
+  if (t->out && zstd) t->zstd = ZSTD_createDStream();
+  if (!t->out || (!t->gzip && !t->zstd)) {
+    SET_ERROR(&t->source_error, SF_ENOMEM, t->url_text, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  return 0;
+}
+
+static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
+  (void)sf_parse_size(SF_TAR_MAX_MEMBER_SIZE, &t->max_member_size);
+  (void)sf_parse_size(SF_TAR_MAX_SAMPLE_SIZE, &t->max_sample_size);
+  size_t len = strlen(url);
+  t->url = sf_buffer_new(len + 1);
+  t->archive = archive_read_new();
+  if (!t->url || !t->archive) {
+    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  memcpy(sf_buffer_data(t->url), url, len + 1);
+  t->url_text = (const char *)sf_buffer_data(t->url);
+  /* Only tar and its usual compressions: the other formats and filters are attack surface. */
+  archive_read_support_format_tar(t->archive);
+  archive_read_support_filter_none(t->archive);
+  int rc = open_codec(t);
+  if (rc < 0) {
+    if (error) *error = t->source_error;
+    return rc;
+  }
+  if (archive_read_open(t->archive, t, NULL, read_source, NULL) != ARCHIVE_OK) {
+    bool empty = raw_offset(t) == 0;
+    int code = empty ? fail(t, SF_EFORMAT, NULL, 0, "the shard is empty (0 bytes) — re-create or "
+                            "re-download it")
+                     : fail(t, SF_EFORMAT, NULL, 0, "cannot read the shard as a tar (%s) — it is "
+                            "damaged, or not a .tar, .tar.gz or .tar.zst file",
+                            archive_text(t->archive));
+    if (error) *error = t->fatal;
+    return code;
+  }
+  return 0;
+}
+
+int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
+                       const sf_shard_reader_options *options, sf_error *error) {
+  *reader = NULL;
+  sf_tar_reader *t = calloc(1, sizeof *t);
+  if (!t) {
+    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  int rc = sf_shard_reader_open(&t->source, url, options, error);
+  if (rc == 0) rc = open_archive(t, url, error);
+  if (rc < 0) {
+    sf_tar_reader_close(&t);
+    return rc;
+  }
+  *reader = t;
+  return 0;
+}
+
+int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t size,
+                              const char *url, sf_error *error) {
+  *reader = NULL;
+  sf_tar_reader *t = calloc(1, sizeof *t);
+  if (!t) {
+    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    return SF_ENOMEM;
+  }
+  t->memory = data;
+  t->memory_size = size;
+  int rc = open_archive(t, url ? url : "memory", error);
+  if (rc < 0) {
+    sf_tar_reader_close(&t);
+    return rc;
+  }
+  *reader = t;
+  return 0;
+}
+
+void sf_tar_reader_close(sf_tar_reader **reader) {
+  if (!reader || !*reader) return;
+  sf_tar_reader *t = *reader;
+  if (t->archive) archive_read_free(t->archive);
+  if (t->gzip) inflateEnd(t->gzip);
+  free(t->gzip);
+  ZSTD_freeDStream(t->zstd);
+  free(t->out);
+  sf_shard_reader_close(&t->source);
+  sf_buffer_unref(&t->url);
+  free(t->path);
+  free(t);
+  *reader = NULL;
+}

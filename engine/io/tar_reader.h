@@ -1,0 +1,70 @@
+/* WebDataset samples from a tar stream: libarchive's tar reader; .tar.gz and .tar.zst decompressed here, their checks verified. */
+#ifndef SF_ENGINE_TAR_READER_H
+#define SF_ENGINE_TAR_READER_H
+
+#include "shard_reader.h"
+#include "shardflow/sample.h"
+
+typedef struct sf_tar_reader sf_tar_reader;
+
+/*
+ * Opens a shard for sample-by-sample reading (the shard is streamed, never
+ * held whole). Returns 0 or the shard reader's error (see sf_shard_reader_open).
+ */
+int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
+                       const sf_shard_reader_options *options, sf_error *error);
+
+/*
+ * Reads the next sample with WebDataset's grouping rule: key = member path up
+ * to the first dot of its last path component, field name = the rest,
+ * lower-cased; only consecutive members with one key form a sample;
+ * directories, non-regular members, metadata (a first path component that
+ * starts and ends with "__": "__meta__", "__meta__/inner.json"; not
+ * "__key__.txt") and names without a dot are skipped. Each field is an encoded uint8 [n] tensor
+ * holding the member bytes in one allocation. key, url, index (0-based in the
+ * shard) and offset (byte offset of the sample's first header) are set.
+ *
+ * Returns 0 with *sample (caller owns it); SF_EOF at the end of the shard;
+ * SF_EDUP for a repeated field (the sample is still returned in *sample, minus
+ * the duplicate, with *error describing it, and reading may go on);
+ * SF_ETOOBIG likewise for a member over max_member_size, a sample over
+ * max_sample_size (see sf_tar_reader_set_limits), a field name over 31 bytes
+ * or more than SF_MAX_FIELDS fields; SF_EUNSUPPORTED likewise for a sparse
+ * member; SF_ENOMEM likewise when a member's buffer cannot be allocated (in
+ * all these the sample is returned without the offending members, whose bytes
+ * are passed over and never held, and reading may go on: a caller tells them
+ * from the errors below by *sample being set);
+ * SF_EFORMAT for a corrupt or truncated tar (reading cannot go on); other
+ * reader errors. *error names the URL and byte offset, and the key only when
+ * the failure cut a sample (a member read in part): that sample is lost and
+ * callers count it as skipped. Whole members before a damaged header still
+ * form a sample, returned first; the failure comes with the next call.
+ */
+int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *error);
+
+/*
+ * Same as sf_tar_reader_open() over bytes already in memory (borrowed; they
+ * must outlive the reader). url is only used in samples and messages. For
+ * tests and fuzz targets. Returns 0 or SF_ENOMEM.
+ */
+int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t size,
+                              const char *url, sf_error *error);
+
+/*
+ * Defaults of the limits below: tar_split's options table takes them as its
+ * defaults, and shardflow ls applies them.
+ */
+#define SF_TAR_MAX_MEMBER_SIZE "256MiB"
+#define SF_TAR_MAX_SAMPLE_SIZE "1GiB"
+
+/*
+ * Bounds what one sample may hold in memory: a member over max_member_size
+ * bytes, or one that would take its sample over max_sample_size, is refused
+ * (see sf_tar_reader_next). Readers start with the defaults above.
+ */
+void sf_tar_reader_set_limits(sf_tar_reader *reader, int64_t max_member_size, int64_t max_sample_size);
+
+/* Closes and sets *reader to NULL. */
+void sf_tar_reader_close(sf_tar_reader **reader);
+
+#endif

@@ -1,0 +1,801 @@
+/* s3:// and gs:// URLs as signed http(s) requests: credentials, regions, endpoints, addressing, listings. */
+#include "object_store.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <libxml/parser.h>
+#include <libxml/tree.h>
+#include <openssl/crypto.h>
+
+#include "sigv4.h"
+
+#define SET(error, code, url, ...) sf_error_set(error, code, NULL, url, NULL, -1, -1, __VA_ARGS__)
+
+enum { MAX_RESPONSE = 16 << 20 };
+
+bool sf_object_url_is_store(const char *url) {
+  return url && (strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0);
+}
+
+/* ---- small strings ---- */
+
+typedef struct text {
+  char *s;
+  size_t len, cap;
+} text;
+
+static bool text_add(text *t, const char *s, size_t n) {
+  if (t->len + n + 1 > t->cap) {
+    size_t cap = (t->len + n + 1) * 2;
+    char *p = realloc(t->s, cap);
+    if (!p) return false;
+    t->s = p;
+    t->cap = cap;
+  }
+  memcpy(t->s + t->len, s, n);
+  t->len += n;
+  t->s[t->len] = '\0';
+  return true;
+}
+
+static bool text_encode(text *t, const char *s, size_t n, bool keep_slash) {
+  size_t cap = 3 * n + 1;
+  char *buf = malloc(cap);
+  if (!buf) return false;
+  buf[0] = '\0';
+  sf_sigv4_uri_encode(buf, cap, s, n, keep_slash);
+  bool ok = text_add(t, buf, strlen(buf));
+  free(buf);
+  return ok;
+}
+
+static const char *env(const char *name) {
+  const char *v = getenv(name);
+  return v && *v ? v : NULL;
+}
+
+/* Wipes and frees a string that held a secret. */
+static void free_secret(char *s) {
+  if (!s) return;
+  OPENSSL_cleanse(s, strlen(s));
+  free(s);
+}
+
+/* ---- ~/.aws/credentials and ~/.aws/config ---- */
+
+/* Path of an AWS file: the variable's value, else ~/.aws/NAME, into out. */
+static void aws_file(const char *variable, const char *name, char *out, size_t size) {
+  const char *v = env(variable);
+  const char *home = env("HOME");
+  if (v) snprintf(out, size, "%s", v);
+  else snprintf(out, size, "%s/.aws/%s", home ? home : ".", name);
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  char *e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+  return s;
+}
+
+/*
+ * The value of key in section of an INI file, newly allocated, or NULL.
+ * In ~/.aws/config a profile's section is "[profile NAME]" (but "[default]").
+ */
+static char *ini_value(const char *path, const char *section, const char *key) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char line[4096];
+  bool in = false;
+  char *value = NULL;
+  while (!value && fgets(line, sizeof line, f)) {
+    char *s = trim(line);
+    if (*s == '#' || *s == ';' || !*s) continue;
+    if (*s == '[') {
+      char *end = strchr(s, ']');
+      if (end) *end = '\0';
+      in = strcmp(trim(s + 1), section) == 0;
+      continue;
+    }
+    char *eq = strchr(s, '=');
+    if (!in || !eq) continue;
+    *eq = '\0';
+    if (strcmp(trim(s), key) == 0) value = strdup(trim(eq + 1));
+  }
+  OPENSSL_cleanse(line, sizeof line);
+  fclose(f);
+  return value;
+}
+
+/* ---- configuration of one request ---- */
+
+typedef struct store {
+  bool gs;
+  char *bucket;
+  char *key;          /* may be "" */
+  /* endpoint */
+  char *scheme;       /* "https" */
+  char *host;         /* authority as sent in Host: "s3.us-east-1.amazonaws.com", "127.0.0.1:4568" */
+  char *base_path;    /* endpoint path without trailing '/', usually "" */
+  bool virtual_host;  /* bucket.host/key rather than host/bucket/key */
+  /* SigV4 */
+  char *region;
+  char *access_key_id;
+  char *secret;
+  char *session_token;
+  /* or a bearer token (gs://) */
+  char *bearer;
+  char *credentials;  /* description for messages */
+} store;
+
+static void store_clear(store *s) {
+  free(s->bucket);
+  free(s->key);
+  free(s->scheme);
+  free(s->host);
+  free(s->base_path);
+  free(s->region);
+  free(s->access_key_id);
+  free_secret(s->secret);
+  free_secret(s->session_token);
+  free_secret(s->bearer);
+  free(s->credentials);
+  memset(s, 0, sizeof *s);
+}
+
+/* Splits "scheme://authority/path" (or "authority" alone: http) into the store's endpoint. */
+static int set_endpoint(store *s, const char *endpoint, const char *variable, const char *url, sf_error *error) {
+  const char *p = strstr(endpoint, "://");
+  const char *authority = p ? p + 3 : endpoint;
+  s->scheme = p ? strndup(endpoint, (size_t)(p - endpoint)) : strdup("http");
+  size_t n = strcspn(authority, "/?#");
+  s->host = strndup(authority, n);
+  const char *path = authority + n;
+  size_t plen = strcspn(path, "?#");
+  while (plen > 0 && path[plen - 1] == '/') plen--;
+  s->base_path = strndup(path, plen);
+  if (!s->scheme || !s->host || !s->base_path) return SET(error, SF_ENOMEM, url, "out of memory");
+  for (char *c = s->scheme; *c; c++) *c = (char)tolower((unsigned char)*c);
+  for (char *c = s->host; *c; c++) *c = (char)tolower((unsigned char)*c);
+  if ((strcmp(s->scheme, "http") != 0 && strcmp(s->scheme, "https") != 0) || !*s->host)
+    return SET(error, SF_EINVAL, url, "%s=\"%s\" is not an http(s)://HOST[:PORT] endpoint; fix the variable",
+               variable, endpoint);
+  return 0;
+}
+
+static bool dns_compatible(const char *bucket) {
+  size_t n = strlen(bucket);
+  if (n < 3 || n > 63) return false;
+  for (const char *c = bucket; *c; c++)
+    if (!(islower((unsigned char)*c) || isdigit((unsigned char)*c) || *c == '-')) return false; /* dots break TLS */
+  return true;
+}
+
+/* Parses scheme://bucket/key. */
+static int parse_url(store *s, const char *url, sf_error *error) {
+  if (!sf_object_url_is_store(url))
+    return SET(error, SF_EINVAL, url, "not an s3:// or gs:// URL");
+  s->gs = url[0] == 'g';
+  const char *b = url + 5;
+  size_t n = strcspn(b, "/");
+  if (n == 0)
+    return SET(error, SF_EINVAL, url, "no bucket name: write %s://BUCKET/KEY", s->gs ? "gs" : "s3");
+  for (size_t i = 0; i < n; i++)
+    if (!(isalnum((unsigned char)b[i]) || b[i] == '-' || b[i] == '.' || b[i] == '_'))
+      return SET(error, SF_EINVAL, url, "bucket name \"%.*s\" has a character buckets cannot have ('%c')", (int)n, b,
+                 b[i]);
+  s->bucket = strndup(b, n);
+  s->key = strdup(b[n] ? b + n + 1 : "");
+  if (!s->bucket || !s->key) return SET(error, SF_ENOMEM, url, "out of memory");
+  return 0;
+}
+
+static int s3_config(store *s, const char *url, sf_error *error) {
+  const char *profile = env("AWS_PROFILE");
+  if (!profile) profile = "default";
+  char credentials_path[1024], config_path[1024];
+  aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", credentials_path, sizeof credentials_path);
+  aws_file("AWS_CONFIG_FILE", "config", config_path, sizeof config_path);
+  char config_section[300];
+  snprintf(config_section, sizeof config_section, strcmp(profile, "default") ? "profile %s" : "%s", profile);
+
+  /* Region: AWS_REGION, AWS_DEFAULT_REGION, the profile's region in ~/.aws/config, us-east-1. */
+  const char *region = env("AWS_REGION");
+  if (!region) region = env("AWS_DEFAULT_REGION");
+  s->region = region ? strdup(region) : ini_value(config_path, config_section, "region");
+  if (!s->region) s->region = strdup("us-east-1");
+
+  /* Credentials: the environment, else the profile in the shared credentials file. */
+  const char *id = env("AWS_ACCESS_KEY_ID"), *secret = env("AWS_SECRET_ACCESS_KEY");
+  if (id && secret) {
+    s->access_key_id = strdup(id);
+    s->secret = strdup(secret);
+    const char *token = env("AWS_SESSION_TOKEN");
+    s->session_token = token ? strdup(token) : NULL;
+    if (asprintf(&s->credentials, "access key id %s from AWS_ACCESS_KEY_ID (secret from AWS_SECRET_ACCESS_KEY%s)", id,
+                 token ? ", session token from AWS_SESSION_TOKEN" : "") < 0)
+      s->credentials = NULL;
+  } else {
+    s->access_key_id = ini_value(credentials_path, profile, "aws_access_key_id");
+    s->secret = ini_value(credentials_path, profile, "aws_secret_access_key");
+    s->session_token = ini_value(credentials_path, profile, "aws_session_token");
+    if (!s->access_key_id || !s->secret)
+      return SET(error, SF_EDENIED, url,
+                 "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
+                 "temporary ones), or put aws_access_key_id/aws_secret_access_key under [%.100s] in %.300s "
+                 "(AWS_PROFILE picks the profile, AWS_SHARED_CREDENTIALS_FILE the file)",
+                 profile, credentials_path);
+    if (asprintf(&s->credentials, "access key id %s from profile [%s] in %s", s->access_key_id, profile,
+                 credentials_path) < 0)
+      s->credentials = NULL;
+  }
+  if (!s->region || !s->access_key_id || !s->secret || !s->credentials) return SET(error, SF_ENOMEM, url, "out of memory");
+
+  /* Endpoint: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL (path-style), else AWS's own (virtual-host style). */
+  const char *variable = "AWS_ENDPOINT_URL_S3";
+  const char *endpoint = env(variable);
+  if (!endpoint) endpoint = env(variable = "AWS_ENDPOINT_URL");
+  int r;
+  if (endpoint) {
+    r = set_endpoint(s, endpoint, variable, url, error);
+  } else {
+    char aws[300];
+    snprintf(aws, sizeof aws, "https://s3.%s.amazonaws.com", s->region);
+    r = set_endpoint(s, aws, "AWS_REGION", url, error);
+  }
+  if (r) return r;
+  const char *style = env("AWS_S3_ADDRESSING_STYLE");
+  if (style && strcasecmp(style, "path") == 0) s->virtual_host = false;
+  else if (style && strcasecmp(style, "virtual") == 0) s->virtual_host = true;
+  else if (style && strcasecmp(style, "auto") != 0)
+    return SET(error, SF_EINVAL, url, "AWS_S3_ADDRESSING_STYLE=\"%.40s\": use path, virtual or auto", style);
+  else s->virtual_host = !endpoint && dns_compatible(s->bucket);
+  return 0;
+}
+
+/* ---- GCS bearer tokens from the metadata server, cached until a minute before they expire ---- */
+
+static pthread_mutex_t token_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *cached_token;
+static time_t cached_until;
+
+typedef struct buffer {
+  char *data;
+  size_t size;
+  bool too_big;
+} buffer;
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  buffer *b = opaque;
+  size_t n = size * nmemb;
+  if (b->size + n > MAX_RESPONSE) {
+    b->too_big = true;
+    return n; /* keep reading, drop the rest */
+  }
+  char *p = realloc(b->data, b->size + n + 1);
+  if (!p) return 0;
+  memcpy(p + b->size, ptr, n);
+  b->data = p;
+  b->size += n;
+  b->data[b->size] = '\0';
+  return n;
+}
+
+/* A JSON string member's value (no escapes in tokens), newly allocated, or NULL. */
+static char *json_string(const char *json, const char *name) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\"", name);
+  const char *p = strstr(json, pattern);
+  if (!p) return NULL;
+  p = strchr(p + strlen(pattern), '"');
+  if (!p) return NULL;
+  const char *e = strchr(p + 1, '"');
+  return e ? strndup(p + 1, (size_t)(e - p - 1)) : NULL;
+}
+
+static int metadata_token(store *s, const char *url, sf_error *error) {
+  const char *host = env("GCE_METADATA_HOST");
+  if (!host) host = "metadata.google.internal";
+  pthread_mutex_lock(&token_lock);
+  time_t now = time(NULL);
+  if (cached_token && now < cached_until) {
+    s->bearer = strdup(cached_token);
+    pthread_mutex_unlock(&token_lock);
+    return s->bearer ? 0 : SET(error, SF_ENOMEM, url, "out of memory");
+  }
+  char endpoint[512];
+  snprintf(endpoint, sizeof endpoint, "http://%s/computeMetadata/v1/instance/service-accounts/default/token", host);
+  CURL *e = curl_easy_init();
+  struct curl_slist *h = curl_slist_append(NULL, "Metadata-Flavor: Google");
+  buffer b = {0};
+  long status = 0;
+  CURLcode rc = CURLE_OUT_OF_MEMORY;
+  if (e && h) {
+    curl_easy_setopt(e, CURLOPT_URL, endpoint);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 5000L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    rc = curl_easy_perform(e);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  }
+  curl_easy_cleanup(e);
+  curl_slist_free_all(h);
+  char *token = rc == CURLE_OK && status == 200 && b.data ? json_string(b.data, "access_token") : NULL;
+  long expires = 0;
+  const char *x = b.data ? strstr(b.data, "\"expires_in\"") : NULL;
+  if (x && (x = strchr(x, ':'))) expires = strtol(x + 1, NULL, 10);
+  free_secret(b.data);
+  int r = 0;
+  if (!token) {
+    r = SET(error, SF_EDENIED, url,
+            "no Google Cloud credentials: set GOOGLE_OAUTH_ACCESS_TOKEN (e.g. $(gcloud auth print-access-token)), or "
+            "GS_ACCESS_KEY_ID and GS_SECRET_ACCESS_KEY (HMAC keys), or run on Google Cloud where the metadata server "
+            "(%.100s, GCE_METADATA_HOST) gives one — it answered %s %ld",
+            host, rc == CURLE_OK ? "HTTP" : curl_easy_strerror(rc), status);
+  } else {
+    free_secret(cached_token);
+    cached_token = strdup(token);
+    cached_until = now + (expires > 120 ? expires - 60 : 60);
+    s->bearer = token;
+    if (asprintf(&s->credentials, "an access token from the metadata server %s", host) < 0) s->credentials = NULL;
+    if (!cached_token || !s->credentials) r = SET(error, SF_ENOMEM, url, "out of memory");
+  }
+  pthread_mutex_unlock(&token_lock);
+  return r;
+}
+
+static int gs_config(store *s, const char *url, sf_error *error) {
+  const char *variable = "SF_GCS_ENDPOINT";
+  const char *endpoint = env(variable);
+  if (!endpoint) endpoint = env(variable = "STORAGE_EMULATOR_HOST");
+  int r = set_endpoint(s, endpoint ? endpoint : "https://storage.googleapis.com", variable, url, error);
+  if (r) return r;
+  s->virtual_host = false;
+  const char *token = env("GOOGLE_OAUTH_ACCESS_TOKEN");
+  const char *id = env("GS_ACCESS_KEY_ID"), *secret = env("GS_SECRET_ACCESS_KEY");
+  if (token) {
+    s->bearer = strdup(token);
+    s->credentials = strdup("the access token in GOOGLE_OAUTH_ACCESS_TOKEN");
+    if (!s->bearer || !s->credentials) return SET(error, SF_ENOMEM, url, "out of memory");
+    return 0;
+  }
+  if (id && secret) {
+    /* GCS's XML API takes AWS4-HMAC-SHA256 with HMAC keys; its region is "auto". */
+    const char *region = env("GS_REGION");
+    s->region = strdup(region ? region : "auto");
+    s->access_key_id = strdup(id);
+    s->secret = strdup(secret);
+    if (asprintf(&s->credentials, "HMAC access key id %s from GS_ACCESS_KEY_ID (secret from GS_SECRET_ACCESS_KEY)",
+                 id) < 0)
+      s->credentials = NULL;
+    if (!s->region || !s->access_key_id || !s->secret || !s->credentials)
+      return SET(error, SF_ENOMEM, url, "out of memory");
+    return 0;
+  }
+  return metadata_token(s, url, error);
+}
+
+/* ---- requests ---- */
+
+void sf_object_request_clear(sf_object_request *request) {
+  if (!request) return;
+  free(request->url);
+  /* The list holds the Authorization header (a signature, or a bearer token): wipe it. */
+  for (struct curl_slist *h = request->headers; h; h = h->next) OPENSSL_cleanse(h->data, strlen(h->data));
+  curl_slist_free_all(request->headers);
+  free(request->credentials);
+  memset(request, 0, sizeof *request);
+}
+
+static bool add_header(struct curl_slist **list, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool add_header(struct curl_slist **list, const char *fmt, ...) {
+  char line[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof line) return false;
+  struct curl_slist *l = curl_slist_append(*list, line);
+  OPENSSL_cleanse(line, sizeof line);
+  if (!l) return false;
+  *list = l;
+  return true;
+}
+
+int sf_object_request_prepare_at(const char *url, const char *method, const char *query, const char *payload_sha256,
+                                 long long now, sf_object_request *request, char **canonical, sf_error *error) {
+  memset(request, 0, sizeof *request);
+  if (canonical) *canonical = NULL;
+  store s = {0};
+  int r = parse_url(&s, url, error);
+  if (!r) r = s.gs ? gs_config(&s, url, error) : s3_config(&s, url, error);
+  if (r) {
+    store_clear(&s);
+    return r;
+  }
+
+  /* Host and path: bucket.host/key (virtual) or host/bucket/key (path-style); the key encoded once. */
+  text host = {0}, path = {0};
+  bool ok = true;
+  if (s.virtual_host) ok = text_add(&host, s.bucket, strlen(s.bucket)) && text_add(&host, ".", 1);
+  ok = ok && text_add(&host, s.host, strlen(s.host)) && text_add(&path, s.base_path, strlen(s.base_path));
+  if (!s.virtual_host) {
+    ok = ok && text_add(&path, "/", 1) && text_encode(&path, s.bucket, strlen(s.bucket), false);
+    if (*s.key) ok = ok && text_add(&path, "/", 1);
+  } else {
+    ok = ok && text_add(&path, "/", 1);
+  }
+  ok = ok && text_encode(&path, s.key, strlen(s.key), true);
+  char *wire_query = ok ? sf_sigv4_query_normalize(query) : NULL;
+  const char *hash = payload_sha256 ? payload_sha256 : "UNSIGNED-PAYLOAD";
+  if (ok && wire_query &&
+      asprintf(&request->url, "%s://%s%s%s%s", s.scheme, host.s, path.s, *wire_query ? "?" : "", wire_query) < 0)
+    request->url = NULL;
+  ok = ok && wire_query && request->url;
+
+  if (ok && s.bearer) {
+    ok = add_header(&request->headers, "Authorization: Bearer %s", s.bearer);
+  } else if (ok) {
+    time_t t = (time_t)now;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    char amz_date[32];
+    strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
+    sf_sigv4_request sr = {
+        .method = method,
+        .host = host.s,
+        .encoded_path = path.s,
+        .query = wire_query,
+        .payload_sha256 = hash,
+        .amz_date = amz_date,
+        .region = s.region,
+        .service = "s3",
+        .access_key_id = s.access_key_id,
+        .secret_access_key = s.secret,
+        .session_token = s.session_token,
+    };
+    char *authorization = NULL;
+    ok = sf_sigv4_sign(&sr, canonical, &authorization) == 0;
+    ok = ok && add_header(&request->headers, "Authorization: %s", authorization) &&
+         add_header(&request->headers, "x-amz-date: %s", amz_date) &&
+         add_header(&request->headers, "x-amz-content-sha256: %s", hash) &&
+         (!s.session_token || add_header(&request->headers, "x-amz-security-token: %s", s.session_token));
+    free(authorization);
+  }
+  if (ok) {
+    request->credentials = s.credentials;
+    s.credentials = NULL;
+  }
+  free(host.s);
+  free(path.s);
+  free(wire_query);
+  store_clear(&s);
+  if (!ok) {
+    sf_object_request_clear(request);
+    if (canonical) {
+      free(*canonical);
+      *canonical = NULL;
+    }
+    return SET(error, SF_ENOMEM, url, "out of memory (or a header longer than 2 KiB) preparing the request");
+  }
+  return 0;
+}
+
+int sf_object_request_prepare(const char *url, const char *method, const char *query, const char *payload_sha256,
+                              sf_object_request *request, sf_error *error) {
+  return sf_object_request_prepare_at(url, method, query, payload_sha256, (long long)time(NULL), request, NULL, error);
+}
+
+/* ---- errors ---- */
+
+/* Text of the first element called name in an XML body, copied into out. */
+static void xml_field(const char *body, size_t size, const char *name, char *out, size_t cap) {
+  out[0] = '\0';
+  if (!body || size == 0) return;
+  char open[64], close[64];
+  snprintf(open, sizeof open, "<%s>", name);
+  snprintf(close, sizeof close, "</%s>", name);
+  const char *end = body + size;
+  const char *p = memmem(body, size, open, strlen(open));
+  if (!p) return;
+  p += strlen(open);
+  const char *q = memmem(p, (size_t)(end - p), close, strlen(close));
+  if (!q) return;
+  size_t n = (size_t)(q - p) < cap - 1 ? (size_t)(q - p) : cap - 1;
+  memcpy(out, p, n);
+  out[n] = '\0';
+  for (char *c = out; *c; c++)
+    if (*c == '\n' || *c == '\r') *c = ' ';
+}
+
+int sf_object_http_error(const char *url, const char *what, long status, const char *body, size_t size,
+                         const sf_object_request *request, sf_error *error) {
+  char code[64], message[200];
+  xml_field(body, size, "Code", code, sizeof code);
+  xml_field(body, size, "Message", message, sizeof message);
+  const char *used = request && request->credentials ? request->credentials : "no credentials";
+  char from_store[96] = "";
+  if (code[0]) snprintf(from_store, sizeof from_store, " %s", code);
+  bool gs = strncmp(url, "gs://", 5) == 0;
+  if (status == 404)
+    return SET(error, SF_ENOENT, url, "%s: HTTP 404%s — no such %s; check the bucket and key", what, from_store,
+               strcmp(code, "NoSuchBucket") == 0 ? "bucket" : "object");
+  if (status == 403 && (strcmp(code, "SignatureDoesNotMatch") == 0 || strcmp(code, "InvalidAccessKeyId") == 0 ||
+                        strcmp(code, "InvalidSecurity") == 0))
+    return SET(error, SF_EDENIED, url,
+               "%s: HTTP 403%s — the store refused the signature made with %.200s: %s", what, from_store, used,
+               strcmp(code, "InvalidAccessKeyId") == 0 ? "the key id is unknown to the store; check it and the endpoint"
+                                                       : "check that the secret key belongs to this key id (and the "
+                                                         "region, AWS_REGION, and the clock)");
+  if ((status == 301 || status == 400) &&
+      (strcmp(code, "PermanentRedirect") == 0 || strcmp(code, "AuthorizationHeaderMalformed") == 0))
+    return SET(error, SF_ENET, url, "%s: HTTP %ld%s — the bucket lives in another region; set AWS_REGION to it (or "
+               "AWS_ENDPOINT_URL to its endpoint)", what, status, from_store);
+  if (status == 401)
+    return SET(error, SF_EDENIED, url, "%s: HTTP 401%s — the store refused %.200s: %s", what, from_store, used,
+               gs ? "the token is wrong or expired; get a new one (gcloud auth print-access-token)"
+                  : "check the credentials");
+  if (status == 403)
+    return SET(error, SF_EDENIED, url, "%s: HTTP 403%s%s%.150s — access denied for %.200s; check the bucket's "
+               "permissions", what, from_store, message[0] ? ": " : "", message, used);
+  return SET(error, SF_ENET, url, "%s: HTTP %ld%s%s%.150s%s", what, status, from_store, message[0] ? ": " : "", message,
+             status >= 500 ? " — the store failed; try again later" : "");
+}
+
+/* ---- whole requests ---- */
+
+typedef struct upload_body {
+  const char *data;
+  size_t size, at;
+} upload_body;
+
+static size_t on_read(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  upload_body *b = opaque;
+  size_t n = size * nmemb;
+  if (n > b->size - b->at) n = b->size - b->at;
+  if (n) memcpy(ptr, b->data + b->at, n);
+  b->at += n;
+  return n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  char **etag = opaque;
+  size_t n = size * nmemb;
+  if (n > 5 && strncasecmp(ptr, "etag:", 5) == 0) {
+    const char *v = ptr + 5;
+    size_t len = n - 5;
+    while (len && (*v == ' ' || *v == '\t')) v++, len--;
+    while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' ')) len--;
+    free(*etag);
+    *etag = strndup(v, len);
+  }
+  return n;
+}
+
+int sf_object_call(const char *url, const char *method, const char *query, const void *body, size_t body_size,
+                   long *status, char **response, size_t *response_size, char **etag, sf_error *error) {
+  if (status) *status = 0;
+  if (response) *response = NULL;
+  if (response_size) *response_size = 0;
+  if (etag) *etag = NULL;
+  char hash[65];
+  sf_sigv4_sha256_hex(body ? body : "", body ? body_size : 0, hash);
+  sf_object_request req;
+  int r = sf_object_request_prepare(url, method, query, hash, &req, error);
+  if (r) return r;
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  CURL *e = curl_easy_init();
+  if (!e) {
+    sf_object_request_clear(&req);
+    return SET(error, SF_ENOMEM, url, "out of memory");
+  }
+  char errbuf[CURL_ERROR_SIZE] = "";
+  buffer b = {0};
+  upload_body up = {.data = body, .size = body ? body_size : 0};
+  char *tag = NULL;
+  struct curl_slist *headers = req.headers;
+  /* libcurl would add "Expect: 100-continue" and, for POST, a form Content-Type: neither is wanted. */
+  headers = curl_slist_append(headers, "Expect:");
+  if (headers) req.headers = headers;
+  if (strcmp(method, "POST") == 0 && headers) {
+    headers = curl_slist_append(headers, "Content-Type: application/xml");
+    if (headers) req.headers = headers;
+  }
+  curl_easy_setopt(e, CURLOPT_URL, req.url);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, req.headers);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, &tag);
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+  } else if (strcmp(method, "PUT") == 0) {
+    curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(e, CURLOPT_READDATA, &up);
+    curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)up.size);
+  } else if (strcmp(method, "POST") == 0) {
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body ? body : "");
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)up.size);
+  } else if (strcmp(method, "GET") != 0) {
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+  }
+  CURLcode rc = curl_easy_perform(e);
+  long code = 0;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+  curl_easy_cleanup(e);
+  if (status) *status = code;
+  if (rc != CURLE_OK) {
+    char *q = strchr(req.url, '?');
+    if (q) *q = '\0';
+    r = SET(error, rc == CURLE_OPERATION_TIMEDOUT ? SF_ETIMEDOUT : SF_ENET, url,
+            "%s %s: %s — check that the endpoint is reachable", method, req.url,
+            errbuf[0] ? errbuf : curl_easy_strerror(rc));
+  } else if (code < 200 || code > 299) {
+    r = sf_object_http_error(url, method, code, b.data, b.size, &req, error);
+  } else if (b.too_big) {
+    r = SET(error, SF_ETOOBIG, url, "%s: the response is larger than 16 MiB", method);
+  }
+  sf_object_request_clear(&req);
+  if (r == 0 && response) {
+    *response = b.data ? b.data : strdup("");
+    if (response_size) *response_size = b.size;
+    b.data = NULL;
+  }
+  if (r == 0 && etag) {
+    *etag = tag;
+    tag = NULL;
+  }
+  free(b.data);
+  free(tag);
+  return r;
+}
+
+/* ---- listings ---- */
+
+static xmlNode *child(xmlNode *n, const char *name) {
+  for (xmlNode *c = n ? n->children : NULL; c; c = c->next)
+    if (c->type == XML_ELEMENT_NODE && strcmp((const char *)c->name, name) == 0) return c;
+  return NULL;
+}
+
+/* Decodes %XX in place (keys come back with encoding-type=url). */
+static void url_decode(char *s) {
+  char *o = s;
+  for (char *p = s; *p; p++) {
+    if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2])) {
+      char hex[3] = {p[1], p[2], 0};
+      *o++ = (char)strtol(hex, NULL, 16);
+      p += 2;
+    } else if (*p == '+') {
+      *o++ = ' '; /* S3 encodes spaces as '+' in url-encoded listings, and a real '+' as %2B */
+    } else {
+      *o++ = *p;
+    }
+  }
+  *o = '\0';
+}
+
+int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error) {
+  *urls = NULL;
+  *count = 0;
+  store s = {0};
+  int r = parse_url(&s, url, error);
+  if (r) {
+    store_clear(&s);
+    return r;
+  }
+  char bucket_url[600];
+  snprintf(bucket_url, sizeof bucket_url, "%.2s://%s", url, s.bucket);
+  char **list = NULL;
+  size_t n = 0, cap = 0;
+  char *token = NULL;
+  for (int page = 0; r == 0; page++) {
+    text q = {0};
+    bool ok = text_add(&q, "list-type=2&prefix=", 19) && text_encode(&q, s.key, strlen(s.key), false) &&
+              text_add(&q, "&encoding-type=url", 18);
+    /* SF_OBJECT_LIST_MAX_KEYS: a smaller page (the stores' default and maximum is 1000), for tests. */
+    const char *max_keys = env("SF_OBJECT_LIST_MAX_KEYS");
+    if (ok && max_keys) ok = text_add(&q, "&max-keys=", 10) && text_encode(&q, max_keys, strlen(max_keys), false);
+    if (ok && token)
+      ok = text_add(&q, "&continuation-token=", 20) && text_encode(&q, token, strlen(token), false);
+    if (!ok) {
+      free(q.s);
+      r = SET(error, SF_ENOMEM, url, "out of memory");
+      break;
+    }
+    char *body = NULL;
+    size_t size = 0;
+    r = sf_object_call(bucket_url, "GET", q.s, NULL, 0, NULL, &body, &size, NULL, error);
+    free(q.s);
+    if (r) {
+      if (error) snprintf(error->url, sizeof error->url, "%s", url);
+      break;
+    }
+    xmlDoc *doc = xmlReadMemory(body, (int)size, "listing.xml", NULL, XML_PARSE_NONET | XML_PARSE_NOBLANKS);
+    free(body);
+    xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
+    if (!root || strcmp((const char *)root->name, "ListBucketResult") != 0) {
+      xmlFreeDoc(doc);
+      r = SET(error, SF_EFORMAT, url, "the listing (page %d) is not a ListBucketResult XML document; is the endpoint an "
+              "S3/GCS XML API?", page + 1);
+      break;
+    }
+    /* Keys are URL-encoded only when the store says so (a store may ignore encoding-type). */
+    xmlNode *encoding = child(root, "EncodingType");
+    xmlChar *how = encoding ? xmlNodeGetContent(encoding) : NULL;
+    bool encoded = how && strcmp((const char *)how, "url") == 0;
+    xmlFree(how);
+    for (xmlNode *c = root->children; c && r == 0; c = c->next) {
+      if (c->type != XML_ELEMENT_NODE || strcmp((const char *)c->name, "Contents") != 0) continue;
+      xmlNode *k = child(c, "Key");
+      xmlChar *key = k ? xmlNodeGetContent(k) : NULL;
+      if (!key) continue;
+      if (encoded) url_decode((char *)key);
+      if (n == cap) {
+        cap = cap ? cap * 2 : 64;
+        char **p = realloc(list, cap * sizeof *p);
+        if (!p) r = SET(error, SF_ENOMEM, url, "out of memory");
+        else list = p;
+      }
+      if (r == 0 && asprintf(&list[n], "%s/%s", bucket_url, (const char *)key) < 0)
+        r = SET(error, SF_ENOMEM, url, "out of memory");
+      else if (r == 0)
+        n++;
+      xmlFree(key);
+    }
+    xmlNode *truncated = child(root, "IsTruncated");
+    xmlChar *more = truncated ? xmlNodeGetContent(truncated) : NULL;
+    bool again = more && strcmp((const char *)more, "true") == 0;
+    xmlFree(more);
+    free(token);
+    token = NULL;
+    if (again && r == 0) {
+      xmlNode *next = child(root, "NextContinuationToken");
+      xmlChar *t = next ? xmlNodeGetContent(next) : NULL;
+      if (t && *t) token = strdup((const char *)t);
+      xmlFree(t);
+      if (!token) r = SET(error, SF_EFORMAT, url, "the listing says it is truncated but has no NextContinuationToken");
+    }
+    xmlFreeDoc(doc);
+    if (!again) break;
+  }
+  free(token);
+  store_clear(&s);
+  if (r) {
+    for (size_t i = 0; i < n; i++) free(list[i]);
+    free(list);
+    return r;
+  }
+  *urls = list;
+  *count = n;
+  return 0;
+}
+
+long long sf_object_part_size(void) {
+  const char *v = env("SF_OBJECT_PART_SIZE");
+  if (!v) return 16ll << 20;
+  char *end;
+  long long n = strtoll(v, &end, 10);
+  if (*end == 'K' || *end == 'k') n <<= 10;
+  else if (*end == 'M' || *end == 'm') n <<= 20;
+  else if (*end == 'G' || *end == 'g') n <<= 30;
+  return n > 0 ? n : 16ll << 20;
+}

@@ -1,0 +1,444 @@
+/* Atomic copies between local files and object stores: http(s) (PUT + WebDAV MOVE; GET + rename), s3:// and
+ * gs:// (signed PUT, or a multipart upload for files larger than one part; signed GET + rename). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <zlib.h>
+
+#include "files.h"
+#include "object_store.h"
+#include "shardflow/storage.h"
+
+static bool is_http(const char *s) { return strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0; }
+
+static bool is_remote(const char *s) { return is_http(s) || sf_object_url_is_store(s); }
+
+static bool has_other_scheme(const char *s) { return strstr(s, "://") && !is_remote(s); }
+
+/* ".partial-HOST-": the host keeps another machine's live downloads (shared storage) from looking stale. */
+static void partial_marker(char *out, size_t size) {
+  char host[HOST_NAME_MAX + 1] = "localhost";
+  gethostname(host, sizeof host);
+  host[HOST_NAME_MAX] = '\0';
+  snprintf(out, size, ".partial-%s-", host);
+}
+
+/* A temporary name next to path, PATH.partial-HOST-PID-RAND: same directory (rename stays atomic). */
+static void temporary_name(const char *path, char *out, size_t size) {
+  char marker[HOST_NAME_MAX + 16];
+  partial_marker(marker, sizeof marker);
+  snprintf(out, size, "%s%s%ld-%08x", path, marker, (long)getpid(), (unsigned)rand());
+}
+
+/*
+ * Creates the temporary file of a copy to the local path, in path's directory, made if missing.
+ * Partials left there by processes of this host that are gone (killed downloads) are removed
+ * first. Returns the open file, or NULL with errno set.
+ */
+static FILE *open_partial(const char *path, char *tmp, size_t size) {
+  char marker[HOST_NAME_MAX + 16];
+  partial_marker(marker, sizeof marker);
+  temporary_name(path, tmp, size);
+  int e = sf_make_dirs(path, true);
+  if (e < 0) {
+    errno = -e;
+    return NULL;
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  sf_remove_stale_files(dir, marker, "", S_IFREG);
+  return fopen(tmp, "wb");
+}
+
+static CURL *easy(const char *url, char *errbuf) {
+  CURL *e = curl_easy_init();
+  if (!e) return NULL;
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_FAILONERROR, 1L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
+  errbuf[0] = '\0';
+  return e;
+}
+
+/* Runs a transfer; maps a failure to an error record about url. */
+static int perform(CURL *e, const char *url, const char *what, const char *errbuf, sf_error *error) {
+  CURLcode rc = curl_easy_perform(e);
+  if (rc == CURLE_OK) return 0;
+  long status = 0;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  const char *text = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+  if (status == 404)
+    return sf_error_set(error, SF_ENOENT, NULL, url, NULL, -1, -1, "%s: HTTP 404 — no such object (%s)", what, text);
+  if (status == 405 || status == 501)
+    return sf_error_set(error, SF_ENET, NULL, url, NULL, -1, -1,
+                        "%s: HTTP %ld — the server does not accept PUT/MOVE; enable WebDAV (nginx: dav_methods "
+                        "PUT MOVE DELETE)", what, status);
+  return sf_error_set(error, SF_ENET, NULL, url, NULL, -1, -1, "%s failed: %s%s", what, text,
+                      status >= 400 ? " — check the URL and the server's access rules" : "");
+}
+
+typedef struct sink {
+  FILE *file;       /* download target, or NULL when only checksumming */
+  uLong crc;
+  curl_off_t bytes;
+  CURL *easy;       /* store downloads: an error status sends the body to errbody instead */
+  char errbody[4096];
+  size_t errlen;
+} sink;
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  sink *s = opaque;
+  size_t n = size * nmemb;
+  long status = 0;
+  if (s->easy && curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK && status >= 300) {
+    size_t room = sizeof s->errbody - 1 - s->errlen, k = n < room ? n : room;
+    memcpy(s->errbody + s->errlen, ptr, k);
+    s->errlen += k;
+    s->errbody[s->errlen] = '\0';
+    return n;
+  }
+  if (s->file && fwrite(ptr, 1, n, s->file) != n) return 0;
+  s->crc = crc32(s->crc, (const Bytef *)ptr, (uInt)n);
+  s->bytes += (curl_off_t)n;
+  return n;
+}
+
+/* GET url into s; checks the length against Content-Length when the server sends one. */
+static int get(const char *url, sink *s, sf_error *error) {
+  char errbuf[CURL_ERROR_SIZE];
+  CURL *e = easy(url, errbuf);
+  if (!e) return SF_ENOMEM;
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, s);
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  int r = perform(e, url, "download", errbuf, error);
+  curl_off_t expected = -1;
+  if (r == 0) curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expected);
+  curl_easy_cleanup(e);
+  if (r == 0 && expected >= 0 && expected != s->bytes)
+    r = sf_error_set(error, SF_EFORMAT, NULL, url, NULL, s->bytes, -1,
+                     "the transfer ended after %lld of %lld bytes — try again", (long long)s->bytes,
+                     (long long)expected);
+  return r;
+}
+
+/* Signed GET of an s3:// or gs:// object into s; store errors explained by sf_object_http_error. */
+static int store_get(const char *url, sink *s, sf_error *error) {
+  sf_object_request req;
+  int r = sf_object_request_prepare(url, "GET", NULL, NULL, &req, error);
+  if (r < 0) return r;
+  char errbuf[CURL_ERROR_SIZE];
+  CURL *e = easy(req.url, errbuf);
+  if (!e) {
+    sf_object_request_clear(&req);
+    return SF_ENOMEM;
+  }
+  curl_easy_setopt(e, CURLOPT_FAILONERROR, 0L);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, req.headers);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, s);
+  s->easy = e;
+  CURLcode rc = curl_easy_perform(e);
+  long status = 0;
+  curl_off_t expected = -1;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expected);
+  s->easy = NULL;
+  if (rc != CURLE_OK) {
+    char *q = strchr(req.url, '?');
+    if (q) *q = '\0';
+    r = sf_error_set(error, SF_ENET, NULL, url, NULL, s->bytes, -1, "download from %s failed: %s — check the endpoint",
+                     req.url, errbuf[0] ? errbuf : curl_easy_strerror(rc));
+  } else if (status >= 300) {
+    r = sf_object_http_error(url, "download", status, s->errbody, s->errlen, &req, error);
+  } else if (expected >= 0 && expected != s->bytes) {
+    r = sf_error_set(error, SF_EFORMAT, NULL, url, NULL, s->bytes, -1,
+                     "the transfer ended after %lld of %lld bytes — try again", (long long)s->bytes,
+                     (long long)expected);
+  }
+  curl_easy_cleanup(e);
+  sf_object_request_clear(&req);
+  return r;
+}
+
+static int download(const char *src, const char *dst, sf_error *error) {
+  char tmp[4096];
+  sink s = {.file = open_partial(dst, tmp, sizeof tmp), .crc = crc32(0, NULL, 0)};
+  if (!s.file)
+    return sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));
+  int r = sf_object_url_is_store(src) ? store_get(src, &s, error) : get(src, &s, error);
+  if (fflush(s.file) != 0 || fsync(fileno(s.file)) != 0)
+    r = r ? r : sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot write %s: %s", tmp, strerror(errno));
+  fclose(s.file);
+  if (r == 0 && rename(tmp, dst) != 0)
+    r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot rename onto %s: %s", dst, strerror(errno));
+  if (r < 0) unlink(tmp);
+  return r;
+}
+
+/* CRC-32 and length of a local file. */
+static int checksum_file(const char *path, uLong *crc, curl_off_t *bytes, sf_error *error) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, NULL, path, NULL, -1, -1,
+                              "cannot open: %s", strerror(errno));
+  static unsigned char buf[1 << 16];
+  *crc = crc32(0, NULL, 0);
+  *bytes = 0;
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+    *crc = crc32(*crc, buf, (uInt)n);
+    *bytes += (curl_off_t)n;
+  }
+  bool bad = ferror(f);
+  fclose(f);
+  return bad ? sf_error_set(error, SF_EIO, NULL, path, NULL, *bytes, -1, "read error") : 0;
+}
+
+static int delete_url(const char *url) {
+  char errbuf[CURL_ERROR_SIZE];
+  CURL *e = easy(url, errbuf);
+  if (!e) return SF_ENOMEM;
+  curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "DELETE");
+  curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+  CURLcode rc = curl_easy_perform(e);
+  curl_easy_cleanup(e);
+  return rc == CURLE_OK ? 0 : SF_ENET;
+}
+
+/* Opens the file an upload sends, with its length and CRC-32 for the read-back. */
+static int open_upload_source(const char *src, FILE **f, uLong *crc, curl_off_t *size, sf_error *error) {
+  int r = checksum_file(src, crc, size, error);
+  if (r < 0) return r;
+  *f = fopen(src, "rb");
+  if (!*f) return sf_error_set(error, SF_EIO, NULL, src, NULL, -1, -1, "cannot open: %s", strerror(errno));
+  return 0;
+}
+
+static int upload(const char *src, const char *dst, bool verify, sf_error *error) {
+  uLong crc = 0;
+  curl_off_t size = 0;
+  FILE *f;
+  int r = open_upload_source(src, &f, &crc, &size, error);
+  if (r < 0) return r;
+  char tmp[4096], errbuf[CURL_ERROR_SIZE];
+  temporary_name(dst, tmp, sizeof tmp);
+  CURL *e = easy(tmp, errbuf);
+  if (!e) {
+    fclose(f);
+    return SF_ENOMEM;
+  }
+  curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+  curl_easy_setopt(e, CURLOPT_READDATA, f);
+  curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, size);
+  r = perform(e, dst, "upload (PUT)", errbuf, error);
+  curl_easy_cleanup(e);
+  fclose(f);
+  if (r == 0) {
+    /* MOVE makes the object appear under its name at once (RFC 4918 9.9). */
+    char destination[4200];
+    snprintf(destination, sizeof destination, "Destination: %s", dst);
+    struct curl_slist *headers = curl_slist_append(NULL, destination);
+    headers = curl_slist_append(headers, "Overwrite: T");
+    e = easy(tmp, errbuf);
+    if (!e || !headers) {
+      r = SF_ENOMEM;
+    } else {
+      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "MOVE");
+      curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
+      curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+      r = perform(e, dst, "upload (MOVE into place)", errbuf, error);
+    }
+    curl_easy_cleanup(e);
+    curl_slist_free_all(headers);
+  }
+  if (r < 0) {
+    delete_url(tmp);
+    return r;
+  }
+  if (!verify) return 0;
+  sink s = {.crc = crc32(0, NULL, 0)};
+  r = get(dst, &s, error);
+  if (r == 0 && (s.bytes != size || s.crc != crc)) {
+    delete_url(dst);
+    r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
+                     "read back %lld bytes with CRC-32 %08lx, sent %lld bytes with %08lx: the object was "
+                     "removed; try again",
+                     (long long)s.bytes, (unsigned long)s.crc, (long long)size, (unsigned long)crc);
+  }
+  return r;
+}
+
+/* sf_object_call for uploads, tried up to 4 times when the store fails (5xx, 429) or the connection does. */
+static int call_retrying(const char *url, const char *method, const char *query, const void *body, size_t size,
+                         char **response, char **etag, sf_error *error) {
+  int r = 0;
+  for (int attempt = 0; attempt < 4; attempt++) {
+    if (attempt) usleep((useconds_t)(200000u << attempt) + (useconds_t)(rand() % 100000));
+    long status = 0;
+    r = sf_object_call(url, method, query, body, size, &status, response, NULL, etag, error);
+    bool transient = (r == SF_ENET || r == SF_ETIMEDOUT) && (status == 0 || status == 429 || status >= 500);
+    if (!transient) break;
+  }
+  return r;
+}
+
+/* Reads n bytes at offset of f into a new buffer (*out); SF_EIO names path. */
+static int read_part(FILE *f, const char *path, long long offset, size_t n, char **out, sf_error *error) {
+  *out = malloc(n ? n : 1);
+  if (!*out) return sf_error_set(error, SF_ENOMEM, NULL, path, NULL, -1, -1, "out of memory for a %zu-byte part", n);
+  if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || fread(*out, 1, n, f) != n) {
+    free(*out);
+    *out = NULL;
+    return sf_error_set(error, SF_EIO, NULL, path, NULL, offset, -1, "read error (did the file change?)");
+  }
+  return 0;
+}
+
+/* The text of <name> in an XML body, newly allocated, or NULL. */
+static char *xml_text(const char *body, const char *name) {
+  char open[64], close[64];
+  snprintf(open, sizeof open, "<%s>", name);
+  snprintf(close, sizeof close, "</%s>", name);
+  const char *p = body ? strstr(body, open) : NULL;
+  const char *q = p ? strstr(p, close) : NULL;
+  return q ? strndup(p + strlen(open), (size_t)(q - p - strlen(open))) : NULL;
+}
+
+/*
+ * Multipart upload (S3's protocol, which GCS's XML API speaks too): create, upload parts of part_size bytes
+ * (each signed with its SHA-256), complete with the parts' ETags; any failure aborts the upload so no parts
+ * are left behind.  The object appears only when the upload completes.
+ */
+static int store_multipart(FILE *f, const char *src, const char *dst, long long size, long long part_size,
+                           sf_error *error) {
+  char *body = NULL;
+  int r = sf_object_call(dst, "POST", "uploads", NULL, 0, NULL, &body, NULL, NULL, error);
+  if (r < 0) return r;
+  char *upload_id = xml_text(body, "UploadId");
+  free(body);
+  if (!upload_id)
+    return sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
+                        "the store did not return an UploadId for the multipart upload; does it support them?");
+  long long parts = (size + part_size - 1) / part_size;
+  size_t cap = 128 + (size_t)parts * 200, len = 0;
+  char *complete = malloc(cap);
+  char *query = malloc(strlen(upload_id) + 64);
+  if (!complete || !query) r = SF_ENOMEM;
+  if (!r) len += (size_t)snprintf(complete, cap, "<CompleteMultipartUpload>");
+  for (long long i = 0; i < parts && r == 0; i++) {
+    long long offset = i * part_size;
+    size_t n = (size_t)(size - offset < part_size ? size - offset : part_size);
+    char *part = NULL, *etag = NULL;
+    r = read_part(f, src, offset, n, &part, error);
+    snprintf(query, strlen(upload_id) + 64, "partNumber=%lld&uploadId=%s", i + 1, upload_id);
+    if (!r) r = call_retrying(dst, "PUT", query, part, n, NULL, &etag, error);
+    if (!r && (!etag || strlen(etag) > 150))
+      r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, offset, -1, "part %lld came back without an ETag", i + 1);
+    if (!r) len += (size_t)snprintf(complete + len, cap - len, "<Part><PartNumber>%lld</PartNumber><ETag>%s</ETag></Part>",
+                                    i + 1, etag);
+    free(part);
+    free(etag);
+  }
+  if (!r) {
+    snprintf(complete + len, cap - len, "</CompleteMultipartUpload>");
+    snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
+    body = NULL;
+    r = call_retrying(dst, "POST", query, complete, strlen(complete), &body, NULL, error);
+    /* CompleteMultipartUpload may answer 200 and put the failure in the body. */
+    if (!r && body && strstr(body, "<Error>")) r = sf_object_http_error(dst, "complete the multipart upload", 500,
+                                                                        body, strlen(body), NULL, error);
+    free(body);
+  }
+  if (r == SF_ENOMEM) sf_error_set(error, r, NULL, dst, NULL, -1, -1, "out of memory");
+  if (r < 0 && query) {
+    sf_error ignored;
+    snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
+    sf_object_call(dst, "DELETE", query, NULL, 0, NULL, NULL, NULL, NULL, &ignored);
+  }
+  free(complete);
+  free(query);
+  free(upload_id);
+  return r;
+}
+
+/* Upload to s3:// or gs://: one signed PUT, or a multipart upload past one part; then the read-back. */
+static int store_upload(const char *src, const char *dst, bool verify, sf_error *error) {
+  uLong crc = 0;
+  curl_off_t size = 0;
+  FILE *f;
+  int r = open_upload_source(src, &f, &crc, &size, error);
+  if (r < 0) return r;
+  long long part_size = sf_object_part_size();
+  if ((long long)size <= part_size) {
+    char *data = NULL;
+    r = read_part(f, src, 0, (size_t)size, &data, error);
+    if (!r) r = call_retrying(dst, "PUT", NULL, data, (size_t)size, NULL, NULL, error);
+    free(data);
+  } else {
+    r = store_multipart(f, src, dst, (long long)size, part_size, error);
+  }
+  fclose(f);
+  if (r < 0 || !verify) return r;
+  sink s = {.crc = crc32(0, NULL, 0)};
+  r = store_get(dst, &s, error);
+  if (r == 0 && (s.bytes != size || s.crc != crc))
+    r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
+                     "read back %lld bytes with CRC-32 %08lx, sent %lld bytes with %08lx; try again",
+                     (long long)s.bytes, (unsigned long)s.crc, (long long)size, (unsigned long)crc);
+  return r;
+}
+
+static int copy_local(const char *src, const char *dst, sf_error *error) {
+  FILE *in = fopen(src, "rb");
+  if (!in) return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, NULL, src, NULL, -1, -1,
+                               "cannot open: %s", strerror(errno));
+  char tmp[4096];
+  FILE *out = open_partial(dst, tmp, sizeof tmp);
+  int r = 0;
+  if (!out) {
+    r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));
+  } else {
+    static unsigned char buf[1 << 16];
+    size_t n;
+    while (r == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0)
+      if (fwrite(buf, 1, n, out) != n) r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "write failed");
+    if (r == 0 && (ferror(in) || fflush(out) != 0 || fsync(fileno(out)) != 0))
+      r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "copy failed: %s", strerror(errno));
+    fclose(out);
+    if (r == 0 && rename(tmp, dst) != 0)
+      r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot rename onto it: %s", strerror(errno));
+    if (r < 0) unlink(tmp);
+  }
+  fclose(in);
+  return r;
+}
+
+int sf_storage_copy(const char *src, const char *dst, bool verify, sf_error *error) {
+  if (!src || !dst) return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "copy needs a source and a target");
+  if (has_other_scheme(src) || has_other_scheme(dst))
+    return sf_error_set(error, SF_EINVAL, NULL, has_other_scheme(src) ? src : dst, NULL, -1, -1,
+                        "only local paths, http(s)://, s3:// and gs:// URLs can be copied");
+  if (is_remote(src) && is_remote(dst))
+    return sf_error_set(error, SF_EINVAL, NULL, dst, NULL, -1, -1, "copy between two URLs: go through a local file");
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (is_remote(src)) return download(src, dst, error);
+  if (sf_object_url_is_store(dst)) return store_upload(src, dst, verify, error);
+  if (is_http(dst)) return upload(src, dst, verify, error);
+  return copy_local(src, dst, error);
+}
