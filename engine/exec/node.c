@@ -246,13 +246,18 @@ static void time_deferred(sf_node *n, sf_sample *s) {
   for (int i = 0; i < s->n_fields; i++) {
     sf_field *f = &s->fields[i];
     if (!f->recipe || f->recipe->write == timed_write) continue;
-    if (!n->deferred && (n->deferred = calloc(1, sizeof *n->deferred))) atomic_init(&n->deferred->refs, 1);
     timed_recipe *t = n->deferred ? malloc(sizeof *t) : NULL;
     if (!t) return;
     *t = (timed_recipe){.base = {.write = timed_write, .destroy = timed_destroy}, .inner = f->recipe, .clock = n->deferred};
     atomic_fetch_add(&n->deferred->refs, 1);
     f->recipe = &t->base;
   }
+}
+
+int sf_node_new_deferred(sf_node *n) {
+  if (!(n->deferred = calloc(1, sizeof *n->deferred))) return SF_ENOMEM;
+  atomic_init(&n->deferred->refs, 1);
+  return 0;
 }
 
 uint64_t sf_node_deferred_ns(const sf_node *n) { return n->deferred ? atomic_load(&n->deferred->ns) : 0; }

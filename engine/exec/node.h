@@ -96,6 +96,12 @@ bool sf_port_can_push(sf_port *port);
  * they are written and charged to the node that made them: its deferred time, and
  * the time this thread spent on other nodes' fields (to take off the running node's).
  */
+/*
+ * Allocates the node's clock for deferred field writes (charged to it wherever they run). Done when
+ * the node is built, not on its first sample: the stats reader on another thread then never sees
+ * the pointer change. Returns 0 or SF_ENOMEM.
+ */
+int sf_node_new_deferred(sf_node *node);
 uint64_t sf_node_deferred_ns(const sf_node *node);
 uint64_t sf_thread_deferred_ns(void);
 /* Drops the node's clock (the recipes still queued keep theirs alive). */

@@ -300,7 +300,10 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
     }
     for (int rep = 0; rep < replicas; rep++) {
       sf_node *n = calloc(1, sizeof *n);
-      if (!n) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      if (!n || sf_node_new_deferred(n) < 0) {
+        free(n);
+        return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      }
       p->nodes[first_node + rep] = n;
       p->n_nodes++;
       n->def = def;
