@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "shard_list.h"
+#include "url.h"
 #include "shardflow/stage.h"
 
 typedef struct shard_source {
@@ -83,7 +84,7 @@ static int init(sf_node *node) {
 
   /* A mistake in the graph, found before any shard is read rather than once per shard. */
   for (size_t i = 0; !s->allow_pipe && i < s->list.count; i++)
-    if (strncmp(s->list.urls[i], "pipe:", 5) == 0)
+    if (sf_url_kind_of(s->list.urls[i]) == SF_URL_PIPE)
       return INIT_FAIL(node, SF_EDENIED, s->list.urls[i],
                        "pipe: URLs run shell commands and are off by default; set `allow_pipe: true` on "
                        "shard_source if you trust the shard list");

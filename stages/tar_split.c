@@ -7,6 +7,7 @@
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "tar_reader.h"
+#include "url.h"
 #include "shardflow/stage.h"
 
 /* Most shards read ahead. */
@@ -101,7 +102,7 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url);
 /* Starts fetching a remote shard taken ahead: from the cache, else a download. */
 static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
   const char *url = a->item.u.shard->url;
-  if (t->prefetch == 0 || !sf_prefetch_url_is_remote(url)) return; /* local files: the page cache */
+  if (t->prefetch == 0 || !sf_url_is_remote(url)) return; /* local files: the page cache */
   /* A cached copy is read only once the server confirms it (304 to a conditional download). */
   sf_object_version version;
   if (t->cache) a->cache_fd = sf_shard_cache_lookup(t->cache, url, NULL, &version);
@@ -222,7 +223,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     t->pass = shard->pass;
     t->pass_samples = 0;
   }
-  if (sf_prefetch_url_is_remote(shard->url)) (void)ensure_downloads(node, t, shard->url); /* counts retries */
+  if (sf_url_is_remote(shard->url)) (void)ensure_downloads(node, t, shard->url); /* counts retries */
   sf_shard_reader_options o = {
       .allow_pipe = shard->allow_pipe,
       .connect_timeout = t->connect_timeout,

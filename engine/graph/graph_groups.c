@@ -5,50 +5,17 @@
 
 #include "graph_groups.h"
 #include "options.h"
-
-/* A growing string. */
-typedef struct text {
-  char *s;
-  size_t len, cap;
-  bool failed;
-} text;
-
-static void append(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void append(text *t, const char *fmt, ...) {
-  if (t->failed) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(t->s ? t->s + t->len : NULL, t->s ? t->cap - t->len : 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      t->failed = true;
-      return;
-    }
-    if (t->s && t->len + (size_t)n < t->cap) {
-      t->len += (size_t)n;
-      return;
-    }
-    size_t cap = (t->cap + (size_t)n + 1) * 2;
-    char *s = realloc(t->s, cap);
-    if (!s) {
-      t->failed = true;
-      return;
-    }
-    t->s = s;
-    t->cap = cap;
-  }
-}
+#include "strbuf.h"
 
 /* A YAML double-quoted scalar: backslash and quote escaped, control bytes as \xNN. */
-static void append_quoted(text *t, const char *s) {
-  append(t, "\"");
+static void append_quoted(sf_strbuf *t, const char *s) {
+  sf_strbuf_add(t, "\"");
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') append(t, "\\%c", *p);
-    else if (*p < 0x20) append(t, "\\x%02x", *p);
-    else append(t, "%c", *p);
+    if (*p == '"' || *p == '\\') sf_strbuf_appendf(t, "\\%c", *p);
+    else if (*p < 0x20) sf_strbuf_appendf(t, "\\x%02x", *p);
+    else sf_strbuf_append(t, p, 1);
   }
-  append(t, "\"");
+  sf_strbuf_add(t, "\"");
 }
 
 /* The group options table lives with the _remote stage that parses it. */
@@ -115,26 +82,22 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
 
 /* The `stages:` entries of chain positions [from, to) as YAML text. */
 static char *stages_yaml(const sf_graph *g, const int *order, int from, int to) {
-  text t = {0};
-  append(&t, "stages:\n");
+  sf_strbuf t = {0};
+  sf_strbuf_add(&t, "stages:\n");
   for (int k = from; k < to; k++) {
     const sf_graph_node *n = &g->nodes[order[k]];
-    append(&t, "  - type: ");
+    sf_strbuf_add(&t, "  - type: ");
     append_quoted(&t, n->type);
-    append(&t, "\n    name: ");
+    sf_strbuf_add(&t, "\n    name: ");
     append_quoted(&t, n->name);
-    append(&t, "\n    replicas: %lld\n", (long long)n->replicas);
+    sf_strbuf_appendf(&t, "\n    replicas: %lld\n", (long long)n->replicas);
     for (int j = 0; j < n->n_values; j++) {
-      append(&t, "    %s: ", n->values[j].key);
+      sf_strbuf_appendf(&t, "    %s: ", n->values[j].key);
       append_quoted(&t, n->values[j].value);
-      append(&t, "\n");
+      sf_strbuf_add(&t, "\n");
     }
   }
-  if (t.failed) {
-    free(t.s);
-    return NULL;
-  }
-  return t.s;
+  return sf_strbuf_take(&t, NULL);
 }
 
 static void copy_settings(sf_graph *dst, const sf_graph *src) {
@@ -197,15 +160,13 @@ int sf_group_worker_graph(sf_graph **graph, const char *stages, uint64_t seed, i
   *graph = NULL;
   /* stages holds "stages:\n  - ...": keep its entries, add the worker's own source and sink around them. */
   const char *entries = strchr(stages, '\n');
-  text t = {0};
-  append(&t, "seed: %llu\nerror_policy: %s\nthreads: %lld\nstages:\n  - type: _worker_source\n%s  - type: _worker_sink\n",
+  sf_strbuf t = {0};
+  sf_strbuf_appendf(&t, "seed: %llu\nerror_policy: %s\nthreads: %lld\nstages:\n  - type: _worker_source\n%s  - type: _worker_sink\n",
          (unsigned long long)seed, error_policy == SF_POLICY_FAIL ? "fail" : "skip", (long long)threads,
          entries ? entries + 1 : "");
-  if (t.failed) {
-    free(t.s);
-    return sf_error_set(e, SF_ENOMEM, NULL, origin, NULL, -1, -1, "out of memory");
-  }
-  int r = sf_graph_load_string(graph, t.s, origin, e);
-  free(t.s);
+  char *text = sf_strbuf_take(&t, NULL);
+  if (!text) return sf_error_set(e, SF_ENOMEM, NULL, origin, NULL, -1, -1, "out of memory");
+  int r = sf_graph_load_string(graph, text, origin, e);
+  free(text);
   return r;
 }

@@ -5,6 +5,7 @@
 #include <yaml.h>
 
 #include "graph.h"
+#include "strbuf.h"
 
 /* Bounds on what a graph file may ask for: aliases can make a small file name huge graphs, and
  * libyaml takes time quadratic in the nesting depth (34 s for 100,000 `[`). A graph needs 4 levels. */
@@ -46,30 +47,18 @@ static int value_text(reader *r, const yaml_node_t *v, const char *key, char **o
     return *out ? 0 : SF_ENOMEM;
   }
   if (v->type == YAML_SEQUENCE_NODE) {
-    size_t cap = 256, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) return SF_ENOMEM;
-    buf[0] = '\0';
+    sf_strbuf list = {0};
     for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
       const char *s = scalar(yaml_document_get_node(r->doc, *it));
       if (!s) {
-        free(buf);
+        sf_strbuf_clear(&list);
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v),
                               "option '%s': a list may hold only plain values", key);
       }
-      size_t need = len + strlen(s) + 3;
-      if (need > cap) {
-        char *bigger = realloc(buf, cap = need * 2);
-        if (!bigger) {
-          free(buf);
-          return SF_ENOMEM;
-        }
-        buf = bigger;
-      }
-      len += (size_t)sprintf(buf + len, "%s%s", len ? ", " : "", s);
+      sf_strbuf_appendf(&list, "%s%s", list.len ? ", " : "", s);
     }
-    *out = buf;
-    return 0;
+    *out = sf_strbuf_take(&list, NULL);
+    return *out ? 0 : SF_ENOMEM;
   }
   return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v),
                         "option '%s' has a nested mapping; options take a value or a list", key);

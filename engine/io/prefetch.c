@@ -12,8 +12,10 @@
 
 #include <curl/curl.h>
 
+#include "http.h"
 #include "object_store.h"
 #include "prefetch.h"
+#include "url.h"
 #include "shardflow/stage.h"
 
 /* An error about this shard: no stage, no key, no graph line. */
@@ -74,8 +76,7 @@ struct sf_fetch {
   char curl_text[CURL_ERROR_SIZE];
   /* s3/gs: where the attempt's credentials came from, and the start of an error answer's XML body. */
   char *credentials;
-  char error_body[4096];
-  size_t error_size;
+  sf_http_body error_body; /* at most 4 KiB */
 };
 
 struct sf_prefetch {
@@ -93,70 +94,10 @@ struct sf_prefetch {
   sf_rng rng;             /* jitter; the fetcher thread only */
 };
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_result;
-
-static void curl_init(void) { curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
-
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- URLs ---- */
-
-bool sf_prefetch_url_is_remote(const char *url) {
-  return strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0 ||
-         strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0;
-}
-
-static bool secret_param(const char *name, size_t len) {
-  static const char *const words[] = {"signature", "token", "credential", "secret", "password", NULL};
-  char low[64];
-  if (len >= sizeof low) len = sizeof low - 1;
-  for (size_t i = 0; i < len; i++) low[i] = (char)tolower((unsigned char)name[i]);
-  low[len] = '\0';
-  for (int i = 0; words[i]; i++)
-    if (strstr(low, words[i])) return true;
-  return false;
-}
-
-void sf_url_redact(const char *url, char *out, size_t size) {
-  if (!size) return;
-  size_t o = 0;
-#define PUT(c)                      \
-  do {                              \
-    if (o + 1 < size) out[o++] = c; \
-  } while (0)
-  const char *p = url, *scheme = strstr(url, "://");
-  if (scheme) {
-    for (; p < scheme + 3; p++) PUT(*p);
-    const char *end = p + strcspn(p, "/?#");
-    const char *at = memchr(p, '@', (size_t)(end - p));
-    if (at) {
-      for (const char *s = "***"; *s; s++) PUT(*s);
-      p = at;
-    }
-  }
-  bool in_query = false;
-  while (*p) {
-    if (*p == '#') in_query = false;
-    PUT(*p);
-    if (*p == '?' || (in_query && *p == '&')) {
-      in_query = true;
-      const char *name = p + 1, *eq = name + strcspn(name, "=&#");
-      if (*eq == '=' && secret_param(name, (size_t)(eq - name))) {
-        for (const char *s = name; s <= eq; s++) PUT(*s);
-        for (const char *s = "***"; *s; s++) PUT(*s);
-        p = eq + 1 + strcspn(eq + 1, "&#");
-        continue;
-      }
-    }
-    p++;
-  }
-  out[o] = '\0';
-#undef PUT
 }
 
 /* ---- buffers (lock held) ---- */
@@ -344,8 +285,7 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {
   if (f->verdict) return 0; /* ends the attempt; on_done reports the verdict */
   if (f->mode == BODY_DISCARD) {
     /* A store's error page names its own error code: keep its start for the message. */
-    size_t keep = sizeof f->error_body - f->error_size < n ? sizeof f->error_body - f->error_size : n;
-    if (f->is_store) memcpy(f->error_body + f->error_size, ptr, keep), f->error_size += keep;
+    if (f->is_store) (void)sf_http_body_write(ptr, size, nmemb, &f->error_body); /* best effort */
     return n;
   }
   size_t skip = f->skip < (int64_t)n ? (size_t)f->skip : n;
@@ -401,28 +341,23 @@ static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...)
   pthread_cond_broadcast(&p->changed);
 }
 
-static int set_constant_options(sf_prefetch *p, sf_fetch *f) {
+/* The engine's shared transfer settings (engine/http.h), then this fetcher's callbacks. */
+static int new_easy(sf_prefetch *p, sf_fetch *f) {
+  sf_http_options o = {.follow_redirects = true,
+                       .connect_timeout_ms = (long)(p->o.connect_timeout * 1000),
+                       .error_text = f->curl_text};
+  int rc = sf_http_easy_new(NULL, &o, &f->easy);
+  if (rc < 0) return rc;
   CURL *e = f->easy;
-  double connect = p->o.connect_timeout;
   int bad = 0;
   bad |= curl_easy_setopt(e, CURLOPT_PRIVATE, f);
-  bad |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  bad |= curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  bad |= curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_MAXREDIRS, 10L);
-  bad |= curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   bad |= curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)BLOCK); /* fewer, larger deliveries */
-  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
-  bad |= curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
-  bad |= curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(connect * 1000));
-  bad |= curl_easy_setopt(e, CURLOPT_ERRORBUFFER, f->curl_text);
   bad |= curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
   bad |= curl_easy_setopt(e, CURLOPT_WRITEDATA, f);
   bad |= curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   bad |= curl_easy_setopt(e, CURLOPT_HEADERDATA, f);
-  bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
   bad |= curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, big_receive_buffer);
-  return bad ? -1 : 0;
+  return bad ? SF_EINVAL : 0;
 }
 
 /*
@@ -437,14 +372,11 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
   int code = 0;
   char text[480] = "";
   if (!f->easy) {
-    f->easy = curl_easy_init();
-    if (!f->easy) {
-      code = SF_ENOMEM;
+    code = new_easy(p, f);
+    if (code == SF_ENOMEM)
       snprintf(text, sizeof text, "out of memory starting the download");
-    } else if (set_constant_options(p, f) < 0) {
-      code = SF_EINVAL;
+    else if (code < 0)
       snprintf(text, sizeof text, "libcurl refused the transfer options (is libcurl older than 7.85?)");
-    }
   }
   curl_slist_free_all(f->headers);
   f->headers = NULL;
@@ -507,7 +439,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     f->mode = BODY_UNCHECKED;
     f->skip = 0;
     f->verdict = 0;
-    f->error_size = 0;
+    sf_strbuf_truncate(&f->error_body.text, 0);
     f->curl_text[0] = '\0';
     f->etag[0] = f->last_modified[0] = '\0';
     f->range_start = -1;
@@ -577,8 +509,8 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       /* The store's error code and the credentials' source, worded as listings and uploads word them. */
       sf_object_request used = {.credentials = f->credentials};
       sf_error store_error;
-      int store_code = sf_object_http_error(f->shown, "download", status, f->error_body, f->error_size, &used,
-                                            &store_error);
+      int store_code = sf_object_http_error(f->shown, "download", status, f->error_body.text.data,
+                                            f->error_body.text.len, &used, &store_error);
       if (!retry) code = store_code;
       snprintf(text, sizeof text, "%.470s", store_error.message);
     }
@@ -668,6 +600,7 @@ static void release_curl(sf_prefetch *p, sf_fetch *f) {
 }
 
 static void free_fetch(sf_fetch *f) {
+  sf_strbuf_clear(&f->error_body.text);
   free(f->credentials);
   free(f->url);
   free(f);
@@ -784,9 +717,8 @@ static void *fetcher(void *arg) {
 
 int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error) {
   *prefetch = NULL;
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_result != CURLE_OK) {
-    SET_ERROR(error, SF_ENET, "", -1, "libcurl did not initialise: %s", curl_easy_strerror(curl_init_result));
+  if (sf_http_init() < 0) {
+    SET_ERROR(error, SF_ENET, "", -1, "libcurl did not initialise (out of memory?)");
     return SF_ENET;
   }
   sf_prefetch *p = calloc(1, sizeof *p);
@@ -859,7 +791,7 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *
   *fetch = NULL;
   char shown[512];
   sf_url_redact(url, shown, sizeof shown);
-  if (!sf_prefetch_url_is_remote(url)) {
+  if (!sf_url_is_remote(url)) {
     SET_ERROR(error, SF_EINVAL, shown, -1, "not an http(s), s3 or gs URL");
     return SF_EINVAL;
   }
@@ -871,8 +803,9 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *
   }
   f->p = p;
   memcpy(f->shown, shown, sizeof shown);
-  f->is_store = strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0;
+  f->is_store = sf_url_is_store(url);
   f->state = F_QUEUED;
+  f->error_body.max = 4096; /* the start of a store's error answer names its code */
   if (cached) f->cached = *cached;
   pthread_mutex_lock(&p->lock);
   sf_fetch **pp = &p->list;

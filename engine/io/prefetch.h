@@ -77,11 +77,8 @@ void sf_prefetch_destroy(sf_prefetch **prefetch);
 /* Copies the counters into *stats.  Thread-safe. */
 void sf_prefetch_stats_get(sf_prefetch *prefetch, sf_prefetch_stats *stats);
 
-/* True for URLs the prefetcher downloads: http://, https://, s3://, gs://. */
-bool sf_prefetch_url_is_remote(const char *url);
-
 /*
- * Queues a download of url (http, https, s3 or gs; s3/gs requests are signed
+ * Queues a download of url (sf_url_is_remote(): http, https, s3 or gs; s3/gs requests are signed
  * through sf_object_request_prepare() for every attempt).  It starts as soon
  * as fewer than max_transfers run.  cached (may be NULL; copied) is the
  * version of a copy the caller holds: the request is then conditional
@@ -127,12 +124,5 @@ ssize_t sf_fetch_read(sf_fetch *fetch, const void **data, bool (*cancelled)(void
  * NULL.  NULL-safe.
  */
 void sf_fetch_close(sf_fetch **fetch);
-
-/*
- * Writes url into out (size bytes, always NUL-terminated) with the user
- * information (user:password@) and the values of signature, token and
- * credential query parameters replaced by "***", for messages and logs.
- */
-void sf_url_redact(const char *url, char *out, size_t size);
 
 #endif

@@ -2,6 +2,8 @@
 #include "shard_list.h"
 
 #include "object_store.h"
+#include "strbuf.h"
+#include "url.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -47,8 +49,7 @@ typedef struct ctx {
   int groups;          /* groups parsed in this pattern */
   sf_error *error;
   sf_shard_list *list;
-  char *buf; /* the URL being assembled */
-  size_t len, cap;
+  sf_strbuf url; /* the URL being assembled */
 } ctx;
 
 /* Fills the error record; column is 1-based within the pattern, 0 = none. */
@@ -251,20 +252,6 @@ static uint64_t count(const pattern *p) {
   return n;
 }
 
-static int append(ctx *c, const char *text, size_t len) {
-  if (c->len + len + 1 > c->cap) {
-    size_t cap = (c->len + len + 1) * 2;
-    char *buf = realloc(c->buf, cap);
-    if (!buf) return SF_ENOMEM;
-    c->buf = buf;
-    c->cap = cap;
-  }
-  memcpy(c->buf + c->len, text, len);
-  c->len += len;
-  c->buf[c->len] = '\0';
-  return 0;
-}
-
 /* What follows a list's alternative: the rest of the enclosing patterns. */
 typedef struct frame {
   const pattern *p;
@@ -276,36 +263,34 @@ typedef struct frame {
 static int emit(ctx *c, const pattern *p, size_t i, const frame *next) {
   if (i == p->n) {
     if (next) return emit(c, next->p, next->i, next->next);
-    char *url = malloc(c->len + 1);
+    char *url = strndup(c->url.data ? c->url.data : "", c->url.len);
     if (!url) return SF_ENOMEM;
-    memcpy(url, c->buf ? c->buf : "", c->len);
-    url[c->len] = '\0';
     c->list->urls[c->list->count++] = url; /* room was reserved from count() */
     return 0;
   }
   const part *t = &p->parts[i];
-  size_t mark = c->len;
+  size_t mark = c->url.len;
   int r = 0;
   if (t->kind == LITERAL) {
-    r = append(c, t->text, t->len);
+    r = sf_strbuf_append(&c->url, t->text, t->len);
     if (!r) r = emit(c, p, i + 1, next);
   } else if (t->kind == RANGE) {
     for (uint64_t v = t->from;; v = t->from <= t->to ? v + 1 : v - 1) {
       char num[32];
       int n = snprintf(num, sizeof num, "%0*llu", t->width, (unsigned long long)v);
-      c->len = mark;
-      r = append(c, num, (size_t)n);
+      sf_strbuf_truncate(&c->url, mark);
+      r = sf_strbuf_append(&c->url, num, (size_t)n);
       if (!r) r = emit(c, p, i + 1, next);
       if (r || v == t->to) break;
     }
   } else {
     frame rest = {p, i + 1, next};
     for (size_t a = 0; a < t->n_alts && !r; a++) {
-      c->len = mark;
+      sf_strbuf_truncate(&c->url, mark);
       r = emit(c, t->alts[a], 0, &rest);
     }
   }
-  c->len = mark;
+  sf_strbuf_truncate(&c->url, mark);
   return r;
 }
 
@@ -330,7 +315,7 @@ static int expand_prefixes(ctx *c, size_t from) {
   for (size_t i = from; i < list->count; i++) {
     char *prefix = list->urls[i];
     size_t len = strlen(prefix);
-    if (!sf_object_url_is_store(prefix) || prefix[len - 1] != '/') continue;
+    if (!sf_url_is_store(prefix) || prefix[len - 1] != '/') continue;
     char **found = NULL;
     size_t n = 0;
     sf_error local;
@@ -393,7 +378,7 @@ static int expand_pattern(ctx *c, const char *text) {
         r = fail(c, SF_ENOMEM, 0, "out of memory");
       } else {
         c->list->urls = urls;
-        c->len = 0;
+        sf_strbuf_truncate(&c->url, 0);
         size_t from = c->list->count;
         r = emit(c, p, 0, NULL);
         if (r) fail(c, r, 0, "out of memory");
@@ -508,7 +493,7 @@ int sf_shard_list_expand(sf_shard_list *list, const char *spec, sf_error *error)
     if (!sep) break;
     s = sep + 2;
   }
-  free(c.buf);
+  sf_strbuf_clear(&c.url);
   free(copy);
   if (r) sf_shard_list_clear(list);
   return r;

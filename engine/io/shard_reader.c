@@ -1,5 +1,4 @@
-/* Streaming reads of one shard by URL: local files, http(s)/s3/gs through the prefetcher (engine/io/prefetch.c), pipe:CMD. */
-#include <ctype.h>
+/* Streaming reads of one shard by URL: local files, http(s)/s3/gs through the prefetcher (engine/prefetch.c), pipe:CMD. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,6 +18,7 @@
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "shard_reader.h"
+#include "url.h"
 
 /* An error about this shard: no stage, no key, no graph line. */
 #define SET_ERROR(error, code, url, offset, ...) sf_error_set(error, code, NULL, url, NULL, offset, -1, __VA_ARGS__)
@@ -52,30 +52,14 @@ struct sf_shard_reader {
 
 /* ---- local files ---- */
 
-static int hexval(int c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  c = tolower(c);
-  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* file:///path and file://localhost/path name a local path; %XX escapes are decoded. */
 static char *file_url_path(const char *url) {
   const char *p = url + strlen("file://");
   if (strncmp(p, "localhost/", 10) == 0) p += 9;
   if (*p != '/') return NULL;
-  char *out = malloc(strlen(p) + 1), *o = out;
-  if (!out) return NULL;
-  for (; *p; p++) {
-    int hi, lo;
-    if (*p == '%' && (hi = hexval((unsigned char)p[1])) >= 0 &&
-        (lo = hexval((unsigned char)p[2])) >= 0) {
-      *o++ = (char)(hi * 16 + lo);
-      p += 2;
-    } else {
-      *o++ = *p;
-    }
-  }
-  *o = '\0';
+  size_t n = strlen(p);
+  char *out = malloc(n + 1);
+  if (out) sf_url_decode(out, p, n, false);
   return out;
 }
 
@@ -269,14 +253,6 @@ static int open_remote(sf_shard_reader *r, const sf_shard_reader_options *o, sf_
 
 /* ---- dispatch ---- */
 
-/* True when url starts with a scheme ("s3://"), so it is not a plain path. */
-static bool has_scheme(const char *url) {
-  const char *p = url;
-  if (!isalpha((unsigned char)*p)) return false;
-  while (isalnum((unsigned char)*p) || *p == '+' || *p == '-' || *p == '.') p++;
-  return strncmp(p, "://", 3) == 0;
-}
-
 int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
                          const sf_shard_reader_options *options, sf_error *error) {
   *reader = NULL;
@@ -299,10 +275,11 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     r->cancel_opaque = options->cancel_opaque;
   }
   int rc;
-  if (given && !sf_prefetch_url_is_remote(url)) sf_fetch_close(&given);
-  if (options && options->cache && options->cached_fd >= 0 && !sf_prefetch_url_is_remote(url))
-    close(options->cached_fd);
-  if (strncmp(url, "pipe:", 5) == 0) {
+  sf_url_kind scheme = sf_url_kind_of(url);
+  bool remote = scheme == SF_URL_HTTP || scheme == SF_URL_STORE;
+  if (given && !remote) sf_fetch_close(&given);
+  if (options && options->cache && options->cached_fd >= 0 && !remote) close(options->cached_fd);
+  if (scheme == SF_URL_PIPE) {
     r->kind = KIND_PIPE;
     r->command = r->url + 5;
     if (!options || !options->allow_pipe) {
@@ -313,12 +290,12 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     } else {
       rc = open_pipe(r, error);
     }
-  } else if (sf_prefetch_url_is_remote(url)) {
+  } else if (remote) {
     r->kind = KIND_HTTP;
     r->fetch = given;
     given = NULL;
     rc = open_remote(r, options, error);
-  } else if (strncmp(url, "file://", 7) == 0) {
+  } else if (scheme == SF_URL_FILE) {
     r->kind = KIND_FILE;
     char *path = file_url_path(url);
     if (!path) {
@@ -329,7 +306,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
       rc = open_file(r, path, error);
       free(path);
     }
-  } else if (has_scheme(url)) {
+  } else if (scheme == SF_URL_OTHER) {
     SET_ERROR(error, SF_EUNSUPPORTED, url, -1,
               "unsupported URL scheme — use a path, file://, http://, https:// or "
               "pipe:CMD (e.g. pipe:aws s3 cp URL - with allow_pipe)");

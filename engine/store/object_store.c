@@ -14,47 +14,14 @@
 #include <libxml/tree.h>
 #include <openssl/crypto.h>
 
+#include "http.h"
 #include "sigv4.h"
+#include "strbuf.h"
+#include "url.h"
 
 #define SET(error, code, url, ...) sf_error_set(error, code, NULL, url, NULL, -1, -1, __VA_ARGS__)
 
 enum { MAX_RESPONSE = 16 << 20 };
-
-bool sf_object_url_is_store(const char *url) {
-  return url && (strncmp(url, "s3://", 5) == 0 || strncmp(url, "gs://", 5) == 0);
-}
-
-/* ---- small strings ---- */
-
-typedef struct text {
-  char *s;
-  size_t len, cap;
-} text;
-
-static bool text_add(text *t, const char *s, size_t n) {
-  if (t->len + n + 1 > t->cap) {
-    size_t cap = (t->len + n + 1) * 2;
-    char *p = realloc(t->s, cap);
-    if (!p) return false;
-    t->s = p;
-    t->cap = cap;
-  }
-  memcpy(t->s + t->len, s, n);
-  t->len += n;
-  t->s[t->len] = '\0';
-  return true;
-}
-
-static bool text_encode(text *t, const char *s, size_t n, bool keep_slash) {
-  size_t cap = 3 * n + 1;
-  char *buf = malloc(cap);
-  if (!buf) return false;
-  buf[0] = '\0';
-  sf_sigv4_uri_encode(buf, cap, s, n, keep_slash);
-  bool ok = text_add(t, buf, strlen(buf));
-  free(buf);
-  return ok;
-}
 
 static const char *env(const char *name) {
   const char *v = getenv(name);
@@ -152,9 +119,9 @@ static void store_clear(store *s) {
 
 /* Splits "scheme://authority/path" (or "authority" alone: http) into the store's endpoint. */
 static int set_endpoint(store *s, const char *endpoint, const char *variable, const char *url, sf_error *error) {
-  const char *p = strstr(endpoint, "://");
-  const char *authority = p ? p + 3 : endpoint;
-  s->scheme = p ? strndup(endpoint, (size_t)(p - endpoint)) : strdup("http");
+  size_t scheme = sf_url_scheme_length(endpoint);
+  const char *authority = scheme ? endpoint + scheme + 3 : endpoint;
+  s->scheme = scheme ? strndup(endpoint, scheme) : strdup("http");
   size_t n = strcspn(authority, "/?#");
   s->host = strndup(authority, n);
   const char *path = authority + n;
@@ -180,7 +147,7 @@ static bool dns_compatible(const char *bucket) {
 
 /* Parses scheme://bucket/key. */
 static int parse_url(store *s, const char *url, sf_error *error) {
-  if (!sf_object_url_is_store(url))
+  if (!sf_url_is_store(url))
     return SET(error, SF_EINVAL, url, "not an s3:// or gs:// URL");
   s->gs = url[0] == 'g';
   const char *b = url + 5;
@@ -266,28 +233,6 @@ static pthread_mutex_t token_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *cached_token;
 static time_t cached_until;
 
-typedef struct buffer {
-  char *data;
-  size_t size;
-  bool too_big;
-} buffer;
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *opaque) {
-  buffer *b = opaque;
-  size_t n = size * nmemb;
-  if (b->size + n > MAX_RESPONSE) {
-    b->too_big = true;
-    return n; /* keep reading, drop the rest */
-  }
-  char *p = realloc(b->data, b->size + n + 1);
-  if (!p) return 0;
-  memcpy(p + b->size, ptr, n);
-  b->data = p;
-  b->size += n;
-  b->data[b->size] = '\0';
-  return n;
-}
-
 /* A JSON string member's value (no escapes in tokens), newly allocated, or NULL. */
 static char *json_string(const char *json, const char *name) {
   char pattern[64];
@@ -312,30 +257,28 @@ static int metadata_token(store *s, const char *url, sf_error *error) {
   }
   char endpoint[512];
   snprintf(endpoint, sizeof endpoint, "http://%s/computeMetadata/v1/instance/service-accounts/default/token", host);
-  CURL *e = curl_easy_init();
+  /* Plain http, quickly: the metadata server is link-local, and off Google Cloud there is none to wait for. */
+  sf_http_options o = {.protocols = "http", .connect_timeout_ms = 2000, .timeout_ms = 5000};
+  CURL *e = NULL;
   struct curl_slist *h = curl_slist_append(NULL, "Metadata-Flavor: Google");
-  buffer b = {0};
+  sf_http_body b = {.max = MAX_RESPONSE};
   long status = 0;
   CURLcode rc = CURLE_OUT_OF_MEMORY;
-  if (e && h) {
-    curl_easy_setopt(e, CURLOPT_URL, endpoint);
+  if (h && sf_http_easy_new(endpoint, &o, &e) == 0) {
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 5000L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sf_http_body_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
     rc = curl_easy_perform(e);
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
   }
   curl_easy_cleanup(e);
   curl_slist_free_all(h);
-  char *token = rc == CURLE_OK && status == 200 && b.data ? json_string(b.data, "access_token") : NULL;
+  const char *json = b.text.data;
+  char *token = rc == CURLE_OK && status == 200 && json ? json_string(json, "access_token") : NULL;
   long expires = 0;
-  const char *x = b.data ? strstr(b.data, "\"expires_in\"") : NULL;
+  const char *x = json ? strstr(json, "\"expires_in\"") : NULL;
   if (x && (x = strchr(x, ':'))) expires = strtol(x + 1, NULL, 10);
-  free_secret(b.data);
+  free_secret(b.text.data);
   int r = 0;
   if (!token) {
     r = SET(error, SF_EDENIED, url,
@@ -426,21 +369,22 @@ int sf_object_request_prepare_at(const char *url, const char *method, const char
   }
 
   /* Host and path: bucket.host/key (virtual) or host/bucket/key (path-style); the key encoded once. */
-  text host = {0}, path = {0};
-  bool ok = true;
-  if (s.virtual_host) ok = text_add(&host, s.bucket, strlen(s.bucket)) && text_add(&host, ".", 1);
-  ok = ok && text_add(&host, s.host, strlen(s.host)) && text_add(&path, s.base_path, strlen(s.base_path));
+  sf_strbuf host = {0}, path = {0};
+  if (s.virtual_host) sf_strbuf_appendf(&host, "%s.", s.bucket);
+  sf_strbuf_add(&host, s.host);
+  sf_strbuf_add(&path, s.base_path);
+  sf_strbuf_add(&path, "/");
   if (!s.virtual_host) {
-    ok = ok && text_add(&path, "/", 1) && text_encode(&path, s.bucket, strlen(s.bucket), false);
-    if (*s.key) ok = ok && text_add(&path, "/", 1);
-  } else {
-    ok = ok && text_add(&path, "/", 1);
+    sf_url_encode(&path, s.bucket, strlen(s.bucket), false);
+    if (*s.key) sf_strbuf_add(&path, "/");
   }
-  ok = ok && text_encode(&path, s.key, strlen(s.key), true);
+  sf_url_encode(&path, s.key, strlen(s.key), true);
+  bool ok = !host.failed && !path.failed;
   char *wire_query = ok ? sf_sigv4_query_normalize(query) : NULL;
   const char *hash = payload_sha256 ? payload_sha256 : "UNSIGNED-PAYLOAD";
   if (ok && wire_query &&
-      asprintf(&request->url, "%s://%s%s%s%s", s.scheme, host.s, path.s, *wire_query ? "?" : "", wire_query) < 0)
+      asprintf(&request->url, "%s://%s%s%s%s", s.scheme, host.data, path.data, *wire_query ? "?" : "",
+               wire_query) < 0)
     request->url = NULL;
   ok = ok && wire_query && request->url;
 
@@ -454,8 +398,8 @@ int sf_object_request_prepare_at(const char *url, const char *method, const char
     strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
     sf_sigv4_request sr = {
         .method = method,
-        .host = host.s,
-        .encoded_path = path.s,
+        .host = host.data,
+        .encoded_path = path.data,
         .query = wire_query,
         .payload_sha256 = hash,
         .amz_date = amz_date,
@@ -477,8 +421,8 @@ int sf_object_request_prepare_at(const char *url, const char *method, const char
     request->credentials = s.credentials;
     s.credentials = NULL;
   }
-  free(host.s);
-  free(path.s);
+  sf_strbuf_clear(&host);
+  sf_strbuf_clear(&path);
   free(wire_query);
   store_clear(&s);
   if (!ok) {
@@ -497,33 +441,70 @@ int sf_object_request_prepare(const char *url, const char *method, const char *q
   return sf_object_request_prepare_at(url, method, query, payload_sha256, (long long)time(NULL), request, NULL, error);
 }
 
+/* ---- XML answers (libxml2: entities decoded, never fetched from the network, never printed) ---- */
+
+static pthread_once_t xml_once = PTHREAD_ONCE_INIT;
+
+/* libxml2 2.9 wants one initialisation before threads use it. */
+static void xml_init(void) { xmlInitParser(); }
+
+/* Parses body[0, size); recover reads a body cut short (the start of an error answer) as far as it goes. */
+static xmlDoc *xml_read(const char *body, size_t size, bool recover) {
+  if (!body || size == 0 || size > MAX_RESPONSE) return NULL;
+  pthread_once(&xml_once, xml_init);
+  int flags = XML_PARSE_NONET | XML_PARSE_NOBLANKS | XML_PARSE_NOERROR | XML_PARSE_NOWARNING;
+  return xmlReadMemory(body, (int)size, "answer.xml", NULL, flags | (recover ? XML_PARSE_RECOVER : 0));
+}
+
+static xmlNode *child(xmlNode *n, const char *name) {
+  for (xmlNode *c = n ? n->children : NULL; c; c = c->next)
+    if (c->type == XML_ELEMENT_NODE && strcmp((const char *)c->name, name) == 0) return c;
+  return NULL;
+}
+
+/* The text of n's child called name (newly allocated with malloc), or NULL. */
+static char *child_text(xmlNode *n, const char *name) {
+  xmlNode *c = child(n, name);
+  xmlChar *t = c ? xmlNodeGetContent(c) : NULL;
+  char *s = t ? strdup((const char *)t) : NULL;
+  xmlFree(t);
+  return s;
+}
+
+/* The root element when it is called name (any name when NULL), else NULL. */
+static xmlNode *root_called(xmlDoc *doc, const char *name) {
+  xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
+  return root && (!name || strcmp((const char *)root->name, name) == 0) ? root : NULL;
+}
+
+char *sf_object_xml_text(const char *body, size_t size, const char *root, const char *name) {
+  xmlDoc *doc = xml_read(body, size, true);
+  char *s = child_text(root_called(doc, root), name);
+  xmlFreeDoc(doc);
+  return s;
+}
+
 /* ---- errors ---- */
 
-/* Text of the first element called name in an XML body, copied into out. */
-static void xml_field(const char *body, size_t size, const char *name, char *out, size_t cap) {
-  out[0] = '\0';
-  if (!body || size == 0) return;
-  char open[64], close[64];
-  snprintf(open, sizeof open, "<%s>", name);
-  snprintf(close, sizeof close, "</%s>", name);
-  const char *end = body + size;
-  const char *p = memmem(body, size, open, strlen(open));
-  if (!p) return;
-  p += strlen(open);
-  const char *q = memmem(p, (size_t)(end - p), close, strlen(close));
-  if (!q) return;
-  size_t n = (size_t)(q - p) < cap - 1 ? (size_t)(q - p) : cap - 1;
-  memcpy(out, p, n);
-  out[n] = '\0';
-  for (char *c = out; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
+/* The store's <Code> and <Message> from an error answer, one line each, into code and message. */
+static void error_fields(const char *body, size_t size, char *code, size_t code_size, char *message,
+                         size_t message_size) {
+  xmlDoc *doc = xml_read(body, size, true);
+  xmlNode *root = root_called(doc, NULL);
+  char *c = child_text(root, "Code"), *m = child_text(root, "Message");
+  xmlFreeDoc(doc);
+  snprintf(code, code_size, "%s", c ? c : "");
+  snprintf(message, message_size, "%s", m ? m : "");
+  free(c);
+  free(m);
+  for (char *p = message; *p; p++)
+    if (*p == '\n' || *p == '\r') *p = ' ';
 }
 
 int sf_object_http_error(const char *url, const char *what, long status, const char *body, size_t size,
                          const sf_object_request *request, sf_error *error) {
   char code[64], message[200];
-  xml_field(body, size, "Code", code, sizeof code);
-  xml_field(body, size, "Message", message, sizeof message);
+  error_fields(body, size, code, sizeof code, message, sizeof message);
   const char *used = request && request->credentials ? request->credentials : "no credentials";
   char from_store[96] = "";
   if (code[0]) snprintf(from_store, sizeof from_store, " %s", code);
@@ -594,14 +575,13 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   sf_object_request req;
   int r = sf_object_request_prepare(url, method, query, hash, &req, error);
   if (r) return r;
-  curl_global_init(CURL_GLOBAL_DEFAULT);
-  CURL *e = curl_easy_init();
-  if (!e) {
+  char errbuf[CURL_ERROR_SIZE] = "";
+  CURL *e;
+  if (sf_http_easy_new(req.url, &(sf_http_options){.error_text = errbuf}, &e) < 0) {
     sf_object_request_clear(&req);
     return SET(error, SF_ENOMEM, url, "out of memory");
   }
-  char errbuf[CURL_ERROR_SIZE] = "";
-  buffer b = {0};
+  sf_http_body b = {.max = MAX_RESPONSE};
   upload_body up = {.data = body, .size = body ? body_size : 0};
   char *tag = NULL;
   struct curl_slist *headers = req.headers;
@@ -612,14 +592,8 @@ int sf_object_call(const char *url, const char *method, const char *query, const
     headers = curl_slist_append(headers, "Content-Type: application/xml");
     if (headers) req.headers = headers;
   }
-  curl_easy_setopt(e, CURLOPT_URL, req.url);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, req.headers);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sf_http_body_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, &tag);
@@ -643,55 +617,32 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   curl_easy_cleanup(e);
   if (status) *status = code;
   if (rc != CURLE_OK) {
-    char *q = strchr(req.url, '?');
-    if (q) *q = '\0';
+    char shown[512];
+    sf_url_redact(req.url, shown, sizeof shown);
     r = SET(error, rc == CURLE_OPERATION_TIMEDOUT ? SF_ETIMEDOUT : SF_ENET, url,
-            "%s %s: %s — check that the endpoint is reachable", method, req.url,
-            errbuf[0] ? errbuf : curl_easy_strerror(rc));
+            "%s %s: %s — check that the endpoint is reachable", method, shown, sf_http_error_text(rc, errbuf));
   } else if (code < 200 || code > 299) {
-    r = sf_object_http_error(url, method, code, b.data, b.size, &req, error);
+    r = sf_object_http_error(url, method, code, b.text.data, b.text.len, &req, error);
   } else if (b.too_big) {
     r = SET(error, SF_ETOOBIG, url, "%s: the response is larger than 16 MiB", method);
   }
   sf_object_request_clear(&req);
   if (r == 0 && response) {
-    *response = b.data ? b.data : strdup("");
-    if (response_size) *response_size = b.size;
-    b.data = NULL;
+    size_t n = 0;
+    *response = sf_strbuf_take(&b.text, &n);
+    if (!*response) r = SET(error, SF_ENOMEM, url, "out of memory");
+    else if (response_size) *response_size = n;
   }
   if (r == 0 && etag) {
     *etag = tag;
     tag = NULL;
   }
-  free(b.data);
+  sf_strbuf_clear(&b.text);
   free(tag);
   return r;
 }
 
 /* ---- listings ---- */
-
-static xmlNode *child(xmlNode *n, const char *name) {
-  for (xmlNode *c = n ? n->children : NULL; c; c = c->next)
-    if (c->type == XML_ELEMENT_NODE && strcmp((const char *)c->name, name) == 0) return c;
-  return NULL;
-}
-
-/* Decodes %XX in place (keys come back with encoding-type=url). */
-static void url_decode(char *s) {
-  char *o = s;
-  for (char *p = s; *p; p++) {
-    if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2])) {
-      char hex[3] = {p[1], p[2], 0};
-      *o++ = (char)strtol(hex, NULL, 16);
-      p += 2;
-    } else if (*p == '+') {
-      *o++ = ' '; /* S3 encodes spaces as '+' in url-encoded listings, and a real '+' as %2B */
-    } else {
-      *o++ = *p;
-    }
-  }
-  *o = '\0';
-}
 
 int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error) {
   *urls = NULL;
@@ -708,70 +659,75 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
   size_t n = 0, cap = 0;
   char *token = NULL;
   for (int page = 0; r == 0; page++) {
-    text q = {0};
-    bool ok = text_add(&q, "list-type=2&prefix=", 19) && text_encode(&q, s.key, strlen(s.key), false) &&
-              text_add(&q, "&encoding-type=url", 18);
+    sf_strbuf q = {0};
+    sf_strbuf_add(&q, "list-type=2&prefix=");
+    sf_url_encode(&q, s.key, strlen(s.key), false);
+    sf_strbuf_add(&q, "&encoding-type=url");
     /* SF_OBJECT_LIST_MAX_KEYS: a smaller page (the stores' default and maximum is 1000), for tests. */
     const char *max_keys = env("SF_OBJECT_LIST_MAX_KEYS");
-    if (ok && max_keys) ok = text_add(&q, "&max-keys=", 10) && text_encode(&q, max_keys, strlen(max_keys), false);
-    if (ok && token)
-      ok = text_add(&q, "&continuation-token=", 20) && text_encode(&q, token, strlen(token), false);
-    if (!ok) {
-      free(q.s);
+    if (max_keys) {
+      sf_strbuf_add(&q, "&max-keys=");
+      sf_url_encode(&q, max_keys, strlen(max_keys), false);
+    }
+    if (token) {
+      sf_strbuf_add(&q, "&continuation-token=");
+      sf_url_encode(&q, token, strlen(token), false);
+    }
+    char *query = sf_strbuf_take(&q, NULL);
+    if (!query) {
       r = SET(error, SF_ENOMEM, url, "out of memory");
       break;
     }
     char *body = NULL;
     size_t size = 0;
-    r = sf_object_call(bucket_url, "GET", q.s, NULL, 0, NULL, &body, &size, NULL, error);
-    free(q.s);
+    r = sf_object_call(bucket_url, "GET", query, NULL, 0, NULL, &body, &size, NULL, error);
+    free(query);
     if (r) {
       if (error) snprintf(error->url, sizeof error->url, "%s", url);
       break;
     }
-    xmlDoc *doc = xmlReadMemory(body, (int)size, "listing.xml", NULL, XML_PARSE_NONET | XML_PARSE_NOBLANKS);
+    xmlDoc *doc = xml_read(body, size, false);
     free(body);
-    xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
-    if (!root || strcmp((const char *)root->name, "ListBucketResult") != 0) {
+    xmlNode *root = root_called(doc, "ListBucketResult");
+    if (!root) {
       xmlFreeDoc(doc);
       r = SET(error, SF_EFORMAT, url, "the listing (page %d) is not a ListBucketResult XML document; is the endpoint an "
               "S3/GCS XML API?", page + 1);
       break;
     }
     /* Keys are URL-encoded only when the store says so (a store may ignore encoding-type). */
-    xmlNode *encoding = child(root, "EncodingType");
-    xmlChar *how = encoding ? xmlNodeGetContent(encoding) : NULL;
-    bool encoded = how && strcmp((const char *)how, "url") == 0;
-    xmlFree(how);
+    char *how = child_text(root, "EncodingType");
+    bool encoded = how && strcmp(how, "url") == 0;
+    free(how);
     for (xmlNode *c = root->children; c && r == 0; c = c->next) {
       if (c->type != XML_ELEMENT_NODE || strcmp((const char *)c->name, "Contents") != 0) continue;
-      xmlNode *k = child(c, "Key");
-      xmlChar *key = k ? xmlNodeGetContent(k) : NULL;
+      char *key = child_text(c, "Key");
       if (!key) continue;
-      if (encoded) url_decode((char *)key);
+      /* S3 writes a space as '+' in url-encoded listings, and a real '+' as %2B. */
+      if (encoded) sf_url_decode(key, key, strlen(key), true);
       if (n == cap) {
         cap = cap ? cap * 2 : 64;
         char **p = realloc(list, cap * sizeof *p);
         if (!p) r = SET(error, SF_ENOMEM, url, "out of memory");
         else list = p;
       }
-      if (r == 0 && asprintf(&list[n], "%s/%s", bucket_url, (const char *)key) < 0)
+      if (r == 0 && asprintf(&list[n], "%s/%s", bucket_url, key) < 0)
         r = SET(error, SF_ENOMEM, url, "out of memory");
       else if (r == 0)
         n++;
-      xmlFree(key);
+      free(key);
     }
-    xmlNode *truncated = child(root, "IsTruncated");
-    xmlChar *more = truncated ? xmlNodeGetContent(truncated) : NULL;
-    bool again = more && strcmp((const char *)more, "true") == 0;
-    xmlFree(more);
+    char *more = child_text(root, "IsTruncated");
+    bool again = more && strcmp(more, "true") == 0;
+    free(more);
     free(token);
     token = NULL;
     if (again && r == 0) {
-      xmlNode *next = child(root, "NextContinuationToken");
-      xmlChar *t = next ? xmlNodeGetContent(next) : NULL;
-      if (t && *t) token = strdup((const char *)t);
-      xmlFree(t);
+      token = child_text(root, "NextContinuationToken");
+      if (token && !*token) {
+        free(token);
+        token = NULL;
+      }
       if (!token) r = SET(error, SF_EFORMAT, url, "the listing says it is truncated but has no NextContinuationToken");
     }
     xmlFreeDoc(doc);

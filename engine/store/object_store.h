@@ -9,6 +9,7 @@
 #define SF_ENGINE_OBJECT_STORE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include <curl/curl.h>
 
@@ -22,11 +23,8 @@ typedef struct sf_object_request {
                                   the environment" (never a secret; owned; NULL when unsigned) */
 } sf_object_request;
 
-/* True for s3:// and gs:// URLs. */
-bool sf_object_url_is_store(const char *url);
-
 /*
- * Prepares method (GET, HEAD, PUT, POST, DELETE) on url (s3:// or gs://)
+ * Prepares method (GET, HEAD, PUT, POST, DELETE) on url (s3:// or gs://: sf_url_is_store())
  * with query (raw "k=v&k2" or NULL) and the payload's SHA-256 in hex (NULL:
  * UNSIGNED-PAYLOAD).  Headers a caller adds afterwards (Range, If-Match) are
  * not signed and need not be.  Call again for every attempt (signatures
@@ -85,6 +83,16 @@ int sf_object_call(const char *url, const char *method, const char *query, const
  * listing that is not the expected XML.
  */
 int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error);
+
+/*
+ * The text of the element called name directly under the root element of
+ * the XML answer body[0, size) ("UploadId" of an InitiateMultipartUploadResult,
+ * "Code" of an Error), its entities decoded, newly allocated (the caller
+ * frees), or NULL when there is none, the body is not XML or out of memory.
+ * When root is not NULL the root element must be called so.  A body cut
+ * short is read as far as it goes.
+ */
+char *sf_object_xml_text(const char *body, size_t size, const char *root, const char *name);
 
 /*
  * Multipart-upload part size in bytes: SF_OBJECT_PART_SIZE (bytes, or with

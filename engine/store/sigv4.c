@@ -11,52 +11,8 @@
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 
-static bool unreserved(unsigned char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-         c == '_' || c == '~';
-}
-
-long sf_sigv4_uri_encode(char *out, size_t cap, const char *s, size_t n, bool keep_slash) {
-  static const char hex[] = "0123456789ABCDEF";
-  size_t len = strlen(out);
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (unreserved(c) || (keep_slash && c == '/')) {
-      if (len + 2 > cap) return -1;
-      out[len++] = (char)c;
-    } else {
-      if (len + 4 > cap) return -1;
-      out[len++] = '%';
-      out[len++] = hex[c >> 4];
-      out[len++] = hex[c & 15];
-    }
-    out[len] = '\0';
-  }
-  return (long)len;
-}
-
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-/* Decodes %XX in s[0, n) into out (at least n + 1 bytes); returns the decoded length. */
-static size_t percent_decode(char *out, const char *s, size_t n) {
-  size_t len = 0;
-  for (size_t i = 0; i < n; i++) {
-    int hi, lo;
-    if (s[i] == '%' && i + 2 < n && (hi = hexval(s[i + 1])) >= 0 && (lo = hexval(s[i + 2])) >= 0) {
-      out[len++] = (char)(hi * 16 + lo);
-      i += 2;
-    } else {
-      out[len++] = s[i];
-    }
-  }
-  out[len] = '\0';
-  return len;
-}
+#include "strbuf.h"
+#include "url.h"
 
 /* One query parameter, canonically encoded. */
 typedef struct param {
@@ -65,19 +21,15 @@ typedef struct param {
   bool bare; /* written without '=' ("?uploads"): kept so on the wire, signed as "uploads=" */
 } param;
 
-/* Re-encodes s[0, n) canonically into a new string. */
+/* Re-encodes s[0, n) canonically (decoded, then encoded by sf_url_encode) into a new string. */
 static char *reencode(const char *s, size_t n) {
   char *raw = malloc(n + 1);
   if (!raw) return NULL;
-  size_t len = percent_decode(raw, s, n);
-  size_t cap = 3 * len + 1;
-  char *out = malloc(cap);
-  if (out) {
-    out[0] = '\0';
-    sf_sigv4_uri_encode(out, cap, raw, len, false);
-  }
+  size_t len = sf_url_decode(raw, s, n, false);
+  sf_strbuf out = {0};
+  sf_url_encode(&out, raw, len, false);
   free(raw);
-  return out;
+  return sf_strbuf_take(&out, NULL);
 }
 
 static void params_free(param *p, size_t n) {
@@ -129,16 +81,10 @@ static int compare_params(const void *a, const void *b) {
 
 /* Joins pairs as name=value&... (bare names without '=' unless canonical); NULL when out of memory. */
 static char *join_params(const param *p, size_t n, bool canonical) {
-  size_t size = 1;
-  for (size_t i = 0; i < n; i++) size += strlen(p[i].name) + strlen(p[i].value) + 2;
-  char *s = malloc(size);
-  if (!s) return NULL;
-  size_t len = 0;
+  sf_strbuf s = {0};
   for (size_t i = 0; i < n; i++)
-    len += (size_t)snprintf(s + len, size - len, "%s%s%s%s", i ? "&" : "", p[i].name,
-                            p[i].bare && !canonical ? "" : "=", p[i].value);
-  s[len] = '\0';
-  return s;
+    sf_strbuf_appendf(&s, "%s%s%s%s", i ? "&" : "", p[i].name, p[i].bare && !canonical ? "" : "=", p[i].value);
+  return sf_strbuf_take(&s, NULL);
 }
 
 char *sf_sigv4_query_normalize(const char *query) {

@@ -29,22 +29,13 @@ typedef struct sf_sigv4_request {
 } sf_sigv4_request;
 
 /*
- * Appends s[0, n) to out (capacity cap, NUL-terminated) URI-encoded by AWS's
- * rules: A-Z a-z 0-9 - . _ ~ stay, '/' stays when keep_slash, every other
- * byte becomes %XX (upper-case hex; UTF-8 bytes one by one; a space is %20,
- * never '+').  S3 paths are encoded once (no double encoding).
- * Returns the length written, or -1 when out is too small (out is then cut).
- */
-long sf_sigv4_uri_encode(char *out, size_t cap, const char *s, size_t n, bool keep_slash);
-
-/*
  * Builds the canonical request of r (method, path, canonical query string
  * sorted by encoded name then value, the canonical headers host,
  * x-amz-content-sha256, x-amz-date and x-amz-security-token when a session
  * token is set, the signed header list and the payload hash) into a newly
  * allocated string in *canonical, and the Authorization header's value into
  * a newly allocated string in *authorization.  Query names and values are
- * percent-decoded then re-encoded by sf_sigv4_uri_encode's rules, so "a b",
+ * percent-decoded then re-encoded by sf_url_encode's rules (engine/url.h), so "a b",
  * "a%20b" and "a%20b" all canonicalise alike; '+' is a literal plus.
  * Either output may be NULL when not wanted; the caller frees both.
  * Returns 0, or -1 when out of memory (outputs set to NULL).
@@ -53,7 +44,7 @@ int sf_sigv4_sign(const sf_sigv4_request *r, char **canonical, char **authorizat
 
 /*
  * Returns query (raw "k=v&k2" or already encoded) with every name and value
- * percent-decoded and re-encoded by sf_sigv4_uri_encode's rules, in the
+ * percent-decoded and re-encoded by sf_url_encode's rules, in the
  * original order, as a newly allocated string the caller frees ("" for
  * NULL).  Send this form on the wire: it is what sf_sigv4_sign signs.
  * Returns NULL when out of memory.

@@ -13,14 +13,17 @@
 #include <zlib.h>
 
 #include "files.h"
+#include "http.h"
 #include "object_store.h"
+#include "strbuf.h"
+#include "url.h"
 #include "shardflow/storage.h"
 
-static bool is_http(const char *s) { return strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0; }
-
-static bool is_remote(const char *s) { return is_http(s) || sf_object_url_is_store(s); }
-
-static bool has_other_scheme(const char *s) { return strstr(s, "://") && !is_remote(s); }
+/* A URL that is neither a local path nor one this module copies to or from (file://, ftp://, ...). */
+static bool has_other_scheme(const char *s) {
+  sf_url_kind k = sf_url_kind_of(s);
+  return k == SF_URL_FILE || k == SF_URL_OTHER;
+}
 
 /* ".partial-HOST-": the host keeps another machine's live downloads (shared storage) from looking stale. */
 static void partial_marker(char *out, size_t size) {
@@ -61,17 +64,12 @@ static FILE *open_partial(const char *path, char *tmp, size_t size) {
   return fopen(tmp, "wb");
 }
 
-static CURL *easy(const char *url, char *errbuf) {
-  CURL *e = curl_easy_init();
-  if (!e) return NULL;
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+/* The shared transfer settings (engine/http.h); an HTTP error status fails the transfer. */
+static CURL *easy(const char *url, bool follow_redirects, char *errbuf) {
+  CURL *e;
+  if (sf_http_easy_new(url, &(sf_http_options){.follow_redirects = follow_redirects, .error_text = errbuf}, &e) < 0)
+    return NULL;
   curl_easy_setopt(e, CURLOPT_FAILONERROR, 1L);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
-  errbuf[0] = '\0';
   return e;
 }
 
@@ -81,7 +79,7 @@ static int perform(CURL *e, const char *url, const char *what, const char *errbu
   if (rc == CURLE_OK) return 0;
   long status = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-  const char *text = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+  const char *text = sf_http_error_text(rc, errbuf);
   if (status == 404)
     return sf_error_set(error, SF_ENOENT, NULL, url, NULL, -1, -1, "%s: HTTP 404 — no such object (%s)", what, text);
   if (status == 405 || status == 501)
@@ -96,9 +94,8 @@ typedef struct sink {
   FILE *file;       /* download target, or NULL when only checksumming */
   uLong crc;
   curl_off_t bytes;
-  CURL *easy;       /* store downloads: an error status sends the body to errbody instead */
-  char errbody[4096];
-  size_t errlen;
+  CURL *easy;       /* store downloads: an error status sends the body to errors instead */
+  sf_http_body errors;
 } sink;
 
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *opaque) {
@@ -106,10 +103,7 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *opaque) {
   size_t n = size * nmemb;
   long status = 0;
   if (s->easy && curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK && status >= 300) {
-    size_t room = sizeof s->errbody - 1 - s->errlen, k = n < room ? n : room;
-    memcpy(s->errbody + s->errlen, ptr, k);
-    s->errlen += k;
-    s->errbody[s->errlen] = '\0';
+    (void)sf_http_body_write(ptr, size, nmemb, &s->errors); /* best effort: the message without it is still clear */
     return n;
   }
   if (s->file && fwrite(ptr, 1, n, s->file) != n) return 0;
@@ -121,12 +115,10 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *opaque) {
 /* GET url into s; checks the length against Content-Length when the server sends one. */
 static int get(const char *url, sink *s, sf_error *error) {
   char errbuf[CURL_ERROR_SIZE];
-  CURL *e = easy(url, errbuf);
+  CURL *e = easy(url, true, errbuf);
   if (!e) return SF_ENOMEM;
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, s);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   int r = perform(e, url, "download", errbuf, error);
   curl_off_t expected = -1;
   if (r == 0) curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expected);
@@ -144,7 +136,7 @@ static int store_get(const char *url, sink *s, sf_error *error) {
   int r = sf_object_request_prepare(url, "GET", NULL, NULL, &req, error);
   if (r < 0) return r;
   char errbuf[CURL_ERROR_SIZE];
-  CURL *e = easy(req.url, errbuf);
+  CURL *e = easy(req.url, false, errbuf);
   if (!e) {
     sf_object_request_clear(&req);
     return SF_ENOMEM;
@@ -161,12 +153,12 @@ static int store_get(const char *url, sink *s, sf_error *error) {
   curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expected);
   s->easy = NULL;
   if (rc != CURLE_OK) {
-    char *q = strchr(req.url, '?');
-    if (q) *q = '\0';
+    char shown[512];
+    sf_url_redact(req.url, shown, sizeof shown);
     r = sf_error_set(error, SF_ENET, NULL, url, NULL, s->bytes, -1, "download from %s failed: %s — check the endpoint",
-                     req.url, errbuf[0] ? errbuf : curl_easy_strerror(rc));
+                     shown, sf_http_error_text(rc, errbuf));
   } else if (status >= 300) {
-    r = sf_object_http_error(url, "download", status, s->errbody, s->errlen, &req, error);
+    r = sf_object_http_error(url, "download", status, s->errors.text.data, s->errors.text.len, &req, error);
   } else if (expected >= 0 && expected != s->bytes) {
     r = sf_error_set(error, SF_EFORMAT, NULL, url, NULL, s->bytes, -1,
                      "the transfer ended after %lld of %lld bytes — try again", (long long)s->bytes,
@@ -174,15 +166,16 @@ static int store_get(const char *url, sink *s, sf_error *error) {
   }
   curl_easy_cleanup(e);
   sf_object_request_clear(&req);
+  sf_strbuf_clear(&s->errors.text);
   return r;
 }
 
 static int download(const char *src, const char *dst, sf_error *error) {
   char tmp[4096];
-  sink s = {.file = open_partial(dst, tmp, sizeof tmp), .crc = crc32(0, NULL, 0)};
+  sink s = {.file = open_partial(dst, tmp, sizeof tmp), .crc = crc32(0, NULL, 0), .errors.max = 4096};
   if (!s.file)
     return sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));
-  int r = sf_object_url_is_store(src) ? store_get(src, &s, error) : get(src, &s, error);
+  int r = sf_url_is_store(src) ? store_get(src, &s, error) : get(src, &s, error);
   if (fflush(s.file) != 0 || fsync(fileno(s.file)) != 0)
     r = r ? r : sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot write %s: %s", tmp, strerror(errno));
   fclose(s.file);
@@ -212,7 +205,7 @@ static int checksum_file(const char *path, uLong *crc, curl_off_t *bytes, sf_err
 
 static int delete_url(const char *url) {
   char errbuf[CURL_ERROR_SIZE];
-  CURL *e = easy(url, errbuf);
+  CURL *e = easy(url, false, errbuf);
   if (!e) return SF_ENOMEM;
   curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "DELETE");
   curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
@@ -238,7 +231,7 @@ static int upload(const char *src, const char *dst, bool verify, sf_error *error
   if (r < 0) return r;
   char tmp[4096], errbuf[CURL_ERROR_SIZE];
   temporary_name(dst, tmp, sizeof tmp);
-  CURL *e = easy(tmp, errbuf);
+  CURL *e = easy(tmp, false, errbuf);
   if (!e) {
     fclose(f);
     return SF_ENOMEM;
@@ -255,7 +248,7 @@ static int upload(const char *src, const char *dst, bool verify, sf_error *error
     snprintf(destination, sizeof destination, "Destination: %s", dst);
     struct curl_slist *headers = curl_slist_append(NULL, destination);
     headers = curl_slist_append(headers, "Overwrite: T");
-    e = easy(tmp, errbuf);
+    e = easy(tmp, false, errbuf);
     if (!e || !headers) {
       r = SF_ENOMEM;
     } else {
@@ -310,16 +303,6 @@ static int read_part(FILE *f, const char *path, long long offset, size_t n, char
   return 0;
 }
 
-/* The text of <name> in an XML body, newly allocated, or NULL. */
-static char *xml_text(const char *body, const char *name) {
-  char open[64], close[64];
-  snprintf(open, sizeof open, "<%s>", name);
-  snprintf(close, sizeof close, "</%s>", name);
-  const char *p = body ? strstr(body, open) : NULL;
-  const char *q = p ? strstr(p, close) : NULL;
-  return q ? strndup(p + strlen(open), (size_t)(q - p - strlen(open))) : NULL;
-}
-
 /*
  * Multipart upload (S3's protocol, which GCS's XML API speaks too): create, upload parts of part_size bytes
  * (each signed with its SHA-256), complete with the parts' ETags; any failure aborts the upload so no parts
@@ -330,17 +313,16 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
   char *body = NULL;
   int r = sf_object_call(dst, "POST", "uploads", NULL, 0, NULL, &body, NULL, NULL, error);
   if (r < 0) return r;
-  char *upload_id = xml_text(body, "UploadId");
+  char *upload_id = body ? sf_object_xml_text(body, strlen(body), "InitiateMultipartUploadResult", "UploadId") : NULL;
   free(body);
   if (!upload_id)
     return sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
                         "the store did not return an UploadId for the multipart upload; does it support them?");
   long long parts = (size + part_size - 1) / part_size;
-  size_t cap = 128 + (size_t)parts * 200, len = 0;
-  char *complete = malloc(cap);
+  sf_strbuf complete = {0};
   char *query = malloc(strlen(upload_id) + 64);
-  if (!complete || !query) r = SF_ENOMEM;
-  if (!r) len += (size_t)snprintf(complete, cap, "<CompleteMultipartUpload>");
+  if (!query) r = SF_ENOMEM;
+  sf_strbuf_add(&complete, "<CompleteMultipartUpload>");
   for (long long i = 0; i < parts && r == 0; i++) {
     long long offset = i * part_size;
     size_t n = (size_t)(size - offset < part_size ? size - offset : part_size);
@@ -350,19 +332,21 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     if (!r) r = call_retrying(dst, "PUT", query, part, n, NULL, &etag, error);
     if (!r && (!etag || strlen(etag) > 150))
       r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, offset, -1, "part %lld came back without an ETag", i + 1);
-    if (!r) len += (size_t)snprintf(complete + len, cap - len, "<Part><PartNumber>%lld</PartNumber><ETag>%s</ETag></Part>",
-                                    i + 1, etag);
+    if (!r)
+      sf_strbuf_appendf(&complete, "<Part><PartNumber>%lld</PartNumber><ETag>%s</ETag></Part>", i + 1, etag);
     free(part);
     free(etag);
   }
+  if (!r && sf_strbuf_add(&complete, "</CompleteMultipartUpload>") < 0) r = SF_ENOMEM;
   if (!r) {
-    snprintf(complete + len, cap - len, "</CompleteMultipartUpload>");
     snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
     body = NULL;
-    r = call_retrying(dst, "POST", query, complete, strlen(complete), &body, NULL, error);
+    r = call_retrying(dst, "POST", query, complete.data, complete.len, &body, NULL, error);
     /* CompleteMultipartUpload may answer 200 and put the failure in the body. */
-    if (!r && body && strstr(body, "<Error>")) r = sf_object_http_error(dst, "complete the multipart upload", 500,
-                                                                        body, strlen(body), NULL, error);
+    char *failed = body ? sf_object_xml_text(body, strlen(body), "Error", "Code") : NULL;
+    if (!r && failed)
+      r = sf_object_http_error(dst, "complete the multipart upload", 500, body, strlen(body), NULL, error);
+    free(failed);
     free(body);
   }
   if (r == SF_ENOMEM) sf_error_set(error, r, NULL, dst, NULL, -1, -1, "out of memory");
@@ -371,7 +355,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
     sf_object_call(dst, "DELETE", query, NULL, 0, NULL, NULL, NULL, NULL, &ignored);
   }
-  free(complete);
+  sf_strbuf_clear(&complete);
   free(query);
   free(upload_id);
   return r;
@@ -395,7 +379,7 @@ static int store_upload(const char *src, const char *dst, bool verify, sf_error 
   }
   fclose(f);
   if (r < 0 || !verify) return r;
-  sink s = {.crc = crc32(0, NULL, 0)};
+  sink s = {.crc = crc32(0, NULL, 0), .errors.max = 4096};
   r = store_get(dst, &s, error);
   if (r == 0 && (s.bytes != size || s.crc != crc))
     r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
@@ -434,11 +418,10 @@ int sf_storage_copy(const char *src, const char *dst, bool verify, sf_error *err
   if (has_other_scheme(src) || has_other_scheme(dst))
     return sf_error_set(error, SF_EINVAL, NULL, has_other_scheme(src) ? src : dst, NULL, -1, -1,
                         "only local paths, http(s)://, s3:// and gs:// URLs can be copied");
-  if (is_remote(src) && is_remote(dst))
+  if (sf_url_is_remote(src) && sf_url_is_remote(dst))
     return sf_error_set(error, SF_EINVAL, NULL, dst, NULL, -1, -1, "copy between two URLs: go through a local file");
-  curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (is_remote(src)) return download(src, dst, error);
-  if (sf_object_url_is_store(dst)) return store_upload(src, dst, verify, error);
-  if (is_http(dst)) return upload(src, dst, verify, error);
+  if (sf_url_is_remote(src)) return download(src, dst, error);
+  if (sf_url_is_store(dst)) return store_upload(src, dst, verify, error);
+  if (sf_url_is_http(dst)) return upload(src, dst, verify, error);
   return copy_local(src, dst, error);
 }

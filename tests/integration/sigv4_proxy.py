@@ -10,6 +10,7 @@ SignatureDoesNotMatch (400 XAmzContentSHA256Mismatch) in S3's XML, as S3 does; a
 """
 import contextlib
 import hashlib
+from xml.sax.saxutils import escape
 import http.client
 import http.server
 import re
@@ -24,8 +25,8 @@ AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/
 
 
 def _error(code, message):
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
-            f"</Error>").encode()
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{escape(message)}'
+            f"</Message></Error>").encode()
 
 
 class Proxy:
@@ -33,7 +34,7 @@ class Proxy:
         self.upstream_port = upstream_port
         self.secrets = secrets          # access key id -> secret
         self.seen = []                  # (method, path, verdict) per request
-        self.fail = None                # fail(method, path) -> True: answer 500 InternalError instead
+        self.fail = None                # fail(method, path) -> True (or a message): answer 500 InternalError instead
         self.lock = threading.Lock()
 
     def check(self, method, path, headers, body):
@@ -81,8 +82,9 @@ class Proxy:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 headers["Authorization"] = self.headers.get("Authorization", "")
                 verdict = proxy.check(self.command, self.path, headers, body)
-                if not verdict and proxy.fail and proxy.fail(self.command, self.path):
-                    verdict = (500, "InternalError", "injected by the test")
+                failed = not verdict and proxy.fail and proxy.fail(self.command, self.path)
+                if failed:
+                    verdict = (500, "InternalError", failed if isinstance(failed, str) else "injected by the test")
                 with proxy.lock:
                     proxy.seen.append((self.command, self.path, verdict[1] if verdict else "ok"))
                 if verdict:

@@ -123,13 +123,15 @@ try:
         check(len(puts) == 2 and all(v == "ok" for _, _, v in puts), f"2 signed part uploads: {puts}")
 
         # A multipart upload that fails at its second part is aborted: no object, the upload deleted.
-        proxy.fail = lambda method, path: method == "PUT" and "partNumber=2&" in path
+        # The store's <Message> is XML text: its entities (&amp; &lt;) are decoded in ours.
+        proxy.fail = lambda method, path: method == "PUT" and "partNumber=2&" in path and "disks <full> & slow"
         before = len(proxy.seen)
         p = run(["cp", local[1], "s3://shards/failed/f.tar"], env=dict(env, SF_OBJECT_PART_SIZE="50000"), check=False)
         proxy.fail = None
         calls = [(m, v) for m, _, v in proxy.seen[before:]]
         check(p.returncode == 1 and "HTTP 500" in p.stderr and "s3://shards/failed/f.tar" in p.stderr,
               "a failed part fails the copy: " + p.stderr)
+        check("InternalError: disks <full> & slow" in p.stderr, "the store's code and message, decoded: " + p.stderr)
         check(calls[-1][0] == "DELETE" and calls[-1][1] == "ok", f"the upload is aborted: {calls}")
         check("failed/" not in str(boto.list_objects_v2(Bucket="shards")), "no object appears")
 
@@ -148,6 +150,17 @@ try:
         p = run(["ls", "--shards", "s3://shards/"], env=env)
         check(p.stdout.splitlines() == sorted(want + ["s3://shards/train setting/elsewhere.tar",
                                                       "s3://shards/val/v.tar.gz"]), "the whole bucket: " + p.stdout)
+        # Keys with XML's special characters ('&', '<', '>', quotes): listed as stored, and read.
+        odd = ["odd/a&b.tar", "odd/x<y>.tar", "odd/q\"'.tar", "odd/&amp;.tar"]
+        for key in odd:
+            boto.upload_file(local[0], "shards", key)
+        p = run(["ls", "--shards", "s3://shards/odd/"], env=env, check=False)
+        check(p.stdout.splitlines() == sorted(f"s3://shards/{k}" for k in odd),
+              f"keys with & < > and quotes listed as stored: {p.stdout}{p.stderr}")
+        back = os.path.join(tmp, "odd.tar")
+        p = run(["cp", "s3://shards/odd/a&b.tar", back], env=env, check=False)
+        check(p.returncode == 0 and open(back, "rb").read() == open(local[0], "rb").read(),
+              "a key with '&' downloads: " + p.stderr)
         p = run(["ls", "--shards", "s3://shards/nothing/"], env=env, check=False)
         check(p.returncode == 1 and "no .tar" in p.stderr and "s3://shards/nothing/" in p.stderr,
               "an empty prefix is an error naming it: " + p.stderr)
