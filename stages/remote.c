@@ -9,9 +9,11 @@
  * the sockets: it answers HELLO with the group's stages, dispatches units,
  * takes RESULTs, sends heartbeats, declares a silent worker dead and gives
  * its units to others; a RESULT for a unit already finished is a duplicate
- * and is dropped.  A unit held far longer than units take (LATE_FACTOR times
- * the observed time, at least LATE_MIN_SECONDS) goes to another worker too:
- * a worker that heartbeats but never answers does not stall the epoch.
+ * and is dropped.  A unit held far longer than units take (SF_UNIT_LATE_FACTOR
+ * times the observed time) goes to another worker too: a worker that
+ * heartbeats but never answers does not stall the epoch.  Which unit is
+ * where, and what a result or a lost worker changes, is engine/group/unit_window.c;
+ * this file is its I/O: sockets, the thread, local processes, the stage.
  * docs/protocol.md has the message sequence.
  */
 #include <dlfcn.h>
@@ -37,43 +39,19 @@
 #include "node.h"
 #include "remote.h"
 #include "transport.h"
+#include "unit_window.h"
 #include "wire.h"
 
 extern char **environ;
 
-enum { MAX_WORKERS = 1024, MAX_ATTEMPTS = 3, MAX_LOGGED = 20 };
+enum { MAX_WORKERS = 1024, MAX_LOGGED = 20 };
 
-/* A unit is late after LATE_FACTOR times what units take (queueing at the worker included), never sooner than
- * LATE_MIN_SECONDS: a false alarm costs one unit's work twice, a missed one stalls the epoch. */
-#define LATE_FACTOR 4.0
-#define LATE_MIN_SECONDS 1.0
-
-typedef enum unit_state { UNIT_PENDING, UNIT_AT_WORKER, UNIT_DONE, UNIT_MARKER } unit_state;
-
-/* One slot of the ordered window: a work unit, or an epoch-end marker between units. */
-typedef struct unit {
-  uint64_t id;
-  unit_state state;
-  uint64_t epoch;
-  sf_sample **in;        /* kept until the result arrives, to hand the unit to another worker */
-  int n_in;
-  sf_sample **out;
-  int n_out, next_out;
-  int worker;            /* index into workers while UNIT_AT_WORKER */
-  int attempts;          /* workers lost while they held it */
-  double sent_at;        /* when it last went to a worker */
-  bool late;             /* handed to a second worker for being late (once) */
-} unit;
-
+/* A worker as the sockets and the progress line know it; its scheduling state is units->workers[same index]. */
 typedef struct worker {
-  bool live;
   int socket;            /* 0: the listen socket, 1: the local ipc socket */
   sf_wire_peer peer;
   char name[64];
   int64_t pid;
-  uint32_t credits;
-  int in_flight;
-  bool late;             /* a unit of its was handed on for being late: no more work until it answers */
   double last_seen, joined;
   uint64_t samples, units;
   /* for the rate shown on the progress line */
@@ -112,25 +90,18 @@ typedef struct remote {
   int respawns;
 
   pthread_mutex_t lock;
-  /* the ordered window: units[(head + i) % cap] for i in [0, count) */
-  unit *units;
-  int cap, head, count;
-  uint64_t next_id;
+  sf_unit_window *units; /* the ordered window, and which worker holds what */
   sf_sample **open;      /* the unit being filled from the input */
   int n_open;
   bool input_done;
   int failed;            /* an error the step must return (error policy fail, lost workers) */
   sf_error failure;      /* the network thread's reason for failed, recorded by the step (the stage's own record) */
   bool failure_pending;
-  double out_bytes_per_sample;
-  double unit_seconds;   /* how long units take from dispatch to result: rises at once, falls slowly */
   worker workers[MAX_WORKERS];
-  int n_workers;
-  int next_worker;       /* where the round robin of dispatch() goes on */
   double no_worker_since;
   uint64_t epochs_ended, epochs_announced; /* epoch markers passed on / told to the workers (EPOCH_END) */
   /* counts */
-  uint64_t duplicates, malformed, reassigned, logged;
+  uint64_t malformed, logged;
   double last_wait_log;
 } remote;
 
@@ -185,38 +156,7 @@ static void wake_thread(remote *r) {
   (void)n;
 }
 
-static unit *unit_at(remote *r, int i) { return &r->units[(r->head + i) % r->cap]; }
-
-/* The unit with this id, or NULL once it has left the window (or never was in it). */
-static unit *unit_by_id(remote *r, uint64_t id) {
-  for (int i = 0; i < r->count; i++) {
-    unit *u = unit_at(r, i);
-    if (u->state != UNIT_MARKER && u->id == id) return u;
-  }
-  return NULL;
-}
-
-static void free_samples(sf_sample **s, int n) {
-  for (int i = 0; i < n; i++) sf_sample_destroy(&s[i]);
-  free(s);
-}
-
-/* A unit's input is kept until its result is in (or it is skipped); then it goes, count included. */
-static void drop_input(unit *u) {
-  free_samples(u->in, u->n_in);
-  u->in = NULL;
-  u->n_in = 0;
-}
-
-/* How many units the window may hold now: the option, shrunk when results are large. */
-static int effective_window(const remote *r) {
-  int64_t w = r->window;
-  if (r->out_bytes_per_sample > 0) {
-    double fit = (double)r->buffer_size / (r->out_bytes_per_sample * (double)r->unit_samples);
-    if (fit < (double)w) w = fit < 2 ? 2 : (int64_t)fit;
-  }
-  return (int)w;
-}
+static bool live(const remote *r, int wi) { return r->units->workers[wi].live; }
 
 static void log_line(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(remote *r, const char *fmt, ...) {
@@ -250,49 +190,33 @@ static int send_to(remote *r, worker *w, sf_wire_message *m) {
 /* Gives a worker's units back to the queue (it died or left). Called with the lock held. */
 static void release_worker(remote *r, int wi, const char *why) {
   worker *w = &r->workers[wi];
-  if (!w->live) return;
-  w->live = false;
-  int requeued = 0;
-  for (int i = 0; i < r->count; i++) {
-    unit *u = unit_at(r, i);
-    if (u->state != UNIT_AT_WORKER || u->worker != wi) continue;
-    u->state = UNIT_PENDING;
-    u->attempts++;
-    requeued++;
-  }
-  r->reassigned += (uint64_t)requeued;
+  int requeued = sf_unit_window_leave(r->units, wi);
+  if (requeued < 0) return;
   log_line(r, "worker %s (pid %lld) %s; %d unit%s handed to other workers", w->name, (long long)w->pid, why, requeued,
            requeued == 1 ? "" : "s");
 }
 
 static int find_worker(remote *r, int socket, const sf_wire_peer *peer) {
-  for (int i = 0; i < r->n_workers; i++) {
+  for (int i = 0; i < r->units->n_workers; i++) {
     worker *w = &r->workers[i];
-    if (w->live && w->socket == socket && w->peer.len == peer->len && memcmp(w->peer.id, peer->id, peer->len) == 0)
+    if (live(r, i) && w->socket == socket && w->peer.len == peer->len && memcmp(w->peer.id, peer->id, peer->len) == 0)
       return i;
   }
   return -1;
 }
 
-static void on_hello(remote *r, int socket, sf_wire_message *m) {
+static void on_hello(remote *r, int socket, sf_wire_message *m, double now) {
   int old = find_worker(r, socket, &m->peer);
   if (old >= 0) release_worker(r, old, "said hello again");
-  int wi = -1;
-  for (int i = 0; i < r->n_workers; i++)
-    if (!r->workers[i].live) {
-      wi = i;
-      break;
-    }
-  if (wi < 0 && r->n_workers < MAX_WORKERS) wi = r->n_workers++;
+  int wi = sf_unit_window_join(r->units);
   if (wi < 0) return;
   worker *w = &r->workers[wi];
   memset(w, 0, sizeof *w);
-  w->live = true;
   w->socket = socket;
   w->peer = m->peer;
   snprintf(w->name, sizeof w->name, "%s", m->text ? m->text : "?");
   w->pid = m->pid;
-  w->joined = w->last_seen = w->rate_since = now_seconds();
+  w->joined = w->last_seen = w->rate_since = now;
   sf_wire_message welcome = {
       .type = SF_WIRE_WELCOME,
       .text = r->stages,
@@ -309,61 +233,17 @@ static void on_hello(remote *r, int socket, sf_wire_message *m) {
   log_line(r, "worker %s (pid %lld, %u threads) joined", w->name, (long long)w->pid, m->threads);
 }
 
-/* The result's samples must be the unit's own, in order: a worker cannot add or reorder samples. */
-static bool result_matches(const unit *u, sf_sample *const *out, int n_out) {
-  int j = 0;
-  for (int i = 0; i < n_out; i++) {
-    const sf_sample *s = out[i];
-    while (j < u->n_in && !(u->in[j]->shard_index == s->shard_index && u->in[j]->index == s->index &&
-                            u->in[j]->pass == s->pass && u->in[j]->epoch == s->epoch))
-      j++;
-    if (j == u->n_in) return false;
-    j++;
-  }
-  return true;
-}
-
-static void on_result(remote *r, int wi, sf_wire_message *m) {
+static void on_result(remote *r, int wi, sf_wire_message *m, double now) {
   worker *w = wi >= 0 ? &r->workers[wi] : NULL;
-  unit *u = unit_by_id(r, m->unit);
-  bool was_mine = u && u->state == UNIT_AT_WORKER && u->worker == wi;
-  if (w) {
-    w->credits++;
-    w->late = false; /* it answers after all */
-    if (was_mine) w->in_flight--;
-  }
-  if (!u || u->state == UNIT_DONE) {
-    r->duplicates++;
-    return;
-  }
-  if (m->n_samples > u->n_in || !result_matches(u, m->samples, m->n_samples)) {
+  sf_unit *u;
+  sf_unit_answer answer = sf_unit_window_result(r->units, wi, m->unit, m->samples, m->n_samples, now, &u);
+  if (answer == SF_UNIT_FOREIGN) {
     r->malformed++;
     if (r->logged++ < MAX_LOGGED)
       log_line(r, "worker %s sent a result for unit %llu whose samples are not the unit's; dropped",
                w ? w->name : "?", (unsigned long long)m->unit);
-    return;
   }
-  if (u->state == UNIT_AT_WORKER && !was_mine && u->worker >= 0) r->workers[u->worker].in_flight--;
-  u->out = calloc((size_t)(m->n_samples ? m->n_samples : 1), sizeof *u->out);
-  if (!u->out) return;
-  uint64_t bytes = 0;
-  for (int i = 0; i < m->n_samples; i++) {
-    u->out[i] = m->samples[i];
-    m->samples[i] = NULL;
-    for (int f = 0; f < u->out[i]->n_fields; f++) bytes += sf_tensor_nbytes(&u->out[i]->fields[f].tensor);
-  }
-  u->n_out = m->n_samples;
-  u->next_out = 0;
-  u->state = UNIT_DONE;
-  if (u->sent_at > 0) {
-    double took = now_seconds() - u->sent_at;
-    r->unit_seconds = took > r->unit_seconds ? took : 0.95 * r->unit_seconds + 0.05 * took;
-  }
-  drop_input(u);
-  if (m->n_samples) {
-    double per = (double)bytes / m->n_samples;
-    r->out_bytes_per_sample = r->out_bytes_per_sample > 0 ? 0.9 * r->out_bytes_per_sample + 0.1 * per : per;
-  }
+  if (answer != SF_UNIT_TAKEN) return;
   uint64_t skipped = m->skipped;
   if (skipped) sf_node_count_skipped(r->node, skipped);
   for (int i = 0; i < m->n_errors; i++) {
@@ -381,22 +261,22 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   sf_node_notify(r->node);
 }
 
-static void handle(remote *r, int socket, sf_wire_message *m) {
+static void handle(remote *r, int socket, sf_wire_message *m, double now) {
   int wi = find_worker(r, socket, &m->peer);
   if (m->type == SF_WIRE_HELLO) {
-    on_hello(r, socket, m);
+    on_hello(r, socket, m, now);
     return;
   }
   if (wi < 0) {
     /* a worker declared dead that is still talking: its results still count once */
-    if (m->type == SF_WIRE_RESULT) on_result(r, -1, m);
+    if (m->type == SF_WIRE_RESULT) on_result(r, -1, m, now);
     return;
   }
   worker *w = &r->workers[wi];
-  w->last_seen = now_seconds();
+  w->last_seen = now;
   switch (m->type) {
-  case SF_WIRE_CREDIT: w->credits += m->credits; break;
-  case SF_WIRE_RESULT: on_result(r, wi, m); break;
+  case SF_WIRE_CREDIT: sf_unit_window_credit(r->units, wi, m->credits); break;
+  case SF_WIRE_RESULT: on_result(r, wi, m, now); break;
   case SF_WIRE_HEARTBEAT:
     if (m->n_stats > 0) {
       w->n_stats = m->n_stats < SF_WIRE_MAX_STATS ? m->n_stats : SF_WIRE_MAX_STATS;
@@ -424,51 +304,21 @@ static void handle(remote *r, int socket, sf_wire_message *m) {
   }
 }
 
-/* Whether a live worker other than `holder` has answered every unit in time. */
-static bool prompt_worker_besides(const remote *r, int holder) {
-  for (int i = 0; i < r->n_workers; i++)
-    if (i != holder && r->workers[i].live && !r->workers[i].late) return true;
-  return false;
-}
-
-/* The next worker with credit, round robin; one that owes a late unit only when no other is alive. */
-static int choose_worker(const remote *r) {
-  bool prompt = prompt_worker_besides(r, -1);
-  for (int k = 0; k < r->n_workers; k++) {
-    int wi = (r->next_worker + k) % r->n_workers;
-    const worker *w = &r->workers[wi];
-    if (w->live && w->credits > 0 && !(w->late && prompt)) return wi;
-  }
-  return -1;
-}
-
 /* Hands late units to another worker too; whichever result comes first is kept. Called with the lock held. */
 static void hand_on_late_units(remote *r, double now) {
-  if (r->unit_seconds <= 0) return; /* no unit finished yet: nothing to compare with */
-  double deadline = LATE_FACTOR * r->unit_seconds;
-  if (deadline < LATE_MIN_SECONDS) deadline = LATE_MIN_SECONDS;
-  for (int i = 0; i < r->count; i++) {
-    unit *u = unit_at(r, i);
-    if (u->state != UNIT_AT_WORKER || u->late || now - u->sent_at <= deadline) continue;
-    if (!prompt_worker_besides(r, u->worker)) return;
-    worker *w = &r->workers[u->worker];
+  sf_unit *u;
+  while ((u = sf_unit_window_next_late(r->units, now)) != NULL)
     if (r->logged++ < MAX_LOGGED)
       log_line(r, "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
-               (unsigned long long)u->id, now - u->sent_at, w->name, r->unit_seconds);
-    w->late = true;
-    w->in_flight--;
-    u->late = true;
-    u->state = UNIT_PENDING;
-    r->reassigned++;
-  }
+               (unsigned long long)u->id, now - u->sent_at, r->workers[u->worker].name, r->units->unit_seconds);
 }
 
 /* Sends pending units, oldest first, to live workers with credit. Called with the lock held. */
-static void dispatch(remote *r) {
-  for (int i = 0; i < r->count; i++) {
-    unit *u = unit_at(r, i);
-    if (u->state != UNIT_PENDING) continue;
-    if (u->attempts >= MAX_ATTEMPTS) {
+static void dispatch(remote *r, double now) {
+  for (int i = 0; i < r->units->count; i++) {
+    sf_unit *u = sf_unit_window_at(r->units, i);
+    if (u->state != SF_UNIT_PENDING) continue;
+    if (u->attempts >= SF_UNIT_MAX_ATTEMPTS) {
       /* a unit that took several workers down with it: skip its samples rather than lose more workers */
       sf_error e;
       sf_error_set(&e, SF_EIO, sf_node_name(r->node), sf_sample_url(u->in[0]), u->in[0]->key, u->in[0]->offset, -1,
@@ -477,12 +327,11 @@ static void dispatch(remote *r) {
       int rc = sf_node_error_record(r->node, &e);
       if (rc < 0 && !r->failed) r->failed = rc;
       sf_node_count_skipped(r->node, (uint64_t)u->n_in);
-      drop_input(u);
-      u->state = UNIT_DONE;
+      sf_unit_window_skip(r->units, u);
       sf_node_notify(r->node);
       continue;
     }
-    int chosen = choose_worker(r);
+    int chosen = sf_unit_window_choose(r->units);
     if (chosen < 0) return;
     worker *w = &r->workers[chosen];
     sf_wire_message m = {.type = SF_WIRE_UNIT, .unit = u->id, .epoch = u->epoch, .samples = u->in, .n_samples = u->n_in};
@@ -492,12 +341,7 @@ static void dispatch(remote *r) {
       release_worker(r, chosen, "cannot be reached");
       continue;
     }
-    w->credits--;
-    w->in_flight++;
-    u->state = UNIT_AT_WORKER;
-    u->worker = chosen;
-    u->sent_at = now_seconds();
-    r->next_worker = chosen + 1; /* round robin across calls: every worker with credit gets its turn */
+    sf_unit_window_sent(r->units, u, chosen, now);
   }
 }
 
@@ -507,17 +351,17 @@ static void reap_children(remote *r);
 static void housekeeping(remote *r, double now, double *last_beat) {
   if (r->epochs_announced < r->epochs_ended) {
     r->epochs_announced = r->epochs_ended;
-    for (int i = 0; i < r->n_workers; i++)
-      if (r->workers[i].live) {
+    for (int i = 0; i < r->units->n_workers; i++)
+      if (live(r, i)) {
         sf_wire_message end = {.type = SF_WIRE_EPOCH_END, .epoch = r->epochs_ended - 1};
         send_to(r, &r->workers[i], &end);
       }
   }
   if (now - *last_beat >= r->heartbeat_interval) {
     *last_beat = now;
-    for (int i = 0; i < r->n_workers; i++) {
+    for (int i = 0; i < r->units->n_workers; i++) {
       worker *w = &r->workers[i];
-      if (!w->live) continue;
+      if (!live(r, i)) continue;
       sf_wire_message hb = {.type = SF_WIRE_HEARTBEAT};
       send_to(r, w, &hb);
       double span = now - w->rate_since;
@@ -528,21 +372,19 @@ static void housekeeping(remote *r, double now, double *last_beat) {
       }
     }
   }
-  int live = 0;
-  for (int i = 0; i < r->n_workers; i++) {
+  int n_live = 0;
+  for (int i = 0; i < r->units->n_workers; i++) {
     worker *w = &r->workers[i];
-    if (!w->live) continue;
+    if (!live(r, i)) continue;
     if (now - w->last_seen > r->heartbeat_timeout) {
       char why[96];
       snprintf(why, sizeof why, "missed heartbeats for %.1f s", now - w->last_seen);
       release_worker(r, i, why);
       continue;
     }
-    live++;
+    n_live++;
   }
-  bool work_waiting = false;
-  for (int i = 0; i < r->count && !work_waiting; i++) work_waiting = unit_at(r, i)->state == UNIT_PENDING;
-  if (live > 0 || !work_waiting) {
+  if (n_live > 0 || !sf_unit_window_has_pending(r->units)) {
     r->no_worker_since = 0;
     return;
   }
@@ -593,7 +435,7 @@ static void *network_thread(void *arg) {
         if (rc == SF_EAGAIN) break;
         pthread_mutex_lock(&r->lock);
         if (rc == 0) {
-          handle(r, socket_of[k], &m);
+          handle(r, socket_of[k], &m, now_seconds());
         } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
           r->malformed++;
           if (r->logged++ < MAX_LOGGED) log_line(r, "dropped a malformed message: %s", e.message);
@@ -613,14 +455,14 @@ static void *network_thread(void *arg) {
     double now = now_seconds();
     housekeeping(r, now, &last_beat);
     hand_on_late_units(r, now);
-    dispatch(r);
+    dispatch(r, now);
     pthread_mutex_unlock(&r->lock);
     reap_children(r);
   }
   /* the end of the run: tell every worker */
   pthread_mutex_lock(&r->lock);
-  for (int i = 0; i < r->n_workers; i++)
-    if (r->workers[i].live) {
+  for (int i = 0; i < r->units->n_workers; i++)
+    if (live(r, i)) {
       sf_wire_message bye = {.type = SF_WIRE_BYE, .text = "the run is over"};
       send_to(r, &r->workers[i], &bye);
     }
@@ -688,7 +530,7 @@ static void no_local_worker_left(remote *r, const char *how) {
   for (int i = 0; i < r->n_children; i++)
     if (r->children[i] > 0) return;
   pthread_mutex_lock(&r->lock);
-  bool work_left = !r->input_done || r->count > 0 || r->n_open > 0;
+  bool work_left = !r->input_done || r->units->count > 0 || r->n_open > 0;
   if (work_left) {
     sf_error e;
     sf_error_set(&e, SF_EIO, sf_node_name(r->node), NULL, NULL, -1, -1,
@@ -759,8 +601,7 @@ static int init(sf_node *node) {
                   "group '%s' has neither `processes:` nor `listen:`: nothing would run its stages", sf_node_name(node));
     return SF_EOPTION;
   }
-  r->cap = (int)r->window + 2;
-  r->units = calloc((size_t)r->cap, sizeof *r->units);
+  sf_unit_window_new(r->window, r->buffer_size, r->unit_samples, MAX_WORKERS, &r->units);
   r->open = calloc((size_t)r->unit_samples, sizeof *r->open);
   r->children = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->children);
   r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -806,33 +647,15 @@ static int init(sf_node *node) {
 /* Moves the open unit into the window. Called with the lock held and a free slot. */
 static void close_open_unit(remote *r) {
   if (r->n_open == 0) return;
-  unit *u = &r->units[(r->head + r->count) % r->cap];
-  memset(u, 0, sizeof *u);
-  u->id = r->next_id++;
-  u->state = UNIT_PENDING;
-  u->epoch = r->open[0]->epoch;
-  u->in = malloc((size_t)r->n_open * sizeof *u->in);
-  if (!u->in) return; /* the samples stay open; the next step tries again */
-  memcpy(u->in, r->open, (size_t)r->n_open * sizeof *u->in);
-  u->n_in = r->n_open;
-  u->worker = -1;
+  if (sf_unit_window_add(r->units, r->open, r->n_open) < 0) return; /* the samples stay open; the next step tries again */
   r->n_open = 0;
-  r->count++;
-}
-
-static void add_marker(remote *r, uint64_t epoch) {
-  unit *u = &r->units[(r->head + r->count) % r->cap];
-  memset(u, 0, sizeof *u);
-  u->state = UNIT_MARKER;
-  u->epoch = epoch;
-  r->count++;
 }
 
 /* Takes input into units while the window has room. Returns true when anything changed. */
 static bool take_input(remote *r, bool *closed) {
   bool progress = false;
-  int window = effective_window(r);
-  while (!r->input_done && r->count < window) {
+  int window = sf_unit_window_limit(r->units);
+  while (!r->input_done && r->units->count < window) {
     if (r->n_open == r->unit_samples) {
       close_open_unit(r); /* a unit that could not close (out of memory) stays full: take nothing more */
       if (r->n_open) break;
@@ -843,9 +666,7 @@ static bool take_input(remote *r, bool *closed) {
     int rc = sf_node_pop(r->node, &item);
     if (rc == SF_EAGAIN) {
       /* nothing more now: hand out a partial unit rather than let workers idle */
-      bool pending = false;
-      for (int i = 0; i < r->count && !pending; i++) pending = unit_at(r, i)->state == UNIT_PENDING;
-      if (r->n_open && !pending) {
+      if (r->n_open && !sf_unit_window_has_pending(r->units)) {
         close_open_unit(r);
         *closed = true;
       }
@@ -860,7 +681,7 @@ static bool take_input(remote *r, bool *closed) {
     }
     if (item.kind == SF_ITEM_EPOCH_END) {
       close_open_unit(r);
-      add_marker(r, item.epoch);
+      sf_unit_window_add_marker(r->units, item.epoch);
       *closed = true;
       continue;
     }
@@ -881,7 +702,7 @@ static bool take_input(remote *r, bool *closed) {
           sf_sample_destroy(&s);
           break;
         }
-        if (r->count >= window) {
+        if (r->units->count >= window) {
           /* no room for the next unit yet: keep this sample open on its own */
           r->open[r->n_open++] = s;
           break;
@@ -900,13 +721,13 @@ static bool take_input(remote *r, bool *closed) {
 /* Passes finished units on, in order. Returns true when anything was pushed. */
 static bool deliver(remote *r) {
   bool progress = false;
-  while (r->count > 0 && sf_node_output_ready(r->node)) {
-    unit *u = unit_at(r, 0);
-    if (u->state == UNIT_MARKER) {
+  while (r->units->count > 0 && sf_node_output_ready(r->node)) {
+    sf_unit *u = sf_unit_window_at(r->units, 0);
+    if (u->state == SF_UNIT_MARKER) {
       sf_item item = {.kind = SF_ITEM_EPOCH_END, .epoch = u->epoch};
       sf_node_push(r->node, &item);
       r->epochs_ended = u->epoch + 1;
-    } else if (u->state == UNIT_DONE) {
+    } else if (u->state == SF_UNIT_DONE) {
       if (u->next_out < u->n_out) {
         sf_sample *s = u->out[u->next_out];
         u->out[u->next_out++] = NULL;
@@ -918,13 +739,10 @@ static bool deliver(remote *r) {
         progress = true;
         if (u->next_out < u->n_out) continue;
       }
-      free(u->out);
-      u->out = NULL;
     } else {
       break;
     }
-    r->head = (r->head + 1) % r->cap;
-    r->count--;
+    sf_unit_window_pop(r->units);
     progress = true;
   }
   return progress;
@@ -943,7 +761,7 @@ static int step(sf_node *node) {
   bool closed = false;
   bool progress = take_input(r, &closed);
   progress |= deliver(r);
-  bool finished = r->input_done && r->count == 0 && r->n_open == 0;
+  bool finished = r->input_done && r->units->count == 0 && r->n_open == 0;
   pthread_mutex_unlock(&r->lock);
   if (closed) wake_thread(r);
   if (finished) return SF_EOF;
@@ -965,16 +783,9 @@ static void uninit(sf_node *node) {
   for (int s = 0; s < 2; s++) sf_transport_close(&r->sockets[s]);
   if (r->zctx) zmq_ctx_term(r->zctx);
   if (r->ipc_path[0]) unlink(r->ipc_path);
-  for (int i = 0; i < r->count; i++) {
-    unit *u = unit_at(r, i);
-    drop_input(u);
-    if (u->out) {
-      for (int j = u->next_out; j < u->n_out; j++) sf_sample_destroy(&u->out[j]);
-      free(u->out);
-    }
-  }
-  free_samples(r->open, r->n_open);
-  free(r->units);
+  sf_unit_window_destroy(&r->units);
+  for (int i = 0; i < r->n_open; i++) sf_sample_destroy(&r->open[i]);
+  free(r->open);
   free(r->children);
   if (r->wake_fd >= 0) close(r->wake_fd);
   pthread_mutex_destroy(&r->lock);
@@ -984,22 +795,23 @@ int sf_remote_describe(sf_node *node, sf_remote_stats *stats) {
   remote *r = sf_node_priv(node);
   memset(stats, 0, sizeof *stats);
   pthread_mutex_lock(&r->lock);
-  for (int i = 0; i < r->n_workers && stats->n_workers < SF_REMOTE_MAX_REPORTED; i++) {
+  int n_workers = r->units ? r->units->n_workers : 0;
+  for (int i = 0; i < n_workers && stats->n_workers < SF_REMOTE_MAX_REPORTED; i++) {
     worker *w = &r->workers[i];
-    if (w->live) stats->live++;
+    if (live(r, i)) stats->live++;
     sf_remote_worker_stats *o = &stats->workers[stats->n_workers++];
     snprintf(o->name, sizeof o->name, "%s", w->name);
     o->pid = w->pid;
-    o->live = w->live;
+    o->live = live(r, i);
     o->samples = w->samples;
     o->units = w->units;
-    o->rate = w->live ? w->rate : 0;
+    o->rate = live(r, i) ? w->rate : 0;
     o->n_stats = w->n_stats;
     memcpy(o->stats, w->stats, (size_t)w->n_stats * sizeof *o->stats);
   }
-  stats->duplicates = r->duplicates;
+  stats->duplicates = r->units ? r->units->duplicates : 0;
   stats->malformed = r->malformed;
-  stats->reassigned = r->reassigned;
+  stats->reassigned = r->units ? r->units->reassigned : 0;
   stats->refused = 0;
   for (int s = 0; s < 2; s++)
     if (r->sockets[s]) stats->refused += sf_transport_refused(r->sockets[s]);

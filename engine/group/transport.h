@@ -1,7 +1,9 @@
 /*
  * ZeroMQ sockets between a head and its workers, with CURVE authentication
  * (RFC 26) and a ZAP handler (RFC 27) that admits only listed public keys.
- * Contract header: engine/group/transport.c implements it.
+ * The one interface of three files: engine/group/transport.c (sockets),
+ * engine/group/transport_zap.c (allow-list, ZAP handler, refusal counts) and
+ * engine/group/transport_keys.c (key files, keygen).
  */
 #ifndef SF_ENGINE_TRANSPORT_H
 #define SF_ENGINE_TRANSPORT_H

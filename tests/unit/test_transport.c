@@ -1,5 +1,5 @@
 /*
- * engine/group/transport.c over real TCP on 127.0.0.1 (port 0): CURVE with a ZAP
+ * engine/transport.c over real TCP on 127.0.0.1 (port 0): CURVE with a ZAP
  * allow-list, refusals of NULL/PLAIN/unknown keys/garbage, fail-closed
  * listening, plaintext only when asked, the message-size bound, key files.
  */
@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "transport.h"
+#include "transport_keys.h"
 
 typedef struct fixture {
   char dir[64];
@@ -495,6 +496,45 @@ static void test_refusal_log_limit(void **state) {
   assert_int_equal(totals, 1);
 }
 
+/* The line parser key files and allow-lists share (engine/transport_keys.h): one line in, what it holds out. */
+static void test_key_line_parse(void **state) {
+  static const char key[] = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"; /* RFC 26's example public key */
+  static const struct {
+    const char *line;
+    bool ok;
+    const char *name, *value; /* NULL: none */
+  } cases[] = {
+      {"", true, NULL, NULL},
+      {"   # a comment", true, NULL, NULL},
+      {"curve", true, NULL, NULL},
+      {"metadata   # CZMQ section", true, NULL, NULL},
+      {"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", true, NULL, key},
+      {"  rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7  # worker 1", true, NULL, key},
+      {"    public-key = \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"", true, "public-key", key},
+      {"name = w1 # bare value", true, "name", "w1"},
+      {"name = \"w1\" trailing", false, NULL, NULL},
+      {"name = \"unterminated", false, NULL, NULL},
+      {"curvey", false, NULL, NULL},
+      {"= value", false, NULL, NULL},
+      {"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf", false, NULL, NULL}, /* 39 characters */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char line[128];
+    snprintf(line, sizeof line, "%s", cases[i].line);
+    char *name, *value;
+    bool ok = sf_key_line_parse(line, &name, &value);
+    if (ok != cases[i].ok) fail_msg("'%s': parsed %d, expected %d", cases[i].line, ok, cases[i].ok);
+    if (!ok) continue;
+    if (cases[i].name) assert_string_equal(name, cases[i].name);
+    else assert_null(name);
+    if (cases[i].value) assert_string_equal(value, cases[i].value);
+    else assert_null(value);
+  }
+  uint8_t raw[32];
+  assert_true(sf_curve_key_decode(key, raw));
+  assert_false(sf_curve_key_decode("short", raw));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_listed_key_round_trip, setup, teardown),
@@ -506,6 +546,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_oversized_message_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_files, setup, teardown),
       cmocka_unit_test_setup_teardown(test_refusal_log_limit, setup, teardown),
+      cmocka_unit_test(test_key_line_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
