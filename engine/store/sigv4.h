@@ -35,7 +35,7 @@ typedef struct sf_sigv4_request {
  * token is set, the signed header list and the payload hash) into a newly
  * allocated string in *canonical, and the Authorization header's value into
  * a newly allocated string in *authorization.  Query names and values are
- * percent-decoded then re-encoded by sf_url_encode's rules (engine/url.h), so "a b",
+ * percent-decoded then re-encoded by sf_url_encode's rules (engine/core/url.h), so "a b",
  * "a%20b" and "a%20b" all canonicalise alike; '+' is a literal plus.
  * Either output may be NULL when not wanted; the caller frees both.
  * Returns 0, or -1 when out of memory (outputs set to NULL).

@@ -1,4 +1,4 @@
-/* engine/strbuf.c: the growable string — appends, formatting, truncation, hand-over, out of memory. */
+/* engine/core/strbuf.c: the growable string — appends, formatting, truncation, hand-over, out of memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

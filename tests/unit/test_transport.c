@@ -1,5 +1,5 @@
 /*
- * engine/transport.c over real TCP on 127.0.0.1 (port 0): CURVE with a ZAP
+ * engine/group/transport.c over real TCP on 127.0.0.1 (port 0): CURVE with a ZAP
  * allow-list, refusals of NULL/PLAIN/unknown keys/garbage, fail-closed
  * listening, plaintext only when asked, the message-size bound, key files.
  */
@@ -496,7 +496,7 @@ static void test_refusal_log_limit(void **state) {
   assert_int_equal(totals, 1);
 }
 
-/* The line parser key files and allow-lists share (engine/transport_keys.h): one line in, what it holds out. */
+/* The line parser key files and allow-lists share (engine/group/transport_keys.h): one line in, what it holds out. */
 static void test_key_line_parse(void **state) {
   static const char key[] = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"; /* RFC 26's example public key */
   static const struct {

@@ -1,4 +1,4 @@
-/* engine/url.c: URL kinds, %-decoding and encoding, redaction for messages. */
+/* engine/core/url.c: URL kinds, %-decoding and encoding, redaction for messages. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
