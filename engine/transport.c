@@ -40,6 +40,8 @@
 #include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_sent (glibc's copy predates it) */
 #include <zmq.h>
 
+#include "engine/log.h"
+
 enum {
   LOG_LIMIT = 20,              /* refusal lines logged before they are only counted */
   MAX_KEY_FILE = 64 << 10,     /* bytes of one key file */
@@ -437,14 +439,15 @@ static void refresh_allowed(sf_transport *t) {
   if (load_allowed(t, &err) < 0) {
     if (t->allowed_ok) {
       char line[1200];
-      fprintf(stderr, "shardflow: %s: the allow-list changed and cannot be read; admitting no worker until it is fixed: %s\n",
-              t->endpoint, sf_error_format(&err, line, sizeof line));
+      sf_log(SF_LOG_WARNING, NULL,
+             "%s: the allow-list changed and cannot be read; admitting no worker until it is fixed: %s", t->endpoint,
+             sf_error_format(&err, line, sizeof line));
     }
     t->allowed_ok = false;
     return;
   }
   if (!t->allowed_ok)
-    fprintf(stderr, "shardflow: %s: allow-list %s (re)loaded: %zu key(s)\n", t->endpoint, t->allowed_path, t->n_allowed);
+    sf_log(SF_LOG_INFO, NULL, "%s: allow-list %s (re)loaded: %zu key(s)", t->endpoint, t->allowed_path, t->n_allowed);
   t->allowed_ok = true;
 }
 
@@ -459,7 +462,8 @@ static void note_refusal(sf_transport *t, const char *fmt, ...) {
   t->logged++;
   if (t->logged > LOG_LIMIT + 1) return;
   if (t->logged == LOG_LIMIT + 1) {
-    fprintf(stderr, "shardflow: %s: more refusals; they are counted, not logged (totals when the socket closes)\n", t->endpoint);
+    sf_log(SF_LOG_WARNING, NULL, "%s: more refusals; they are counted, not logged (totals when the socket closes)",
+           t->endpoint);
     return;
   }
   char msg[512];
@@ -467,7 +471,7 @@ static void note_refusal(sf_transport *t, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "shardflow: %s: refused %s\n", t->endpoint, msg);
+  sf_log(SF_LOG_WARNING, NULL, "%s: refused %s", t->endpoint, msg);
 }
 
 static void frame_text(zmq_msg_t *m, char *out, size_t size) {
@@ -511,8 +515,10 @@ static void serve_zap(sf_transport *t) {
   } else if (strcmp(domain, ZAP_DOMAIN) != 0) {
     /* Another socket of this context asked: only our own socket is served. */
     text = "unknown ZAP domain";
-    fprintf(stderr, "shardflow: %s: refused a %s client of another socket of the same ZeroMQ context (ZAP domain '%s'); "
-            "shardflow serves ZAP for its own listening socket only\n", t->endpoint, mechanism, domain);
+    sf_log(SF_LOG_WARNING, NULL,
+           "%s: refused a %s client of another socket of the same ZeroMQ context (ZAP domain '%s'); "
+           "shardflow serves ZAP for its own listening socket only",
+           t->endpoint, mechanism, domain);
   } else if (strcmp(mechanism, "CURVE") != 0) {
     atomic_fetch_add(&t->refused_mechanism, 1);
     text = "CURVE required";
@@ -763,11 +769,11 @@ static void destroy(sf_transport *t) {
     sf_transport_get_stats(t, &s);
     uint64_t refused = s.refused_mechanism + s.refused_key + s.refused_protocol;
     if (refused)
-      fprintf(stderr,
-              "shardflow: %s: refused %llu connection(s): %llu not CURVE, %llu unknown key, %llu dropped before the handshake "
-              "completed; %llu admitted\n",
-              t->endpoint, (unsigned long long)refused, (unsigned long long)s.refused_mechanism,
-              (unsigned long long)s.refused_key, (unsigned long long)s.refused_protocol, (unsigned long long)s.accepted);
+      sf_log(SF_LOG_WARNING, NULL,
+             "%s: refused %llu connection(s): %llu not CURVE, %llu unknown key, %llu dropped before the handshake "
+             "completed; %llu admitted",
+             t->endpoint, (unsigned long long)refused, (unsigned long long)s.refused_mechanism,
+             (unsigned long long)s.refused_key, (unsigned long long)s.refused_protocol, (unsigned long long)s.accepted);
   }
   if (t->zap) zmq_unbind(t->zap, ZAP_ENDPOINT);
   close_zmq(&t->zap);
@@ -796,8 +802,8 @@ static int start_curve_server(void *ctx, sf_transport *t, const sf_transport_opt
   if (rc < 0) return rc;
   t->allowed_ok = true;
   if (t->n_allowed == 0)
-    fprintf(stderr, "shardflow: %s: the allow-list %s has no keys: no worker is admitted until one is added there\n", o->endpoint,
-            o->allowed_keys);
+    sf_log(SF_LOG_WARNING, NULL, "%s: the allow-list %s has no keys: no worker is admitted until one is added there",
+           o->endpoint, o->allowed_keys);
   char pub[SF_CURVE_KEY_Z85_LEN + 1], sec[SF_CURVE_KEY_Z85_LEN + 1];
   rc = sf_curve_key_load(o->secret_key_file, pub, sec, error);
   if (rc < 0) return rc;
@@ -889,8 +895,10 @@ int sf_transport_listen(void *zmq_ctx, const sf_transport_options *options, sf_t
     t->thread_started = true;
   }
   if (tcp && options->plaintext)
-    fprintf(stderr, "shardflow: %s: listening WITHOUT authentication or encryption (plaintext: true); "
-            "anyone who can reach this port can join and read the data\n", t->endpoint);
+    sf_log(SF_LOG_WARNING, NULL,
+           "%s: listening WITHOUT authentication or encryption (plaintext: true); "
+           "anyone who can reach this port can join and read the data",
+           t->endpoint);
   *transport = t;
   return 0;
 fail:

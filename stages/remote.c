@@ -34,6 +34,7 @@
 #include <zmq.h>
 
 #include "engine/files.h"
+#include "engine/log.h"
 #include "engine/node.h"
 #include "engine/remote.h"
 #include "engine/transport.h"
@@ -218,18 +219,9 @@ static int effective_window(const remote *r) {
   return (int)w;
 }
 
-static void log_line(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(remote *r, const char *fmt, ...) {
-  /* (not ctx->quiet: the engine toggles it while nodes start, and this runs on the network thread) */
-  char line[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "shardflow: %s: %s\n", sf_node_name(r->node), line);
-}
-
 /* ---- the network thread ---- */
+
+/* Its lines are logged whatever ctx->quiet says: the engine toggles quiet while nodes start. */
 
 /* Fails the run with e; the step records it, so it is the stage's record (not a generic "stopped"). Lock held. */
 static void fail_run(remote *r, const sf_error *e) {
@@ -261,8 +253,8 @@ static void release_worker(remote *r, int wi, const char *why) {
     requeued++;
   }
   r->reassigned += (uint64_t)requeued;
-  log_line(r, "worker %s (pid %lld) %s; %d unit%s handed to other workers", w->name, (long long)w->pid, why, requeued,
-           requeued == 1 ? "" : "s");
+  sf_log(SF_LOG_WARNING, sf_node_name(r->node), "worker %s (pid %lld) %s; %d unit%s handed to other workers", w->name,
+         (long long)w->pid, why, requeued, requeued == 1 ? "" : "s");
 }
 
 static int find_worker(remote *r, int socket, const sf_wire_peer *peer) {
@@ -306,7 +298,8 @@ static void on_hello(remote *r, int socket, sf_wire_message *m) {
       .threads = (uint32_t)r->worker_threads,
   };
   send_to(r, w, &welcome);
-  log_line(r, "worker %s (pid %lld, %u threads) joined", w->name, (long long)w->pid, m->threads);
+  sf_log(SF_LOG_INFO, sf_node_name(r->node), "worker %s (pid %lld, %u threads) joined", w->name, (long long)w->pid,
+         m->threads);
 }
 
 /* The result's samples must be the unit's own, in order: a worker cannot add or reorder samples. */
@@ -339,8 +332,9 @@ static void on_result(remote *r, int wi, sf_wire_message *m) {
   if (m->n_samples > u->n_in || !result_matches(u, m->samples, m->n_samples)) {
     r->malformed++;
     if (r->logged++ < MAX_LOGGED)
-      log_line(r, "worker %s sent a result for unit %llu whose samples are not the unit's; dropped",
-               w ? w->name : "?", (unsigned long long)m->unit);
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node),
+             "worker %s sent a result for unit %llu whose samples are not the unit's; dropped", w ? w->name : "?",
+             (unsigned long long)m->unit);
     return;
   }
   if (u->state == UNIT_AT_WORKER && !was_mine && u->worker >= 0) r->workers[u->worker].in_flight--;
@@ -453,8 +447,9 @@ static void hand_on_late_units(remote *r, double now) {
     if (!prompt_worker_besides(r, u->worker)) return;
     worker *w = &r->workers[u->worker];
     if (r->logged++ < MAX_LOGGED)
-      log_line(r, "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
-               (unsigned long long)u->id, now - u->sent_at, w->name, r->unit_seconds);
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node),
+             "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
+             (unsigned long long)u->id, now - u->sent_at, w->name, r->unit_seconds);
     w->late = true;
     w->in_flight--;
     u->late = true;
@@ -557,8 +552,8 @@ static void housekeeping(remote *r, double now, double *last_beat) {
     fail_run(r, &e);
   } else if (now - r->last_wait_log >= 10) {
     r->last_wait_log = now;
-    log_line(r, "waiting for workers: none alive for %.0f s%s", waited,
-             r->listen[0] ? "; they connect to the group's listen endpoint" : "");
+    sf_log(SF_LOG_WARNING, sf_node_name(r->node), "waiting for workers: none alive for %.0f s%s", waited,
+           r->listen[0] ? "; they connect to the group's listen endpoint" : "");
   }
 }
 
@@ -596,7 +591,8 @@ static void *network_thread(void *arg) {
           handle(r, socket_of[k], &m);
         } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
           r->malformed++;
-          if (r->logged++ < MAX_LOGGED) log_line(r, "dropped a malformed message: %s", e.message);
+          if (r->logged++ < MAX_LOGGED)
+            sf_log(SF_LOG_WARNING, sf_node_name(r->node), "dropped a malformed message: %s", e.message);
           if (strstr(e.message, "wire version") && m.peer.len > 0) {
             /* a worker of another shardflow: tell it why it gets no work (BYE reads across versions) */
             sf_wire_message bye = {.type = SF_WIRE_BYE, .peer = m.peer, .text = e.message};
@@ -713,15 +709,16 @@ static void reap_children(remote *r) {
     char how[64];
     describe_exit(status, how, sizeof how);
     if (r->respawns >= 3 * r->n_children) {
-      log_line(r, "local worker %d %s and is not restarted (%d restarts used)", i, how, r->respawns);
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "local worker %d %s and is not restarted (%d restarts used)", i,
+             how, r->respawns);
       no_local_worker_left(r, how);
       continue;
     }
     r->respawns++;
-    log_line(r, "local worker %d %s; starting another", i, how);
+    sf_log(SF_LOG_WARNING, sf_node_name(r->node), "local worker %d %s; starting another", i, how);
     sf_error e;
     if (spawn_worker(r, i, &e) < 0) {
-      log_line(r, "%s", e.message);
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "%s", e.message);
       no_local_worker_left(r, how);
     }
   }
