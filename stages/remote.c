@@ -36,6 +36,7 @@
 #include <zmq.h>
 
 #include "files.h"
+#include "log.h"
 #include "node.h"
 #include "remote.h"
 #include "transport.h"
@@ -158,17 +159,6 @@ static void wake_thread(remote *r) {
 
 static bool live(const remote *r, int wi) { return r->units->workers[wi].live; }
 
-static void log_line(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(remote *r, const char *fmt, ...) {
-  /* (not ctx->quiet: the engine toggles it while nodes start, and this runs on the network thread) */
-  char line[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "shardflow: %s: %s\n", sf_node_name(r->node), line);
-}
-
 /* ---- the network thread ---- */
 
 /* Fails the run with e; the step records it, so it is the stage's record (not a generic "stopped"). Lock held. */
@@ -192,7 +182,7 @@ static void release_worker(remote *r, int wi, const char *why) {
   worker *w = &r->workers[wi];
   int requeued = sf_unit_window_leave(r->units, wi);
   if (requeued < 0) return;
-  log_line(r, "worker %s (pid %lld) %s; %d unit%s handed to other workers", w->name, (long long)w->pid, why, requeued,
+  sf_log(SF_LOG_WARNING, sf_node_name(r->node), "worker %s (pid %lld) %s; %d unit%s handed to other workers", w->name, (long long)w->pid, why, requeued,
            requeued == 1 ? "" : "s");
 }
 
@@ -230,7 +220,7 @@ static void on_hello(remote *r, int socket, sf_wire_message *m, double now) {
       .threads = (uint32_t)r->worker_threads,
   };
   send_to(r, w, &welcome);
-  log_line(r, "worker %s (pid %lld, %u threads) joined", w->name, (long long)w->pid, m->threads);
+  sf_log(SF_LOG_INFO, sf_node_name(r->node), "worker %s (pid %lld, %u threads) joined", w->name, (long long)w->pid, m->threads);
 }
 
 static void on_result(remote *r, int wi, sf_wire_message *m, double now) {
@@ -240,7 +230,7 @@ static void on_result(remote *r, int wi, sf_wire_message *m, double now) {
   if (answer == SF_UNIT_FOREIGN) {
     r->malformed++;
     if (r->logged++ < MAX_LOGGED)
-      log_line(r, "worker %s sent a result for unit %llu whose samples are not the unit's; dropped",
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "worker %s sent a result for unit %llu whose samples are not the unit's; dropped",
                w ? w->name : "?", (unsigned long long)m->unit);
   }
   if (answer != SF_UNIT_TAKEN) return;
@@ -309,7 +299,7 @@ static void hand_on_late_units(remote *r, double now) {
   sf_unit *u;
   while ((u = sf_unit_window_next_late(r->units, now)) != NULL)
     if (r->logged++ < MAX_LOGGED)
-      log_line(r, "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "unit %llu is late: %.1f s at worker %s while units take %.3f s; handed to another worker too",
                (unsigned long long)u->id, now - u->sent_at, r->workers[u->worker].name, r->units->unit_seconds);
 }
 
@@ -399,7 +389,7 @@ static void housekeeping(remote *r, double now, double *last_beat) {
     fail_run(r, &e);
   } else if (now - r->last_wait_log >= 10) {
     r->last_wait_log = now;
-    log_line(r, "waiting for workers: none alive for %.0f s%s", waited,
+    sf_log(SF_LOG_WARNING, sf_node_name(r->node), "waiting for workers: none alive for %.0f s%s", waited,
              r->listen[0] ? "; they connect to the group's listen endpoint" : "");
   }
 }
@@ -438,7 +428,7 @@ static void *network_thread(void *arg) {
           handle(r, socket_of[k], &m, now_seconds());
         } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
           r->malformed++;
-          if (r->logged++ < MAX_LOGGED) log_line(r, "dropped a malformed message: %s", e.message);
+          if (r->logged++ < MAX_LOGGED) sf_log(SF_LOG_WARNING, sf_node_name(r->node), "dropped a malformed message: %s", e.message);
           if (strstr(e.message, "wire version") && m.peer.len > 0) {
             /* a worker of another shardflow: tell it why it gets no work (BYE reads across versions) */
             sf_wire_message bye = {.type = SF_WIRE_BYE, .peer = m.peer, .text = e.message};
@@ -555,15 +545,15 @@ static void reap_children(remote *r) {
     char how[64];
     describe_exit(status, how, sizeof how);
     if (r->respawns >= 3 * r->n_children) {
-      log_line(r, "local worker %d %s and is not restarted (%d restarts used)", i, how, r->respawns);
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "local worker %d %s and is not restarted (%d restarts used)", i, how, r->respawns);
       no_local_worker_left(r, how);
       continue;
     }
     r->respawns++;
-    log_line(r, "local worker %d %s; starting another", i, how);
+    sf_log(SF_LOG_WARNING, sf_node_name(r->node), "local worker %d %s; starting another", i, how);
     sf_error e;
     if (spawn_worker(r, i, &e) < 0) {
-      log_line(r, "%s", e.message);
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "%s", e.message);
       no_local_worker_left(r, how);
     }
   }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "tar_reader.h"
@@ -352,20 +353,20 @@ static void uninit(sf_node *node) {
     sf_prefetch_stats s;
     sf_prefetch_stats_get(t->downloads, &s);
     /* The end-of-run account of the network: what was fetched twice and why. */
-    fprintf(stderr,
-            "%s: downloaded %llu shard(s), %.1f MiB; refetched %llu bytes; %llu retries (%llu resumed "
-            "with Range); %llu failed\n",
-            sf_node_name(node), (unsigned long long)(s.shards - s.not_modified), (double)s.bytes / 1048576.0,
-            (unsigned long long)s.refetched_bytes, (unsigned long long)s.retries,
-            (unsigned long long)s.resumes, (unsigned long long)s.failed);
+    sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, sf_node_name(node),
+           "downloaded %llu shard(s), %.1f MiB; refetched %llu bytes; %llu retries (%llu resumed "
+           "with Range); %llu failed",
+           (unsigned long long)(s.shards - s.not_modified), (double)s.bytes / 1048576.0,
+           (unsigned long long)s.refetched_bytes, (unsigned long long)s.retries, (unsigned long long)s.resumes,
+           (unsigned long long)s.failed);
     sf_prefetch_destroy(&t->downloads);
   }
   if (t->cache) {
     sf_shard_cache_stats c;
     sf_shard_cache_stats_get(t->cache, &c);
-    fprintf(stderr, "%s: shard cache: %llu hit(s), %llu stale, %llu miss(es); %.1f MiB evicted\n",
-            sf_node_name(node), (unsigned long long)c.hits, (unsigned long long)c.stale,
-            (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
+    sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, sf_node_name(node),
+           "shard cache: %llu hit(s), %llu stale, %llu miss(es); %.1f MiB evicted", (unsigned long long)c.hits,
+           (unsigned long long)c.stale, (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
   }
   sf_shard_cache_close(&t->cache);
 }

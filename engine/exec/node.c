@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "graph.h"
+#include "log.h"
 #include "node.h"
 
 enum { MAX_PRINTED_ERRORS = 20 };
@@ -56,24 +57,30 @@ int sf_context_check_budget(sf_context *ctx, bool final) {
   return r;
 }
 
-static void record_locked(sf_context *ctx, const sf_error *e) {
+/* Counts e; returns what to log for it: 0 nothing, 1 its line, 2 its line and that printing stops. */
+static int record_locked(sf_context *ctx, const sf_error *e) {
   ctx->error_count++;
   ctx->last_error = *e;
   ctx->has_error = true;
   if (ctx->on_record) ctx->on_record(ctx->on_record_opaque, e);
-  if (!ctx->quiet && ctx->printed < MAX_PRINTED_ERRORS) {
-    char line[2048];
-    fprintf(stderr, "shardflow: error: %s\n", sf_error_format(e, line, sizeof line));
-    if (++ctx->printed == MAX_PRINTED_ERRORS)
-      fprintf(stderr, "shardflow: further errors are counted but not printed (see the summary)\n");
-  }
+  int print = 0;
+  if (!ctx->quiet && ctx->printed < MAX_PRINTED_ERRORS) print = ++ctx->printed == MAX_PRINTED_ERRORS ? 2 : 1;
   check_budget_locked(ctx, false);
+  return print;
 }
 
 void sf_context_record(sf_context *ctx, const sf_error *e) {
   pthread_mutex_lock(&ctx->error_lock);
-  record_locked(ctx, e);
+  int print = record_locked(ctx, e);
   pthread_mutex_unlock(&ctx->error_lock);
+  /* Logged outside the lock: a log handler may ask the pipeline for its counts. */
+  if (print) {
+    sf_error where = *e; /* the stage is the record's own argument; the rest of the line its message */
+    where.stage[0] = '\0';
+    char line[2048];
+    sf_log(SF_LOG_ERROR, e->stage, "%s", sf_error_format(&where, line, sizeof line));
+  }
+  if (print == 2) sf_log(SF_LOG_WARNING, NULL, "further errors are counted but not printed (see the summary)");
 }
 
 void *sf_node_priv(sf_node *n) { return n->priv; }

@@ -13,6 +13,7 @@
  * One CURVE listening transport per ZeroMQ context: the ZAP endpoint is one
  * per context.  A second one fails with SF_EINVAL (use another context).
  */
+#include "log.h"
 #include "transport.h"
 
 #include <errno.h>
@@ -154,8 +155,8 @@ int sf_transport_listen(void *zmq_ctx, const sf_transport_options *options, sf_t
     if (rc < 0) goto fail;
   }
   if (tcp && options->plaintext)
-    fprintf(stderr, "shardflow: %s: listening WITHOUT authentication or encryption (plaintext: true); "
-            "anyone who can reach this port can join and read the data\n", t->endpoint);
+    sf_log(SF_LOG_WARNING, NULL, "%s: listening WITHOUT authentication or encryption (plaintext: true); "
+            "anyone who can reach this port can join and read the data", t->endpoint);
   *transport = t;
   return 0;
 fail:

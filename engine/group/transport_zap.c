@@ -34,6 +34,7 @@
 #include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_sent (glibc's copy predates it) */
 #include <zmq.h>
 
+#include "log.h"
 #include "transport_keys.h"
 
 enum {
@@ -191,14 +192,14 @@ static void refresh_allowed(sf_zap *z) {
   if (load_allowed(z, &err) < 0) {
     if (z->allowed_ok) {
       char line[1200];
-      fprintf(stderr, "shardflow: %s: the allow-list changed and cannot be read; admitting no worker until it is fixed: %s\n",
+      sf_log(SF_LOG_WARNING, NULL, "%s: the allow-list changed and cannot be read; admitting no worker until it is fixed: %s",
               z->endpoint, sf_error_format(&err, line, sizeof line));
     }
     z->allowed_ok = false;
     return;
   }
   if (!z->allowed_ok)
-    fprintf(stderr, "shardflow: %s: allow-list %s (re)loaded: %zu key(s)\n", z->endpoint, z->allowed_path, z->n_allowed);
+    sf_log(SF_LOG_INFO, NULL, "%s: allow-list %s (re)loaded: %zu key(s)", z->endpoint, z->allowed_path, z->n_allowed);
   z->allowed_ok = true;
 }
 
@@ -213,7 +214,7 @@ static void note_refusal(sf_zap *z, const char *fmt, ...) {
   z->logged++;
   if (z->logged > LOG_LIMIT + 1) return;
   if (z->logged == LOG_LIMIT + 1) {
-    fprintf(stderr, "shardflow: %s: more refusals; they are counted, not logged (totals when the socket closes)\n", z->endpoint);
+    sf_log(SF_LOG_WARNING, NULL, "%s: more refusals; they are counted, not logged (totals when the socket closes)", z->endpoint);
     return;
   }
   char msg[512];
@@ -221,7 +222,7 @@ static void note_refusal(sf_zap *z, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "shardflow: %s: refused %s\n", z->endpoint, msg);
+  sf_log(SF_LOG_WARNING, NULL, "%s: refused %s", z->endpoint, msg);
 }
 
 static void frame_text(zmq_msg_t *m, char *out, size_t size) {
@@ -265,8 +266,8 @@ static void serve_zap(sf_zap *z) {
   } else if (strcmp(domain, SF_ZAP_DOMAIN) != 0) {
     /* Another socket of this context asked: only our own socket is served. */
     text = "unknown ZAP domain";
-    fprintf(stderr, "shardflow: %s: refused a %s client of another socket of the same ZeroMQ context (ZAP domain '%s'); "
-            "shardflow serves ZAP for its own listening socket only\n", z->endpoint, mechanism, domain);
+    sf_log(SF_LOG_WARNING, NULL, "%s: refused a %s client of another socket of the same ZeroMQ context (ZAP domain '%s'); "
+            "shardflow serves ZAP for its own listening socket only", z->endpoint, mechanism, domain);
   } else if (strcmp(mechanism, "CURVE") != 0) {
     atomic_fetch_add(&z->refused_mechanism, 1);
     text = "CURVE required";
@@ -480,7 +481,7 @@ int sf_zap_new(const char *allowed_keys, const char *endpoint, sf_zap **zap, sf_
   if (rc < 0) return rc;
   z->allowed_ok = true;
   if (z->n_allowed == 0)
-    fprintf(stderr, "shardflow: %s: the allow-list %s has no keys: no worker is admitted until one is added there\n", endpoint,
+    sf_log(SF_LOG_WARNING, NULL, "%s: the allow-list %s has no keys: no worker is admitted until one is added there", endpoint,
             allowed_keys);
   return 0;
 }
@@ -551,9 +552,9 @@ void sf_zap_destroy(sf_zap **zap) {
     sf_zap_get_stats(z, &s);
     uint64_t refused = s.refused_mechanism + s.refused_key + s.refused_protocol;
     if (refused)
-      fprintf(stderr,
-              "shardflow: %s: refused %llu connection(s): %llu not CURVE, %llu unknown key, %llu dropped before the handshake "
-              "completed; %llu admitted\n",
+      sf_log(SF_LOG_WARNING, NULL,
+              "%s: refused %llu connection(s): %llu not CURVE, %llu unknown key, %llu dropped before the handshake "
+              "completed; %llu admitted",
               z->endpoint, (unsigned long long)refused, (unsigned long long)s.refused_mechanism,
               (unsigned long long)s.refused_key, (unsigned long long)s.refused_protocol, (unsigned long long)s.accepted);
   }

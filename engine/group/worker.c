@@ -24,6 +24,7 @@
 #include <zmq.h>
 
 #include "graph_groups.h"
+#include "log.h"
 #include "node.h"
 #include "remote.h"
 #include "transport.h"
@@ -394,7 +395,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   sf_wire_message credit = {.type = SF_WIRE_CREDIT, .credits = (uint32_t)(o->credits > 0 ? o->credits : 4)};
   rc = sf_wire_send(socket, &credit, 0, error);
   if (rc < 0) goto out;
-  if (!o->quiet) fprintf(stderr, "shardflow worker %s: joined %s\n", name, o->endpoint);
+  if (!o->quiet) sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: joined %s", name, o->endpoint);
   double last_heard = now_seconds(), last_beat = 0;
   for (;;) {
     if (o->stop && *o->stop) {
@@ -438,14 +439,17 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
       int r = sf_wire_recv(socket, false, &m, ZMQ_DONTWAIT, &e);
       if (r == SF_EAGAIN) break;
       if (r < 0) {
-        if (!o->quiet) fprintf(stderr, "shardflow worker %s: dropped a bad message from the head: %s\n", name, e.message);
+        if (!o->quiet)
+          sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL,
+                 "shardflow worker %s: dropped a bad message from the head: %s", name, e.message);
         continue;
       }
       last_heard = now_seconds();
       if (m.type == SF_WIRE_UNIT) {
         if (receive_unit(&state, &m) < 0)
-          fprintf(stderr, "shardflow worker %s: out of memory: unit %llu dropped (the head will resend it)\n", name,
-                  (unsigned long long)m.unit);
+          sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL,
+                 "shardflow worker %s: out of memory: unit %llu dropped (the head will resend it)", name,
+                 (unsigned long long)m.unit);
       } else if (m.type == SF_WIRE_BYE) {
         bye = true;
       }

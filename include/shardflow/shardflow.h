@@ -7,6 +7,7 @@
 
 #include "shardflow/buffer.h"
 #include "shardflow/error.h"
+#include "shardflow/log.h"
 #include "shardflow/sample.h"
 #include "shardflow/tensor.h"
 

@@ -10,8 +10,10 @@ buffer. Keyword arguments set stage options by name (`batch_size=256`) or, where
 stages have that option, as NODE__OPTION (`shard_source__urls=...`); the stages' option
 tables decide what exists (`shardflow help STAGE`).
 """
+import atexit
 import ctypes
 import ctypes.util
+import logging
 import os
 import time
 
@@ -38,6 +40,10 @@ class _Error(ctypes.Structure):
 class _Options(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int), ("epochs", ctypes.c_int64),
                 ("first_epoch", ctypes.c_uint64), ("first_step", ctypes.c_uint64)]
+
+
+# sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
+_LogHandler = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)
 
 
 def _find_library():
@@ -92,6 +98,7 @@ def _load():
         "sf_dlpack_release": (None, [p]),
         "sf_version_string": (c, []),
         "sf_storage_copy": (ctypes.c_int, [c, c, ctypes.c_bool, ctypes.POINTER(_Error)]),
+        "sf_log_set_handler": (ctypes.c_int, [_LogHandler, p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -101,6 +108,29 @@ def _load():
 
 library = _load()
 __version__ = library.sf_version_string().decode()
+
+# The engine's log records go to the "shardflow" logger instead of stderr, with the node's name as
+# the record's `stage` attribute (None for the engine itself).
+logger = logging.getLogger("shardflow")
+_LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}  # SF_LOG_ERROR, _WARNING, _INFO
+
+
+@_LogHandler
+def _log_record(opaque, level, stage, message):
+    # Runs on engine threads: ctypes takes the GIL for the call.
+    stage = stage.decode(errors="replace") if stage else None
+    text = message.decode(errors="replace")
+    if stage:
+        logger.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s: %s", stage, text, extra={"stage": stage})
+    else:
+        logger.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", text, extra={"stage": None})
+
+
+library.sf_log_set_handler(_log_record, None)
+# Before the interpreter goes away, engine threads of pipelines still running must stop calling into
+# it: the uninstall (a ctypes call, made without the GIL) returns once calls in flight are done, and
+# later records go to stderr.
+atexit.register(library.sf_log_set_handler, _LogHandler(), None)  # a NULL handler: the default
 
 # DLPack capsules (the protocol NumPy and PyTorch speak): named "dltensor" until a consumer takes
 # the tensor (and with it the duty to call its deleter). The capsule has no destructor of its own:

@@ -1,6 +1,7 @@
 """The Python binding: batches equal the device sink's dumps, arrive without a copy (DLPack), outlive
 their pipeline, take both __dlpack__ call forms, map keyword arguments to stage options, and report
 errors with their file:line."""
+import logging
 import os
 import pathlib
 import signal
@@ -16,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
 os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
-from sfutil import Checks, make_dataset, read_batches, run, write_graph  # noqa: E402
+from sfutil import Checks, make_dataset, read_batches, run, write_graph, write_shard  # noqa: E402
 
 import shardflow  # noqa: E402
 
@@ -233,6 +234,62 @@ doc = shardflow.Pipeline.__doc__
 for stage, option in (("shard_source", "samples_per_epoch"), ("augment", "padding"), ("batch", "partial")):
     check4(f"{stage}:" in doc and option in doc, f"the docstring documents {stage}.{option}")
 check4.done("python len/doc")
+
+# Log records reach the "shardflow" logger (not stderr): a bad sample's record with its level, its
+# stage and the shard, byte offset and key in the message.
+check_log = Checks()
+bad_labels = os.path.join(tmp, "bad-labels.tar")
+write_shard(bad_labels, [(f"{i:03d}", {"cls": b"seven" if i % 2 else b"3"}) for i in range(60)])
+bad_graph = write_graph(os.path.join(tmp, "bad-labels.yaml"), [
+    ("shard_source", dict(urls=bad_labels)), ("tar_split", {}), ("decode", {}), ("batch", dict(batch_size=10)),
+    ("device_sink", {})], error_policy="skip", max_error_rate=1)
+
+
+class Keep(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+keep = Keep()
+logging.getLogger("shardflow").addHandler(keep)
+with shardflow.Pipeline(bad_graph, output="dict") as p:
+    keys = [k for b in p for k in b["__key__"]]
+logging.getLogger("shardflow").removeHandler(keep)
+check_log(len(keys) == 30, f"the 30 good samples arrive ({len(keys)})")
+first = keep.records[0] if keep.records else None
+check_log(first is not None and first.levelno == logging.ERROR and first.name == "shardflow"
+          and first.stage == "decode" and f"{bad_labels} @ byte " in first.getMessage()
+          and "(key 001)" in first.getMessage() and first.getMessage().startswith("decode: "),
+          f"a bad sample's record: {first and (first.levelname, first.stage, first.getMessage())}")
+check_log(len(keep.records) == 21 and keep.records[-1].levelno == logging.WARNING
+          and keep.records[-1].stage is None and "further errors" in keep.records[-1].getMessage(),
+          f"20 records, then the note that printing stops: {len(keep.records)}")
+
+# Interpreter exit while engine threads are inside the callback (a slow logging handler, a pipeline
+# left running): the handler is uninstalled at exit (later records go to stderr), and the process
+# neither hangs nor crashes nor reports a failed exit handler.
+exiting = subprocess.run([sys.executable, "-c", f"""
+import logging, sys, time
+sys.path.insert(0, {os.path.join(os.environ["SF_SOURCE_ROOT"], "python")!r})
+import shardflow
+
+class Slow(logging.Handler):
+    def emit(self, record):
+        time.sleep(0.05)
+
+logging.getLogger("shardflow").addHandler(Slow())
+p = shardflow.Pipeline({bad_graph!r})
+time.sleep(0.2)
+print("exiting", flush=True)
+"""], capture_output=True, text=True, timeout=60)
+check_log(exiting.returncode == 0 and exiting.stdout == "exiting\n"
+          and not any(word in exiting.stderr for word in ("Exception", "Traceback", "Fatal")),
+          f"exit with records in flight: status {exiting.returncode} {exiting.stdout!r} {exiting.stderr[-2000:]}")
+check_log.done("python logging")
 
 # Batch buffers go back to the pool when the arrays are freed: memory stays flat over many epochs.
 def rss_mib():

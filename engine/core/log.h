@@ -1,0 +1,22 @@
+/* The library's log site: every line it writes goes through sf_log() to the handler (shardflow/log.h). */
+#ifndef SF_ENGINE_LOG_H
+#define SF_ENGINE_LOG_H
+
+#include "shardflow/log.h"
+
+/*
+ * Or-ed into a level: the default handler leaves out its "shardflow: " prefix
+ * (lines that always had a layout of their own, which CLI users and scripts
+ * read: tar_split's account, `shardflow worker`'s lines).  A handler set with
+ * sf_log_set_handler() gets the level without it.
+ */
+enum { SF_LOG_UNPREFIXED = 0x100 };
+
+/*
+ * Formats one record (fmt, printf-style, one line without a newline; cut at
+ * 4 KiB) and hands it to the handler.  stage: a node name, or NULL (or "")
+ * for the engine.  Callable from any thread.
+ */
+void sf_log(int level, const char *stage, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif
