@@ -52,9 +52,6 @@ static int init(sf_node *node) {
   return 0;
 }
 
-/* An error about a field's bytes (the stage adds the URL, key and offset). */
-#define fail(error, code, ...) sf_error_set(error, code, NULL, NULL, NULL, -1, -1, __VA_ARGS__)
-
 static void free_inflated(void *opaque, uint8_t *data) {
   (void)opaque;
   free(data);
@@ -68,7 +65,7 @@ static void free_inflated(void *opaque, uint8_t *data) {
 static int gunzip(const uint8_t *in, size_t n, size_t max, sf_buffer **out, sf_error *error) {
   z_stream z;
   memset(&z, 0, sizeof z);
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return fail(error, SF_ENOMEM, "cannot start zlib");
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot start zlib");
   /* The trailer's ISIZE (length mod 2^32) is only a hint: the data is untrusted. */
   size_t cap = n >= 18 ? (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
                              (size_t)in[n - 1] << 24
@@ -79,18 +76,18 @@ static int gunzip(const uint8_t *in, size_t n, size_t max, sf_buffer **out, sf_e
   size_t len = 0, fed = 0;
   int r = 0;
   if (!buf) {
-    r = fail(error, SF_ENOMEM, "cannot allocate %zu bytes to inflate", cap);
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes to inflate", cap);
     goto done;
   }
   for (;;) {
     if (len == cap) {
       if (cap >= max) {
-        r = fail(error, SF_ETOOBIG, "inflates to more than max_field_size (%zu bytes)", max);
+        r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "inflates to more than max_field_size (%zu bytes)", max);
         goto done;
       }
       size_t next = cap > max / 2 ? max : cap * 2;
       if (!(grown = realloc(buf, next))) {
-        r = fail(error, SF_ENOMEM, "cannot allocate %zu bytes to inflate", next);
+        r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes to inflate", next);
         goto done;
       }
       buf = grown;
@@ -112,17 +109,17 @@ static int gunzip(const uint8_t *in, size_t n, size_t max, sf_buffer **out, sf_e
       if (z.avail_in == 0 && fed == n) break;
       inflateReset(&z);
     } else if (zr == Z_BUF_ERROR && z.avail_in == 0 && fed == n) {
-      r = fail(error, SF_EFORMAT, "truncated gzip data");
+      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "truncated gzip data");
       goto done;
     } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
-      r = fail(error, zr == Z_MEM_ERROR ? SF_ENOMEM : SF_EFORMAT, "corrupt gzip data: %s",
-               z.msg ? z.msg : "zlib error");
+      r = sf_error_set(error, zr == Z_MEM_ERROR ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE, "corrupt gzip data: %s",
+                       z.msg ? z.msg : "zlib error");
       goto done;
     }
   }
   if (len < cap && (grown = realloc(buf, len ? len : 1))) buf = grown;
   *out = sf_buffer_wrap(buf, len, free_inflated, NULL);
-  if (!*out) r = fail(error, SF_ENOMEM, "cannot allocate a buffer");
+  if (!*out) r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a buffer");
 done:
   inflateEnd(&z);
   if (r < 0) free(buf);
@@ -159,10 +156,10 @@ static int parse_cls(const uint8_t *p, size_t n, sf_tensor *out, sf_error *error
     ok = errno == 0;
   }
   if (!ok)
-    return fail(error, SF_EFORMAT, "not a decimal class label (\"%s\")",
-                printable(p, n, shown, sizeof shown));
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "not a decimal class label (\"%s\")",
+                        printable(p, n, shown, sizeof shown));
   int r = sf_tensor_alloc(out, SF_DTYPE_INT64, 0, NULL);
-  if (r < 0) return fail(error, r, "cannot allocate a label");
+  if (r < 0) return sf_error_set(error, r, SF_NOWHERE, "cannot allocate a label");
   *(int64_t *)sf_tensor_data(out) = v;
   return 0;
 }
@@ -176,7 +173,7 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
   if (!f->encoded) return 0;
   sf_tensor *t = &f->tensor;
   if (t->dtype != SF_DTYPE_UINT8 || t->ndim != 1 || !t->buffer || !sf_tensor_is_contiguous(t))
-    return fail(error, SF_EINVAL, "is marked encoded but does not hold bytes");
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "is marked encoded but does not hold bytes");
   size_t size = (size_t)t->shape[0];
   int r;
   if (ends_with(f->name, ".gz")) {
@@ -186,13 +183,13 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
     snprintf(name, sizeof name, "%.*s", (int)(strlen(f->name) - 3), f->name);
     if (sf_sample_field(sample, name)) {
       sf_buffer_unref(&inflated);
-      return fail(error, SF_EDUP, "inflates to field %s, which the sample already has", name);
+      return sf_error_set(error, SF_EDUP, SF_NOWHERE, "inflates to field %s, which the sample already has", name);
     }
     size = sf_buffer_size(inflated);
     sf_tensor_clear(t);
     const int64_t shape[1] = {(int64_t)size};
     if ((r = sf_tensor_view(t, SF_DTYPE_UINT8, 1, shape, inflated, 0)) < 0)
-      return fail(error, r, "cannot wrap inflated bytes");
+      return sf_error_set(error, r, SF_NOWHERE, "cannot wrap inflated bytes");
     memcpy(f->name, name, sizeof name);
   }
   const char *dot = strrchr(f->name, '.');

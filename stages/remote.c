@@ -311,7 +311,9 @@ static void dispatch(remote *r, double now) {
     if (u->attempts >= SF_UNIT_MAX_ATTEMPTS) {
       /* a unit that took several workers down with it: skip its samples rather than lose more workers */
       sf_error e;
-      sf_error_set(&e, SF_EIO, sf_node_name(r->node), sf_sample_url(u->in[0]), u->in[0]->key, u->in[0]->offset, -1,
+      sf_error_set(&e, SF_EIO,
+                   SF_AT(.stage = sf_node_name(r->node), .url = sf_sample_url(u->in[0]), .key = u->in[0]->key,
+                         .offset = u->in[0]->offset),
                    "work unit %llu (%d samples from this key on) was lost with %d workers; its samples are skipped",
                    (unsigned long long)u->id, u->n_in, u->attempts);
       int rc = sf_node_error_record(r->node, &e);
@@ -382,7 +384,7 @@ static void housekeeping(remote *r, double now, double *last_beat) {
   double waited = now - r->no_worker_since;
   if (r->worker_timeout > 0 && waited > r->worker_timeout && !r->failed) {
     sf_error e;
-    sf_error_set(&e, SF_ETIMEDOUT, sf_node_name(r->node), NULL, NULL, -1, -1,
+    sf_error_set(&e, SF_ETIMEDOUT, SF_AT(.stage = sf_node_name(r->node)),
                  "no live worker for %.0f s (worker_timeout) while work waits: start workers with `shardflow worker "
                  "--connect %s` or give the group `processes:`",
                  waited, r->listen[0] ? r->listen : "ENDPOINT");
@@ -498,7 +500,7 @@ static int spawn_worker(remote *r, int index, sf_error *error) {
   int rc = strchr(exe, '/') ? posix_spawn(&pid, exe, NULL, NULL, argv, environ)
                             : posix_spawnp(&pid, exe, NULL, NULL, argv, environ);
   if (rc != 0)
-    return sf_error_set(error, SF_ENOENT, sf_node_name(r->node), NULL, NULL, -1, -1,
+    return sf_error_set(error, SF_ENOENT, SF_AT(.stage = sf_node_name(r->node)),
                         "cannot start worker process '%s': %s; set the group's worker_command or SHARDFLOW_BIN to the "
                         "shardflow executable",
                         exe, strerror(rc));
@@ -523,7 +525,7 @@ static void no_local_worker_left(remote *r, const char *how) {
   bool work_left = !r->input_done || r->units->count > 0 || r->n_open > 0;
   if (work_left) {
     sf_error e;
-    sf_error_set(&e, SF_EIO, sf_node_name(r->node), NULL, NULL, -1, -1,
+    sf_error_set(&e, SF_EIO, SF_AT(.stage = sf_node_name(r->node)),
                  "every local worker process ended and none is restarted after %d restarts (the last %s), and "
                  "without `listen:` no other worker can join: see the workers' messages above; check the group's "
                  "worker_command (or SHARDFLOW_BIN) runs `shardflow worker`",

@@ -27,9 +27,6 @@
 
 static const uint8_t png_signature[8] = {137, 80, 78, 71, 13, 10, 26, 10};
 
-/* An error about the image bytes (the caller adds the URL and key). */
-#define fail(error, code, ...) sf_error_set(error, code, NULL, NULL, NULL, -1, -1, __VA_ARGS__)
-
 static int64_t max_pixels_of(const sf_image_limits *limits) {
   return limits && limits->max_pixels > 0 ? limits->max_pixels : DEFAULT_MAX_PIXELS;
 }
@@ -37,12 +34,13 @@ static int64_t max_pixels_of(const sf_image_limits *limits) {
 static int check_pixels(int64_t width, int64_t height, const sf_image_limits *limits,
                         const char *what, sf_error *error) {
   int64_t max = max_pixels_of(limits);
-  if (width <= 0 || height <= 0) return fail(error, SF_EFORMAT, "%s has no pixels (%lldx%lld)", what,
-                                             (long long)width, (long long)height);
+  if (width <= 0 || height <= 0)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "%s has no pixels (%lldx%lld)", what, (long long)width,
+                        (long long)height);
   if (width > max || height > max / width)
-    return fail(error, SF_ETOOBIG,
-                "%s is %lldx%lld pixels, over max_pixels %lld; raise max_pixels if it is genuine",
-                what, (long long)width, (long long)height, (long long)max);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
+                        "%s is %lldx%lld pixels, over max_pixels %lld; raise max_pixels if it is genuine", what,
+                        (long long)width, (long long)height, (long long)max);
   return 0;
 }
 
@@ -70,8 +68,9 @@ static int channels_for(sf_image_mode mode, int stored) {
 static int alloc_image(sf_tensor *out, int64_t height, int64_t width, int channels, sf_error *error) {
   const int64_t shape[3] = {height, width, channels};
   int r = sf_tensor_alloc(out, SF_DTYPE_UINT8, 3, shape);
-  if (r < 0) return fail(error, r, "cannot allocate a %lldx%lldx%d image", (long long)height,
-                         (long long)width, channels);
+  if (r < 0)
+    return sf_error_set(error, r, SF_NOWHERE, "cannot allocate a %lldx%lldx%d image", (long long)height,
+                        (long long)width, channels);
   return 0;
 }
 
@@ -165,21 +164,21 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
                        sf_tensor *out, sf_error *error) {
   bool owned;
   tjhandle tj = tj_decompressor(&owned);
-  if (!tj) return fail(error, SF_ENOMEM, "cannot create a TurboJPEG decompressor");
+  if (!tj) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a TurboJPEG decompressor");
   int width = 0, height = 0, subsamp, colorspace, r;
   if (tjDecompressHeader3(tj, p, (unsigned long)n, &width, &height, &subsamp, &colorspace) != 0) {
-    r = fail(error, SF_EFORMAT, "corrupt JPEG header: %s", tjGetErrorStr2(tj));
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG header: %s", tjGetErrorStr2(tj));
     goto done;
   }
   if ((r = check_pixels(width, height, limits, "JPEG", error)) < 0) goto done;
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    r = fail(error, SF_EUNSUPPORTED, "CMYK/YCCK JPEG is not supported; convert it to RGB");
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "CMYK/YCCK JPEG is not supported; convert it to RGB");
     goto done;
   }
   int max_scans = limits && limits->max_scans > 0 ? limits->max_scans : DEFAULT_MAX_SCANS;
   int scans = jpeg_scan_count(p, n);
   if (scans > max_scans) {
-    r = fail(error, SF_ETOOBIG, "JPEG has %d scans, over max_scans %d", scans, max_scans);
+    r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "JPEG has %d scans, over max_scans %d", scans, max_scans);
     goto done;
   }
   int stored = colorspace == TJCS_GRAY ? 1 : 3;
@@ -196,7 +195,7 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
       !(slack_before_eoi(tj) &&
         (tjDecompress2(tj, p, (unsigned long)n, pixels, scaled_w, 0, scaled_h, format, flags) == 0 ||
          slack_before_eoi(tj)))) {
-    r = fail(error, SF_EFORMAT, "corrupt JPEG: %s", tjGetErrorStr2(tj));
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG: %s", tjGetErrorStr2(tj));
     sf_tensor_clear(out);
     goto done;
   }
@@ -224,7 +223,7 @@ static int spng_code(int err) {
 static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                       sf_tensor *out, sf_error *error) {
   spng_ctx *ctx = spng_ctx_new(0);
-  if (!ctx) return fail(error, SF_ENOMEM, "cannot create a PNG decoder");
+  if (!ctx) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a PNG decoder");
   uint8_t *rgb = NULL;
   int64_t max = max_pixels_of(limits);
   uint32_t dim_limit = max < INT32_MAX ? (uint32_t)max : INT32_MAX;
@@ -235,19 +234,20 @@ static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
   if (!r) r = spng_set_png_buffer(ctx, p, n);
   if (!r) r = spng_get_ihdr(ctx, &ihdr);
   if (r) {
-    r = fail(error, spng_code(r), "corrupt PNG header: %s", spng_strerror(r));
+    r = sf_error_set(error, spng_code(r), SF_NOWHERE, "corrupt PNG header: %s", spng_strerror(r));
     goto done;
   }
   if ((r = check_pixels(ihdr.width, ihdr.height, limits, "PNG", error)) < 0) goto done;
   bool gray = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE;
   if (gray && ihdr.bit_depth == 16) {
     /* Pillow opens these as 32-bit "I" and clips to 255 when converting: nothing sensible to match. */
-    r = fail(error, SF_EUNSUPPORTED, "16-bit grayscale PNG is not supported (decoded images are 8-bit)");
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                     "16-bit grayscale PNG is not supported (decoded images are 8-bit)");
     goto done;
   }
   int trns_r = spng_get_trns(ctx, &trns);
   if (trns_r && trns_r != SPNG_ECHUNKAVAIL) {
-    r = fail(error, spng_code(trns_r), "corrupt PNG: %s", spng_strerror(trns_r));
+    r = sf_error_set(error, spng_code(trns_r), SF_NOWHERE, "corrupt PNG: %s", spng_strerror(trns_r));
     goto done;
   }
   bool alpha = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ||
@@ -258,7 +258,7 @@ static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
   int flags = fmt == SPNG_FMT_RGBA8 ? SPNG_DECODE_TRNS : 0;
   size_t pixels = (size_t)ihdr.width * ihdr.height, len;
   if ((r = spng_decoded_image_size(ctx, fmt, &len)) != 0) {
-    r = fail(error, spng_code(r), "PNG: %s", spng_strerror(r));
+    r = sf_error_set(error, spng_code(r), SF_NOWHERE, "PNG: %s", spng_strerror(r));
     goto done;
   }
   if ((r = alloc_image(out, ihdr.height, ihdr.width, channels, error)) < 0) goto done;
@@ -267,19 +267,19 @@ static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
     /* Color to gray: decode RGB, then Pillow's luma, as convert('L') would. */
     rgb = malloc(len);
     if (!rgb) {
-      r = fail(error, SF_ENOMEM, "cannot allocate %zu bytes for a PNG", len);
+      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a PNG", len);
       goto done;
     }
     dst = rgb;
   }
   if (len != pixels * (size_t)(dst == rgb ? 3 : channels)) {
-    r = fail(error, SF_EINTERNAL, "PNG decoded size %zu does not match %ux%ux%d", len, ihdr.width,
-             ihdr.height, channels);
+    r = sf_error_set(error, SF_EINTERNAL, SF_NOWHERE, "PNG decoded size %zu does not match %ux%ux%d", len, ihdr.width,
+                     ihdr.height, channels);
     goto done;
   }
   /* decode_chunks reads on to IEND: the last IDAT's CRC is only checked there. */
   if ((r = spng_decode_image(ctx, dst, len, fmt, flags)) != 0 || (r = spng_decode_chunks(ctx)) != 0) {
-    r = fail(error, spng_code(r), "corrupt PNG: %s", spng_strerror(r));
+    r = sf_error_set(error, spng_code(r), SF_NOWHERE, "corrupt PNG: %s", spng_strerror(r));
     goto done;
   }
   if (rgb) rgb_to_gray(rgb, 3, sf_tensor_data(out), pixels);
@@ -324,29 +324,31 @@ static int decode_pnm(sf_buffer *buffer, size_t offset, size_t n, sf_image_mode 
                       const sf_image_limits *limits, sf_tensor *out, sf_error *error) {
   const uint8_t *p = sf_buffer_data(buffer) + offset;
   if (p[1] != '5' && p[1] != '6')
-    return fail(error, SF_EUNSUPPORTED, "PNM type P%c is not supported (binary P5/P6 only)", p[1]);
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "PNM type P%c is not supported (binary P5/P6 only)", p[1]);
   int stored = p[1] == '6' ? 3 : 1;
   size_t i = 2;
   int64_t width = pnm_number(p, n, &i), height = pnm_number(p, n, &i), maxval = pnm_number(p, n, &i);
   if (width < 0 || height < 0 || maxval < 0 || i >= n)
-    return fail(error, SF_EFORMAT, "corrupt PNM header (expected width, height and maxval)");
-  if (maxval == 0 || maxval > 65535) return fail(error, SF_EFORMAT, "PNM maxval %lld is invalid", (long long)maxval);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt PNM header (expected width, height and maxval)");
+  if (maxval == 0 || maxval > 65535)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "PNM maxval %lld is invalid", (long long)maxval);
   if (maxval != 255)
-    return fail(error, SF_EUNSUPPORTED, "PNM maxval %lld is not supported (255 only)", (long long)maxval);
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "PNM maxval %lld is not supported (255 only)",
+                        (long long)maxval);
   /* Exactly one whitespace byte separates maxval from the raster. */
   if (p[i] != ' ' && p[i] != '\t' && p[i] != '\n' && p[i] != '\r' && p[i] != '\v' && p[i] != '\f')
-    return fail(error, SF_EFORMAT, "corrupt PNM header (no whitespace after maxval)");
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt PNM header (no whitespace after maxval)");
   i++;
   int r = check_pixels(width, height, limits, "PNM", error);
   if (r < 0) return r;
   size_t pixels = (size_t)width * (size_t)height, need = pixels * (size_t)stored;
   if (n - i < need)
-    return fail(error, SF_EFORMAT, "truncated PNM: %zu of %zu pixel bytes", n - i, need);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "truncated PNM: %zu of %zu pixel bytes", n - i, need);
   int channels = channels_for(mode, stored);
   if (channels == stored) {
     const int64_t shape[3] = {height, width, channels};
     r = sf_tensor_view(out, SF_DTYPE_UINT8, 3, shape, sf_buffer_ref(buffer), offset + i);
-    return r < 0 ? fail(error, r, "PNM pixels lie outside the buffer") : 0;
+    return r < 0 ? sf_error_set(error, r, SF_NOWHERE, "PNM pixels lie outside the buffer") : 0;
   }
   if ((r = alloc_image(out, height, width, channels, error)) < 0) return r;
   if (channels == 1)
@@ -364,7 +366,7 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
   memset(out, 0, sizeof *out);
   if (!buffer || offset > sf_buffer_size(buffer) || size > sf_buffer_size(buffer) - offset ||
       (unsigned)mode > SF_IMAGE_KEEP)
-    return fail(error, SF_EINVAL, "bad arguments to sf_image_decode");
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "bad arguments to sf_image_decode");
   const uint8_t *p = sf_buffer_data(buffer) + offset;
   /* The bytes decide, not the name (as in Pillow): real datasets hold PNGs named .jpg. */
   if (size >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
@@ -373,10 +375,10 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     return decode_png(p, size, mode, limits, out, error);
   if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     return decode_pnm(buffer, offset, size, mode, limits, out, error);
-  return fail(error, SF_EFORMAT,
-              "not a JPEG, PNG or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
-              format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0,
-              size > 2 ? p[2] : 0, size > 3 ? p[3] : 0);
+  return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                      "not a JPEG, PNG or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
+                      size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
@@ -402,7 +404,7 @@ static int wrap_output(uint8_t *data, size_t size, sf_buffer_free_fn free_fn, sf
   *out = sf_buffer_wrap(data, size, free_fn, NULL);
   if (*out) return 0;
   free_fn(NULL, data);
-  return fail(error, SF_ENOMEM, "cannot allocate an image buffer");
+  return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate an image buffer");
 }
 
 static int encode_pnm(const uint8_t *pixels, int64_t h, int64_t w, int c, sf_buffer **out,
@@ -412,7 +414,7 @@ static int encode_pnm(const uint8_t *pixels, int64_t h, int64_t w, int c, sf_buf
                     (long long)w, (long long)h);
   size_t bytes = (size_t)(h * w * c);
   *out = sf_buffer_new((size_t)hn + bytes);
-  if (!*out) return fail(error, SF_ENOMEM, "cannot allocate a %zu-byte PNM", (size_t)hn + bytes);
+  if (!*out) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %zu-byte PNM", (size_t)hn + bytes);
   memcpy(sf_buffer_data(*out), header, (size_t)hn);
   memcpy(sf_buffer_data(*out) + hn, pixels, bytes);
   return 0;
@@ -421,7 +423,7 @@ static int encode_pnm(const uint8_t *pixels, int64_t h, int64_t w, int c, sf_buf
 static int encode_png(const uint8_t *pixels, int64_t h, int64_t w, int c, sf_buffer **out,
                       sf_error *error) {
   spng_ctx *ctx = spng_ctx_new(SPNG_CTX_ENCODER);
-  if (!ctx) return fail(error, SF_ENOMEM, "cannot create a PNG encoder");
+  if (!ctx) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a PNG encoder");
   struct spng_ihdr ihdr = {
       .width = (uint32_t)w,
       .height = (uint32_t)h,
@@ -436,21 +438,22 @@ static int encode_png(const uint8_t *pixels, int64_t h, int64_t w, int c, sf_buf
   size_t len = 0;
   uint8_t *png = r ? NULL : spng_get_png_buffer(ctx, &len, &r);
   spng_ctx_free(ctx);
-  if (!png) return fail(error, spng_code(r), "PNG encoder: %s", spng_strerror(r));
+  if (!png) return sf_error_set(error, spng_code(r), SF_NOWHERE, "PNG encoder: %s", spng_strerror(r));
   return wrap_output(png, len, free_malloced, out, error);
 }
 
 static int encode_jpeg(const uint8_t *pixels, int64_t h, int64_t w, int c, int quality,
                        sf_buffer **out, sf_error *error) {
-  if (quality < 1 || quality > 100) return fail(error, SF_EINVAL, "JPEG quality %d is not in 1..100", quality);
+  if (quality < 1 || quality > 100)
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "JPEG quality %d is not in 1..100", quality);
   tjhandle tj = tjInitCompress();
-  if (!tj) return fail(error, SF_ENOMEM, "cannot create a TurboJPEG compressor");
+  if (!tj) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a TurboJPEG compressor");
   unsigned char *jpeg = NULL;
   unsigned long len = 0;
   int r = tjCompress2(tj, pixels, (int)w, 0, (int)h, c == 1 ? TJPF_GRAY : TJPF_RGB, &jpeg, &len,
                       c == 1 ? TJSAMP_GRAY : TJSAMP_420, quality, 0);
   if (r != 0) {
-    r = fail(error, SF_EFORMAT, "JPEG encoder: %s", tjGetErrorStr2(tj));
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "JPEG encoder: %s", tjGetErrorStr2(tj));
     tjFree(jpeg);
     tjDestroy(tj);
     return r;
@@ -463,22 +466,23 @@ int sf_image_encode(const char *format, const sf_tensor *image, int quality, sf_
                     sf_error *error) {
   *out = NULL;
   if (!format || !image || image->dtype != SF_DTYPE_UINT8 || image->ndim != 3 || !image->buffer)
-    return fail(error, SF_EINVAL, "images to encode are uint8 [H, W, C] tensors");
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "images to encode are uint8 [H, W, C] tensors");
   int64_t h = image->shape[0], w = image->shape[1], c = image->shape[2];
   bool pnm = strcasecmp(format, "pnm") == 0, ppm = strcasecmp(format, "ppm") == 0,
        pgm = strcasecmp(format, "pgm") == 0, png = strcasecmp(format, "png") == 0,
        jpg = strcasecmp(format, "jpg") == 0 || strcasecmp(format, "jpeg") == 0;
-  if (!(pnm || ppm || pgm || png || jpg)) return fail(error, SF_EINVAL, "cannot encode format \"%s\"", format);
+  if (!(pnm || ppm || pgm || png || jpg))
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "cannot encode format \"%s\"", format);
   if (h <= 0 || w <= 0 || h > 65500 || w > 65500)
-    return fail(error, SF_EINVAL, "cannot encode a %lldx%lld image", (long long)h, (long long)w);
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "cannot encode a %lldx%lld image", (long long)h, (long long)w);
   if ((ppm && c != 3) || (pgm && c != 1) || (c != 1 && c != 3 && !(png && c == 4)))
-    return fail(error, SF_EINVAL, "cannot encode %lld channels as %s", (long long)c, format);
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "cannot encode %lld channels as %s", (long long)c, format);
   /* The encoders read packed rows; gather a strided view first. */
   const uint8_t *pixels = sf_tensor_data(image);
   uint8_t *packed = NULL;
   if (!sf_tensor_is_contiguous(image)) {
     packed = malloc((size_t)(h * w * c));
-    if (!packed) return fail(error, SF_ENOMEM, "cannot allocate an image");
+    if (!packed) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate an image");
     uint8_t *d = packed;
     for (int64_t y = 0; y < h; y++)
       for (int64_t x = 0; x < w; x++)

@@ -12,9 +12,6 @@
 #define ENDIAN "<"
 #endif
 
-/* An error about the file at path. */
-#define fail(error, code, path, ...) sf_error_set(error, code, NULL, path, NULL, -1, -1, __VA_ARGS__)
-
 /* numpy's descriptor strings; bfloat16 has none, so its raw bits go out as uint16. */
 static const char *descr(sf_dtype dtype) {
   switch (dtype) {
@@ -73,20 +70,22 @@ static int write_strided(FILE *f, const uint8_t *base, const sf_tensor *t, int d
 int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error) {
   const char *d = descr(tensor->dtype);
   if (!d || tensor->ndim < 0 || tensor->ndim > SF_TENSOR_MAX_DIMS)
-    return fail(error, SF_EUNSUPPORTED, path, "cannot write %s tensors with %d dimensions to .npy",
-                sf_dtype_name(tensor->dtype), tensor->ndim);
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = path),
+                        "cannot write %s tensors with %d dimensions to .npy", sf_dtype_name(tensor->dtype),
+                        tensor->ndim);
   int64_t numel = sf_tensor_numel(tensor);
   if (numel > 0 && !tensor->buffer)
-    return fail(error, SF_EUNSUPPORTED, path, "tensor has %lld elements but no buffer",
-                (long long)numel);
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = path), "tensor has %lld elements but no buffer",
+                        (long long)numel);
   char header[1024];
   size_t hlen = build_header(header, sizeof header, d, tensor);
-  if (hlen == 0) return fail(error, SF_EUNSUPPORTED, path, "shape too long for a .npy 1.0 header");
+  if (hlen == 0)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = path), "shape too long for a .npy 1.0 header");
 
   FILE *f = fopen(path, "wb");
   if (!f)
-    return fail(error, SF_EIO, path, "cannot create %s: %s (check the directory exists and is writable)",
-                path, strerror(errno));
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path),
+                        "cannot create %s: %s (check the directory exists and is writable)", path, strerror(errno));
   int r = fwrite(header, 1, hlen, f) == hlen ? 0 : -1;
   if (r == 0 && numel > 0) {
     const uint8_t *base = sf_tensor_data(tensor);
@@ -103,8 +102,8 @@ int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error) {
   }
   if (r < 0) {
     remove(path);
-    return fail(error, SF_EIO, path, "cannot write %s: %s (check free disk space)", path,
-                strerror(saved));
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot write %s: %s (check free disk space)", path,
+                        strerror(saved));
   }
   return 0;
 }

@@ -53,25 +53,23 @@ char *sf_error_format(const sf_error *e, char *buf, unsigned size) {
   return buf;
 }
 
-int sf_error_setv(sf_error *e, int code, const char *stage, const char *url, const char *key, int64_t offset,
-                  int64_t line, const char *fmt, va_list args) {
+int sf_error_setv(sf_error *e, int code, sf_where where, const char *fmt, va_list args) {
   if (!e) return code;
   memset(e, 0, sizeof *e);
   e->code = code;
-  e->offset = offset;
-  e->line = line;
-  snprintf(e->stage, sizeof e->stage, "%s", stage ? stage : "");
-  snprintf(e->url, sizeof e->url, "%s", url ? url : "");
-  snprintf(e->key, sizeof e->key, "%s", key ? key : "");
+  e->offset = where.offset;
+  e->line = where.line;
+  snprintf(e->stage, sizeof e->stage, "%s", where.stage ? where.stage : "");
+  snprintf(e->url, sizeof e->url, "%s", where.url ? where.url : "");
+  snprintf(e->key, sizeof e->key, "%s", where.key ? where.key : "");
   vsnprintf(e->message, sizeof e->message, fmt, args);
   return code;
 }
 
-int sf_error_set(sf_error *e, int code, const char *stage, const char *url, const char *key, int64_t offset,
-                 int64_t line, const char *fmt, ...) {
+int sf_error_set(sf_error *e, int code, sf_where where, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  sf_error_setv(e, code, stage, url, key, offset, line, fmt, ap);
+  sf_error_setv(e, code, where, fmt, ap);
   va_end(ap);
   return code;
 }

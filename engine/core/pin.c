@@ -30,7 +30,7 @@ static void load(void) {
 int sf_pin_open(sf_error *error) {
   pthread_once(&cuda.once, load);
   if (!cuda.library || !cuda.host_register || !cuda.host_unregister)
-    return sf_error_set(error, SF_EUNSUPPORTED, NULL, NULL, NULL, -1, -1,
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
                         "pin_memory needs the CUDA runtime (libcudart.so), which is not installed; "
                         "set pin_memory: false on hosts without a GPU");
   void *probe = aligned_alloc(4096, 4096);
@@ -39,7 +39,7 @@ int sf_pin_open(sf_error *error) {
   if (rc == 0) cuda.host_unregister(probe);
   free(probe);
   if (rc != 0)
-    return sf_error_set(error, SF_EUNSUPPORTED, NULL, NULL, NULL, -1, -1,
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
                         "pin_memory: cudaHostRegister failed (%s); set pin_memory: false on hosts without "
                         "a usable GPU",
                         cuda.error_string ? cuda.error_string(rc) : "unknown CUDA error");

@@ -40,7 +40,7 @@ static int check_budget_locked(sf_context *ctx, bool final) {
   else
     return 0;
   sf_error e;
-  sf_error_set(&e, SF_EBUDGET, NULL, NULL, NULL, -1, -1,
+  sf_error_set(&e, SF_EBUDGET, SF_NOWHERE,
                "stopping: %s (the last error: %s); fix the input, or raise the graph's max_errors / "
                "max_error_rate (or set error_policy: fail to stop at the first error)",
                why, ctx->has_error ? ctx->last_error.message : "none");
@@ -133,7 +133,7 @@ int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_
   sf_error e;
   va_list ap;
   va_start(ap, fmt);
-  sf_error_setv(&e, code, n->name, url, key, offset, -1, fmt, ap);
+  sf_error_setv(&e, code, SF_AT(.stage = n->name, .url = url, .key = key, .offset = offset), fmt, ap);
   va_end(ap);
   atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
   sf_context_record(n->ctx, &e);

@@ -64,7 +64,7 @@ static int env_int(const char *a, const char *b, int fallback, int *out, sf_erro
   char *end;
   long x = strtol(v, &end, 10);
   if (end == v || *end || x < 0 || x > 1 << 20)
-    return sf_error_set(error, SF_EOPTION, NULL, NULL, NULL, -1, -1,
+    return sf_error_set(error, SF_EOPTION, SF_NOWHERE,
                         "environment variable %s='%s' is not a rank or world size (a whole number)", name, v);
   *out = (int)x;
   return 0;
@@ -77,7 +77,7 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   if (atomic_load(&p->ctx.stop)) return; /* stopping: a step cut short is not a failure */
   if (n && atomic_load(&n->errors) == errors_before) { /* the stage returned an error without a record */
     sf_error e;
-    sf_error_set(&e, code, n->name, NULL, NULL, -1, -1, "stage %s stopped: %s", n->def->name, sf_strerror(code));
+    sf_error_set(&e, code, SF_AT(.stage = n->name), "stage %s stopped: %s", n->def->name, sf_strerror(code));
     sf_context_record(&p->ctx, &e);
   }
   int expected = 0;
@@ -469,7 +469,7 @@ static int end_epoch(sf_pipeline *p, uint64_t epoch) {
     sf_error last, e;
     bool has = sf_pipeline_last_error(p, &last);
     code = has ? last.code : SF_ENOENT;
-    sf_error_set(&e, code, NULL, NULL, NULL, -1, -1,
+    sf_error_set(&e, code, SF_NOWHERE,
                  "epoch %llu delivered no sample (%llu error records, %llu samples skipped%s%s); check the "
                  "shard list, the credentials and the errors above",
                  (unsigned long long)epoch, (unsigned long long)sf_pipeline_error_count(p),

@@ -10,7 +10,7 @@
 int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  sf_error_setv(e, code, NULL, g && g->path ? g->path : NULL, NULL, -1, line, fmt, ap);
+  sf_error_setv(e, code, SF_AT(.url = g && g->path ? g->path : NULL, .line = line), fmt, ap);
   va_end(ap);
   return code;
 }

@@ -165,7 +165,7 @@ int sf_group_worker_graph(sf_graph **graph, const char *stages, uint64_t seed, i
          (unsigned long long)seed, error_policy == SF_POLICY_FAIL ? "fail" : "skip", (long long)threads,
          entries ? entries + 1 : "");
   char *text = sf_strbuf_take(&t, NULL);
-  if (!text) return sf_error_set(e, SF_ENOMEM, NULL, origin, NULL, -1, -1, "out of memory");
+  if (!text) return sf_error_set(e, SF_ENOMEM, SF_AT(.url = origin), "out of memory");
   int r = sf_graph_load_string(graph, text, origin, e);
   free(text);
   return r;

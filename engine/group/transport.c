@@ -35,14 +35,15 @@ struct sf_transport {
 
 static int set_int(void *s, int option, int value, const char *name, const char *endpoint, sf_error *error) {
   if (zmq_setsockopt(s, option, &value, sizeof value) == 0) return 0;
-  return sf_error_set(error, SF_ENET, NULL, endpoint, NULL, -1, -1, "zmq_setsockopt %s: %s", name, zmq_strerror(errno));
+  return sf_error_set(error, SF_ENET, SF_AT(.url = endpoint), "zmq_setsockopt %s: %s", name, zmq_strerror(errno));
 }
 
 /* Limits shared by both ends: message size, byte-budget HWMs, linger, handshake timeout, keepalive. */
 static int apply_limits(void *s, const sf_transport_options *o, sf_error *error) {
   int64_t max = o->max_message_bytes > 0 ? o->max_message_bytes : (int64_t)256 << 20;
   if (zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0)
-    return sf_error_set(error, SF_ENET, NULL, o->endpoint, NULL, -1, -1, "zmq_setsockopt ZMQ_MAXMSGSIZE: %s", zmq_strerror(errno));
+    return sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint), "zmq_setsockopt ZMQ_MAXMSGSIZE: %s",
+                        zmq_strerror(errno));
   int64_t budget = o->buffer_bytes > 0 ? o->buffer_bytes : (int64_t)64 << 20;
   int64_t msg = o->message_bytes > 0 ? o->message_bytes : (int64_t)1 << 20;
   int64_t hwm = budget / msg;
@@ -64,13 +65,12 @@ static int apply_limits(void *s, const sf_transport_options *o, sf_error *error)
 
 static int check_endpoint(const sf_transport_options *o, bool *tcp, sf_error *error) {
   if (!o || !o->endpoint || !*o->endpoint)
-    return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "no endpoint given (tcp://HOST:PORT or ipc://PATH)");
-  if (strlen(o->endpoint) >= 480)
-    return sf_error_set(error, SF_EINVAL, NULL, o->endpoint, NULL, -1, -1, "endpoint too long");
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "no endpoint given (tcp://HOST:PORT or ipc://PATH)");
+  if (strlen(o->endpoint) >= 480) return sf_error_set(error, SF_EINVAL, SF_AT(.url = o->endpoint), "endpoint too long");
   if (strncmp(o->endpoint, "tcp://", 6) == 0) *tcp = true;
   else if (strncmp(o->endpoint, "ipc://", 6) == 0) *tcp = false;
   else
-    return sf_error_set(error, SF_EINVAL, NULL, o->endpoint, NULL, -1, -1,
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = o->endpoint),
                         "unsupported endpoint: use tcp://HOST:PORT (CURVE) or ipc://PATH (local processes)");
   return 0;
 }
@@ -85,15 +85,18 @@ static void destroy(sf_transport *t) {
 
 static int start_curve_server(void *ctx, sf_transport *t, const sf_transport_options *o, sf_error *error) {
   if (!zmq_has("curve"))
-    return sf_error_set(error, SF_EUNSUPPORTED, NULL, o->endpoint, NULL, -1, -1, "this libzmq was built without CURVE (libsodium)");
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = o->endpoint),
+                        "this libzmq was built without CURVE (libsodium)");
   if (!o->allowed_keys || !*o->allowed_keys)
-    return sf_error_set(error, SF_EDENIED, NULL, o->endpoint, NULL, -1, -1,
-                        "refusing to listen on tcp:// without an allow-list of worker keys: make key pairs with "
-                        "`shardflow keygen head` and `shardflow keygen WORKER`, then give the head secret_key: head.key and "
-                        "allowed_keys: a file or directory with WORKER.pub (or plaintext: true on a trusted network only)");
+    return sf_error_set(
+        error, SF_EDENIED, SF_AT(.url = o->endpoint),
+        "refusing to listen on tcp:// without an allow-list of worker keys: make key pairs with "
+        "`shardflow keygen head` and `shardflow keygen WORKER`, then give the head secret_key: head.key and "
+        "allowed_keys: a file or directory with WORKER.pub (or plaintext: true on a trusted network only)");
   if (!o->secret_key_file || !*o->secret_key_file)
-    return sf_error_set(error, SF_EDENIED, NULL, o->endpoint, NULL, -1, -1,
-                        "listening on tcp:// needs the head's secret key (secret_key: head.key; make it with `shardflow keygen head`)");
+    return sf_error_set(
+        error, SF_EDENIED, SF_AT(.url = o->endpoint),
+        "listening on tcp:// needs the head's secret key (secret_key: head.key; make it with `shardflow keygen head`)");
   int rc = sf_zap_new(o->allowed_keys, o->endpoint, &t->zap, error);
   if (rc < 0) return rc;
   char pub[SF_CURVE_KEY_Z85_LEN + 1], sec[SF_CURVE_KEY_Z85_LEN + 1];
@@ -104,7 +107,8 @@ static int start_curve_server(void *ctx, sf_transport *t, const sf_transport_opt
       zmq_setsockopt(t->socket, ZMQ_CURVE_SECRETKEY, sec, SF_CURVE_KEY_Z85_LEN) != 0 ||
       zmq_setsockopt(t->socket, ZMQ_ZAP_DOMAIN, SF_ZAP_DOMAIN, strlen(SF_ZAP_DOMAIN)) != 0) {
     explicit_bzero(sec, sizeof sec);
-    return sf_error_set(error, SF_ENET, NULL, o->endpoint, NULL, -1, -1, "cannot make a CURVE server socket: %s", zmq_strerror(errno));
+    return sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint), "cannot make a CURVE server socket: %s",
+                        zmq_strerror(errno));
   }
   explicit_bzero(sec, sizeof sec);
 #ifdef ZMQ_ZAP_ENFORCE_DOMAIN
@@ -121,14 +125,14 @@ int sf_transport_listen(void *zmq_ctx, const sf_transport_options *options, sf_t
   int rc = check_endpoint(options, &tcp, error);
   if (rc < 0) return rc;
   if (tcp && options->plaintext && options->allowed_keys && *options->allowed_keys)
-    return sf_error_set(error, SF_EINVAL, NULL, options->endpoint, NULL, -1, -1,
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = options->endpoint),
                         "plaintext and allowed_keys both given: plaintext cannot check keys; drop one of them");
   sf_transport *t = calloc(1, sizeof *t);
-  if (!t) return sf_error_set(error, SF_ENOMEM, NULL, options->endpoint, NULL, -1, -1, "out of memory");
+  if (!t) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = options->endpoint), "out of memory");
   snprintf(t->endpoint, sizeof t->endpoint, "%s", options->endpoint);
   t->socket = zmq_socket(zmq_ctx, ZMQ_ROUTER);
   if (!t->socket) {
-    rc = sf_error_set(error, SF_ENET, NULL, options->endpoint, NULL, -1, -1, "zmq_socket(ROUTER): %s", zmq_strerror(errno));
+    rc = sf_error_set(error, SF_ENET, SF_AT(.url = options->endpoint), "zmq_socket(ROUTER): %s", zmq_strerror(errno));
     goto fail;
   }
   rc = apply_limits(t->socket, options, error);
@@ -140,9 +144,10 @@ int sf_transport_listen(void *zmq_ctx, const sf_transport_options *options, sf_t
   }
   if (zmq_bind(t->socket, options->endpoint) != 0) {
     int e = errno;
-    rc = sf_error_set(error, e == EINVAL || e == EPROTONOSUPPORT ? SF_EINVAL : SF_ENET, NULL, options->endpoint, NULL, -1, -1,
+    rc = sf_error_set(error, e == EINVAL || e == EPROTONOSUPPORT ? SF_EINVAL : SF_ENET, SF_AT(.url = options->endpoint),
                       "cannot listen: %s%s", zmq_strerror(e),
-                      e == EADDRINUSE ? " (another process uses this port: choose another one, or port 0 for any free port)"
+                      e == EADDRINUSE
+                          ? " (another process uses this port: choose another one, or port 0 for any free port)"
                       : e == EADDRNOTAVAIL ? " (no such local address: use an address of this host, or 0.0.0.0)"
                                            : "");
     goto fail;
@@ -170,20 +175,21 @@ int sf_transport_connect(void *zmq_ctx, const sf_transport_options *options, sf_
   int rc = check_endpoint(options, &tcp, error);
   if (rc < 0) return rc;
   sf_transport *t = calloc(1, sizeof *t);
-  if (!t) return sf_error_set(error, SF_ENOMEM, NULL, options->endpoint, NULL, -1, -1, "out of memory");
+  if (!t) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = options->endpoint), "out of memory");
   snprintf(t->endpoint, sizeof t->endpoint, "%s", options->endpoint);
   t->socket = zmq_socket(zmq_ctx, ZMQ_DEALER);
   if (!t->socket) {
-    rc = sf_error_set(error, SF_ENET, NULL, options->endpoint, NULL, -1, -1, "zmq_socket(DEALER): %s", zmq_strerror(errno));
+    rc = sf_error_set(error, SF_ENET, SF_AT(.url = options->endpoint), "zmq_socket(DEALER): %s", zmq_strerror(errno));
     goto fail;
   }
   rc = apply_limits(t->socket, options, error);
   if (rc < 0) goto fail;
   if (tcp && !options->plaintext) {
     if (!options->secret_key_file || !*options->secret_key_file || !options->server_key_file || !*options->server_key_file) {
-      rc = sf_error_set(error, SF_EDENIED, NULL, options->endpoint, NULL, -1, -1,
-                        "connecting over tcp:// needs this worker's key (--key WORKER.key, from `shardflow keygen WORKER`) and "
-                        "the head's public key (--server-key head.pub); the head must list WORKER.pub in allowed_keys");
+      rc = sf_error_set(
+          error, SF_EDENIED, SF_AT(.url = options->endpoint),
+          "connecting over tcp:// needs this worker's key (--key WORKER.key, from `shardflow keygen WORKER`) and "
+          "the head's public key (--server-key head.pub); the head must list WORKER.pub in allowed_keys");
       goto fail;
     }
     char pub[SF_CURVE_KEY_Z85_LEN + 1], sec[SF_CURVE_KEY_Z85_LEN + 1], server[SF_CURVE_KEY_Z85_LEN + 1];
@@ -194,7 +200,7 @@ int sf_transport_connect(void *zmq_ctx, const sf_transport_options *options, sf_
         zmq_setsockopt(t->socket, ZMQ_CURVE_PUBLICKEY, pub, SF_CURVE_KEY_Z85_LEN) != 0 ||
         zmq_setsockopt(t->socket, ZMQ_CURVE_SECRETKEY, sec, SF_CURVE_KEY_Z85_LEN) != 0) {
       explicit_bzero(sec, sizeof sec);
-      rc = sf_error_set(error, SF_ENET, NULL, options->endpoint, NULL, -1, -1, "cannot make a CURVE client socket: %s",
+      rc = sf_error_set(error, SF_ENET, SF_AT(.url = options->endpoint), "cannot make a CURVE client socket: %s",
                         zmq_strerror(errno));
       goto fail;
     }
@@ -206,7 +212,7 @@ int sf_transport_connect(void *zmq_ctx, const sf_transport_options *options, sf_
     goto fail;
   }
   if (zmq_connect(t->socket, options->endpoint) != 0) {
-    rc = sf_error_set(error, SF_EINVAL, NULL, options->endpoint, NULL, -1, -1, "cannot connect: %s", zmq_strerror(errno));
+    rc = sf_error_set(error, SF_EINVAL, SF_AT(.url = options->endpoint), "cannot connect: %s", zmq_strerror(errno));
     goto fail;
   }
   *transport = t;

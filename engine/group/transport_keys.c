@@ -69,14 +69,14 @@ bool sf_key_line_parse(char *line, char **name, char **value) {
 
 int sf_key_file_read(int fd, const char *path, size_t limit, char **text, sf_error *error) {
   struct stat st;
-  if (fstat(fd, &st) < 0) return sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "cannot stat: %s", strerror(errno));
+  if (fstat(fd, &st) < 0) return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot stat: %s", strerror(errno));
   if (!S_ISREG(st.st_mode))
-    return sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "not a regular file (give the path of a key file)");
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path), "not a regular file (give the path of a key file)");
   if ((uint64_t)st.st_size > limit)
-    return sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, -1, "%lld bytes: larger than the %zu a key file may have",
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.url = path), "%lld bytes: larger than the %zu a key file may have",
                         (long long)st.st_size, limit);
   char *buf = malloc((size_t)st.st_size + 1);
-  if (!buf) return sf_error_set(error, SF_ENOMEM, NULL, path, NULL, -1, -1, "out of memory reading the file");
+  if (!buf) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory reading the file");
   size_t got = 0;
   while (got < (size_t)st.st_size) {
     ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
@@ -84,7 +84,7 @@ int sf_key_file_read(int fd, const char *path, size_t limit, char **text, sf_err
     if (r < 0) {
       int e = errno;
       free(buf);
-      return sf_error_set(error, SF_EIO, NULL, path, NULL, (int64_t)got, -1, "read failed: %s", strerror(e));
+      return sf_error_set(error, SF_EIO, SF_AT(.url = path, .offset = (int64_t)got), "read failed: %s", strerror(e));
     }
     if (r == 0) break;
     got += (size_t)r;
@@ -99,14 +99,13 @@ static int open_key_file(const char *path, int *fd, sf_error *error) {
   if (*fd >= 0) return 0;
   int e = errno;
   if (e == ENOENT)
-    return sf_error_set(error, SF_ENOENT, NULL, path, NULL, -1, -1,
+    return sf_error_set(error, SF_ENOENT, SF_AT(.url = path),
                         "no such key file (make one with `shardflow keygen NAME`)");
-  return sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "cannot open the key file: %s", strerror(e));
+  return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot open the key file: %s", strerror(e));
 }
 
 int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_error *error) {
-  if (!path || !*path || !public_z85)
-    return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "no key file given");
+  if (!path || !*path || !public_z85) return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "no key file given");
   int fd;
   int rc = open_key_file(path, &fd, error);
   if (rc < 0) return rc;
@@ -125,8 +124,9 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
     char *name, *value;
     uint8_t raw[32];
     if (!sf_key_line_parse(line, &name, &value)) {
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, line_no,
-                        "not a key file line (expected `public-key = \"Z85\"`; make key files with `shardflow keygen`)");
+      rc =
+          sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line_no),
+                       "not a key file line (expected `public-key = \"Z85\"`; make key files with `shardflow keygen`)");
       break;
     }
     if (!value) continue;
@@ -135,12 +135,13 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
     else if (strcmp(name, "secret-key") == 0) dst = sec;
     else continue; /* other metadata */
     if (!sf_curve_key_decode(value, raw)) {
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, line_no,
+      rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line_no),
                         "not a Z85 CURVE key (40 characters of Z85 expected; make key files with `shardflow keygen`)");
       break;
     }
     if (dst[0]) {
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, line_no, "%s given twice", dst == pub ? "public key" : "secret key");
+      rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line_no), "%s given twice",
+                        dst == pub ? "public key" : "secret key");
       break;
     }
     memcpy(dst, value, SF_CURVE_KEY_Z85_LEN + 1);
@@ -148,23 +149,25 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
   explicit_bzero(text, text_len);
   free(text);
   if (rc == 0 && !pub[0] && !(sec[0] && secret_z85))
-    rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, -1, "no public key in the file (make key files with `shardflow keygen`)");
+    rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path),
+                      "no public key in the file (make key files with `shardflow keygen`)");
   if (rc == 0 && secret_z85 && !sec[0])
-    rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, -1,
+    rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path),
                       "no secret key in the file: give NAME.key (the file NAME.pub holds only the public key)");
   if (rc == 0 && secret_z85 && (st.st_mode & 077))
-    rc = sf_error_set(error, SF_EDENIED, NULL, path, NULL, -1, -1,
+    rc = sf_error_set(error, SF_EDENIED, SF_AT(.url = path),
                       "secret key file is accessible to group or others (mode %03o): run `chmod 600 %s`, "
                       "and make a new key pair if others may have read it",
                       (unsigned)(st.st_mode & 0777), path);
   if (rc == 0 && sec[0]) {
     char derived[SF_CURVE_KEY_Z85_LEN + 1];
     if (zmq_curve_public(derived, sec) != 0)
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, -1, "the secret key is not usable (%s)", zmq_strerror(errno));
+      rc =
+          sf_error_set(error, SF_EFORMAT, SF_AT(.url = path), "the secret key is not usable (%s)", zmq_strerror(errno));
     else if (!pub[0])
       memcpy(pub, derived, sizeof pub);
     else if (strcmp(derived, pub) != 0)
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, -1,
+      rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path),
                         "public and secret key do not belong together (the file was edited; make a new pair)");
     explicit_bzero(derived, sizeof derived);
   }
@@ -180,39 +183,45 @@ static int write_key_file(const char *path, mode_t mode, const char *text, sf_er
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) {
     int e = errno;
-    return sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "cannot create the key file: %s%s", strerror(e),
-                        e == EEXIST ? " (remove it first to make a new key pair; workers holding the old key then need the new one)" : "");
+    return sf_error_set(
+        error, SF_EIO, SF_AT(.url = path), "cannot create the key file: %s%s", strerror(e),
+        e == EEXIST ? " (remove it first to make a new key pair; workers holding the old key then need the new one)"
+                    : "");
   }
   int rc = 0;
-  if (fchmod(fd, mode) < 0) rc = sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "chmod failed: %s", strerror(errno));
+  if (fchmod(fd, mode) < 0) rc = sf_error_set(error, SF_EIO, SF_AT(.url = path), "chmod failed: %s", strerror(errno));
   size_t len = strlen(text), done = 0;
   while (rc == 0 && done < len) {
     ssize_t w = write(fd, text + done, len - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) rc = sf_error_set(error, SF_EIO, NULL, path, NULL, (int64_t)done, -1, "write failed: %s", strerror(errno));
+    if (w < 0)
+      rc =
+          sf_error_set(error, SF_EIO, SF_AT(.url = path, .offset = (int64_t)done), "write failed: %s", strerror(errno));
     else done += (size_t)w;
   }
-  if (rc == 0 && fsync(fd) < 0) rc = sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "fsync failed: %s", strerror(errno));
-  if (close(fd) < 0 && rc == 0) rc = sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "close failed: %s", strerror(errno));
+  if (rc == 0 && fsync(fd) < 0)
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = path), "fsync failed: %s", strerror(errno));
+  if (close(fd) < 0 && rc == 0)
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = path), "close failed: %s", strerror(errno));
   if (rc < 0) unlink(path);
   return rc;
 }
 
 int sf_curve_keygen(const char *dir, const char *name, char *public_z85, sf_error *error) {
   if (!name || !*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-    return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "key name '%s' is empty or has a '/' (use --dir for a directory)",
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "key name '%s' is empty or has a '/' (use --dir for a directory)",
                         name ? name : "");
   if (!zmq_has("curve"))
-    return sf_error_set(error, SF_EUNSUPPORTED, NULL, NULL, NULL, -1, -1, "this libzmq was built without CURVE (libsodium)");
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "this libzmq was built without CURVE (libsodium)");
   if (!dir || !*dir) dir = ".";
   char pub[SF_CURVE_KEY_Z85_LEN + 1], sec[SF_CURVE_KEY_Z85_LEN + 1];
   if (zmq_curve_keypair(pub, sec) != 0)
-    return sf_error_set(error, SF_EUNSUPPORTED, NULL, NULL, NULL, -1, -1, "zmq_curve_keypair failed: %s", zmq_strerror(errno));
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "zmq_curve_keypair failed: %s", zmq_strerror(errno));
   char key_path[PATH_MAX], pub_path[PATH_MAX];
   if (snprintf(key_path, sizeof key_path, "%s/%s.key", dir, name) >= (int)sizeof key_path ||
       snprintf(pub_path, sizeof pub_path, "%s/%s.pub", dir, name) >= (int)sizeof pub_path) {
     explicit_bzero(sec, sizeof sec);
-    return sf_error_set(error, SF_EINVAL, NULL, dir, NULL, -1, -1, "path too long");
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = dir), "path too long");
   }
   char text[1024];
   snprintf(text, sizeof text,

@@ -86,11 +86,11 @@ typedef struct key_set {
 
 static int key_set_add(key_set *set, const uint8_t key[32], const char *path, sf_error *error) {
   if (set->n == MAX_ALLOWED)
-    return sf_error_set(error, SF_ETOOBIG, NULL, path, NULL, -1, -1, "more than %d keys in the allow-list", MAX_ALLOWED);
+    return sf_error_set(error, SF_ETOOBIG, SF_AT(.url = path), "more than %d keys in the allow-list", MAX_ALLOWED);
   if (set->n == set->cap) {
     size_t cap = set->cap ? set->cap * 2 : 16;
     void *p = realloc(set->keys, cap * 32);
-    if (!p) return sf_error_set(error, SF_ENOMEM, NULL, path, NULL, -1, -1, "out of memory loading the allow-list");
+    if (!p) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory loading the allow-list");
     set->keys = p;
     set->cap = cap;
   }
@@ -104,7 +104,7 @@ static int load_allow_file(const char *path, key_set *set, sf_error *error) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     int e = errno;
-    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, NULL, path, NULL, -1, -1, "cannot open the allow-list: %s",
+    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot open the allow-list: %s",
                         strerror(e));
   }
   char *text = NULL;
@@ -120,14 +120,16 @@ static int load_allow_file(const char *path, key_set *set, sf_error *error) {
     char *name, *value;
     uint8_t raw[32];
     if (!sf_key_line_parse(p, &name, &value)) {
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, line_no,
+      rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line_no),
                         "not an allow-list line (one Z85 public key a line, or `public-key = \"Z85\"`; # comments)");
     } else if (value && name && strcmp(name, "secret-key") == 0) {
-      rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, line_no,
-                        "a secret key in the allow-list: list public keys only (NAME.pub), and make a new pair for that worker");
+      rc = sf_error_set(
+          error, SF_EFORMAT, SF_AT(.url = path, .line = line_no),
+          "a secret key in the allow-list: list public keys only (NAME.pub), and make a new pair for that worker");
     } else if (value && (!name || strcmp(name, "public-key") == 0)) {
       if (!sf_curve_key_decode(value, raw))
-        rc = sf_error_set(error, SF_EFORMAT, NULL, path, NULL, -1, line_no, "not a Z85 CURVE public key (40 characters expected)");
+        rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line_no),
+                          "not a Z85 CURVE public key (40 characters expected)");
       else
         rc = key_set_add(set, raw, path, error);
     }
@@ -140,7 +142,8 @@ static int load_allow_file(const char *path, key_set *set, sf_error *error) {
 
 static int load_allow_dir(const char *path, key_set *set, sf_error *error) {
   DIR *d = opendir(path);
-  if (!d) return sf_error_set(error, SF_EIO, NULL, path, NULL, -1, -1, "cannot read the allow-list directory: %s", strerror(errno));
+  if (!d)
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot read the allow-list directory: %s", strerror(errno));
   int rc = 0;
   struct dirent *e;
   while (rc == 0 && (e = readdir(d)) != NULL) {
@@ -162,7 +165,7 @@ static int load_allowed(sf_zap *z, sf_error *error) {
   struct stat st;
   if (stat(z->allowed_path, &st) < 0) {
     int e = errno;
-    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, NULL, z->allowed_path, NULL, -1, -1,
+    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = z->allowed_path),
                         "cannot read the allow-list (allowed_keys): %s", strerror(e));
   }
   key_set set = {0};
@@ -473,10 +476,10 @@ static void no_linger(void *s) {
 int sf_zap_new(const char *allowed_keys, const char *endpoint, sf_zap **zap, sf_error *error) {
   sf_zap *z = calloc(1, sizeof *z);
   *zap = z;
-  if (!z) return sf_error_set(error, SF_ENOMEM, NULL, endpoint, NULL, -1, -1, "out of memory");
+  if (!z) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = endpoint), "out of memory");
   snprintf(z->endpoint, sizeof z->endpoint, "%s", endpoint);
   z->allowed_path = strdup(allowed_keys);
-  if (!z->allowed_path) return sf_error_set(error, SF_ENOMEM, NULL, endpoint, NULL, -1, -1, "out of memory");
+  if (!z->allowed_path) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = endpoint), "out of memory");
   int rc = load_allowed(z, error);
   if (rc < 0) return rc;
   z->allowed_ok = true;
@@ -488,15 +491,17 @@ int sf_zap_new(const char *allowed_keys, const char *endpoint, sf_zap **zap, sf_
 
 int sf_zap_attach(sf_zap *z, void *ctx, void *socket, sf_error *error) {
   z->zap = zmq_socket(ctx, ZMQ_REP);
-  if (!z->zap) return sf_error_set(error, SF_ENET, NULL, z->endpoint, NULL, -1, -1, "zmq_socket: %s", zmq_strerror(errno));
+  if (!z->zap) return sf_error_set(error, SF_ENET, SF_AT(.url = z->endpoint), "zmq_socket: %s", zmq_strerror(errno));
   no_linger(z->zap);
   if (zmq_bind(z->zap, ZAP_ENDPOINT) != 0) {
     int e = errno;
     close_zmq(&z->zap);
-    return sf_error_set(error, e == EADDRINUSE ? SF_EINVAL : SF_ENET, NULL, z->endpoint, NULL, -1, -1,
+    return sf_error_set(error, e == EADDRINUSE ? SF_EINVAL : SF_ENET, SF_AT(.url = z->endpoint),
                         "cannot serve ZAP on %s: %s%s", ZAP_ENDPOINT, zmq_strerror(e),
-                        e == EADDRINUSE ? " (another socket of this ZeroMQ context serves ZAP: one CURVE listening transport "
-                                          "per context; give this one a context of its own)" : "");
+                        e == EADDRINUSE
+                            ? " (another socket of this ZeroMQ context serves ZAP: one CURVE listening transport "
+                              "per context; give this one a context of its own)"
+                            : "");
   }
   /* Names never reused: libzmq releases an inproc name only when the socket's close completes. */
   static _Atomic uint64_t serial;
@@ -510,7 +515,7 @@ int sf_zap_attach(sf_zap *z, void *ctx, void *socket, sf_error *error) {
       zmq_bind(z->ctl, z->ctl_ep) != 0 || !(z->ctl_thread = zmq_socket(ctx, ZMQ_PAIR)) ||
       zmq_connect(z->ctl_thread, z->ctl_ep) != 0) {
     z->monitor_ep[0] = '\0';
-    return sf_error_set(error, SF_ENET, NULL, z->endpoint, NULL, -1, -1, "cannot set up the connection monitor: %s",
+    return sf_error_set(error, SF_ENET, SF_AT(.url = z->endpoint), "cannot set up the connection monitor: %s",
                         zmq_strerror(errno));
   }
   no_linger(z->monitor);
@@ -522,7 +527,7 @@ int sf_zap_attach(sf_zap *z, void *ctx, void *socket, sf_error *error) {
 int sf_zap_start(sf_zap *z, const char *endpoint, sf_error *error) {
   snprintf(z->endpoint, sizeof z->endpoint, "%s", endpoint);
   if (pthread_create(&z->thread, NULL, handler_main, z) != 0)
-    return sf_error_set(error, SF_ENOMEM, NULL, endpoint, NULL, -1, -1, "cannot start the ZAP handler thread");
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = endpoint), "cannot start the ZAP handler thread");
   z->thread_started = true;
   return 0;
 }

@@ -93,14 +93,12 @@ static void *budget_alloc(void *data, size_t size) {
 
 static void budget_free(void *data, void *p) { free(p); }
 
-/* Sets *error for a rejected message; the text says which sample and field when there is one. */
-#define REJECT(code, key, ...) sf_error_set(error, (code), NULL, NULL, (key), -1, -1, __VA_ARGS__)
-
 static int check_string(const char *s, size_t max, const char *what, int type, sf_error *error) {
   size_t n = strnlen(s, max + 1);
   if (n > max)
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message: %s is longer than %zu bytes; a peer of another version or not shardflow",
-                  sf_wire_type_name(type), what, max);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: %s message: %s is longer than %zu bytes; a peer of another version or not shardflow",
+                        sf_wire_type_name(type), what, max);
   return 0;
 }
 
@@ -109,52 +107,65 @@ static int check_sample(const SfWire__SampleMeta *s, size_t i, int type, int n_f
   const char *tname = sf_wire_type_name(type);
   size_t klen = strnlen(s->key, KEY_MAX + 1);
   if (klen > KEY_MAX)
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message: sample %zu has a key longer than %d bytes", tname, i, KEY_MAX);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message: sample %zu has a key longer than %d bytes",
+                        tname, i, KEY_MAX);
   if (strnlen(s->url, URL_MAX + 1) > URL_MAX)
-    return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu has a URL longer than %d bytes", tname, i, URL_MAX);
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                        "wire: %s message: sample %zu has a URL longer than %d bytes", tname, i, URL_MAX);
   if (s->same_url && (i == 0 || s->url[0]))
-    return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu says same_url but %s", tname, i,
-                  i == 0 ? "it is the first sample" : "also carries a URL");
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key), "wire: %s message: sample %zu says same_url but %s",
+                        tname, i, i == 0 ? "it is the first sample" : "also carries a URL");
   if (s->n_fields > SF_MAX_FIELDS)
-    return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu has %zu fields; at most %d are allowed", tname, i,
-                  s->n_fields, SF_MAX_FIELDS);
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                        "wire: %s message: sample %zu has %zu fields; at most %d are allowed", tname, i, s->n_fields,
+                        SF_MAX_FIELDS);
   for (size_t j = 0; j < s->n_fields; j++) {
     const SfWire__FieldMeta *f = s->fields[j];
     if (strnlen(f->name, NAME_MAX_ + 1) > NAME_MAX_)
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field %zu has a name longer than %d bytes", tname,
-                    i, j, NAME_MAX_);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field %zu has a name longer than %d bytes", tname, i, j,
+                          NAME_MAX_);
     for (size_t k = 0; k < j; k++)
       if (strcmp(s->fields[k]->name, f->name) == 0)
-        return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu has two fields named '%s'", tname, i, f->name);
+        return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                            "wire: %s message: sample %zu has two fields named '%s'", tname, i, f->name);
     if (f->dtype >= SF_DTYPE_COUNT_)
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' has dtype %u; known dtypes are 0..%d",
-                    tname, i, f->name, f->dtype, SF_DTYPE_COUNT_ - 1);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field '%s' has dtype %u; known dtypes are 0..%d", tname, i,
+                          f->name, f->dtype, SF_DTYPE_COUNT_ - 1);
     if (f->n_shape > SF_TENSOR_MAX_DIMS)
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' has %zu dimensions; at most %d", tname,
-                    i, f->name, f->n_shape, SF_TENSOR_MAX_DIMS);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field '%s' has %zu dimensions; at most %d", tname, i, f->name,
+                          f->n_shape, SF_TENSOR_MAX_DIMS);
     uint64_t bytes;
     for (size_t d = 0; d < f->n_shape; d++)
       if (f->shape[d] < 0)
-        return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' has a negative dimension (%lld)",
-                      tname, i, f->name, (long long)f->shape[d]);
+        return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                            "wire: %s message: sample %zu field '%s' has a negative dimension (%lld)", tname, i,
+                            f->name, (long long)f->shape[d]);
     if (!shape_bytes((sf_dtype)f->dtype, (int)f->n_shape, f->shape, &bytes))
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s': the byte size of its shape overflows",
-                    tname, i, f->name);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field '%s': the byte size of its shape overflows", tname, i,
+                          f->name);
     if (f->encoded && (f->dtype != SF_DTYPE_UINT8 || f->n_shape != 1))
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' is encoded but not uint8 with one dimension",
-                    tname, i, f->name);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field '%s' is encoded but not uint8 with one dimension", tname,
+                          i, f->name);
     if (f->no_data) {
       if (f->encoded || f->frame != 0)
-        return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' has no data but %s", tname, i,
-                      f->name, f->encoded ? "is marked encoded" : "names a frame");
+        return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                            "wire: %s message: sample %zu field '%s' has no data but %s", tname, i, f->name,
+                            f->encoded ? "is marked encoded" : "names a frame");
       continue;
     }
     if (f->frame >= (uint32_t)n_frames)
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' names frame %u; the message has %d",
-                    tname, i, f->name, f->frame, n_frames);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field '%s' names frame %u; the message has %d", tname, i,
+                          f->name, f->frame, n_frames);
     if (used[f->frame])
-      return REJECT(SF_EFORMAT, s->key, "wire: %s message: sample %zu field '%s' names frame %u, which another field uses",
-                    tname, i, f->name, f->frame);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = s->key),
+                          "wire: %s message: sample %zu field '%s' names frame %u, which another field uses", tname, i,
+                          f->name, f->frame);
     used[f->frame] = 1;
   }
   return 0;
@@ -165,51 +176,63 @@ static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf
   int type = (int)h->type;
   /* A BYE reads across versions (fields 1, 2 and 7 never change): a head can tell an old worker why it is refused. */
   if (h->version != SF_WIRE_VERSION && type != SF_WIRE_BYE)
-    return REJECT(SF_EFORMAT, NULL, "wire: the peer speaks wire version %u, this shardflow %d: run the same shardflow "
-                  "version on the head and its workers", h->version, SF_WIRE_VERSION);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: the peer speaks wire version %u, this shardflow %d: run the same shardflow "
+                        "version on the head and its workers",
+                        h->version, SF_WIRE_VERSION);
   if (type < SF_WIRE_HELLO || type > SF_WIRE_EPOCH_END)
-    return REJECT(SF_EFORMAT, NULL, "wire: unknown message type %d", type);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: unknown message type %d", type);
   const char *tname = sf_wire_type_name(type);
   if (h->text[0] && !carries_text(type))
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message carries text; only HELLO, WELCOME and BYE do", tname);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message carries text; only HELLO, WELCOME and BYE do",
+                        tname);
   if (strnlen(h->text, SF_WIRE_MAX_TEXT + 1) > SF_WIRE_MAX_TEXT)
-    return REJECT(SF_ETOOBIG, NULL, "wire: %s message: text longer than %d bytes", tname, SF_WIRE_MAX_TEXT);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message: text longer than %d bytes", tname,
+                        SF_WIRE_MAX_TEXT);
   if ((h->welcome != NULL) != (type == SF_WIRE_WELCOME))
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message %s run settings", tname,
-                  type == SF_WIRE_WELCOME ? "without" : "with");
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message %s run settings", tname,
+                        type == SF_WIRE_WELCOME ? "without" : "with");
   if (h->welcome) {
     const SfWire__Welcome *w = h->welcome;
     if (w->world_size < 1 || w->rank < 0 || w->rank >= w->world_size)
-      return REJECT(SF_EFORMAT, NULL, "wire: WELCOME message: rank %d of world size %d is out of range", (int)w->rank,
-                    (int)w->world_size);
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                          "wire: WELCOME message: rank %d of world size %d is out of range", (int)w->rank,
+                          (int)w->world_size);
     if (w->error_policy < 0)
-      return REJECT(SF_EFORMAT, NULL, "wire: WELCOME message: error policy %d is out of range", (int)w->error_policy);
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: WELCOME message: error policy %d is out of range",
+                          (int)w->error_policy);
     if (!isfinite(w->heartbeat_interval) || !isfinite(w->heartbeat_timeout) || w->heartbeat_interval < 0 ||
         w->heartbeat_timeout < 0)
-      return REJECT(SF_EFORMAT, NULL, "wire: WELCOME message: heartbeat interval %g s / timeout %g s are not "
-                    "non-negative numbers", w->heartbeat_interval, w->heartbeat_timeout);
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                          "wire: WELCOME message: heartbeat interval %g s / timeout %g s are not "
+                          "non-negative numbers",
+                          w->heartbeat_interval, w->heartbeat_timeout);
   }
   if (h->n_samples && !carries_samples(type))
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message carries samples; only UNIT and RESULT do", tname);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message carries samples; only UNIT and RESULT do",
+                        tname);
   if (h->n_samples > SF_WIRE_MAX_SAMPLES)
-    return REJECT(SF_ETOOBIG, NULL, "wire: %s message has %zu samples; at most %d are allowed", tname, h->n_samples,
-                  SF_WIRE_MAX_SAMPLES);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message has %zu samples; at most %d are allowed",
+                        tname, h->n_samples, SF_WIRE_MAX_SAMPLES);
   if (h->n_errors && !carries_errors(type))
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message carries error records; only RESULT and ERROR do", tname);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: %s message carries error records; only RESULT and ERROR do", tname);
   if (h->n_errors > SF_WIRE_MAX_ERRORS)
-    return REJECT(SF_ETOOBIG, NULL, "wire: %s message has %zu error records; at most %d are allowed", tname,
-                  h->n_errors, SF_WIRE_MAX_ERRORS);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message has %zu error records; at most %d are allowed",
+                        tname, h->n_errors, SF_WIRE_MAX_ERRORS);
   if (h->n_stats && !carries_stats(type))
-    return REJECT(SF_EFORMAT, NULL, "wire: %s message carries stage statistics; only HEARTBEAT and RESULT do", tname);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: %s message carries stage statistics; only HEARTBEAT and RESULT do", tname);
   if (h->n_stats > SF_WIRE_MAX_STATS)
-    return REJECT(SF_ETOOBIG, NULL, "wire: %s message has %zu stage statistics; at most %d are allowed", tname,
-                  h->n_stats, SF_WIRE_MAX_STATS);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
+                        "wire: %s message has %zu stage statistics; at most %d are allowed", tname, h->n_stats,
+                        SF_WIRE_MAX_STATS);
   sf_error tmp;
   for (size_t i = 0; i < h->n_errors; i++) {
     const SfWire__ErrorRecord *e = h->errors[i];
     if (e->code >= 0)
-      return REJECT(SF_EFORMAT, NULL, "wire: %s message: error record %zu has code %d; codes are negative", tname, i,
-                    (int)e->code);
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                          "wire: %s message: error record %zu has code %d; codes are negative", tname, i, (int)e->code);
     int r;
     if ((r = check_string(e->stage, sizeof tmp.stage - 1, "an error record's stage", type, error)) < 0 ||
         (r = check_string(e->url, sizeof tmp.url - 1, "an error record's URL", type, error)) < 0 ||
@@ -227,7 +250,8 @@ static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf
   }
   for (int i = 0; i < n_frames; i++)
     if (!used[i])
-      return REJECT(SF_EFORMAT, NULL, "wire: %s message: payload frame %d of %d belongs to no field", tname, i, n_frames);
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message: payload frame %d of %d belongs to no field",
+                          tname, i, n_frames);
   return 0;
 }
 
@@ -241,15 +265,18 @@ static int build_field(sf_sample *out, const SfWire__FieldMeta *f, size_t i, int
   int ndim = (int)f->n_shape;
   if (f->no_data) {
     if (sf_tensor_set_shape(&t, dtype, ndim, shape) < 0)
-      return REJECT(SF_EFORMAT, out->key, "wire: sample %zu field '%s': bad shape", i, f->name);
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = out->key), "wire: sample %zu field '%s': bad shape", i,
+                          f->name);
   } else {
     sf_buffer *frame = frames[f->frame];
     uint64_t bytes = 0;
     shape_bytes(dtype, ndim, shape, &bytes);
     if (bytes != sf_buffer_size(frame))
-      return REJECT(SF_EFORMAT, out->key, "wire: %s message: sample %zu field '%s' (%s, %d dimensions) needs %llu "
-                    "bytes but its frame %u has %zu", sf_wire_type_name(type), i, f->name, sf_dtype_name(dtype), ndim,
-                    (unsigned long long)bytes, f->frame, sf_buffer_size(frame));
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = out->key),
+                          "wire: %s message: sample %zu field '%s' (%s, %d dimensions) needs %llu "
+                          "bytes but its frame %u has %zu",
+                          sf_wire_type_name(type), i, f->name, sf_dtype_name(dtype), ndim, (unsigned long long)bytes,
+                          f->frame, sf_buffer_size(frame));
     sf_buffer *b;
     size_t align = sf_dtype_size(dtype);
     if ((uintptr_t)sf_buffer_data(frame) % align == 0) {
@@ -257,25 +284,30 @@ static int build_field(sf_sample *out, const SfWire__FieldMeta *f, size_t i, int
     } else {
       /* libzmq stores small received frames inside its 8 KiB receive batch at any offset; typed loads need alignment. */
       b = sf_buffer_new(bytes);
-      if (!b) return REJECT(SF_ENOMEM, out->key, "wire: out of memory copying field '%s'", f->name);
+      if (!b)
+        return sf_error_set(error, SF_ENOMEM, SF_AT(.key = out->key), "wire: out of memory copying field '%s'",
+                            f->name);
       memcpy(sf_buffer_data(b), sf_buffer_data(frame), bytes);
       atomic_fetch_add(&copied_received, bytes);
     }
     int r = sf_tensor_view(&t, dtype, ndim, shape, b, 0);
-    if (r < 0) return REJECT(SF_EFORMAT, out->key, "wire: sample %zu field '%s': bad shape", i, f->name);
+    if (r < 0)
+      return sf_error_set(error, SF_EFORMAT, SF_AT(.key = out->key), "wire: sample %zu field '%s': bad shape", i,
+                          f->name);
   }
   if (!sf_sample_add_field(out, f->name, f->encoded, &t))
-    return REJECT(SF_EINTERNAL, out->key, "wire: sample %zu: cannot add field '%s'", i, f->name);
+    return sf_error_set(error, SF_EINTERNAL, SF_AT(.key = out->key), "wire: sample %zu: cannot add field '%s'", i,
+                        f->name);
   return 0;
 }
 
 static int build_sample(sf_wire_message *msg, const SfWire__SampleMeta *s, size_t i, int type,
                         sf_buffer *const *frames, sf_error *error) {
   sf_sample *out = sf_sample_new();
-  if (!out) return REJECT(SF_ENOMEM, NULL, "wire: out of memory decoding sample %zu", i);
+  if (!out) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory decoding sample %zu", i);
   msg->samples[msg->n_samples++] = out;
   if (sf_sample_set_key(out, s->key, strlen(s->key)) < 0)
-    return REJECT(SF_ENOMEM, NULL, "wire: out of memory decoding sample %zu", i);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory decoding sample %zu", i);
   out->epoch = s->epoch;
   out->shard_index = s->shard_index;
   out->index = s->index;
@@ -286,7 +318,8 @@ static int build_sample(sf_wire_message *msg, const SfWire__SampleMeta *s, size_
   } else if (s->url[0]) {
     size_t n = strlen(s->url);
     out->url = sf_buffer_new(n + 1);
-    if (!out->url) return REJECT(SF_ENOMEM, s->key, "wire: out of memory decoding sample %zu", i);
+    if (!out->url)
+      return sf_error_set(error, SF_ENOMEM, SF_AT(.key = s->key), "wire: out of memory decoding sample %zu", i);
     memcpy(sf_buffer_data(out->url), s->url, n + 1);
   }
   for (size_t j = 0; j < s->n_fields; j++) {
@@ -301,7 +334,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
   int type = (int)h->type;
   if (carries_text(type)) {
     msg->text = strdup(h->text);
-    if (!msg->text) return REJECT(SF_ENOMEM, NULL, "wire: out of memory");
+    if (!msg->text) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
   }
   switch (type) {
   case SF_WIRE_HELLO:
@@ -332,7 +365,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
   }
   if (h->n_errors) {
     msg->errors = calloc(h->n_errors, sizeof *msg->errors);
-    if (!msg->errors) return REJECT(SF_ENOMEM, NULL, "wire: out of memory");
+    if (!msg->errors) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
     for (size_t i = 0; i < h->n_errors; i++) {
       const SfWire__ErrorRecord *e = h->errors[i];
       sf_error *d = &msg->errors[i];
@@ -348,7 +381,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
   }
   if (h->n_stats) {
     msg->stats = calloc(h->n_stats, sizeof *msg->stats);
-    if (!msg->stats) return REJECT(SF_ENOMEM, NULL, "wire: out of memory");
+    if (!msg->stats) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
     for (size_t i = 0; i < h->n_stats; i++) {
       const SfWire__StageStats *s = h->stats[i];
       sf_wire_stage_stats *d = &msg->stats[i];
@@ -363,7 +396,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
   }
   if (h->n_samples) {
     msg->samples = calloc(h->n_samples, sizeof *msg->samples);
-    if (!msg->samples) return REJECT(SF_ENOMEM, NULL, "wire: out of memory");
+    if (!msg->samples) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
     for (size_t i = 0; i < h->n_samples; i++) {
       int r = build_sample(msg, h->samples[i], i, type, frames, error);
       if (r < 0) return r;
@@ -378,23 +411,28 @@ int sf_wire_decode(const uint8_t *header, size_t header_len, sf_buffer *const *f
   memset(msg, 0, sizeof *msg);
   msg->peer = peer;
   if (header_len > SF_WIRE_MAX_HEADER)
-    return REJECT(SF_ETOOBIG, NULL, "wire: header frame of %zu bytes; at most %d are allowed", header_len,
-                  SF_WIRE_MAX_HEADER);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: header frame of %zu bytes; at most %d are allowed",
+                        header_len, SF_WIRE_MAX_HEADER);
   if (n_frames < 0 || n_frames > SF_WIRE_MAX_FRAMES)
-    return REJECT(SF_ETOOBIG, NULL, "wire: %d payload frames; at most %d are allowed", n_frames, SF_WIRE_MAX_FRAMES);
-  if (!header && header_len) return REJECT(SF_EINVAL, NULL, "wire: no header");
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %d payload frames; at most %d are allowed", n_frames,
+                        SF_WIRE_MAX_FRAMES);
+  if (!header && header_len) return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "wire: no header");
   budget b = {.limit = DECODE_BUDGET};
   ProtobufCAllocator allocator = {.alloc = budget_alloc, .free = budget_free, .allocator_data = &b};
   SfWire__Header *h = sf_wire__header__unpack(&allocator, header_len, header);
   if (!h) {
     if (b.exceeded)
-      return REJECT(SF_ETOOBIG, NULL, "wire: the header frame (%zu bytes) would need more than %d MiB to decode",
-                    header_len, DECODE_BUDGET >> 20);
-    return REJECT(SF_EFORMAT, NULL, "wire: the header frame (%zu bytes) is not a valid sf_wire.Header; is the peer "
-                  "a shardflow of the same version?", header_len);
+      return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
+                          "wire: the header frame (%zu bytes) would need more than %d MiB to decode", header_len,
+                          DECODE_BUDGET >> 20);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: the header frame (%zu bytes) is not a valid sf_wire.Header; is the peer "
+                        "a shardflow of the same version?",
+                        header_len);
   }
   uint8_t *used = calloc(n_frames ? (size_t)n_frames : 1, 1);
-  int r = used ? check_header(h, n_frames, used, error) : REJECT(SF_ENOMEM, NULL, "wire: out of memory");
+  int r =
+      used ? check_header(h, n_frames, used, error) : sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
   if (r == 0) r = build_message(h, frames, msg, error);
   free(used);
   sf_wire__header__free_unpacked(h, &allocator);
@@ -420,7 +458,7 @@ static int zmq_failure(void *socket, const char *what, sf_error *error) {
   int e = zmq_errno();
   char endpoint[256];
   socket_endpoint(socket, endpoint, sizeof endpoint);
-  return sf_error_set(error, SF_ENET, NULL, endpoint, NULL, -1, -1, "wire: %s failed: %s", what, zmq_strerror(e));
+  return sf_error_set(error, SF_ENET, SF_AT(.url = endpoint), "wire: %s failed: %s", what, zmq_strerror(e));
 }
 
 /* sf_buffer free function of a received frame: closes and frees its heap zmq_msg_t. */
@@ -467,7 +505,7 @@ int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_
       if (!more) {
         char endpoint[256];
         socket_endpoint(socket, endpoint, sizeof endpoint);
-        return sf_error_set(error, SF_EFORMAT, NULL, endpoint, NULL, -1, -1, "wire: a message with no header frame");
+        return sf_error_set(error, SF_EFORMAT, SF_AT(.url = endpoint), "wire: a message with no header frame");
       }
       return zmq_failure(socket, "receiving a message", error);
     }
@@ -517,11 +555,11 @@ int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_
     n_frames++;
   }
   if (r == SF_ENOMEM) {
-    sf_error_set(error, SF_ENOMEM, NULL, NULL, NULL, -1, -1, "wire: out of memory receiving a message");
+    sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory receiving a message");
   } else if (r == 0 && extra) {
     char endpoint[256];
     socket_endpoint(socket, endpoint, sizeof endpoint);
-    r = sf_error_set(error, SF_ETOOBIG, NULL, endpoint, NULL, -1, -1,
+    r = sf_error_set(error, SF_ETOOBIG, SF_AT(.url = endpoint),
                      "wire: a message with %lld payload frames; at most %d are allowed", n_frames + extra,
                      SF_WIRE_MAX_FRAMES);
   } else if (r == 0) {
@@ -555,7 +593,7 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
   }
   if (f->recipe) {
     b = sf_buffer_new(bytes);
-    if (!b) return sf_error_set(error, SF_ENOMEM, NULL, NULL, key, -1, -1, "wire: out of memory for field '%s'", f->name);
+    if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
     f->recipe->write(f->recipe, sf_buffer_data(b));
     data = sf_buffer_data(b);
   } else if (sf_tensor_is_contiguous(t)) {
@@ -563,14 +601,14 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
     data = sf_tensor_data(t);
   } else {
     b = sf_buffer_new(bytes);
-    if (!b) return sf_error_set(error, SF_ENOMEM, NULL, NULL, key, -1, -1, "wire: out of memory for field '%s'", f->name);
+    if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
     sf_tensor_copy_to(t, sf_buffer_data(b));
     data = sf_buffer_data(b);
     atomic_fetch_add(&copied_sent, bytes);
   }
   if (zmq_msg_init_data(m, data, bytes, release_frame, b) != 0) {
     sf_buffer_unref(&b); /* libzmq does not call the free function when init fails */
-    return sf_error_set(error, SF_ENOMEM, NULL, NULL, key, -1, -1, "wire: out of memory for field '%s'", f->name);
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
   }
   return 0;
 }
@@ -579,44 +617,44 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
 static int check_outgoing(const sf_wire_message *msg, size_t *n_fields, sf_error *error) {
   int type = (int)msg->type;
   if (type < SF_WIRE_HELLO || type > SF_WIRE_EPOCH_END)
-    return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "wire: cannot send message type %d", type);
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "wire: cannot send message type %d", type);
   const char *tname = sf_wire_type_name(type);
   if (msg->n_samples < 0 || msg->n_samples > SF_WIRE_MAX_SAMPLES || msg->n_errors < 0 ||
       msg->n_errors > SF_WIRE_MAX_ERRORS || msg->n_stats < 0 || msg->n_stats > SF_WIRE_MAX_STATS)
-    return sf_error_set(error, SF_ETOOBIG, NULL, NULL, NULL, -1, -1,
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
                         "wire: %s message with %d samples, %d error records, %d stage statistics; at most %d, %d, %d",
                         tname, msg->n_samples, msg->n_errors, msg->n_stats, SF_WIRE_MAX_SAMPLES, SF_WIRE_MAX_ERRORS,
                         SF_WIRE_MAX_STATS);
   if ((msg->n_samples && !carries_samples(type)) || (msg->n_errors && !carries_errors(type)) ||
       (msg->n_stats && !carries_stats(type)) || (msg->text && msg->text[0] && !carries_text(type)))
-    return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1,
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE,
                         "wire: a %s message cannot carry samples, errors, stats or text the type does not have", tname);
   if (msg->text && strnlen(msg->text, SF_WIRE_MAX_TEXT + 1) > SF_WIRE_MAX_TEXT)
-    return sf_error_set(error, SF_ETOOBIG, NULL, NULL, NULL, -1, -1, "wire: %s message text longer than %d bytes",
-                        tname, SF_WIRE_MAX_TEXT);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message text longer than %d bytes", tname,
+                        SF_WIRE_MAX_TEXT);
   size_t total = 0;
   for (int i = 0; i < msg->n_samples; i++) {
     const sf_sample *s = msg->samples[i];
-    if (!s) return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "wire: sample %d is NULL", i);
+    if (!s) return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "wire: sample %d is NULL", i);
     if (strnlen(sf_sample_url(s), URL_MAX + 1) > URL_MAX)
-      return sf_error_set(error, SF_ETOOBIG, NULL, sf_sample_url(s), s->key, -1, -1,
+      return sf_error_set(error, SF_ETOOBIG, SF_AT(.url = sf_sample_url(s), .key = s->key),
                           "wire: the sample's URL is longer than %d bytes", URL_MAX);
     if (strnlen(s->key, KEY_MAX + 1) > KEY_MAX)
-      return sf_error_set(error, SF_ETOOBIG, NULL, sf_sample_url(s), s->key, -1, -1,
+      return sf_error_set(error, SF_ETOOBIG, SF_AT(.url = sf_sample_url(s), .key = s->key),
                           "wire: the sample's key is longer than %d bytes; shorten the member paths", KEY_MAX);
     for (int j = 0; j < s->n_fields; j++) {
       const sf_field *f = &s->fields[j];
       const sf_tensor *t = &f->tensor;
       if ((unsigned)t->dtype >= SF_DTYPE_COUNT_ || t->ndim < 0 || t->ndim > SF_TENSOR_MAX_DIMS ||
           (f->encoded && (t->dtype != SF_DTYPE_UINT8 || t->ndim != 1)))
-        return sf_error_set(error, SF_EINVAL, NULL, sf_sample_url(s), s->key, -1, -1,
+        return sf_error_set(error, SF_EINVAL, SF_AT(.url = sf_sample_url(s), .key = s->key),
                             "wire: field '%s' has a dtype or shape the wire cannot carry", f->name);
       if (t->buffer || f->recipe) total++;
     }
   }
   if (total > SF_WIRE_MAX_FRAMES)
-    return sf_error_set(error, SF_ETOOBIG, NULL, NULL, NULL, -1, -1,
-                        "wire: %s message with %zu payload frames; at most %d", tname, total, SF_WIRE_MAX_FRAMES);
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message with %zu payload frames; at most %d", tname,
+                        total, SF_WIRE_MAX_FRAMES);
   *n_fields = total;
   return 0;
 }
@@ -664,13 +702,13 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
   zmq_msg_t *parts = calloc(n_frames + 2, sizeof *parts); /* routing id, header, payload frames */
   size_t n_parts = 0;
   if (!samples || !sample_ptrs || !fields || !field_ptrs || !errors || !error_ptrs || !stats || !stat_ptrs || !parts) {
-    r = sf_error_set(error, SF_ENOMEM, NULL, NULL, NULL, -1, -1, "wire: out of memory sending a %s message",
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a %s message",
                      sf_wire_type_name(msg->type));
     goto done;
   }
   if (msg->peer.len) {
     if (zmq_msg_init_size(&parts[0], msg->peer.len) != 0) {
-      r = sf_error_set(error, SF_ENOMEM, NULL, NULL, NULL, -1, -1, "wire: out of memory");
+      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
       goto done;
     }
     memcpy(zmq_msg_data(&parts[0]), msg->peer.id, msg->peer.len);
@@ -756,14 +794,14 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
 
   size_t packed = sf_wire__header__get_packed_size(&h);
   if (packed > SF_WIRE_MAX_HEADER) {
-    r = sf_error_set(error, SF_ETOOBIG, NULL, NULL, NULL, -1, -1, "wire: %s header of %zu bytes; at most %d",
+    r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s header of %zu bytes; at most %d",
                      sf_wire_type_name(msg->type), packed, SF_WIRE_MAX_HEADER);
     goto done;
   }
   zmq_msg_close(&parts[header_part]);
   if (zmq_msg_init_size(&parts[header_part], packed) != 0) {
     zmq_msg_init(&parts[header_part]);
-    r = sf_error_set(error, SF_ENOMEM, NULL, NULL, NULL, -1, -1, "wire: out of memory");
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
     goto done;
   }
   sf_wire__header__pack(&h, zmq_msg_data(&parts[header_part]));
@@ -778,8 +816,10 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
       } else {
         char endpoint[256];
         socket_endpoint(socket, endpoint, sizeof endpoint);
-        r = sf_error_set(error, SF_ENET, NULL, endpoint, NULL, -1, -1, "wire: sending a %s message (part %zu of %zu) "
-                         "failed: %s%s", sf_wire_type_name(msg->type), sent + 1, n_parts, zmq_strerror(e),
+        r = sf_error_set(error, SF_ENET, SF_AT(.url = endpoint),
+                         "wire: sending a %s message (part %zu of %zu) "
+                         "failed: %s%s",
+                         sf_wire_type_name(msg->type), sent + 1, n_parts, zmq_strerror(e),
                          e == EHOSTUNREACH ? " (no peer with that routing id: it left)" : "");
       }
       break;

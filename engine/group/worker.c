@@ -310,12 +310,12 @@ static int join_head(void *socket, const sf_worker_options *o, const char *name,
   double timeout = o->connect_timeout > 0 ? o->connect_timeout : 60;
   double deadline = now_seconds() + timeout;
   for (;;) {
-    if (o->stop && *o->stop) return sf_error_set(error, SF_ECANCELED, NULL, o->endpoint, NULL, -1, -1, "stopped");
+    if (o->stop && *o->stop) return sf_error_set(error, SF_ECANCELED, SF_AT(.url = o->endpoint), "stopped");
     if (o->exit_with_parent && getppid() == 1)
-      return sf_error_set(error, SF_ECANCELED, NULL, o->endpoint, NULL, -1, -1, "the head's process ended");
+      return sf_error_set(error, SF_ECANCELED, SF_AT(.url = o->endpoint), "the head's process ended");
     double left = deadline - now_seconds();
     if (left <= 0)
-      return sf_error_set(error, SF_ENET, NULL, o->endpoint, NULL, -1, -1,
+      return sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint),
                           "no head answered within %.0f s: check that the head runs and listens at this endpoint, "
                           "and for tcp:// that this worker's public key is in the head's allowed_keys and "
                           "--server-key is the head's public key",
@@ -325,10 +325,10 @@ static int join_head(void *socket, const sf_worker_options *o, const char *name,
     sf_error e;
     rc = sf_wire_recv(socket, false, welcome, ZMQ_DONTWAIT, &e);
     if (rc == SF_EAGAIN) continue;
-    if (rc < 0) return sf_error_set(error, rc, NULL, o->endpoint, NULL, -1, -1, "bad answer from the head: %s", e.message);
+    if (rc < 0) return sf_error_set(error, rc, SF_AT(.url = o->endpoint), "bad answer from the head: %s", e.message);
     if (welcome->type == SF_WIRE_WELCOME) return 0;
     if (welcome->type == SF_WIRE_BYE)
-      return sf_error_set(error, SF_EDENIED, NULL, o->endpoint, NULL, -1, -1, "the head refused this worker: %s",
+      return sf_error_set(error, SF_EDENIED, SF_AT(.url = o->endpoint), "the head refused this worker: %s",
                           welcome->text ? welcome->text : "no reason given");
     sf_wire_message_clear(welcome);
   }
@@ -353,7 +353,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   sf_wire_message welcome = {0};
   int rc = 0;
   if (!zctx || state.done_fd < 0) {
-    rc = sf_error_set(error, SF_ENOMEM, NULL, o->endpoint, NULL, -1, -1, "out of memory");
+    rc = sf_error_set(error, SF_ENOMEM, SF_AT(.url = o->endpoint), "out of memory");
     goto out;
   }
   sf_transport_options t = {.endpoint = o->endpoint, .secret_key_file = o->secret_key_file,
@@ -424,7 +424,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
     if (wait_ms < 5) wait_ms = 5;
     if (wait_ms > 250) wait_ms = 250;
     if (zmq_poll(items, 2, wait_ms) < 0 && zmq_errno() != EINTR) {
-      rc = sf_error_set(error, SF_ENET, NULL, o->endpoint, NULL, -1, -1, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+      rc = sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint), "zmq_poll: %s", zmq_strerror(zmq_errno()));
       break;
     }
     if (items[1].revents & ZMQ_POLLIN) {
@@ -469,8 +469,9 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
       sf_wire_send(socket, &hb, ZMQ_DONTWAIT, error);
     }
     if (now - last_heard > timeout) {
-      rc = sf_error_set(error, SF_ENET, NULL, o->endpoint, NULL, -1, -1,
-                        "the head has been silent for %.1f s (heartbeat timeout): it ended or the network failed", now - last_heard);
+      rc = sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint),
+                        "the head has been silent for %.1f s (heartbeat timeout): it ended or the network failed",
+                        now - last_heard);
       break;
     }
   }

@@ -18,9 +18,6 @@
 #include "url.h"
 #include "shardflow/stage.h"
 
-/* An error about this shard: no stage, no key, no graph line. */
-#define SET_ERROR(error, code, url, offset, ...) sf_error_set(error, code, NULL, url, NULL, offset, -1, __VA_ARGS__)
-
 /* Bytes arrive in blocks of 512 KiB; the download being read may hold 4 of them whatever the budget. */
 enum { BLOCK = 512 * 1024, RESERVE = 4 * BLOCK };
 
@@ -334,7 +331,7 @@ static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...)
   va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
-  SET_ERROR(&f->error, code, f->shown, f->received, "%s", text);
+  sf_error_set(&f->error, code, SF_AT(.url = f->shown, .offset = f->received), "%s", text);
   f->code = code;
   f->state = F_DONE;
   p->stats.failed++;
@@ -718,12 +715,12 @@ static void *fetcher(void *arg) {
 int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error) {
   *prefetch = NULL;
   if (sf_http_init() < 0) {
-    SET_ERROR(error, SF_ENET, "", -1, "libcurl did not initialise (out of memory?)");
+    sf_error_set(error, SF_ENET, SF_AT(.url = ""), "libcurl did not initialise (out of memory?)");
     return SF_ENET;
   }
   sf_prefetch *p = calloc(1, sizeof *p);
   if (!p) {
-    SET_ERROR(error, SF_ENOMEM, "", -1, "out of memory starting the downloads");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = ""), "out of memory starting the downloads");
     return SF_ENOMEM;
   }
   if (options) p->o = *options;
@@ -743,7 +740,7 @@ int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, 
   p->multi = curl_multi_init();
   if (!p->multi || pthread_create(&p->thread, NULL, fetcher, p) != 0) {
     sf_prefetch_destroy(&p);
-    SET_ERROR(error, SF_ENOMEM, "", -1, "out of memory starting the downloads");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = ""), "out of memory starting the downloads");
     return SF_ENOMEM;
   }
   p->thread_started = true;
@@ -792,13 +789,13 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *
   char shown[512];
   sf_url_redact(url, shown, sizeof shown);
   if (!sf_url_is_remote(url)) {
-    SET_ERROR(error, SF_EINVAL, shown, -1, "not an http(s), s3 or gs URL");
+    sf_error_set(error, SF_EINVAL, SF_AT(.url = shown), "not an http(s), s3 or gs URL");
     return SF_EINVAL;
   }
   sf_fetch *f = calloc(1, sizeof *f);
   if (!f || !(f->url = strdup(url))) {
     free(f);
-    SET_ERROR(error, SF_ENOMEM, shown, -1, "out of memory starting the download");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = shown), "out of memory starting the download");
     return SF_ENOMEM;
   }
   f->p = p;
@@ -866,7 +863,8 @@ int sf_fetch_wait(sf_fetch *f, bool (*cancelled)(void *), void *opaque, sf_error
   }
   pthread_mutex_unlock(&p->lock);
   if (wake) curl_multi_wakeup(p->multi);
-  if (rc == SF_ECANCELED) SET_ERROR(error, SF_ECANCELED, f->shown, 0, "the pipeline is stopping");
+  if (rc == SF_ECANCELED)
+    sf_error_set(error, SF_ECANCELED, SF_AT(.url = f->shown, .offset = 0), "the pipeline is stopping");
   return rc;
 }
 
@@ -897,7 +895,7 @@ ssize_t sf_fetch_read(sf_fetch *f, const void **data, bool (*cancelled)(void *),
   pthread_mutex_unlock(&p->lock);
   if (wake) curl_multi_wakeup(p->multi);
   if (rc == SF_ECANCELED) {
-    SET_ERROR(error, SF_ECANCELED, f->shown, offset, "the pipeline is stopping");
+    sf_error_set(error, SF_ECANCELED, SF_AT(.url = f->shown, .offset = offset), "the pipeline is stopping");
     return SF_ECANCELED;
   }
   return n;

@@ -71,27 +71,26 @@ static bool is_entry_name(const char *name) {
 int sf_shard_cache_open(sf_shard_cache **cache, const char *dir, int64_t max_bytes, sf_error *error) {
   *cache = NULL;
   if (!dir || !*dir || strlen(dir) > PATH_MAX - 80)
-    return sf_error_set(error, SF_EINVAL, NULL, dir, NULL, -1, -1,
-                        "cache_dir must be a directory path of 1 to %d bytes", PATH_MAX - 80);
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = dir), "cache_dir must be a directory path of 1 to %d bytes",
+                        PATH_MAX - 80);
   if (max_bytes <= 0)
-    return sf_error_set(error, SF_EINVAL, NULL, dir, NULL, -1, -1,
-                        "cache_size for cache directory %s must be > 0 (got %lld); give a size such as 10GiB",
-                        dir, (long long)max_bytes);
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = dir),
+                        "cache_size for cache directory %s must be > 0 (got %lld); give a size such as 10GiB", dir,
+                        (long long)max_bytes);
   int r = sf_make_dirs(dir, false);
   if (r)
-    return sf_error_set(error, SF_EIO, NULL, dir, NULL, -1, -1,
+    return sf_error_set(error, SF_EIO, SF_AT(.url = dir),
                         "cannot create cache directory %s: %s; choose a writable cache_dir", dir, strerror(-r));
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
-    return sf_error_set(error, SF_EIO, NULL, dir, NULL, -1, -1, "cannot open cache directory %s: %s", dir,
-                        strerror(errno));
+    return sf_error_set(error, SF_EIO, SF_AT(.url = dir), "cannot open cache directory %s: %s", dir, strerror(errno));
   int lfd = openat(dfd, LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (lfd < 0) {
     int e = errno;
     close(dfd);
-    return sf_error_set(error, SF_EIO, NULL, dir, NULL, -1, -1,
-                        "cannot create the lock file %s/%s: %s; the cache directory must be writable", dir,
-                        LOCK_NAME, strerror(e));
+    return sf_error_set(error, SF_EIO, SF_AT(.url = dir),
+                        "cannot create the lock file %s/%s: %s; the cache directory must be writable", dir, LOCK_NAME,
+                        strerror(e));
   }
   close(lfd);
   sf_shard_cache *c = calloc(1, sizeof *c);
@@ -99,7 +98,7 @@ int sf_shard_cache_open(sf_shard_cache **cache, const char *dir, int64_t max_byt
   if (!c || !c->dir) {
     if (c) free(c);
     close(dfd);
-    return sf_error_set(error, SF_ENOMEM, NULL, dir, NULL, -1, -1, "out of memory opening cache %s", dir);
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = dir), "out of memory opening cache %s", dir);
   }
   c->dir_fd = dfd;
   c->max_bytes = max_bytes;

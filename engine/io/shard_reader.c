@@ -20,9 +20,6 @@
 #include "shard_reader.h"
 #include "url.h"
 
-/* An error about this shard: no stage, no key, no graph line. */
-#define SET_ERROR(error, code, url, offset, ...) sf_error_set(error, code, NULL, url, NULL, offset, -1, __VA_ARGS__)
-
 extern char **environ;
 
 enum { FILE_CHUNK = 1 << 20 };
@@ -67,15 +64,15 @@ static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
   r->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (r->fd < 0) {
     int e = errno, code = e == ENOENT || e == ENOTDIR ? SF_ENOENT : SF_EIO;
-    SET_ERROR(error, code, r->url, -1, "cannot open shard: %s — check the path in the shard list",
-              strerror(e));
+    sf_error_set(error, code, SF_AT(.url = r->url), "cannot open shard: %s — check the path in the shard list",
+                 strerror(e));
     return code;
   }
   struct stat st;
   if (fstat(r->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    SET_ERROR(error, SF_EIO, r->url, -1,
-              "is a directory, not a tar shard — list the .tar files inside it "
-              "(e.g. dir/shard-{0..9}.tar)");
+    sf_error_set(error, SF_EIO, SF_AT(.url = r->url),
+                 "is a directory, not a tar shard — list the .tar files inside it "
+                 "(e.g. dir/shard-{0..9}.tar)");
     return SF_EIO;
   }
   /* Shards are read once front to back: let the kernel read ahead aggressively. */
@@ -88,7 +85,7 @@ static int open_file(sf_shard_reader *r, const char *path, sf_error *error) {
 static bool cancelled(const sf_shard_reader *r) { return r->cancelled && r->cancelled(r->cancel_opaque); }
 
 static int cancel_error(sf_shard_reader *r, sf_error *error) {
-  return SET_ERROR(error, SF_ECANCELED, r->url, r->offset, "the pipeline is stopping");
+  return sf_error_set(error, SF_ECANCELED, SF_AT(.url = r->url, .offset = r->offset), "the pipeline is stopping");
 }
 
 static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
@@ -98,7 +95,8 @@ static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
       struct pollfd pfd = {.fd = r->fd, .events = POLLIN};
       int ready = poll(&pfd, 1, 100);
       if (ready < 0 && errno != EINTR)
-        return SET_ERROR(error, SF_EIO, r->url, r->offset, "poll failed: %s", strerror(errno));
+        return sf_error_set(error, SF_EIO, SF_AT(.url = r->url, .offset = r->offset), "poll failed: %s",
+                            strerror(errno));
       if (ready <= 0) {
         if (cancelled(r)) return cancel_error(r, error);
         continue;
@@ -110,7 +108,7 @@ static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
       return n;
     }
     if (errno == EINTR) continue;
-    SET_ERROR(error, SF_EIO, r->url, r->offset, "read failed: %s", strerror(errno));
+    sf_error_set(error, SF_EIO, SF_AT(.url = r->url, .offset = r->offset), "read failed: %s", strerror(errno));
     return SF_EIO;
   }
 }
@@ -120,7 +118,7 @@ static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
 static int open_pipe(sf_shard_reader *r, sf_error *error) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    SET_ERROR(error, SF_EIO, r->url, -1, "cannot create a pipe: %s", strerror(errno));
+    sf_error_set(error, SF_EIO, SF_AT(.url = r->url), "cannot create a pipe: %s", strerror(errno));
     return SF_EIO;
   }
   posix_spawn_file_actions_t actions;
@@ -148,8 +146,7 @@ static int open_pipe(sf_shard_reader *r, sf_error *error) {
   if (e != 0) {
     close(fds[0]);
     r->pid = 0;
-    SET_ERROR(error, SF_EIO, r->url, -1, "cannot start /bin/sh for the pipe command: %s",
-              strerror(e));
+    sf_error_set(error, SF_EIO, SF_AT(.url = r->url), "cannot start /bin/sh for the pipe command: %s", strerror(e));
     return SF_EIO;
   }
   r->fd = fds[0];
@@ -169,13 +166,13 @@ static int reap_pipe(sf_shard_reader *r, sf_error *error) {
   if (w < 0) return 0;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
   if (WIFEXITED(status))
-    SET_ERROR(error, SF_EIO, r->url, r->offset,
-              "pipe command `%s` exited with status %d — run it by hand to see why",
-              r->command, WEXITSTATUS(status));
+    sf_error_set(error, SF_EIO, SF_AT(.url = r->url, .offset = r->offset),
+                 "pipe command `%s` exited with status %d — run it by hand to see why", r->command,
+                 WEXITSTATUS(status));
   else
-    SET_ERROR(error, SF_EIO, r->url, r->offset,
-              "pipe command `%s` was killed by signal %d — run it by hand to see why", r->command,
-              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    sf_error_set(error, SF_EIO, SF_AT(.url = r->url, .offset = r->offset),
+                 "pipe command `%s` was killed by signal %d — run it by hand to see why", r->command,
+                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   return SF_EIO;
 }
 
@@ -259,14 +256,14 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
   sf_fetch *given = options ? options->fetch : NULL; /* consumed whatever happens */
   if (!url || !*url) {
     sf_fetch_close(&given);
-    SET_ERROR(error, SF_EINVAL, "", -1, "empty shard URL — check the shard list");
+    sf_error_set(error, SF_EINVAL, SF_AT(.url = ""), "empty shard URL — check the shard list");
     return SF_EINVAL;
   }
   sf_shard_reader *r = calloc(1, sizeof *r);
   if (!r || !(r->url = strdup(url))) {
     sf_fetch_close(&given);
     free(r);
-    SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory opening the shard");
     return SF_ENOMEM;
   }
   r->fd = -1;
@@ -283,9 +280,9 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     r->kind = KIND_PIPE;
     r->command = r->url + 5;
     if (!options || !options->allow_pipe) {
-      SET_ERROR(error, SF_EDENIED, url, -1,
-                "pipe: URLs run shell commands and are off by default — set `allow_pipe: true` "
-                "on shard_source if you trust the shard list");
+      sf_error_set(error, SF_EDENIED, SF_AT(.url = url),
+                   "pipe: URLs run shell commands and are off by default — set `allow_pipe: true` "
+                   "on shard_source if you trust the shard list");
       rc = SF_EDENIED;
     } else {
       rc = open_pipe(r, error);
@@ -299,17 +296,16 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     r->kind = KIND_FILE;
     char *path = file_url_path(url);
     if (!path) {
-      SET_ERROR(error, SF_EINVAL, url, -1,
-                "a file URL needs an absolute path (file:///data/shard.tar)");
+      sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "a file URL needs an absolute path (file:///data/shard.tar)");
       rc = SF_EINVAL;
     } else {
       rc = open_file(r, path, error);
       free(path);
     }
   } else if (scheme == SF_URL_OTHER) {
-    SET_ERROR(error, SF_EUNSUPPORTED, url, -1,
-              "unsupported URL scheme — use a path, file://, http://, https:// or "
-              "pipe:CMD (e.g. pipe:aws s3 cp URL - with allow_pipe)");
+    sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = url),
+                 "unsupported URL scheme — use a path, file://, http://, https:// or "
+                 "pipe:CMD (e.g. pipe:aws s3 cp URL - with allow_pipe)");
     rc = SF_EUNSUPPORTED;
   } else {
     r->kind = KIND_FILE;
@@ -317,7 +313,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
   }
   if (rc < 0) {
     if (rc == SF_ENOMEM && error && error->code != SF_ENOMEM)
-      SET_ERROR(error, SF_ENOMEM, url, -1, "out of memory opening the shard");
+      sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory opening the shard");
     sf_shard_reader_close(&r);
     return rc;
   }

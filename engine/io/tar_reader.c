@@ -13,10 +13,6 @@
 #include "parse.h"
 #include "tar_reader.h"
 
-/* An error about this shard and key: no stage, no graph line. */
-#define SET_ERROR(error, code, url, key, offset, ...) \
-  sf_error_set(error, code, NULL, url, key, offset, -1, __VA_ARGS__)
-
 /* Most bytes read after the end-of-archive blocks to reach the source's end. */
 #define DRAIN_MAX ((int64_t)4 << 20)
 /* Decompressed bytes handed to libarchive per read; memory shards go to zlib in pieces this big at most. */
@@ -101,10 +97,10 @@ static const char *codec_name(const sf_tar_reader *t) { return t->gzip ? "gzip" 
 
 static int codec_error(sf_tar_reader *t, int code, const char *what) {
   int64_t at = raw_offset(t) - (int64_t)t->in_size;
-  SET_ERROR(&t->source_error, code, t->url_text, NULL, at,
-            "the %s stream %s (at byte %lld of the compressed file) — the shard is damaged, as "
-            "%s -t shows; re-create or re-download it",
-            codec_name(t), what, (long long)at, codec_name(t));
+  sf_error_set(&t->source_error, code, SF_AT(.url = t->url_text, .offset = at),
+               "the %s stream %s (at byte %lld of the compressed file) — the shard is damaged, as "
+               "%s -t shows; re-create or re-download it",
+               codec_name(t), what, (long long)at, codec_name(t));
   return code;
 }
 
@@ -213,7 +209,8 @@ static int fail(sf_tar_reader *t, int code, const char *key, int64_t offset, con
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  SET_ERROR(&t->fatal, code, t->url_text, key, offset, "%s%s", message, offset_note(t));
+  sf_error_set(&t->fatal, code, SF_AT(.url = t->url_text, .key = key, .offset = offset), "%s%s", message,
+               offset_note(t));
   t->failed = code;
   return code;
 }
@@ -337,7 +334,8 @@ static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int co
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  SET_ERROR(error, code, t->url_text, t->last_key, t->offset, "%s%s", message, offset_note(t));
+  sf_error_set(error, code, SF_AT(.url = t->url_text, .key = t->last_key, .offset = t->offset), "%s%s", message,
+               offset_note(t));
 }
 
 /* Moves the pending member into sample as an encoded field (or drops it with a problem). */
@@ -524,7 +522,7 @@ static int open_codec(sf_tar_reader *t) {
   }
   if (t->out && zstd) t->zstd = ZSTD_createDStream();
   if (!t->out || (!t->gzip && !t->zstd)) {
-    SET_ERROR(&t->source_error, SF_ENOMEM, t->url_text, NULL, -1, "out of memory opening the shard");
+    sf_error_set(&t->source_error, SF_ENOMEM, SF_AT(.url = t->url_text), "out of memory opening the shard");
     return SF_ENOMEM;
   }
   return 0;
@@ -537,7 +535,7 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   t->url = sf_buffer_new(len + 1);
   t->archive = archive_read_new();
   if (!t->url || !t->archive) {
-    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory opening the shard");
     return SF_ENOMEM;
   }
   memcpy(sf_buffer_data(t->url), url, len + 1);
@@ -568,7 +566,7 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
   *reader = NULL;
   sf_tar_reader *t = calloc(1, sizeof *t);
   if (!t) {
-    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory opening the shard");
     return SF_ENOMEM;
   }
   int rc = sf_shard_reader_open(&t->source, url, options, error);
@@ -586,7 +584,7 @@ int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t s
   *reader = NULL;
   sf_tar_reader *t = calloc(1, sizeof *t);
   if (!t) {
-    SET_ERROR(error, SF_ENOMEM, url, NULL, -1, "out of memory opening the shard");
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory opening the shard");
     return SF_ENOMEM;
   }
   t->memory = data;

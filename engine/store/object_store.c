@@ -19,8 +19,6 @@
 #include "strbuf.h"
 #include "url.h"
 
-#define SET(error, code, url, ...) sf_error_set(error, code, NULL, url, NULL, -1, -1, __VA_ARGS__)
-
 enum { MAX_RESPONSE = 16 << 20 };
 
 static const char *env(const char *name) {
@@ -128,12 +126,13 @@ static int set_endpoint(store *s, const char *endpoint, const char *variable, co
   size_t plen = strcspn(path, "?#");
   while (plen > 0 && path[plen - 1] == '/') plen--;
   s->base_path = strndup(path, plen);
-  if (!s->scheme || !s->host || !s->base_path) return SET(error, SF_ENOMEM, url, "out of memory");
+  if (!s->scheme || !s->host || !s->base_path)
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   for (char *c = s->scheme; *c; c++) *c = (char)tolower((unsigned char)*c);
   for (char *c = s->host; *c; c++) *c = (char)tolower((unsigned char)*c);
   if ((strcmp(s->scheme, "http") != 0 && strcmp(s->scheme, "https") != 0) || !*s->host)
-    return SET(error, SF_EINVAL, url, "%s=\"%s\" is not an http(s)://HOST[:PORT] endpoint; fix the variable",
-               variable, endpoint);
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
+                        "%s=\"%s\" is not an http(s)://HOST[:PORT] endpoint; fix the variable", variable, endpoint);
   return 0;
 }
 
@@ -147,20 +146,20 @@ static bool dns_compatible(const char *bucket) {
 
 /* Parses scheme://bucket/key. */
 static int parse_url(store *s, const char *url, sf_error *error) {
-  if (!sf_url_is_store(url))
-    return SET(error, SF_EINVAL, url, "not an s3:// or gs:// URL");
+  if (!sf_url_is_store(url)) return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "not an s3:// or gs:// URL");
   s->gs = url[0] == 'g';
   const char *b = url + 5;
   size_t n = strcspn(b, "/");
   if (n == 0)
-    return SET(error, SF_EINVAL, url, "no bucket name: write %s://BUCKET/KEY", s->gs ? "gs" : "s3");
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "no bucket name: write %s://BUCKET/KEY",
+                        s->gs ? "gs" : "s3");
   for (size_t i = 0; i < n; i++)
     if (!(isalnum((unsigned char)b[i]) || b[i] == '-' || b[i] == '.' || b[i] == '_'))
-      return SET(error, SF_EINVAL, url, "bucket name \"%.*s\" has a character buckets cannot have ('%c')", (int)n, b,
-                 b[i]);
+      return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
+                          "bucket name \"%.*s\" has a character buckets cannot have ('%c')", (int)n, b, b[i]);
   s->bucket = strndup(b, n);
   s->key = strdup(b[n] ? b + n + 1 : "");
-  if (!s->bucket || !s->key) return SET(error, SF_ENOMEM, url, "out of memory");
+  if (!s->bucket || !s->key) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   return 0;
 }
 
@@ -194,16 +193,18 @@ static int s3_config(store *s, const char *url, sf_error *error) {
     s->secret = ini_value(credentials_path, profile, "aws_secret_access_key");
     s->session_token = ini_value(credentials_path, profile, "aws_session_token");
     if (!s->access_key_id || !s->secret)
-      return SET(error, SF_EDENIED, url,
-                 "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
-                 "temporary ones), or put aws_access_key_id/aws_secret_access_key under [%.100s] in %.300s "
-                 "(AWS_PROFILE picks the profile, AWS_SHARED_CREDENTIALS_FILE the file)",
-                 profile, credentials_path);
+      return sf_error_set(
+          error, SF_EDENIED, SF_AT(.url = url),
+          "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
+          "temporary ones), or put aws_access_key_id/aws_secret_access_key under [%.100s] in %.300s "
+          "(AWS_PROFILE picks the profile, AWS_SHARED_CREDENTIALS_FILE the file)",
+          profile, credentials_path);
     if (asprintf(&s->credentials, "access key id %s from profile [%s] in %s", s->access_key_id, profile,
                  credentials_path) < 0)
       s->credentials = NULL;
   }
-  if (!s->region || !s->access_key_id || !s->secret || !s->credentials) return SET(error, SF_ENOMEM, url, "out of memory");
+  if (!s->region || !s->access_key_id || !s->secret || !s->credentials)
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
 
   /* Endpoint: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL (path-style), else AWS's own (virtual-host style). */
   const char *variable = "AWS_ENDPOINT_URL_S3";
@@ -222,7 +223,8 @@ static int s3_config(store *s, const char *url, sf_error *error) {
   if (style && strcasecmp(style, "path") == 0) s->virtual_host = false;
   else if (style && strcasecmp(style, "virtual") == 0) s->virtual_host = true;
   else if (style && strcasecmp(style, "auto") != 0)
-    return SET(error, SF_EINVAL, url, "AWS_S3_ADDRESSING_STYLE=\"%.40s\": use path, virtual or auto", style);
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
+                        "AWS_S3_ADDRESSING_STYLE=\"%.40s\": use path, virtual or auto", style);
   else s->virtual_host = !endpoint && dns_compatible(s->bucket);
   return 0;
 }
@@ -253,7 +255,7 @@ static int metadata_token(store *s, const char *url, sf_error *error) {
   if (cached_token && now < cached_until) {
     s->bearer = strdup(cached_token);
     pthread_mutex_unlock(&token_lock);
-    return s->bearer ? 0 : SET(error, SF_ENOMEM, url, "out of memory");
+    return s->bearer ? 0 : sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   }
   char endpoint[512];
   snprintf(endpoint, sizeof endpoint, "http://%s/computeMetadata/v1/instance/service-accounts/default/token", host);
@@ -281,18 +283,19 @@ static int metadata_token(store *s, const char *url, sf_error *error) {
   free_secret(b.text.data);
   int r = 0;
   if (!token) {
-    r = SET(error, SF_EDENIED, url,
-            "no Google Cloud credentials: set GOOGLE_OAUTH_ACCESS_TOKEN (e.g. $(gcloud auth print-access-token)), or "
-            "GS_ACCESS_KEY_ID and GS_SECRET_ACCESS_KEY (HMAC keys), or run on Google Cloud where the metadata server "
-            "(%.100s, GCE_METADATA_HOST) gives one — it answered %s %ld",
-            host, rc == CURLE_OK ? "HTTP" : curl_easy_strerror(rc), status);
+    r = sf_error_set(
+        error, SF_EDENIED, SF_AT(.url = url),
+        "no Google Cloud credentials: set GOOGLE_OAUTH_ACCESS_TOKEN (e.g. $(gcloud auth print-access-token)), or "
+        "GS_ACCESS_KEY_ID and GS_SECRET_ACCESS_KEY (HMAC keys), or run on Google Cloud where the metadata server "
+        "(%.100s, GCE_METADATA_HOST) gives one — it answered %s %ld",
+        host, rc == CURLE_OK ? "HTTP" : curl_easy_strerror(rc), status);
   } else {
     free_secret(cached_token);
     cached_token = strdup(token);
     cached_until = now + (expires > 120 ? expires - 60 : 60);
     s->bearer = token;
     if (asprintf(&s->credentials, "an access token from the metadata server %s", host) < 0) s->credentials = NULL;
-    if (!cached_token || !s->credentials) r = SET(error, SF_ENOMEM, url, "out of memory");
+    if (!cached_token || !s->credentials) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   }
   pthread_mutex_unlock(&token_lock);
   return r;
@@ -310,7 +313,7 @@ static int gs_config(store *s, const char *url, sf_error *error) {
   if (token) {
     s->bearer = strdup(token);
     s->credentials = strdup("the access token in GOOGLE_OAUTH_ACCESS_TOKEN");
-    if (!s->bearer || !s->credentials) return SET(error, SF_ENOMEM, url, "out of memory");
+    if (!s->bearer || !s->credentials) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
     return 0;
   }
   if (id && secret) {
@@ -323,7 +326,7 @@ static int gs_config(store *s, const char *url, sf_error *error) {
                  id) < 0)
       s->credentials = NULL;
     if (!s->region || !s->access_key_id || !s->secret || !s->credentials)
-      return SET(error, SF_ENOMEM, url, "out of memory");
+      return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
     return 0;
   }
   return metadata_token(s, url, error);
@@ -431,7 +434,8 @@ int sf_object_request_prepare_at(const char *url, const char *method, const char
       free(*canonical);
       *canonical = NULL;
     }
-    return SET(error, SF_ENOMEM, url, "out of memory (or a header longer than 2 KiB) preparing the request");
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url),
+                        "out of memory (or a header longer than 2 KiB) preparing the request");
   }
   return 0;
 }
@@ -510,28 +514,33 @@ int sf_object_http_error(const char *url, const char *what, long status, const c
   if (code[0]) snprintf(from_store, sizeof from_store, " %s", code);
   bool gs = strncmp(url, "gs://", 5) == 0;
   if (status == 404)
-    return SET(error, SF_ENOENT, url, "%s: HTTP 404%s — no such %s; check the bucket and key", what, from_store,
-               strcmp(code, "NoSuchBucket") == 0 ? "bucket" : "object");
+    return sf_error_set(error, SF_ENOENT, SF_AT(.url = url), "%s: HTTP 404%s — no such %s; check the bucket and key",
+                        what, from_store, strcmp(code, "NoSuchBucket") == 0 ? "bucket" : "object");
   if (status == 403 && (strcmp(code, "SignatureDoesNotMatch") == 0 || strcmp(code, "InvalidAccessKeyId") == 0 ||
                         strcmp(code, "InvalidSecurity") == 0))
-    return SET(error, SF_EDENIED, url,
-               "%s: HTTP 403%s — the store refused the signature made with %.200s: %s", what, from_store, used,
-               strcmp(code, "InvalidAccessKeyId") == 0 ? "the key id is unknown to the store; check it and the endpoint"
-                                                       : "check that the secret key belongs to this key id (and the "
-                                                         "region, AWS_REGION, and the clock)");
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = url),
+                        "%s: HTTP 403%s — the store refused the signature made with %.200s: %s", what, from_store, used,
+                        strcmp(code, "InvalidAccessKeyId") == 0
+                            ? "the key id is unknown to the store; check it and the endpoint"
+                            : "check that the secret key belongs to this key id (and the "
+                              "region, AWS_REGION, and the clock)");
   if ((status == 301 || status == 400) &&
       (strcmp(code, "PermanentRedirect") == 0 || strcmp(code, "AuthorizationHeaderMalformed") == 0))
-    return SET(error, SF_ENET, url, "%s: HTTP %ld%s — the bucket lives in another region; set AWS_REGION to it (or "
-               "AWS_ENDPOINT_URL to its endpoint)", what, status, from_store);
+    return sf_error_set(error, SF_ENET, SF_AT(.url = url),
+                        "%s: HTTP %ld%s — the bucket lives in another region; set AWS_REGION to it (or "
+                        "AWS_ENDPOINT_URL to its endpoint)",
+                        what, status, from_store);
   if (status == 401)
-    return SET(error, SF_EDENIED, url, "%s: HTTP 401%s — the store refused %.200s: %s", what, from_store, used,
-               gs ? "the token is wrong or expired; get a new one (gcloud auth print-access-token)"
-                  : "check the credentials");
+    return sf_error_set(
+        error, SF_EDENIED, SF_AT(.url = url), "%s: HTTP 401%s — the store refused %.200s: %s", what, from_store, used,
+        gs ? "the token is wrong or expired; get a new one (gcloud auth print-access-token)" : "check the credentials");
   if (status == 403)
-    return SET(error, SF_EDENIED, url, "%s: HTTP 403%s%s%.150s — access denied for %.200s; check the bucket's "
-               "permissions", what, from_store, message[0] ? ": " : "", message, used);
-  return SET(error, SF_ENET, url, "%s: HTTP %ld%s%s%.150s%s", what, status, from_store, message[0] ? ": " : "", message,
-             status >= 500 ? " — the store failed; try again later" : "");
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = url),
+                        "%s: HTTP 403%s%s%.150s — access denied for %.200s; check the bucket's "
+                        "permissions",
+                        what, from_store, message[0] ? ": " : "", message, used);
+  return sf_error_set(error, SF_ENET, SF_AT(.url = url), "%s: HTTP %ld%s%s%.150s%s", what, status, from_store,
+                      message[0] ? ": " : "", message, status >= 500 ? " — the store failed; try again later" : "");
 }
 
 /* ---- whole requests ---- */
@@ -579,7 +588,7 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   CURL *e;
   if (sf_http_easy_new(req.url, &(sf_http_options){.error_text = errbuf}, &e) < 0) {
     sf_object_request_clear(&req);
-    return SET(error, SF_ENOMEM, url, "out of memory");
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   }
   sf_http_body b = {.max = MAX_RESPONSE};
   upload_body up = {.data = body, .size = body ? body_size : 0};
@@ -619,18 +628,19 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   if (rc != CURLE_OK) {
     char shown[512];
     sf_url_redact(req.url, shown, sizeof shown);
-    r = SET(error, rc == CURLE_OPERATION_TIMEDOUT ? SF_ETIMEDOUT : SF_ENET, url,
-            "%s %s: %s — check that the endpoint is reachable", method, shown, sf_http_error_text(rc, errbuf));
+    r = sf_error_set(error, rc == CURLE_OPERATION_TIMEDOUT ? SF_ETIMEDOUT : SF_ENET, SF_AT(.url = url),
+                     "%s %s: %s — check that the endpoint is reachable", method, shown, sf_http_error_text(rc, errbuf));
   } else if (code < 200 || code > 299) {
     r = sf_object_http_error(url, method, code, b.text.data, b.text.len, &req, error);
   } else if (b.too_big) {
-    r = SET(error, SF_ETOOBIG, url, "%s: the response is larger than 16 MiB", method);
+    r = sf_error_set(error, SF_ETOOBIG, SF_AT(.url = url), "%s: the response is larger than 16 MiB", method);
   }
   sf_object_request_clear(&req);
   if (r == 0 && response) {
     size_t n = 0;
     *response = sf_strbuf_take(&b.text, &n);
-    if (!*response) r = SET(error, SF_ENOMEM, url, "out of memory");
+    if (!*response)
+      r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
     else if (response_size) *response_size = n;
   }
   if (r == 0 && etag) {
@@ -675,7 +685,7 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
     }
     char *query = sf_strbuf_take(&q, NULL);
     if (!query) {
-      r = SET(error, SF_ENOMEM, url, "out of memory");
+      r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
       break;
     }
     char *body = NULL;
@@ -691,8 +701,10 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
     xmlNode *root = root_called(doc, "ListBucketResult");
     if (!root) {
       xmlFreeDoc(doc);
-      r = SET(error, SF_EFORMAT, url, "the listing (page %d) is not a ListBucketResult XML document; is the endpoint an "
-              "S3/GCS XML API?", page + 1);
+      r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url),
+                       "the listing (page %d) is not a ListBucketResult XML document; is the endpoint an "
+                       "S3/GCS XML API?",
+                       page + 1);
       break;
     }
     /* Keys are URL-encoded only when the store says so (a store may ignore encoding-type). */
@@ -708,11 +720,12 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
       if (n == cap) {
         cap = cap ? cap * 2 : 64;
         char **p = realloc(list, cap * sizeof *p);
-        if (!p) r = SET(error, SF_ENOMEM, url, "out of memory");
+        if (!p)
+          r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
         else list = p;
       }
       if (r == 0 && asprintf(&list[n], "%s/%s", bucket_url, key) < 0)
-        r = SET(error, SF_ENOMEM, url, "out of memory");
+        r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
       else if (r == 0)
         n++;
       free(key);
@@ -728,7 +741,9 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
         free(token);
         token = NULL;
       }
-      if (!token) r = SET(error, SF_EFORMAT, url, "the listing says it is truncated but has no NextContinuationToken");
+      if (!token)
+        r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url),
+                         "the listing says it is truncated but has no NextContinuationToken");
     }
     xmlFreeDoc(doc);
     if (!again) break;

@@ -81,12 +81,13 @@ static int perform(CURL *e, const char *url, const char *what, const char *errbu
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
   const char *text = sf_http_error_text(rc, errbuf);
   if (status == 404)
-    return sf_error_set(error, SF_ENOENT, NULL, url, NULL, -1, -1, "%s: HTTP 404 — no such object (%s)", what, text);
+    return sf_error_set(error, SF_ENOENT, SF_AT(.url = url), "%s: HTTP 404 — no such object (%s)", what, text);
   if (status == 405 || status == 501)
-    return sf_error_set(error, SF_ENET, NULL, url, NULL, -1, -1,
+    return sf_error_set(error, SF_ENET, SF_AT(.url = url),
                         "%s: HTTP %ld — the server does not accept PUT/MOVE; enable WebDAV (nginx: dav_methods "
-                        "PUT MOVE DELETE)", what, status);
-  return sf_error_set(error, SF_ENET, NULL, url, NULL, -1, -1, "%s failed: %s%s", what, text,
+                        "PUT MOVE DELETE)",
+                        what, status);
+  return sf_error_set(error, SF_ENET, SF_AT(.url = url), "%s failed: %s%s", what, text,
                       status >= 400 ? " — check the URL and the server's access rules" : "");
 }
 
@@ -124,7 +125,7 @@ static int get(const char *url, sink *s, sf_error *error) {
   if (r == 0) curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &expected);
   curl_easy_cleanup(e);
   if (r == 0 && expected >= 0 && expected != s->bytes)
-    r = sf_error_set(error, SF_EFORMAT, NULL, url, NULL, s->bytes, -1,
+    r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url, .offset = s->bytes),
                      "the transfer ended after %lld of %lld bytes — try again", (long long)s->bytes,
                      (long long)expected);
   return r;
@@ -155,12 +156,12 @@ static int store_get(const char *url, sink *s, sf_error *error) {
   if (rc != CURLE_OK) {
     char shown[512];
     sf_url_redact(req.url, shown, sizeof shown);
-    r = sf_error_set(error, SF_ENET, NULL, url, NULL, s->bytes, -1, "download from %s failed: %s — check the endpoint",
-                     shown, sf_http_error_text(rc, errbuf));
+    r = sf_error_set(error, SF_ENET, SF_AT(.url = url, .offset = s->bytes),
+                     "download from %s failed: %s — check the endpoint", shown, sf_http_error_text(rc, errbuf));
   } else if (status >= 300) {
     r = sf_object_http_error(url, "download", status, s->errors.text.data, s->errors.text.len, &req, error);
   } else if (expected >= 0 && expected != s->bytes) {
-    r = sf_error_set(error, SF_EFORMAT, NULL, url, NULL, s->bytes, -1,
+    r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url, .offset = s->bytes),
                      "the transfer ended after %lld of %lld bytes — try again", (long long)s->bytes,
                      (long long)expected);
   }
@@ -173,14 +174,13 @@ static int store_get(const char *url, sink *s, sf_error *error) {
 static int download(const char *src, const char *dst, sf_error *error) {
   char tmp[4096];
   sink s = {.file = open_partial(dst, tmp, sizeof tmp), .crc = crc32(0, NULL, 0), .errors.max = 4096};
-  if (!s.file)
-    return sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));
+  if (!s.file) return sf_error_set(error, SF_EIO, SF_AT(.url = dst), "cannot create %s: %s", tmp, strerror(errno));
   int r = sf_url_is_store(src) ? store_get(src, &s, error) : get(src, &s, error);
   if (fflush(s.file) != 0 || fsync(fileno(s.file)) != 0)
-    r = r ? r : sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot write %s: %s", tmp, strerror(errno));
+    r = r ? r : sf_error_set(error, SF_EIO, SF_AT(.url = dst), "cannot write %s: %s", tmp, strerror(errno));
   fclose(s.file);
   if (r == 0 && rename(tmp, dst) != 0)
-    r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot rename onto %s: %s", dst, strerror(errno));
+    r = sf_error_set(error, SF_EIO, SF_AT(.url = dst), "cannot rename onto %s: %s", dst, strerror(errno));
   if (r < 0) unlink(tmp);
   return r;
 }
@@ -188,8 +188,9 @@ static int download(const char *src, const char *dst, sf_error *error) {
 /* CRC-32 and length of a local file. */
 static int checksum_file(const char *path, uLong *crc, curl_off_t *bytes, sf_error *error) {
   FILE *f = fopen(path, "rb");
-  if (!f) return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, NULL, path, NULL, -1, -1,
-                              "cannot open: %s", strerror(errno));
+  if (!f)
+    return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot open: %s",
+                        strerror(errno));
   static unsigned char buf[1 << 16];
   *crc = crc32(0, NULL, 0);
   *bytes = 0;
@@ -200,7 +201,7 @@ static int checksum_file(const char *path, uLong *crc, curl_off_t *bytes, sf_err
   }
   bool bad = ferror(f);
   fclose(f);
-  return bad ? sf_error_set(error, SF_EIO, NULL, path, NULL, *bytes, -1, "read error") : 0;
+  return bad ? sf_error_set(error, SF_EIO, SF_AT(.url = path, .offset = *bytes), "read error") : 0;
 }
 
 static int delete_url(const char *url) {
@@ -219,7 +220,7 @@ static int open_upload_source(const char *src, FILE **f, uLong *crc, curl_off_t 
   int r = checksum_file(src, crc, size, error);
   if (r < 0) return r;
   *f = fopen(src, "rb");
-  if (!*f) return sf_error_set(error, SF_EIO, NULL, src, NULL, -1, -1, "cannot open: %s", strerror(errno));
+  if (!*f) return sf_error_set(error, SF_EIO, SF_AT(.url = src), "cannot open: %s", strerror(errno));
   return 0;
 }
 
@@ -269,7 +270,7 @@ static int upload(const char *src, const char *dst, bool verify, sf_error *error
   r = get(dst, &s, error);
   if (r == 0 && (s.bytes != size || s.crc != crc)) {
     delete_url(dst);
-    r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
+    r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = dst),
                      "read back %lld bytes with CRC-32 %08lx, sent %lld bytes with %08lx: the object was "
                      "removed; try again",
                      (long long)s.bytes, (unsigned long)s.crc, (long long)size, (unsigned long)crc);
@@ -294,11 +295,11 @@ static int call_retrying(const char *url, const char *method, const char *query,
 /* Reads n bytes at offset of f into a new buffer (*out); SF_EIO names path. */
 static int read_part(FILE *f, const char *path, long long offset, size_t n, char **out, sf_error *error) {
   *out = malloc(n ? n : 1);
-  if (!*out) return sf_error_set(error, SF_ENOMEM, NULL, path, NULL, -1, -1, "out of memory for a %zu-byte part", n);
+  if (!*out) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory for a %zu-byte part", n);
   if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || fread(*out, 1, n, f) != n) {
     free(*out);
     *out = NULL;
-    return sf_error_set(error, SF_EIO, NULL, path, NULL, offset, -1, "read error (did the file change?)");
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path, .offset = offset), "read error (did the file change?)");
   }
   return 0;
 }
@@ -316,7 +317,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
   char *upload_id = body ? sf_object_xml_text(body, strlen(body), "InitiateMultipartUploadResult", "UploadId") : NULL;
   free(body);
   if (!upload_id)
-    return sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.url = dst),
                         "the store did not return an UploadId for the multipart upload; does it support them?");
   long long parts = (size + part_size - 1) / part_size;
   sf_strbuf complete = {0};
@@ -331,7 +332,8 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     snprintf(query, strlen(upload_id) + 64, "partNumber=%lld&uploadId=%s", i + 1, upload_id);
     if (!r) r = call_retrying(dst, "PUT", query, part, n, NULL, &etag, error);
     if (!r && (!etag || strlen(etag) > 150))
-      r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, offset, -1, "part %lld came back without an ETag", i + 1);
+      r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = dst, .offset = offset), "part %lld came back without an ETag",
+                       i + 1);
     if (!r)
       sf_strbuf_appendf(&complete, "<Part><PartNumber>%lld</PartNumber><ETag>%s</ETag></Part>", i + 1, etag);
     free(part);
@@ -349,7 +351,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     free(failed);
     free(body);
   }
-  if (r == SF_ENOMEM) sf_error_set(error, r, NULL, dst, NULL, -1, -1, "out of memory");
+  if (r == SF_ENOMEM) sf_error_set(error, r, SF_AT(.url = dst), "out of memory");
   if (r < 0 && query) {
     sf_error ignored;
     snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
@@ -382,7 +384,7 @@ static int store_upload(const char *src, const char *dst, bool verify, sf_error 
   sink s = {.crc = crc32(0, NULL, 0), .errors.max = 4096};
   r = store_get(dst, &s, error);
   if (r == 0 && (s.bytes != size || s.crc != crc))
-    r = sf_error_set(error, SF_EFORMAT, NULL, dst, NULL, -1, -1,
+    r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = dst),
                      "read back %lld bytes with CRC-32 %08lx, sent %lld bytes with %08lx; try again",
                      (long long)s.bytes, (unsigned long)s.crc, (long long)size, (unsigned long)crc);
   return r;
@@ -390,23 +392,24 @@ static int store_upload(const char *src, const char *dst, bool verify, sf_error 
 
 static int copy_local(const char *src, const char *dst, sf_error *error) {
   FILE *in = fopen(src, "rb");
-  if (!in) return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, NULL, src, NULL, -1, -1,
-                               "cannot open: %s", strerror(errno));
+  if (!in)
+    return sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = src), "cannot open: %s",
+                        strerror(errno));
   char tmp[4096];
   FILE *out = open_partial(dst, tmp, sizeof tmp);
   int r = 0;
   if (!out) {
-    r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot create %s: %s", tmp, strerror(errno));
+    r = sf_error_set(error, SF_EIO, SF_AT(.url = dst), "cannot create %s: %s", tmp, strerror(errno));
   } else {
     static unsigned char buf[1 << 16];
     size_t n;
     while (r == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0)
-      if (fwrite(buf, 1, n, out) != n) r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "write failed");
+      if (fwrite(buf, 1, n, out) != n) r = sf_error_set(error, SF_EIO, SF_AT(.url = dst), "write failed");
     if (r == 0 && (ferror(in) || fflush(out) != 0 || fsync(fileno(out)) != 0))
-      r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "copy failed: %s", strerror(errno));
+      r = sf_error_set(error, SF_EIO, SF_AT(.url = dst), "copy failed: %s", strerror(errno));
     fclose(out);
     if (r == 0 && rename(tmp, dst) != 0)
-      r = sf_error_set(error, SF_EIO, NULL, dst, NULL, -1, -1, "cannot rename onto it: %s", strerror(errno));
+      r = sf_error_set(error, SF_EIO, SF_AT(.url = dst), "cannot rename onto it: %s", strerror(errno));
     if (r < 0) unlink(tmp);
   }
   fclose(in);
@@ -414,12 +417,12 @@ static int copy_local(const char *src, const char *dst, sf_error *error) {
 }
 
 int sf_storage_copy(const char *src, const char *dst, bool verify, sf_error *error) {
-  if (!src || !dst) return sf_error_set(error, SF_EINVAL, NULL, NULL, NULL, -1, -1, "copy needs a source and a target");
+  if (!src || !dst) return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "copy needs a source and a target");
   if (has_other_scheme(src) || has_other_scheme(dst))
-    return sf_error_set(error, SF_EINVAL, NULL, has_other_scheme(src) ? src : dst, NULL, -1, -1,
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = has_other_scheme(src) ? src : dst),
                         "only local paths, http(s)://, s3:// and gs:// URLs can be copied");
   if (sf_url_is_remote(src) && sf_url_is_remote(dst))
-    return sf_error_set(error, SF_EINVAL, NULL, dst, NULL, -1, -1, "copy between two URLs: go through a local file");
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = dst), "copy between two URLs: go through a local file");
   if (sf_url_is_remote(src)) return download(src, dst, error);
   if (sf_url_is_store(dst)) return store_upload(src, dst, verify, error);
   if (sf_url_is_http(dst)) return upload(src, dst, verify, error);

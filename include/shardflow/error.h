@@ -82,18 +82,42 @@ typedef struct sf_error {
 } sf_error;
 
 /**
- * Fills *error (when not NULL): code, the stage, URL and key (NULL = ""), the
- * byte offset and graph-file line (-1 = none), and the message from fmt.
- * Strings longer than their fields are cut.  Returns code, so a caller can
- * `return sf_error_set(...)`.
+ * Where an error happened, as sf_error_set() takes it: the stage (node name), the shard URL or
+ * graph file, the sample key, the byte offset in the shard's tar stream and the graph-file line.
+ * Write it with SF_AT, naming only what applies:
+ *
+ *     return sf_error_set(error, SF_EFORMAT, SF_AT(.url = url, .offset = at), "truncated member %s", name);
+ *
+ * Unnamed strings are NULL (empty in the record), unnamed offset and line -1 (none). The strings
+ * are borrowed for the call: sf_error_set() copies them into the record, cut to its fields.
  */
-SF_API int sf_error_set(sf_error *error, int code, const char *stage, const char *url, const char *key,
-                        int64_t offset, int64_t line, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
+typedef struct sf_where {
+  const char *stage; /**< node name, or NULL for the engine */
+  const char *url;   /**< shard URL or graph file path, or NULL */
+  const char *key;   /**< sample key (__key__), or NULL */
+  int64_t offset;    /**< byte offset in the shard's tar stream, or -1 */
+  int64_t line;      /**< line in the graph file, or -1 */
+} sf_where;
+
+/**
+ * An sf_where from designated initialisers, defaults first: SF_AT(.url = u, .key = k).
+ * (GCC's -Woverride-init and clang's -Winitializer-overrides, both in -Wextra, warn about the
+ * intended override of a default; shardflow's build turns them off.)
+ */
+#define SF_AT(...) ((sf_where){.offset = -1, .line = -1, __VA_ARGS__})
+/** No location: an error of the engine itself (out of memory, a bad argument). */
+#define SF_NOWHERE SF_AT()
+
+/**
+ * Fills *error (when not NULL): code, where it happened (see sf_where) and the
+ * message from fmt. Strings longer than their fields are cut.  Returns code, so
+ * a caller can `return sf_error_set(...)`.
+ */
+SF_API int sf_error_set(sf_error *error, int code, sf_where where, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /** sf_error_set() with a va_list. */
-SF_API int sf_error_setv(sf_error *error, int code, const char *stage, const char *url, const char *key,
-                         int64_t offset, int64_t line, const char *fmt, va_list args);
+SF_API int sf_error_setv(sf_error *error, int code, sf_where where, const char *fmt, va_list args);
 
 /**
  * Formats a record as one line: "stage: url @ offset (key): message".

@@ -149,8 +149,10 @@ static void test_control_messages(void **state) {
   sf_wire_message_clear(&r);
 
   sf_error errs[2];
-  sf_error_set(&errs[0], SF_EFORMAT, "decode", "http://h/a.tar", "k/000001", 1536, -1, "corrupt JPEG at byte %d", 7);
-  sf_error_set(&errs[1], SF_ENET, "", "", "", -1, 12, "no route");
+  sf_error_set(&errs[0], SF_EFORMAT,
+               SF_AT(.stage = "decode", .url = "http://h/a.tar", .key = "k/000001", .offset = 1536),
+               "corrupt JPEG at byte %d", 7);
+  sf_error_set(&errs[1], SF_ENET, SF_AT(.stage = "", .url = "", .key = "", .line = 12), "no route");
   m = (sf_wire_message){.type = SF_WIRE_ERROR, .errors = errs, .n_errors = 2};
   send_ok(worker, &m);
   recv_ok(head, true, &r);
@@ -397,7 +399,8 @@ static void test_result_ipc(void **state) {
   sf_buffer *big_buffer = sf_buffer_ref(big.buffer); /* ours, to watch libzmq drop its reference */
   sf_sample_add_field(set.s[2], "big", false, &big);
   sf_error errs[1];
-  sf_error_set(&errs[0], SF_EFORMAT, "decode", "http://h/x.tar", "k9", 1024, -1, "bad PNG");
+  sf_error_set(&errs[0], SF_EFORMAT, SF_AT(.stage = "decode", .url = "http://h/x.tar", .key = "k9", .offset = 1024),
+               "bad PNG");
   sf_wire_stage_stats stats[1] = {{"decode", 3, 4, 5, 6, 1}};
   uint64_t recv0, recv1;
   sf_wire_copy_stats(NULL, &recv0);
@@ -943,7 +946,8 @@ static void test_corpus(void **state) {
   m = (sf_wire_message){.type = SF_WIRE_HEARTBEAT, .sequence = 9, .stats = stats, .n_stats = 2};
   capture(raw, dealer, &m, "heartbeat", false);
   sf_error errs[1];
-  sf_error_set(&errs[0], SF_EFORMAT, "decode", "http://h/s.tar", "key1", 2048, -1, "bad JPEG");
+  sf_error_set(&errs[0], SF_EFORMAT, SF_AT(.stage = "decode", .url = "http://h/s.tar", .key = "key1", .offset = 2048),
+               "bad JPEG");
   m = (sf_wire_message){.type = SF_WIRE_ERROR, .errors = errs, .n_errors = 1};
   capture(raw, dealer, &m, "error", false);
   m = (sf_wire_message){.type = SF_WIRE_BYE, .text = "version mismatch"};
