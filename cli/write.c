@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,20 +35,44 @@ typedef struct pattern {
 } pattern;
 
 typedef struct write_options {
-  enum out_format format;
-  int quality;
+  int format; /* enum out_format */
+  int64_t quality;
   int64_t maxcount;
   int64_t maxsize;
   int64_t repeat;
   int64_t start_index;
   uint64_t seed;
-  bool shuffle;
-  int jobs;
+  bool no_shuffle;
+  int64_t jobs;
   bool quiet;
   const char *subdir;
   const char *input;
   pattern out;
 } write_options;
+
+static const char *const format_names[] = {[FMT_PPM] = "ppm", [FMT_PNG] = "png", [FMT_JPG] = "jpg",
+                                           [FMT_ORIG] = "orig", NULL};
+
+static const sf_cli_option write_options_table[] = {
+    {.row = {"format", SF_OPT_ENUM, offsetof(write_options, format), "ppm",
+      .help = "image field: ppm decodes to binary P6 .ppm (.pgm for gray IDX images); png/jpg re-encode; "
+              "orig keeps the source bytes and extension", .enum_names = format_names}, .value = "FORMAT"},
+    {.row = {"quality", SF_OPT_INT, offsetof(write_options, quality), "95", 1, 100, "JPEG quality for --format jpg"}, .value = "Q"},
+    {.row = {"maxcount", SF_OPT_COUNT, offsetof(write_options, maxcount), "2000", 1, 1e15, "samples per shard"}, .value = "N"},
+    {.row = {"maxsize", SF_OPT_SIZE, offsetof(write_options, maxsize), "3G", 1, 1e18,
+      "start a new shard before one would exceed this many bytes (k, M, G = 1000^n; Ki, MiB, GiB = 1024^n)"}, .value = "BYTES"},
+    {.row = {"repeat", SF_OPT_COUNT, offsetof(write_options, repeat), "1", 1, 1e6, "write the whole set N times"}, .value = "N"},
+    {.row = {"shuffle-seed", SF_OPT_SEED, offsetof(write_options, seed), "0", .help = "seed of the sample order"}, .value = "S"},
+    {.row = {"no-shuffle", SF_OPT_BOOL, offsetof(write_options, no_shuffle),
+      .help = "keep the input order (ImageFolder: class-sorted; IDX: file order). By default every repeat is "
+              "written in a fresh seeded random order, so each shard mixes classes."}},
+    {.row = {"start-index", SF_OPT_COUNT, offsetof(write_options, start_index), "0", 0, 1e15,
+      "key of the first sample"}, .value = "N"},
+    {.row = {"subdir", SF_OPT_STRING, offsetof(write_options, subdir), .help = "read the tree under NAME/ (e.g. train, test)"}, .value = "NAME"},
+    {.row = {"jobs", SF_OPT_INT, offsetof(write_options, jobs), NULL, 1, 1024, "decode threads (default: online CPUs)"}, .value = "N"},
+    {.row = {"quiet", SF_OPT_BOOL, offsetof(write_options, quiet), .help = "no summary"}, .short_name = 'q'},
+    {.row = {NULL}},
+};
 
 /* One distinct image: its source, its class, and (after encoding) the bytes every repeat writes. */
 typedef struct image_item {
@@ -71,38 +96,6 @@ typedef struct image_list {
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
-static const char usage_text[] =
-    "usage: shardflow write [options] INPUT OUTPUT_PATTERN\n"
-    "\n"
-    "Writes WebDataset shards (key %07d, fields <format> and cls) from:\n"
-    "  DIR                      an ImageFolder tree DIR/<class>/<image> (class index =\n"
-    "                           position of the class name in the sorted class list)\n"
-    "  ARCHIVE.tar[.gz|.zst]    a tar of such a tree (see --subdir)\n"
-    "  idx:IMAGES,LABELS        MNIST / Fashion-MNIST IDX files (gzip'd or plain)\n"
-    "OUTPUT_PATTERN holds one %d conversion for the shard number, e.g.\n"
-    "out/cifar-train-%06d.tar (shards are numbered from 0), or a URL such as\n"
-    "s3://bucket/train/shard-%06d.tar (s3://, gs://, http(s)://: each shard is written to\n"
-    "$TMPDIR, uploaded as by `shardflow cp` and read back, then removed).\n"
-    "\n"
-    "options:\n"
-    "  --format ppm|png|jpg|orig  image field (default ppm: decoded to binary P6 .ppm, .pgm\n"
-    "                           for gray IDX images; png/jpg re-encode; orig keeps the\n"
-    "                           source bytes and extension)\n"
-    "  --quality Q              JPEG quality for --format jpg (1..100, default 95)\n"
-    "  --maxcount N             samples per shard (default 2000)\n"
-    "  --maxsize BYTES          start a new shard before one would exceed BYTES\n"
-    "                           (suffixes k, M, G = 1000^n, Ki, MiB, GiB = 1024^n; default 3G)\n"
-    "  --repeat N               write the whole set N times (default 1)\n"
-    "  --shuffle-seed S         seed of the sample order (default 0)\n"
-    "  --no-shuffle             keep the input order (ImageFolder: class-sorted; IDX: file\n"
-    "                           order). By default every repeat is written in a fresh\n"
-    "                           seeded random order, so each shard mixes classes.\n"
-    "  --start-index N          key of the first sample (default 0)\n"
-    "  --subdir NAME            read the tree under NAME/ (e.g. train, test)\n"
-    "  --jobs N                 decode threads (default: online CPUs)\n"
-    "  --quiet                  no summary\n"
-    "  --help                   this text\n";
-
 static void die_usage(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -125,25 +118,7 @@ static int fail(const char *fmt, ...) {
   return 1;
 }
 
-/* ---------- option parsing ---------- */
-
-static int64_t parse_int(const char *opt, const char *text, int64_t min, int64_t max) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(text, &end, 10);
-  if (errno || end == text || *end || v < min || v > max)
-    die_usage("%s: '%s' is not a whole number in [%lld, %lld]", opt, text, (long long)min,
-              (long long)max);
-  return v;
-}
-
-/* Sizes with the parser every stage's size options use (512, 64KiB, 1G: k = 1000, Ki = 1024). */
-static int64_t parse_size(const char *opt, const char *text) {
-  int64_t bytes;
-  if (sf_parse_size(text, &bytes) < 0 || bytes < 1)
-    die_usage("%s: '%s' is not a size (use bytes with an optional unit: 512MiB, 1G, 3e9)", opt, text);
-  return bytes;
-}
+/* ---------- the output pattern ---------- */
 
 /* Splits OUTPUT_PATTERN around exactly one %d / %0Nd conversion; "%%" is a literal percent. */
 static void parse_pattern(const char *text, pattern *p) {
@@ -602,8 +577,6 @@ typedef struct encode_job {
   char message[1024];
 } encode_job;
 
-static const char *const format_ext[] = {[FMT_PPM] = "ppm", [FMT_PNG] = "png", [FMT_JPG] = "jpg"};
-
 static int encode_one(const write_options *opt, image_item *it, sf_error *err) {
   if (opt->format == FMT_ORIG && it->src) {
     it->out = sf_buffer_ref(it->src);
@@ -620,9 +593,9 @@ static int encode_one(const write_options *opt, image_item *it, sf_error *err) {
   } else {
     sf_tensor_ref(&img, &it->pixels);
   }
-  const char *fmt = opt->format == FMT_ORIG ? "ppm" : format_ext[opt->format];
+  const char *fmt = opt->format == FMT_ORIG ? "ppm" : format_names[opt->format];
   if (strcmp(fmt, "ppm") == 0 && img.ndim == 3 && img.shape[2] == 1) fmt = "pgm";
-  r = sf_image_encode(fmt, &img, opt->quality, &it->out, err);
+  r = sf_image_encode(fmt, &img, (int)opt->quality, &it->out, err);
   sf_tensor_clear(&img);
   if (r == 0) {
     it->out_ext = fmt;
@@ -662,7 +635,7 @@ static int encode_all(image_list *l, const write_options *opt) {
   atomic_init(&job.next, 0);
   atomic_init(&job.failed, false);
   pthread_mutex_init(&job.lock, NULL);
-  int n = opt->jobs;
+  int n = (int)opt->jobs;
   if ((size_t)n > l->n) n = l->n ? (int)l->n : 1;
   pthread_t *threads = calloc((size_t)n, sizeof *threads);
   int started = 0;
@@ -796,7 +769,7 @@ static int write_shards(const image_list *l, const write_options *o, shard_write
   int r = order && w->entry ? 0 : fail("out of memory");
   for (int64_t rep = 0; r == 0 && rep < o->repeat; rep++) {
     for (size_t i = 0; i < l->n; i++) order[i] = i;
-    if (o->shuffle) {
+    if (!o->no_shuffle) {
       /* A fresh order per repeat, from the seed alone: the same command writes the same shards. */
       sf_rng rng;
       sf_rng_seed(&rng, sf_seed_mix(o->seed, (uint64_t)rep));
@@ -818,59 +791,11 @@ static int write_shards(const image_list *l, const write_options *o, shard_write
 
 /* ---------- the command ---------- */
 
-static void parse_args(int argc, char **argv, write_options *o) {
-  enum { O_FORMAT = 256, O_QUALITY, O_MAXCOUNT, O_MAXSIZE, O_REPEAT, O_SEED, O_NOSHUFFLE,
-         O_START, O_SUBDIR, O_JOBS, O_QUIET, O_HELP };
-  static const struct option longopts[] = {
-      {"format", required_argument, NULL, O_FORMAT},
-      {"quality", required_argument, NULL, O_QUALITY},
-      {"maxcount", required_argument, NULL, O_MAXCOUNT},
-      {"maxsize", required_argument, NULL, O_MAXSIZE},
-      {"repeat", required_argument, NULL, O_REPEAT},
-      {"shuffle-seed", required_argument, NULL, O_SEED},
-      {"no-shuffle", no_argument, NULL, O_NOSHUFFLE},
-      {"start-index", required_argument, NULL, O_START},
-      {"subdir", required_argument, NULL, O_SUBDIR},
-      {"jobs", required_argument, NULL, O_JOBS},
-      {"quiet", no_argument, NULL, O_QUIET},
-      {"help", no_argument, NULL, O_HELP},
-      {NULL, 0, NULL, 0},
-  };
+static int parse_args(int argc, char **argv, write_options *o) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  *o = (write_options){.format = FMT_PPM, .quality = 95, .maxcount = 2000,
-                       .maxsize = 3000000000LL, .repeat = 1, .shuffle = true,
-                       .jobs = cpus > 0 ? (int)(cpus > 256 ? 256 : cpus) : 1};
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
-    switch (c) {
-    case O_FORMAT: {
-      static const char *const names[] = {"ppm", "png", "jpg", "orig"};
-      int f = -1;
-      for (int i = 0; i < 4; i++)
-        if (strcasecmp(optarg, names[i]) == 0) f = i;
-      if (f < 0) die_usage("--format: '%s' is not one of ppm, png, jpg, orig", optarg);
-      o->format = (enum out_format)f;
-      break;
-    }
-    case O_QUALITY: o->quality = (int)parse_int("--quality", optarg, 1, 100); break;
-    case O_MAXCOUNT: o->maxcount = parse_int("--maxcount", optarg, 1, INT64_MAX); break;
-    case O_MAXSIZE: o->maxsize = parse_size("--maxsize", optarg); break;
-    case O_REPEAT: o->repeat = parse_int("--repeat", optarg, 1, 1000000); break;
-    case O_SEED: o->seed = (uint64_t)parse_int("--shuffle-seed", optarg, 0, INT64_MAX); break;
-    case O_NOSHUFFLE: o->shuffle = false; break;
-    case O_START: o->start_index = parse_int("--start-index", optarg, 0, INT64_MAX / 2); break;
-    case O_SUBDIR: o->subdir = optarg; break;
-    case O_JOBS: o->jobs = (int)parse_int("--jobs", optarg, 1, 1024); break;
-    case 'q':
-    case O_QUIET: o->quiet = true; break;
-    case 'h':
-    case O_HELP: fputs(usage_text, stdout); exit(0);
-    case ':': die_usage("%s needs a value", argv[optind - 1]);
-    default: die_usage("unknown option '%s'", argv[optind - 1]);
-    }
-  }
+  *o = (write_options){.jobs = cpus > 0 ? (cpus > 256 ? 256 : cpus) : 1};
+  int optind, status;
+  if (!sf_cli_parse(&sf_cli_write, argc, argv, o, &optind, &status)) exit(status);
   /* GNU getopt moved the operands to the end, so options may follow them too. */
   int operands = argc - optind;
   if (operands != 2) die_usage("expected INPUT and OUTPUT_PATTERN, got %d operand(s)", operands);
@@ -886,9 +811,10 @@ static void parse_args(int argc, char **argv, write_options *o) {
     o->subdir = sub;
   }
   parse_pattern(ops[1], &o->out);
+  return 0;
 }
 
-int sf_cli_write(int argc, char **argv) {
+static int write_main(int argc, char **argv) {
   write_options o;
   parse_args(argc, argv, &o);
   image_list list = {0};
@@ -945,3 +871,20 @@ int sf_cli_write(int argc, char **argv) {
   list_free(&list);
   return r ? 1 : 0;
 }
+
+const sf_cli_command sf_cli_write = {
+    .name = "write",
+    .run = write_main,
+    .args = "[OPTIONS] INPUT OUTPUT_PATTERN",
+    .summary = "create WebDataset shards",
+    .about = "Writes WebDataset shards (key %07d, fields <format> and cls) from:\n"
+             "  DIR                      an ImageFolder tree DIR/<class>/<image> (class index =\n"
+             "                           position of the class name in the sorted class list)\n"
+             "  ARCHIVE.tar[.gz|.zst]    a tar of such a tree (see --subdir)\n"
+             "  idx:IMAGES,LABELS        MNIST / Fashion-MNIST IDX files (gzip'd or plain)\n"
+             "OUTPUT_PATTERN holds one %d conversion for the shard number, e.g.\n"
+             "out/cifar-train-%06d.tar (shards are numbered from 0), or a URL such as\n"
+             "s3://bucket/train/shard-%06d.tar (s3://, gs://, http(s)://: each shard is written to\n"
+             "$TMPDIR, uploaded as by `shardflow cp` and read back, then removed).",
+    .options = write_options_table,
+};
