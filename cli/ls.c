@@ -1,4 +1,5 @@
 /* shardflow ls: lists the samples of shards (key and fields, or JSON lines) as tar_split would see them. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,24 +8,19 @@
 #include "shard_list.h"
 #include "tar_reader.h"
 
-static const char usage[] =
-    "usage: shardflow ls [--json] [--allow-pipe] [--shards] URL...\n"
-    "\n"
-    "Lists the samples of tar shards, grouped as tar_split groups them: one line\n"
-    "per sample with its key, a TAB and its field names in member order.\n"
-    "URLs are paths, file://, http(s):// or pipe:CMD, and may be brace patterns\n"
-    "(shard-{000..009}.tar) or @FILE lists. s3:// and gs:// URLs ending in '/'\n"
-    "are prefixes: every .tar, .tar.gz, .tgz and .tar.zst object under them.\n"
-    "\n"
-    "  --json        one JSON object per sample: __key__, __url__, offset,\n"
-    "                fields and sizes (bytes per field)\n"
-    "  --allow-pipe  allow pipe:CMD URLs (they run shell commands)\n"
-    "  --shards      print the shard URLs the arguments expand to, one per\n"
-    "                line, without reading the shards\n"
-    "  -h, --help    show this help\n"
-    "\n"
-    "Exit status: 0 when every shard was read cleanly, 1 when any shard or\n"
-    "sample had an error (reported on stderr), 2 for usage errors.\n";
+typedef struct ls_args {
+  bool json, allow_pipe, shards;
+} ls_args;
+
+static const sf_cli_option ls_options[] = {
+    {.row = {"json", SF_OPT_BOOL, offsetof(ls_args, json),
+             .help = "one JSON object per sample: __key__, __url__, offset, fields and sizes (bytes per field)"}},
+    {.row = {"allow-pipe", SF_OPT_BOOL, offsetof(ls_args, allow_pipe),
+             .help = "allow pipe:CMD URLs (they run shell commands)"}},
+    {.row = {"shards", SF_OPT_BOOL, offsetof(ls_args, shards),
+             .help = "print the shard URLs the arguments expand to, one per line, without reading the shards"}},
+    {.row = {NULL}},
+};
 
 /* Length of a valid UTF-8 sequence at s (at most n bytes), or 0 when it is not one. */
 static size_t utf8_length(const unsigned char *s, size_t n) {
@@ -139,47 +135,17 @@ static int list_shard(const char *url, const sf_shard_reader_options *options, b
   return status;
 }
 
-int sf_cli_ls(int argc, char **argv) {
-  bool json = false, shards_only = false;
-  sf_shard_reader_options options = {0};
-  int first = argc;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (strcmp(a, "--") == 0) {
-      first = i + 1;
-      break;
-    }
-    if (a[0] != '-' || a[1] == '\0') {
-      first = i;
-      break;
-    }
-    if (strcmp(a, "--json") == 0) {
-      json = true;
-    } else if (strcmp(a, "--shards") == 0) {
-      shards_only = true;
-    } else if (strcmp(a, "--allow-pipe") == 0) {
-      options.allow_pipe = true;
-    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-      fputs(usage, stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "shardflow ls: unknown option '%s' (valid: --json, --allow-pipe, --shards, --help)\n%s",
-              a, usage);
-      return 2;
-    }
-  }
-  if (first >= argc) {
-    fprintf(stderr, "shardflow ls: no shard URL given\n%s", usage);
-    return 2;
-  }
+static int ls_main(int argc, char **argv) {
+  ls_args a = {0};
+  int first, status;
+  if (!sf_cli_parse(&sf_cli_ls, argc, argv, &a, &first, &status)) return status;
+  bool json = a.json, shards_only = a.shards;
+  sf_shard_reader_options options = {.allow_pipe = a.allow_pipe};
+  if (first >= argc) return sf_cli_usage_error(&sf_cli_ls, "no shard URL given");
   /* Expand every pattern first: a typo in the last one should not wait for the first to stream. */
   int n = argc - first;
   sf_shard_list *lists = calloc((size_t)n, sizeof *lists);
-  if (!lists) {
-    fputs("shardflow ls: out of memory\n", stderr);
-    return 1;
-  }
-  int status = 0;
+  if (!lists) return sf_cli_fail(&sf_cli_ls, "out of memory");
   for (int i = 0; i < n && status == 0; i++) {
     sf_error error;
     if (sf_shard_list_expand(&lists[i], argv[first + i], &error) < 0) {
@@ -202,3 +168,20 @@ int sf_cli_ls(int argc, char **argv) {
   }
   return status;
 }
+
+const sf_cli_command sf_cli_ls = {
+    .name = "ls",
+    .run = ls_main,
+    .args = "[--json] [--allow-pipe] [--shards] URL...",
+    .summary = "list the samples of shards",
+    .about = "Lists the samples of tar shards, grouped as tar_split groups them: one line\n"
+             "per sample with its key, a TAB and its field names in member order.\n"
+             "URLs are paths, file://, http(s):// or pipe:CMD, and may be brace patterns\n"
+             "(shard-{000..009}.tar) or @FILE lists. s3:// and gs:// URLs ending in '/'\n"
+             "are prefixes: every .tar, .tar.gz, .tgz and .tar.zst object under them.\n"
+             "Options come before the first URL.",
+    .options = ls_options,
+    .notes = "Exit status: 0 when every shard was read cleanly, 1 when any shard or\n"
+             "sample had an error (reported on stderr), 2 for usage errors.",
+    .options_first = true,
+};

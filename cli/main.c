@@ -5,29 +5,23 @@
 #include "cli/cli.h"
 #include "shardflow/shardflow.h"
 
-const sf_cli_command sf_cli_commands[] = {
-    {"run", sf_cli_run, "GRAPH [--set NODE.OPTION=VALUE]... [--epochs N]", "run a graph file, print rates"},
-    {"ls", sf_cli_ls, "[--json] URL...", "list the samples of shards"},
-    {"write", sf_cli_write, "[OPTIONS] INPUT OUTPUT_PATTERN", "create WebDataset shards"},
-    {"cp", sf_cli_cp, "[--no-verify] SRC DST", "copy files to/from http(s) storage, atomically"},
-    {"worker", sf_cli_worker, "--connect ENDPOINT [--key K --server-key K]", "join a head's group and run its stages"},
-    {"keygen", sf_cli_keygen, "NAME [--dir DIR]", "CURVE key pair for a head or worker (NAME.key, NAME.pub)"},
-    {"help", sf_cli_help, "[STAGE|COMMAND]", "stages and their options, or a command's usage"},
-    {NULL},
+/* Each command's definition lives with its code (cli/NAME.c); this order is the usage list's. */
+const sf_cli_command *const sf_cli_commands[] = {
+    &sf_cli_run, &sf_cli_ls, &sf_cli_write, &sf_cli_cp, &sf_cli_worker, &sf_cli_keygen, &sf_cli_help, NULL,
 };
 
 const sf_cli_command *sf_cli_find_command(const char *name) {
-  for (const sf_cli_command *c = sf_cli_commands; c->name; c++)
-    if (strcmp(c->name, name) == 0) return c;
+  for (const sf_cli_command *const *c = sf_cli_commands; *c; c++)
+    if (strcmp((*c)->name, name) == 0) return *c;
   return NULL;
 }
 
 static void usage(FILE *out) {
   fprintf(out, "usage: shardflow COMMAND [ARGS]\n\ncommands:\n");
-  for (const sf_cli_command *c = sf_cli_commands; c->name; c++) {
+  for (const sf_cli_command *const *c = sf_cli_commands; *c; c++) {
     char head[80];
-    snprintf(head, sizeof head, "%s %s", c->name, c->args);
-    fprintf(out, "  %-52s %s\n", head, c->summary);
+    snprintf(head, sizeof head, "%s %s", (*c)->name, (*c)->args);
+    fprintf(out, "  %-52s %s\n", head, (*c)->summary);
   }
   fprintf(out, "  %-52s %s\n\n`shardflow COMMAND --help` describes each command.\n", "version", "print the version");
 }

@@ -1,4 +1,5 @@
 /* `shardflow run GRAPH`: runs a graph file, prints the reference rate lines and a per-stage table. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,26 +13,43 @@
 #include "remote.h"
 #include "shardflow/shardflow.h"
 
-static void usage(FILE *out) {
-  fprintf(out,
-          "usage: shardflow run GRAPH [--set NODE.OPTION=VALUE]... [--epochs N] [--rank R --world-size W]\n"
-          "                           [--start-epoch E --start-step K]\n"
-          "                           [--log-steps N] [--step-time S] [--quiet] [--no-summary]\n"
-          "\n"
-          "Runs GRAPH (a YAML graph file) and consumes its batches as a trainer would.\n"
-          "  --set NODE.OPTION=VALUE  override an option (or a setting: --set seed=7)\n"
-          "  --epochs N               epochs of the run, counted from epoch 0 (default: the graph's `epochs`)\n"
-          "  --rank R, --world-size W this process's rank (default: RANK / WORLD_SIZE, else 0 of 1)\n"
-          "  --start-epoch E, --start-step K  resume: epoch E (0-based) after its first K batches;\n"
-          "                           the batches are exactly those an uninterrupted run returns next\n"
-          "  --log-steps N            print a rate line every N batches (default 100; 0 = never)\n"
-          "  --step-time S            sleep S seconds per batch, like a trainer's step (a slow consumer)\n"
-          "  --quiet                  only errors and the epoch lines\n"
-          "  --no-summary             no per-stage table at the end\n"
-          "Rate= is an exponential moving average of samples/s (smoothing 0.4, as torch_xla's\n"
-          "RateTracker); GlobalRate= is samples/s since the epoch began. With groups, Workers= is the\n"
-          "number of live workers and each worker's samples/s follows its name.\n");
-}
+typedef struct run_args {
+  sf_cli_list sets;
+  int64_t epochs, rank, world_size, start_epoch, start_step, log_steps; /* -1: not given */
+  double step_time;
+  bool quiet, no_summary;
+} run_args;
+
+static const sf_cli_option run_options[] = {
+    {.row = {"set", SF_OPT_STRING, offsetof(run_args, sets),
+             .help = "override a node's option, or a graph setting (--set seed=7)"},
+     .value = "NODE.OPTION=VALUE",
+     .repeat = true},
+    {.row = {"epochs", SF_OPT_COUNT, offsetof(run_args, epochs),
+             .help = "epochs of the run, counted from epoch 0 (default: the graph's `epochs`)"},
+     .value = "N"},
+    {.row = {"rank", SF_OPT_COUNT, offsetof(run_args, rank), NULL, 0, 1 << 20,
+             "this process's rank (default: RANK, else 0)"},
+     .value = "R"},
+    {.row = {"world-size", SF_OPT_COUNT, offsetof(run_args, world_size), NULL, 1, 1 << 20,
+             "how many ranks there are (default: WORLD_SIZE, else 1)"},
+     .value = "W"},
+    {.row = {"start-epoch", SF_OPT_COUNT, offsetof(run_args, start_epoch), "0",
+             .help = "resume at epoch E (0-based): the batches are exactly those an uninterrupted run returns next"},
+     .value = "E"},
+    {.row = {"start-step", SF_OPT_COUNT, offsetof(run_args, start_step), "0",
+             .help = "resume after the first K batches of the start epoch"},
+     .value = "K"},
+    {.row = {"log-steps", SF_OPT_COUNT, offsetof(run_args, log_steps), "100",
+             .help = "print a rate line every N batches; 0 = never"},
+     .value = "N"},
+    {.row = {"step-time", SF_OPT_DURATION, offsetof(run_args, step_time), "0", 0, 3600,
+             "sleep this long per batch, like a trainer's step (a slow consumer)"},
+     .value = "SECONDS"},
+    {.row = {"quiet", SF_OPT_BOOL, offsetof(run_args, quiet), .help = "only errors and the epoch lines"}},
+    {.row = {"no-summary", SF_OPT_BOOL, offsetof(run_args, no_summary), .help = "no per-stage table at the end"}},
+    {.row = {NULL}},
+};
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -93,80 +111,31 @@ static void print_summary(sf_pipeline *p) {
           (unsigned long long)st.duplicates, (unsigned long long)st.malformed, (unsigned long long)st.refused);
 }
 
-int sf_cli_run(int argc, char **argv) {
-  const char *path = NULL;
+static int run_main(int argc, char **argv) {
+  run_args a = {.epochs = -1, .rank = -1, .world_size = -1};
+  int first, status;
+  if (!sf_cli_parse(&sf_cli_run, argc, argv, &a, &first, &status)) {
+    sf_cli_free(&sf_cli_run, &a);
+    return status;
+  }
+  if (argc - first != 1) {
+    sf_cli_free(&sf_cli_run, &a);
+    if (argc == first) return sf_cli_usage_error(&sf_cli_run, "give a GRAPH file");
+    return sf_cli_usage_error(&sf_cli_run, "takes one GRAPH (got %d operands)", argc - first);
+  }
+  const char *path = argv[first];
   sf_pipeline_options options;
   sf_pipeline_options_init(&options);
-  long log_steps = 100;
-  double step_time = 0;
-  bool quiet = false, summary = true;
-  const char **sets = calloc((size_t)argc, sizeof *sets);
-  int n_sets = 0;
-  if (!sets) return 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      free(sets);
-      return 0;
-    } else if (strcmp(a, "--set") == 0 && v) {
-      sets[n_sets++] = v;
-      i++;
-    } else if (strncmp(a, "--set=", 6) == 0) {
-      sets[n_sets++] = a + 6;
-    } else if (strcmp(a, "--epochs") == 0 && v) {
-      int64_t e;
-      if (sf_parse_count(v, &e) < 0) goto bad;
-      options.epochs = e;
-      i++;
-    } else if (strcmp(a, "--rank") == 0 && v) {
-      int64_t x;
-      if (sf_parse_count(v, &x) < 0 || x > 1 << 20) goto bad;
-      options.rank = (int)x;
-      i++;
-    } else if (strcmp(a, "--world-size") == 0 && v) {
-      int64_t x;
-      if (sf_parse_count(v, &x) < 0 || x < 1 || x > 1 << 20) goto bad;
-      options.world_size = (int)x;
-      i++;
-    } else if (strcmp(a, "--start-epoch") == 0 && v) {
-      int64_t x;
-      if (sf_parse_count(v, &x) < 0) goto bad;
-      options.first_epoch = (uint64_t)x;
-      i++;
-    } else if (strcmp(a, "--start-step") == 0 && v) {
-      int64_t x;
-      if (sf_parse_count(v, &x) < 0) goto bad;
-      options.first_step = (uint64_t)x;
-      i++;
-    } else if (strcmp(a, "--log-steps") == 0 && v) {
-      log_steps = atol(v);
-      i++;
-    } else if (strcmp(a, "--step-time") == 0 && v) {
-      char *end;
-      step_time = strtod(v, &end);
-      if (*end || step_time < 0 || step_time > 3600) goto bad;
-      i++;
-    } else if (strcmp(a, "--quiet") == 0) {
-      quiet = true;
-    } else if (strcmp(a, "--no-summary") == 0) {
-      summary = false;
-    } else if (a[0] != '-' && !path) {
-      path = a;
-    } else {
-    bad:
-      fprintf(stderr, "shardflow run: bad argument '%s'\n", a);
-      usage(stderr);
-      free(sets);
-      return 2;
-    }
-  }
-  if (!path) {
-    usage(stderr);
-    free(sets);
-    return 2;
-  }
+  options.epochs = a.epochs;
+  options.rank = (int)a.rank;
+  options.world_size = (int)a.world_size;
+  options.first_epoch = (uint64_t)a.start_epoch;
+  options.first_step = (uint64_t)a.start_step;
+  const char **sets = a.sets.v;
+  int n_sets = a.sets.n;
+  int64_t log_steps = a.log_steps;
+  double step_time = a.step_time;
+  bool quiet = a.quiet, summary = !a.no_summary;
   sf_error err;
   char line[2048];
   sf_graph *graph = NULL;
@@ -177,14 +146,14 @@ int sf_cli_run(int argc, char **argv) {
     if (!eq || (size_t)(eq - sets[i]) >= sizeof target) {
       fprintf(stderr, "shardflow run: --set takes NODE.OPTION=VALUE, got '%s'\n", sets[i]);
       sf_graph_destroy(&graph);
-      free(sets);
+      sf_cli_free(&sf_cli_run, &a);
       return 2;
     }
     memcpy(target, sets[i], (size_t)(eq - sets[i]));
     target[eq - sets[i]] = '\0';
     r = sf_graph_set(graph, target, eq + 1, &err);
   }
-  free(sets);
+  sf_cli_free(&sf_cli_run, &a);
   int64_t epochs = options.epochs >= 0 ? options.epochs : graph ? graph->epochs : 0;
   if (r == 0 && epochs > 0 && options.first_epoch >= (uint64_t)epochs) {
     fprintf(stderr, "shardflow run: --start-epoch %llu is past the run's %lld epochs (0..%lld); give --epochs N to "
@@ -204,7 +173,6 @@ int sf_cli_run(int argc, char **argv) {
   double epoch_start = now_seconds(), last_time = epoch_start, rate = 0;
   uint64_t samples = 0, last_samples = 0, step = sf_pipeline_step(p);
   uint64_t epoch_seen = sf_pipeline_epoch(p);
-  int status = 0;
   for (;;) {
     sf_batch *batch;
     r = sf_pipeline_next(p, &batch, -1);
@@ -260,3 +228,15 @@ int sf_cli_run(int argc, char **argv) {
   sf_pipeline_destroy(&p);
   return status;
 }
+
+const sf_cli_command sf_cli_run = {
+    .name = "run",
+    .run = run_main,
+    .args = "GRAPH [--set NODE.OPTION=VALUE]... [--epochs N]",
+    .summary = "run a graph file, print rates",
+    .about = "Runs GRAPH (a YAML graph file) and consumes its batches as a trainer would.",
+    .options = run_options,
+    .notes = "Rate= is an exponential moving average of samples/s (smoothing 0.4, as torch_xla's\n"
+             "RateTracker); GlobalRate= is samples/s since the epoch began. With groups, Workers= is the\n"
+             "number of live workers and each worker's samples/s follows its name.",
+};

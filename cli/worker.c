@@ -1,11 +1,9 @@
 /* `shardflow worker --connect ENDPOINT`: join a head's group and run its stages until told to stop. */
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cli/cli.h"
-#include "options.h"
 #include "worker.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -15,91 +13,63 @@ static void on_signal(int sig) {
   stop_requested = 1;
 }
 
-static void usage(FILE *out) {
-  fprintf(out,
-          "usage: shardflow worker --connect ENDPOINT [--key FILE --server-key FILE | --plaintext]\n"
-          "                        [--name NAME] [--threads N] [--credits N] [--connect-timeout SECONDS] [--quiet]\n"
-          "\n"
-          "Joins a head (a `shardflow run` or an embedding trainer whose graph has a group with\n"
-          "`listen: ENDPOINT`), receives the group's stages from it and runs work units through them\n"
-          "until the head ends the run. Needs no graph file. SIGTERM or SIGINT leave cleanly: the head\n"
-          "hands this worker's unfinished units to other workers.\n"
-          "\n"
-          "  --connect ENDPOINT   tcp://HOST:PORT or ipc://PATH (the group's listen endpoint)\n"
-          "  --key FILE           this worker's key file from `shardflow keygen` (tcp://)\n"
-          "  --server-key FILE    the head's public key file, NAME.pub (tcp://)\n"
-          "  --plaintext          tcp:// without CURVE (only if the group says plaintext: true)\n"
-          "  --name NAME          how the head's logs call this worker (default HOST-PID)\n"
-          "  --threads N          pipeline threads (default: as the head says, else this host's CPUs)\n"
-          "  --credits N          work units held at once (default 4)\n"
-          "  --connect-timeout S  seconds to wait for the head (default 60)\n");
-}
+/* The rows point straight into the engine's worker options. */
+static const sf_cli_option worker_options[] = {
+    {.row = {"connect", SF_OPT_STRING, offsetof(sf_worker_options, endpoint),
+             .help = "tcp://HOST:PORT or ipc://PATH (the group's listen endpoint); required"},
+     .value = "ENDPOINT"},
+    {.row = {"key", SF_OPT_STRING, offsetof(sf_worker_options, secret_key_file),
+             .help = "this worker's key file from `shardflow keygen` (tcp://)"},
+     .value = "FILE"},
+    {.row = {"server-key", SF_OPT_STRING, offsetof(sf_worker_options, server_key_file),
+             .help = "the head's public key file, NAME.pub (tcp://)"},
+     .value = "FILE"},
+    {.row = {"plaintext", SF_OPT_BOOL, offsetof(sf_worker_options, plaintext),
+             .help = "tcp:// without CURVE (only if the group says plaintext: true)"}},
+    {.row = {"name", SF_OPT_STRING, offsetof(sf_worker_options, name),
+             .help = "how the head's logs call this worker (default HOST-PID)"},
+     .value = "NAME"},
+    {.row = {"threads", SF_OPT_COUNT, offsetof(sf_worker_options, threads), NULL, 1, 4096,
+             "pipeline threads (default: as the head says, else this host's CPUs)"},
+     .value = "N"},
+    {.row = {"credits", SF_OPT_COUNT, offsetof(sf_worker_options, credits), "4", 1, 4096, "work units held at once"},
+     .value = "N"},
+    {.row = {"connect-timeout", SF_OPT_DURATION, offsetof(sf_worker_options, connect_timeout), "60s", 0.001, 1e6,
+             "how long to wait for the head"},
+     .value = "SECONDS"},
+    {.row = {"quiet", SF_OPT_BOOL, offsetof(sf_worker_options, quiet), .help = "only errors"}},
+    {.row = {"exit-with-parent", SF_OPT_BOOL, offsetof(sf_worker_options, exit_with_parent),
+             .help = "end when the parent process ends (a head starting local workers passes it)"}},
+    {.row = {NULL}},
+};
 
-int sf_cli_worker(int argc, char **argv) {
+static int worker_main(int argc, char **argv) {
   sf_worker_options o = {.stop = &stop_requested};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    bool takes = true;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      return 0;
-    } else if (strcmp(a, "--plaintext") == 0) {
-      o.plaintext = true;
-      takes = false;
-    } else if (strcmp(a, "--quiet") == 0) {
-      o.quiet = true;
-      takes = false;
-    } else if (strcmp(a, "--exit-with-parent") == 0) {
-      o.exit_with_parent = true;
-      takes = false;
-    } else if (!v) {
-      fprintf(stderr, "shardflow worker: %s needs a value (see --help)\n", a);
-      return 2;
-    } else if (strcmp(a, "--connect") == 0) {
-      o.endpoint = v;
-    } else if (strcmp(a, "--key") == 0) {
-      o.secret_key_file = v;
-    } else if (strcmp(a, "--server-key") == 0) {
-      o.server_key_file = v;
-    } else if (strcmp(a, "--name") == 0) {
-      o.name = v;
-    } else if (strcmp(a, "--threads") == 0 || strcmp(a, "--credits") == 0) {
-      int64_t n;
-      if (sf_parse_count(v, &n) < 0 || n < 1 || n > 4096) {
-        fprintf(stderr, "shardflow worker: %s takes a whole number 1..4096, not '%s'\n", a, v);
-        return 2;
-      }
-      if (a[2] == 't') o.threads = n;
-      else o.credits = n;
-    } else if (strcmp(a, "--connect-timeout") == 0) {
-      char *end;
-      o.connect_timeout = strtod(v, &end);
-      if (*end || o.connect_timeout <= 0) {
-        fprintf(stderr, "shardflow worker: --connect-timeout takes seconds > 0, not '%s'\n", v);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "shardflow worker: unknown option '%s' (see --help)\n", a);
-      return 2;
-    }
-    if (takes) i++;
-  }
-  if (!o.endpoint) {
-    fprintf(stderr, "shardflow worker: --connect ENDPOINT is required (see --help)\n");
-    return 2;
-  }
+  int first, status;
+  if (!sf_cli_parse(&sf_cli_worker, argc, argv, &o, &first, &status)) return status;
+  if (first < argc) return sf_cli_usage_error(&sf_cli_worker, "takes no operands (got '%s')", argv[first]);
+  if (!o.endpoint) return sf_cli_usage_error(&sf_cli_worker, "--connect ENDPOINT is required");
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
   sf_error err;
-  int rc = sf_worker_run(&o, &err);
-  if (rc < 0) {
+  if (sf_worker_run(&o, &err) < 0) {
     char line[2048];
-    fprintf(stderr, "shardflow worker: %s\n", sf_error_format(&err, line, sizeof line));
-    return 1;
+    return sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
   }
   return 0;
 }
+
+const sf_cli_command sf_cli_worker = {
+    .name = "worker",
+    .run = worker_main,
+    .args = "--connect ENDPOINT [--key K --server-key K]",
+    .summary = "join a head's group and run its stages",
+    .about = "Joins a head (a `shardflow run` or an embedding trainer whose graph has a group with\n"
+             "`listen: ENDPOINT`), receives the group's stages from it and runs work units through them\n"
+             "until the head ends the run. Needs no graph file. SIGTERM or SIGINT leave cleanly: the head\n"
+             "hands this worker's unfinished units to other workers.",
+    .options = worker_options,
+};

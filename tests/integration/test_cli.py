@@ -68,6 +68,24 @@ p = run(["run", g, "--start-step", str(batches - 1), "--quiet", "--no-summary"],
 check(p.returncode == 0 and "Epoch=1 Rank=0 Replica Train Samples=2" in p.stdout and "Epoch=2 " in p.stdout,
       f"--start-step inside the epoch: its last batch, then the next epoch: {p.stdout} {p.stderr}")
 
+# A typed option's bad value is refused, naming the option and the value (`--log-steps abc` was read by
+# atol as 0, which silently turned the rate lines off); the shared parsers take units (30s, 10k).
+for args, option, value in ((["run", g, "--log-steps", "abc"], "--log-steps", "abc"),
+                            (["run", g, "--log-steps=-3"], "--log-steps", "-3"),
+                            (["run", g, "--step-time", "fast"], "--step-time", "fast"),
+                            (["run", g, "--world-size", "0"], "--world-size", "0"),
+                            (["worker", "--connect", "ipc:///nonexistent", "--credits", "lots"], "--credits", "lots"),
+                            (["worker", "--connect", "ipc:///nonexistent", "--connect-timeout", "soon"],
+                             "--connect-timeout", "soon"),
+                            (["write", "--maxsize", "12parsecs", tmp, tmp + "/x-%d.tar"], "--maxsize", "12parsecs"),
+                            (["write", "--format", "gif", tmp, tmp + "/x-%d.tar"], "--format", "gif")):
+    p = run(args, check=False)
+    check(p.returncode == 2 and option in p.stderr and value in p.stderr and "usage: shardflow " + args[0] in p.stderr,
+          f"{' '.join(args[:1] + args[2:] if args[0] == 'run' else args)}: refused naming {option}: "
+          f"{p.returncode} {p.stderr!r}")
+p = run(["run", g, "--log-steps", "1k", "--step-time", "1ms", "--quiet", "--no-summary"], check=False)
+check(p.returncode == 0 and "Epoch=2 " in p.stdout, f"--log-steps 1k --step-time 1ms: {p.returncode} {p.stderr}")
+
 # cp makes the target's directories, and removes the partial downloads of processes that are gone.
 www = os.path.join(tmp, "www")
 os.makedirs(www)
@@ -129,4 +147,33 @@ for command in ("run", "ls", "write", "cp", "worker", "keygen"):
 p = run(["help", "nosuch"], check=False)
 check(p.returncode == 2 and "shard_source" in p.stderr and "keygen" in p.stderr,
       f"help of an unknown name lists stages and commands: {p.stderr}")
+
+# Every row of every command's options table (read from cli/*.c) is in its --help and known to its parser;
+# a typed row refuses a bad value naming the option.
+import re  # noqa: E402
+rows = {}
+for name in sorted(os.listdir(os.path.join(os.environ["SF_SOURCE_ROOT"], "cli"))):
+    text = open(os.path.join(os.environ["SF_SOURCE_ROOT"], "cli", name)).read()
+    command = re.search(r'const sf_cli_command sf_cli_\w+ = \{\s*\.name = "([a-z]+)"', text)
+    if command:
+        rows[command.group(1)] = re.findall(r'\.row = \{"([a-z-]+)", (SF_OPT_[A-Z]+)[^}]*\}(?:, \.value = "([^"]+)")?',
+                                            text)
+check(set(rows) == {"run", "ls", "write", "cp", "worker", "keygen", "help"} and sum(map(len, rows.values())) >= 30,
+      f"the tables were found: {rows}")
+typed = {"SF_OPT_COUNT", "SF_OPT_INT", "SF_OPT_SIZE", "SF_OPT_DURATION", "SF_OPT_ENUM", "SF_OPT_SEED", "SF_OPT_FLOAT"}
+for command, table in rows.items():
+    text = run([command, "--help"]).stdout
+    for option, kind, value in table:
+        line = next((l for l in text.splitlines() if l.split()[:1] == [f"--{option}"] or f", --{option}" in l), "")
+        check(line and (not value or value in line), f"{command} --help shows --{option} {value}: {text}")
+        if value and kind in typed:
+            p = run([command, f"--{option}", "bogus"], check=False)
+            check(p.returncode == 2 and f"--{option}" in p.stderr and "'bogus'" in p.stderr,
+                  f"{command} --{option} bogus is refused naming the option: {p.returncode} {p.stderr}")
+        elif value:
+            p = run([command, f"--{option}"], check=False)
+            check(p.returncode == 2 and f"--{option} needs a value" in p.stderr, f"{command} --{option}: {p.stderr}")
+        else:
+            p = run([command, f"--{option}=1"], check=False)
+            check(p.returncode == 2 and f"--{option} takes no value" in p.stderr, f"{command} --{option}=1: {p.stderr}")
 check.done("cli")

@@ -1,15 +1,33 @@
-"""docs/stages.md is generated from the options tables: fail when the two drift apart."""
+"""docs/stages.md and docs/cli.md are generated from the options tables: fail when they drift apart."""
 import os
 import subprocess
 import sys
 
 root = os.environ["SF_SOURCE_ROOT"]
-generated = subprocess.run([os.environ["SHARDFLOW"], "help", "--markdown"], capture_output=True, text=True,
-                           check=True).stdout
-committed = open(os.path.join(root, "docs", "stages.md")).read()
-if generated != committed:
-    print("docs/stages.md is out of date: regenerate it with\n  shardflow help --markdown > docs/stages.md")
+
+
+def drift(what, name):
+    """The generated text differs from the committed file: the command that regenerates it, else None."""
+    args = ["help", "--markdown"] + ([what] if what else [])
+    generated = subprocess.run([os.environ["SHARDFLOW"], *args], capture_output=True, text=True, check=True).stdout
+    committed = open(os.path.join(root, "docs", name)).read()
+    if generated != committed:
+        return f"docs/{name} is out of date: regenerate it with\n  shardflow {' '.join(args)} > docs/{name}"
+    return None
+
+
+stages = drift(None, "stages.md")
+commands = drift("commands", "cli.md")
+for problem in (stages, commands):
+    if problem:
+        print(problem)
+if stages or commands:
     sys.exit(1)
+committed = open(os.path.join(root, "docs", "stages.md")).read()
 for stage in ("shard_source", "tar_split", "decode", "augment", "shuffle", "batch", "device_sink"):
     assert f"## {stage}\n" in committed, stage
-print("docs: stages.md matches the options tables (7 stages)")
+committed = open(os.path.join(root, "docs", "cli.md")).read()
+commands = ("run", "ls", "write", "cp", "worker", "keygen", "help")
+for command in commands:
+    assert f"## shardflow {command}\n" in committed, command
+print(f"docs: stages.md matches the options tables (7 stages), cli.md the commands' tables ({len(commands)})")
