@@ -9,7 +9,7 @@
 #include "shardflow/stage.h"
 
 /*
- * One option of a subcommand. row is a stage option row (engine/options.h):
+ * One option of a subcommand. row is a stage option row (engine/graph/options.h):
  * its name is the long option without "--", its offset points into the
  * command's own arguments struct, and its type picks the shared parser
  * (count 10k, size 64MiB, duration 30s, enum...), so a bad value is refused

@@ -1,5 +1,5 @@
 /* `shardflow write`'s parts: the inputs it reads (write_input.c), encoding (write_encode.c), the command (write.c);
- * the shards themselves are written by engine/tar_writer.c. */
+ * the shards themselves are written by engine/io/tar_writer.c. */
 #ifndef SF_CLI_WRITE_H
 #define SF_CLI_WRITE_H
 

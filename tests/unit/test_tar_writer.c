@@ -1,4 +1,4 @@
-/* engine/tar_writer: shard patterns, shards cut by count and by size, read back by the engine's tar reader. */
+/* engine/io/tar_writer: shard patterns, shards cut by count and by size, read back by the engine's tar reader. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
