@@ -76,7 +76,7 @@ typedef struct remote {
   char *worker_command;
   int64_t max_message;
   int64_t io_threads;
-  char *stages;          /* the group's stages as graph-file YAML (set by the engine) */
+  const sf_graph *stages; /* the group's stages (the head's graph nodes), sent to workers in WELCOME */
 
   sf_node *node;
   char ipc_path[108];
@@ -140,8 +140,6 @@ static const sf_option options[] = {
      "ZeroMQ I/O threads of the head: CURVE decryption of each worker's stream runs on one; more than 1 spreads "
      "several workers' streams (refusal counts by kind may then be off by one: monitor events interleave)",
      NULL},
-    {"stages", SF_OPT_STRING, offsetof(remote, stages), "", 0, 0,
-     "(set by the engine) the group's stages as graph-file YAML", NULL},
     {NULL},
 };
 
@@ -209,7 +207,7 @@ static void on_hello(remote *r, int socket, sf_wire_message *m, double now) {
   w->joined = w->last_seen = w->rate_since = now;
   sf_wire_message welcome = {
       .type = SF_WIRE_WELCOME,
-      .text = r->stages,
+      .stages = (sf_graph *)r->stages,
       .seed = r->node->ctx->seed,
       .epochs = r->node->ctx->epochs,
       .rank = r->node->ctx->rank,
@@ -584,7 +582,7 @@ static int init(sf_node *node) {
   pthread_mutex_init(&r->lock, NULL);
   atomic_init(&r->stop, false);
   sf_error e;
-  if (!r->stages[0]) {
+  if (!(r->stages = sf_node_group_stages(node))) {
     sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "a _remote node is made by the engine from `groups:`");
     return SF_EINVAL;
   }

@@ -267,6 +267,8 @@ int sf_node_new_deferred(sf_node *n) {
   return 0;
 }
 
+const sf_graph *sf_node_group_stages(const sf_node *n) { return n->group_stages; }
+
 uint64_t sf_node_deferred_ns(const sf_node *n) { return n->deferred ? atomic_load(&n->deferred->ns) : 0; }
 uint64_t sf_thread_deferred_ns(void) { return thread_deferred_ns; }
 

@@ -49,6 +49,7 @@ struct sf_node {
   sf_context *ctx;
   sf_port in, out;
   struct sf_pipeline *pipeline;  /* NULL under the test harness */
+  const sf_graph *group_stages;  /* a _remote node's group stages (owned by the pipeline's graph), or NULL */
   atomic_bool running;           /* a pool worker is stepping it */
   atomic_bool done;              /* returned SF_EOF or failed; outputs closed */
   /* map stages: samples taken and given this step, so a dropped sample leaves a hole */
@@ -102,6 +103,9 @@ bool sf_port_can_push(sf_port *port);
  * the pointer change. Returns 0 or SF_ENOMEM.
  */
 int sf_node_new_deferred(sf_node *node);
+
+/* The group's stages of a _remote node (engine/graph/graph_groups.h), borrowed for the pipeline's life; NULL for other nodes. */
+const sf_graph *sf_node_group_stages(const sf_node *node);
 uint64_t sf_node_deferred_ns(const sf_node *node);
 uint64_t sf_thread_deferred_ns(void);
 /* Drops the node's clock (the recipes still queued keep theirs alive). */

@@ -307,6 +307,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       p->nodes[first_node + rep] = n;
       p->n_nodes++;
       n->def = def;
+      n->group_stages = gn->group_stages;
       n->ctx = &p->ctx;
       n->pipeline = p;
       n->replica = rep;

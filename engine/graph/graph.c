@@ -135,6 +135,7 @@ static void free_node(sf_graph_node *n) {
   free(n->name);
   free(n->type);
   free(n->group);
+  sf_graph_destroy(&n->group_stages);
 }
 
 void sf_graph_destroy(sf_graph **pg) {
@@ -165,16 +166,8 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
   g->threads = src->threads;
   g->max_errors = src->max_errors;
   g->max_error_rate = src->max_error_rate;
-  for (int i = 0; i < src->n_nodes; i++) {
-    const sf_graph_node *s = &src->nodes[i];
-    sf_graph_node *n = sf_graph_add_node(g, s->name, s->type, s->line);
-    if (!n) goto fail;
-    n->replicas = s->replicas;
-    n->replicas_line = s->replicas_line;
-    if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) goto fail;
-    for (int j = 0; j < s->n_values; j++)
-      if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
-  }
+  for (int i = 0; i < src->n_nodes; i++)
+    if (!sf_graph_copy_node(g, &src->nodes[i])) goto fail;
   for (int i = 0; i < src->n_groups; i++) {
     const sf_graph_node *s = &src->groups[i];
     sf_graph_node *n = sf_graph_add_group(g, s->name, s->line);
@@ -188,6 +181,18 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
 fail:
   sf_graph_destroy(&g);
   return NULL;
+}
+
+sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
+  sf_graph_node *n = sf_graph_add_node(g, s->name, s->type, s->line);
+  if (!n) return NULL;
+  n->replicas = s->replicas;
+  n->replicas_line = s->replicas_line;
+  if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) return NULL;
+  for (int j = 0; j < s->n_values; j++)
+    if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) return NULL;
+  if (s->group_stages && !(n->group_stages = sf_graph_copy(s->group_stages))) return NULL;
+  return n;
 }
 
 int sf_graph_node_count(const sf_graph *g) { return g ? g->n_nodes : 0; }

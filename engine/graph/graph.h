@@ -24,6 +24,8 @@ typedef struct sf_graph_node {
   int n_values;
   char *group;          /* the group the node runs in (`group:`), or NULL for the head process */
   int64_t group_line;
+  /* A _remote node made by sf_graph_split_groups: the group's stages (owned), which its workers run. */
+  sf_graph *group_stages;
 } sf_graph_node;
 
 typedef struct sf_graph_edge {
@@ -76,6 +78,9 @@ sf_graph_node *sf_graph_find_node(const sf_graph *graph, const char *name);
 
 /* Deep copy. NULL when out of memory. */
 sf_graph *sf_graph_copy(const sf_graph *graph);
+
+/* Appends a copy of node (name, type, lines, replicas, group, options, group stages) to graph. Returns it, or NULL (out of memory). */
+sf_graph_node *sf_graph_copy_node(sf_graph *graph, const sf_graph_node *node);
 
 /* Applies the graph setting key (seed, epochs, error_policy, queue_size). */
 int sf_graph_set_setting(sf_graph *graph, const char *key, const char *value, int64_t line,

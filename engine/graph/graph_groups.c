@@ -5,18 +5,6 @@
 
 #include "graph_groups.h"
 #include "options.h"
-#include "strbuf.h"
-
-/* A YAML double-quoted scalar: backslash and quote escaped, control bytes as \xNN. */
-static void append_quoted(sf_strbuf *t, const char *s) {
-  sf_strbuf_add(t, "\"");
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') sf_strbuf_appendf(t, "\\%c", *p);
-    else if (*p < 0x20) sf_strbuf_appendf(t, "\\x%02x", *p);
-    else sf_strbuf_append(t, p, 1);
-  }
-  sf_strbuf_add(t, "\"");
-}
 
 /* The group options table lives with the _remote stage that parses it. */
 static const sf_stage_def *remote_def(void) { return sf_stage_find("_remote"); }
@@ -80,24 +68,15 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
   return r;
 }
 
-/* The `stages:` entries of chain positions [from, to) as YAML text. */
-static char *stages_yaml(const sf_graph *g, const int *order, int from, int to) {
-  sf_strbuf t = {0};
-  sf_strbuf_add(&t, "stages:\n");
-  for (int k = from; k < to; k++) {
-    const sf_graph_node *n = &g->nodes[order[k]];
-    sf_strbuf_add(&t, "  - type: ");
-    append_quoted(&t, n->type);
-    sf_strbuf_add(&t, "\n    name: ");
-    append_quoted(&t, n->name);
-    sf_strbuf_appendf(&t, "\n    replicas: %lld\n", (long long)n->replicas);
-    for (int j = 0; j < n->n_values; j++) {
-      sf_strbuf_appendf(&t, "    %s: ", n->values[j].key);
-      append_quoted(&t, n->values[j].value);
-      sf_strbuf_add(&t, "\n");
-    }
+/* The group's stages, chain positions [from, to), as a graph of their own: what its workers run. */
+static sf_graph *group_stages(const sf_graph *g, const int *order, int from, int to) {
+  sf_graph *sub = sf_graph_new_empty(g->path);
+  for (int k = from; sub && k < to; k++) {
+    sf_graph_node *n = sf_graph_copy_node(sub, &g->nodes[order[k]]);
+    if (!n) sf_graph_destroy(&sub);
+    else free(n->group), n->group = NULL; /* inside the worker the stages run where they are */
   }
-  return sf_strbuf_take(&t, NULL);
+  return sub;
 }
 
 static void copy_settings(sf_graph *dst, const sf_graph *src) {
@@ -126,11 +105,7 @@ int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
   for (int k = 0; k < g->n_nodes && r == 0;) {
     const sf_graph_node *n = &g->nodes[order[k]];
     if (!n->group) {
-      sf_graph_node *c = sf_graph_add_node(h, n->name, n->type, n->line);
-      if (!c) r = SF_ENOMEM;
-      if (c) c->replicas = n->replicas, c->replicas_line = n->replicas_line;
-      for (int j = 0; c && j < n->n_values && r == 0; j++)
-        r = sf_graph_node_set(c, n->values[j].key, n->values[j].value, n->values[j].line);
+      if (!sf_graph_copy_node(h, n)) r = SF_ENOMEM;
       k++;
       continue;
     }
@@ -138,12 +113,9 @@ int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
     while (end < g->n_nodes && g->nodes[order[end]].group && strcmp(g->nodes[order[end]].group, n->group) == 0) end++;
     const sf_graph_node *grp = sf_graph_find_group(g, n->group);
     sf_graph_node *c = sf_graph_add_node(h, grp->name, "_remote", grp->line);
-    char *yaml = stages_yaml(g, order, k, end);
-    if (!c || !yaml) r = SF_ENOMEM;
+    if (!c || !(c->group_stages = group_stages(g, order, k, end))) r = SF_ENOMEM;
     for (int j = 0; c && j < grp->n_values && r == 0; j++)
       r = sf_graph_node_set(c, grp->values[j].key, grp->values[j].value, grp->values[j].line);
-    if (r == 0) r = sf_graph_node_set(c, "stages", yaml, grp->line);
-    free(yaml);
     k = end;
   }
   free(order);
@@ -155,18 +127,29 @@ int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
   return 0;
 }
 
-int sf_group_worker_graph(sf_graph **graph, const char *stages, uint64_t seed, int error_policy, int64_t threads,
-                          const char *origin, sf_error *e) {
-  *graph = NULL;
-  /* stages holds "stages:\n  - ...": keep its entries, add the worker's own source and sink around them. */
-  const char *entries = strchr(stages, '\n');
-  sf_strbuf t = {0};
-  sf_strbuf_appendf(&t, "seed: %llu\nerror_policy: %s\nthreads: %lld\nstages:\n  - type: _worker_source\n%s  - type: _worker_sink\n",
-         (unsigned long long)seed, error_policy == SF_POLICY_FAIL ? "fail" : "skip", (long long)threads,
-         entries ? entries + 1 : "");
-  char *text = sf_strbuf_take(&t, NULL);
-  if (!text) return sf_error_set(e, SF_ENOMEM, SF_AT(.url = origin), "out of memory");
-  int r = sf_graph_load_string(graph, text, origin, e);
-  free(text);
-  return r;
+int sf_group_worker_graph(sf_graph **graph, const sf_graph *stages, uint64_t seed, int error_policy, int64_t threads,
+                          sf_error *e) {
+  /* The head's nodes between the worker's own source and sink; messages name the head's file and lines. */
+  sf_graph *g = sf_graph_new_empty(stages->path);
+  int r = g ? 0 : SF_ENOMEM;
+  if (r == 0) {
+    g->seed = seed;
+    g->error_policy = error_policy;
+    g->threads = threads;
+    if (!sf_graph_add_node(g, "_worker_source", "_worker_source", -1)) r = SF_ENOMEM;
+  }
+  for (int i = 0; r == 0 && i < stages->n_nodes; i++)
+    if (!sf_graph_copy_node(g, &stages->nodes[i])) r = SF_ENOMEM;
+  if (r == 0 && !sf_graph_add_node(g, "_worker_sink", "_worker_sink", -1)) r = SF_ENOMEM;
+  if (r < 0) {
+    sf_graph_destroy(&g);
+    return sf_error_set(e, SF_ENOMEM, SF_NOWHERE, "out of memory");
+  }
+  r = sf_graph_validate(g, e);
+  if (r < 0) {
+    sf_graph_destroy(&g);
+    return r;
+  }
+  *graph = g;
+  return 0;
 }

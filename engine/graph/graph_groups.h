@@ -13,18 +13,19 @@
 /*
  * Builds the head's graph: graph in chain order with every group's run of
  * nodes replaced by one node named after the group, of type _remote, whose
- * options are the group's options plus `stages` (the run as graph-file YAML,
- * see sf_group_stages_yaml).  Returns 0 and a new graph in *head (the caller
- * destroys it), or an error naming the graph file and line.
+ * options are the group's options and whose group_stages are the run's nodes
+ * (the graph's intermediate form, sent to workers in WELCOME as it is).
+ * Returns 0 and a new graph in *head (the caller destroys it), or an error
+ * naming the graph file and line.
  */
 int sf_graph_split_groups(const sf_graph *graph, sf_graph **head, sf_error *error);
 
 /*
- * Builds the graph a worker runs from the settings a head sent and the group's
- * stages (YAML text of `stages:` entries): _worker_source, the stages,
- * _worker_sink.  Returns 0 or the graph-file error (its path is `origin`).
+ * Builds the graph a worker runs from the group's stages the head sent and its
+ * settings: _worker_source, the stages, _worker_sink.  Errors name the head's
+ * graph file and the stages' lines there.  Returns 0 or the graph error.
  */
-int sf_group_worker_graph(sf_graph **graph, const char *stages_yaml, uint64_t seed, int error_policy,
-                          int64_t threads, const char *origin, sf_error *error);
+int sf_group_worker_graph(sf_graph **graph, const sf_graph *stages, uint64_t seed, int error_policy,
+                          int64_t threads, sf_error *error);
 
 #endif

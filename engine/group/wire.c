@@ -50,6 +50,7 @@ void sf_wire_message_clear(sf_wire_message *msg) {
   free(msg->text);
   free(msg->errors);
   free(msg->stats);
+  sf_graph_destroy(&msg->stages);
   memset(msg, 0, sizeof *msg);
 }
 
@@ -171,6 +172,35 @@ static int check_sample(const SfWire__SampleMeta *s, size_t i, int type, int n_f
   return 0;
 }
 
+/* WELCOME's stages: counts and string lengths within the limits, replicas positive. */
+static int check_stages(const SfWire__Welcome *w, sf_error *error) {
+  if (w->n_stages > SF_WIRE_MAX_STAGES)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: WELCOME message has %zu stages; at most %d are allowed",
+                        w->n_stages, SF_WIRE_MAX_STAGES);
+  if (strnlen(w->graph_path, 4096) >= 4096)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: WELCOME message: graph path of 4096 bytes or more");
+  for (size_t i = 0; i < w->n_stages; i++) {
+    const SfWire__StageNode *s = w->stages[i];
+    if (strnlen(s->type, SF_WIRE_MAX_NAME) >= SF_WIRE_MAX_NAME || strnlen(s->name, SF_WIRE_MAX_NAME) >= SF_WIRE_MAX_NAME ||
+        !s->type[0] || !s->name[0])
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                          "wire: WELCOME message: stage %zu has an empty type or name, or one of %d bytes or more", i,
+                          SF_WIRE_MAX_NAME);
+    if (s->replicas < 1 || s->replicas > 1024)
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: WELCOME message: stage %zu has %lld replicas", i,
+                          (long long)s->replicas);
+    if (s->n_options > SF_WIRE_MAX_OPTIONS)
+      return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: WELCOME message: stage %zu has %zu options; at most %d",
+                          i, s->n_options, SF_WIRE_MAX_OPTIONS);
+    for (size_t j = 0; j < s->n_options; j++)
+      if (strnlen(s->options[j]->key, SF_WIRE_MAX_NAME) >= SF_WIRE_MAX_NAME || !s->options[j]->key[0] ||
+          strnlen(s->options[j]->value, SF_WIRE_MAX_TEXT + 1) > SF_WIRE_MAX_TEXT)
+        return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                            "wire: WELCOME message: stage %zu option %zu has an empty or over-long key or value", i, j);
+  }
+  return 0;
+}
+
 /* Everything about a header that can be checked without the frames' sizes. */
 static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf_error *error) {
   int type = (int)h->type;
@@ -207,6 +237,8 @@ static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf
                           "wire: WELCOME message: heartbeat interval %g s / timeout %g s are not "
                           "non-negative numbers",
                           w->heartbeat_interval, w->heartbeat_timeout);
+    int r = check_stages(w, error);
+    if (r < 0) return r;
   }
   if (h->n_samples && !carries_samples(type))
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message carries samples; only UNIT and RESULT do",
@@ -329,6 +361,27 @@ static int build_sample(sf_wire_message *msg, const SfWire__SampleMeta *s, size_
   return 0;
 }
 
+/* WELCOME's stages as a graph of their own: the nodes as the head read them, with its file and lines. */
+static sf_graph *stages_graph(const SfWire__Welcome *w) {
+  sf_graph *g = sf_graph_new_empty(w->graph_path[0] ? w->graph_path : NULL);
+  for (size_t i = 0; g && i < w->n_stages; i++) {
+    const SfWire__StageNode *s = w->stages[i];
+    sf_graph_node *n = sf_graph_add_node(g, s->name, s->type, s->line);
+    if (!n) {
+      sf_graph_destroy(&g);
+      break;
+    }
+    n->replicas = s->replicas;
+    n->replicas_line = s->replicas_line;
+    for (size_t j = 0; j < s->n_options; j++)
+      if (sf_graph_node_set(n, s->options[j]->key, s->options[j]->value, s->options[j]->line) < 0) {
+        sf_graph_destroy(&g);
+        break;
+      }
+  }
+  return g;
+}
+
 static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_wire_message *msg, sf_error *error) {
   msg->type = (sf_wire_type)h->type;
   int type = (int)h->type;
@@ -350,6 +403,8 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
     msg->error_policy = h->welcome->error_policy;
     msg->heartbeat_interval = h->welcome->heartbeat_interval;
     msg->heartbeat_timeout = h->welcome->heartbeat_timeout;
+    if (!(msg->stages = stages_graph(h->welcome)))
+      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
     break;
   case SF_WIRE_CREDIT: msg->credits = h->credits; break;
   case SF_WIRE_UNIT: msg->unit = h->unit; msg->epoch = h->epoch; break;
@@ -659,6 +714,54 @@ static int check_outgoing(const sf_wire_message *msg, size_t *n_fields, sf_error
   return 0;
 }
 
+/* WELCOME's stages, packed from the graph's nodes (borrowing their strings); freed with free_stages. */
+typedef struct packed_stages {
+  SfWire__StageNode *nodes, **node_ptrs;
+  SfWire__StageOption *options, **option_ptrs;
+} packed_stages;
+
+static void free_stages(packed_stages *p) {
+  free(p->nodes);
+  free(p->node_ptrs);
+  free(p->options);
+  free(p->option_ptrs);
+}
+
+static int pack_stages(const sf_graph *g, SfWire__Welcome *w, packed_stages *p) {
+  size_t n = g ? (size_t)g->n_nodes : 0, n_options = 0;
+  for (size_t i = 0; i < n; i++) n_options += (size_t)g->nodes[i].n_values;
+  p->nodes = calloc(n + 1, sizeof *p->nodes);
+  p->node_ptrs = calloc(n + 1, sizeof *p->node_ptrs);
+  p->options = calloc(n_options + 1, sizeof *p->options);
+  p->option_ptrs = calloc(n_options + 1, sizeof *p->option_ptrs);
+  if (!p->nodes || !p->node_ptrs || !p->options || !p->option_ptrs) return SF_ENOMEM;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const sf_graph_node *gn = &g->nodes[i];
+    SfWire__StageNode *s = &p->nodes[i];
+    sf_wire__stage_node__init(s);
+    p->node_ptrs[i] = s;
+    s->type = gn->type;
+    s->name = gn->name;
+    s->replicas = gn->replicas;
+    s->line = gn->line;
+    s->replicas_line = gn->replicas_line;
+    s->options = &p->option_ptrs[k];
+    s->n_options = (size_t)gn->n_values;
+    for (int j = 0; j < gn->n_values; j++, k++) {
+      sf_wire__stage_option__init(&p->options[k]);
+      p->option_ptrs[k] = &p->options[k];
+      p->options[k].key = gn->values[j].key;
+      p->options[k].value = gn->values[j].value;
+      p->options[k].line = gn->values[j].line;
+    }
+  }
+  w->stages = p->node_ptrs;
+  w->n_stages = n;
+  w->graph_path = g && g->path ? g->path : (char *)"";
+  return 0;
+}
+
 int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *error) {
   size_t n_frames = 0;
   int r = check_outgoing(msg, &n_frames, error);
@@ -668,6 +771,7 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
 
   SfWire__Header h = SF_WIRE__HEADER__INIT;
   SfWire__Welcome welcome = SF_WIRE__WELCOME__INIT;
+  packed_stages stages = {0};
   h.version = SF_WIRE_VERSION;
   h.type = (SfWire__MessageType)msg->type;
   h.unit = msg->unit;
@@ -688,6 +792,10 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
     welcome.heartbeat_interval = msg->heartbeat_interval;
     welcome.heartbeat_timeout = msg->heartbeat_timeout;
     h.welcome = &welcome;
+    if (pack_stages(msg->stages, &welcome, &stages) < 0) {
+      free_stages(&stages);
+      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a WELCOME message");
+    }
   }
 
   /* Everything is allocated and every frame prepared before the first byte goes out. */
@@ -838,5 +946,6 @@ done:
   free(error_ptrs);
   free(stats);
   free(stat_ptrs);
+  free_stages(&stages);
   return r;
 }

@@ -13,18 +13,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "graph.h"
 #include "shardflow/buffer.h"
 #include "shardflow/error.h"
 #include "shardflow/sample.h"
 
 /* Bumped on any incompatible change of engine/group/wire.proto; peers must match. */
-#define SF_WIRE_VERSION 1
+#define SF_WIRE_VERSION 2
 
 /* Limits every decoded header is checked against (a hostile peer meets them first). */
 enum {
   SF_WIRE_MAX_SAMPLES = 4096,        /* samples in one UNIT or RESULT */
   SF_WIRE_MAX_FRAMES = 65536,        /* payload frames after the header */
-  SF_WIRE_MAX_TEXT = 1 << 20,        /* bytes of text (WELCOME's graph) */
+  SF_WIRE_MAX_TEXT = 1 << 20,        /* bytes of text, and of one stage option's value */
+  SF_WIRE_MAX_STAGES = 64,           /* stages of a group in WELCOME */
+  SF_WIRE_MAX_OPTIONS = 256,         /* options of one stage in WELCOME */
+  SF_WIRE_MAX_NAME = 64,             /* bytes of a stage's type or name, or an option's key */
   SF_WIRE_MAX_ERRORS = 256,          /* error records in one message */
   SF_WIRE_MAX_STATS = 64,            /* stage statistics in one message */
   SF_WIRE_MAX_HEADER = 16 << 20,     /* bytes of the header frame */
@@ -68,7 +72,7 @@ typedef struct sf_wire_message {
   uint64_t epoch;               /* UNIT, RESULT, EPOCH_END */
   uint32_t credits;             /* CREDIT */
   uint64_t sequence;            /* HEARTBEAT */
-  char *text;                   /* HELLO: worker name; WELCOME: group graph (YAML); BYE: reason */
+  char *text;                   /* HELLO: worker name; BYE: reason */
   /* HELLO */
   int64_t pid;
   uint32_t threads;             /* HELLO: the worker's threads; WELCOME: threads the head asks it to run (0 = its own) */
@@ -78,6 +82,9 @@ typedef struct sf_wire_message {
   int32_t error_policy;
   double heartbeat_interval;    /* seconds */
   double heartbeat_timeout;     /* seconds without a message before a peer counts as dead */
+  /* WELCOME: the group's stages as the graph's intermediate form (nodes with their options and
+   * the head's file and lines). Sending borrows it; a received message owns a new graph. */
+  sf_graph *stages;
   /* UNIT, RESULT */
   sf_sample **samples;
   int n_samples;

@@ -365,8 +365,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   if (rc < 0) goto out;
 
   int64_t threads = o->threads > 0 ? o->threads : welcome.threads;
-  rc = sf_group_worker_graph(&graph, welcome.text ? welcome.text : "", welcome.seed, welcome.error_policy, threads,
-                             o->endpoint, error);
+  rc = sf_group_worker_graph(&graph, welcome.stages, welcome.seed, welcome.error_policy, threads, error);
   current = &state;
   if (rc == 0) {
     sf_pipeline_options po;

@@ -156,7 +156,7 @@ for name in sorted(os.listdir(os.path.join(os.environ["SF_SOURCE_ROOT"], "cli"))
     text = open(os.path.join(os.environ["SF_SOURCE_ROOT"], "cli", name)).read()
     command = re.search(r'const sf_cli_command sf_cli_\w+ = \{\s*\.name = "([a-z]+)"', text)
     if command:
-        rows[command.group(1)] = re.findall(r'\.row = \{"([a-z-]+)", (SF_OPT_[A-Z]+)[^}]*\}(?:, \.value = "([^"]+)")?',
+        rows[command.group(1)] = re.findall(r'\.row = \{"([a-z-]+)", (SF_OPT_[A-Z]+)[^}]*\}(?:,\s*\.value = "([^"]+)")?',
                                             text)
 check(set(rows) == {"run", "ls", "write", "cp", "worker", "keygen", "help"} and sum(map(len, rows.values())) >= 30,
       f"the tables were found: {rows}")

@@ -186,11 +186,11 @@ import zmq  # Debian's python3-zmq
 zctx = zmq.Context()
 old = zctx.socket(zmq.DEALER)
 old.connect(f"ipc://{ipc}")
-old.send(bytes([0x08, 0x02, 0x10, 0x01]))  # Header{version: 2, type: HELLO}
+old.send(bytes([0x08, 0x01, 0x10, 0x01]))  # Header{version: 1, type: HELLO}: before WELCOME carried the graph's nodes
 check(old.poll(10000), "the head answers a worker of another version")
 reply = old.recv_multipart()
-check(len(reply) == 1 and b"wire version 2" in reply[0] and reply[0][:2] == b"\x08\x01",
-      f"...with a version-1 BYE naming both versions: {reply}")
+check(len(reply) == 1 and b"wire version 1" in reply[0] and b"2" in reply[0] and reply[0][:2] == b"\x08\x02",
+      f"...with a version-2 BYE naming both versions: {reply}")
 old.close(0)
 zctx.term()
 time.sleep(1.0)
@@ -255,5 +255,16 @@ for text, want in [
         f.write(text)
     p = run(["run", gp], check=False)
     check(p.returncode != 0 and want in p.stderr, f"graph error at line {want}: {p.stderr}")
+
+# A stage that only a worker starts names the head's graph file and the stage's line there: the worker builds its
+# stages from the graph's nodes sent in WELCOME (before, from YAML printed by the head, whose lines were its own).
+gp = os.path.join(tmp, "worker-err.yaml")
+with open(gp, "w") as f:
+    f.write(f"groups:\n  decoders:\n    processes: 1\nstages:\n  - type: shard_source\n    urls: {urls}\n"
+            "  - type: tar_split\n  - type: decode\n    group: decoders\n  - type: augment\n    group: decoders\n"
+            "    mean: [0.5, 0.5]\n  - type: batch\n  - type: device_sink\n")
+p = run(["run", gp, "--log-steps", "0"], check=False, timeout=60)
+check(p.returncode != 0 and f"{gp}:10: worker decoders-local-0: node 'augment'" in p.stderr,
+      f"a worker's graph error names the head's file and line 10: {p.stderr}")
 
 check.done("groups")

@@ -113,14 +113,38 @@ static void test_control_messages(void **state) {
   sf_wire_peer peer = r.peer;
   sf_wire_message_clear(&r);
 
-  const char *yaml = "stages:\n  - type: decode\n  - type: augment\n    size: 32\n";
-  m = (sf_wire_message){.type = SF_WIRE_WELCOME, .peer = peer, .text = (char *)yaml, .threads = 3, .seed = 0xfeedfacecafebeefull,
+  /* The group's stages travel as graph nodes, each option with its line in the head's file. */
+  sf_graph *stages = sf_graph_new_empty("train.yaml");
+  sf_graph_node *n = sf_graph_add_node(stages, "decode", "decode", 12);
+  n->replicas = 2;
+  n->replicas_line = 13;
+  n = sf_graph_add_node(stages, "aug", "augment", 14);
+  sf_graph_node_set(n, "size", "32", 15);
+  sf_graph_node_set(n, "mean", "[0.5, 0.25, \"x\"]", 16);
+  m = (sf_wire_message){.type = SF_WIRE_WELCOME, .peer = peer, .stages = stages, .threads = 3, .seed = 0xfeedfacecafebeefull,
                         .epochs = 3, .rank = 1, .world_size = 4, .error_policy = 1, .heartbeat_interval = 0.5,
                         .heartbeat_timeout = 5.0};
   send_ok(head, &m);
   recv_ok(worker, false, &r);
   assert_int_equal(r.type, SF_WIRE_WELCOME);
-  assert_string_equal(r.text, yaml);
+  assert_non_null(r.stages);
+  assert_string_equal(r.stages->path, "train.yaml");
+  assert_int_equal(r.stages->n_nodes, 2);
+  for (int i = 0; i < 2; i++) {
+    const sf_graph_node *a = &stages->nodes[i], *b = &r.stages->nodes[i];
+    assert_string_equal(a->name, b->name);
+    assert_string_equal(a->type, b->type);
+    assert_int_equal(a->line, b->line);
+    assert_int_equal(a->replicas, b->replicas);
+    assert_int_equal(a->replicas_line, b->replicas_line);
+    assert_int_equal(a->n_values, b->n_values);
+    for (int j = 0; j < a->n_values; j++) {
+      assert_string_equal(a->values[j].key, b->values[j].key);
+      assert_string_equal(a->values[j].value, b->values[j].value);
+      assert_int_equal(a->values[j].line, b->values[j].line);
+    }
+  }
+  sf_graph_destroy(&stages);
   assert_true(r.seed == 0xfeedfacecafebeefull);
   assert_int_equal(r.epochs, 3);
   assert_int_equal(r.rank, 1);
@@ -937,9 +961,12 @@ static void test_corpus(void **state) {
   void *dealer = socket_connected(ZMQ_DEALER, "inproc://corpus", NULL);
   sf_wire_message m = {.type = SF_WIRE_HELLO, .text = "worker-a", .pid = 4242, .threads = 2};
   capture(raw, dealer, &m, "hello", false);
-  m = (sf_wire_message){.type = SF_WIRE_WELCOME, .text = "stages:\n  - type: decode\n", .seed = 7, .epochs = 2,
+  sf_graph *stages = sf_graph_new_empty("g.yaml");
+  sf_graph_node_set(sf_graph_add_node(stages, "decode", "decode", 3), "mode", "rgb", 4);
+  m = (sf_wire_message){.type = SF_WIRE_WELCOME, .stages = stages, .seed = 7, .epochs = 2,
                         .rank = 0, .world_size = 2, .error_policy = 0, .heartbeat_interval = 1, .heartbeat_timeout = 10};
   capture(raw, dealer, &m, "welcome", false);
+  sf_graph_destroy(&stages);
   m = (sf_wire_message){.type = SF_WIRE_CREDIT, .credits = 4};
   capture(raw, dealer, &m, "credit", false);
   sf_wire_stage_stats stats[2] = {{"decode", 1, 2, 3, 4, 5}, {"augment", 6, 7, 8, 9, 0}};
