@@ -114,7 +114,8 @@ every_key_once(reference, "one process")
 # 1, 2 and 4 local processes over ipc:// started by the head itself: the same batches.
 for n in (1, 2, 4):
     path, out = graph(f"local-{n}", {"processes": n, "unit_samples": 16})
-    p = run(["run", path, "--log-steps", "10"])
+    # a slow trainer (20 ms a step, 2.5 s an epoch), so the second process has joined before the progress lines end
+    p = run(["run", path, "--log-steps", "10", "--step-time", "0.02"])
     same_batches(read_batches(out), reference, f"processes: {n}")
     if n == 2:
         check("Workers=2" in p.stdout, "the progress line counts live workers")
