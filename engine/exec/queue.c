@@ -35,7 +35,7 @@ static bool has_room(const sf_queue *q) { return q->count == 0 || (q->count < q-
 
 void sf_queue_destroy(sf_queue *q) {
   if (!q->ring) return;
-  for (size_t i = 0; i < q->count; i++) sf_item_clear(&q->ring[(q->head + i) % q->cap_alloc]);
+  for (size_t i = 0; i < q->count; i++) sf_item_clear(&q->ring[(q->head + i) % q->cap_alloc].item);
   free(q->ring);
   q->ring = NULL;
   pthread_mutex_destroy(&q->lock);
@@ -64,7 +64,7 @@ void sf_queue_set_notify_fd(sf_queue *q, int fd) {
 
 static bool grow(sf_queue *q) {
   size_t n = q->cap_alloc * 2;
-  sf_item *ring = malloc(n * sizeof *ring);
+  sf_queue_slot *ring = malloc(n * sizeof *ring);
   if (!ring) return false;
   for (size_t i = 0; i < q->count; i++) ring[i] = q->ring[(q->head + i) % q->cap_alloc];
   free(q->ring);
@@ -75,15 +75,16 @@ static bool grow(sf_queue *q) {
 }
 
 int sf_queue_push(sf_queue *q, sf_item *item) {
+  size_t bytes = sf_item_nbytes(item);
   pthread_mutex_lock(&q->lock);
   if (q->count == q->cap_alloc && !grow(q)) {
     pthread_mutex_unlock(&q->lock);
     sf_item_clear(item);
     return SF_ENOMEM;
   }
-  q->ring[(q->head + q->count) % q->cap_alloc] = *item;
+  q->ring[(q->head + q->count) % q->cap_alloc] = (sf_queue_slot){*item, bytes};
   q->count++;
-  q->bytes += sf_item_nbytes(item);
+  q->bytes += bytes;
   update_fd(q);
   bool wake = q->consumer_waiting && (q->count >= q->wake_at || !has_room(q) || item->kind == SF_ITEM_EPOCH_END ||
                                       item->kind == SF_ITEM_BATCH);
@@ -103,10 +104,10 @@ int sf_queue_pop(sf_queue *q, sf_item *item) {
     pthread_mutex_unlock(&q->lock);
     return r;
   }
-  *item = q->ring[q->head];
+  *item = q->ring[q->head].item;
+  size_t bytes = q->ring[q->head].bytes;
   q->head = (q->head + 1) % q->cap_alloc;
   q->count--;
-  size_t bytes = sf_item_nbytes(item);
   q->bytes = bytes < q->bytes ? q->bytes - bytes : 0;
   update_fd(q);
   /* Producers wake once the queue is half empty, in items and in bytes (or down to one huge item). */
@@ -140,7 +141,7 @@ void sf_queue_wake_all(sf_queue *q) {
 
 static bool has_marker(const sf_queue *q) {
   for (size_t i = 0; i < q->count; i++) {
-    sf_item_kind k = q->ring[(q->head + i) % q->cap_alloc].kind;
+    sf_item_kind k = q->ring[(q->head + i) % q->cap_alloc].item.kind;
     if (k == SF_ITEM_EPOCH_END || k == SF_ITEM_BATCH) return true;
   }
   return false;

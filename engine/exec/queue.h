@@ -18,10 +18,16 @@
  * (or an epoch end / close arrives) and a waiting producer when the count
  * falls to half the capacity: threads then trade items in runs, not one by one.
  */
+/* A queued item with its tensor bytes, counted once when it is pushed (outside the lock). */
+typedef struct sf_queue_slot {
+  sf_item item;
+  size_t bytes;
+} sf_queue_slot;
+
 typedef struct sf_queue {
   pthread_mutex_t lock;
   pthread_cond_t readable, writable;
-  sf_item *ring;
+  sf_queue_slot *ring;
   size_t cap_alloc, head, count;
   size_t capacity, wake_at;
   size_t bytes, max_bytes;  /* tensor bytes queued, and the bound (SIZE_MAX = items only) */
