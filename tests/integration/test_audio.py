@@ -136,7 +136,35 @@ def test_corrupt_member():
           f"the error names the shard, the key and libsndfile's message: {out}")
 
 
+def test_shared_object():
+    """audio.so loads next to libshardflow.so (the only symbols it needs) and its entry point describes the stage."""
+    if os.environ.get("SF_SANITIZE", "none") != "none":
+        return  # Debian's python cannot host a sanitizer runtime
+    import ctypes
+    build = os.environ.get("SF_BUILD_ROOT", "build-test")
+    ctypes.CDLL(os.path.join(build, "libshardflow.so"), mode=ctypes.RTLD_GLOBAL)
+    so = ctypes.CDLL(os.path.join(build, "plugins", "audio", "audio.so"))
+
+    class Plugin(ctypes.Structure):
+        _fields_ = [("abi_version", ctypes.c_uint32), ("name", ctypes.c_char_p), ("build_id", ctypes.c_char_p),
+                    ("stages", ctypes.POINTER(ctypes.c_void_p))]
+
+    class StageHead(ctypes.Structure):  # sf_stage_def's first two members
+        _fields_ = [("abi_version", ctypes.c_uint32), ("name", ctypes.c_char_p)]
+
+    so.sf_plugin_entry.restype = ctypes.POINTER(Plugin)
+    plugin = so.sf_plugin_entry().contents
+    abi = int(re.search(r"#define SF_STAGE_ABI_VERSION (\d+)", open(os.path.join(
+        os.environ.get("SF_SOURCE_ROOT", "."), "include", "shardflow", "stage.h")).read()).group(1))
+    check(plugin.abi_version == abi and plugin.name == b"audio" and plugin.build_id.startswith(b"audio "),
+          f"descriptor: abi {plugin.abi_version} name {plugin.name} build_id {plugin.build_id}")
+    stage = ctypes.cast(plugin.stages[0], ctypes.POINTER(StageHead)).contents
+    check(stage.name == b"audio_decode" and stage.abi_version == abi and not plugin.stages[1],
+          "one stage, audio_decode")
+
+
 def main():
+    test_shared_object()
     test_decode_matches_soundfile()
     test_resample()
     test_crop_pad()
