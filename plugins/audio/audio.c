@@ -132,6 +132,12 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, failure *why) 
     return r;
   }
   int64_t have = pcm.frames, want = a->frames > 0 ? a->frames : have, channels = pcm.channels;
+  if ((double)want * channels > (double)a->max_samples) {
+    free(pcm.data);
+    char detail[96];
+    snprintf(detail, sizeof detail, "frames (%lld) x %lld channels", (long long)want, (long long)channels);
+    return fail(why, SF_ETOOBIG, "option %s is more than max_samples: lower frames or raise max_samples", detail);
+  }
   int64_t from = have > want ? crop_start(a, node, s, have, want) : 0;
   sf_tensor out, length;
   const int64_t shape[2] = {channels, want};
