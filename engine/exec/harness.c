@@ -21,6 +21,13 @@ int sf_harness_new(sf_harness **ph, const char *stage, const char *const *option
   *ph = NULL;
   const sf_stage_def *def = sf_stage_find(stage);
   if (!def) return sf_graph_error(error, SF_EGRAPH, NULL, -1, "unknown stage type '%s'", stage);
+  return sf_harness_new_def(ph, def, options, seed, epochs, rank, world_size, error);
+}
+
+int sf_harness_new_def(sf_harness **ph, const sf_stage_def *def, const char *const *options, uint64_t seed,
+                       uint64_t epochs, int rank, int world_size, sf_error *error) {
+  *ph = NULL;
+  const char *stage = def->name;
   sf_graph *g = sf_graph_new_empty("<harness>");
   sf_graph_node *gn = g ? sf_graph_add_node(g, stage, stage, -1) : NULL;
   if (!gn) {

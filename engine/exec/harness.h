@@ -16,6 +16,13 @@ typedef struct sf_harness sf_harness;
 int sf_harness_new(sf_harness **harness, const char *stage, const char *const *options,
                    uint64_t seed, uint64_t epochs, int rank, int world_size, sf_error *error);
 
+/*
+ * The same for a stage definition that is not in the built-in registry (a plugin's, taken from its
+ * sf_plugin_entry()); def is borrowed and must outlive the harness.
+ */
+int sf_harness_new_def(sf_harness **harness, const sf_stage_def *def, const char *const *options,
+                       uint64_t seed, uint64_t epochs, int rank, int world_size, sf_error *error);
+
 /* Queues an input item (unbounded; consumes it). */
 void sf_harness_push(sf_harness *harness, sf_item *item);
 
