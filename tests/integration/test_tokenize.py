@@ -1,0 +1,143 @@
+"""The tokenize plugin against Debian's python3-sentencepiece, with a model spm_train makes here.
+
+The built tokenize.so is dlopen()ed by plugin_stage_run (tests/integration/plugin_stage_run.c), which
+runs its stage under the one-stage harness on the samples tar_split reads from a shard; every ids
+field is compared with sentencepiece's own encode() of the same text (padding, cut, length, bos/eos).
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import sentencepiece as spm
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import write_shard  # noqa: E402
+
+RUNNER = os.environ["SF_PLUGIN_STAGE_RUN"]
+PLUGIN = os.environ["SF_TOKENIZE_PLUGIN"]
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Sharded tar files feed the accelerators while the CPU decodes images.",
+    "Café crème brûlée, naïve façade, jalapeño, smörgåsbord, Ærø and Łódź.",
+    "Ein Würfel fällt über die Straße; où est la gare? ¿Dónde está?",
+    "Tokens are integers; padding fills the rest of the row up to max_length.",
+    "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation: ( ) [ ] { } , . ; !",
+]
+
+TEXTS = {
+    "ascii": b"the lazy dog jumps over the quick brown fox",
+    "accented": "Crème brûlée à la façade, naïve Łódź".encode(),
+    "empty": b"",
+    "newline": b"two lines\nof text\n",
+    "long": b" ".join([b"sharded tar files feed the accelerators"] * 12),
+    "unseen": "日本語 emoji \U0001F600 ok".encode(),  # characters outside the vocabulary: unk ids
+}
+
+
+def run_stage(shard, *options, check=True):
+    p = subprocess.run([RUNNER, PLUGIN, "tokenize", shard, *options], capture_output=True, text=True,
+                       timeout=120)
+    if check and p.returncode != 0:
+        raise AssertionError(f"plugin_stage_run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    return p, {s["key"]: s["fields"] for s in lines[:-1]}, (lines[-1] if lines else None)
+
+
+def expect(ref_ids, max_length, pad_id):
+    return ref_ids[:max_length] + [pad_id] * (max_length - len(ref_ids[:max_length]))
+
+
+def check_all(checks, got, sp, max_length, pad_id, output="tokens", bos=False, eos=False):
+    for key, data in TEXTS.items():
+        ref = sp.encode(data.decode(), add_bos=bos, add_eos=eos)
+        fields = got.get(key)
+        if fields is None:
+            checks.append(f"{key}: missing from the output")
+            continue
+        tokens, length = fields[output], fields[output + ".length"]
+        if tokens["dtype"] != "int32" or tokens["shape"] != [max_length]:
+            checks.append(f"{key}: {output} is {tokens['dtype']} {tokens['shape']}, want int32 [{max_length}]")
+        if tokens["values"] != expect(ref, max_length, pad_id):
+            checks.append(f"{key}: ids {tokens['values']} != reference {expect(ref, max_length, pad_id)}")
+        if length["dtype"] != "int64" or length["shape"] != [] or length["values"] != [len(ref)]:
+            checks.append(f"{key}: {output}.length {length} != int64 scalar {len(ref)}")
+
+
+def main():
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "corpus.txt")
+        with open(corpus, "w", encoding="utf-8") as f:
+            f.write("\n".join(CORPUS) + "\n")
+            rng = random.Random(10)  # made-up words, so that 200 pieces exist to learn
+            syllables = "ka to ri mu sen da lo vé crè zu pha ñe gö ström bar qui lé".split()
+            for _ in range(400):
+                f.write(" ".join("".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+                                 for _ in range(rng.randint(3, 12))) + "\n")
+        models = {}
+        for model_type in ("unigram", "bpe"):
+            prefix = os.path.join(tmp, model_type)
+            p = subprocess.run(["spm_train", f"--input={corpus}", f"--model_prefix={prefix}", "--vocab_size=200",
+                                f"--model_type={model_type}", "--character_coverage=1.0", "--minloglevel=2"],
+                               capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                raise AssertionError(f"spm_train failed: {p.stderr[-2000:]}")
+            models[model_type] = prefix + ".model"
+
+        shard = write_shard(os.path.join(tmp, "text-000000.tar"),
+                            [(k, {"txt": v, "cls": b"1"}) for k, v in TEXTS.items()] +
+                            [("badutf8", {"txt": b"abc\xc3\x28 overlong \xc0\xaf", "cls": b"2"}),
+                             ("notext", {"cls": b"3"})])
+
+        # Defaults (field txt, output tokens, pad 0), unigram; the long text is cut at max_length.
+        sp = spm.SentencePieceProcessor(model_file=models["unigram"])
+        if len(sp.encode(TEXTS["long"].decode())) <= 16:
+            failures.append("the long text does not exceed max_length: the cut is not tested")
+        p, got, summary = run_stage(shard, f"model={models['unigram']}", "max_length=16")
+        check_all(failures, got, sp, 16, 0)
+        # Bad UTF-8 and a missing field are errors naming the shard and key; the samples are skipped and counted.
+        if sorted(got) != sorted(TEXTS):
+            failures.append(f"output keys {sorted(got)} != {sorted(TEXTS)}")
+        if summary["errors"] != 2 or summary["skipped"] != 2:
+            failures.append(f"errors/skipped {summary['errors']}/{summary['skipped']}, want 2/2")
+        last = summary["last_error"] or {}
+        if last.get("url") != shard or last.get("key") != "notext" or "no field 'txt'" not in last.get("message", ""):
+            failures.append(f"missing-field error does not name shard, key and field: {last}")
+
+        # BPE, bos/eos, another pad id and output name, a max_length longer than every text.
+        sp = spm.SentencePieceProcessor(model_file=models["bpe"])
+        p, got, summary = run_stage(shard, f"model={models['bpe']}", "max_length=300", "pad_id=-1",
+                                    "output=ids", "add_bos=true", "add_eos=true")
+        check_all(failures, got, sp, 300, -1, output="ids", bos=True, eos=True)
+
+        bad = write_shard(os.path.join(tmp, "bad-000000.tar"), [("badutf8", {"txt": b"abc\xc3\x28"})])
+        p, got, summary = run_stage(bad, f"model={models['bpe']}")
+        last = summary["last_error"] or {}
+        if got or summary["skipped"] != 1 or last.get("code") != "SF_EFORMAT" or last.get("url") != bad \
+                or last.get("key") != "badutf8" or "invalid UTF-8 at byte 3" not in last.get("message", ""):
+            failures.append(f"bad UTF-8: output {got}, summary {summary}")
+
+        # A model that cannot be loaded fails init with a message naming the path.
+        missing = os.path.join(tmp, "nope.model")
+        p, got, summary = run_stage(shard, f"model={missing}", check=False)
+        if p.returncode != 2 or missing not in p.stderr or "SentencePiece" not in p.stderr:
+            failures.append(f"missing model: exit {p.returncode}, stderr {p.stderr!r}")
+
+    # The plugin exports its entry point and nothing else (C++ and sentencepiece symbols stay hidden).
+    nm = subprocess.run(["nm", "-D", "--defined-only", PLUGIN], capture_output=True, text=True)
+    exported = [line.split()[-1] for line in nm.stdout.splitlines() if " T " in line or " D " in line]
+    if nm.returncode == 0 and exported != ["sf_plugin_entry"]:
+        failures.append(f"tokenize.so exports {exported}, want only sf_plugin_entry")
+
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{'FAIL' if failures else 'ok'}: tokenize plugin vs python3-sentencepiece ({len(failures)} failures)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
