@@ -128,7 +128,7 @@ const sf_cli_command sf_cli_help = {
     .summary = "stages and their options, or a command's usage",
     .about = "Without operands, lists the stages and the graph settings. With a stage's name, prints its\n"
              "options from the stage's own table (`groups` describes running stages in worker processes);\n"
-             "--plugin loads a plugin first, so that its stages are listed, described and documented;\n"
+             "with --plugin, a plugin is loaded first, so that its stages are listed, described and documented;\n"
              "with a command's name, prints that command's --help.",
     .options = help_options,
 };
