@@ -145,7 +145,7 @@ void sf_graph_destroy(sf_graph **pg) {
   for (int i = 0; i < g->n_nodes; i++) free_node(&g->nodes[i]);
   for (int i = 0; i < g->n_groups; i++) free_node(&g->groups[i]);
   free(g->groups);
-  for (int i = 0; i < g->n_plugins; i++) free(g->plugins[i].name);
+  for (int i = 0; i < g->n_plugins; i++) free(g->plugins[i].name), free(g->plugins[i].build_id);
   free(g->plugins);
   for (int i = 0; i < g->n_edges; i++) {
     free(g->edges[i].from);
@@ -162,6 +162,7 @@ int sf_graph_add_plugin(sf_graph *g, const char *name, int64_t line) {
   sf_graph_plugin *p = realloc(g->plugins, (size_t)(g->n_plugins + 1) * sizeof *p);
   if (!p) return SF_ENOMEM;
   g->plugins = p;
+  p[g->n_plugins].build_id = NULL;
   if (!(p[g->n_plugins].name = strdup(name))) return SF_ENOMEM;
   p[g->n_plugins++].line = line;
   return 0;
@@ -197,7 +198,9 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
       if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
   }
   for (int i = 0; i < src->n_plugins; i++)
-    if (sf_graph_add_plugin(g, src->plugins[i].name, src->plugins[i].line) < 0) goto fail;
+    if (sf_graph_add_plugin(g, src->plugins[i].name, src->plugins[i].line) < 0 ||
+        (src->plugins[i].build_id && !(g->plugins[i].build_id = strdup(src->plugins[i].build_id))))
+      goto fail;
   for (int i = 0; i < src->n_edges; i++)
     if (sf_graph_add_edge(g, src->edges[i].from, src->edges[i].to, src->edges[i].line) < 0) goto fail;
   return g;

@@ -37,6 +37,7 @@ typedef struct sf_graph_edge {
 typedef struct sf_graph_plugin {
   char *name;
   int64_t line;
+  char *build_id; /* the build the head loaded, in a group's stages sent to workers (sf_graph_split_groups); else NULL */
 } sf_graph_plugin;
 
 enum { SF_POLICY_SKIP = 0, SF_POLICY_FAIL = 1 };

@@ -3,9 +3,11 @@ a wrong ABI version, a missing entry point, name clashes, a plugin not found and
 with the graph's file:line, the plugin's file and what to do."""
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -81,6 +83,48 @@ b, got = fields(base), fields(out)
 for k in truth:
     want = (b[k].astype(np.float64) * -3.25).astype(np.float32)
     check(got[k].dtype == np.float32 and np.array_equal(got[k], want), f"float32 sample {k} matches numpy")
+
+# Groups: a local worker process loads the plugin the head names (by path) and runs its stage.
+path, out = graph("group-local", [scale_so], "  - type: scale\n    factor: 0.7\n    group: g\n",
+                  "groups:\n  g: {processes: 1}\n")
+run(["run", path, "--quiet", "--no-summary"], env=env)
+got = fields(out)
+for k, (img, _) in truth.items():
+    want = np.clip(np.rint(img.astype(np.float64) * 0.7), 0, 255).astype(np.uint8)
+    check(np.array_equal(got[k], want), f"sample {k} scaled in a worker process matches numpy")
+
+# A remote worker lacking the plugin, or with another build of it, answers BYE naming it; the head says which.
+here, other = os.path.join(tmp, "here"), os.path.join(tmp, "other")
+os.makedirs(here)
+os.makedirs(other)
+shutil.copy(scale_so, os.path.join(here, "example.so"))
+with open(os.path.join(source, "plugins/example/scale.c")) as f:
+    text = f.read().replace('"example 1.0"', '"example 2.0"')
+check('"example 2.0"' in text, "the example's build_id is the literal the test rewrites")
+with open(os.path.join(tmp, "scale2.c"), "w") as f:
+    f.write(text)
+subprocess.run(["cc", "-shared", "-fPIC", *cflags, os.path.join(tmp, "scale2.c"), "-o",
+                os.path.join(other, "example.so"), "-lm"], check=True)
+for name, worker_path, needles in [
+        ("lacking", "", ["plugin 'example' not found"]),
+        ("build", other, ["plugin 'example' here is build 'example 2.0', the head's is build 'example 1.0'"])]:
+    ipc = os.path.join(tmp, name + ".ipc")
+    path, _ = graph("group-" + name, ["example"], "  - type: scale\n    group: g\n",
+                    f"groups:\n  g: {{listen: 'ipc://{ipc}'}}\n")
+    h = subprocess.Popen([os.environ["SHARDFLOW"], "run", path, "--quiet", "--no-summary"],
+                         env=dict(env, SHARDFLOW_PLUGIN_PATH=here), stderr=subprocess.PIPE, text=True)
+    try:
+        w = subprocess.run([os.environ["SHARDFLOW"], "worker", "--connect", f"ipc://{ipc}", "--quiet",
+                            "--connect-timeout", "20"], env=dict(env, SHARDFLOW_PLUGIN_PATH=worker_path),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        time.sleep(0.5)  # the head logs the BYE
+        h.terminate()
+        head_err = h.communicate(timeout=30)[1]
+    check(w.returncode != 0, f"{name}: the worker refuses the group: {w.returncode} {w.stderr}")
+    for n in needles + [f"{path}:1"]:
+        check(n in w.stderr, f"{name}: the worker says {n!r}: {w.stderr!r}")
+    check("says: worker" in head_err and needles[0] in head_err, f"{name}: the head logs the BYE: {head_err!r}")
 
 # help lists, describes and documents plugin stages.
 p = run(["help", "--plugin", scale_so], env=env)
