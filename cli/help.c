@@ -5,13 +5,21 @@
 
 #include "cli/cli.h"
 #include "options.h"
+#include "plugin_loader.h"
+#include "registry.h"
 #include "remote.h"
 
 typedef struct help_args {
   bool markdown;
+  sf_cli_list plugins;
 } help_args;
 
 static const sf_cli_option help_options[] = {
+    {.row = {"plugin", SF_OPT_STRING, offsetof(help_args, plugins),
+             .help = "load a plugin (a name searched in SHARDFLOW_PLUGIN_PATH and $libdir/shardflow/plugins, "
+                     "or a .so path) so that its stages are listed and documented"},
+     .value = "NAME|PATH",
+     .repeat = true},
     {.row = {"markdown", SF_OPT_BOOL, offsetof(help_args, markdown),
              .help = "print docs/stages.md (no operand, or `stages`) or docs/cli.md (`commands`)"}},
     {.row = {NULL}},
@@ -47,10 +55,26 @@ static int print_markdown(const char *what) {
   return sf_cli_usage_error(&sf_cli_help, "--markdown prints `stages` or `commands`, not '%s'", what);
 }
 
+/* "  (plugin NAME)" after a plugin's stage in the list; "" for a built-in. */
+static const char *plugin_note(const sf_stage_def *def, char *buf, size_t size) {
+  const sf_plugin *p = sf_registry_stage_plugin(def);
+  snprintf(buf, size, p ? " (plugin %s)" : "", p ? p->name : "");
+  return buf;
+}
+
 static int help_main(int argc, char **argv) {
   help_args a = {0};
   int first, status;
   if (!sf_cli_parse(&sf_cli_help, argc, argv, &a, &first, &status)) return status;
+  for (int i = 0; i < a.plugins.n; i++) {
+    sf_error err = {0};
+    char line[1024];
+    if (sf_plugin_load(a.plugins.v[i], NULL, &err) < 0) {
+      sf_cli_free(&sf_cli_help, &a);
+      return sf_cli_fail(&sf_cli_help, "%s", sf_error_format(&err, line, sizeof line));
+    }
+  }
+  sf_cli_free(&sf_cli_help, &a);
   if (a.markdown) {
     if (argc - first > 1) return sf_cli_usage_error(&sf_cli_help, "--markdown takes at most one operand");
     return print_markdown(first < argc ? argv[first] : NULL);
@@ -59,9 +83,11 @@ static int help_main(int argc, char **argv) {
   const sf_stage_def *def;
   if (first == argc) {
     printf("stages (shardflow help STAGE for options):\n");
-    while ((def = sf_stage_iterate(&it))) printf("  %-14s %s\n", def->name, def->summary);
+    char note[96];
+    while ((def = sf_stage_iterate(&it))) printf("  %-14s %s%s\n", def->name, def->summary, plugin_note(def, note, sizeof note));
     printf("\ngraph settings: seed (seed), epochs (count, 0 = forever), error_policy (skip|fail),\n"
-           "queue_size (count, items per edge), threads (count, pool workers, 0 = CPUs);\n"
+           "queue_size (count, items per edge), threads (count, pool workers, 0 = CPUs),\n"
+           "plugins (list of plugin names or .so paths whose stages the graph uses);\n"
            "every stage also takes `name`, and map stages `replicas` and `group`\n"
            "(shardflow help groups: running stages in worker processes).\n"
            "shardflow help COMMAND shows a command's usage, as COMMAND --help.\n");
@@ -102,6 +128,7 @@ const sf_cli_command sf_cli_help = {
     .summary = "stages and their options, or a command's usage",
     .about = "Without operands, lists the stages and the graph settings. With a stage's name, prints its\n"
              "options from the stage's own table (`groups` describes running stages in worker processes);\n"
+             "with --plugin, a plugin is loaded first, so that its stages are listed, described and documented;\n"
              "with a command's name, prints that command's --help.",
     .options = help_options,
 };

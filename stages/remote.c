@@ -287,7 +287,10 @@ static void handle(remote *r, int socket, sf_wire_message *m, double now) {
     release_worker(r, wi, "failed");
     sf_node_notify(r->node);
     break;
-  case SF_WIRE_BYE: release_worker(r, wi, "left"); break;
+  case SF_WIRE_BYE:
+    if (m->text && m->text[0]) sf_log(SF_LOG_WARNING, sf_node_name(r->node), "worker %s says: %s", r->workers[wi].name, m->text);
+    release_worker(r, wi, "left");
+    break;
   default: r->malformed++; break;
   }
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "graph.h"
+#include "plugin_loader.h"
 #include "options.h"
 
 int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const char *fmt, ...) {
@@ -144,6 +145,8 @@ void sf_graph_destroy(sf_graph **pg) {
   for (int i = 0; i < g->n_nodes; i++) free_node(&g->nodes[i]);
   for (int i = 0; i < g->n_groups; i++) free_node(&g->groups[i]);
   free(g->groups);
+  for (int i = 0; i < g->n_plugins; i++) free(g->plugins[i].name), free(g->plugins[i].build_id);
+  free(g->plugins);
   for (int i = 0; i < g->n_edges; i++) {
     free(g->edges[i].from);
     free(g->edges[i].to);
@@ -153,6 +156,25 @@ void sf_graph_destroy(sf_graph **pg) {
   free(g->path);
   free(g);
   *pg = NULL;
+}
+
+int sf_graph_add_plugin(sf_graph *g, const char *name, int64_t line) {
+  sf_graph_plugin *p = realloc(g->plugins, (size_t)(g->n_plugins + 1) * sizeof *p);
+  if (!p) return SF_ENOMEM;
+  g->plugins = p;
+  p[g->n_plugins].build_id = NULL;
+  if (!(p[g->n_plugins].name = strdup(name))) return SF_ENOMEM;
+  p[g->n_plugins++].line = line;
+  return 0;
+}
+
+int sf_graph_load_plugins(const sf_graph *g, sf_error *e) {
+  for (int i = 0; i < g->n_plugins; i++) {
+    sf_error why = {0};
+    int rc = sf_plugin_load(g->plugins[i].name, NULL, &why);
+    if (rc < 0) return sf_graph_error(e, rc, g, g->plugins[i].line, "%s", why.message);
+  }
+  return 0;
 }
 
 sf_graph *sf_graph_copy(const sf_graph *src) {
@@ -175,6 +197,10 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
     for (int j = 0; j < s->n_values; j++)
       if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) goto fail;
   }
+  for (int i = 0; i < src->n_plugins; i++)
+    if (sf_graph_add_plugin(g, src->plugins[i].name, src->plugins[i].line) < 0 ||
+        (src->plugins[i].build_id && !(g->plugins[i].build_id = strdup(src->plugins[i].build_id))))
+      goto fail;
   for (int i = 0; i < src->n_edges; i++)
     if (sf_graph_add_edge(g, src->edges[i].from, src->edges[i].to, src->edges[i].line) < 0) goto fail;
   return g;
@@ -260,7 +286,7 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
   };
   const sf_option *o = sf_option_find(settings, key);
   if (!o)
-    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups",
+    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups, plugins",
                           key, settings_help);
   char why[256];
   int r = sf_option_parse(o, value, g, why, sizeof why);

@@ -33,6 +33,13 @@ typedef struct sf_graph_edge {
   int64_t line;
 } sf_graph_edge;
 
+/* One entry of the graph file's `plugins:` list: a plugin name or a .so path, and its line. */
+typedef struct sf_graph_plugin {
+  char *name;
+  int64_t line;
+  char *build_id; /* the build the head loaded, in a group's stages sent to workers (sf_graph_split_groups); else NULL */
+} sf_graph_plugin;
+
 enum { SF_POLICY_SKIP = 0, SF_POLICY_FAIL = 1 };
 
 struct sf_graph {
@@ -53,6 +60,9 @@ struct sf_graph {
    * _remote stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
   sf_graph_node *groups;
   int n_groups;
+  /* `plugins:` entries in file order, loaded by sf_graph_load_plugins() before stage types are resolved. */
+  sf_graph_plugin *plugins;
+  int n_plugins;
 };
 
 /* An empty graph named path. NULL when out of memory. */
@@ -63,6 +73,15 @@ sf_graph_node *sf_graph_add_node(sf_graph *graph, const char *name, const char *
 
 /* Adds a group (copies the name). Returns the group or NULL when out of memory. */
 sf_graph_node *sf_graph_add_group(sf_graph *graph, const char *name, int64_t line);
+/* Adds a `plugins:` entry (copies name). Returns 0 or SF_ENOMEM. */
+int sf_graph_add_plugin(sf_graph *graph, const char *name, int64_t line);
+/*
+ * Loads the graph's `plugins:` entries in order (engine/graph/plugin_loader.h).
+ * Returns 0, or the loader's error code with a message that starts with the
+ * graph file and the entry's line, then names the plugin's file and what to do.
+ */
+int sf_graph_load_plugins(const sf_graph *graph, sf_error *error);
+
 /* Finds a group by name, or NULL. */
 sf_graph_node *sf_graph_find_group(const sf_graph *graph, const char *name);
 /* Puts node into group (copies the name). Returns 0 or SF_ENOMEM. */

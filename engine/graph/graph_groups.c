@@ -5,6 +5,8 @@
 
 #include "graph_groups.h"
 #include "options.h"
+#include "plugin_loader.h"
+#include "registry.h"
 
 /* The group options table lives with the _remote stage that parses it. */
 static const sf_stage_def *remote_def(void) { return sf_stage_find("_remote"); }
@@ -69,12 +71,29 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
 }
 
 /* The group's stages, chain positions [from, to), as a graph of their own: what its workers run. */
+/* True when a stage of sub comes from plugin. */
+static bool uses_plugin(const sf_graph *sub, const sf_plugin *plugin) {
+  for (int i = 0; i < sub->n_nodes; i++) {
+    const sf_stage_def *def = sf_stage_find(sub->nodes[i].type);
+    if (def && sf_registry_stage_plugin(def) == plugin) return true;
+  }
+  return false;
+}
+
 static sf_graph *group_stages(const sf_graph *g, const int *order, int from, int to) {
   sf_graph *sub = sf_graph_new_empty(g->path);
   for (int k = from; sub && k < to; k++) {
     sf_graph_node *n = sf_graph_copy_node(sub, &g->nodes[order[k]]);
     if (!n) sf_graph_destroy(&sub);
     else free(n->group), n->group = NULL; /* inside the worker the stages run where they are */
+  }
+  /* The plugins the group's stages need, as the graph names them, with the build the head has. */
+  for (int i = 0; sub && i < g->n_plugins; i++) {
+    const sf_plugin *p;
+    if (sf_plugin_load(g->plugins[i].name, &p, NULL) < 0 || !uses_plugin(sub, p)) continue; /* loaded: a no-op */
+    if (sf_graph_add_plugin(sub, g->plugins[i].name, g->plugins[i].line) < 0 ||
+        !(sub->plugins[sub->n_plugins - 1].build_id = strdup(p->build_id)))
+      sf_graph_destroy(&sub);
   }
   return sub;
 }

@@ -187,6 +187,24 @@ static int read_groups(reader *r, const yaml_node_t *v) {
   return 0;
 }
 
+/* plugins: [audio, /opt/x/libmystage.so]: plugin names or .so paths, loaded before stage types are resolved. */
+static int read_plugins(reader *r, const yaml_node_t *v) {
+  if (v->type != YAML_SEQUENCE_NODE)
+    return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v),
+                          "`plugins` is a list of plugin names or .so paths, e.g. `plugins: [audio, /opt/x/libmystage.so]`");
+  if (v->data.sequence.items.top - v->data.sequence.items.start > MAX_STAGES)
+    return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d plugins", MAX_STAGES);
+  for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+    const yaml_node_t *e = yaml_document_get_node(r->doc, *it);
+    const char *name = scalar(e);
+    if (!name || !name[0])
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(e),
+                            "a `plugins` entry is a plugin name or a .so path");
+    if (sf_graph_add_plugin(r->graph, name, line_of(e)) < 0) return SF_ENOMEM;
+  }
+  return 0;
+}
+
 static int read_top(reader *r, const yaml_node_t *root) {
   if (!root || root->type != YAML_MAPPING_NODE)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, root ? line_of(root) : 1,
@@ -220,6 +238,8 @@ static int read_top(reader *r, const yaml_node_t *root) {
         rc = read_edge(r, yaml_document_get_node(r->doc, *it));
     } else if (strcmp(k, "groups") == 0) {
       rc = read_groups(r, v);
+    } else if (strcmp(k, "plugins") == 0) {
+      rc = read_plugins(r, v);
     } else if (!scalar(v)) {
       rc = sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "setting '%s' takes a single value", k);
     } else {
@@ -307,6 +327,7 @@ int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_e
   if (rc == SF_ENOMEM) sf_graph_error(error, rc, g, -1, "out of memory");
   yaml_document_delete(&doc);
   yaml_parser_delete(&parser);
+  if (rc == 0) rc = sf_graph_load_plugins(g, error);
   if (rc == 0) rc = sf_graph_validate(g, error);
   if (rc < 0) {
     sf_graph_destroy(&g);

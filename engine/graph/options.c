@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "options.h"
+#include "registry.h"
 #include "shardflow/shardflow.h"
 
 const sf_option *sf_option_find(const sf_option *table, const char *name) {
@@ -194,6 +195,9 @@ static const char *port_name(sf_port_kind k) {
 void sf_stage_print_help(FILE *out, const sf_stage_def *def) {
   fprintf(out, "%s: %s\n  in: %s  out: %s%s\n", def->name, def->summary, port_name(def->input),
           port_name(def->output), (def->flags & SF_STAGE_MAP) ? "  (map stage: `replicas: N` runs N copies)" : "");
+  const sf_plugin *plugin = sf_registry_stage_plugin(def);
+  if (plugin) fprintf(out, "  from plugin %s (build %s): write `plugins: [%s]` in the graph\n", plugin->name,
+                      plugin->build_id, plugin->name);
   for (const sf_option *o = def->options; o && o->name; o++) {
     char tbuf[256];
     fprintf(out, "  %-18s %-12s default %-10s", o->name, sf_option_type_text(o, tbuf, sizeof tbuf),
@@ -206,6 +210,9 @@ void sf_stage_print_help(FILE *out, const sf_stage_def *def) {
 void sf_stage_print_markdown(FILE *out, const sf_stage_def *def) {
   fprintf(out, "## %s\n\n%s.\n\nInput: %s. Output: %s.%s\n\n", def->name, def->summary, port_name(def->input),
           port_name(def->output), (def->flags & SF_STAGE_MAP) ? " A map stage: `replicas: N` runs N copies." : "");
+  const sf_plugin *plugin = sf_registry_stage_plugin(def);
+  if (plugin) fprintf(out, "From plugin `%s` (build %s): the graph names it in `plugins:`.\n\n", plugin->name,
+                      plugin->build_id);
   if (!def->options || !def->options->name) {
     fprintf(out, "No options.\n\n");
     return;

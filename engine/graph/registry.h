@@ -2,6 +2,8 @@
 #ifndef SF_ENGINE_REGISTRY_H
 #define SF_ENGINE_REGISTRY_H
 
+#include "shardflow/error.h"
+#include "shardflow/plugin.h"
 #include "shardflow/stage.h"
 
 /*
@@ -10,5 +12,21 @@
  * stages (groups): sf_stage_find finds them, sf_stage_iterate skips them.
  */
 extern const sf_stage_def *const sf_builtin_stages[];
+
+/*
+ * Adds a checked plugin descriptor (engine/graph/plugin_loader.c) loaded from
+ * the file path, so that sf_stage_find / sf_stage_iterate return its stages.
+ * Refuses, under the registry's lock, a plugin whose name is already taken or
+ * a stage whose name a built-in or another plugin has (the error names path
+ * and the owner). plugin is borrowed for the life of the process; path is
+ * copied. Returns 0, SF_EINVAL (a clash) or SF_ENOMEM.
+ */
+int sf_registry_add_plugin(const sf_plugin *plugin, const char *path, sf_error *error);
+
+/* The plugin loaded from the file path (as sf_registry_add_plugin got it), or NULL. Borrowed. */
+const sf_plugin *sf_registry_plugin_at(const char *path);
+
+/* The plugin that brought the stage def, or NULL for a built-in stage. Borrowed. */
+const sf_plugin *sf_registry_stage_plugin(const sf_stage_def *def);
 
 #endif

@@ -179,6 +179,14 @@ static int check_stages(const SfWire__Welcome *w, sf_error *error) {
                         w->n_stages, SF_WIRE_MAX_STAGES);
   if (strnlen(w->graph_path, 4096) >= 4096)
     return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: WELCOME message: graph path of 4096 bytes or more");
+  if (w->n_plugins > SF_WIRE_MAX_STAGES)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: WELCOME message has %zu plugins; at most %d are allowed",
+                        w->n_plugins, SF_WIRE_MAX_STAGES);
+  for (size_t i = 0; i < w->n_plugins; i++)
+    if (!w->plugins[i]->name[0] || strnlen(w->plugins[i]->name, 4096) >= 4096 ||
+        strnlen(w->plugins[i]->build_id, 4096) >= 4096)
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                          "wire: WELCOME message: plugin %zu has an empty name, or a name or build_id of 4096 bytes or more", i);
   for (size_t i = 0; i < w->n_stages; i++) {
     const SfWire__StageNode *s = w->stages[i];
     if (strnlen(s->type, SF_WIRE_MAX_NAME) >= SF_WIRE_MAX_NAME || strnlen(s->name, SF_WIRE_MAX_NAME) >= SF_WIRE_MAX_NAME ||
@@ -379,6 +387,10 @@ static sf_graph *stages_graph(const SfWire__Welcome *w) {
         break;
       }
   }
+  for (size_t i = 0; g && i < w->n_plugins; i++)
+    if (sf_graph_add_plugin(g, w->plugins[i]->name, w->plugins[i]->line) < 0 ||
+        !(g->plugins[g->n_plugins - 1].build_id = strdup(w->plugins[i]->build_id)))
+      sf_graph_destroy(&g);
   return g;
 }
 
@@ -718,9 +730,12 @@ static int check_outgoing(const sf_wire_message *msg, size_t *n_fields, sf_error
 typedef struct packed_stages {
   SfWire__StageNode *nodes, **node_ptrs;
   SfWire__StageOption *options, **option_ptrs;
+  SfWire__Plugin *plugins, **plugin_ptrs;
 } packed_stages;
 
 static void free_stages(packed_stages *p) {
+  free(p->plugins);
+  free(p->plugin_ptrs);
   free(p->nodes);
   free(p->node_ptrs);
   free(p->options);
@@ -758,6 +773,19 @@ static int pack_stages(const sf_graph *g, SfWire__Welcome *w, packed_stages *p) 
   }
   w->stages = p->node_ptrs;
   w->n_stages = n;
+  size_t n_plugins = g ? (size_t)g->n_plugins : 0;
+  p->plugins = calloc(n_plugins + 1, sizeof *p->plugins);
+  p->plugin_ptrs = calloc(n_plugins + 1, sizeof *p->plugin_ptrs);
+  if (!p->plugins || !p->plugin_ptrs) return SF_ENOMEM;
+  for (size_t i = 0; i < n_plugins; i++) {
+    sf_wire__plugin__init(&p->plugins[i]);
+    p->plugin_ptrs[i] = &p->plugins[i];
+    p->plugins[i].name = g->plugins[i].name;
+    p->plugins[i].build_id = g->plugins[i].build_id ? g->plugins[i].build_id : (char *)"";
+    p->plugins[i].line = g->plugins[i].line;
+  }
+  w->plugins = p->plugin_ptrs;
+  w->n_plugins = n_plugins;
   w->graph_path = g && g->path ? g->path : (char *)"";
   return 0;
 }

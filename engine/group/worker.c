@@ -26,6 +26,7 @@
 #include "graph_groups.h"
 #include "log.h"
 #include "node.h"
+#include "plugin_loader.h"
 #include "remote.h"
 #include "transport.h"
 #include "wire.h"
@@ -334,6 +335,33 @@ static int join_head(void *socket, const sf_worker_options *o, const char *name,
   }
 }
 
+/*
+ * Loads the plugins the head's WELCOME names for the group's stages and checks they are the head's
+ * builds; on a refusal tells the head with a BYE naming the plugin, and returns the error.
+ */
+static int load_plugins(void *socket, const sf_graph *stages, const char *name, sf_error *error) {
+  for (int i = 0; stages && i < stages->n_plugins; i++) {
+    const sf_graph_plugin *want = &stages->plugins[i];
+    const sf_plugin *p;
+    sf_error why = {0};
+    int rc = sf_plugin_load(want->name, &p, &why);
+    if (rc == 0 && want->build_id && strcmp(p->build_id, want->build_id) != 0)
+      rc = sf_error_set(&why, SF_EUNSUPPORTED, SF_AT(.url = want->name),
+                        "plugin '%s' here is build '%s', the head's is build '%s': install the head's build", p->name,
+                        p->build_id, want->build_id);
+    if (rc < 0) {
+      sf_error_set(error, rc, SF_AT(.url = stages->path, .line = want->line),
+                   "worker %s cannot run the group: plugin %s (build %s) from line %lld of the head's graph: %s",
+                   name, want->name, want->build_id ? want->build_id : "?", (long long)want->line, why.message);
+      sf_wire_message bye = {.type = SF_WIRE_BYE, .text = error->message};
+      sf_error ignored;
+      sf_wire_send(socket, &bye, 0, &ignored);
+      return rc;
+    }
+  }
+  return 0;
+}
+
 int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   if (o->exit_with_parent) prctl(PR_SET_PDEATHSIG, SIGTERM);
   char name[64];
@@ -362,6 +390,8 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   if (rc < 0) goto out;
   void *socket = sf_transport_socket(transport);
   rc = join_head(socket, o, name, &welcome, error);
+  if (rc < 0) goto out;
+  rc = load_plugins(socket, welcome.stages, name, error);
   if (rc < 0) goto out;
 
   int64_t threads = o->threads > 0 ? o->threads : welcome.threads;

@@ -233,9 +233,13 @@ SF_API uint64_t sf_rng_below(sf_rng *rng, uint64_t n);
 /** Uniform double in [0, 1). */
 SF_API double sf_rng_double(sf_rng *rng);
 
-/** Iterates the built-in stage definitions; *opaque starts as NULL. Returns NULL at the end. */
+/**
+ * Iterates the stage definitions: the built-in ones, then those of the plugins loaded so far (a
+ * graph's `plugins:`), in load order; *opaque starts as NULL. Returns NULL at the end. Thread-safe;
+ * the definitions are borrowed for the life of the process (plugins are never unloaded).
+ */
 SF_API const sf_stage_def *sf_stage_iterate(void **opaque);
-/** Finds a stage definition by name, or NULL. */
+/** Finds a stage definition by name among built-in and loaded plugins' stages, or NULL. Borrowed. */
 SF_API const sf_stage_def *sf_stage_find(const char *name);
 
 #ifdef __cplusplus

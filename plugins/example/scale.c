@@ -1,0 +1,93 @@
+/* The example plugin: one stage, `scale`, that multiplies a uint8 or float32 field by a factor (copy it to start yours). */
+#include <math.h>
+#include <stddef.h>
+
+#include <shardflow/plugin.h>
+#include <shardflow/stage.h>
+
+/* The stage's private state: the engine allocates it zeroed and writes the options into it. */
+typedef struct scale {
+  char *field;   /* SF_OPT_STRING: engine-owned */
+  double factor;
+} scale;
+
+static const sf_option scale_options[] = {
+    {"field", SF_OPT_STRING, offsetof(scale, field), "ppm", 0, 0, "the decoded field to scale (uint8 or float32)", NULL},
+    {"factor", SF_OPT_FLOAT, offsetof(scale, factor), "1", -1e6, 1e6,
+     "multiplier; uint8 results are rounded to nearest (ties to even) and clamped to 0..255", NULL},
+    {NULL},
+};
+
+/* Writes field * factor into a fresh tensor (the field's buffer may be shared: never write into it). */
+static int scale_field(const scale *s, sf_field *f) {
+  int r = sf_field_materialize(f);
+  if (r < 0) return r;
+  sf_tensor out = {0};
+  if ((r = sf_tensor_alloc(&out, f->tensor.dtype, f->tensor.ndim, f->tensor.shape)) < 0) return r;
+  sf_tensor_copy_to(&f->tensor, sf_tensor_data(&out));
+  int64_t n = sf_tensor_numel(&out);
+  if (out.dtype == SF_DTYPE_FLOAT32) {
+    float *v = sf_tensor_data(&out);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] * s->factor);
+  } else {
+    uint8_t *v = sf_tensor_data(&out);
+    for (int64_t i = 0; i < n; i++) v[i] = (uint8_t)fmin(255.0, fmax(0.0, nearbyint(v[i] * s->factor)));
+  }
+  sf_tensor_clear(&f->tensor);
+  f->tensor = out; /* the field takes over out's reference */
+  return 0;
+}
+
+static int scale_step(sf_node *node) {
+  const scale *s = sf_node_priv(node);
+  sf_item item;
+  int r = sf_node_pop(node, &item);
+  if (r < 0) return r;
+  if (item.kind != SF_ITEM_SAMPLE) { /* epoch markers pass through */
+    sf_node_push(node, &item);
+    return 0;
+  }
+  sf_sample *sample = item.u.sample;
+  sf_field *f = sf_sample_field(sample, s->field);
+  if (!f || f->encoded || (f->tensor.dtype != SF_DTYPE_UINT8 && f->tensor.dtype != SF_DTYPE_FLOAT32))
+    r = sf_node_error(node, SF_EINVAL, sf_sample_url(sample), sample->key, sample->offset,
+                      "field '%s' is %s: scale takes a decoded uint8 or float32 field (put decode before it)",
+                      s->field, !f ? "missing" : f->encoded ? "not decoded" : sf_dtype_name(f->tensor.dtype));
+  else if ((r = scale_field(s, f)) < 0)
+    r = sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field '%s': out of memory",
+                      s->field);
+  else {
+    sf_node_count_output(node, 1, sf_tensor_nbytes(&f->tensor));
+    sf_node_push(node, &item);
+    return 0;
+  }
+  sf_item_clear(&item);
+  if (r < 0) return r;
+  sf_node_count_skipped(node, 1);
+  return 0;
+}
+
+static const sf_stage_def scale_stage = {
+    .abi_version = SF_STAGE_ABI_VERSION,
+    .name = "scale",
+    .summary = "multiplies a uint8 or float32 field by `factor`",
+    .input = SF_PORT_SAMPLE,
+    .output = SF_PORT_SAMPLE,
+    .flags = SF_STAGE_MAP,
+    .priv_size = sizeof(scale),
+    .options = scale_options,
+    .step = scale_step,
+};
+
+static const sf_stage_def *const example_stages[] = {&scale_stage, NULL};
+
+static const sf_plugin example_plugin = {
+    .abi_version = SF_STAGE_ABI_VERSION,
+    .name = "example",
+    .build_id = "example 1.0",
+    .stages = example_stages,
+};
+
+/* The one symbol a plugin exports: the loader finds it by SF_PLUGIN_ENTRY. */
+SF_PLUGIN_EXPORT const sf_plugin *sf_plugin_entry(void);
+SF_PLUGIN_EXPORT const sf_plugin *sf_plugin_entry(void) { return &example_plugin; }

@@ -1,0 +1,192 @@
+"""Plugins: the example plugin built out of tree from installed headers runs in a graph (checked against numpy);
+a wrong ABI version, a missing entry point, name clashes, a plugin not found and a non-ELF file are refused
+with the graph's file:line, the plugin's file and what to do."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, make_dataset, read_batches, run  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-plugins-")
+build, source = os.environ["SF_BUILD_ROOT"], os.environ["SF_SOURCE_ROOT"]
+urls, truth = make_dataset(tmp, shards=2, per_shard=5, size=6, seed=3)
+env = dict(os.environ, SHARDFLOW_PLUGIN_PATH="")
+
+# --- Out of tree: install into a scratch root, build plugins/example/scale.c with pkg-config's flags only.
+dest = os.path.join(tmp, "root")
+subprocess.run(["meson", "install", "-C", build, "--destdir", dest, "--no-rebuild", "--quiet"], check=True,
+               capture_output=True)
+pc = [os.path.join(d, f) for d, _, fs in os.walk(dest) for f in fs if f == "shardflow.pc"]
+check(len(pc) == 1, f"meson install writes one shardflow.pc: {pc}")
+prefix = dest + "/usr/local" if os.path.isdir(dest + "/usr/local") else None
+cflags = subprocess.run(["pkg-config", "--cflags", f"--define-variable=prefix={prefix}", "shardflow"],
+                        env=dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(pc[0])), capture_output=True,
+                        text=True, check=True).stdout.split()
+check(f"-I{prefix}/include" in cflags and not any(source in f for f in cflags),
+      f"pkg-config's include path is the installed one, not the source tree: {cflags}")
+scale_so = os.path.join(tmp, "example.so")
+subprocess.run(["cc", "-shared", "-fPIC", "-O2", *cflags, os.path.join(source, "plugins/example/scale.c"),
+                "-o", scale_so, "-lm"], check=True)
+installed = [os.path.join(d, f) for d, _, fs in os.walk(dest) for f in fs if f == "example.so"]
+check(len(installed) == 1 and installed[0].endswith("/shardflow/plugins/example.so"),
+      f"meson installs the example plugin into $libdir/shardflow/plugins: {installed}")
+
+
+def graph(name, plugins, middle, extra=""):
+    """A graph file: plugins list on line 1, then source, split, decode, MIDDLE stages, batch, npy dump."""
+    out = os.path.join(tmp, name + "-out")
+    path = os.path.join(tmp, name + ".yaml")
+    text = f"plugins: [{', '.join(plugins)}]\nseed: 1\n{extra}stages:\n"
+    text += f"  - type: shard_source\n    urls: {urls}\n  - type: tar_split\n  - type: decode\n"
+    text += middle
+    text += f"  - type: batch\n    batch_size: 5\n  - type: device_sink\n    npy_dir: {out}\n"
+    with open(path, "w") as f:
+        f.write(text)
+    return path, out
+
+
+def fields(out):
+    got = {}
+    for _, _, keys, f in read_batches(out):
+        for j, k in enumerate(keys):
+            got[k] = f["ppm"][j]
+    return got
+
+
+# uint8: rounded to nearest (ties to even, as numpy's rint) and clamped; every sample against the images written.
+for factor in (0.7, 1.9, 2.5):
+    path, out = graph(f"u8-{factor}", [scale_so], f"  - type: scale\n    factor: {factor}\n")
+    run(["run", path, "--quiet", "--no-summary"], env=env)
+    got = fields(out)
+    check(sorted(got) == sorted(truth), f"every sample comes out once: {sorted(got)}")
+    for k, (img, _) in truth.items():
+        want = np.clip(np.rint(img.astype(np.float64) * factor), 0, 255).astype(np.uint8)
+        check(got[k].dtype == np.uint8 and np.array_equal(got[k], want),
+              f"factor {factor}, sample {k}: scale matches numpy (max diff "
+              f"{np.abs(got[k].astype(int) - want.astype(int)).max()})")
+
+# float32 (after augment), by name through SHARDFLOW_PLUGIN_PATH; the same file twice is loaded once.
+aug = "  - type: augment\n    layout: hwc\n"
+path, base = graph("f32-base", [], aug)
+run(["run", path, "--quiet", "--no-summary"])
+path, out = graph("f32", ["example", scale_so], aug + "  - type: scale\n    factor: -3.25\n")
+run(["run", path, "--quiet", "--no-summary"], env=dict(env, SHARDFLOW_PLUGIN_PATH=f"/nonexistent:{tmp}"))
+b, got = fields(base), fields(out)
+for k in truth:
+    want = (b[k].astype(np.float64) * -3.25).astype(np.float32)
+    check(got[k].dtype == np.float32 and np.array_equal(got[k], want), f"float32 sample {k} matches numpy")
+
+# Groups: a local worker process loads the plugin the head names (by path) and runs its stage.
+path, out = graph("group-local", [scale_so], "  - type: scale\n    factor: 0.7\n    group: g\n",
+                  "groups:\n  g: {processes: 1}\n")
+run(["run", path, "--quiet", "--no-summary"], env=env)
+got = fields(out)
+for k, (img, _) in truth.items():
+    want = np.clip(np.rint(img.astype(np.float64) * 0.7), 0, 255).astype(np.uint8)
+    check(np.array_equal(got[k], want), f"sample {k} scaled in a worker process matches numpy")
+
+# A remote worker lacking the plugin, or with another build of it, answers BYE naming it; the head says which.
+here, other = os.path.join(tmp, "here"), os.path.join(tmp, "other")
+os.makedirs(here)
+os.makedirs(other)
+shutil.copy(scale_so, os.path.join(here, "example.so"))
+with open(os.path.join(source, "plugins/example/scale.c")) as f:
+    text = f.read().replace('"example 1.0"', '"example 2.0"')
+check('"example 2.0"' in text, "the example's build_id is the literal the test rewrites")
+with open(os.path.join(tmp, "scale2.c"), "w") as f:
+    f.write(text)
+subprocess.run(["cc", "-shared", "-fPIC", *cflags, os.path.join(tmp, "scale2.c"), "-o",
+                os.path.join(other, "example.so"), "-lm"], check=True)
+for name, worker_path, needles in [
+        ("lacking", "", ["plugin 'example' not found"]),
+        ("build", other, ["plugin 'example' here is build 'example 2.0', the head's is build 'example 1.0'"])]:
+    ipc = os.path.join(tmp, name + ".ipc")
+    path, _ = graph("group-" + name, ["example"], "  - type: scale\n    group: g\n",
+                    f"groups:\n  g: {{listen: 'ipc://{ipc}'}}\n")
+    h = subprocess.Popen([os.environ["SHARDFLOW"], "run", path, "--quiet", "--no-summary"],
+                         env=dict(env, SHARDFLOW_PLUGIN_PATH=here), stderr=subprocess.PIPE, text=True)
+    try:
+        w = subprocess.run([os.environ["SHARDFLOW"], "worker", "--connect", f"ipc://{ipc}", "--quiet",
+                            "--connect-timeout", "20"], env=dict(env, SHARDFLOW_PLUGIN_PATH=worker_path),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        time.sleep(0.5)  # the head logs the BYE
+        h.terminate()
+        head_err = h.communicate(timeout=30)[1]
+    check(w.returncode != 0, f"{name}: the worker refuses the group: {w.returncode} {w.stderr}")
+    for n in needles + [f"{path}:1"]:
+        check(n in w.stderr, f"{name}: the worker says {n!r}: {w.stderr!r}")
+    check("says: worker" in head_err and needles[0] in head_err, f"{name}: the head logs the BYE: {head_err!r}")
+
+# help lists, describes and documents plugin stages.
+p = run(["help", "--plugin", scale_so], env=env)
+check("scale" in p.stdout and "(plugin example)" in p.stdout, f"help lists the plugin's stage: {p.stdout}")
+p = run(["help", "--plugin", scale_so, "scale"], env=env)
+check("factor" in p.stdout and "from plugin example" in p.stdout, f"help scale prints its options: {p.stdout}")
+p = run(["help", "--markdown", "--plugin", scale_so], env=env)
+check("## scale" in p.stdout and "| `factor` |" in p.stdout, "help --markdown documents the plugin's stage")
+p = run(["help", "--markdown"], env=env)
+check("## scale" not in p.stdout, "without --plugin the generated docs are the built-ins' only")
+
+# --- Refusals: bad plugins built here from small C sources.
+PLUGIN = """#include <shardflow/plugin.h>
+static int step(sf_node *node) { (void)node; return SF_EOF; }
+static const sf_stage_def s = {.abi_version = %(stage_abi)s, .name = "%(stage)s", .summary = "test",
+    .input = SF_PORT_SAMPLE, .output = SF_PORT_SAMPLE, .step = step};
+static const sf_stage_def *const stages[] = {&s, 0};
+static const sf_plugin p = {.abi_version = %(abi)s, .name = "%(name)s", .build_id = "1", .stages = stages};
+SF_PLUGIN_EXPORT const sf_plugin *%(entry)s(void);
+SF_PLUGIN_EXPORT const sf_plugin *%(entry)s(void) { return &p; }
+"""
+
+
+def plugin(name, stage="twin", abi="SF_STAGE_ABI_VERSION", stage_abi="SF_STAGE_ABI_VERSION",
+           entry="sf_plugin_entry"):
+    c = os.path.join(tmp, name + ".c")
+    with open(c, "w") as f:
+        f.write(PLUGIN % dict(name=name, stage=stage, abi=abi, stage_abi=stage_abi, entry=entry))
+    so = os.path.join(tmp, name + ".so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(source, "include"), c, "-o", so], check=True)
+    return so
+
+
+def refused(name, plugins, *needles, line=1, env=env):
+    path, _ = graph(name, plugins, "")
+    p = run(["run", path, "--quiet", "--no-summary"], check=False, env=env)
+    check(p.returncode == 1, f"{name}: exit status 1, got {p.returncode}: {p.stderr}")
+    for n in (f"{path}:{line}",) + needles:
+        check(n in p.stderr, f"{name}: the message names {n!r}: {p.stderr!r}")
+
+
+abi = plugin("abi", abi="SF_STAGE_ABI_VERSION + 1")
+refused("abi", [abi], abi, "stage ABI version", "rebuild the plugin against this shardflow")
+stage_abi = plugin("stage_abi", stage_abi="SF_STAGE_ABI_VERSION - 1")
+refused("stage_abi", [stage_abi], stage_abi, "stage 'twin'", "rebuild the plugin against this shardflow")
+noentry = plugin("noentry", entry="not_the_entry")
+refused("noentry", [noentry], noentry, "no entry point sf_plugin_entry", "SF_PLUGIN_EXPORT")
+a, b = plugin("twin_a"), plugin("twin_b")
+refused("clash", [a, b], b, "stage 'twin' clashes with the stage of plugin 'twin_a'", a)
+dec = plugin("dec", stage="decode")
+refused("builtin", [dec], dec, "stage 'decode' clashes with the built-in stage", "rename")
+refused("notfound", ["nosuch"], "plugin 'nosuch' not found", f"{tmp}/nosuch.so", "SHARDFLOW_PLUGIN_PATH",
+        env=dict(env, SHARDFLOW_PLUGIN_PATH=tmp))
+text = os.path.join(tmp, "text.so")
+with open(text, "w") as f:
+    f.write("not an ELF file, but a text file long enough for the loader to read its header\n" * 4)
+try:  # the reference: the dynamic loader's own words, through ctypes
+    ctypes.CDLL(text)
+    raise AssertionError("ctypes loads a text file")
+except OSError as e:
+    dlerror = str(e)
+refused("notelf", [text], f"plugin {text} cannot be loaded", dlerror, "rebuild it as a shared object")
+p = run(["help", "--plugin", abi], check=False, env=env)
+check(p.returncode != 0 and abi in p.stderr and "rebuild" in p.stderr, f"help --plugin refuses too: {p.stderr}")
+check.done("plugins")
