@@ -62,7 +62,8 @@ def _find_library():
 
 
 def _load():
-    lib = ctypes.CDLL(_find_library())
+    # RTLD_GLOBAL: plugins a graph names (plugins:) call the library's SF_API functions.
+    lib = ctypes.CDLL(_find_library(), mode=ctypes.RTLD_GLOBAL)
     p, c = ctypes.c_void_p, ctypes.c_char_p
     sigs = {
         "sf_strerror": (c, [ctypes.c_int]),

@@ -163,8 +163,38 @@ def test_shared_object():
           "one stage, audio_decode")
 
 
+def test_shipped_graph():
+    """graphs/audio_example.yaml through the CLI: `plugins: [audio]` found by name on SHARDFLOW_PLUGIN_PATH."""
+    src = os.environ.get("SF_SOURCE_ROOT", ".")
+    build = os.environ.get("SF_BUILD_ROOT", "build-test")
+    clips = [(f"{i:07d}", {"flac": encode(rng.uniform(-0.9, 0.9, (n, 2)), 16000, "FLAC", "PCM_16")})
+             for i, n in enumerate((20000, 9000, 16000))]
+    shard = write_shard(os.path.join(TMP, "speech-000000.tar"), clips)
+    out = os.path.join(TMP, "graph-out")
+    env = dict(os.environ, SHARDFLOW_PLUGIN_PATH=os.path.join(build, "plugins", "audio"))
+    p = subprocess.run([os.environ.get("SHARDFLOW", "build-test/shardflow"), "run",
+                        os.path.join(src, "graphs", "audio_example.yaml"), "--quiet", "--no-summary",
+                        "--set", f"shard_source.urls={shard}", "--set", "batch.batch_size=3",
+                        "--set", f"device_sink.npy_dir={out}"], capture_output=True, text=True, env=env, timeout=120)
+    check(p.returncode == 0, f"graphs/audio_example.yaml runs with the plugin: {p.stderr}")
+    batch = np.load(os.path.join(out, "e000_b000000_flac.npy"))
+    lengths = np.load(os.path.join(out, "e000_b000000_flac.length.npy"))
+    keys = open(os.path.join(out, "e000_b000000_keys.txt")).read().split()
+    check(batch.shape == (3, 2, 16000) and batch.dtype == np.float32, f"one second of stereo each: {batch.shape}")
+    for row, key in enumerate(keys):
+        ref, _ = reference(dict(clips)[key]["flac"])
+        n = ref.shape[1]
+        check(lengths[row] == n, f"{key}: length {lengths[row]} is the stored {n} frames")
+        if n <= 16000:  # shorter: the clip, then zeros
+            check(np.array_equal(batch[row, :, :n], ref) and not batch[row, :, n:].any(), f"{key}: padded")
+        else:  # longer: a window of the clip (random crop)
+            starts = [o for o in range(n - 16000 + 1) if np.array_equal(batch[row, :, :8], ref[:, o:o + 8])]
+            check(any(np.array_equal(batch[row], ref[:, o:o + 16000]) for o in starts), f"{key}: a window of the clip")
+
+
 def main():
     test_shared_object()
+    test_shipped_graph()
     test_decode_matches_soundfile()
     test_resample()
     test_crop_pad()

@@ -311,3 +311,20 @@ with shardflow.Pipeline(graph, epochs=40, output="numpy", device_sink__npy_dir="
             marks[epoch] = rss_mib()
 check5(marks[39] - marks[4] < 40, f"resident memory after 5 epochs {marks[4]:.1f} MiB, after 40 {marks[39]:.1f} MiB")
 check5.done("python memory")
+
+# A graph naming a plugin loads it in the trainer's process too: the plugin calls the library's SF_API
+# functions, which the package makes visible to it (libshardflow.so loaded RTLD_GLOBAL).
+check_plugin = Checks()
+build_root = os.environ.get("SF_BUILD_ROOT", "build-test")
+os.environ["SHARDFLOW_PLUGIN_PATH"] = os.path.join(build_root, "plugins", "example")
+scaled = os.path.join(tmp, "scaled.yaml")
+with open(scaled, "w") as f:
+    f.write(f"plugins: [example]\nseed: 5\nepochs: 1\nstages:\n  - type: shard_source\n    urls: {urls}\n"
+            "    shuffle: false\n  - type: tar_split\n  - type: decode\n  - type: scale\n    factor: 0.5\n"
+            "  - type: batch\n    batch_size: 25\n  - type: device_sink\n")
+with shardflow.Pipeline(scaled, output="dict") as p:
+    first = p.next_batch()
+keys = first["__key__"]
+want = np.stack([np.clip(np.rint(truth[k][0].astype(np.float64) * 0.5), 0, 255).astype(np.uint8) for k in keys])
+check_plugin(np.array_equal(first["ppm"], want), "the example plugin's scale stage ran in the trainer's process")
+check_plugin.done("python plugins")

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 import sentencepiece as spm
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -120,6 +122,26 @@ def main():
         if got or summary["skipped"] != 1 or last.get("code") != "SF_EFORMAT" or last.get("url") != bad \
                 or last.get("key") != "badutf8" or "invalid UTF-8 at byte 3" not in last.get("message", ""):
             failures.append(f"bad UTF-8: output {got}, summary {summary}")
+
+        # graphs/tokenize_example.yaml through the CLI: `plugins: [tokenize]` found by name on SHARDFLOW_PLUGIN_PATH.
+        clean = write_shard(os.path.join(tmp, "clean-000000.tar"), [(k, {"txt": v}) for k, v in TEXTS.items()])
+        out = os.path.join(tmp, "graph-out")
+        build = os.environ.get("SF_BUILD_ROOT", "build-test")
+        env = dict(os.environ, SHARDFLOW_PLUGIN_PATH=os.path.join(build, "plugins", "tokenize"))
+        p = subprocess.run([os.environ.get("SHARDFLOW", "build-test/shardflow"), "run",
+                            os.path.join(os.environ.get("SF_SOURCE_ROOT", "."), "graphs", "tokenize_example.yaml"),
+                            "--quiet", "--no-summary", "--set", f"shard_source.urls={clean}",
+                            "--set", f"tokenize.model={models['bpe']}", "--set", f"batch.batch_size={len(TEXTS)}",
+                            "--set", f"device_sink.npy_dir={out}"], capture_output=True, text=True, env=env, timeout=120)
+        if p.returncode != 0:
+            failures.append(f"graphs/tokenize_example.yaml: exit {p.returncode}: {p.stderr[-2000:]}")
+        else:
+            ids = np.load(os.path.join(out, "e000_b000000_tokens.npy"))
+            keys = open(os.path.join(out, "e000_b000000_keys.txt")).read().split()
+            for row, key in enumerate(keys):
+                want = expect([sp.bos_id()] + sp.encode(TEXTS[key].decode()) + [sp.eos_id()], 128, 0)
+                if list(ids[row]) != list(want):
+                    failures.append(f"graph: {key}: {list(ids[row])[:12]} != sentencepiece {list(want)[:12]}")
 
         # A model that cannot be loaded fails init with a message naming the path.
         missing = os.path.join(tmp, "nope.model")
