@@ -648,16 +648,9 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   return 0;
 }
 
-static int step(sf_node *node) {
+static int map(sf_node *node, sf_sample **ps) {
   augment *a = sf_node_priv(node);
-  sf_item item;
-  int r = sf_node_pop(node, &item);
-  if (r < 0) return r;
-  if (item.kind != SF_ITEM_SAMPLE) {
-    sf_node_push(node, &item);
-    return 0;
-  }
-  sf_sample *s = item.u.sample;
+  sf_sample *s = *ps;
   uint64_t stream = sf_node_seed(node);
   stream = sf_seed_mix(stream, s->epoch);
   stream = sf_seed_mix(stream, s->pass);
@@ -671,21 +664,13 @@ static int step(sf_node *node) {
       FAIL(&e, SF_ENOENT, "sample has no field '%s' listed in augment's `fields`", a->names[i]);
   for (int i = 0; i < s->n_fields && !e.code; i++) {
     if (!selected(a, &s->fields[i])) continue;
-    r = transform(a, &s->fields[i], stream, &bytes, &e);
-    if (r < 0 && !e.code) { /* out of memory: not the sample's fault */
-      sf_item_clear(&item);
-      return r;
-    }
+    int r = transform(a, &s->fields[i], stream, &bytes, &e);
+    if (r < 0 && !e.code) return r; /* out of memory: not the sample's fault, so no record; the pipeline stops */
   }
   if (e.code) {
-    r = sf_node_error(node, e.code, sf_sample_url(s), s->key, s->offset, "%s", e.message);
-    sf_item_clear(&item);
-    if (r < 0) return r;
-    sf_node_count_skipped(node, 1);
-    return 0;
+    sf_node_error(node, e.code, sf_sample_url(s), s->key, s->offset, "%s", e.message);
+    return e.code;
   }
-  sf_node_push(node, &item);
-  sf_node_count_output(node, 1, bytes);
   return 0;
 }
 
@@ -694,12 +679,12 @@ const sf_stage_def sf_stage_augment = {
     .name = "augment",
     .summary = "resize, crop (padded random, center, random resized), flip, normalize, HWC/CHW and "
                "dtype in one pass over the output",
-    .input = SF_PORT_SAMPLE,
-    .output = SF_PORT_SAMPLE,
+    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
+    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .flags = SF_STAGE_MAP,
     .priv_size = sizeof(augment),
     .options = options,
     .init = init,
-    .step = step,
+    .map = map,
     .uninit = uninit,
 };

@@ -212,33 +212,19 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
   return 0;
 }
 
-static int step(sf_node *node) {
+static int map(sf_node *node, sf_sample **ps) {
   decode *d = sf_node_priv(node);
-  sf_item item;
-  int r = sf_node_pop(node, &item);
-  if (r < 0) return r;
-  if (item.kind != SF_ITEM_SAMPLE) {
-    sf_node_push(node, &item);
-    return 0;
-  }
-  sf_sample *sample = item.u.sample;
-  uint64_t bytes = 0;
+  sf_sample *sample = *ps;
   for (int i = 0; i < sample->n_fields; i++) {
     sf_error error = {.code = 0};
     char name[SF_FIELD_NAME_MAX];
     memcpy(name, sample->fields[i].name, sizeof name);
-    if ((r = decode_field(d, sample, &sample->fields[i], &error)) < 0) {
-      r = sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field %s: %s",
-                        name, error.message);
-      sf_item_clear(&item);
-      if (r < 0) return r;
-      sf_node_count_skipped(node, 1);
-      return 0;
+    int r = decode_field(d, sample, &sample->fields[i], &error);
+    if (r < 0) {
+      sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field %s: %s", name, error.message);
+      return r;
     }
-    bytes += sf_tensor_nbytes(&sample->fields[i].tensor);
   }
-  sf_node_count_output(node, 1, bytes);
-  sf_node_push(node, &item);
   return 0;
 }
 
@@ -246,11 +232,11 @@ const sf_stage_def sf_stage_decode = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "decode",
     .summary = "decodes JPEG/PNG/PPM/PGM images to uint8 [H,W,C], cls to int64, inflates .gz fields",
-    .input = SF_PORT_SAMPLE,
-    .output = SF_PORT_SAMPLE,
+    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
+    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .flags = SF_STAGE_MAP,
     .priv_size = sizeof(decode),
     .options = options,
     .init = init,
-    .step = step,
+    .map = map,
 };

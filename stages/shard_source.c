@@ -177,8 +177,7 @@ const sf_stage_def sf_stage_shard_source = {
     .name = "shard_source",
     .summary = "expands the shard list, shuffles it per epoch with the graph seed, splits it by "
                "rank and worker",
-    .input = SF_PORT_NONE,
-    .output = SF_PORT_SHARD,
+    .outputs = SF_PORTS({"out", SF_PORT_SHARD}),
     .priv_size = sizeof(shard_source),
     .options = options,
     .init = init,

@@ -376,8 +376,8 @@ const sf_stage_def sf_stage_tar_split = {
     .name = "tar_split",
     .summary = "streams tar shards (path, file://, http(s)://, pipe:) and groups members into "
                "samples by key",
-    .input = SF_PORT_SHARD,
-    .output = SF_PORT_SAMPLE,
+    .inputs = SF_PORTS({"in", SF_PORT_SHARD}),
+    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .priv_size = sizeof(tar_split),
     .options = options,
     .init = init,

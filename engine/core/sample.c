@@ -187,3 +187,11 @@ const char *sf_batch_key(const sf_batch *b, int64_t j) {
   if (j < 0 || j >= b->size) return NULL;
   return b->keys[j] ? b->keys[j] : "";
 }
+
+int sf_port_count(const sf_port_def *ports) {
+  int n = 0;
+  while (ports && ports[n].kind != SF_PORT_NONE) n++;
+  return n;
+}
+
+sf_port_kind sf_port_first_kind(const sf_port_def *ports) { return ports ? ports[0].kind : SF_PORT_NONE; }

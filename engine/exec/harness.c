@@ -68,7 +68,7 @@ int sf_harness_new_def(sf_harness **ph, const sf_stage_def *def, const char *con
   n->ctx = &h->ctx;
   n->replicas = 1;
   snprintf(n->name, sizeof n->name, "%s", stage);
-  if (def->input != SF_PORT_NONE) {
+  if (sf_port_count(def->inputs) > 0) {
     n->in.n = 1;
     n->in.queues = &h->in_ptr;
   }

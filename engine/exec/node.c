@@ -111,7 +111,7 @@ bool sf_node_cancelled(const sf_node *n) { return atomic_load(&n->ctx->stop); }
 
 /* The stage that splits shards into samples: what it reads is the error rate's denominator. */
 static bool splits_shards(const sf_node *n) {
-  return n->def->input == SF_PORT_SHARD && n->def->output == SF_PORT_SAMPLE;
+  return sf_port_first_kind(n->def->inputs) == SF_PORT_SHARD && sf_port_first_kind(n->def->outputs) == SF_PORT_SAMPLE;
 }
 
 void sf_node_count_output(sf_node *n, uint64_t items, uint64_t bytes) {
@@ -290,9 +290,33 @@ void sf_node_push(sf_node *n, sf_item *item) {
 
 bool sf_node_output_ready(const sf_node *n) { return sf_port_can_push((sf_port *)&n->out); }
 
+/* A map stage's step: the engine pops, passes markers on, counts, and applies the error policy (stage.h). */
+static int map_step(sf_node *n) {
+  sf_item item;
+  int r = sf_node_pop(n, &item);
+  if (r < 0) return r;
+  if (item.kind != SF_ITEM_SAMPLE) { /* an epoch marker of a stage without SF_STAGE_MAP */
+    sf_node_push(n, &item);
+    return 0;
+  }
+  uint64_t errors = atomic_load_explicit(&n->errors, memory_order_relaxed);
+  r = n->def->map(n, &item.u.sample);
+  if (r == 0 && item.u.sample) {
+    uint64_t bytes = sf_item_nbytes(&item);
+    sf_node_push(n, &item);
+    sf_node_count_output(n, 1, bytes);
+    return 0;
+  }
+  sf_item_clear(&item);
+  bool reported = atomic_load_explicit(&n->errors, memory_order_relaxed) != errors;
+  if (r < 0 && (!reported || n->ctx->error_policy == SF_POLICY_FAIL)) return r;
+  sf_node_count_skipped(n, 1);
+  return 0;
+}
+
 int sf_node_step(sf_node *n) {
   n->popped = n->pushed = 0;
-  int r = n->def->step(n);
+  int r = n->def->map ? map_step(n) : n->def->step(n);
   if ((n->def->flags & SF_STAGE_MAP) && n->out.n) {
     /* A dropped sample leaves a hole so round-robin readers stay in step. */
     for (; n->pushed < n->popped; n->pushed++) {

@@ -280,7 +280,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       int next = (int)g->nodes[order[k + 1]].replicas;
       out_n = replicas > next ? replicas : next;
       bool replicated = out_n > 1;
-      size_t cap = capacity_for(def->output, g->queue_size);
+      size_t cap = capacity_for(sf_port_first_kind(def->outputs), g->queue_size);
       for (int i = 0; i < out_n; i++) {
         int r = sf_queue_init(&p->queues[q + i], cap, replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16), 1);
         if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
@@ -290,7 +290,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       out = &p->queues[q];
       q += out_n;
     } else {
-      int r = sf_queue_init(&p->queues[q], capacity_for(def->output, g->queue_size), 1, 1);
+      int r = sf_queue_init(&p->queues[q], capacity_for(sf_port_first_kind(def->outputs), g->queue_size), 1, 1);
       if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
       sf_queue_set_max_bytes(&p->queues[q], (size_t)g->queue_bytes);
       p->n_queues++;

@@ -486,15 +486,21 @@ int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdef
                          "node '%s': stage %s keeps state between samples and cannot run as replicas; "
                          "only map stages (decode, augment, ...) can",
                          n->name, def->name);
+    else if (sf_port_count(def->inputs) > 1 || sf_port_count(def->outputs) > 1)
+      r = sf_graph_error(e, SF_EGRAPH, g, n->line,
+                         "node '%s': stage %s has %d input and %d output ports, and fan-in/fan-out is not supported "
+                         "yet: graphs are chains, so use stages with one input and one output port",
+                         n->name, def->name, sf_port_count(def->inputs), sf_port_count(def->outputs));
     defs[i] = def;
   }
   if (r == 0) r = chain_order(g, order, e);
   for (int k = 0; k + 1 < g->n_nodes && r == 0; k++) {
     const sf_graph_node *a = &g->nodes[order[k]], *b = &g->nodes[order[k + 1]];
     const sf_stage_def *da = defs[order[k]], *db = defs[order[k + 1]];
-    if (da->output != db->input)
+    sf_port_kind out = sf_port_first_kind(da->outputs), in = sf_port_first_kind(db->inputs);
+    if (out != in)
       r = sf_graph_error(e, SF_EGRAPH, g, b->line, "node '%s' (%s) outputs %s but node '%s' (%s) takes %s", a->name,
-                         da->name, kind_name(da->output), b->name, db->name, kind_name(db->input));
+                         da->name, kind_name(out), b->name, db->name, kind_name(in));
     else if (a->replicas > 1 && b->replicas > 1 && a->replicas != b->replicas)
       r = sf_graph_error(e, SF_EGRAPH, g, b->line,
                          "nodes '%s' (replicas %lld) and '%s' (replicas %lld) are adjacent: use equal replicas or 1",
@@ -503,14 +509,14 @@ int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdef
   if (r == 0) {
     const sf_graph_node *first = &g->nodes[order[0]];
     const sf_graph_node *last = &g->nodes[order[g->n_nodes - 1]];
-    if (defs[order[0]]->input != SF_PORT_NONE)
+    sf_port_kind last_out = sf_port_first_kind(defs[order[g->n_nodes - 1]]->outputs);
+    if (sf_port_count(defs[order[0]]->inputs) > 0)
       r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
                          first->name, first->type);
-    else if (defs[order[g->n_nodes - 1]]->output != SF_PORT_BATCH &&
-             defs[order[g->n_nodes - 1]]->output != SF_PORT_NONE) /* a batch output, or a sink of its own */
+    else if (last_out != SF_PORT_BATCH && last_out != SF_PORT_NONE) /* a batch output, or a sink of its own */
       r = sf_graph_error(e, SF_EGRAPH, g, last->line,
                          "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
-                         last->type, kind_name(defs[order[g->n_nodes - 1]]->output));
+                         last->type, kind_name(last_out));
   }
   if (r < 0) {
     free(order);

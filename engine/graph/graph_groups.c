@@ -43,7 +43,8 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
       const sf_graph_node *n = &g->nodes[order[k]];
       if (!n->group || strcmp(n->group, grp->name) != 0) continue;
       const sf_stage_def *def = defs[order[k]];
-      if (!(def->flags & SF_STAGE_MAP) || def->input != SF_PORT_SAMPLE || def->output != SF_PORT_SAMPLE)
+      if (!(def->flags & SF_STAGE_MAP) || sf_port_first_kind(def->inputs) != SF_PORT_SAMPLE ||
+          sf_port_first_kind(def->outputs) != SF_PORT_SAMPLE)
         r = sf_graph_error(e, SF_EGRAPH, g, n->group_line,
                            "node '%s' (%s) cannot run in group '%s': only map stages (one sample in, at most one "
                            "out, e.g. decode and augment) run in groups; sources, shuffle and batch stay on the head",

@@ -193,8 +193,8 @@ static const char *port_name(sf_port_kind k) {
 }
 
 void sf_stage_print_help(FILE *out, const sf_stage_def *def) {
-  fprintf(out, "%s: %s\n  in: %s  out: %s%s\n", def->name, def->summary, port_name(def->input),
-          port_name(def->output), (def->flags & SF_STAGE_MAP) ? "  (map stage: `replicas: N` runs N copies)" : "");
+  fprintf(out, "%s: %s\n  in: %s  out: %s%s\n", def->name, def->summary, port_name(sf_port_first_kind(def->inputs)),
+          port_name(sf_port_first_kind(def->outputs)), (def->flags & SF_STAGE_MAP) ? "  (map stage: `replicas: N` runs N copies)" : "");
   const sf_plugin *plugin = sf_registry_stage_plugin(def);
   if (plugin) fprintf(out, "  from plugin %s (build %s): write `plugins: [%s]` in the graph\n", plugin->name,
                       plugin->build_id, plugin->name);
@@ -208,8 +208,8 @@ void sf_stage_print_help(FILE *out, const sf_stage_def *def) {
 }
 
 void sf_stage_print_markdown(FILE *out, const sf_stage_def *def) {
-  fprintf(out, "## %s\n\n%s.\n\nInput: %s. Output: %s.%s\n\n", def->name, def->summary, port_name(def->input),
-          port_name(def->output), (def->flags & SF_STAGE_MAP) ? " A map stage: `replicas: N` runs N copies." : "");
+  fprintf(out, "## %s\n\n%s.\n\nInput: %s. Output: %s.%s\n\n", def->name, def->summary, port_name(sf_port_first_kind(def->inputs)),
+          port_name(sf_port_first_kind(def->outputs)), (def->flags & SF_STAGE_MAP) ? " A map stage: `replicas: N` runs N copies." : "");
   const sf_plugin *plugin = sf_registry_stage_plugin(def);
   if (plugin) fprintf(out, "From plugin `%s` (build %s): the graph names it in `plugins:`.\n\n", plugin->name,
                       plugin->build_id);

@@ -61,10 +61,10 @@ static int check(const sf_plugin *p, const char *file, sf_error *error) {
                           "plugin %s: stage '%s' was built for stage ABI version %u, this shardflow has version %u: "
                           "rebuild the plugin against this shardflow's headers",
                           file, d->name ? d->name : "?", (unsigned)d->abi_version, (unsigned)SF_STAGE_ABI_VERSION);
-    if (!d->name || !d->name[0] || d->name[0] == '_' || !d->step)
+    if (!d->name || !d->name[0] || d->name[0] == '_' || !d->step == !d->map)
       return sf_error_set(error, SF_EFORMAT, SF_AT(.url = file),
-                          "plugin %s: a stage has no name, a name starting with '_' (reserved) or no step "
-                          "function; fix the plugin",
+                          "plugin %s: a stage has no name, a name starting with '_' (reserved), or not exactly one of a "
+                          "step and a map function; fix the plugin",
                           file);
   }
   return 0;

@@ -143,8 +143,7 @@ const sf_stage_def sf_stage_worker_source = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "_worker_source",
     .summary = "a worker's input: the samples of the work units its head sends",
-    .input = SF_PORT_NONE,
-    .output = SF_PORT_SAMPLE,
+    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .init = source_init,
     .step = source_step,
 };
@@ -213,8 +212,7 @@ const sf_stage_def sf_stage_worker_sink = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "_worker_sink",
     .summary = "a worker's output: each unit's samples, returned to the head",
-    .input = SF_PORT_SAMPLE,
-    .output = SF_PORT_NONE,
+    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .init = sink_init,
     .step = sink_step,
 };

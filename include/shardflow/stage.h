@@ -13,8 +13,11 @@
 extern "C" {
 #endif
 
-/** Version of sf_stage_def's layout. The plugin loader refuses any other. */
-#define SF_STAGE_ABI_VERSION 2
+/**
+ * Version of sf_stage_def's layout. The plugin loader refuses any other.
+ * 3: the `map` callback and named port lists (`inputs`, `outputs`) replaced `input`, `output`.
+ */
+#define SF_STAGE_ABI_VERSION 3
 
 /** What a port carries. */
 typedef enum sf_port_kind {
@@ -23,6 +26,33 @@ typedef enum sf_port_kind {
   SF_PORT_SAMPLE,   /**< sf_sample */
   SF_PORT_BATCH,    /**< sf_batch */
 } sf_port_kind;
+
+/**
+ * One named port of a stage: a row of its `inputs` or `outputs` list.  A list
+ * ends with a row whose kind is SF_PORT_NONE ({0}); a NULL list has no ports
+ * (a source has no input, a sink no output).  A single port may be unnamed
+ * (NULL) or named "in" / "out"; names matter once a stage has several ports
+ * (fan-in, e.g. mixing datasets: not supported by the executor yet, which
+ * refuses a stage with more than one input or output port when it builds the
+ * graph).  Static data of the stage, borrowed by the engine.
+ */
+typedef struct sf_port_def {
+  const char *name;  /**< port name in graph files ("in", "images"); NULL for the single default port */
+  sf_port_kind kind; /**< what it carries; SF_PORT_NONE ends the list */
+} sf_port_def;
+
+/**
+ * A port list literal for C stage definitions, ended for you:
+ * `.inputs = SF_PORTS({"in", SF_PORT_SAMPLE})`.  (C only: C++ has no compound
+ * literals; write a static array ending with {NULL, SF_PORT_NONE} instead.)
+ */
+#define SF_PORTS(...) ((const sf_port_def[]){__VA_ARGS__, {NULL, SF_PORT_NONE}})
+
+/** Number of ports in a list (0 for NULL). */
+SF_API int sf_port_count(const sf_port_def *ports);
+
+/** Kind of a list's first port (the one sf_node_pop and sf_node_push use), SF_PORT_NONE when it has none. */
+SF_API sf_port_kind sf_port_first_kind(const sf_port_def *ports);
 
 /** What one queue slot holds. */
 typedef enum sf_item_kind {
@@ -102,23 +132,41 @@ typedef struct sf_node sf_node;
  * init.  uninit is always called, even when init failed, so init never cleans
  * up after itself.
  *
+ * A stage has either step or map (the plugin loader refuses both or neither).
+ *
  * step performs one non-blocking unit of work: take what input is available
  * with sf_node_pop(), push at most a few items with sf_node_push().  The
  * engine only calls step when the output queue has room for one item.
  * Returns 0 after progress, SF_EAGAIN when it needs input that is not there
  * yet, SF_EOF when it will never produce again, or a negative error (the
  * pipeline stops with the node's last error record).
+ *
+ * map serves a stage of one sample in and at most one out: the engine pops,
+ * passes epoch markers on, calls map once per sample, pushes the result and
+ * counts it (sf_node_count_output: one item, sf_item_nbytes bytes).  map owns
+ * *sample during the call and may change it in place or replace it (freeing
+ * the old one); on return *sample is a sample or NULL, and the engine owns it.
+ * Returns 0 to pass *sample on, or 0 with *sample set to NULL to drop it (the
+ * engine frees nothing more and counts it as skipped, with no error record).
+ * A bad sample: report it with sf_node_error(), then return that error's code
+ * (not sf_node_error's result): the engine drops the sample and, under the
+ * graph's `skip` policy, counts it as skipped and goes on; under `fail` the
+ * pipeline stops.  A negative return without an error record (out of memory
+ * that is not the sample's fault) stops the pipeline under either policy.
+ * A dropped sample still keeps replicas in order (the engine leaves a hole).
  */
 typedef struct sf_stage_def {
   uint32_t abi_version;           /**< SF_STAGE_ABI_VERSION */
   const char *name;               /**< stage type in graph files */
   const char *summary;            /**< one line for `shardflow help` */
-  sf_port_kind input, output;
+  const sf_port_def *inputs;      /**< input ports (see sf_port_def); NULL for a source */
+  const sf_port_def *outputs;     /**< output ports; NULL for a stage that consumes everything */
   uint32_t flags;                 /**< SF_STAGE_* */
   size_t priv_size;
   const sf_option *options;       /**< NULL-name-terminated; may be NULL */
   int (*init)(sf_node *node);
-  int (*step)(sf_node *node);
+  int (*step)(sf_node *node);     /**< one non-blocking unit of work; NULL when map is set */
+  int (*map)(sf_node *node, sf_sample **sample); /**< one sample in, at most one out; NULL when step is set */
   void (*uninit)(sf_node *node);
 } sf_stage_def;
 

@@ -166,32 +166,18 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, failure *why) 
   return 0;
 }
 
-static int step(sf_node *node) {
+static int map(sf_node *node, sf_sample **ps) {
   const audio *a = sf_node_priv(node);
-  sf_item item;
-  int r = sf_node_pop(node, &item);
-  if (r < 0) return r;
-  if (item.kind != SF_ITEM_SAMPLE) {
-    sf_node_push(node, &item);
-    return 0;
-  }
-  sf_sample *s = item.u.sample;
-  uint64_t bytes = 0;
+  sf_sample *s = *ps;
   int n = s->n_fields; /* the .length fields appended below are not decoded again */
   for (int i = 0; i < n; i++) {
     sf_field *f = &s->fields[i];
     failure why = {0};
     if (f->encoded && wanted(a->fields, f->name) && decode_field(node, s, f, &why) < 0) {
-      r = sf_node_error(node, why.code, sf_sample_url(s), s->key, s->offset, "field %s: %s", f->name, why.text);
-      sf_item_clear(&item);
-      if (r < 0) return r;
-      sf_node_count_skipped(node, 1);
-      return 0;
+      sf_node_error(node, why.code, sf_sample_url(s), s->key, s->offset, "field %s: %s", f->name, why.text);
+      return why.code;
     }
   }
-  for (int i = 0; i < s->n_fields; i++) bytes += sf_tensor_nbytes(&s->fields[i].tensor);
-  sf_node_count_output(node, 1, bytes);
-  sf_node_push(node, &item);
   return 0;
 }
 
@@ -200,12 +186,12 @@ static const sf_stage_def audio_decode = {
     .name = "audio_decode",
     .summary = "decodes WAV/FLAC/OGG fields (libsndfile) to float32 [channels,frames], resamples (libsamplerate), "
                "crops/pads to a fixed length and adds <field>.length (int64, frames as stored)",
-    .input = SF_PORT_SAMPLE,
-    .output = SF_PORT_SAMPLE,
+    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
+    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .flags = SF_STAGE_MAP,
     .priv_size = sizeof(audio),
     .options = options,
-    .step = step,
+    .map = map,
 };
 
 static const sf_stage_def *const stages[] = {&audio_decode, NULL};

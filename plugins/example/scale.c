@@ -38,45 +38,33 @@ static int scale_field(const scale *s, sf_field *f) {
   return 0;
 }
 
-static int scale_step(sf_node *node) {
+/* The engine pops, passes epoch markers on, pushes and counts; map only changes the sample. */
+static int scale_map(sf_node *node, sf_sample **ps) {
   const scale *s = sf_node_priv(node);
-  sf_item item;
-  int r = sf_node_pop(node, &item);
-  if (r < 0) return r;
-  if (item.kind != SF_ITEM_SAMPLE) { /* epoch markers pass through */
-    sf_node_push(node, &item);
-    return 0;
-  }
-  sf_sample *sample = item.u.sample;
+  sf_sample *sample = *ps;
   sf_field *f = sf_sample_field(sample, s->field);
-  if (!f || f->encoded || (f->tensor.dtype != SF_DTYPE_UINT8 && f->tensor.dtype != SF_DTYPE_FLOAT32))
-    r = sf_node_error(node, SF_EINVAL, sf_sample_url(sample), sample->key, sample->offset,
-                      "field '%s' is %s: scale takes a decoded uint8 or float32 field (put decode before it)",
-                      s->field, !f ? "missing" : f->encoded ? "not decoded" : sf_dtype_name(f->tensor.dtype));
-  else if ((r = scale_field(s, f)) < 0)
-    r = sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field '%s': out of memory",
-                      s->field);
-  else {
-    sf_node_count_output(node, 1, sf_tensor_nbytes(&f->tensor));
-    sf_node_push(node, &item);
-    return 0;
+  if (!f || f->encoded || (f->tensor.dtype != SF_DTYPE_UINT8 && f->tensor.dtype != SF_DTYPE_FLOAT32)) {
+    sf_node_error(node, SF_EINVAL, sf_sample_url(sample), sample->key, sample->offset,
+                  "field '%s' is %s: scale takes a decoded uint8 or float32 field (put decode before it)", s->field,
+                  !f ? "missing" : f->encoded ? "not decoded" : sf_dtype_name(f->tensor.dtype));
+    return SF_EINVAL; /* the engine drops the sample: skipped, or the pipeline stops, as the graph's error_policy says */
   }
-  sf_item_clear(&item);
-  if (r < 0) return r;
-  sf_node_count_skipped(node, 1);
-  return 0;
+  int r = scale_field(s, f);
+  if (r < 0)
+    sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field '%s': out of memory", s->field);
+  return r;
 }
 
 static const sf_stage_def scale_stage = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "scale",
     .summary = "multiplies a uint8 or float32 field by `factor`",
-    .input = SF_PORT_SAMPLE,
-    .output = SF_PORT_SAMPLE,
+    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
+    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .flags = SF_STAGE_MAP,
     .priv_size = sizeof(scale),
     .options = scale_options,
-    .step = scale_step,
+    .map = scale_map,
 };
 
 static const sf_stage_def *const example_stages[] = {&scale_stage, NULL};

@@ -152,17 +152,11 @@ int tokenize_sample(const tokenize *t, sf_sample *sample, std::string &why) {
   return 0;
 }
 
-int step(sf_node *node) {
+int map(sf_node *node, sf_sample **ps) {
   auto *t = static_cast<tokenize *>(sf_node_priv(node));
-  sf_item item;
-  int r = sf_node_pop(node, &item);
-  if (r < 0) return r;
-  if (item.kind != SF_ITEM_SAMPLE) {
-    sf_node_push(node, &item);
-    return 0;
-  }
-  sf_sample *sample = item.u.sample;
+  sf_sample *sample = *ps;
   std::string why;
+  int r;
   try {
     r = tokenize_sample(t, sample, why);
   } catch (const std::bad_alloc &) {
@@ -170,17 +164,10 @@ int step(sf_node *node) {
   } catch (...) {
     r = SF_EINTERNAL, why = "unexpected C++ exception";
   }
-  if (r < 0) {
-    r = sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "sample %s %s", sample->key,
-                      why.empty() ? "could not be tokenized" : why.c_str());
-    sf_item_clear(&item);
-    if (r < 0) return r;
-    sf_node_count_skipped(node, 1);
-    return 0;
-  }
-  sf_node_count_output(node, 1, (uint64_t)t->max_length * 4 + 8);
-  sf_node_push(node, &item);
-  return 0;
+  if (r < 0) /* the engine drops the sample: skipped, or the pipeline stops, as the graph's error_policy says */
+    sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "sample %s %s", sample->key,
+                  why.empty() ? "could not be tokenized" : why.c_str());
+  return r;
 }
 
 void uninit(sf_node *node) {
@@ -208,17 +195,22 @@ const sf_option options[] = {
     {nullptr, SF_OPT_BOOL, 0, nullptr, 0, 0, nullptr, nullptr},
 };
 
+/* C++ has no compound literals (SF_PORTS): the port lists are arrays ended by a {nullptr, SF_PORT_NONE} row. */
+const sf_port_def inputs[] = {{"in", SF_PORT_SAMPLE}, {nullptr, SF_PORT_NONE}};
+const sf_port_def outputs[] = {{"out", SF_PORT_SAMPLE}, {nullptr, SF_PORT_NONE}};
+
 const sf_stage_def stage_tokenize = {
     SF_STAGE_ABI_VERSION,
     "tokenize",
     "text field to int32 SentencePiece token ids, padded and cut to max_length (plugin)",
-    SF_PORT_SAMPLE,
-    SF_PORT_SAMPLE,
+    inputs,
+    outputs,
     SF_STAGE_MAP,
     sizeof(tokenize),
     options,
     init,
-    step,
+    nullptr, /* step: a map stage has none */
+    map,
     uninit,
 };
 
