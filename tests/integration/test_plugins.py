@@ -139,8 +139,9 @@ check("## scale" not in p.stdout, "without --plugin the generated docs are the b
 # --- Refusals: bad plugins built here from small C sources.
 PLUGIN = """#include <shardflow/plugin.h>
 static int step(sf_node *node) { (void)node; return SF_EOF; }
+static int map(sf_node *node, sf_sample **sample) { (void)node; (void)sample; return 0; }
 static const sf_stage_def s = {.abi_version = %(stage_abi)s, .name = "%(stage)s", .summary = "test",
-    .input = SF_PORT_SAMPLE, .output = SF_PORT_SAMPLE, .step = step};
+    .inputs = %(inputs)s, .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}), %(calls)s};
 static const sf_stage_def *const stages[] = {&s, 0};
 static const sf_plugin p = {.abi_version = %(abi)s, .name = "%(name)s", .build_id = "1", .stages = stages};
 SF_PLUGIN_EXPORT const sf_plugin *%(entry)s(void);
@@ -149,10 +150,11 @@ SF_PLUGIN_EXPORT const sf_plugin *%(entry)s(void) { return &p; }
 
 
 def plugin(name, stage="twin", abi="SF_STAGE_ABI_VERSION", stage_abi="SF_STAGE_ABI_VERSION",
-           entry="sf_plugin_entry"):
+           entry="sf_plugin_entry", inputs='SF_PORTS({"in", SF_PORT_SAMPLE})', calls=".step = step, .map = 0"):
     c = os.path.join(tmp, name + ".c")
     with open(c, "w") as f:
-        f.write(PLUGIN % dict(name=name, stage=stage, abi=abi, stage_abi=stage_abi, entry=entry))
+        f.write(PLUGIN % dict(name=name, stage=stage, abi=abi, stage_abi=stage_abi, entry=entry,
+                               inputs=inputs, calls=calls))
     so = os.path.join(tmp, name + ".so")
     subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(source, "include"), c, "-o", so], check=True)
     return so
@@ -176,6 +178,13 @@ a, b = plugin("twin_a"), plugin("twin_b")
 refused("clash", [a, b], b, "stage 'twin' clashes with the stage of plugin 'twin_a'", a)
 dec = plugin("dec", stage="decode")
 refused("builtin", [dec], dec, "stage 'decode' clashes with the built-in stage", "rename")
+both = plugin("both", calls=".step = step, .map = map")
+refused("both", [both], both, "not exactly one of a step and a map function", "fix the plugin")
+fanin = plugin("fanin", stage="mix", inputs='SF_PORTS({"images", SF_PORT_SAMPLE}, {"captions", SF_PORT_SAMPLE})')
+path, _ = graph("fanin", [fanin], "  - type: mix\n")
+p = run(["run", path, "--quiet", "--no-summary"], check=False, env=env)
+check(p.returncode == 1 and f"{path}:8" in p.stderr and "node 'mix': stage mix has 2 input" in p.stderr
+      and "fan-in/fan-out is not supported yet" in p.stderr, f"a stage of two input ports is refused: {p.stderr}")
 refused("notfound", ["nosuch"], "plugin 'nosuch' not found", f"{tmp}/nosuch.so", "SHARDFLOW_PLUGIN_PATH",
         env=dict(env, SHARDFLOW_PLUGIN_PATH=tmp))
 text = os.path.join(tmp, "text.so")
