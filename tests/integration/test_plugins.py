@@ -84,6 +84,42 @@ for k in truth:
     want = (b[k].astype(np.float64) * -3.25).astype(np.float32)
     check(got[k].dtype == np.float32 and np.array_equal(got[k], want), f"float32 sample {k} matches numpy")
 
+# The map contract (stage.h), with replicas: *sample = NULL drops silently but counted as skipped; an error record
+# plus its code drops under error_policy skip; each leaves its replica hole, so the order stays the source's.
+SIEVE = """#include <stdlib.h>
+#include <shardflow/plugin.h>
+static int map(sf_node *node, sf_sample **sample) {
+  int k = atoi((*sample)->key);
+  if (k %% 5 == 1) {
+    sf_sample_destroy(sample);
+    return 0;
+  }
+  if (k %% 5 != 3) return 0;
+  sf_node_error(node, SF_EINVAL, NULL, (*sample)->key, -1, "key ends in 3 or 8");
+  return SF_EINVAL;
+}
+static const sf_stage_def s = {.abi_version = SF_STAGE_ABI_VERSION, .name = "sieve", .summary = "test",
+    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}), .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
+    .flags = SF_STAGE_MAP, .map = map};
+static const sf_stage_def *const stages[] = {&s, 0};
+static const sf_plugin p = {.abi_version = SF_STAGE_ABI_VERSION, .name = "sieve", .build_id = "1", .stages = stages};
+SF_PLUGIN_EXPORT const sf_plugin *sf_plugin_entry(void);
+SF_PLUGIN_EXPORT const sf_plugin *sf_plugin_entry(void) { return &p; }
+"""
+with open(os.path.join(tmp, "sieve.c"), "w") as f:
+    f.write(SIEVE % {})
+sieve_so = os.path.join(tmp, "sieve.so")
+subprocess.run(["cc", "-shared", "-fPIC", *cflags, os.path.join(tmp, "sieve.c"), "-o", sieve_so], check=True)
+want_keys = [k for k in sorted(truth) if int(k) % 5 not in (1, 3)]
+for replicas in (1, 2):
+    path, out = graph(f"sieve{replicas}", [sieve_so], f"  - type: sieve\n    replicas: {replicas}\n",
+                      "max_error_rate: 1\n")
+    p = run(["run", path, "--no-summary"], env=env)
+    keys = [k for _, _, ks, _ in read_batches(out) for k in ks]
+    check(keys == want_keys, f"replicas {replicas}: the samples kept, in the source's order: {keys}")
+    check(f"{len(truth) // 5} error record(s), {2 * len(truth) // 5} sample(s) skipped" in p.stderr,
+          f"replicas {replicas}: errors and drops are counted: {p.stderr}")
+
 # Groups: a local worker process loads the plugin the head names (by path) and runs its stage.
 path, out = graph("group-local", [scale_so], "  - type: scale\n    factor: 0.7\n    group: g\n",
                   "groups:\n  g: {processes: 1}\n")
