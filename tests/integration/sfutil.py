@@ -42,6 +42,30 @@ def write_graph(path, stages, **settings):
     return path
 
 
+def group_graph(tmp, name, urls, group=None, shuffle_buffer=0, batch_size=16, **settings):
+    """The groups tests' graph: tar_split, decode and augment (random crop 16 with padding 2, flip, float32 CHW),
+    an optional shuffle, batch and a device sink into tmp/name. With group (a dict of group options) decode and
+    augment run in group `decoders`. settings: seed, epochs... Returns (graph path, npy dir)."""
+    out = os.path.join(tmp, name)
+    g = {"group": "decoders"} if group else {}
+    stages = [
+        ("shard_source", dict(urls=urls, shuffle=True)),
+        ("tar_split", {}),
+        ("decode", dict(**g)),
+        ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **g)),
+    ] + ([("shuffle", dict(buffer_size=shuffle_buffer))] if shuffle_buffer else []) + [
+        ("batch", dict(batch_size=batch_size, partial=True)),
+        ("device_sink", dict(npy_dir=out)),
+    ]
+    path = write_graph(os.path.join(tmp, name + ".yaml"), stages, **settings)
+    if group:
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
+    return path, out
+
+
 def ppm_bytes(arr):
     h, w, c = arr.shape
     magic = b"P6" if c == 3 else b"P5"

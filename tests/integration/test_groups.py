@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, free_port, make_dataset, read_batches, run, write_graph, write_shard  # noqa: E402
+from sfutil import SHARDFLOW, Checks, free_port, group_graph, make_dataset, read_batches, run, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-groups-")
@@ -25,24 +25,7 @@ urls, truth = make_dataset(tmp, shards=8, per_shard=250, size=16)
 
 def graph(name, group=None, batch_size=16, source_urls=urls, epochs=1):
     """The reference graph; with group (a dict of group options) decode and augment run in group `decoders`."""
-    out = os.path.join(tmp, name)
-    in_group = {"group": "decoders"} if group is not None else {}
-    path = write_graph(os.path.join(tmp, name + ".yaml"), [
-        ("shard_source", dict(urls=source_urls, shuffle=True)),
-        ("tar_split", {}),
-        ("decode", dict(**in_group)),
-        ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **in_group)),
-        ("shuffle", dict(buffer_size=300)),
-        ("batch", dict(batch_size=batch_size, partial=True)),
-        ("device_sink", dict(npy_dir=out)),
-    ], seed=5, epochs=epochs)
-    if group is not None:
-        lines = ["groups:", "  decoders:"] + [f"    {k}: {v}" for k, v in group.items()]
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n" + text)
-    return path, out
+    return group_graph(tmp, name, source_urls, group, shuffle_buffer=300, batch_size=batch_size, seed=5, epochs=epochs)
 
 
 def same_batches(a, b, what):

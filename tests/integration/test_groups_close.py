@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, read_batches, run, write_graph, write_shard  # noqa: E402
+from sfutil import Checks, group_graph, make_dataset, read_batches, run, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-groups-close-")
@@ -21,22 +21,7 @@ urls, truth = make_dataset(tmp, shards=6, per_shard=200, size=16)
 
 
 def graph(name, group, source_urls=urls, **settings):
-    out = os.path.join(tmp, name)
-    g = {"group": "decoders"} if group else {}
-    path = write_graph(os.path.join(tmp, name + ".yaml"), [
-        ("shard_source", dict(urls=source_urls, shuffle=True)),
-        ("tar_split", {}),
-        ("decode", dict(**g)),
-        ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **g)),
-        ("batch", dict(batch_size=16, partial=True)),
-        ("device_sink", dict(npy_dir=out)),
-    ], seed=3, **settings)
-    if group:
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
-    return path, out
+    return group_graph(tmp, name, source_urls, group, seed=3, **settings)
 
 
 # The CLI: error_policy fail and one bad .cls on a worker, many units in the window when it fails.
@@ -64,7 +49,7 @@ if os.environ.get("SF_SANITIZE", "none") != "none":
 # Python: close after one batch, set_epoch and load_state_dict in the middle of an epoch.
 sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
 os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
-import shardflow  # noqa: E402
+import shardflow   # noqa: E402
 
 ref_path, ref_out = graph("reference", None, epochs=2)
 run(["run", ref_path, "--quiet", "--no-summary"])

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, write_graph  # noqa: E402
+from sfutil import SHARDFLOW, Checks, group_graph, make_dataset, read_batches, run  # noqa: E402
 
 try:
     import zmq
@@ -120,23 +120,7 @@ class Proxy:
 
 
 def graph(name, group=None):
-    out = os.path.join(tmp, name)
-    g = {"group": "decoders"} if group else {}
-    path = write_graph(os.path.join(tmp, name + ".yaml"), [
-        ("shard_source", dict(urls=urls, shuffle=True)),
-        ("tar_split", {}),
-        ("decode", dict(**g)),
-        ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **g)),
-        ("shuffle", dict(buffer_size=200)),
-        ("batch", dict(batch_size=16, partial=True)),
-        ("device_sink", dict(npy_dir=out)),
-    ], seed=21, epochs=EPOCHS)
-    if group:
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
-    return path, out
+    return group_graph(tmp, name, urls, group, shuffle_buffer=200, seed=21, epochs=EPOCHS)
 
 
 def worker(endpoint, name):

@@ -35,8 +35,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-import sfutil  # noqa: E402
-from sfutil import SHARDFLOW, Checks, free_port, make_dataset, read_batches, run, wait_for, write_graph  # noqa: E402
+import sfutil   # noqa: E402
+from sfutil import SHARDFLOW, Checks, free_port, group_graph, make_dataset, read_batches, run, wait_for  # noqa: E402
 
 try:
     import zmq
@@ -215,23 +215,7 @@ def main():
         urls, truth = make_dataset(tmp, shards=6, per_shard=200, size=16)
 
         def graph(name, group):
-            out = os.path.join(tmp, name)
-            g = {"group": "decoders"} if group else {}
-            path = write_graph(os.path.join(tmp, name + ".yaml"), [
-                ("shard_source", dict(urls=urls, shuffle=True)),
-                ("tar_split", {}),
-                ("decode", dict(**g)),
-                ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **g)),
-                ("shuffle", dict(buffer_size=300)),
-                ("batch", dict(batch_size=BATCH, partial=True)),
-                ("device_sink", dict(npy_dir=out)),
-            ], seed=9, epochs=EPOCHS)
-            if group:
-                with open(path) as f:
-                    text = f.read()
-                with open(path, "w") as f:
-                    f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
-            return path, out
+            return group_graph(tmp, name, urls, group, shuffle_buffer=300, batch_size=BATCH, seed=9, epochs=EPOCHS)
 
         ref_path, ref_out = graph("reference", None)
         run(["run", ref_path, "--quiet", "--no-summary"])
