@@ -135,9 +135,7 @@ int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_
   va_start(ap, fmt);
   sf_error_setv(&e, code, SF_AT(.stage = n->name, .url = url, .key = key, .offset = offset), fmt, ap);
   va_end(ap);
-  atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
-  sf_context_record(n->ctx, &e);
-  return n->ctx->error_policy == SF_POLICY_FAIL ? code : 0;
+  return sf_node_error_record(n, &e);
 }
 
 int sf_node_error_record(sf_node *n, const sf_error *e) {

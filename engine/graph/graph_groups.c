@@ -85,8 +85,12 @@ static sf_graph *group_stages(const sf_graph *g, const int *order, int from, int
   sf_graph *sub = sf_graph_new_empty(g->path);
   for (int k = from; sub && k < to; k++) {
     sf_graph_node *n = sf_graph_copy_node(sub, &g->nodes[order[k]]);
-    if (!n) sf_graph_destroy(&sub);
-    else free(n->group), n->group = NULL; /* inside the worker the stages run where they are */
+    if (!n) {
+      sf_graph_destroy(&sub);
+      break;
+    }
+    free(n->group); /* inside the worker the stages run where they are */
+    n->group = NULL;
   }
   /* The plugins the group's stages need, as the graph names them, with the build the head has. */
   for (int i = 0; sub && i < g->n_plugins; i++) {
