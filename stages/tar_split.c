@@ -114,6 +114,9 @@ static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
   }
 }
 
+/* The download thread's hook: bytes arrived or a download ended, so a step that found nothing can go on. */
+static void wake(void *node) { sf_node_notify(node); }
+
 /*
  * The downloads' thread and connection pool, started with the first remote
  * shard. Returns 0, or SF_ENOMEM (recorded; shards then download on their own).
@@ -130,6 +133,8 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
         .retries = (int)t->retries,
         .retry_wait = t->retry_wait,
         .retry_max_wait = t->retry_max_wait,
+        .wake = wake,
+        .wake_opaque = node,
     };
     sf_error error;
     if (sf_prefetch_new(&t->downloads, &o, &error) < 0) {
@@ -141,14 +146,16 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
   return 0;
 }
 
-/* Takes input items ahead (up to `prefetch` shards) and starts their downloads. */
-static void fill_ahead(sf_node *node, tar_split *t) {
+/* Takes input items ahead (up to `prefetch` shards) and starts their downloads. Returns how many it took. */
+static int fill_ahead(sf_node *node, tar_split *t) {
+  int taken = 0;
   while (!t->input_done && t->q_len < LOOKAHEAD_MAX + 1 && t->q_shards < t->prefetch + (t->tar ? 0 : 1)) {
     ahead *a = q_at(t, t->q_len);
     *a = (ahead){.cache_fd = -1};
     int rc = sf_node_pop(node, &a->item);
     if (rc == SF_EOF) t->input_done = true;
-    if (rc < 0) return;
+    if (rc < 0) return taken;
+    taken++;
     if (a->item.kind == SF_ITEM_SHARD && t->cut && a->item.epoch <= t->cut_epoch) {
       sf_item_clear(&a->item); /* the epoch already has its samples_per_epoch samples */
       continue;
@@ -159,6 +166,7 @@ static void fill_ahead(sf_node *node, tar_split *t) {
       start_ahead(node, t, a);
     }
   }
+  return taken;
 }
 
 /* Takes the next item in input order. Returns 0, SF_EAGAIN or SF_EOF. */
@@ -307,12 +315,22 @@ static int read_sample(sf_node *node, tar_split *t) {
   return 0;
 }
 
+/*
+ * Steps never wait for the network: a remote shard is opened once its first
+ * bytes (or its failure) arrived, and a sample is read once the bytes it needs
+ * did (sf_tar_reader_ready); until then the step returns SF_EAGAIN, the
+ * executor counts the time as wait, and the download thread's wake hook has
+ * the node stepped again.  Local files are read synchronously.
+ */
 static int step(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   if (t->tar) {
-    if (t->prefetch > 0) fill_ahead(node, t); /* the next shards download while this one is split */
+    int taken = t->prefetch > 0 ? fill_ahead(node, t) : 0; /* the next shards download while this one is split */
+    if (!sf_tar_reader_ready(t->tar)) return taken ? 0 : SF_EAGAIN;
     return read_sample(node, t);
   }
+  int taken = fill_ahead(node, t);
+  if (t->q_len > 0 && q_at(t, 0)->fetch && !sf_fetch_ready(q_at(t, 0)->fetch, 1)) return taken ? 0 : SF_EAGAIN;
   ahead a;
   int rc = next_item(node, t, &a);
   if (rc < 0) return rc; /* SF_EAGAIN, or SF_EOF: no shard is open */

@@ -89,12 +89,20 @@ struct sf_prefetch {
   block *spare;           /* freed blocks kept for reuse: no mmap/munmap and page faults per block */
   sf_prefetch_stats stats;
   sf_rng rng;             /* jitter; the fetcher thread only */
+  bool wake_pending;      /* changed() since the fetcher last called o.wake */
 };
 
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A block became readable or a download changed state (lock held): wake blocked readers now and the
+ * owner's wake hook once the fetcher thread lets go of the lock. */
+static void changed(sf_prefetch *p) {
+  pthread_cond_broadcast(&p->changed);
+  p->wake_pending = true;
 }
 
 /* ---- buffers (lock held) ---- */
@@ -131,7 +139,7 @@ static int append(sf_prefetch *p, sf_fetch *f, const char *data, size_t n) {
     data += take;
     n -= take;
     f->received += (int64_t)take;
-    if (f->tail->size == BLOCK) pthread_cond_broadcast(&p->changed);
+    if (f->tail->size == BLOCK) changed(p);
   }
   return 0;
 }
@@ -335,7 +343,7 @@ static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...)
   f->code = code;
   f->state = F_DONE;
   p->stats.failed++;
-  pthread_cond_broadcast(&p->changed);
+  changed(p);
 }
 
 /* The engine's shared transfer settings (engine/http.h), then this fetcher's callbacks. */
@@ -558,7 +566,7 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
     f->state = F_DONE;
     f->code = 0;
     if (f->not_modified) p->stats.not_modified++;
-    pthread_cond_broadcast(&p->changed);
+    changed(p);
   } else {
     if (f->received > f->attempt_from) f->failures = 0; /* progress: the budget starts again */
     bool too_long = retry && f->retry_after > p->o.retry_max_wait;
@@ -569,7 +577,7 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       f->retry_at = now() + wait;
       f->state = F_BACKOFF;
       p->stats.retries++;
-      pthread_cond_broadcast(&p->changed); /* the reader may take the bytes so far */
+      changed(p); /* the reader may take the bytes so far */
     } else if (too_long) {
       give_up(p, f, code,
               "%s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
@@ -704,6 +712,11 @@ static void *fetcher(void *arg) {
         on_done(p, f, result);
       }
     }
+    pthread_mutex_lock(&p->lock);
+    bool wake = p->wake_pending && p->o.wake;
+    p->wake_pending = false;
+    pthread_mutex_unlock(&p->lock);
+    if (wake) p->o.wake(p->o.wake_opaque); /* unlocked: the hook may take the executor's locks */
     int ms = (int)(wait * 1000);
     curl_multi_poll(p->multi, NULL, 0, ms < 1 ? 1 : ms, NULL);
   }
@@ -850,6 +863,21 @@ static int wait_data(sf_fetch *f, bool (*cancelled)(void *), void *opaque, bool 
     if (!wait_slice(p, cancelled, opaque)) return SF_ECANCELED;
   }
   return 0;
+}
+
+bool sf_fetch_ready(sf_fetch *f, int64_t bytes) {
+  sf_prefetch *p = f->p;
+  pthread_mutex_lock(&p->lock);
+  bool wake = !f->claimed; /* claimed: it may use the reserve, so a paused download goes on */
+  f->claimed = true;
+  int64_t ready = 0;
+  for (const block *b = f->head; b && ready < bytes; b = b->next)
+    if (b != f->tail || b->size == BLOCK || f->state != F_RUNNING) ready += (int64_t)b->size;
+  /* Paused for want of room: waiting could not help, the reader must take what is there. */
+  bool ok = f->state == F_DONE || f->paused || (ready > 0 && ready >= bytes);
+  pthread_mutex_unlock(&p->lock);
+  if (wake) curl_multi_wakeup(p->multi);
+  return ok;
 }
 
 int sf_fetch_wait(sf_fetch *f, bool (*cancelled)(void *), void *opaque, sf_error *error) {

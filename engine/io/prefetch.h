@@ -47,6 +47,11 @@ typedef struct sf_prefetch_options {
   int retries;              /* retries after failures that brought no new byte; 0 = none */
   double retry_wait;        /* seconds, first backoff (doubles each time); 0 = 0.1 s */
   double retry_max_wait;    /* seconds, longest single wait (Retry-After included); 0 = 30 s */
+  /* Called (may be NULL) on the download thread, with no lock held, after bytes became readable or a
+   * download ended, failed or began a backoff: a caller polling with sf_fetch_ready() (a step that
+   * must not block) is told to look again.  wake_opaque is passed through (borrowed). */
+  void (*wake)(void *opaque);
+  void *wake_opaque;
 } sf_prefetch_options;
 
 /* Counters over the prefetcher's life (all downloads). */
@@ -108,6 +113,17 @@ bool sf_fetch_not_modified(sf_fetch *fetch, sf_object_version *version);
  * (credentials redacted) and what to do.
  */
 int sf_fetch_wait(sf_fetch *fetch, bool (*cancelled)(void *), void *cancel_opaque, sf_error *error);
+
+/*
+ * The non-blocking check for callers that must not wait (a stage's step):
+ * true when sf_fetch_wait() or the next sf_fetch_read()s would not wait for
+ * `bytes` bytes (at least one): they are received and readable, or the
+ * download ended (cleanly or not: the read reports it), or it is paused
+ * because its buffers are full (reading frees them).  Marks fetch as the one
+ * being read, like sf_fetch_wait().  When it returns false, the options' wake
+ * hook is called once something changes.  Thread-safe.
+ */
+bool sf_fetch_ready(sf_fetch *fetch, int64_t bytes);
 
 /*
  * Returns the next bytes of the shard: > 0 with *data pointing at them

@@ -346,6 +346,10 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
   return n;
 }
 
+bool sf_shard_reader_ready(sf_shard_reader *r, int64_t bytes) {
+  return r->kind != KIND_HTTP || r->at_end || !r->fetch || sf_fetch_ready(r->fetch, bytes);
+}
+
 int64_t sf_shard_reader_offset(const sf_shard_reader *r) { return r->offset; }
 
 void sf_shard_reader_close(sf_shard_reader **reader) {

@@ -57,6 +57,15 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
  */
 ssize_t sf_shard_reader_read(sf_shard_reader *reader, const void **data, sf_error *error);
 
+/*
+ * True when sf_shard_reader_read() would not wait for the next `bytes` bytes
+ * (at least one): a remote shard's download has them readable, or ended, or
+ * is paused with full buffers (sf_fetch_ready(); the prefetcher's wake hook
+ * says when to ask again).  Always true for local files and pipes, which are
+ * read synchronously, and at the end.
+ */
+bool sf_shard_reader_ready(sf_shard_reader *reader, int64_t bytes);
+
 /* Bytes delivered so far. */
 int64_t sf_shard_reader_offset(const sf_shard_reader *reader);
 

@@ -62,6 +62,7 @@ struct sf_tar_reader {
   int64_t offset;           /* header position in the (decompressed) tar stream */
   int64_t sample_size;      /* bytes of the sample being read */
   int64_t max_member_size, max_sample_size; /* see sf_tar_reader_set_limits() */
+  int64_t largest_span;     /* stream bytes of the largest sample so far, header to next header */
   char last_key[sizeof(sf_error){0}.key]; /* for messages (cut short like every error's key) */
 };
 
@@ -483,12 +484,19 @@ int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
     }
   } while (advance(t) == 0 && t->pending && t->key_len == key_len &&
            memcmp(t->path, sample->key, key_len) == 0);
+  if (t->pending && t->offset - sample->offset > t->largest_span) t->largest_span = t->offset - sample->offset;
   *out = sample;
   return problem;
 
 failed:
   if (error) *error = t->fatal;
   return t->failed;
+}
+
+bool sf_tar_reader_ready(sf_tar_reader *t) {
+  if (!t->source || t->failed || t->eof) return true;
+  /* The next sample, its successor's header and the end blocks: judged by the largest sample so far. */
+  return sf_shard_reader_ready(t->source, t->largest_span ? t->largest_span + 3 * 512 : 1);
 }
 
 void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t max_sample_size) {

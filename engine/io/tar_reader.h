@@ -43,6 +43,17 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
 int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *error);
 
 /*
+ * True when sf_tar_reader_next() would not wait for a remote shard's bytes
+ * (see sf_shard_reader_ready()): the bytes the next sample needs have
+ * arrived, judged by the largest sample read so far in this shard (stream
+ * bytes from its header to the next header; one readable chunk before the
+ * first sample), or the download ended or is paused with full buffers.
+ * A sample larger than every one before it may still wait for its remainder.
+ * Always true for local files, pipes, memory, and after the end or a failure.
+ */
+bool sf_tar_reader_ready(sf_tar_reader *reader);
+
+/*
  * Same as sf_tar_reader_open() over bytes already in memory (borrowed; they
  * must outlive the reader). url is only used in samples and messages. For
  * tests and fuzz targets. Returns 0 or SF_ENOMEM.

@@ -156,8 +156,8 @@ typedef struct sf_node_stats {
   int replicas;
   uint64_t items;         /**< items produced */
   uint64_t bytes;         /**< payload bytes produced (as the stage counts them) */
-  double busy_seconds;    /**< wall-clock seconds inside step() (a step that waits on I/O counts its wait) */
-  double wait_seconds;    /**< wall-clock seconds the node waited for input (queue wait: its input queue was empty) */
+  double busy_seconds;    /**< wall-clock seconds inside step() (steps do not wait on I/O: tar_split returns until a download's bytes arrive) */
+  double wait_seconds;    /**< wall-clock seconds the node waited, from a step that made no progress (empty input, a download's bytes not yet arrived) to the next that did */
   uint64_t errors;        /**< error records raised */
   uint64_t skipped;       /**< samples dropped under the skip policy */
 } sf_node_stats;

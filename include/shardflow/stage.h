@@ -253,9 +253,21 @@ SF_API uint64_t sf_node_epochs_closed(const sf_node *node);
 
 /**
  * True once the pipeline is stopping (destroyed, or failed elsewhere): a
- * stage that waits inside step() on I/O should give up and return.
+ * stage that still waits inside step() on I/O (it should rather return
+ * SF_EAGAIN and be woken with sf_node_notify()) gives up and returns.
  */
 SF_API bool sf_node_cancelled(const sf_node *node);
+
+/**
+ * Wakes the executor to step this node (and the others) again: for a step
+ * that returned SF_EAGAIN because its I/O was not ready (bytes of a download
+ * not yet arrived), called by whatever thread learns it now is (a download
+ * thread, a socket reader).  Without it, a node that made no progress is only
+ * retried when another node makes some, or after at most 100 ms.  Any
+ * thread, never blocks on I/O, cheap when no worker sleeps.  The node must
+ * still exist: stop calling it from the stage's uninit at the latest.
+ */
+SF_API void sf_node_notify(sf_node *node);
 
 /** Adds to the node's metrics: items and bytes it produced. */
 SF_API void sf_node_count_output(sf_node *node, uint64_t items, uint64_t bytes);
