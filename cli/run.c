@@ -81,14 +81,14 @@ static void print_summary(sf_pipeline *p) {
   sf_node_stats stats[64];
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
-  const char *header = "%-14s %-13s %4s %12s %12s %9s %9s %7s %8s\n";
+  const char *header = "%-14s %-13s %4s %12s %12s %9s %9s %7s %8s %8s\n";
   fprintf(stderr, "\nhead (pid %d)\n", (int)getpid());
-  fprintf(stderr, header, "node", "stage", "reps", "items", "MiB", "busy s", "wait s", "errors", "skipped");
+  fprintf(stderr, header, "node", "stage", "reps", "items", "MiB", "busy s", "wait s", "errors", "skipped", "filtered");
   for (int i = 0; i < n; i++) {
     const sf_node_stats *s = &stats[i];
-    fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu\n", s->name, s->type, s->replicas,
+    fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu %8llu\n", s->name, s->type, s->replicas,
             (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds,
-            (unsigned long long)s->errors, (unsigned long long)s->skipped);
+            (unsigned long long)s->errors, (unsigned long long)s->skipped, (unsigned long long)s->filtered);
   }
   sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
   if (!node) return;

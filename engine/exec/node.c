@@ -120,6 +120,10 @@ void sf_node_count_output(sf_node *n, uint64_t items, uint64_t bytes) {
   if (splits_shards(n)) atomic_fetch_add_explicit(&n->ctx->samples_read, items, memory_order_relaxed);
 }
 
+void sf_node_count_filtered(sf_node *n, uint64_t samples) {
+  atomic_fetch_add_explicit(&n->filtered, samples, memory_order_relaxed);
+}
+
 void sf_node_count_skipped(sf_node *n, uint64_t samples) {
   atomic_fetch_add_explicit(&n->skipped, samples, memory_order_relaxed);
   if (splits_shards(n)) atomic_fetch_add_explicit(&n->ctx->samples_read, samples, memory_order_relaxed);
@@ -306,6 +310,10 @@ static int map_step(sf_node *n) {
     return 0;
   }
   sf_item_clear(&item);
+  if (r == 0) { /* dropped on purpose: a filter, not an error */
+    sf_node_count_filtered(n, 1);
+    return 0;
+  }
   bool reported = atomic_load_explicit(&n->errors, memory_order_relaxed) != errors;
   if (r < 0 && (!reported || n->ctx->error_policy == SF_POLICY_FAIL)) return r;
   sf_node_count_skipped(n, 1);

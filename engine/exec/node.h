@@ -56,6 +56,7 @@ struct sf_node {
   int popped, pushed;
   /* metrics */
   atomic_uint_fast64_t items, bytes, errors, skipped;
+  atomic_uint_fast64_t filtered; /* samples a stage dropped on purpose (not errors, outside the error budget) */
   atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */

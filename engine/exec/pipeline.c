@@ -543,6 +543,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->bytes += atomic_load(&n->bytes);
     s->errors += atomic_load(&n->errors);
     s->skipped += atomic_load(&n->skipped);
+    s->filtered += atomic_load(&n->filtered);
     s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
     s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
   }

@@ -160,6 +160,7 @@ typedef struct sf_node_stats {
   double wait_seconds;    /**< wall-clock seconds the node waited, from a step that made no progress (empty input, a download's bytes not yet arrived) to the next that did */
   uint64_t errors;        /**< error records raised */
   uint64_t skipped;       /**< samples dropped under the skip policy */
+  uint64_t filtered;      /**< samples the stage dropped on purpose (a filter): not errors, outside max_errors / max_error_rate */
 } sf_node_stats;
 
 /**

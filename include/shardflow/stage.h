@@ -146,8 +146,9 @@ typedef struct sf_node sf_node;
  * counts it (sf_node_count_output: one item, sf_item_nbytes bytes).  map owns
  * *sample during the call and may change it in place or replace it (freeing
  * the old one); on return *sample is a sample or NULL, and the engine owns it.
- * Returns 0 to pass *sample on, or 0 with *sample set to NULL to drop it (the
- * engine frees nothing more and counts it as skipped, with no error record).
+ * Returns 0 to pass *sample on, or 0 with *sample set to NULL to drop it on
+ * purpose (a filter: the engine frees nothing more and counts it as filtered,
+ * not as an error, and not toward max_errors / max_error_rate).
  * A bad sample: report it with sf_node_error(), then return that error's code
  * (not sf_node_error's result): the engine drops the sample and, under the
  * graph's `skip` policy, counts it as skipped and goes on; under `fail` the
@@ -238,8 +239,18 @@ SF_API int sf_node_error(sf_node *node, int code, const char *url, const char *k
                          int64_t offset, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
-/** Counts samples dropped because of an error (reported at the end). */
+/**
+ * Counts samples dropped because of an error (reported at the end; they count
+ * toward the graph's max_errors / max_error_rate budget).
+ */
 SF_API void sf_node_count_skipped(sf_node *node, uint64_t samples);
+
+/**
+ * Counts samples a stage dropped on purpose (a filter; a map stage's NULL
+ * result is counted for it): shown as "filtered" in the stage table and
+ * sf_node_stats, not an error, outside the error budget.
+ */
+SF_API void sf_node_count_filtered(sf_node *node, uint64_t samples);
 
 /**
  * Tells the pipeline that the sample stream of `epoch` is complete (called by

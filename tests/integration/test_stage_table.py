@@ -32,7 +32,7 @@ p = run(["run", graph, "--quiet"])
 rows = {}
 for line in p.stderr.splitlines():
     parts = line.split()
-    if len(parts) == 9 and parts[0] in ("shard_source", "tar_split", "decode", "augment", "shuffle", "batch", "device_sink"):
+    if len(parts) == 10 and parts[0] in ("shard_source", "tar_split", "decode", "augment", "shuffle", "batch", "device_sink"):
         rows[parts[0]] = dict(items=int(parts[3]), busy=float(parts[5]))
 check(len(rows) == 7, f"a row per stage: {p.stderr}")
 for stage in ("tar_split", "decode", "augment", "shuffle"):
