@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Integration test of the audio plugin's audio_decode stage (through tests/audio_harness.c: tar_split, then the
-stage taken from the plugin's entry point, under the one-stage harness).
+"""Integration test of the audio plugin's audio_decode stage, run by the CLI in a graph (`plugins: [audio]`,
+found on SHARDFLOW_PLUGIN_PATH): shard_source, tar_split, audio_decode, batch of 1, device_sink's .npy dumps.
 
 Members are written by python3-soundfile (libsndfile) into tar shards with tarfile; the reference is
 soundfile.read(dtype='float32') of the same bytes, transposed to [channels, frames]: exact for 16-bit WAV (1 and 2
@@ -21,9 +21,9 @@ import numpy as np
 import soundfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, write_shard  # noqa: E402
+from sfutil import Checks, read_batches, run, write_shard  # noqa: E402
 
-HARNESS = os.environ.get("SF_AUDIO_HARNESS", "build-test/tests/audio_harness")
+PLUGIN_PATH = os.path.join(os.environ.get("SF_BUILD_ROOT", "build-test"), "plugins", "audio")
 TMP = tempfile.mkdtemp(prefix="sf_test_audio_")
 check = Checks()
 
@@ -41,15 +41,21 @@ def reference(data_bytes):
 
 
 def run_stage(name, samples, *options):
-    """Writes a shard, runs it; returns (stdout, {key.field: array})."""
+    """Writes a shard and runs it through audio_decode (options: "name=value") in a graph with the CLI.
+    Returns (a "samples N errors N skipped N" line, then the CLI's stderr; {key.field: array of one sample})."""
     shard = write_shard(os.path.join(TMP, name + ".tar"), samples)
     out = os.path.join(TMP, name)
-    os.makedirs(out)
-    p = subprocess.run([HARNESS, shard, out, *options], capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        raise AssertionError(f"audio_harness {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    arrays = {f[:-4]: np.load(os.path.join(out, f)) for f in os.listdir(out)}
-    return p.stdout, arrays
+    graph = os.path.join(TMP, name + ".yaml")
+    opts = "".join(f"    {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in options)
+    with open(graph, "w") as f:
+        f.write(f"plugins: [audio]\nseed: 0\nepochs: 1\nstages:\n  - type: shard_source\n    urls: {shard}\n"
+                f"    shuffle: false\n  - type: tar_split\n  - type: audio_decode\n{opts}"
+                f"  - type: batch\n    batch_size: 1\n  - type: device_sink\n    npy_dir: {out}\n")
+    p = run(["run", graph, "--quiet", "--no-summary"], env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
+    arrays = {f"{keys[0]}.{field}": a[0] for _, _, keys, fields in read_batches(out) for field, a in fields.items()}
+    counted = re.search(r"(\d+) error record\(s\), (\d+) sample\(s\) skipped", p.stderr)
+    errors, skipped = counted.groups() if counted else ("0", "0")
+    return f"samples {len(read_batches(out))} errors {errors} skipped {skipped}\n{p.stderr}", arrays
 
 
 rng = np.random.default_rng(10)
