@@ -62,6 +62,12 @@ static const char *plugin_note(const sf_stage_def *def, char *buf, size_t size) 
   return buf;
 }
 
+/* A plugin found on the search path that does not load: one line, and the listing goes on. */
+static void plugin_failed(const sf_error *error, void *opaque) {
+  (void)opaque;
+  fprintf(stderr, "shardflow help: plugin %s not listed: %s\n", error->url, error->message);
+}
+
 static int help_main(int argc, char **argv) {
   help_args a = {0};
   int first, status;
@@ -75,6 +81,7 @@ static int help_main(int argc, char **argv) {
     }
   }
   sf_cli_free(&sf_cli_help, &a);
+  (void)sf_plugin_load_found(plugin_failed, NULL);
   if (a.markdown) {
     if (argc - first > 1) return sf_cli_usage_error(&sf_cli_help, "--markdown takes at most one operand");
     return print_markdown(first < argc ? argv[first] : NULL);
@@ -128,7 +135,9 @@ const sf_cli_command sf_cli_help = {
     .summary = "stages and their options, or a command's usage",
     .about = "Without operands, lists the stages and the graph settings. With a stage's name, prints its\n"
              "options from the stage's own table (`groups` describes running stages in worker processes);\n"
-             "with --plugin, a plugin is loaded first, so that its stages are listed, described and documented;\n"
+             "the stages of every plugin in SHARDFLOW_PLUGIN_PATH and $libdir/shardflow/plugins are listed,\n"
+             "described and documented too (one that fails to load is named on stderr, with why);\n"
+             "with --plugin, another plugin is loaded first, by name or path;\n"
              "with a command's name, prints that command's --help.",
     .options = help_options,
 };

@@ -1,4 +1,5 @@
 /* The plugin loader: dlopen, the entry point, the descriptor's checks, then the registry (plugin_loader.h). */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -116,4 +117,54 @@ int sf_plugin_load(const char *name_or_path, const sf_plugin **plugin, sf_error 
   pthread_mutex_unlock(&load_lock);
   if (plugin) *plugin = p;
   return rc;
+}
+
+static int is_shared_object(const struct dirent *e) {
+  size_t n = strlen(e->d_name);
+  return n > 3 && strcmp(e->d_name + n - 3, ".so") == 0;
+}
+
+/* True when NAME.so was met in a directory searched before dirs[d]/s (the search order's first wins). */
+static bool seen_before(const char *const *dirs, int d, const char *at, const char *base) {
+  char file[PATH_MAX];
+  for (int e = 0; e <= d; e++)
+    for (const char *s = dirs[e]; *s && !(e == d && s == at);) {
+      size_t len = strcspn(s, ":");
+      if (len) {
+        snprintf(file, sizeof file, "%.*s/%s", (int)len, s, base);
+        if (access(file, F_OK) == 0) return true;
+      }
+      s += len + (s[len] == ':');
+    }
+  return false;
+}
+
+int sf_plugin_load_found(void (*failed)(const sf_error *error, void *opaque), void *opaque) {
+  const char *env = getenv("SHARDFLOW_PLUGIN_PATH");
+  const char *dirs[2] = {env ? env : "", SF_PLUGIN_DIR};
+  int loaded = 0;
+  for (int d = 0; d < 2; d++) {
+    for (const char *s = dirs[d]; *s;) {
+      size_t len = strcspn(s, ":");
+      char dir[PATH_MAX];
+      snprintf(dir, sizeof dir, "%.*s", (int)len, s);
+      struct dirent **names = NULL;
+      int n = len ? scandir(dir, &names, is_shared_object, alphasort) : 0;
+      for (int i = 0; i < n; i++) {
+        char file[PATH_MAX];
+        sf_error error = {0};
+        int w = snprintf(file, sizeof file, "%s/%s", dir, names[i]->d_name);
+        if (w > 0 && (size_t)w < sizeof file && !seen_before(dirs, d, s, names[i]->d_name)) {
+          if (sf_plugin_load(file, NULL, &error) == 0)
+            loaded++;
+          else if (failed)
+            failed(&error, opaque);
+        }
+        free(names[i]);
+      }
+      free(names);
+      s += len + (s[len] == ':');
+    }
+  }
+  return loaded;
 }

@@ -27,4 +27,16 @@
  */
 int sf_plugin_load(const char *name_or_path, const sf_plugin **plugin, sf_error *error);
 
+/*
+ * Loads every plugin found: each *.so in the directories of
+ * SHARDFLOW_PLUGIN_PATH, then in $libdir/shardflow/plugins, in name order
+ * (a NAME.so found in an earlier directory hides later ones, as the search
+ * by name above does), so that `shardflow help` lists their stages.  A file
+ * that fails to load (as sf_plugin_load() refuses it) is passed to failed
+ * (may be NULL; error borrowed for the call) and the scan goes on.  A
+ * directory that does not exist is passed over.  Returns how many loaded
+ * (a plugin loaded before counts again).
+ */
+int sf_plugin_load_found(void (*failed)(const sf_error *error, void *opaque), void *opaque);
+
 #endif

@@ -9,7 +9,9 @@ root = os.environ["SF_SOURCE_ROOT"]
 def drift(what, name):
     """The generated text differs from the committed file: the command that regenerates it, else None."""
     args = ["help", "--markdown"] + ([what] if what else [])
-    generated = subprocess.run([os.environ["SHARDFLOW"], *args], capture_output=True, text=True, check=True).stdout
+    # docs/stages.md documents the built-in stages: no plugins from the caller's SHARDFLOW_PLUGIN_PATH.
+    generated = subprocess.run([os.environ["SHARDFLOW"], *args], capture_output=True, text=True, check=True,
+                               env=dict(os.environ, SHARDFLOW_PLUGIN_PATH="")).stdout
     committed = open(os.path.join(root, "docs", name)).read()
     if generated != committed:
         return f"docs/{name} is out of date: regenerate it with\n  shardflow {' '.join(args)} > docs/{name}"

@@ -3,6 +3,7 @@ a wrong ABI version, a missing entry point, name clashes, a plugin not found and
 with the graph's file:line, the plugin's file and what to do."""
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -234,4 +235,27 @@ except OSError as e:
 refused("notelf", [text], f"plugin {text} cannot be loaded", dlerror, "rebuild it as a shared object")
 p = run(["help", "--plugin", abi], check=False, env=env)
 check(p.returncode != 0 and abi in p.stderr and "rebuild" in p.stderr, f"help --plugin refuses too: {p.stderr}")
+
+# `shardflow help` lists the stages of every plugin on SHARDFLOW_PLUGIN_PATH (a scan of *.so, no --plugin); one that
+# fails to load is named in one line with why, and the listing goes on. Reference: the scale.c options table.
+found, junk = os.path.join(tmp, "found"), os.path.join(tmp, "junk")
+os.makedirs(found), os.makedirs(junk)
+shutil.copy(scale_so, os.path.join(found, "example.so"))
+shutil.copy(text, os.path.join(junk, "broken.so"))
+shutil.copy(text, os.path.join(junk, "notes.txt"))  # not a .so: not tried
+scan_env = dict(env, SHARDFLOW_PLUGIN_PATH=f"{junk}:/nonexistent:{found}")
+rows = re.findall(r'\{"(\w+)", SF_OPT_', open(os.path.join(source, "plugins/example/scale.c")).read())
+p = run(["help"], env=scan_env)
+check(re.search(r"^  scale +.*\(plugin example\)$", p.stdout, re.M) and re.search(r"^  decode ", p.stdout, re.M),
+      f"help lists the found plugin's stage with the built-ins: {p.stdout}")
+bad_lines = [line for line in p.stderr.splitlines() if "broken.so" in line]
+check(len(bad_lines) == 1 and "not listed" in bad_lines[0] and dlerror.split(":")[-1].strip() in bad_lines[0]
+      and "notes.txt" not in p.stderr, f"the broken plugin is named once, with the loader's reason: {p.stderr}")
+p = run(["help", "scale"], env=scan_env)
+check(rows == ["field", "factor"] and all(r in p.stdout for r in rows), f"help scale shows {rows}: {p.stdout}")
+p = run(["help", "--markdown"], env=scan_env)
+docs = open(os.path.join(source, "docs/stages.md")).read()
+check("\n## scale\n" in p.stdout and all(f"`{r}`" in p.stdout.split("\n## scale\n")[1] for r in rows)
+      and "## scale" not in docs and p.stdout.count("\n## ") == docs.count("\n## ") + 1,
+      f"help --markdown documents the found plugin's stage after the built-ins; docs/stages.md keeps built-ins only")
 check.done("plugins")
