@@ -234,6 +234,7 @@ static void on_result(remote *r, int wi, sf_wire_message *m, double now) {
   if (answer != SF_UNIT_TAKEN) return;
   uint64_t skipped = m->skipped;
   if (skipped) sf_node_count_skipped(r->node, skipped);
+  if (m->filtered) sf_node_count_filtered(r->node, m->filtered);
   for (int i = 0; i < m->n_errors; i++) {
     int rc = sf_node_error_record(r->node, &m->errors[i]);
     if (rc < 0 && !r->failed) r->failed = rc;

@@ -425,6 +425,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
     msg->epoch = h->epoch;
     msg->samples_in = h->samples_in;
     msg->skipped = h->skipped;
+    msg->filtered = h->filtered;
     break;
   case SF_WIRE_HEARTBEAT: msg->sequence = h->sequence; break;
   case SF_WIRE_EPOCH_END: msg->epoch = h->epoch; break;
@@ -811,6 +812,7 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
   h.threads = msg->threads;
   h.samples_in = msg->samples_in;
   h.skipped = msg->skipped;
+  h.filtered = msg->filtered;
   if (msg->type == SF_WIRE_WELCOME) {
     welcome.seed = msg->seed;
     welcome.epochs = msg->epochs;

@@ -90,6 +90,7 @@ typedef struct sf_wire_message {
   int n_samples;
   uint64_t samples_in;          /* RESULT: samples the unit had */
   uint64_t skipped;             /* RESULT: samples dropped by errors */
+  uint64_t filtered;            /* RESULT: samples a stage dropped on purpose (a filter; not errors) */
   sf_error *errors;             /* RESULT, ERROR */
   int n_errors;
   sf_wire_stage_stats *stats;   /* HEARTBEAT, RESULT */

@@ -55,6 +55,7 @@ typedef struct worker_state {
   sf_error errors[MAX_PENDING_ERRORS];
   int n_errors;
   uint64_t errors_dropped;
+  uint64_t filtered_sent;          /* of the stages' filtered samples, reported in results so far */
 } worker_state;
 
 static worker_state *current;
@@ -259,6 +260,15 @@ static int send_results(worker_state *w, void *socket, sf_pipeline *p, sf_error 
     if (u) w->n_errors = 0;
     pthread_mutex_unlock(&w->lock);
     if (!u) return 0;
+    /* A unit's drops are filtered (on purpose) or skipped (errors); the stages count the first in total, so
+     * a unit takes what was filtered since the last result, up to its own drops: the totals stay exact. */
+    sf_node_stats st[SF_WIRE_MAX_STATS];
+    uint64_t filtered = 0, drops = (uint64_t)(u->n_in - u->n_out);
+    int n_st = sf_pipeline_stats(p, st, SF_WIRE_MAX_STATS);
+    for (int i = 0; i < n_st && i < SF_WIRE_MAX_STATS; i++) filtered += st[i].filtered;
+    filtered -= w->filtered_sent;
+    if (filtered > drops) filtered = drops;
+    w->filtered_sent += filtered;
     sf_wire_stage_stats stats[SF_WIRE_MAX_STATS];
     sf_wire_message m = {
         .type = SF_WIRE_RESULT,
@@ -266,7 +276,8 @@ static int send_results(worker_state *w, void *socket, sf_pipeline *p, sf_error 
         .samples = u->out,
         .n_samples = u->n_out,
         .samples_in = (uint64_t)u->n_in,
-        .skipped = (uint64_t)(u->n_in - u->n_out),
+        .skipped = drops - filtered,
+        .filtered = filtered,
         .errors = errors,
         .n_errors = n_errors,
         .stats = stats,

@@ -58,4 +58,20 @@ for replicas in (1, 2):
         check((reps, items, errors, skipped, filtered) == (replicas, len(want), 0, 0, len(truth) - len(want)),
               f"replicas {replicas}: items, errors, skipped, filtered = {items}, {errors}, {skipped}, {filtered}")
     check("skipped" not in p.stderr.splitlines()[-1], f"no error summary line: {p.stderr.splitlines()[-1]}")
+
+# In a group's worker process: the worker's results say filtered, not skipped, so the head's budget holds too.
+out = os.path.join(tmp, "out-group")
+graph = os.path.join(tmp, "group.yaml")
+with open(graph, "w") as f:
+    f.write(f"plugins: [{so}]\nseed: 1\nmax_error_rate: 0.5\ngroups:\n  g: {{processes: 1}}\nstages:\n"
+            f"  - type: shard_source\n    urls: {urls}\n  - type: tar_split\n"
+            f"  - type: tenth\n    group: g\n  - type: decode\n"
+            f"  - type: batch\n    batch_size: 5\n  - type: device_sink\n    npy_dir: {out}\n")
+p = run(["run", graph, "--quiet"], check=False, env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=""))
+check(p.returncode == 0, f"group: 90% filtered in a worker is not over max_error_rate 0.5:\n{p.stderr}")
+keys = [k for _, _, ks, _ in read_batches(out) for k in ks] if os.path.isdir(out) else []
+check(keys == want, f"group: the samples kept are Python's ({len(keys)} of {len(want)})")
+row = re.search(r"^\S+\s+_remote\s+.*\s(\d+)\s+(\d+)\s*$", p.stderr, re.M)
+check(row is not None and row.groups() == ("0", str(len(truth) - len(want))),
+      f"group: the head's table counts 0 skipped, {len(truth) - len(want)} filtered:\n{p.stderr}")
 check.done("filtered")
