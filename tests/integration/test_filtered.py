@@ -3,6 +3,7 @@
 sample in ten runs to the end under max_error_rate 0.5 and keeps exactly the samples Python's rule keeps."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,4 +75,5 @@ check(keys == want, f"group: the samples kept are Python's ({len(keys)} of {len(
 row = re.search(r"^\S+\s+_remote\s+.*\s(\d+)\s+(\d+)\s*$", p.stderr, re.M)
 check(row is not None and row.groups() == ("0", str(len(truth) - len(want))),
       f"group: the head's table counts 0 skipped, {len(truth) - len(want)} filtered:\n{p.stderr}")
+shutil.rmtree(tmp, ignore_errors=True)
 check.done("filtered")

@@ -4,6 +4,7 @@ still arrives once, whole and in order (the same samples as the local file)."""
 import http.server
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -62,4 +63,5 @@ if row:
     check(wall > SECONDS * 0.8, f"the server was slow ({wall:.1f} s for the run)")
     check(busy < 0.25 * SECONDS, f"tar_split's busy time ({busy:.2f} s) is not the download's time")
     check(wait > 0.5 * SECONDS, f"the download shows as tar_split's wait ({wait:.2f} s of {wall:.1f} s)")
+shutil.rmtree(tmp, ignore_errors=True)
 check.done("tar_split_wait")
