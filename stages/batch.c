@@ -86,8 +86,10 @@ static const sf_option options[] = {
 static bool listed(const char *list, const char *name, const char **value) {
   size_t n = strlen(name);
   for (const char *p = list; p && *p;) {
-    size_t len = strcspn(p, ",=");
+    p += strspn(p, " ");
+    size_t len = strcspn(p, ",= ");
     if (len == n && memcmp(p, name, n) == 0) {
+      len += strspn(p + len, " ");
       if (value) *value = p[len] == '=' ? p + len + 1 : NULL;
       return true;
     }
