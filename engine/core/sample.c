@@ -1,5 +1,6 @@
 /* Shards, samples, batches and queue items: constructors and destructors. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,6 +154,40 @@ const sf_field *sf_batch_field(const sf_batch *b, const char *name) {
   for (int i = 0; i < b->n_fields; i++)
     if (strcmp(b->fields[i].name, name) == 0) return &b->fields[i];
   return NULL;
+}
+
+/* The int64 or int32 entry j of batch field NAME.suffix, or -1 when there is no such 1-D field. */
+static int64_t companion(const sf_batch *b, const char *name, const char *suffix, int64_t j) {
+  char full[SF_FIELD_NAME_MAX + 16];
+  snprintf(full, sizeof full, "%s.%s", name, suffix);
+  const sf_field *f = sf_batch_field(b, full);
+  if (!f || f->tensor.ndim != 1 || j >= f->tensor.shape[0]) return -1;
+  const char *p = (const char *)sf_tensor_data(&f->tensor) + (size_t)(j * f->tensor.strides[0]) * sf_dtype_size(f->tensor.dtype);
+  if (f->tensor.dtype == SF_DTYPE_INT64) return *(const int64_t *)p;
+  return f->tensor.dtype == SF_DTYPE_INT32 ? *(const int32_t *)p : -1;
+}
+
+int sf_batch_sample_view(const sf_batch *b, const char *name, int64_t j, sf_tensor *view) {
+  memset(view, 0, sizeof *view);
+  const sf_field *f = sf_batch_field(b, name);
+  if (!f || j < 0 || j >= b->size || f->tensor.ndim < 1) return SF_EINVAL;
+  sf_tensor v = f->tensor;
+  size_t item = sf_dtype_size(v.dtype);
+  int64_t start = companion(b, name, "offsets", j), end = companion(b, name, "offsets", j + 1);
+  if (start >= 0) { /* ragged: values[offsets[j]:offsets[j+1]] */
+    if (end < start || end > v.shape[0]) return SF_EINVAL;
+    v.offset += (size_t)(start * v.strides[0]) * item;
+    v.shape[0] = end - start;
+  } else { /* fixed or padded: row j, cut to NAME.length[j] when there is one */
+    v.offset += (size_t)(j * v.strides[0]) * item;
+    v.ndim--;
+    memmove(v.shape, v.shape + 1, (size_t)v.ndim * sizeof v.shape[0]);
+    memmove(v.strides, v.strides + 1, (size_t)v.ndim * sizeof v.strides[0]);
+    int64_t length = companion(b, name, "length", j);
+    if (length >= 0 && v.ndim == 1 && length <= v.shape[0]) v.shape[0] = length;
+  }
+  sf_tensor_ref(view, &v);
+  return 0;
 }
 
 void sf_item_clear(sf_item *item) {

@@ -92,6 +92,18 @@ typedef struct sf_sample {
  * A batch: fields collated along a new leading axis of size `size`
  * (images float32 [B,C,H,W], labels int64 [B]), and the sample keys.
  * Free with sf_batch_destroy().
+ *
+ * How each field is collated (batch's options; docs/batches.md):
+ * - fixed (default, decoded fields of one shape): NAME [B, ...], sample j's
+ *   values at row j.  Encoded fields not listed below are left out.
+ * - ragged (option `ragged`: encoded members such as txt/json/any bytes, or
+ *   1-D decoded fields of any length): NAME holds every sample's values
+ *   concatenated, 1-D of the field's dtype (uint8 for bytes), plus
+ *   NAME.offsets int64 [B+1]: sample j is NAME[offsets[j] : offsets[j+1]].
+ * - padded (option `pad: NAME=VALUE`, 1-D decoded fields): NAME [B, L] with
+ *   L the batch's longest, filled with VALUE after each sample's end, plus
+ *   NAME.length int32 [B].
+ * sf_batch_sample_view() reads sample j's values in all three cases.
  */
 typedef struct sf_batch {
   uint64_t epoch;               /**< 0-based epoch */
@@ -155,6 +167,17 @@ SF_API sf_batch *sf_batch_new(int64_t size);
 SF_API void sf_batch_destroy(sf_batch **batch);
 /** The field called name, or NULL (borrowed). */
 SF_API const sf_field *sf_batch_field(const sf_batch *batch, const char *name);
+
+/**
+ * Sample j's values of batch field name, however it was collated (see
+ * sf_batch): row j of a fixed field; NAME[offsets[j] : offsets[j+1]] of a
+ * ragged one; row j cut to NAME.length[j] of a padded one.  *view is a
+ * strided view sharing the batch's buffer (a new reference: release it with
+ * sf_tensor_clear(); it stays valid after the batch is destroyed).
+ * Returns 0, or SF_EINVAL when there is no such field, j is outside 0..B-1
+ * or the offsets are inconsistent (*view is then zeroed).
+ */
+SF_API int sf_batch_sample_view(const sf_batch *batch, const char *name, int64_t j, sf_tensor *view);
 
 /*
  * Accessors for bindings that do not mirror these structs (Python's ctypes):

@@ -188,7 +188,9 @@ def copy(src, dst, verify=True):
 
 class Pipeline:
     """A running graph. Iterating it yields one epoch of batches: (images, labels) by default,
-    or a dict of every field plus "__key__" with output="dict".
+    or a dict of every field plus "__key__" with output="dict". In a dict, a field batch collates as
+    ragged is a list with one entry per sample (str for txt, parsed objects for json, bytes for other
+    uint8 fields, 1-D arrays otherwise); a padded field is NAME [B,L] plus NAME.length [B] (docs/batches.md).
 
     graph: a graph file's path, or YAML text (which has a newline). rank / world_size: None takes
     RANK / WORLD_SIZE (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy",
@@ -354,6 +356,7 @@ class Pipeline:
                 raise _error(r)
             fields[library.sf_batch_field_name(b, i).decode()] = take(_Field(managed.value))
         if self._output.endswith("dict"):
+            _unpack_ragged(fields)
             fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
             return fields
         images = next((v for v in fields.values() if v.ndim == 4), None)
@@ -379,6 +382,27 @@ class Pipeline:
 
     def __del__(self):
         self.close()
+
+
+def _unpack_ragged(fields):
+    """Ragged batch fields (NAME + NAME.offsets, batch's `ragged` option) become one list entry per sample:
+    `txt` (and NAME.txt) -> list[str] (UTF-8), `json` (and NAME.json) -> list of json.loads() objects, other
+    uint8 fields -> list[bytes], other dtypes -> list of 1-D arrays or tensors (views of the values, no copy).
+    Padded fields (NAME [B,L] + NAME.length int32 [B], the `pad` option) stay as they are."""
+    import json
+    for name in [n[:-len(".offsets")] for n in fields if n.endswith(".offsets")]:
+        if name not in fields:
+            continue
+        values, offsets = fields[name], [int(o) for o in fields.pop(name + ".offsets")]
+        parts = [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
+        if str(values.dtype) in ("uint8", "torch.uint8"):
+            parts = [bytes(p.numpy() if hasattr(p, "numpy") else p) for p in parts]
+            kind = name.rsplit(".", 1)[-1]
+            if kind == "txt":
+                parts = [p.decode("utf-8") for p in parts]
+            elif kind == "json":
+                parts = [json.loads(p) for p in parts]
+        fields[name] = parts
 
 
 def dataset(graph, **kwargs):

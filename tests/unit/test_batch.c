@@ -450,6 +450,66 @@ static void test_bad_options(void **state) {
   assert_null(h);
   assert_int_equal(sf_harness_new(&h, "batch", (const char *[]){"partial=maybe", NULL}, 1, 0, 0, 1, &error),
                    SF_EOPTION);
+  assert_int_equal(sf_harness_new(&h, "batch", (const char *[]){"pad=ids", NULL}, 1, 0, 0, 1, &error), SF_EOPTION);
+  assert_non_null(strstr(error.message, "pad: 'ids' is not NAME=VALUE"));
+}
+
+/* Sample id with txt (encoded) of id bytes 'a'+k and ids int32 [id] of id*10+k. */
+static sf_sample *make_varlen_sample(int id) {
+  sf_sample *s = make_sample(id, 0, H, W);
+  sf_sample_remove_field(s, 2); /* make_sample's fixed-length txt */
+  sf_tensor t;
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, (int64_t[]){id}), 0);
+  for (int k = 0; k < id; k++) ((uint8_t *)sf_tensor_data(&t))[k] = (uint8_t)('a' + k);
+  assert_non_null(sf_sample_add_field(s, "txt", true, &t));
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT32, 1, (int64_t[]){id}), 0);
+  for (int k = 0; k < id; k++) ((int32_t *)sf_tensor_data(&t))[k] = id * 10 + k;
+  assert_non_null(sf_sample_add_field(s, "ids", false, &t));
+  return s;
+}
+
+/* ragged txt, padded ids: the values, offsets, lengths and pad, and sf_batch_sample_view() on all three kinds. */
+static void test_ragged_and_padded(void **state) {
+  sf_harness *h;
+  sf_error error;
+  memset(&error, 0, sizeof error);
+  const char *options[] = {"batch_size=3", "ragged=txt", "pad=ids=-1", NULL};
+  if (sf_harness_new(&h, "batch", options, 1, 0, 0, 1, &error)) fail_msg("harness: %s", error.message);
+  for (int i = 0; i < 3; i++) push_sample(h, make_varlen_sample(i));
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN);
+  assert_int_equal(sf_harness_error_count(h), 0);
+  sf_item item;
+  assert_int_equal(sf_harness_pop(h, &item), 0);
+  sf_batch *b = item.u.batch;
+  assert_int_equal(b->n_fields, 6); /* png, cls, txt, txt.offsets, ids, ids.length */
+  const sf_field *txt = sf_batch_field(b, "txt"), *offsets = sf_batch_field(b, "txt.offsets");
+  assert_true(txt && offsets && txt->tensor.ndim == 1 && txt->tensor.shape[0] == 3);
+  assert_memory_equal(sf_tensor_data(&txt->tensor), "aab", 3);
+  assert_int_equal(offsets->tensor.dtype, SF_DTYPE_INT64);
+  assert_memory_equal(sf_tensor_data(&offsets->tensor), ((int64_t[]){0, 0, 1, 3}), 4 * sizeof(int64_t));
+  const sf_field *ids = sf_batch_field(b, "ids"), *length = sf_batch_field(b, "ids.length");
+  assert_true(ids && length && ids->tensor.ndim == 2 && ids->tensor.shape[0] == 3 && ids->tensor.shape[1] == 2);
+  assert_memory_equal(sf_tensor_data(&ids->tensor), ((int32_t[]){-1, -1, 10, -1, 20, 21}), 6 * sizeof(int32_t));
+  assert_int_equal(length->tensor.dtype, SF_DTYPE_INT32);
+  assert_memory_equal(sf_tensor_data(&length->tensor), ((int32_t[]){0, 1, 2}), 3 * sizeof(int32_t));
+
+  sf_tensor v;
+  assert_int_equal(sf_batch_sample_view(b, "txt", 3, &v), SF_EINVAL);
+  assert_int_equal(sf_batch_sample_view(b, "nope", 0, &v), SF_EINVAL);
+  assert_int_equal(sf_batch_sample_view(b, "txt", 2, &v), 0);
+  assert_true(v.ndim == 1 && v.shape[0] == 2);
+  assert_memory_equal(sf_tensor_data(&v), "ab", 2);
+  sf_tensor_clear(&v);
+  assert_int_equal(sf_batch_sample_view(b, "ids", 1, &v), 0);
+  assert_true(v.ndim == 1 && v.shape[0] == 1 && *(int32_t *)sf_tensor_data(&v) == 10);
+  sf_tensor_clear(&v);
+  assert_int_equal(sf_batch_sample_view(b, "png", 1, &v), 0);
+  assert_true(v.ndim == 3 && v.shape[0] == H && v.shape[2] == C);
+  assert_int_equal(*(uint8_t *)sf_tensor_data(&v), pixel(1, 0, 0, 0));
+  sf_item_clear(&item); /* the view keeps the buffer */
+  assert_int_equal(((uint8_t *)sf_tensor_data(&v))[1], pixel(1, 0, 0, 1));
+  sf_tensor_clear(&v);
+  sf_harness_destroy(&h);
 }
 
 int main(void) {
@@ -460,6 +520,7 @@ int main(void) {
       cmocka_unit_test(test_shape_mismatch_fail), cmocka_unit_test(test_strided_input),
       cmocka_unit_test(test_bad_options),       cmocka_unit_test(test_deferred_written_into_slot),
       cmocka_unit_test(test_deferred_contents_and_drops), cmocka_unit_test(test_materialize_and_defer),
+      cmocka_unit_test(test_ragged_and_padded),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
