@@ -145,4 +145,67 @@ for bad, why in [("image=", "empty"), ("a=cls,a=png", "named twice"), ("jpg;png"
     _, _, err = run_graph("bad-names", shard2, [("rename", dict(names=f'"{bad}"'))], expect=1)
     check("names" in err and why in err, f"names: \"{bad}\" is refused with '{why}':\n{err}")
 
+# 5. tar_split's key_rule on names holding dots, against tarfile with each rule written in Python.
+def first_dot(name):  # WebDataset's rule (names here have no leading dots)
+    d, _, base = name.rpartition("/")
+    return (d + "/" if d else "") + base.split(".", 1)[0], base.split(".", 1)[1]
+
+
+def last_dot(name):
+    key, _, field = name.rpartition(".")
+    return key, field
+
+
+KEY_RE = r"^(.*)[.](cls|ppm)$"
+rules = {"first_dot": (first_dot, {}), "last_dot": (last_dot, {}),
+         "regex": (lambda n: (lambda m: m and (m.group(1), n[m.end(1) + 1:]))(re.match(KEY_RE, n)),
+                   {"key_regex": f"'{KEY_RE}'"})}
+dotted = []
+for i, key in enumerate(["Track 2.0", "a.b.c", "dir.v1/x.y", "plain", "v1.2.3-final", "Track 2.1"]):
+    dotted.append((key, {"cls": str(i).encode(), "ppm": ppm_bytes(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))}))
+shard3 = write_shard(os.path.join(tmp, "dotted.tar"), dotted)
+
+
+def batches_of(out):
+    """[(keys, {field: array})] per batch in order, keys one a line."""
+    got = {}
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        m = re.match(r"e(\d+)_b(\d+)_(.*)\.(npy|txt)$", name)
+        b = got.setdefault((m.group(1), m.group(2)), [None, {}])
+        if m.group(4) == "txt":
+            with open(os.path.join(out, name)) as f:
+                b[0] = f.read().splitlines()
+        else:
+            b[1][m.group(3)] = np.load(os.path.join(out, name))
+    return [tuple(v) for _, v in sorted(got.items())]
+
+
+for rule, (split, extra) in rules.items():
+    out = os.path.join(tmp, "rule-" + rule)
+    path = write_graph(os.path.join(tmp, f"rule-{rule}.yaml"), [
+        ("shard_source", dict(urls=shard3)), ("tar_split", dict(key_rule=rule, **extra)), ("decode", {}),
+        ("batch", dict(batch_size=1)), ("device_sink", dict(npy_dir=out))])
+    run(["run", path, "--quiet", "--no-summary"])
+    want = tar_samples(shard3, split)
+    got = batches_of(out)
+    check([b[0] for b in got] == [[k] for k, _ in want],
+          f"key_rule {rule}: keys {[b[0] for b in got]}, tarfile says {[k for k, _ in want]}")
+    for (keys, arrays), (key, fields) in zip(got, want):
+        check(sorted(arrays) == sorted(fields), f"key_rule {rule}: {key}: fields {sorted(arrays)} vs {sorted(fields)}")
+        for name, data in fields.items():
+            if name in arrays:
+                ref_value = int(data) if name.endswith("cls") else pixels(data)
+                check(np.array_equal(arrays[name][0], ref_value), f"key_rule {rule}: {key}.{name} differs from tarfile")
+
+for extra, why in [({"key_rule": "regex", "key_regex": "'^(unclosed[.]x$'"}, "does not compile: "),
+                   ({"key_rule": "regex", "key_regex": "'^[^.]*[.]cls$'"}, "has no group"),
+                   ({"key_rule": "regex"}, "go together")]:
+    path = write_graph(os.path.join(tmp, "bad-regex.yaml"), [
+        ("shard_source", dict(urls=shard3)), ("tar_split", extra), ("batch", dict(batch_size=1)), ("device_sink", {})])
+    p = run(["run", path, "--quiet", "--no-summary"], check=False)
+    check(p.returncode != 0 and "key_regex" in p.stderr and why in p.stderr,
+          f"tar_split {extra} is refused naming key_regex ('{why}'):\n{p.stderr}")
+    if why == "does not compile: ":
+        check(len(p.stderr.split(why, 1)[1].strip()) > 3, "the message carries regerror's text")
+
 check.done("fields")
