@@ -111,6 +111,23 @@ missing = [k for k, s in ref if getfirst(s, "png;ppm") is None]
 check(missing == ["s009"], f"the reference has one sample without an image ({missing})")
 check("s009" in err and "'image'" in err and "png;ppm" in err and "cls, txt" in err,
       f"the missing field's error names key, name, alternatives and the sample's fields:\n{err}")
+# The same inside a group (two worker processes): rename is a map stage, so it runs there too, and the
+# missing field's error record travels to the head.
+out = os.path.join(tmp, "select-group")
+path = write_graph(os.path.join(tmp, "select-group.yaml"), [
+    ("shard_source", dict(urls=shard)), ("tar_split", {}), ("decode", dict(group="decoders")),
+    ("rename", dict(names=f'"{names}"', group="decoders")), ("batch", dict(batch_size=4, partial=True)),
+    ("device_sink", dict(npy_dir=out))], error_policy="skip")
+with open(path) as f:
+    text = f.read()
+with open(path, "w") as f:
+    f.write("groups:\n  decoders:\n    processes: 2\n    unit_samples: 4\n" + text)
+p = run(["run", path, "--quiet", "--no-summary"], check=False)
+check(p.returncode == 0 and keys_of(out) == [k for k, _ in want], f"group: keys {keys_of(out)}\n{p.stderr}")
+g = fields_of(out)
+check(sorted(g) == ["image", "label"] and all(np.array_equal(g[n], got[n]) for n in g),
+      "group: the same fields and values as in one process")
+check("s009" in p.stderr and "png;ppm" in p.stderr, f"group: the worker's error record reaches the head:\n{p.stderr}")
 _, _, err = run_graph("select-fail", shard, [("decode", {}), ("rename", dict(names=f'"{names}"'))],
                       expect=1, error_policy="fail")
 check("s009" in err, f"error_policy fail stops at the sample without an image:\n{err}")
