@@ -96,8 +96,8 @@ static const sf_option options[] = {
      "as \"Track 2.0.mp3\") or regex (key_regex's group 1)", key_rule_names},
     {"key_regex", SF_OPT_STRING, offsetof(tar_split, key_regex), NULL, 0, 0,
      "with key_rule: regex, a POSIX extended regular expression matched against the member path: "
-     "group 1, starting the path, is the key, and a dot and the field name follow it (\"^(.*)[.](mp3|json)$\"); "
-     "members it does not match are skipped", NULL},
+     "group 1, starting the path, is the key, and a dot and the field name follow it (\"^([^.]*[.][0-9]+)[.](.+)$\" splits "
+     "\"Track 2.0.json.gz\" into Track 2.0 and json.gz); members it does not match are skipped", NULL},
     {NULL},
 };
 
@@ -348,7 +348,7 @@ static int compile_key_regex(sf_node *node, tar_split *t) {
   if ((t->key_rule == SF_KEY_REGEX) != (re[0] != '\0')) {
     sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
                   "options key_rule and key_regex go together: set key_rule: regex and a key_regex such as "
-                  "\"^(.*)[.](mp3|json)$\", or neither");
+                  "\"^([^.]*[.][0-9]+)[.](.+)$\", or neither");
     return SF_EOPTION;
   }
   if (t->key_rule != SF_KEY_REGEX) return 0;
@@ -362,7 +362,7 @@ static int compile_key_regex(sf_node *node, tar_split *t) {
   t->compiled = true;
   if (t->regex.re_nsub < 1) {
     sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                  "option key_regex \"%s\" has no group: put the key in parentheses, e.g. \"^(.*)[.](mp3|json)$\"", re);
+                  "option key_regex \"%s\" has no group: put the key in parentheses, e.g. \"^([^.]*[.][0-9]+)[.](.+)$\"", re);
     return SF_EOPTION;
   }
   return 0;

@@ -173,7 +173,7 @@ def last_dot(name):
     return key, field
 
 
-KEY_RE = r"^(.*)[.](cls|ppm)$"
+KEY_RE = r"^([^.]*[.][0-9]+)[.](.+)$"  # "Track 2.0" and "v1.2" (field "3-final.cls"); others skipped
 rules = {"first_dot": (first_dot, {}), "last_dot": (last_dot, {}),
          "regex": (lambda n: (lambda m: m and (m.group(1), n[m.end(1) + 1:]))(re.match(KEY_RE, n)),
                    {"key_regex": f"'{KEY_RE}'"})}
