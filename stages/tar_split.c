@@ -95,7 +95,7 @@ static const sf_option options[] = {
      "runs to the first dot of the basename), last_dot (to its last dot, for names holding dots such "
      "as \"Track 2.0.mp3\") or regex (key_regex's group 1)", key_rule_names},
     {"key_regex", SF_OPT_STRING, offsetof(tar_split, key_regex), NULL, 0, 0,
-     "with key_rule: regex, a POSIX extended regular expression matched against the member path: "
+     "with key_rule: regex, a POSIX extended regular expression matched against the member path as stored (case kept): "
      "group 1, starting the path, is the key, and a dot and the field name follow it (\"^([^.]*[.][0-9]+)[.](.+)$\" splits "
      "\"Track 2.0.json.gz\" into Track 2.0 and json.gz); members it does not match are skipped", NULL},
     {NULL},
