@@ -1,4 +1,4 @@
-/* rename: keeps, drops, renames and orders a sample's fields, with `;`-alternatives (WebDataset's rename / to_tuple). */
+/* rename: keeps, drops, renames and orders a sample's fields with `;`-alternatives (WebDataset's rename, to_tuple). */
 #include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,10 +51,13 @@ static int names_error(sf_node *node, const char *fmt, ...) {
 
 /* Copies the token [a, b) trimmed of spaces into out (lower-cased when lower); false when empty or too long. */
 static bool token(const char *a, const char *b, char out[SF_FIELD_NAME_MAX], bool lower) {
-  while (a < b && isspace((unsigned char)*a)) a++;
-  while (b > a && isspace((unsigned char)b[-1])) b--;
+  while (a < b && isspace((unsigned char)*a))
+    a++;
+  while (b > a && isspace((unsigned char)b[-1]))
+    b--;
   if (a == b || b - a >= SF_FIELD_NAME_MAX) return false;
-  for (size_t i = 0; i < (size_t)(b - a); i++) out[i] = lower ? (char)tolower((unsigned char)a[i]) : a[i];
+  for (size_t i = 0; i < (size_t)(b - a); i++)
+    out[i] = lower ? (char)tolower((unsigned char)a[i]) : a[i];
   out[b - a] = '\0';
   return true;
 }
@@ -68,30 +71,28 @@ static int parse_entry(sf_node *node, renamer *r, const char *a, const char *b) 
     const char *end = memchr(p, ';', (size_t)(b - p));
     if (!end) end = b;
     if (e->n_alts == MAX_ALTS)
-      return names_error(node, "\"%.*s\" lists more than %d alternatives",
-                           (int)(b - a), a, MAX_ALTS);
+      return names_error(node, "\"%.*s\" lists more than %d alternatives", (int)(b - a), a, MAX_ALTS);
     if (!token(p, end, e->alts[e->n_alts++], true))
       return names_error(node,
-                           "\"%.*s\" has an empty or over-%d-byte field name; write "
-                           "NEW=ALT;ALT or NAME, separated by commas",
-                           (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
+                         "\"%.*s\" has an empty or over-%d-byte field name; write "
+                         "NEW=ALT;ALT or NAME, separated by commas",
+                         (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
     p = end + 1;
   }
   if (eq ? !token(a, eq, e->name, false) : !token(a, b, e->name, true) || e->n_alts > 1)
     return names_error(node,
-                         "\"%.*s\" needs a new name before '=' (NEW=ALT;ALT) when it lists "
-                         "alternatives, of at most %d bytes",
-                         (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
+                       "\"%.*s\" needs a new name before '=' (NEW=ALT;ALT) when it lists "
+                       "alternatives, of at most %d bytes",
+                       (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
   for (int i = 0; i < r->n_entries; i++) {
-    if (strcmp(r->entries[i].name, e->name) == 0)
-      return names_error(node, "field '%s' is named twice", e->name);
+    if (strcmp(r->entries[i].name, e->name) == 0) return names_error(node, "field '%s' is named twice", e->name);
     for (int j = 0; j < r->entries[i].n_alts; j++)
       for (int k = 0; k < e->n_alts; k++)
         if (strcmp(r->entries[i].alts[j], e->alts[k]) == 0)
           return names_error(node,
-                               "field '%s' is a source of both '%s' and '%s'; give each "
-                               "source field to one name",
-                               e->alts[k], r->entries[i].name, e->name);
+                             "field '%s' is a source of both '%s' and '%s'; give each "
+                             "source field to one name",
+                             e->alts[k], r->entries[i].name, e->name);
   }
   r->n_entries++;
   return 0;
@@ -100,14 +101,11 @@ static int parse_entry(sf_node *node, renamer *r, const char *a, const char *b) 
 static int init(sf_node *node) {
   renamer *r = sf_node_priv(node);
   const char *s = r->names ? r->names : "";
-  if (!*s)
-    return names_error(node,
-                         "empty: list the fields to output, e.g. names: \"image=jpg;png,label=cls\"");
+  if (!*s) return names_error(node, "empty: list the fields to output, e.g. names: \"image=jpg;png,label=cls\"");
   for (const char *p = s; *p;) {
     const char *end = strchr(p, ',');
     if (!end) end = p + strlen(p);
-    if (r->n_entries == SF_MAX_FIELDS)
-      return names_error(node, "lists more than %d fields", SF_MAX_FIELDS);
+    if (r->n_entries == SF_MAX_FIELDS) return names_error(node, "lists more than %d fields", SF_MAX_FIELDS);
     int rc = parse_entry(node, r, p, end);
     if (rc < 0) return rc;
     p = *end ? end + 1 : end;
@@ -155,7 +153,8 @@ static int map(sf_node *node, sf_sample **ps) {
     if (found < 0) {
       char wanted[MAX_ALTS * SF_FIELD_NAME_MAX];
       size_t w = 0;
-      for (int a = 0; a < en->n_alts; a++) w += (size_t)snprintf(wanted + w, sizeof wanted - w, "%s%s", a ? ";" : "", en->alts[a]);
+      for (int a = 0; a < en->n_alts; a++)
+        w += (size_t)snprintf(wanted + w, sizeof wanted - w, "%s%s", a ? ";" : "", en->alts[a]);
       sf_node_error(node, SF_ENOENT, sf_sample_url(s), s->key, s->offset,
                     "no field for '%s': wanted %s, the sample has %s", en->name, wanted,
                     field_list(s, have, sizeof have));
@@ -181,10 +180,13 @@ static int map(sf_node *node, sf_sample **ps) {
   int m = n;
   for (int i = 0; i < s->n_fields; i++)
     if (!used[i]) order[m++] = i;
-  for (int i = 0; i < m; i++) fields[i] = s->fields[order[i]];
+  for (int i = 0; i < m; i++)
+    fields[i] = s->fields[order[i]];
   memcpy(s->fields, fields, (size_t)m * sizeof fields[0]);
-  for (int e = 0; e < r->n_entries; e++) memcpy(s->fields[e].name, r->entries[e].name, SF_FIELD_NAME_MAX);
-  while (s->n_fields > n) sf_sample_remove_field(s, s->n_fields - 1);
+  for (int e = 0; e < r->n_entries; e++)
+    memcpy(s->fields[e].name, r->entries[e].name, SF_FIELD_NAME_MAX);
+  while (s->n_fields > n)
+    sf_sample_remove_field(s, s->n_fields - 1);
   return 0;
 }
 
