@@ -111,6 +111,7 @@ missing = [k for k, s in ref if getfirst(s, "png;ppm") is None]
 check(missing == ["s009"], f"the reference has one sample without an image ({missing})")
 check("s009" in err and "'image'" in err and "png;ppm" in err and "cls, txt" in err,
       f"the missing field's error names key, name, alternatives and the sample's fields:\n{err}")
+check("1 error record(s), 1 sample(s) skipped" in err, f"the sample is counted as skipped:\n{err}")
 # The same inside a group (two worker processes): rename is a map stage, so it runs there too, and the
 # missing field's error record travels to the head.
 out = os.path.join(tmp, "select-group")
