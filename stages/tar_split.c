@@ -33,6 +33,10 @@ typedef struct tar_split {
   int64_t cache_size;     /* option, bytes */
   int64_t max_member_size; /* option, bytes */
   int64_t max_sample_size; /* option, bytes */
+  int key_rule;           /* option: sf_key_rule */
+  char *key_regex;        /* option */
+  regex_t regex;          /* key_regex compiled, when compiled is set */
+  bool compiled;
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
   sf_shard_cache *cache;
   ahead queue[LOOKAHEAD_MAX + 1]; /* items taken from the input, in order (a ring) */
@@ -49,6 +53,8 @@ typedef struct tar_split {
   uint64_t pass;          /* pass of the shards being read, within the epoch */
   uint64_t pass_samples;  /* samples that pass yielded so far */
 } tar_split;
+
+static const char *const key_rule_names[] = {"first_dot", "last_dot", "regex", NULL};
 
 static const sf_option options[] = {
     {"connect_timeout", SF_OPT_DURATION, offsetof(tar_split, connect_timeout), "10s", 0.001,
@@ -84,6 +90,14 @@ static const sf_option options[] = {
      (double)(1LL << 40),
      "most bytes the members of one sample may hold, in bytes; a larger sample is skipped like an "
      "oversized member. With the queues' lengths this bounds a pipeline's memory", NULL},
+    {"key_rule", SF_OPT_ENUM, offsetof(tar_split, key_rule), "first_dot", 0, 0,
+     "how a member name splits into sample key and field: first_dot (WebDataset's rule: the key "
+     "runs to the first dot of the basename), last_dot (to its last dot, for names holding dots such "
+     "as \"Track 2.0.mp3\") or regex (key_regex's group 1)", key_rule_names},
+    {"key_regex", SF_OPT_STRING, offsetof(tar_split, key_regex), NULL, 0, 0,
+     "with key_rule: regex, a POSIX extended regular expression matched against the member path as stored (case kept): "
+     "group 1, starting the path, is the key, and a dot and the field name follow it (\"^([^.]*[.][0-9]+)[.](.+)$\" splits "
+     "\"Track 2.0.json.gz\" into Track 2.0 and json.gz); members it does not match are skipped", NULL},
     {NULL},
 };
 
@@ -257,6 +271,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     return sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
+  sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
   t->shard = shard;
   return 0;
 }
@@ -345,8 +360,36 @@ static int step(sf_node *node) {
   }
 }
 
+/* Compiles key_regex for key_rule regex; refuses one that does not compile or has no group for the key. */
+static int compile_key_regex(sf_node *node, tar_split *t) {
+  const char *re = t->key_regex ? t->key_regex : "";
+  if ((t->key_rule == SF_KEY_REGEX) != (re[0] != '\0')) {
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                  "options key_rule and key_regex go together: set key_rule: regex and a key_regex such as "
+                  "\"^([^.]*[.][0-9]+)[.](.+)$\", or neither");
+    return SF_EOPTION;
+  }
+  if (t->key_rule != SF_KEY_REGEX) return 0;
+  int rc = regcomp(&t->regex, re, REG_EXTENDED);
+  if (rc != 0) {
+    char why[256];
+    regerror(rc, &t->regex, why, sizeof why);
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "option key_regex \"%s\" does not compile: %s", re, why);
+    return SF_EOPTION;
+  }
+  t->compiled = true;
+  if (t->regex.re_nsub < 1) {
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                  "option key_regex \"%s\" has no group: put the key in parentheses, e.g. \"^([^.]*[.][0-9]+)[.](.+)$\"", re);
+    return SF_EOPTION;
+  }
+  return 0;
+}
+
 static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
+  int krc = compile_key_regex(node, t);
+  if (krc < 0) return krc;
   if (t->cache_dir && t->cache_dir[0]) {
     sf_error error;
     int rc = sf_shard_cache_open(&t->cache, t->cache_dir, t->cache_size, &error);
@@ -360,6 +403,7 @@ static int init(sf_node *node) {
 
 static void uninit(sf_node *node) {
   tar_split *t = sf_node_priv(node);
+  if (t->compiled) regfree(&t->regex);
   close_shard(t);
   while (t->q_len > 0) {
     ahead a = *q_at(t, 0);

@@ -64,6 +64,8 @@ struct sf_tar_reader {
   int64_t max_member_size, max_sample_size; /* see sf_tar_reader_set_limits() */
   int64_t largest_span;     /* stream bytes of the largest sample so far, header to next header */
   char last_key[sizeof(sf_error){0}.key]; /* for messages (cut short like every error's key) */
+  sf_key_rule key_rule;     /* see sf_tar_reader_set_key_rule() */
+  const regex_t *key_regex; /* borrowed */
 };
 
 /* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
@@ -236,10 +238,18 @@ static const char *archive_text(struct archive *a) {
  * the directory with its slash ("a/b/.c" -> "a/b/", field "c").
  * Returns the key length, or 0 when the member is not part of any sample.
  */
-static size_t split_key(const char *path) {
+static size_t split_key(const sf_tar_reader *t, const char *path) {
+  if (t->key_rule == SF_KEY_REGEX) {
+    /* Group 1 is the key: it must start the path and be followed by a dot and a field name. */
+    regmatch_t m[2];
+    if (regexec(t->key_regex, path, 2, m, 0) != 0 || m[1].rm_so != 0 || m[1].rm_eo <= 0) return 0;
+    size_t n = (size_t)m[1].rm_eo;
+    return path[n] == '.' && path[n + 1] ? n : 0;
+  }
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
-  const char *dot = strchr(base, '.');
+  /* last_dot: the same rule with the basename's last dot, for names holding dots ("Track 2.0.mp3"). */
+  const char *dot = t->key_rule == SF_KEY_LAST_DOT ? strrchr(base, '.') : strchr(base, '.');
   if (!dot) return 0;
   if (dot > base) return (size_t)(dot - path);
   if (!slash) return 0;
@@ -296,7 +306,7 @@ static int advance(sf_tar_reader *t) {
     if (!path) path = archive_entry_pathname_utf8(entry);
     if (!path) continue;
     if (is_metadata(path)) continue;
-    size_t key_len = split_key(path);
+    size_t key_len = split_key(t, path);
     if (key_len == 0) continue;
     size_t len = strlen(path);
     if (len + 1 > t->path_capacity) {
@@ -497,6 +507,11 @@ bool sf_tar_reader_ready(sf_tar_reader *t) {
   if (!t->source || t->failed || t->eof) return true;
   /* The next sample, its successor's header and the end blocks: judged by the largest sample so far. */
   return sf_shard_reader_ready(t->source, t->largest_span ? t->largest_span + 3 * 512 : 1);
+}
+
+void sf_tar_reader_set_key_rule(sf_tar_reader *t, sf_key_rule rule, const regex_t *regex) {
+  t->key_rule = rule == SF_KEY_REGEX && !regex ? SF_KEY_FIRST_DOT : rule;
+  t->key_regex = regex;
 }
 
 void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t max_sample_size) {

@@ -2,6 +2,8 @@
 #ifndef SF_ENGINE_TAR_READER_H
 #define SF_ENGINE_TAR_READER_H
 
+#include <regex.h>
+
 #include "shard_reader.h"
 #include "shardflow/sample.h"
 
@@ -16,7 +18,7 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
 
 /*
  * Reads the next sample with WebDataset's grouping rule: key = member path up
- * to the first dot of its last path component, field name = the rest,
+ * to the first dot of its last path component (or see sf_tar_reader_set_key_rule), field name = the rest,
  * lower-cased; only consecutive members with one key form a sample;
  * directories, non-regular members, metadata (a first path component that
  * starts and ends with "__": "__meta__", "__meta__/inner.json"; not
@@ -74,6 +76,22 @@ int sf_tar_reader_open_memory(sf_tar_reader **reader, const void *data, size_t s
  * (see sf_tar_reader_next). Readers start with the defaults above.
  */
 void sf_tar_reader_set_limits(sf_tar_reader *reader, int64_t max_member_size, int64_t max_sample_size);
+
+/* How a member path splits into sample key and field name (tar_split's key_rule). */
+typedef enum sf_key_rule {
+  SF_KEY_FIRST_DOT, /* WebDataset's rule: the key runs to the first dot of the basename (the default) */
+  SF_KEY_LAST_DOT,  /* to the basename's last dot: "Track 2.0.mp3" -> key "Track 2.0", field "mp3" */
+  SF_KEY_REGEX,     /* a POSIX regex's group 1, which must start the path and be followed by '.' and the
+                       field; members it does not match are skipped, like names without a dot */
+} sf_key_rule;
+
+/*
+ * Sets how member paths split into key and field (before the first sf_tar_reader_next). regex
+ * (compiled with at least one group) is borrowed and must outlive the reader; it is only read with
+ * SF_KEY_REGEX, which without one falls back to the first-dot rule. Field names are lower-cased
+ * under every rule.
+ */
+void sf_tar_reader_set_key_rule(sf_tar_reader *reader, sf_key_rule rule, const regex_t *regex);
 
 /* Closes and sets *reader to NULL. */
 void sf_tar_reader_close(sf_tar_reader **reader);

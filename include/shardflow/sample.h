@@ -76,8 +76,9 @@ typedef struct sf_shard {
  * Owned by whoever holds the item; free with sf_sample_destroy().
  */
 typedef struct sf_sample {
-  char *key;                    /**< __key__: member path up to the first dot of its basename, any
-                                     length; owned, never NULL ("" until sf_sample_set_key()) */
+  char *key;                    /**< __key__: member path up to the first dot of its basename (or
+                                     as tar_split's key_rule says), any length; owned, never NULL
+                                     ("" until sf_sample_set_key()) */
   sf_buffer *url;               /**< __url__ as a NUL-terminated shared string (owned ref) */
   uint64_t epoch;               /**< 0-based epoch */
   uint64_t shard_index;         /**< index of the shard in the expanded list */

@@ -186,6 +186,10 @@ def copy(src, dst, verify=True):
         raise _error(r, err)
 
 
+# Pipeline's output forms (see its docstring).
+_OUTPUTS = ("torch", "numpy", "dict", "torch_dict", "tuple", "torch_tuple")
+
+
 class Pipeline:
     """A running graph. Iterating it yields one epoch of batches: (images, labels) by default,
     or a dict of every field plus "__key__" with output="dict". In a dict, a field batch collates as
@@ -194,11 +198,15 @@ class Pipeline:
 
     graph: a graph file's path, or YAML text (which has a newline). rank / world_size: None takes
     RANK / WORLD_SIZE (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy",
-    "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy.
+    "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy. "tuple" (NumPy)
+    or "torch_tuple": every field of the batch in its order, which a `rename` stage sets (its `names`
+    order: "image=jpg;png,label=cls" gives (image, label)); the dict forms are keyed by those names.
     """
 
     def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, **options):
         self._pipeline = ctypes.c_void_p()
+        if output is not None and output not in _OUTPUTS:
+            raise ValueError(f"output={output!r}: use one of {', '.join(_OUTPUTS)}")
         self._args = (graph, rank, world_size, epochs, options)
         self._start(0, 0)
         self._output = output or self._default_output()
@@ -342,7 +350,7 @@ class Pipeline:
             library.sf_batch_destroy(ctypes.byref(b))
 
     def _convert(self, b):
-        if self._output in ("torch", "torch_dict"):
+        if self._output.startswith("torch"):
             import torch
             take = torch.from_dlpack
         else:
@@ -359,6 +367,8 @@ class Pipeline:
             _unpack_ragged(fields)
             fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
             return fields
+        if self._output.endswith("tuple"):
+            return tuple(fields.values())  # the batch's field order: a rename stage's `names` order
         images = next((v for v in fields.values() if v.ndim == 4), None)
         return images, fields.get("cls")
 

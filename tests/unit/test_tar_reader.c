@@ -156,6 +156,43 @@ static void test_grouping(void **state) {
   free(tar);
 }
 
+static const member dotted[] = {
+    FILE_("Track 2.0.mp3", "M"),
+    FILE_("Track 2.0.JSON", "J"),
+    FILE_("a.b.c.d", "abcd"),
+    FILE_("dir.v2/b.c/x.y.z", "xyz"),
+    END_,
+};
+
+/* The three key rules over names holding dots; the regex skips what it does not match. */
+static void test_key_rules(void **state) {
+  size_t size;
+  uint8_t *tar = build_tar(dotted, FILTER_NONE, &size);
+  sf_tar_reader *t = open_memory(tar, size);
+  expect_sample(t, 0, "Track 2", "0.mp3,0.json", "M|J", 0);
+  expect_sample(t, 0, "a", "b.c.d", "abcd", -1);
+  expect_sample(t, 0, "dir.v2/b.c/x", "y.z", "xyz", -1);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  t = open_memory(tar, size);
+  sf_tar_reader_set_key_rule(t, SF_KEY_LAST_DOT, NULL);
+  expect_sample(t, 0, "Track 2.0", "mp3,json", "M|J", 0);
+  expect_sample(t, 0, "a.b.c", "d", "abcd", -1);
+  expect_sample(t, 0, "dir.v2/b.c/x.y", "z", "xyz", -1);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  regex_t re;
+  assert_int_equal(regcomp(&re, "^(.*)[.](mp3|JSON|z)$", REG_EXTENDED), 0);
+  t = open_memory(tar, size);
+  sf_tar_reader_set_key_rule(t, SF_KEY_REGEX, &re);
+  expect_sample(t, 0, "Track 2.0", "mp3,json", "M|J", 0);
+  expect_sample(t, 0, "dir.v2/b.c/x.y", "z", "xyz", -1);
+  expect_eof(t);
+  sf_tar_reader_close(&t);
+  regfree(&re);
+  free(tar);
+}
+
 static void test_sample_index_and_url_shared(void **state) {
   size_t size;
   uint8_t *tar = build_tar(grouping, FILTER_NONE, &size);
@@ -694,6 +731,7 @@ static void test_stage_errors(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grouping),
+      cmocka_unit_test(test_key_rules),
       cmocka_unit_test(test_sample_index_and_url_shared),
       cmocka_unit_test(test_skips),
       cmocka_unit_test(test_duplicate_field),
