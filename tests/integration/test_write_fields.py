@@ -11,6 +11,7 @@ and the field: a missing file, a duplicate key, a line that is not JSON, a value
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -120,3 +121,4 @@ if __name__ == "__main__":
     test_manifest()
     test_errors()
     check.done("write_fields")
+    shutil.rmtree(TMP)
