@@ -20,7 +20,8 @@ bool sf_write_fields_input(const sf_write_options *o) {
 
 /* The last sample when join and it has this key, else a new one at the end. */
 static sf_write_sample *sample_for(sf_write_samples *s, const char *key, size_t len, bool join) {
-  if (join && s->n && strlen(s->v[s->n - 1].key) == len && strncmp(s->v[s->n - 1].key, key, len) == 0) return &s->v[s->n - 1];
+  if (join && s->n && strlen(s->v[s->n - 1].key) == len && strncmp(s->v[s->n - 1].key, key, len) == 0)
+    return &s->v[s->n - 1];
   if (s->n == s->cap) {
     size_t cap = s->cap ? 2 * s->cap : 64;
     sf_write_sample *v = realloc(s->v, cap * sizeof *v);
@@ -57,8 +58,9 @@ static int cmp_member(const void *a, const void *b) {
 /* DIR/KEY.EXT: names sorted by (KEY, EXT); KEY is up to the first dot, as tar_split splits it. */
 static int collect_files(sf_write_samples *s, const char *dir) {
   DIR *d = opendir(dir);
-  if (!d) return sf_cli_fail(&sf_cli_write, "cannot read directory %s: %s (--layout files reads DIR/KEY.EXT)", dir,
-                             strerror(errno));
+  if (!d)
+    return sf_cli_fail(&sf_cli_write, "cannot read directory %s: %s (--layout files reads DIR/KEY.EXT)", dir,
+                       strerror(errno));
   char **names = NULL;
   size_t n = 0, cap = 0;
   int r = 0;
@@ -75,8 +77,10 @@ static int collect_files(sf_write_samples *s, const char *dir) {
     }
     if (n == cap) {
       char **v = realloc(names, (cap = cap ? 2 * cap : 256) * sizeof *v);
-      if (!v) r = sf_cli_fail(&sf_cli_write, "out of memory");
-      else names = v;
+      if (!v)
+        r = sf_cli_fail(&sf_cli_write, "out of memory");
+      else
+        names = v;
     }
     /* The dot becomes NUL: sorting "KEY\0EXT" sorts by key, then field. */
     if (r == 0 && !(names[n++] = strdup(de->d_name))) r = sf_cli_fail(&sf_cli_write, "out of memory");
@@ -89,9 +93,11 @@ static int collect_files(sf_write_samples *s, const char *dir) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], names[i] + klen + 1);
     sf_write_sample *sample = sample_for(s, names[i], klen, true);
-    if (!sample || !add_member(sample, names[i] + klen + 1, path, NULL)) r = sf_cli_fail(&sf_cli_write, "out of memory");
+    if (!sample || !add_member(sample, names[i] + klen + 1, path, NULL))
+      r = sf_cli_fail(&sf_cli_write, "out of memory");
   }
-  for (size_t i = 0; i < n; i++) free(names[i]);
+  for (size_t i = 0; i < n; i++)
+    free(names[i]);
   free(names);
   if (r == 0 && s->n == 0) r = sf_cli_fail(&sf_cli_write, "%s has no KEY.EXT files", dir);
   return r;
@@ -166,7 +172,8 @@ static int collect_manifest(sf_write_samples *s, const char *manifest) {
   /* tar_split joins consecutive members of one key: a key given twice would merge or split samples. */
   char **keys = r == 0 ? malloc(s->n * sizeof *keys) : NULL;
   if (r == 0 && !keys) r = sf_cli_fail(&sf_cli_write, "out of memory");
-  for (size_t i = 0; keys && i < s->n; i++) keys[i] = s->v[i].key;
+  for (size_t i = 0; keys && i < s->n; i++)
+    keys[i] = s->v[i].key;
   if (keys) qsort(keys, s->n, sizeof *keys, cmp_name);
   for (size_t i = 1; keys && r == 0 && i < s->n; i++)
     if (strcmp(keys[i - 1], keys[i]) == 0)
@@ -177,8 +184,7 @@ static int collect_manifest(sf_write_samples *s, const char *manifest) {
 
 int sf_write_collect_samples(sf_write_samples *s, const sf_write_options *o) {
   struct stat st;
-  if (stat(o->input, &st) < 0)
-    return sf_cli_fail(&sf_cli_write, "cannot open INPUT %s: %s", o->input, strerror(errno));
+  if (stat(o->input, &st) < 0) return sf_cli_fail(&sf_cli_write, "cannot open INPUT %s: %s", o->input, strerror(errno));
   return S_ISDIR(st.st_mode) ? collect_files(s, o->input) : collect_manifest(s, o->input);
 }
 
@@ -203,7 +209,8 @@ int sf_write_samples_write(const sf_write_samples *s, const sf_write_options *o,
         if (r == 0) fields[k] = (sf_tar_field){m->field, sf_buffer_data(b), sf_buffer_size(b)};
       }
       if (r == 0) r = sf_tar_writer_add(w, sample->key, fields, (int)sample->n, err);
-      for (size_t k = 0; read && k < sample->n; k++) sf_buffer_unref(&read[k]);
+      for (size_t k = 0; read && k < sample->n; k++)
+        sf_buffer_unref(&read[k]);
       free(read);
       free(fields);
     }

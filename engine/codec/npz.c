@@ -11,8 +11,9 @@
 static int read_member(zip_t *zip, zip_uint64_t i, const char *name, zip_uint64_t size, sf_buffer **out,
                        sf_error *error) {
   *out = sf_buffer_new((size_t)size);
-  if (!*out) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %llu bytes for member %s",
-                                 (unsigned long long)size, name);
+  if (!*out)
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %llu bytes for member %s",
+                        (unsigned long long)size, name);
   zip_file_t *f = zip_fopen_index(zip, i, 0);
   zip_int64_t got = f ? zip_fread(f, sf_buffer_data(*out), size) : -1;
   /* One more byte would mean the member is longer than its directory entry says. */
@@ -27,8 +28,8 @@ static int read_member(zip_t *zip, zip_uint64_t i, const char *name, zip_uint64_
   return r;
 }
 
-int sf_npz_read(sf_buffer *buffer, size_t offset, size_t size, size_t max_member, sf_npz_array_fn fn,
-                void *opaque, sf_error *error) {
+int sf_npz_read(sf_buffer *buffer, size_t offset, size_t size, size_t max_member, sf_npz_array_fn fn, void *opaque,
+                sf_error *error) {
   if (!buffer || offset > sf_buffer_size(buffer) || size > sf_buffer_size(buffer) - offset)
     return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "bad arguments to sf_npz_read");
   zip_error_t ze;

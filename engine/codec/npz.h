@@ -23,7 +23,7 @@ typedef int (*sf_npz_array_fn)(void *opaque, const char *name, sf_tensor *array,
  * names the member); SF_ETOOBIG for a member over max_member; SF_EUNSUPPORTED as sf_npy_read;
  * SF_ENOMEM; or what fn returned. Spec: numpy.lib.format, PKWARE APPNOTE (zip).
  */
-int sf_npz_read(sf_buffer *buffer, size_t offset, size_t size, size_t max_member, sf_npz_array_fn fn,
-                void *opaque, sf_error *error);
+int sf_npz_read(sf_buffer *buffer, size_t offset, size_t size, size_t max_member, sf_npz_array_fn fn, void *opaque,
+                sf_error *error);
 
 #endif

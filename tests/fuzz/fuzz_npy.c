@@ -14,7 +14,8 @@ static int take(void *opaque, const char *name, sf_tensor *array, sf_error *erro
   if (sf_tensor_numel(array) > 0) {
     volatile uint8_t sink = 0;
     const uint8_t *p = sf_tensor_data(array);
-    for (size_t i = 0; i < sf_tensor_nbytes(array); i++) sink ^= p[i];
+    for (size_t i = 0; i < sf_tensor_nbytes(array); i++)
+      sink ^= p[i];
   }
   sf_tensor_clear(array);
   return 0;
