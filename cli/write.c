@@ -57,7 +57,8 @@ static const sf_cli_option write_table[] = {
 };
 
 void sf_write_order(size_t *order, size_t n, const sf_write_options *o, int64_t rep) {
-  for (size_t i = 0; i < n; i++) order[i] = i;
+  for (size_t i = 0; i < n; i++)
+    order[i] = i;
   if (o->no_shuffle) return;
   /* A fresh order per repeat, from the seed alone: the same command writes the same shards. */
   sf_rng rng;

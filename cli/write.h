@@ -89,8 +89,8 @@ void sf_write_order(size_t *order, size_t n, const sf_write_options *options, in
 /* One member of a sample: the field (EXT of KEY.EXT) and its bytes, from a file (path) or inline. */
 typedef struct sf_write_member {
   char *field;
-  char *path;          /* read when the sample is written; NULL for inline bytes */
-  sf_buffer *bytes;    /* inline bytes (manifest), or NULL */
+  char *path;       /* read when the sample is written; NULL for inline bytes */
+  sf_buffer *bytes; /* inline bytes (manifest), or NULL */
 } sf_write_member;
 
 typedef struct sf_write_sample {
@@ -102,7 +102,7 @@ typedef struct sf_write_sample {
 typedef struct sf_write_samples {
   sf_write_sample *v; /* sorted by key */
   size_t n, cap;
-  size_t skipped;     /* directory entries that are not KEY.EXT files */
+  size_t skipped; /* directory entries that are not KEY.EXT files */
 } sf_write_samples;
 
 /* True when INPUT is read as arbitrary fields: --layout files (a directory) or a .jsonl manifest. */

@@ -1,4 +1,5 @@
-/* decode: turns encoded fields into tensors (images, class labels, .npy/.npz), checks txt/json, inflates .gz members first. */
+/* decode: turns encoded fields into tensors (images, class labels, .npy/.npz), checks txt/json, inflates .gz members
+ * first. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>

@@ -88,7 +88,8 @@ static int widen_to_16(sf_tensor *image, sf_error *error) {
   int r = alloc_image_of(&wide, SF_DTYPE_UINT16, image->shape[0], image->shape[1], (int)image->shape[2], error);
   if (r < 0) return r;
   uint16_t *dst = sf_tensor_data(&wide);
-  for (int64_t i = 0, n = sf_tensor_numel(image); i < n; i++) dst[i] = (uint16_t)(src[i] * 257u);
+  for (int64_t i = 0, n = sf_tensor_numel(image); i < n; i++)
+    dst[i] = (uint16_t)(src[i] * 257u);
   sf_tensor_clear(image);
   *image = wide;
   return 0;
@@ -108,7 +109,8 @@ static inline int muldiv255(int a, int b) {
 static void cmyk_to_rgb(const uint8_t *src, uint8_t *dst, size_t pixels) {
   for (size_t i = 0; i < pixels; i++, src += 4, dst += 3) {
     int nk = src[3];
-    for (int c = 0; c < 3; c++) dst[c] = (uint8_t)(nk - muldiv255(255 - src[c], nk));
+    for (int c = 0; c < 3; c++)
+      dst[c] = (uint8_t)(nk - muldiv255(255 - src[c], nk));
   }
 }
 
@@ -306,7 +308,8 @@ static int decode_png16(spng_ctx *ctx, const struct spng_ihdr *ihdr, bool trns, 
   } else if ((r = alloc_image_of(out, SF_DTYPE_UINT16, ihdr->height, ihdr->width, channels, error)) == 0) {
     uint16_t *dst = sf_tensor_data(out);
     for (size_t i = 0; i < pixels; i++)
-      for (int c = 0; c < channels; c++) dst[i * (size_t)channels + (size_t)c] = raw[i * (size_t)stored + (gray ? 0 : (size_t)c)];
+      for (int c = 0; c < channels; c++)
+        dst[i * (size_t)channels + (size_t)c] = raw[i * (size_t)stored + (gray ? 0 : (size_t)c)];
   }
   free(raw);
   return r;
@@ -433,8 +436,8 @@ static int decode_pnm(sf_buffer *buffer, size_t offset, size_t n, sf_image_mode 
     return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
                         "PNM maxval %lld (16-bit) needs decode's depth 16 or native", (long long)maxval);
   if (bytes == 1 && maxval != 255)
-    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "PNM maxval %lld is not supported (255, or 256-65535 at depth 16)",
-                        (long long)maxval);
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "PNM maxval %lld is not supported (255, or 256-65535 at depth 16)", (long long)maxval);
   /* Exactly one whitespace byte separates maxval from the raster. */
   if (p[i] != ' ' && p[i] != '\t' && p[i] != '\n' && p[i] != '\r' && p[i] != '\v' && p[i] != '\f')
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt PNM header (no whitespace after maxval)");
@@ -448,7 +451,8 @@ static int decode_pnm(sf_buffer *buffer, size_t offset, size_t n, sf_image_mode 
   if (bytes == 2) {
     /* Big-endian samples, kept as stored (not rescaled to 65535), as numpy's '>u2' reads them. */
     if (channels == 1 && stored == 3)
-      return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "a 16-bit PPM cannot be decoded to gray; use mode rgb or keep");
+      return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                          "a 16-bit PPM cannot be decoded to gray; use mode rgb or keep");
     if ((r = alloc_image_of(out, SF_DTYPE_UINT16, height, width, channels, error)) < 0) return r;
     uint16_t *dst = sf_tensor_data(out);
     const uint8_t *src = p + i;

@@ -126,7 +126,8 @@ static bool dtype_of(const char *d, sf_dtype *out) {
 }
 
 static size_t skip_space(const char *s, size_t n, size_t i) {
-  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+    i++;
   return i;
 }
 
@@ -161,8 +162,10 @@ static bool read_shape(const char *s, size_t n, size_t *i, sf_npy_header *h) {
     }
     h->shape[h->ndim++] = v;
     *i = skip_space(s, n, *i);
-    if (*i < n && s[*i] == ',') (*i)++;
-    else if (*i >= n || s[*i] != ')') return false;
+    if (*i < n && s[*i] == ',')
+      (*i)++;
+    else if (*i >= n || s[*i] != ')')
+      return false;
   }
 }
 
@@ -200,9 +203,12 @@ int sf_npy_parse_header(const uint8_t *p, size_t n, sf_npy_header *h, sf_error *
       if (!read_quoted(s, hlen, &i, h->descr, sizeof h->descr)) goto corrupt;
       have_descr = true;
     } else if (strcmp(key, "fortran_order") == 0) {
-      if (hlen - i >= 4 && memcmp(s + i, "True", 4) == 0) h->fortran_order = true, i += 4;
-      else if (hlen - i >= 5 && memcmp(s + i, "False", 5) == 0) i += 5;
-      else goto corrupt;
+      if (hlen - i >= 4 && memcmp(s + i, "True", 4) == 0)
+        h->fortran_order = true, i += 4;
+      else if (hlen - i >= 5 && memcmp(s + i, "False", 5) == 0)
+        i += 5;
+      else
+        goto corrupt;
       have_order = true;
     } else if (strcmp(key, "shape") == 0) {
       if (!read_shape(s, hlen, &i, h)) goto corrupt;
@@ -211,8 +217,10 @@ int sf_npy_parse_header(const uint8_t *p, size_t n, sf_npy_header *h, sf_error *
       goto corrupt;
     }
     i = skip_space(s, hlen, i);
-    if (i < hlen && s[i] == ',') i++;
-    else if (i >= hlen || s[i] != '}') goto corrupt;
+    if (i < hlen && s[i] == ',')
+      i++;
+    else if (i >= hlen || s[i] != '}')
+      goto corrupt;
   }
   if (!have_descr || !have_order || !have_shape) goto corrupt;
   if (!dtype_of(h->descr, &h->dtype))
@@ -226,8 +234,8 @@ int sf_npy_parse_header(const uint8_t *p, size_t n, sf_npy_header *h, sf_error *
   h->data_offset = start + hlen;
   h->nbytes = sf_tensor_nbytes(&probe);
   if (h->nbytes > n - h->data_offset)
-    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "truncated .npy data: %zu of %zu bytes",
-                        n - h->data_offset, h->nbytes);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "truncated .npy data: %zu of %zu bytes", n - h->data_offset,
+                        h->nbytes);
   return 0;
 corrupt:
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt .npy header dict near byte %zu: \"%.*s\"", start + i,
@@ -245,7 +253,8 @@ int sf_npy_read(sf_buffer *buffer, size_t offset, size_t size, sf_tensor *out, s
   /* Fortran order: the bytes are the C-order array of the reversed shape; transposing that view
      (reversed strides) gives the array numpy.load returns, without a copy. */
   int64_t shape[SF_TENSOR_MAX_DIMS];
-  for (int d = 0; d < h.ndim; d++) shape[d] = h.fortran_order ? h.shape[h.ndim - 1 - d] : h.shape[d];
+  for (int d = 0; d < h.ndim; d++)
+    shape[d] = h.fortran_order ? h.shape[h.ndim - 1 - d] : h.shape[d];
   size_t esize = sf_dtype_size(h.dtype);
   if ((uintptr_t)(p + h.data_offset) % esize == 0) {
     r = sf_tensor_view(out, h.dtype, h.ndim, shape, sf_buffer_ref(buffer), offset + h.data_offset);

@@ -11,13 +11,13 @@
 
 /* What a .npy header says (spec: numpy.lib.format, NEP 1). */
 typedef struct sf_npy_header {
-  char descr[16];           /* numpy's descriptor, e.g. "<f4" */
-  sf_dtype dtype;           /* the sf_dtype it maps to */
+  char descr[16]; /* numpy's descriptor, e.g. "<f4" */
+  sf_dtype dtype; /* the sf_dtype it maps to */
   int ndim;
   int64_t shape[SF_TENSOR_MAX_DIMS];
-  bool fortran_order;       /* data is column-major */
-  size_t data_offset;       /* bytes from the start of the file to the first element */
-  size_t nbytes;            /* bytes of array data (numel * element size) */
+  bool fortran_order; /* data is column-major */
+  size_t data_offset; /* bytes from the start of the file to the first element */
+  size_t nbytes;      /* bytes of array data (numel * element size) */
 } sf_npy_header;
 
 /*

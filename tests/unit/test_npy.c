@@ -214,7 +214,8 @@ static void test_read_back_is_a_view(void **state) {
   const int64_t shape[2] = {3, 5};
   assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_FLOAT32, 2, shape), 0);
   float *v = sf_tensor_data(&t);
-  for (int i = 0; i < 15; i++) v[i] = (float)i * 0.5f;
+  for (int i = 0; i < 15; i++)
+    v[i] = (float)i * 0.5f;
   char path[300];
   snprintf(path, sizeof path, "%s/back.npy", dir);
   sf_error e;
