@@ -112,6 +112,7 @@ int sf_write_collect_samples(sf_write_samples *samples, const sf_write_options *
 /* Writes every repeat of the samples (keys as given) to writer. Returns 0 or an SF_E code with *error set. */
 int sf_write_samples_write(const sf_write_samples *samples, const sf_write_options *options, sf_tar_writer *writer,
                            sf_error *error);
+/* Frees what the samples hold (keys, members, inline bytes) and zeroes *samples. */
 void sf_write_samples_free(sf_write_samples *samples);
 
 #endif

@@ -230,8 +230,9 @@ static int check_text(const char *ext, const uint8_t *p, size_t n, sf_error *err
   json_error_t je;
   json_t *doc = json_loadb((const char *)p, n, JSON_DECODE_ANY, &je);
   if (!doc)
-    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "invalid JSON at line %d, column %d (byte %d): %s", je.line,
-                        je.column, je.position, je.text);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "invalid JSON at line %d, column %d (byte %d): %s; fix the file or set check_text: false",
+                        je.line, je.column, je.position, je.text);
   json_decref(doc);
   return 0;
 }
