@@ -185,6 +185,9 @@ static int collect_manifest(sf_write_samples *s, const char *manifest) {
 int sf_write_collect_samples(sf_write_samples *s, const sf_write_options *o) {
   struct stat st;
   if (stat(o->input, &st) < 0) return sf_cli_fail(&sf_cli_write, "cannot open INPUT %s: %s", o->input, strerror(errno));
+  if (o->subdir) return sf_cli_fail(&sf_cli_write, "--subdir applies to ImageFolder inputs, not to %s", o->input);
+  if (o->layout == SF_WRITE_FILES && !S_ISDIR(st.st_mode))
+    return sf_cli_fail(&sf_cli_write, "--layout files reads a directory of KEY.EXT files; %s is not one", o->input);
   return S_ISDIR(st.st_mode) ? collect_files(s, o->input) : collect_manifest(s, o->input);
 }
 

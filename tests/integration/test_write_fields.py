@@ -114,6 +114,8 @@ def test_errors():
         put(os.path.join(src, "bad.jsonl"), text.encode() + b"\n")
         p = run(["write", os.path.join(src, "bad.jsonl"), os.path.join(TMP, "bad-%06d.tar")], check=False)
         check(p.returncode == 1 and message in p.stderr, f"error {message!r}: exit {p.returncode}, {p.stderr.strip()}")
+    p = run(["write", "--layout", "files", os.path.join(src, "bad.jsonl"), os.path.join(TMP, "bad-%06d.tar")], check=False)
+    check(p.returncode == 1 and "--layout files reads a directory" in p.stderr, f"--layout files on a file: {p.stderr}")
 
 
 if __name__ == "__main__":
