@@ -1,4 +1,4 @@
-/* `shardflow write`: packs an ImageFolder tree, a tar of one, or MNIST IDX files into WebDataset shards. */
+/* `shardflow write`: packs an ImageFolder tree, a tar of one, MNIST IDX files, or any fields into WebDataset shards. */
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
@@ -15,6 +15,8 @@
 
 const char *const sf_write_format_names[] = {
     [SF_WRITE_PPM] = "ppm", [SF_WRITE_PNG] = "png", [SF_WRITE_JPG] = "jpg", [SF_WRITE_ORIG] = "orig", NULL};
+
+const char *const sf_write_layout_names[] = {[SF_WRITE_IMAGEFOLDER] = "imagefolder", [SF_WRITE_FILES] = "files", NULL};
 
 static const sf_cli_option write_table[] = {
     {.row = {"format", SF_OPT_ENUM, offsetof(sf_write_options, format), "ppm",
@@ -39,6 +41,11 @@ static const sf_cli_option write_table[] = {
     {.row = {"start-index", SF_OPT_COUNT, offsetof(sf_write_options, start_index), "0", 0, 1e15,
              "key of the first sample"},
      .value = "N"},
+    {.row = {"layout", SF_OPT_ENUM, offsetof(sf_write_options, layout), "imagefolder",
+             .help = "what a directory INPUT holds: imagefolder (DIR/<class>/<image>, written as <format> + cls) or "
+                     "files (DIR/KEY.EXT: the files of one KEY form one sample, written as they are)",
+             .enum_names = sf_write_layout_names},
+     .value = "LAYOUT"},
     {.row = {"subdir", SF_OPT_STRING, offsetof(sf_write_options, subdir),
              .help = "read the tree under NAME/ (e.g. train, test)"},
      .value = "NAME"},
@@ -49,6 +56,21 @@ static const sf_cli_option write_table[] = {
     {.row = {NULL}},
 };
 
+void sf_write_order(size_t *order, size_t n, const sf_write_options *o, int64_t rep) {
+  for (size_t i = 0; i < n; i++)
+    order[i] = i;
+  if (o->no_shuffle) return;
+  /* A fresh order per repeat, from the seed alone: the same command writes the same shards. */
+  sf_rng rng;
+  sf_rng_seed(&rng, sf_seed_mix(o->seed, (uint64_t)rep));
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)sf_rng_below(&rng, i);
+    size_t t = order[i - 1];
+    order[i - 1] = order[j];
+    order[j] = t;
+  }
+}
+
 /* Writes every repeat of the list, each in its own seeded order, as samples KEY.<format> and KEY.cls. */
 static int write_shards(const sf_write_list *l, const sf_write_options *o, sf_tar_writer *w, sf_error *err) {
   size_t *order = malloc((l->n ? l->n : 1) * sizeof *order);
@@ -56,18 +78,7 @@ static int write_shards(const sf_write_list *l, const sf_write_options *o, sf_ta
   int r = 0;
   int64_t key = o->start_index;
   for (int64_t rep = 0; r == 0 && rep < o->repeat; rep++) {
-    for (size_t i = 0; i < l->n; i++) order[i] = i;
-    if (!o->no_shuffle) {
-      /* A fresh order per repeat, from the seed alone: the same command writes the same shards. */
-      sf_rng rng;
-      sf_rng_seed(&rng, sf_seed_mix(o->seed, (uint64_t)rep));
-      for (size_t i = l->n; i > 1; i--) {
-        size_t j = (size_t)sf_rng_below(&rng, i);
-        size_t t = order[i - 1];
-        order[i - 1] = order[j];
-        order[j] = t;
-      }
-    }
+    sf_write_order(order, l->n, o, rep);
     for (size_t i = 0; r == 0 && i < l->n; i++) {
       const sf_write_item *it = &l->v[order[i]];
       char name[32], cls[24];
@@ -162,15 +173,17 @@ static int write_main(int argc, char **argv) {
   if (!sf_cli_parse(&sf_cli_write, argc, argv, &o, &first, &status)) return status;
   if ((status = check_args(argc, argv, first, &o)) != 0) return status;
   sf_write_list list = {0};
-  int r = collect(&list, &o);
-  if (r == 0) r = sf_write_encode_all(&list, &o);
+  sf_write_samples samples = {0};
+  bool fields = sf_write_fields_input(&o);
+  int r = fields ? sf_write_collect_samples(&samples, &o) : collect(&list, &o);
+  if (r == 0 && !fields) r = sf_write_encode_all(&list, &o);
   sf_tar_writer *w = NULL;
   sf_tar_writer_stats stats = {0};
   sf_error err;
   char line[2048];
   if (r == 0 && sf_tar_writer_new(&w, &o.out, o.maxcount, o.maxsize, &err) < 0)
     r = sf_cli_fail(&sf_cli_write, "%s", sf_error_format(&err, line, sizeof line));
-  if (r == 0 && write_shards(&list, &o, w, &err) < 0)
+  if (r == 0 && (fields ? sf_write_samples_write(&samples, &o, w, &err) : write_shards(&list, &o, w, &err)) < 0)
     r = sf_cli_fail(&sf_cli_write, "%s", sf_error_format(&err, line, sizeof line));
   sf_error close_err;
   if (sf_tar_writer_close(&w, &stats, &close_err) < 0 && r == 0)
@@ -180,14 +193,16 @@ static int write_main(int argc, char **argv) {
     char first_path[PATH_MAX], last_path[PATH_MAX];
     sf_shard_pattern_format(&o.out, 0, first_path, sizeof first_path);
     sf_shard_pattern_format(&o.out, stats.shards - 1, last_path, sizeof last_path);
-    printf("wrote %lld shard%s (%s .. %s): %lld samples (%zu images x %lld), %lld bytes", (long long)stats.shards,
-           stats.shards == 1 ? "" : "s", first_path, last_path, (long long)stats.samples, list.n, (long long)o.repeat,
-           (long long)stats.bytes);
-    if (!idx) printf(", %zu classes", list.n_classes);
+    printf("wrote %lld shard%s (%s .. %s): %lld samples (%zu %s x %lld), %lld bytes", (long long)stats.shards,
+           stats.shards == 1 ? "" : "s", first_path, last_path, (long long)stats.samples, fields ? samples.n : list.n,
+           fields ? "samples" : "images", (long long)o.repeat, (long long)stats.bytes);
+    if (!idx && !fields) printf(", %zu classes", list.n_classes);
     if (list.skipped) printf(", %zu non-image files skipped", list.skipped);
+    if (samples.skipped) printf(", %zu files without an extension skipped", samples.skipped);
     putchar('\n');
   }
   sf_write_list_free(&list);
+  sf_write_samples_free(&samples);
   return r;
 }
 
@@ -201,6 +216,14 @@ const sf_cli_command sf_cli_write = {
              "                           position of the class name in the sorted class list)\n"
              "  ARCHIVE.tar[.gz|.zst]    a tar of such a tree (see --subdir)\n"
              "  idx:IMAGES,LABELS        MNIST / Fashion-MNIST IDX files (gzip'd or plain)\n"
+             "Any fields, written as they are (keys as given, members KEY.FIELD sorted; --format\n"
+             "does not apply):\n"
+             "  DIR --layout files       files DIR/KEY.EXT: all files of one KEY form one sample\n"
+             "                           (KEY up to the first dot, as WebDataset splits names)\n"
+             "  MANIFEST.jsonl           one JSON object per line: {\"__key__\": \"k\", \"jpg\": \"a.jpg\",\n"
+             "                           \"txt\": {\"inline\": \"a caption\"}}: a string is a file path\n"
+             "                           (relative to the manifest's directory); {\"inline\": V} is\n"
+             "                           the member itself: a string as UTF-8, other JSON compact\n"
              "OUTPUT_PATTERN holds one %d conversion for the shard number, e.g.\n"
              "out/cifar-train-%06d.tar (shards are numbered from 0), or a URL such as\n"
              "s3://bucket/train/shard-%06d.tar (s3://, gs://, http(s)://: each shard is written to\n"

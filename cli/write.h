@@ -12,6 +12,9 @@
 #include "shardflow/tensor.h"
 
 enum sf_write_format { SF_WRITE_PPM, SF_WRITE_PNG, SF_WRITE_JPG, SF_WRITE_ORIG };
+/* What a directory INPUT holds: an ImageFolder tree, or KEY.EXT files written as they are (write_fields.c). */
+enum sf_write_layout { SF_WRITE_IMAGEFOLDER, SF_WRITE_FILES };
+extern const char *const sf_write_layout_names[];
 /* Their names, as --format takes them; ppm, png and jpg are also the members' extensions. */
 extern const char *const sf_write_format_names[];
 
@@ -27,6 +30,7 @@ typedef struct sf_write_options {
   bool no_shuffle;
   int64_t jobs;
   bool quiet;
+  int layout; /* enum sf_write_layout */
   const char *subdir;
   const char *input;
   sf_shard_pattern out;
@@ -72,5 +76,43 @@ void sf_write_list_free(sf_write_list *list);
 /* Encodes every image as options->format on options->jobs threads. Returns 0, or prints the first image that
  * failed (and what to do) and returns 1. */
 int sf_write_encode_all(sf_write_list *list, const sf_write_options *options);
+
+/* Reads the whole file at path into a new buffer (*out, caller owns). Returns 0 or -errno. */
+int sf_write_read_file(const char *path, sf_buffer **out);
+
+/* The sample order of repeat rep: input order with --no-shuffle, else a seeded permutation (the same
+ * command writes the same shards). order holds n indices. */
+void sf_write_order(size_t *order, size_t n, const sf_write_options *options, int64_t rep);
+
+/* ---- arbitrary fields (write_fields.c) ---- */
+
+/* One member of a sample: the field (EXT of KEY.EXT) and its bytes, from a file (path) or inline. */
+typedef struct sf_write_member {
+  char *field;
+  char *path;       /* read when the sample is written; NULL for inline bytes */
+  sf_buffer *bytes; /* inline bytes (manifest), or NULL */
+} sf_write_member;
+
+typedef struct sf_write_sample {
+  char *key;
+  sf_write_member *members; /* sorted by field */
+  size_t n;
+} sf_write_sample;
+
+typedef struct sf_write_samples {
+  sf_write_sample *v; /* sorted by key */
+  size_t n, cap;
+  size_t skipped; /* directory entries that are not KEY.EXT files */
+} sf_write_samples;
+
+/* True when INPUT is read as arbitrary fields: --layout files (a directory) or a .jsonl manifest. */
+bool sf_write_fields_input(const sf_write_options *options);
+/* Collects options->input's samples; returns 0, or prints what is wrong (file, line, field) and returns 1. */
+int sf_write_collect_samples(sf_write_samples *samples, const sf_write_options *options);
+/* Writes every repeat of the samples (keys as given) to writer. Returns 0 or an SF_E code with *error set. */
+int sf_write_samples_write(const sf_write_samples *samples, const sf_write_options *options, sf_tar_writer *writer,
+                           sf_error *error);
+/* Frees what the samples hold (keys, members, inline bytes) and zeroes *samples. */
+void sf_write_samples_free(sf_write_samples *samples);
 
 #endif

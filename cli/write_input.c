@@ -99,7 +99,7 @@ int sf_write_assign_classes(sf_write_list *l) {
   return 0;
 }
 
-static int read_file(const char *path, sf_buffer **out) {
+int sf_write_read_file(const char *path, sf_buffer **out) {
   FILE *f = fopen(path, "rb");
   if (!f) return -errno;
   struct stat st;
@@ -159,7 +159,7 @@ static int walk_class(sf_write_list *l, const char *dir, const char *rel, size_t
     }
     it->class_len = class_len;
     memcpy(it->ext, ext, sizeof ext);
-    int e = read_file(path, &it->src);
+    int e = sf_write_read_file(path, &it->src);
     if (e < 0) r = sf_cli_fail(&sf_cli_write, "cannot read %s: %s (check permissions)", path, strerror(-e));
   }
   closedir(d);

@@ -1,4 +1,5 @@
-/* decode: turns encoded fields into tensors (images, class labels), inflating .gz members first. */
+/* decode: turns encoded fields into tensors (images, class labels, .npy/.npz), checks txt/json, inflates .gz members
+ * first. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -8,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
 #include <zlib.h>
 
 #include "image.h"
+#include "npy.h"
+#include "npz.h"
 #include "shardflow/stage.h"
 
 typedef struct decode {
@@ -19,10 +23,14 @@ typedef struct decode {
   int64_t max_scans;      /* option */
   int64_t min_size;       /* option */
   int64_t max_field_size; /* option */
+  int depth;              /* option: index into depth_names */
+  bool check_text;        /* option */
   sf_image_limits limits;
 } decode;
 
 static const char *const mode_names[] = {"rgb", "gray", "keep", NULL};
+static const char *const depth_names[] = {"8", "16", "native", NULL};
+static const int depth_values[] = {8, 16, -1};
 
 static const sf_option options[] = {
     {"mode", SF_OPT_ENUM, offsetof(decode, mode), "rgb", 0, 0,
@@ -40,7 +48,16 @@ static const sf_option options[] = {
      "height both stay >= min_size pixels; 0 decodes at full size",
      NULL},
     {"max_field_size", SF_OPT_SIZE, offsetof(decode, max_field_size), "256MiB", 1, 1099511627776.0,
-     "largest inflated size of a .gz field, in bytes", NULL},
+     "largest inflated size of a .gz field or of one .npz member, in bytes", NULL},
+    {"depth", SF_OPT_ENUM, offsetof(decode, depth), "8", 0, 0,
+     "image sample depth: 8 (uint8; 16-bit PNGs cut to their high byte), 16 (uint16; 8-bit samples times "
+     "257), native (uint16 for 16-bit PNG and PGM/PPM with maxval > 255, uint8 otherwise); 16-bit PNM "
+     "samples are kept as stored, not rescaled",
+     depth_names},
+    {"check_text", SF_OPT_BOOL, offsetof(decode, check_text), "true", 0, 0,
+     "check txt fields are UTF-8 and json fields parse (jansson); a bad one is an error record with the "
+     "byte offset or line:column. Both stay bytes",
+     NULL},
     {NULL},
 };
 
@@ -49,6 +66,7 @@ static int init(sf_node *node) {
   d->limits.max_pixels = d->max_pixels;
   d->limits.max_scans = (int)d->max_scans;
   d->limits.min_size = (int)d->min_size;
+  d->limits.depth = depth_values[d->depth];
   return 0;
 }
 
@@ -164,6 +182,83 @@ static int parse_cls(const uint8_t *p, size_t n, sf_tensor *out, sf_error *error
   return 0;
 }
 
+/*
+ * Offset of the first byte that does not start a well-formed UTF-8 sequence (Unicode 15, table 3-7:
+ * no overlong forms, no surrogates, nothing above U+10FFFF), or n when all are. This is where
+ * Python's bytes.decode('utf-8') reports its error (UnicodeDecodeError.start).
+ */
+static size_t utf8_invalid_at(const uint8_t *p, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    uint8_t c = p[i];
+    size_t len;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + 1 >= n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; k++)
+      if (i + k >= n || p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+    i += len;
+  }
+  return n;
+}
+
+static int check_text(const char *ext, const uint8_t *p, size_t n, sf_error *error) {
+  if (strcmp(ext, "txt") == 0) {
+    size_t bad = utf8_invalid_at(p, n);
+    if (bad < n)
+      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                          "not UTF-8: invalid byte sequence at byte offset %zu (0x%02x); re-encode the text as "
+                          "UTF-8 or set check_text: false",
+                          bad, p[bad]);
+    return 0;
+  }
+  json_error_t je;
+  json_t *doc = json_loadb((const char *)p, n, JSON_DECODE_ANY, &je);
+  if (!doc)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "invalid JSON at line %d, column %d (byte %d): %s; fix the file or set check_text: false",
+                        je.line, je.column, je.position, je.text);
+  json_decref(doc);
+  return 0;
+}
+
+typedef struct npz_target {
+  sf_sample *sample;
+  const char *field;
+} npz_target;
+
+/* Adds one .npz array as field FIELD.ARRAY (e.g. npz.x), decoded. */
+static int add_npz_array(void *opaque, const char *array, sf_tensor *t, sf_error *error) {
+  npz_target *to = opaque;
+  char name[SF_FIELD_NAME_MAX + 1];
+  int len = snprintf(name, sizeof name, "%s.%s", to->field, array);
+  if (len >= SF_FIELD_NAME_MAX)
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "array %s makes a field name longer than %d bytes", array,
+                        SF_FIELD_NAME_MAX - 1);
+  if (sf_sample_field(to->sample, name))
+    return sf_error_set(error, SF_EDUP, SF_NOWHERE, "array %s makes field %s, which the sample already has", array,
+                        name);
+  if (!sf_sample_add_field(to->sample, name, false, t))
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "array %s: the sample has no room for more than %d fields",
+                        array, SF_MAX_FIELDS);
+  return 0;
+}
+
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && strcmp(s + n - m, suffix) == 0;
@@ -200,9 +295,24 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
                         &decoded, error);
   } else if (strcmp(ext, "cls") == 0) {
     r = parse_cls(sf_tensor_data(t), size, &decoded, error);
+  } else if (strcmp(ext, "npy") == 0) {
+    r = sf_npy_read(t->buffer, t->offset, size, &decoded, error);
+  } else if (strcmp(ext, "npz") == 0) {
+    /* The archive's arrays become fields appended to the sample; the npz field itself goes
+       (the caller removes fields marked so). */
+    npz_target to = {sample, f->name};
+    if ((r = sf_npz_read(t->buffer, t->offset, size, (size_t)d->max_field_size, add_npz_array, &to, error)) < 0)
+      return r;
+    sf_tensor_clear(t);
+    f->encoded = false;
+    return 1;
   } else {
-    /* Text stays bytes, now marked decoded; unknown fields pass through untouched. */
-    if (strcmp(ext, "txt") == 0 || strcmp(ext, "json") == 0) f->encoded = false;
+    /* Text stays bytes, now marked decoded (checked first unless check_text is off); unknown
+       fields pass through untouched. */
+    if (strcmp(ext, "txt") == 0 || strcmp(ext, "json") == 0) {
+      if (d->check_text && (r = check_text(ext, sf_tensor_data(t), size, error)) < 0) return r;
+      f->encoded = false;
+    }
     return 0;
   }
   if (r < 0) return r;
@@ -224,6 +334,7 @@ static int map(sf_node *node, sf_sample **ps) {
       sf_node_error(node, r, sf_sample_url(sample), sample->key, sample->offset, "field %s: %s", name, error.message);
       return r;
     }
+    if (r == 1) sf_sample_remove_field(sample, i--); /* an .npz, now one field per array */
   }
   return 0;
 }
@@ -231,7 +342,8 @@ static int map(sf_node *node, sf_sample **ps) {
 const sf_stage_def sf_stage_decode = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "decode",
-    .summary = "decodes JPEG/PNG/PPM/PGM images to uint8 [H,W,C], cls to int64, inflates .gz fields",
+    .summary = "decodes JPEG/PNG/PPM/PGM images to uint8 (or uint16) [H,W,C], cls to int64, npy/npz to tensors; "
+               "checks txt (UTF-8) and json; inflates .gz fields",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .flags = SF_STAGE_MAP,

@@ -65,13 +65,53 @@ static int channels_for(sf_image_mode mode, int stored) {
   }
 }
 
-static int alloc_image(sf_tensor *out, int64_t height, int64_t width, int channels, sf_error *error) {
+static int alloc_image_of(sf_tensor *out, sf_dtype dtype, int64_t height, int64_t width, int channels,
+                          sf_error *error) {
   const int64_t shape[3] = {height, width, channels};
-  int r = sf_tensor_alloc(out, SF_DTYPE_UINT8, 3, shape);
+  int r = sf_tensor_alloc(out, dtype, 3, shape);
   if (r < 0)
     return sf_error_set(error, r, SF_NOWHERE, "cannot allocate a %lldx%lldx%d image", (long long)height,
                         (long long)width, channels);
   return 0;
+}
+
+static int alloc_image(sf_tensor *out, int64_t height, int64_t width, int channels, sf_error *error) {
+  return alloc_image_of(out, SF_DTYPE_UINT8, height, width, channels, error);
+}
+
+static bool wants_16(const sf_image_limits *limits) { return limits && (limits->depth == 16 || limits->depth < 0); }
+
+/* depth 16: an 8-bit result becomes uint16 with v * 257 (0 -> 0, 255 -> 65535), as a 16-bit writer stores it. */
+static int widen_to_16(sf_tensor *image, sf_error *error) {
+  sf_tensor wide;
+  const uint8_t *src = sf_tensor_data(image);
+  int r = alloc_image_of(&wide, SF_DTYPE_UINT16, image->shape[0], image->shape[1], (int)image->shape[2], error);
+  if (r < 0) return r;
+  uint16_t *dst = sf_tensor_data(&wide);
+  for (int64_t i = 0, n = sf_tensor_numel(image); i < n; i++)
+    dst[i] = (uint16_t)(src[i] * 257u);
+  sf_tensor_clear(image);
+  *image = wide;
+  return 0;
+}
+
+/* Pillow's MULDIV255 (ImagingUtils.h): a * b / 255, rounded its way. */
+static inline int muldiv255(int a, int b) {
+  int t = a * b + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+/*
+ * Adobe-inverted CMYK (what libjpeg hands out for CMYK and YCCK files with the Adobe marker) to
+ * RGB exactly as Pillow: it un-inverts ("CMYK;I") and then applies cmyk2rgb, R = (255 - K) -
+ * (C * (255 - K)) / 255.
+ */
+static void cmyk_to_rgb(const uint8_t *src, uint8_t *dst, size_t pixels) {
+  for (size_t i = 0; i < pixels; i++, src += 4, dst += 3) {
+    int nk = src[3];
+    for (int c = 0; c < 3; c++)
+      dst[c] = (uint8_t)(nk - muldiv255(255 - src[c], nk));
+  }
 }
 
 /* ---- JPEG ---------------------------------------------------------------------------------- */
@@ -166,15 +206,13 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   tjhandle tj = tj_decompressor(&owned);
   if (!tj) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a TurboJPEG decompressor");
   int width = 0, height = 0, subsamp, colorspace, r;
+  uint8_t *cmyk_pixels = NULL;
   if (tjDecompressHeader3(tj, p, (unsigned long)n, &width, &height, &subsamp, &colorspace) != 0) {
     r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG header: %s", tjGetErrorStr2(tj));
     goto done;
   }
   if ((r = check_pixels(width, height, limits, "JPEG", error)) < 0) goto done;
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "CMYK/YCCK JPEG is not supported; convert it to RGB");
-    goto done;
-  }
+  bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
   int max_scans = limits && limits->max_scans > 0 ? limits->max_scans : DEFAULT_MAX_SCANS;
   int scans = jpeg_scan_count(p, n);
   if (scans > max_scans) {
@@ -188,8 +226,13 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   if ((r = alloc_image(out, scaled_h, scaled_w, channels, error)) < 0) goto done;
   /* Stop at the first warning: most (truncated data, a bad Huffman code) leave part of the image grey. */
   int flags = max_scans <= TURBOJPEG_SCAN_LIMIT ? TJFLAG_LIMITSCANS : 0;
-  int format = channels == 1 ? TJPF_GRAY : TJPF_RGB;
+  int format = cmyk ? TJPF_CMYK : channels == 1 ? TJPF_GRAY : TJPF_RGB;
   uint8_t *pixels = sf_tensor_data(out);
+  if (cmyk && !(pixels = cmyk_pixels = malloc((size_t)scaled_w * (size_t)scaled_h * 4))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %dx%d CMYK image", scaled_w, scaled_h);
+    sf_tensor_clear(out);
+    goto done;
+  }
   if (tjDecompress2(tj, p, (unsigned long)n, pixels, scaled_w, 0, scaled_h, format,
                     flags | TJFLAG_STOPONWARNING) != 0 &&
       !(slack_before_eoi(tj) &&
@@ -199,8 +242,22 @@ static int decode_jpeg(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
     sf_tensor_clear(out);
     goto done;
   }
+  if (cmyk) {
+    size_t count = (size_t)scaled_w * (size_t)scaled_h;
+    if (channels == 3) {
+      cmyk_to_rgb(cmyk_pixels, sf_tensor_data(out), count);
+    } else {
+      /* gray: Pillow's convert('L') of the RGB it would have made. */
+      uint8_t rgb[3];
+      for (size_t i = 0; i < count; i++) {
+        cmyk_to_rgb(cmyk_pixels + 4 * i, rgb, 1);
+        ((uint8_t *)sf_tensor_data(out))[i] = luma(rgb);
+      }
+    }
+  }
   r = 0;
 done:
+  free(cmyk_pixels);
   /* libjpeg-turbo 2.1's tjDecompressHeader3 leaves the handle mid-header after an error (the next
      header then "succeeds" without setting the size): never reuse a handle that failed. */
   if (r < 0 && !owned) pthread_setspecific(tj_key, NULL);
@@ -218,6 +275,44 @@ static int spng_code(int err) {
   case SPNG_ECHUNK_LIMITS: return SF_ETOOBIG;
   default: return SF_EFORMAT;
   }
+}
+
+/*
+ * A 16-bit PNG as uint16 [H, W, C], host-endian: gray without tRNS as stored (1 channel, or
+ * repeated to 3 for rgb); everything else through libspng's RGBA16 (tRNS applied), keeping 3
+ * channels (rgb, or keep without alpha) or 4 (keep with alpha). Gray output from color is refused:
+ * Pillow has no 16-bit luma to match.
+ */
+static int decode_png16(spng_ctx *ctx, const struct spng_ihdr *ihdr, bool trns, sf_image_mode mode, sf_tensor *out,
+                        sf_error *error) {
+  bool gray = ihdr->color_type == SPNG_COLOR_TYPE_GRAYSCALE && !trns;
+  bool alpha = !gray && (ihdr->color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ||
+                         ihdr->color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA || trns);
+  int channels = channels_for(mode, gray ? 1 : alpha ? 4 : 3);
+  if (!gray && channels == 1)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "a 16-bit color PNG cannot be decoded to gray at depth 16; use mode rgb or keep");
+  int fmt = gray ? SPNG_FMT_PNG : SPNG_FMT_RGBA16;
+  size_t pixels = (size_t)ihdr->width * ihdr->height, len;
+  int r = spng_decoded_image_size(ctx, fmt, &len);
+  if (r) return sf_error_set(error, spng_code(r), SF_NOWHERE, "PNG: %s", spng_strerror(r));
+  int stored = gray ? 1 : 4;
+  if (len != pixels * (size_t)stored * 2)
+    return sf_error_set(error, SF_EINTERNAL, SF_NOWHERE, "PNG decoded size %zu does not match %ux%ux%d", len,
+                        ihdr->width, ihdr->height, stored);
+  uint16_t *raw = malloc(len);
+  if (!raw) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a PNG", len);
+  if ((r = spng_decode_image(ctx, raw, len, fmt, trns ? SPNG_DECODE_TRNS : 0)) != 0 ||
+      (r = spng_decode_chunks(ctx)) != 0) {
+    r = sf_error_set(error, spng_code(r), SF_NOWHERE, "corrupt PNG: %s", spng_strerror(r));
+  } else if ((r = alloc_image_of(out, SF_DTYPE_UINT16, ihdr->height, ihdr->width, channels, error)) == 0) {
+    uint16_t *dst = sf_tensor_data(out);
+    for (size_t i = 0; i < pixels; i++)
+      for (int c = 0; c < channels; c++)
+        dst[i * (size_t)channels + (size_t)c] = raw[i * (size_t)stored + (gray ? 0 : (size_t)c)];
+  }
+  free(raw);
+  return r;
 }
 
 static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
@@ -239,15 +334,19 @@ static int decode_png(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
   }
   if ((r = check_pixels(ihdr.width, ihdr.height, limits, "PNG", error)) < 0) goto done;
   bool gray = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE;
-  if (gray && ihdr.bit_depth == 16) {
-    /* Pillow opens these as 32-bit "I" and clips to 255 when converting: nothing sensible to match. */
-    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
-                     "16-bit grayscale PNG is not supported (decoded images are 8-bit)");
-    goto done;
-  }
   int trns_r = spng_get_trns(ctx, &trns);
   if (trns_r && trns_r != SPNG_ECHUNKAVAIL) {
     r = sf_error_set(error, spng_code(trns_r), SF_NOWHERE, "corrupt PNG: %s", spng_strerror(trns_r));
+    goto done;
+  }
+  if (ihdr.bit_depth == 16 && wants_16(limits)) {
+    r = decode_png16(ctx, &ihdr, trns_r == 0, mode, out, error);
+    goto done;
+  }
+  if (gray && ihdr.bit_depth == 16) {
+    /* Pillow opens these as 32-bit "I" and clips to 255 when converting: nothing sensible to match. */
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                     "16-bit grayscale PNG needs decode's depth 16 or native (depth 8 makes 8-bit images)");
     goto done;
   }
   bool alpha = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ||
@@ -332,19 +431,38 @@ static int decode_pnm(sf_buffer *buffer, size_t offset, size_t n, sf_image_mode 
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt PNM header (expected width, height and maxval)");
   if (maxval == 0 || maxval > 65535)
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "PNM maxval %lld is invalid", (long long)maxval);
-  if (maxval != 255)
-    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "PNM maxval %lld is not supported (255 only)",
-                        (long long)maxval);
+  int bytes = maxval > 255 ? 2 : 1;
+  if (bytes == 2 && !wants_16(limits))
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "PNM maxval %lld (16-bit) needs decode's depth 16 or native", (long long)maxval);
+  if (bytes == 1 && maxval != 255)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "PNM maxval %lld is not supported (255, or 256-65535 at depth 16)", (long long)maxval);
   /* Exactly one whitespace byte separates maxval from the raster. */
   if (p[i] != ' ' && p[i] != '\t' && p[i] != '\n' && p[i] != '\r' && p[i] != '\v' && p[i] != '\f')
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt PNM header (no whitespace after maxval)");
   i++;
   int r = check_pixels(width, height, limits, "PNM", error);
   if (r < 0) return r;
-  size_t pixels = (size_t)width * (size_t)height, need = pixels * (size_t)stored;
+  size_t pixels = (size_t)width * (size_t)height, need = pixels * (size_t)stored * (size_t)bytes;
   if (n - i < need)
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "truncated PNM: %zu of %zu pixel bytes", n - i, need);
   int channels = channels_for(mode, stored);
+  if (bytes == 2) {
+    /* Big-endian samples, kept as stored (not rescaled to 65535), as numpy's '>u2' reads them. */
+    if (channels == 1 && stored == 3)
+      return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                          "a 16-bit PPM cannot be decoded to gray; use mode rgb or keep");
+    if ((r = alloc_image_of(out, SF_DTYPE_UINT16, height, width, channels, error)) < 0) return r;
+    uint16_t *dst = sf_tensor_data(out);
+    const uint8_t *src = p + i;
+    for (size_t k = 0; k < pixels; k++)
+      for (int c = 0; c < channels; c++) {
+        const uint8_t *s2 = src + 2 * (k * (size_t)stored + (stored == 3 ? (size_t)c : 0));
+        dst[k * (size_t)channels + (size_t)c] = (uint16_t)(s2[0] << 8 | s2[1]);
+      }
+    return 0;
+  }
   if (channels == stored) {
     const int64_t shape[3] = {height, width, channels};
     r = sf_tensor_view(out, SF_DTYPE_UINT8, 3, shape, sf_buffer_ref(buffer), offset + i);
@@ -369,12 +487,15 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "bad arguments to sf_image_decode");
   const uint8_t *p = sf_buffer_data(buffer) + offset;
   /* The bytes decide, not the name (as in Pillow): real datasets hold PNGs named .jpg. */
+  int r = 1; /* no decoder matched */
   if (size >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
-    return decode_jpeg(p, size, mode, limits, out, error);
-  if (size >= sizeof png_signature && memcmp(p, png_signature, sizeof png_signature) == 0)
-    return decode_png(p, size, mode, limits, out, error);
-  if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
-    return decode_pnm(buffer, offset, size, mode, limits, out, error);
+    r = decode_jpeg(p, size, mode, limits, out, error);
+  else if (size >= sizeof png_signature && memcmp(p, png_signature, sizeof png_signature) == 0)
+    r = decode_png(p, size, mode, limits, out, error);
+  else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
+    r = decode_pnm(buffer, offset, size, mode, limits, out, error);
+  if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
+  if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
                       "not a JPEG, PNG or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,

@@ -18,16 +18,22 @@ typedef struct sf_image_limits {
   int64_t max_pixels;       /* refuse larger images before allocating (0 = 100 megapixels) */
   int max_scans;            /* progressive JPEG scan limit (0 = 500) */
   int min_size;             /* JPEG DCT-domain downscaling: smallest scale whose both sides stay >= min_size (0 = off) */
+  int depth;                /* sample depth of the result: 8 (or 0) uint8, 16-bit sources cut to their high byte;
+                               16 uint16 always (8-bit samples times 257); -1 "native": uint16 for 16-bit
+                               PNG and PGM/PPM with maxval > 255, uint8 otherwise */
 } sf_image_limits;
 
 /*
- * Decodes an encoded image into a uint8 [H, W, C] tensor (*out, caller owns).
+ * Decodes an encoded image into a uint8 (or, by limits->depth, uint16) [H, W, C] tensor (*out, caller owns).
  * `buffer` holds the encoded bytes at [offset, offset+size); for binary
  * PPM/PGM in the requested mode the result is a view of that buffer (no copy,
  * a new reference is taken). Formats: JPEG (TurboJPEG; a warning is an error,
  * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), PPM (P6)
- * and PGM (P5), 8-bit. Returns 0; SF_EFORMAT for corrupt data; SF_ETOOBIG over
- * max_pixels; SF_EUNSUPPORTED for e.g. 16-bit PNM. *error has a message (no URL).
+ * and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian samples kept as stored, not rescaled) when
+ * depth asks for 16 bits. CMYK/YCCK JPEGs are taken as Adobe-inverted (as libjpeg writes them and
+ * Pillow reads them) and converted to RGB with Pillow's formula (Convert.c cmyk2rgb).
+ * Returns 0; SF_EFORMAT for corrupt data; SF_ETOOBIG over max_pixels; SF_EUNSUPPORTED for e.g. a
+ * 16-bit PNM at depth 8 or gray output from a 16-bit color image. *error has a message (no URL).
  */
 int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t size,
                     sf_image_mode mode, const sf_image_limits *limits, sf_tensor *out,

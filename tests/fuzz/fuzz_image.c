@@ -1,4 +1,4 @@
-/* Fuzz target for one image decoder of sf_image_decode, in every output mode; built once per format
+/* Fuzz target for one image decoder of sf_image_decode, in every output mode and depth; built once per format
  * (SF_FUZZ_FORMAT = "jpg", "png" or "pnm", set by tests/fuzz/meson.build). */
 #include <stdint.h>
 #include <string.h>
@@ -8,14 +8,17 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void decode_all(sf_buffer *buffer, int min_size) {
-  const sf_image_limits limits = {.max_pixels = 1 << 22, .max_scans = 100, .min_size = min_size};
-  for (int mode = SF_IMAGE_RGB; mode <= SF_IMAGE_KEEP; mode++) {
-    sf_tensor image;
-    sf_error error;
-    if (sf_image_decode(SF_FUZZ_FORMAT, buffer, 0, sf_buffer_size(buffer), (sf_image_mode)mode, &limits,
-                        &image, &error) == 0)
-      sf_tensor_clear(&image);
-  }
+  static const int depths[] = {8, 16, -1};
+  for (int d = 0; d < 3; d++)
+    for (int mode = SF_IMAGE_RGB; mode <= SF_IMAGE_KEEP; mode++) {
+      const sf_image_limits limits = {
+          .max_pixels = 1 << 22, .max_scans = 100, .min_size = min_size, .depth = depths[d]};
+      sf_tensor image;
+      sf_error error;
+      if (sf_image_decode(SF_FUZZ_FORMAT, buffer, 0, sf_buffer_size(buffer), (sf_image_mode)mode, &limits, &image,
+                          &error) == 0)
+        sf_tensor_clear(&image);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

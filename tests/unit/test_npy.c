@@ -1,4 +1,5 @@
-/* Unit tests for engine/codec/npy.c: .npy 1.0 headers and data for every dtype, strided views, errors. */
+/* Unit tests for engine/codec/npy.c: .npy 1.0 headers and data for every dtype, strided views, errors;
+ * the reader: a zero-copy view when aligned, a copy when not, a written file read back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -206,6 +207,43 @@ static void test_unknown_dtype(void **state) {
   assert_int_equal(access(path, F_OK), -1); /* nothing half-written */
 }
 
+/* The reader on what the writer wrote: a view of the same buffer (data 64-byte aligned). */
+static void test_read_back_is_a_view(void **state) {
+  (void)state;
+  sf_tensor t;
+  const int64_t shape[2] = {3, 5};
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_FLOAT32, 2, shape), 0);
+  float *v = sf_tensor_data(&t);
+  for (int i = 0; i < 15; i++)
+    v[i] = (float)i * 0.5f;
+  char path[300];
+  snprintf(path, sizeof path, "%s/back.npy", dir);
+  sf_error e;
+  assert_int_equal(sf_npy_write(path, &t, &e), 0);
+  size_t size;
+  uint8_t *bytes = slurp(path, &size);
+  sf_buffer *b = sf_buffer_new(size + 1);
+  memcpy(sf_buffer_data(b), bytes, size);
+  sf_tensor got;
+  assert_int_equal(sf_npy_read(b, 0, size, &got, &e), 0);
+  assert_ptr_equal(got.buffer, b);
+  assert_int_equal(got.offset % 64, 0); /* numpy's ARRAY_ALIGN */
+  assert_int_equal(got.dtype, SF_DTYPE_FLOAT32);
+  assert_int_equal(got.ndim, 2);
+  assert_memory_equal(sf_tensor_data(&got), v, 15 * sizeof(float));
+  sf_tensor_clear(&got);
+  /* One byte later the floats are misaligned: the reader copies them into a buffer of its own. */
+  memmove(sf_buffer_data(b) + 1, bytes, size);
+  assert_int_equal(sf_npy_read(b, 1, size, &got, &e), 0);
+  assert_ptr_not_equal(got.buffer, b);
+  assert_int_equal((uintptr_t)sf_tensor_data(&got) % 4, 0);
+  assert_memory_equal(sf_tensor_data(&got), v, 15 * sizeof(float));
+  sf_tensor_clear(&got);
+  sf_buffer_unref(&b);
+  sf_tensor_clear(&t);
+  free(bytes);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uint8_2d),
@@ -219,6 +257,7 @@ int main(void) {
       cmocka_unit_test(test_header_alignment_all_ndims),
       cmocka_unit_test(test_unwritable_path),
       cmocka_unit_test(test_unknown_dtype),
+      cmocka_unit_test(test_read_back_is_a_view),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

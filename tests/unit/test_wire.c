@@ -697,7 +697,7 @@ static const bad_case bad_cases[] = {
     {"key longer", SF_EFORMAT, m_key_long},
     {"URL longer", SF_EFORMAT, m_url_long},
     {"name longer", SF_EFORMAT, m_name_long},
-    {"dtype 5", SF_EFORMAT, m_dtype},
+    {"known dtypes are", SF_EFORMAT, m_dtype}, /* dtype SF_DTYPE_COUNT_ */
     {"7 dimensions", SF_EFORMAT, m_ndim},
     {"negative dimension", SF_EFORMAT, m_negative},
     {"overflows", SF_EFORMAT, m_overflow},
