@@ -29,8 +29,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-import shardflow  # noqa: E402
+try:
+    import shardflow  # pip install --no-build-isolation . (README)
+except ImportError:  # the source tree's package, with SHARDFLOW_LIB=build/libshardflow.so
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import shardflow  # noqa: E402
 
 TRAIN_SAMPLES, CLASSES = 50_000, 10
 

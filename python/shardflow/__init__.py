@@ -362,7 +362,8 @@ class Pipeline:
         it), busy_seconds (wall-clock inside its steps), wait_seconds (waiting for input), errors
         (records raised), skipped (samples dropped under the skip policy), and the rates over the
         pipeline's life so far: items_per_second and mib_per_second (per wall-clock second since
-        the pipeline started). The numbers are those `shardflow run` prints at its end."""
+        the pipeline started; set_epoch and load_state_dict start a new one, from zero). The
+        numbers are those `shardflow run` prints at its end."""
         n = library.sf_pipeline_stats(self._pipeline, None, 0)
         table = (_NodeStats * n)()
         n = min(n, library.sf_pipeline_stats(self._pipeline, table, n))
