@@ -52,21 +52,21 @@ class PipelineDataset(torch.utils.data.IterableDataset):
         """Sets the epoch the next iteration yields (DistributedSampler's set_epoch): any epoch."""
         self._epoch.value = int(epoch)
 
-    def _shape(self):
+    def _measure(self, measure):
+        """measure(graph) of the graph with this dataset's stage options (Pipeline's arguments left out)."""
         graph_options = {k: v for k, v in self._options.items()
                          if k not in ("rank", "world_size", "epochs", "output")}
         g = Pipeline._load_graph(self._graph, graph_options)
         try:
-            return Pipeline._epoch_shape(g)
+            return measure(g)
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
 
     def __len__(self):
-        shape = self._shape()
-        if shape is None:
+        batches = self._measure(Pipeline._epoch_batches)
+        if batches is None:
             raise TypeError("the epoch length is not fixed: set shard_source's samples_per_epoch to have len()")
-        full, rest = divmod(shape[0], shape[1])
-        return full + (1 if rest and shape[2] else 0)
+        return batches
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -75,7 +75,7 @@ class PipelineDataset(torch.utils.data.IterableDataset):
         if info is not None and info.num_workers > 1:
             options.setdefault("shard_source__workers", info.num_workers)
             options.setdefault("shard_source__worker", info.id)
-            shape = self._shape()
+            shape = self._measure(Pipeline._epoch_shape)
             if shape is not None:
                 share = _worker_share(shape[0], shape[1], info.num_workers, info.id)
                 if share == 0:
