@@ -5,6 +5,8 @@ torch.distributed (gloo, CPU), fed by shardflow pipelines over HTTP, checkpoints
         --checkpoint-url http://127.0.0.1:8750/checkpoints/resnet.pt --epochs 8 --nprocs 2
     # after an interruption, go on from the last checkpoint:
     python3 examples/train_cifar10.py ... --load-checkpoint http://127.0.0.1:8750/checkpoints/resnet.pt
+    # or one process per rank, started by torchrun (RANK / WORLD_SIZE / MASTER_ADDR from it):
+    torchrun --standalone --nproc_per_node 2 examples/train_cifar10.py --shards ...
 
 Each rank reads its own shards (shard_source splits by RANK / WORLD_SIZE) and yields exactly
 50,000 / world_size samples per epoch. Log lines follow torch_xla's test_train_mp_imagenet:
@@ -27,8 +29,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-import shardflow  # noqa: E402
+try:
+    import shardflow  # pip install --no-build-isolation . (README)
+except ImportError:  # the source tree's package, with SHARDFLOW_LIB=build/libshardflow.so
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import shardflow  # noqa: E402
 
 TRAIN_SAMPLES, CLASSES = 50_000, 10
 
@@ -118,7 +123,8 @@ def train(rank, world, args):
     ddp = nn.parallel.DistributedDataParallel(model)
     per_rank = args.samples_per_epoch // world
     train_data = shardflow.Pipeline(os.path.join(HERE, "..", "graphs", "cifar10_train.yaml"), rank=rank,
-                                    world_size=world, epochs=args.epochs, output="torch", urls=args.train_urls,
+                                    world_size=world, epochs=args.epochs, urls=args.train_urls,
+                                    output="torch_dict" if args.keys_log else "torch",
                                     samples_per_epoch=per_rank, batch_size=args.batch_size, seed=args.seed)
     steps = len(train_data)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -133,11 +139,16 @@ def train(rank, world, args):
         train_data.load_state_dict(state["pipeline"][rank])
         log(rank, f"Resumed from {args.load_checkpoint} at Epoch={first_epoch + 1} "
                   f"(pipeline epoch {train_data.epoch} step {train_data.step}) BestAccuracy={best:.2f}")
+    keys_log = open(os.path.join(args.keys_log, f"rank-{rank}.txt"), "a") if args.keys_log else None
     for epoch in range(first_epoch, args.epochs):
         start = last = time.time()
         samples = last_samples = 0
         rate = 0.0
-        for step, (images, labels) in enumerate(train_data, 1):
+        for step, batch in enumerate(train_data, 1):
+            if keys_log:  # a dict with the keys: "EPOCH STEP KEY" per sample
+                keys_log.writelines(f"{epoch} {step} {key}\n" for key in batch["__key__"])
+                batch = (next(v for v in batch.values() if torch.is_tensor(v) and v.ndim == 4), batch["cls"])
+            images, labels = batch
             optimizer.zero_grad()
             loss = F.cross_entropy(ddp(images), labels)
             loss.backward()
@@ -177,6 +188,8 @@ def train(rank, world, args):
     if rank == 0:
         log(rank, f"Done BestAccuracy={best:.2f}%")
     train_data.close()
+    if keys_log:
+        keys_log.close()
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # a spawned worker ends here: interpreter teardown with gloo and the engine's threads can hang
@@ -204,6 +217,8 @@ def main():
     ap.add_argument("--rendezvous", metavar="FILE", help="rendezvous through this (new) file instead of a port")
     ap.add_argument("--interrupt-at", type=int, nargs=2, metavar=("EPOCH", "STEP"),
                     help="die at this (1-based) epoch and step, to show resumption")
+    ap.add_argument("--keys-log", metavar="DIR", help="append each rank's sample keys to DIR/rank-R.txt, "
+                    "one 'EPOCH STEP KEY' line per sample (to check that ranks read disjoint samples)")
     args = ap.parse_args()
     args.train_urls = f"{args.shards}/train/cifar-train-{{000000..{args.train_shards - 1:06d}}}.tar"
     # the main job writes the test set x10, each copy shuffled on its own: the first 5 shards hold it once

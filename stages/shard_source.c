@@ -41,8 +41,8 @@ static const sf_option options[] = {
     {"workers", SF_OPT_COUNT, offsetof(shard_source, workers), "1", 1, 1e6,
      "loader workers per rank, each reading its own shards", NULL},
     {"samples_per_epoch", SF_OPT_COUNT, offsetof(shard_source, samples_per_epoch), "0", 0, 0,
-     "samples per epoch on every rank (shards repeat until tar_split cuts the epoch); "
-     "0 = one pass over the rank's shards",
+     "samples per epoch on every rank (shards repeat until tar_split cuts the epoch), of this worker "
+     "with workers > 1 (Python's dataset gives each worker its share); 0 = one pass over the rank's shards",
      NULL},
     {"allow_pipe", SF_OPT_BOOL, offsetof(shard_source, allow_pipe), "false", 0, 0,
      "allow pipe:CMD URLs (they run a shell command)", NULL},

@@ -17,9 +17,13 @@ while [ $# -gt 0 ]; do
 done
 
 tools/setup-debian.sh
-[ -f build-release/build.ninja ] || meson setup build-release --buildtype=release -Dtests=false >/dev/null
-ninja -C build-release >/dev/null
-sf=build-release/shardflow
+# The package as a trainer installs it (pyproject.toml, a release build): libshardflow, the plugins,
+# `import shardflow` and the CLI, in build-venv/ (build-wheel/ keeps meson's build: reruns are incremental).
+venv=$top/build-venv
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+"$venv/bin/python" -m pip install --no-build-isolation --no-index --quiet \
+  --config-settings=builddir="$top/build-wheel" "$top"
+sf=$venv/bin/shardflow
 data=$top/data
 archive=$top/../shared/data/cifar10-jpg.tar.zst
 

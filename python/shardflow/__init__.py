@@ -42,23 +42,40 @@ class _Options(ctypes.Structure):
                 ("first_epoch", ctypes.c_uint64), ("first_step", ctypes.c_uint64)]
 
 
+class _NodeStats(ctypes.Structure):
+    """sf_node_stats (include/shardflow/shardflow.h)."""
+    _fields_ = [("name", ctypes.c_char * 32), ("type", ctypes.c_char * 32), ("replicas", ctypes.c_int),
+                ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
+                ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64)]
+
+
 # sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
 _LogHandler = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p)
 
 
 def _find_library():
-    env = os.environ.get("SHARDFLOW_LIB")
-    if env:
-        return env
+    """libshardflow.so: beside the package (a pip install), else SHARDFLOW_LIB, else the source
+    tree's build/, else the system's library path."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "libshardflow.so"),
-                      os.path.join(here, "..", "..", "build", "libshardflow.so")):
-        if os.path.exists(candidate):
+    candidates = [os.path.join(here, "libshardflow.so"), os.environ.get("SHARDFLOW_LIB"),
+                  os.path.join(here, "..", "..", "build", "libshardflow.so")]
+    for candidate in candidates:
+        if candidate and os.path.exists(candidate):
             return candidate
     found = ctypes.util.find_library("shardflow")
     if not found:
-        raise OSError("libshardflow not found: build it (meson) and set SHARDFLOW_LIB to libshardflow.so")
+        raise OSError("libshardflow not found: install the package (pip install --no-build-isolation .) "
+                      "or build it (meson) and set SHARDFLOW_LIB to libshardflow.so")
     return found
+
+
+def _add_plugin_dir():
+    """A pip install puts the plugins in shardflow/plugins: `plugins: [audio]` finds them there after
+    any directory SHARDFLOW_PLUGIN_PATH already names (the loader reads it when a graph loads)."""
+    plugins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
+    path = os.environ.get("SHARDFLOW_PLUGIN_PATH", "")
+    if os.path.isdir(plugins) and plugins not in path.split(":"):
+        os.environ["SHARDFLOW_PLUGIN_PATH"] = f"{path}:{plugins}" if path else plugins
 
 
 def _load():
@@ -87,6 +104,7 @@ def _load():
         "sf_pipeline_rank": (ctypes.c_int, [p]),
         "sf_pipeline_world_size": (ctypes.c_int, [p]),
         "sf_pipeline_fd": (ctypes.c_int, [p]),
+        "sf_pipeline_stats": (ctypes.c_int, [p, ctypes.POINTER(_NodeStats), ctypes.c_int]),
         "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
         "sf_pipeline_destroy": (None, [ctypes.POINTER(p)]),
         "sf_batch_size": (ctypes.c_int64, [p]),
@@ -108,6 +126,7 @@ def _load():
 
 
 library = _load()
+_add_plugin_dir()
 __version__ = library.sf_version_string().decode()
 
 # The engine's log records go to the "shardflow" logger instead of stderr, with the node's name as
@@ -211,9 +230,10 @@ class Pipeline:
         self._start(0, 0)
         self._output = output or self._default_output()
 
-    def _start(self, first_epoch, first_step):
-        graph, rank, world_size, epochs, options = self._args
-        self.close()
+    @classmethod
+    def _load_graph(cls, graph, options):
+        """The graph (a file's path or YAML text) with the keyword options applied; the caller
+        destroys it (sf_graph_destroy). Raises ShardflowError."""
         g = ctypes.c_void_p()
         err = _Error()
         # YAML text has a newline: a string without one names a file, and a missing file is an error.
@@ -225,9 +245,20 @@ class Pipeline:
             raise _error(r, err)
         try:
             for name, value in options.items():
-                r = library.sf_graph_set(g, self._target(g, name).encode(), _text(value).encode(), ctypes.byref(err))
+                r = library.sf_graph_set(g, cls._target(g, name).encode(), _text(value).encode(), ctypes.byref(err))
                 if r < 0:
                     raise _error(r, err)
+        except BaseException:
+            library.sf_graph_destroy(ctypes.byref(g))
+            raise
+        return g
+
+    def _start(self, first_epoch, first_step):
+        graph, rank, world_size, epochs, options = self._args
+        self.close()
+        err = _Error()
+        g = self._load_graph(graph, options)
+        try:
             opts = _Options()
             library.sf_pipeline_options_init(ctypes.byref(opts))
             if rank is not None:
@@ -238,6 +269,7 @@ class Pipeline:
                 opts.epochs = epochs
             opts.first_epoch, opts.first_step = first_epoch, first_step
             r = library.sf_pipeline_new(ctypes.byref(self._pipeline), g, ctypes.byref(opts), ctypes.byref(err))
+            self._started = time.monotonic()
             if r < 0:
                 raise _error(r, err)
             self._batches = self._epoch_batches(g)
@@ -260,8 +292,8 @@ class Pipeline:
                         f"write NODE__{name}, e.g. {nodes[0]}__{name}")
 
     @staticmethod
-    def _epoch_batches(g):
-        """Batches per epoch when shard_source fixes samples_per_epoch, else None."""
+    def _epoch_shape(g):
+        """(samples_per_epoch, batch_size, partial) when shard_source fixes samples_per_epoch, else None."""
         values = {}
         for i in range(library.sf_graph_node_count(g)):
             stage = library.sf_graph_node_type(g, i).decode()
@@ -273,8 +305,16 @@ class Pipeline:
             return None
         if samples == 0:
             return None
-        full, rest = divmod(samples, size)
-        return full + (1 if rest and values.get("partial", "true") in ("true", "yes", "on", "1") else 0)
+        return samples, size, values.get("partial", "true") in ("true", "yes", "on", "1")
+
+    @classmethod
+    def _epoch_batches(cls, g):
+        """Batches per epoch when shard_source fixes samples_per_epoch, else None."""
+        shape = cls._epoch_shape(g)
+        if shape is None:
+            return None
+        full, rest = divmod(shape[0], shape[1])
+        return full + (1 if rest and shape[2] else 0)
 
     def __len__(self):
         """Batches per epoch on this rank (known when shard_source sets samples_per_epoch)."""
@@ -317,9 +357,35 @@ class Pipeline:
         self._start(int(state["epoch"]), int(state["step"]))
 
     def set_epoch(self, epoch):
-        """Starts epoch `epoch` (0-based) from its beginning (DistributedSampler's set_epoch)."""
-        if epoch != self.epoch or self.step != 0:
+        """Starts epoch `epoch` (0-based, any number) from its beginning (DistributedSampler's
+        set_epoch): iterating then yields that epoch, the next iteration the one after it. The
+        trainer now drives the epochs: the graph's `epochs` (or the epochs argument), which bounds a
+        run nobody steers (the CLI's), no longer ends the pipeline."""
+        if epoch != self.epoch or self.step != 0 or self._args[3] != 0:
+            graph, rank, world_size, _, options = self._args
+            self._args = (graph, rank, world_size, 0, options)  # 0: no last epoch
             self._start(int(epoch), 0)
+
+    def stats(self):
+        """The nodes' counters so far (sf_pipeline_stats), one dict per node in the graph's order:
+        name, type (stage), replicas, items (produced), bytes (payload produced, as the stage counts
+        it), busy_seconds (wall-clock inside its steps), wait_seconds (waiting for input), errors
+        (records raised), skipped (samples dropped under the skip policy), and the rates over the
+        pipeline's life so far: items_per_second and mib_per_second (per wall-clock second since
+        the pipeline started; set_epoch and load_state_dict start a new one, from zero). The
+        numbers are those `shardflow run` prints at its end."""
+        n = library.sf_pipeline_stats(self._pipeline, None, 0)
+        table = (_NodeStats * n)()
+        n = min(n, library.sf_pipeline_stats(self._pipeline, table, n))
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        nodes = []
+        for s in table[:n]:
+            node = {name: getattr(s, name) for name, _ in _NodeStats._fields_}
+            node["name"], node["type"] = s.name.decode(), s.type.decode()
+            node["items_per_second"] = s.items / elapsed
+            node["mib_per_second"] = s.bytes / 1048576.0 / elapsed
+            nodes.append(node)
+        return nodes
 
     def fileno(self):
         """A descriptor readable while the next batch is ready (for select/poll/asyncio)."""
@@ -416,31 +482,12 @@ def _unpack_ragged(fields):
 
 
 def dataset(graph, **kwargs):
-    """The pipeline as a torch.utils.data.IterableDataset, for DataLoader(ds, batch_size=None):
-    each iteration is one epoch of (images, labels) tensors. With num_workers > 1 every DataLoader
-    worker runs its own pipeline over its own share of the shards (shard_source's worker split)."""
-    import torch.utils.data
-
-    class PipelineDataset(torch.utils.data.IterableDataset):
-        def __init__(self):
-            super().__init__()
-            self.epoch = 0
-
-        def set_epoch(self, epoch):
-            self.epoch = epoch
-
-        def __iter__(self):
-            info = torch.utils.data.get_worker_info()
-            options = dict(kwargs)
-            if info is not None and info.num_workers > 1:
-                options.setdefault("shard_source__workers", info.num_workers)
-                options.setdefault("shard_source__worker", info.id)
-            options.setdefault("output", "torch")
-            with Pipeline(graph, **options) as p:
-                p.set_epoch(self.epoch)
-                yield from p
-
-    return PipelineDataset()
+    """The pipeline as a torch.utils.data.IterableDataset for DataLoader(ds, batch_size=None)
+    (shardflow.torch.PipelineDataset): each iteration is one epoch of (images, labels) tensors;
+    set_epoch() reaches every DataLoader worker; each worker runs its own pipeline over its own
+    shards and its share of samples_per_epoch; len() is the rank's batches per epoch."""
+    from .torch import PipelineDataset
+    return PipelineDataset(graph, **kwargs)
 
 
 def _stage_help(stage=None):

@@ -1,0 +1,86 @@
+"""shardflow.torch: a pipeline as a PyTorch IterableDataset, for DataLoader(dataset, batch_size=None).
+
+    ds = shardflow.dataset("graphs/cifar10_train.yaml", samples_per_epoch=25_000)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)              # before iterating: reaches the workers, persistent ones too
+        for images, labels in loader:    # len(loader) batches, samples_per_epoch samples on this rank
+            ...
+
+Every DataLoader worker runs its own pipeline over its own shards (shard_source's worker split:
+rank x workers slots) and takes its share of samples_per_epoch, so the rank still yields
+samples_per_epoch samples in len(ds) batches whatever num_workers is.
+"""
+import ctypes
+import multiprocessing
+
+import torch.utils.data
+
+from . import Pipeline, library
+
+
+def _worker_share(samples, batch_size, workers, worker):
+    """Samples of one worker: whole batches dealt out in turn, the short rest to the worker with
+    one batch fewer (or the last one), so the workers together cut the same batches a single
+    pipeline would (ceil or floor of samples / batch_size of them)."""
+    full, rest = divmod(samples, batch_size)
+    batches = full // workers + (1 if worker < full % workers else 0)
+    return batches * batch_size + (rest if worker == full % workers else 0)
+
+
+class PipelineDataset(torch.utils.data.IterableDataset):
+    """One epoch of batches per iteration, as Pipeline yields them (output "torch" unless given).
+
+    graph and keyword arguments: as Pipeline's (a file's path or YAML text; stage options by name).
+    set_epoch(epoch) chooses the epoch of the next iteration, in the main process; the epoch sits in
+    shared memory, so DataLoader workers see it when they start an iteration, persistent ones too.
+    len() is the rank's batches per epoch (needs shard_source's samples_per_epoch; TypeError
+    otherwise), the number DataLoader(batch_size=None) reports as its length.
+    """
+
+    def __init__(self, graph, **options):
+        super().__init__()
+        self._graph, self._options = graph, options
+        self._epoch = multiprocessing.RawValue("q", 0)  # inherited (or sent at spawn) by the workers
+
+    @property
+    def epoch(self):
+        """The epoch the next iteration yields (0-based)."""
+        return self._epoch.value
+
+    def set_epoch(self, epoch):
+        """Sets the epoch the next iteration yields (DistributedSampler's set_epoch): any epoch."""
+        self._epoch.value = int(epoch)
+
+    def _measure(self, measure):
+        """measure(graph) of the graph with this dataset's stage options (Pipeline's arguments left out)."""
+        graph_options = {k: v for k, v in self._options.items()
+                         if k not in ("rank", "world_size", "epochs", "output")}
+        g = Pipeline._load_graph(self._graph, graph_options)
+        try:
+            return measure(g)
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+
+    def __len__(self):
+        batches = self._measure(Pipeline._epoch_batches)
+        if batches is None:
+            raise TypeError("the epoch length is not fixed: set shard_source's samples_per_epoch to have len()")
+        return batches
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        options = dict(self._options)
+        options.setdefault("output", "torch")
+        if info is not None and info.num_workers > 1:
+            options.setdefault("shard_source__workers", info.num_workers)
+            options.setdefault("shard_source__worker", info.id)
+            shape = self._measure(Pipeline._epoch_shape)
+            if shape is not None:
+                share = _worker_share(shape[0], shape[1], info.num_workers, info.id)
+                if share == 0:
+                    return  # more workers than batches: this one has none
+                options["shard_source__samples_per_epoch"] = share
+        with Pipeline(self._graph, **options) as p:
+            p.set_epoch(self._epoch.value)
+            yield from p
