@@ -86,12 +86,15 @@ int sf_pipeline_bottleneck(sf_pipeline *p, char *buf, size_t size) {
     if (want <= have)
       len = snprintf(buf, size, "bottleneck: %s (%s, busy %.0f%% of %d replica(s)): CPU-bound; set %s.replicas: %d",
                      nd->name, nd->def->name, cpu->busy_share * 100, reps, nd->name, want);
-    else
+    else {
+      char here[96] = ""; /* fill this host first */
+      if (reps < have) snprintf(here, sizeof here, "set %s.replicas: %d here, and ", nd->name, have);
       len = snprintf(buf, size,
                      "bottleneck: %s (%s, busy %.0f%% of %d replica(s), %d CPU(s) here): CPU-bound beyond this host; "
-                     "move it into a group with %d decode worker(s) (`groups:`, `shardflow worker`)",
-                     nd->name, nd->def->name, cpu->busy_share * 100, reps, have,
-                     (int)ceil(cpu->busy / elapsed * speedup(trainer_wait) / have - 1e-9));
+                     "%smove it into a group with %d decode worker(s) of %d CPU(s) (`groups:`, `shardflow worker`)",
+                     nd->name, nd->def->name, cpu->busy_share * 100, reps, have, here,
+                     (int)ceil(cpu->busy / elapsed * speedup(trainer_wait) / have - 1e-9), have);
+    }
   } else if (group) {
     uint64_t w = group->extra.workers ? group->extra.workers : 1;
     len = snprintf(buf, size,
