@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -140,5 +141,17 @@ finally:
         if proc and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+# Mistakes a user can make name the setting and say what to do.
+bad = subprocess.run([SHARDFLOW, "run", graph, "--metrics", "localhost"], capture_output=True, text=True, timeout=30)
+check(bad.returncode != 0 and "metrics: 'localhost' is not HOST:PORT" in bad.stderr, f"no port: {bad.stderr}")
+with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy_port = taken.getsockname()[1]
+    bad = subprocess.run([SHARDFLOW, "run", graph, "--metrics", f"127.0.0.1:{busy_port}"], capture_output=True,
+                         text=True, timeout=30)
+check(bad.returncode != 0 and f"metrics: cannot listen on 127.0.0.1:{busy_port}" in bad.stderr
+      and "port 0" in bad.stderr, f"port in use: {bad.stderr}")
 shutil.rmtree(tmp, ignore_errors=True)
 check.done("metrics")
