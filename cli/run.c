@@ -200,7 +200,7 @@ static int run_main(int argc, char **argv) {
       bottleneck_asked = 0;
       print_bottleneck(p);
     }
-    if (r == SF_ETIMEDOUT) continue;
+    if (r == SF_ETIMEDOUT && !sf_pipeline_failed(p)) continue; /* not the error that stopped the run */
     if (r == 0) {
       samples += (uint64_t)batch->size;
       step = sf_pipeline_step(p);

@@ -108,12 +108,8 @@ sf_context *sf_pipeline_context(sf_pipeline *pipeline);
 int sf_pipeline_failed(const sf_pipeline *pipeline);
 /* The first node (replica 0) whose stage is def, or NULL. */
 sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
-/*
- * The pipeline's nodes, every replica in chain order (borrowed, valid until sf_pipeline_destroy), their
- * count in *n; and the queue batches leave by (to sf_pipeline_next).
- */
+/* The pipeline's nodes, every replica in chain order (borrowed, valid until sf_pipeline_destroy), their count in *n. */
 sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
-sf_queue *sf_pipeline_output(sf_pipeline *pipeline);
 /* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */
 double sf_pipeline_elapsed(const sf_pipeline *pipeline);
 double sf_pipeline_trainer_wait(const sf_pipeline *pipeline);

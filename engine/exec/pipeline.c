@@ -542,7 +542,6 @@ sf_node *const *sf_pipeline_nodes(sf_pipeline *p, int *n) {
   *n = p->n_nodes;
   return p->nodes;
 }
-sf_queue *sf_pipeline_output(sf_pipeline *p) { return p->output; }
 double sf_pipeline_elapsed(const sf_pipeline *p) { return now_seconds() - p->started; }
 double sf_pipeline_trainer_wait(const sf_pipeline *p) {
   return (double)atomic_load(&((sf_pipeline *)p)->trainer_wait_ns) * 1e-9;
