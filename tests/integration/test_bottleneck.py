@@ -1,7 +1,8 @@
 """The bottleneck report (docs/bottleneck.md) names the stage whose limit a graph was built to have:
-decode-bound (large JPEGs made with PIL, one decode replica), consumer-bound (a trainer sleeping per batch),
+decode-bound (large JPEGs made with PIL, one decode replica; then in a group of one worker), consumer-bound (a trainer sleeping per batch),
 network-bound (shards behind nginx's per-connection `limit_rate`). The line comes at the end of
 `shardflow run`, on SIGUSR1 mid-run, and from Python's Pipeline.bottleneck()."""
+import atexit
 import io
 import os
 import re
@@ -16,10 +17,11 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, make_dataset, nginx, run, wait_for, write_graph, write_shard  # noqa: E402
+from sfutil import SHARDFLOW, Checks, group_graph, make_dataset, nginx, run, wait_for, write_graph, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-bottleneck-")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # also when a check fails
 
 
 def bottleneck_lines(stderr):
@@ -52,6 +54,13 @@ graph = write_graph(os.path.join(tmp, "decode.yaml"), chain(os.path.join(tmp, "b
 line = final_line(graph)
 check(line.startswith("bottleneck: decode (decode, busy") and "CPU-bound" in line
       and ("decode.replicas:" in line or "group" in line), f"decode-bound graph: {line}")
+
+# The same decode in a group of one local worker process: the group is named, with more workers.
+graph, _ = group_graph(tmp, "group", os.path.join(tmp, "big-000000.tar"), group={"processes": 1}, batch_size=4,
+                       epochs=1)
+line = final_line(graph)
+check(line.startswith("bottleneck: decoders (a group with 1 worker(s)") and "more `shardflow worker`" in line,
+      f"decode-bound group: {line}")
 
 # Consumer-bound: small PPMs, a trainer that sleeps 50 ms a batch; SIGUSR1 asks for the line mid-run.
 pattern, _ = make_dataset(tmp, 2, 60, size=8)
@@ -91,5 +100,4 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # Debian's python cannot ho
                 break
         line = p.bottleneck()
     check(line.startswith("bottleneck: the consumer"), f"Python Pipeline.bottleneck() on a slow consumer: {line}")
-shutil.rmtree(tmp, ignore_errors=True)
 check.done("bottleneck")

@@ -2,6 +2,7 @@
 scrapes a slowly consumed pipeline every second, and the series read back through its HTTP API
 (/api/v1/query) must equal the pipeline's own end-of-run table and the shards' sample count by tarfile;
 /metrics itself must pass a strict line-by-line check of the format and prometheus_client's parser."""
+import atexit
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from sfutil import SHARDFLOW, Checks, free_port, make_dataset, tar_keys, wait_fo
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-metrics-")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # also when a check fails
 SHARDS, PER_SHARD, BATCH = 4, 100, 10
 pattern, _ = make_dataset(tmp, SHARDS, PER_SHARD)
 samples = len(tar_keys(*[os.path.join(tmp, f"shard-{s:06d}.tar") for s in range(SHARDS)]))
@@ -153,5 +155,4 @@ with socket.socket() as taken:
                          text=True, timeout=30)
 check(bad.returncode != 0 and f"metrics: cannot listen on 127.0.0.1:{busy_port}" in bad.stderr
       and "port 0" in bad.stderr, f"port in use: {bad.stderr}")
-shutil.rmtree(tmp, ignore_errors=True)
 check.done("metrics")
