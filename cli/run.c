@@ -1,4 +1,5 @@
 /* `shardflow run GRAPH`: runs a graph file, prints the reference rate lines and a per-stage table. */
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 
 typedef struct run_args {
   sf_cli_list sets;
+  char *metrics; /* HOST:PORT, or NULL */
   int64_t epochs, rank, world_size, start_epoch, start_step, log_steps; /* -1: not given */
   double step_time;
   bool quiet, no_summary;
@@ -46,6 +48,10 @@ static const sf_cli_option run_options[] = {
     {.row = {"step-time", SF_OPT_DURATION, offsetof(run_args, step_time), "0", 0, 3600,
              "sleep this long per batch, like a trainer's step (a slow consumer)"},
      .value = "SECONDS"},
+    {.row = {"metrics", SF_OPT_STRING, offsetof(run_args, metrics),
+             .help = "serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free one, logged); the graph "
+                     "setting `metrics`"},
+     .value = "HOST:PORT"},
     {.row = {"quiet", SF_OPT_BOOL, offsetof(run_args, quiet), .help = "only errors and the epoch lines"}},
     {.row = {"no-summary", SF_OPT_BOOL, offsetof(run_args, no_summary), .help = "no per-stage table at the end"}},
     {.row = {NULL}},
@@ -111,6 +117,16 @@ static void print_summary(sf_pipeline *p) {
           (unsigned long long)st.duplicates, (unsigned long long)st.malformed, (unsigned long long)st.refused);
 }
 
+/* SIGUSR1 asks for the bottleneck line; the main loop prints it between batches (not in the handler). */
+static volatile sig_atomic_t bottleneck_asked;
+static void ask_bottleneck(int sig) { bottleneck_asked = 1; }
+
+static void print_bottleneck(sf_pipeline *p) {
+  char line[512];
+  sf_pipeline_bottleneck(p, line, sizeof line);
+  fprintf(stderr, "%s\n", line);
+}
+
 static int run_main(int argc, char **argv) {
   run_args a = {.epochs = -1, .rank = -1, .world_size = -1};
   int first, status;
@@ -153,6 +169,7 @@ static int run_main(int argc, char **argv) {
     target[eq - sets[i]] = '\0';
     r = sf_graph_set(graph, target, eq + 1, &err);
   }
+  if (r == 0 && a.metrics) r = sf_graph_set(graph, "metrics", a.metrics, &err);
   sf_cli_free(&sf_cli_run, &a);
   int64_t epochs = options.epochs >= 0 ? options.epochs : graph ? graph->epochs : 0;
   if (r == 0 && epochs > 0 && options.first_epoch >= (uint64_t)epochs) {
@@ -173,9 +190,17 @@ static int run_main(int argc, char **argv) {
   double epoch_start = now_seconds(), last_time = epoch_start, rate = 0;
   uint64_t samples = 0, last_samples = 0, step = sf_pipeline_step(p);
   uint64_t epoch_seen = sf_pipeline_epoch(p);
+  struct sigaction usr1 = {.sa_handler = ask_bottleneck};
+  sigaction(SIGUSR1, &usr1, NULL);
   for (;;) {
     sf_batch *batch;
-    r = sf_pipeline_next(p, &batch, -1);
+    /* A timeout, so that SIGUSR1 is answered while the pipeline is stuck too. */
+    r = sf_pipeline_next(p, &batch, 0.2);
+    if (bottleneck_asked) {
+      bottleneck_asked = 0;
+      print_bottleneck(p);
+    }
+    if (r == SF_ETIMEDOUT && !sf_pipeline_failed(p)) continue; /* not the error that stopped the run */
     if (r == 0) {
       samples += (uint64_t)batch->size;
       step = sf_pipeline_step(p);
@@ -222,6 +247,7 @@ static int run_main(int argc, char **argv) {
   }
   uint64_t errors = sf_pipeline_error_count(p), skipped = sf_pipeline_skipped(p);
   if (summary) print_summary(p);
+  if (summary) print_bottleneck(p);
   if (errors || skipped)
     fprintf(stderr, "shardflow: %llu error record(s), %llu sample(s) skipped\n",
             (unsigned long long)errors, (unsigned long long)skipped);

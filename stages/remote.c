@@ -579,11 +579,24 @@ static int start_error(sf_node *node, sf_error *e, int rc) {
   return rc;
 }
 
+/* The group's counters for /metrics and the bottleneck report (sf_node_extra); any thread. */
+static void describe(sf_node *node, sf_node_extra *x) {
+  sf_remote_stats *st = malloc(sizeof *st); /* large: a table per worker */
+  if (!st) return;
+  sf_remote_describe(node, st);
+  x->group = true;
+  x->workers = (uint64_t)st->live;
+  x->reassigned = st->reassigned;
+  x->duplicates = st->duplicates;
+  free(st);
+}
+
 static int init(sf_node *node) {
   remote *r = sf_node_priv(node);
   r->node = node;
   r->wake_fd = -1;
   pthread_mutex_init(&r->lock, NULL);
+  node->extra = describe;
   atomic_init(&r->stop, false);
   sf_error e;
   if (!(r->stages = sf_node_group_stages(node))) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "node.h"
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "tar_reader.h"
@@ -151,11 +152,13 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
         .wake_opaque = node,
     };
     sf_error error;
-    if (sf_prefetch_new(&t->downloads, &o, &error) < 0) {
+    sf_prefetch *downloads;
+    if (sf_prefetch_new(&downloads, &o, &error) < 0) {
       t->downloads_failed = true; /* each shard then downloads on its own when its turn comes */
       sf_node_error(node, error.code, url, NULL, -1, "cannot start downloads ahead: %s", error.message);
       return error.code;
     }
+    __atomic_store_n(&t->downloads, downloads, __ATOMIC_RELEASE); /* read by describe() on other threads */
   }
   return 0;
 }
@@ -386,10 +389,32 @@ static int compile_key_regex(sf_node *node, tar_split *t) {
   return 0;
 }
 
+/* The reader's network counters for /metrics and the bottleneck report (sf_node_extra); any thread. */
+static void describe(sf_node *node, sf_node_extra *x) {
+  tar_split *t = sf_node_priv(node);
+  sf_prefetch *downloads = __atomic_load_n(&t->downloads, __ATOMIC_ACQUIRE);
+  if (!downloads) return;
+  sf_prefetch_stats s;
+  sf_prefetch_stats_get(downloads, &s);
+  x->reader = true;
+  x->downloaded_bytes = s.bytes;
+  x->refetched_bytes = s.refetched_bytes;
+  x->retries = s.retries;
+  x->prefetch = (uint64_t)t->prefetch;
+  if (t->cache) {
+    sf_shard_cache_stats c;
+    sf_shard_cache_stats_get(t->cache, &c);
+    x->cache_hits = c.hits;
+  }
+}
+
 static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   int krc = compile_key_regex(node, t);
   if (krc < 0) return krc;
+}
+
+  node->extra = describe;
   if (t->cache_dir && t->cache_dir[0]) {
     sf_error error;
     int rc = sf_shard_cache_open(&t->cache, t->cache_dir, t->cache_size, &error);

@@ -7,12 +7,14 @@ packages=(
   libcurl4-openssl-dev libarchive-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   libyaml-dev zlib1g-dev libzstd-dev libmimalloc-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev libssl-dev libxml2-dev libdlpack-dev
   libzip-dev libjansson-dev                   # .npz fields, json validation (decode)
+  libmicrohttpd-dev                            # the /metrics endpoint
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
   python3-mesonpy python3-venv                 # pyproject.toml: pip install --no-build-isolation .
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar
   sentencepiece python3-sentencepiece  # spm_train and the tokenize plugin's reference
+  prometheus python3-prometheus-client  # test_metrics: a real scraper, and a strict text-format parser
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds
 )

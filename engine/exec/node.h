@@ -41,6 +41,25 @@ typedef struct sf_port {
   int markers;         /* epoch-end markers collected from the queues (consumer side) */
 } sf_port;
 
+/*
+ * Counters a stage keeps beyond the common ones, for /metrics (engine/exec/metrics.c) and the bottleneck
+ * report (engine/exec/bottleneck.c). A stage that has them sets sf_node.extra in its init; the function
+ * is then called from other threads (the metrics server's, the trainer's) while the node runs, so it
+ * reads only thread-safe state. Zero-filled before the call.
+ */
+typedef struct sf_node_extra {
+  bool group;                  /* a group's head-side node: the next three are set */
+  uint64_t workers;            /* workers alive now */
+  uint64_t reassigned;         /* units handed to another worker after theirs died, left or was late */
+  uint64_t duplicates;         /* results dropped because their unit was already done */
+  bool reader;                 /* a shard reader with remote downloads started: the next five are set */
+  uint64_t downloaded_bytes;   /* body bytes received over the network */
+  uint64_t refetched_bytes;    /* of which were received a second time and discarded */
+  uint64_t retries;            /* download attempts after a failure */
+  uint64_t cache_hits;         /* shards served from the shard cache */
+  uint64_t prefetch;           /* the reader's `prefetch` option (downloads ahead), for the remedy */
+} sf_node_extra;
+
 struct sf_node {
   const sf_stage_def *def;
   void *priv;
@@ -61,6 +80,7 @@ struct sf_node {
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */
   struct sf_deferred_clock *deferred; /* time other nodes spent writing this node's deferred fields */
+  void (*extra)(sf_node *node, sf_node_extra *out); /* set by a stage's init, or NULL (sf_node_extra) */
 };
 
 void sf_context_init(sf_context *ctx);
@@ -87,6 +107,11 @@ sf_context *sf_pipeline_context(sf_pipeline *pipeline);
 int sf_pipeline_failed(const sf_pipeline *pipeline);
 /* The first node (replica 0) whose stage is def, or NULL. */
 sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
+/* The pipeline's nodes, every replica in chain order (borrowed, valid until sf_pipeline_destroy), their count in *n. */
+sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
+/* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */
+double sf_pipeline_elapsed(const sf_pipeline *pipeline);
+double sf_pipeline_trainer_wait(const sf_pipeline *pipeline);
 /* Runs one step and patches holes for map stages. Returns the step's result. */
 int sf_node_step(sf_node *node);
 /* True when the output port may take another item. */

@@ -8,6 +8,7 @@
 
 #include "graph.h"
 #include "graph_groups.h"
+#include "metrics.h"
 #include "node.h"
 #include "options.h"
 
@@ -33,6 +34,9 @@ struct sf_pipeline {
   uint64_t epoch_samples; /* samples returned in this epoch */
   int event_fd;          /* readable while next() would not wait (see sf_pipeline_fd) */
   bool done;
+  double started;        /* now_seconds() when the threads started */
+  atomic_uint_fast64_t trainer_wait_ns; /* time next() waited for a batch (the bottleneck report) */
+  sf_metrics_server *metrics; /* `metrics: HOST:PORT`, or NULL */
 };
 
 static double now_seconds(void) {
@@ -226,6 +230,7 @@ static void join_threads(sf_pipeline *p) {
 void sf_pipeline_destroy(sf_pipeline **pp) {
   if (!pp || !*pp) return;
   sf_pipeline *p = *pp;
+  sf_metrics_server_destroy(&p->metrics); /* first: it reads the nodes */
   atomic_store(&p->ctx.stop, true);
   for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
   notify(p);
@@ -452,6 +457,11 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     }
     p->n_threads++;
   }
+  p->started = now_seconds();
+  if (p->graph->metrics[0] && (r = sf_metrics_server_new(&p->metrics, p, p->graph->metrics, error)) < 0) {
+    sf_pipeline_destroy(&p);
+    return r;
+  }
   *pp = p;
   return 0;
 }
@@ -516,7 +526,9 @@ int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
     }
     double left = timeout >= 0 ? deadline - now_seconds() : -1;
     if (timeout >= 0 && left <= 0) return SF_ETIMEDOUT;
+    double t0 = now_seconds();
     sf_queue_wait_readable(p->output, &p->ctx.stop, left);
+    atomic_fetch_add(&p->trainer_wait_ns, (uint_fast64_t)((now_seconds() - t0) * 1e9));
   }
 }
 
@@ -525,6 +537,16 @@ uint64_t sf_pipeline_step(const sf_pipeline *p) { return p->step; }
 int sf_pipeline_fd(const sf_pipeline *p) { return p->event_fd; }
 int sf_pipeline_rank(const sf_pipeline *p) { return p->ctx.rank; }
 int sf_pipeline_world_size(const sf_pipeline *p) { return p->ctx.world_size; }
+
+sf_node *const *sf_pipeline_nodes(sf_pipeline *p, int *n) {
+  *n = p->n_nodes;
+  return p->nodes;
+}
+double sf_pipeline_elapsed(const sf_pipeline *p) { return now_seconds() - p->started; }
+double sf_pipeline_trainer_wait(const sf_pipeline *p) {
+  return (double)atomic_load(&((sf_pipeline *)p)->trainer_wait_ns) * 1e-9;
+}
+int sf_pipeline_metrics_port(const sf_pipeline *p) { return p->metrics ? sf_metrics_server_port(p->metrics) : 0; }
 
 int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
   int count = 0;

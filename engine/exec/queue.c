@@ -117,6 +117,13 @@ int sf_queue_pop(sf_queue *q, sf_item *item) {
   return 0;
 }
 
+size_t sf_queue_depth(sf_queue *q) {
+  pthread_mutex_lock(&q->lock);
+  size_t n = q->count;
+  pthread_mutex_unlock(&q->lock);
+  return n;
+}
+
 bool sf_queue_can_push(sf_queue *q) {
   pthread_mutex_lock(&q->lock);
   bool ok = has_room(q);

@@ -49,6 +49,8 @@ int sf_queue_push(sf_queue *q, sf_item *item);
 /* 0 with *item, SF_EAGAIN when empty, SF_EOF when empty and every producer closed. */
 int sf_queue_pop(sf_queue *q, sf_item *item);
 bool sf_queue_can_push(sf_queue *q);
+/* Items queued now (takes the lock briefly; for metrics). */
+size_t sf_queue_depth(sf_queue *q);
 /*
  * Keeps eventfd fd readable exactly while pop would not return SF_EAGAIN
  * (level-triggered, for consumers that poll). fd stays owned by the caller.

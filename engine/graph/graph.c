@@ -188,6 +188,7 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
   g->threads = src->threads;
   g->max_errors = src->max_errors;
   g->max_error_rate = src->max_error_rate;
+  memcpy(g->metrics, src->metrics, sizeof g->metrics);
   for (int i = 0; i < src->n_nodes; i++)
     if (!sf_graph_copy_node(g, &src->nodes[i])) goto fail;
   for (int i = 0; i < src->n_groups; i++) {
@@ -269,7 +270,7 @@ static void node_names(const sf_graph *g, char *buf, size_t size) {
 }
 
 static const char *const settings_help =
-    "seed, epochs, error_policy, max_errors, max_error_rate, queue_size, queue_bytes, threads";
+    "seed, epochs, error_policy, max_errors, max_error_rate, queue_size, queue_bytes, threads, metrics";
 
 int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_t line, sf_error *e) {
   static const char *const policies[] = {"skip", "fail", NULL};
@@ -284,6 +285,12 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
       {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), NULL, 0, 1024, "pool workers (0 = CPUs)", NULL},
       {NULL},
   };
+  if (strcmp(key, "metrics") == 0) { /* HOST:PORT, checked when the server binds (sf_metrics_server_new) */
+    if (strlen(value) >= sizeof g->metrics || !strchr(value, ':'))
+      return sf_graph_error(e, SF_EOPTION, g, line, "metrics: '%s' is not HOST:PORT (e.g. 127.0.0.1:9108; port 0 picks a free one)", value);
+    snprintf(g->metrics, sizeof g->metrics, "%s", value);
+    return 0;
+  }
   const sf_option *o = sf_option_find(settings, key);
   if (!o)
     return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups, plugins",

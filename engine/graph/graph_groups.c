@@ -126,6 +126,7 @@ int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
     return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
   }
   copy_settings(h, g);
+  memcpy(h->metrics, g->metrics, sizeof h->metrics); /* the head serves /metrics, not its workers */
   for (int k = 0; k < g->n_nodes && r == 0;) {
     const sf_graph_node *n = &g->nodes[order[k]];
     if (!n->group) {

@@ -169,6 +169,22 @@ typedef struct sf_node_stats {
  */
 SF_API int sf_pipeline_stats(const sf_pipeline *pipeline, sf_node_stats *stats, int max);
 
+/**
+ * The TCP port /metrics is served on (graph setting `metrics: HOST:PORT`, Prometheus text format
+ * 0.0.4, metric names in docs/metrics.md): the bound port, also when the setting asked for port 0.
+ * Returns 0 when the graph has no `metrics` setting.
+ */
+SF_API int sf_pipeline_metrics_port(const sf_pipeline *pipeline);
+
+/**
+ * Writes one line naming the stage that limits throughput and the remedy (rule and reasoning:
+ * docs/bottleneck.md), e.g. "bottleneck: decode (busy 97% of 1 replica): CPU-bound; set
+ * decode.replicas: 2", into buf (cut to size bytes with a NUL; no newline).  Judged from the
+ * counters since the pipeline started; callable from any thread while the pipeline runs, and
+ * after its last epoch.  Returns the full length of the line.
+ */
+SF_API int sf_pipeline_bottleneck(sf_pipeline *pipeline, char *buf, size_t size);
+
 /** Total error records and skipped samples so far. */
 SF_API uint64_t sf_pipeline_error_count(const sf_pipeline *pipeline);
 SF_API uint64_t sf_pipeline_skipped(const sf_pipeline *pipeline);

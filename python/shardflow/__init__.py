@@ -106,6 +106,7 @@ def _load():
         "sf_pipeline_fd": (ctypes.c_int, [p]),
         "sf_pipeline_stats": (ctypes.c_int, [p, ctypes.POINTER(_NodeStats), ctypes.c_int]),
         "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
+        "sf_pipeline_bottleneck": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_pipeline_destroy": (None, [ctypes.POINTER(p)]),
         "sf_batch_size": (ctypes.c_int64, [p]),
         "sf_batch_epoch": (ctypes.c_uint64, [p]),
@@ -444,6 +445,14 @@ class Pipeline:
             if batch is None:
                 return
             yield batch
+
+    def bottleneck(self):
+        """One line naming the stage that limits throughput and the remedy, judged from busy/wait times
+        since the pipeline started (rule: docs/bottleneck.md), e.g. "bottleneck: decode (decode, busy 97%
+        of 1 replica(s)): CPU-bound; set decode.replicas: 2"."""
+        buf = ctypes.create_string_buffer(1024)
+        library.sf_pipeline_bottleneck(self._pipeline, buf, len(buf))
+        return buf.value.decode()
 
     def close(self):
         """Stops the threads and frees the pipeline; batches already returned stay valid."""

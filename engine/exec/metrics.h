@@ -1,0 +1,35 @@
+/* The /metrics endpoint: a pipeline's counters in Prometheus' text exposition format 0.0.4, served with libmicrohttpd. */
+#ifndef SF_ENGINE_METRICS_H
+#define SF_ENGINE_METRICS_H
+
+#include "shardflow/shardflow.h"
+#include "strbuf.h"
+
+typedef struct sf_metrics_server sf_metrics_server;
+
+/*
+ * Appends every metric of pipeline to out in the text exposition format 0.0.4
+ * (https://prometheus.io/docs/instrumenting/exposition_formats/; names and meanings in
+ * docs/metrics.md): one HELP and TYPE line per family, then one sample per stage replica,
+ * group or reader.  Reads atomics and takes queue locks briefly: it never blocks a step.
+ * Returns 0 or SF_ENOMEM (out is then failed).
+ */
+int sf_metrics_format(sf_pipeline *pipeline, sf_strbuf *out);
+
+/*
+ * Serves GET /metrics for pipeline on address "HOST:PORT" (HOST a name or a numeric IPv4/IPv6
+ * address, [::1] style allowed; PORT 0 picks a free port, logged at info level and returned by
+ * sf_metrics_server_port) from libmicrohttpd's own thread.  Returns 0 with *server owned by the
+ * caller (sf_metrics_server_destroy before the pipeline's nodes go); SF_EOPTION for an address
+ * that does not parse or resolve, SF_EIO when the port cannot be bound (in use: pick another
+ * or 0), both with a message naming the `metrics` setting; SF_ENOMEM.
+ */
+int sf_metrics_server_new(sf_metrics_server **server, sf_pipeline *pipeline, const char *address, sf_error *error);
+
+/* The TCP port the server listens on. */
+int sf_metrics_server_port(const sf_metrics_server *server);
+
+/* Stops the server (waits for a request in progress) and frees it; sets *server to NULL. NULL-safe. */
+void sf_metrics_server_destroy(sf_metrics_server **server);
+
+#endif
