@@ -410,11 +410,9 @@ static void describe(sf_node *node, sf_node_extra *x) {
 
 static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
+  node->extra = describe;
   int krc = compile_key_regex(node, t);
   if (krc < 0) return krc;
-}
-
-  node->extra = describe;
   if (t->cache_dir && t->cache_dir[0]) {
     sf_error error;
     int rc = sf_shard_cache_open(&t->cache, t->cache_dir, t->cache_size, &error);
