@@ -46,7 +46,8 @@ class _NodeStats(ctypes.Structure):
     """sf_node_stats (include/shardflow/shardflow.h)."""
     _fields_ = [("name", ctypes.c_char * 32), ("type", ctypes.c_char * 32), ("replicas", ctypes.c_int),
                 ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
-                ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64)]
+                ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
+                ("filtered", ctypes.c_uint64)]
 
 
 # sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
@@ -371,7 +372,8 @@ class Pipeline:
         """The nodes' counters so far (sf_pipeline_stats), one dict per node in the graph's order:
         name, type (stage), replicas, items (produced), bytes (payload produced, as the stage counts
         it), busy_seconds (wall-clock inside its steps), wait_seconds (waiting for input), errors
-        (records raised), skipped (samples dropped under the skip policy), and the rates over the
+        (records raised), skipped (samples dropped under the skip policy), filtered (dropped on
+        purpose by a filter stage), and the rates over the
         pipeline's life so far: items_per_second and mib_per_second (per wall-clock second since
         the pipeline started; set_epoch and load_state_dict start a new one, from zero). The
         numbers are those `shardflow run` prints at its end."""
