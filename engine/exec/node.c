@@ -211,6 +211,22 @@ int sf_node_pop(sf_node *n, sf_item *item) {
   }
 }
 
+int sf_node_input_count(const sf_node *n) { return n->n_inputs; }
+
+int sf_node_pop_port(sf_node *n, int port, sf_item *item) {
+  if (port == 0) return sf_node_pop(n, item);
+  if (port < 0 || port >= n->n_inputs) return SF_EOF;
+  for (;;) {
+    int r = pop_port(&n->more_in[port - 1], item);
+    if (r < 0 || item->kind != SF_ITEM_NONE) return r; /* holes only keep replicas in step */
+  }
+}
+
+void sf_node_count_input(sf_node *n, int port, uint64_t items) {
+  if (port >= 0 && port < SF_GRAPH_MAX_INPUTS)
+    atomic_fetch_add_explicit(&n->input_items[port], items, memory_order_relaxed);
+}
+
 /* Shared by a node and the recipes it made, which may outlive it in queues. */
 typedef struct sf_deferred_clock {
   atomic_uint_fast64_t refs, ns;

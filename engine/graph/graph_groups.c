@@ -20,6 +20,10 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
                               g->nodes[i].group);
     return 0;
   }
+  if (sf_graph_has_branches(g))
+    return sf_graph_error(e, SF_EGRAPH, g, g->groups[0].line,
+                          "groups in a graph with branches (`inputs:`) are not supported yet: run this graph without "
+                          "`groups:`, or mix in one process and decode in a separate chain");
   char names[512] = "";
   size_t len = 0;
   for (int i = 0; i < g->n_groups && len < sizeof names; i++)

@@ -62,6 +62,14 @@ SF_API const char *sf_graph_node_name(const sf_graph *graph, int i);
 SF_API const char *sf_graph_node_type(const sf_graph *graph, int i);
 
 /**
+ * The node feeding input port `port` (0-based) of node i: the previous node of a chain, or the
+ * port-th name of the node's `inputs:` list (docs/graph-files.md).  Returns the index of that node
+ * (file order), or -1 when the port is not connected, i is a source, or the graph does not resolve
+ * (sf_graph_validate says why).  Used by `shardflow dot` to draw branches.
+ */
+SF_API int sf_graph_node_input(const sf_graph *graph, int i, int port);
+
+/**
  * The value option of node i will run with, as text: the graph file's or
  * --set's value, else the option's default.  Returns a borrowed string valid
  * until the graph changes, or NULL for an unknown node or option.
@@ -160,6 +168,9 @@ typedef struct sf_node_stats {
   double wait_seconds;    /**< wall-clock seconds the node waited for input (queue wait: its input queue was empty) */
   uint64_t errors;        /**< error records raised */
   uint64_t skipped;       /**< samples dropped under the skip policy */
+  int n_inputs;           /**< connected input ports (fan-in: several) */
+  char input_names[8][32];   /**< the node feeding each input port */
+  uint64_t input_items[8];   /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
 } sf_node_stats;
 
 /**
