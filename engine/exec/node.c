@@ -100,12 +100,16 @@ uint64_t sf_node_seed(const sf_node *n) {
 }
 
 void sf_node_close_epoch(sf_node *n, uint64_t epoch) {
-  uint64_t want = epoch + 1, cur = atomic_load(&n->ctx->epochs_closed);
-  while (cur < want && !atomic_compare_exchange_weak(&n->ctx->epochs_closed, &cur, want)) {
+  atomic_uint_fast64_t *closed = n->branch_closed ? n->branch_closed : &n->ctx->epochs_closed;
+  uint64_t want = epoch + 1, cur = atomic_load(closed);
+  while (cur < want && !atomic_compare_exchange_weak(closed, &cur, want)) {
   }
 }
 
-uint64_t sf_node_epochs_closed(const sf_node *n) { return atomic_load(&n->ctx->epochs_closed); }
+uint64_t sf_node_epochs_closed(const sf_node *n) {
+  uint64_t all = atomic_load(&n->ctx->epochs_closed), branch = n->branch_closed ? atomic_load(n->branch_closed) : 0;
+  return all > branch ? all : branch;
+}
 
 bool sf_node_cancelled(const sf_node *n) { return atomic_load(&n->ctx->stop); }
 

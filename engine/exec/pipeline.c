@@ -19,6 +19,7 @@ struct sf_pipeline {
   sf_queue *queues;      /* every edge queue plus the output queue */
   int n_queues;
   sf_queue *output;
+  atomic_uint_fast64_t *branch_closed; /* per graph node: the epochs its branch closed (graphs with branches) */
   pthread_t *threads;
   int n_threads;
   atomic_int failed;     /* the error code that stopped the pipeline, or 0 */
@@ -236,6 +237,7 @@ void sf_pipeline_destroy(sf_pipeline **pp) {
   destroy_nodes(p);
   for (int i = 0; i < p->n_queues; i++) sf_queue_destroy(&p->queues[i]);
   free(p->queues);
+  free(p->branch_closed);
   sf_graph_destroy(&p->graph);
   sf_context_destroy(&p->ctx);
   pthread_mutex_destroy(&p->sched_lock);
@@ -262,6 +264,11 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
   /* Every node feeds one consumer through max(replicas) queues; the last feeds the output queue. */
   int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer), *out_count = calloc((size_t)g->n_nodes, sizeof *out_count);
   sf_queue **out_queues = calloc((size_t)g->n_nodes, sizeof *out_queues);
+  /* A branch is a source and the chain after it up to a mix; scope[i] is its source, -1 after the mix. */
+  int *scope = malloc((size_t)g->n_nodes * sizeof *scope);
+  bool branches = sf_graph_has_branches(g);
+  if (branches && (p->branch_closed = calloc((size_t)g->n_nodes, sizeof *p->branch_closed)))
+    for (int i = 0; i < g->n_nodes; i++) atomic_init(&p->branch_closed[i], p->ctx.first_epoch);
   if (consumer)
     for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
   for (int i = 0; consumer && i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++)
@@ -274,7 +281,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
   }
   p->queues = calloc((size_t)n_queues, sizeof *p->queues);
   int r = 0;
-  if (!p->nodes || !p->queues || !consumer || !out_count || !out_queues) {
+  if (!p->nodes || !p->queues || !consumer || !out_count || !out_queues || !scope || (branches && !p->branch_closed)) {
     r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
     goto done;
   }
@@ -285,6 +292,8 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
     const sf_graph_node *gn = &g->nodes[gi];
     const sf_stage_def *def = defs[gi];
     int replicas = (int)gn->replicas;
+    const int *in = &inputs[gi * SF_GRAPH_MAX_INPUTS];
+    scope[gi] = in[0] < 0 ? gi : in[1] >= 0 ? -1 : scope[in[0]];
     /* queues out of this node */
     int out_n = 1;
     size_t cap = capacity_for(sf_port_first_kind(def->outputs), g->queue_size);
@@ -324,8 +333,8 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
       n->replica = rep;
       n->replicas = replicas;
       snprintf(n->name, sizeof n->name, "%s", gn->name);
+      if (branches && scope[gi] >= 0) n->branch_closed = &p->branch_closed[scope[gi]];
       /* inputs: one queue per replica, or all of a producer's queues in round-robin order for a single consumer */
-      const int *in = &inputs[gi * SF_GRAPH_MAX_INPUTS];
       while (n->n_inputs < SF_GRAPH_MAX_INPUTS && in[n->n_inputs] >= 0) n->n_inputs++;
       if (n->n_inputs > 1 && !(n->more_in = calloc((size_t)n->n_inputs - 1, sizeof *n->more_in))) {
         r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
@@ -362,6 +371,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
     first_node += replicas;
   }
 done:
+  free(scope);
   free(consumer);
   free(out_count);
   free(out_queues);
