@@ -9,7 +9,7 @@ packages=(
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
-  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar
+  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz
   sentencepiece python3-sentencepiece  # spm_train and the tokenize plugin's reference
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds
