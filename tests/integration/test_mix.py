@@ -168,5 +168,26 @@ dot = run(["dot", path]).stdout
 check('"split_a" -> "mix"' in dot and '"split_b" -> "mix"' in dot and '"mix" -> "decode"' in dot, f"dot edges: {dot}")
 svg = subprocess.run(["dot", "-Tsvg"], input=dot, capture_output=True, text=True, check=True).stdout
 check(svg.count('class="edge"') == 7, "graphviz renders the 7 edges")
+
+# 8. groups keep working after the mix (decode) and on a branch (each input's decode): the same batches
+def grouped(name, branch_group):
+    path, out = mix_graph(name, SMALL_A, SMALL_B, dict(weights=[0.75, 0.25], stop="longest"),
+                          source=dict(shuffle=True), seed=9, epochs=2)
+    text = open(path).read()
+    if branch_group:  # decode on each branch (the first in a group), none after the mix
+        text = text.replace("  - {name: src_b", "  - {name: dec_a, type: decode, group: g}\n  - {name: src_b")
+        text = text.replace("  - {name: mix", "  - {name: dec_b, type: decode}\n  - {name: mix")
+        text = text.replace("inputs: [split_a, split_b]", "inputs: [dec_a, dec_b]").replace("  - {type: decode}\n", "")
+    alone = batches(path, out)
+    with open(path, "w") as f:
+        f.write("groups:\n  g: {processes: 2}\n" + (text if branch_group else text.replace("{type: decode}", "{type: decode, group: g}")))
+    together = batches(path, out)
+    check(len(alone) > 0 and sorted(alone) == sorted(together) and
+          all(alone[k][0] == together[k][0] and np.array_equal(alone[k][1], together[k][1]) for k in alone),
+          f"{name}: a group gives the batches of one process")
+
+
+grouped("group-after-mix", False)
+grouped("group-on-branch", True)
 shutil.rmtree(tmp)
 check.done("mix")
