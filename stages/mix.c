@@ -92,16 +92,16 @@ static int end_epoch(sf_node *node, mix *m) {
   return 0;
 }
 
-/* Draws an input among those not ended, by weight; -1 when all have ended. */
+/* Draws an input among those not ended, by weight; -1 when all have ended (a weight of 0 is never drawn). */
 static int draw(mix *m) {
   double total = 0;
   int last = -1;
   for (int i = 0; i < m->n; i++)
-    if (!m->ended[i]) total += m->w[i], last = i;
+    if (!m->ended[i] && m->w[i] > 0) total += m->w[i], last = i;
   if (last < 0) return -1;
   double u = sf_rng_double(&m->rng) * total;
   for (int i = 0; i < m->n; i++) {
-    if (m->ended[i]) continue;
+    if (m->ended[i] || m->w[i] <= 0) continue;
     if (u < m->w[i]) return i;
     u -= m->w[i];
   }

@@ -266,6 +266,9 @@ SF_API void sf_node_count_skipped(sf_node *node, uint64_t samples);
  * Tells the pipeline that the sample stream of `epoch` is complete (called by
  * the stage that cuts epochs at samples_per_epoch).  The shard source reads
  * it with sf_node_epochs_closed() to stop producing shards for that epoch.
+ * A node on a branch (before a stage that merges several inputs, e.g. mix)
+ * closes the epoch for its branch only; the merging stage and those after it
+ * close it for every branch.
  */
 SF_API void sf_node_close_epoch(sf_node *node, uint64_t epoch);
 

@@ -124,6 +124,10 @@ ks = keys_of(batches(path, out))
 check([k for k in ks if k[0] == "p"] == sorted(k for k in ks if k[0] == "p") and
       sum(k[0] == "p" for k in ks) == 300 and sum(k[0] == "q" for k in ks) == 100,
       "longest: both inputs drained, each in its source's order")
+path, out = mix_graph("zero", SMALL_A, SMALL_B, dict(stop="longest", weights=[1, 0]), source=dict(shuffle=False),
+                      seed=1, epochs=1)
+ks = keys_of(batches(path, out))
+check(len(ks) == 300 and all(k[0] == "p" for k in ks), "weight 0: that input is never drawn")
 path, out = mix_graph("never", SMALL_A, SMALL_B, dict(stop="never", samples_per_epoch=1000), source=ENDLESS, seed=1,
                       epochs=1)
 ks = keys_of(batches(path, out))
@@ -163,6 +167,22 @@ p = run(["run", path], check=False)
 line = text.splitlines().index([ln for ln in text.splitlines() if "split_c" in ln][0]) + 1
 check(p.returncode != 0 and f"{path}:{line}" in p.stderr and "split_c" in p.stderr and "src_a" in p.stderr,
       f"a bad input name names the file:line and the stages: {p.stderr}")
+for what, old, new, at, words in (
+        ("a stage read twice", "  - {name: mix", "  - {name: extra, type: decode, input: split_a}\n  - {name: mix",
+         "{name: mix", ["split_a", "feeds both"]),
+        ("a branch nobody reads", "inputs: [split_a, split_b]", "inputs: [split_a]", "{name: split_b",
+         ["split_b", "feeds no stage"]),
+        ("inputs on a source", "{name: src_b, type: shard_source,", "{name: src_b, type: shard_source, input: split_a,",
+         "{name: src_b", ["src_b", "source"]),
+        ("a later stage", "inputs: [split_a, split_b]", "inputs: [split_a, batch]", "{name: mix", ["batch", "later"])):
+    path, _ = mix_graph("bad2", A, B, {})
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+    p = run(["run", path], check=False)
+    line = [n for n, ln in enumerate(text.replace(old, new).splitlines(), 1) if at in ln][0]
+    check(p.returncode != 0 and all(w in p.stderr for w in words) and f"{path}:{line}:" in p.stderr,
+          f"{what} is refused: {p.stderr}")
 path, _ = mix_graph("dot", A, B, dict(weights=[0.5, 0.5]))
 dot = run(["dot", path]).stdout
 check('"split_a" -> "mix"' in dot and '"split_b" -> "mix"' in dot and '"mix" -> "decode"' in dot, f"dot edges: {dot}")
