@@ -73,6 +73,7 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
                          g->nodes[i].group, names);
   free(order);
   free(defs);
+  free(inputs);
   return r;
 }
 
