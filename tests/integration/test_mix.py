@@ -3,6 +3,7 @@
 rank, the stop policies, resampled shard order by seed, rank and epoch, bad `inputs:` refused with
 file:line, and `shardflow dot` rendered by Graphviz. Samples are counted by the key prefix of two synthetic
 datasets written with Python's tarfile."""
+import atexit
 import math
 import os
 import shutil
@@ -17,6 +18,7 @@ from sfutil import Checks, read_batches, run, write_shard, yaml_value  # noqa: E
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-mix-")
+atexit.register(shutil.rmtree, tmp, True)  # on failure too
 
 
 def dataset(prefix, shards, per_shard):
@@ -209,5 +211,4 @@ def grouped(name, branch_group):
 
 grouped("group-after-mix", False)
 grouped("group-on-branch", True)
-shutil.rmtree(tmp)
 check.done("mix")
