@@ -95,6 +95,8 @@ static void print_summary(sf_pipeline *p) {
     fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu %8llu\n", s->name, s->type, s->replicas,
             (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds,
             (unsigned long long)s->errors, (unsigned long long)s->skipped, (unsigned long long)s->filtered);
+    for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < 8; j++) /* a mix: what each input gave */
+      fprintf(stderr, "  <- %-25s %12llu\n", s->input_names[j], (unsigned long long)s->input_items[j]);
   }
   sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
   if (!node) return;

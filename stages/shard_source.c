@@ -17,7 +17,9 @@ typedef struct shard_source {
   int64_t workers;           /* option */
   int64_t samples_per_epoch; /* option; 0 = one pass per epoch */
   bool allow_pipe;           /* option */
+  int sampling;              /* option: SAMPLING_* */
   sf_shard_list list;
+  sf_rng draws;      /* resample: this rank and worker's draws of the current epoch */
   uint32_t *order;   /* shard indices of the current (epoch, pass), all ranks' */
   uint64_t slot;     /* first position of this rank and worker in order */
   uint64_t stride;   /* world_size * workers */
@@ -25,6 +27,9 @@ typedef struct shard_source {
   uint64_t epoch, pass, next; /* next position in order to emit */
   bool ordered;      /* order holds (epoch, pass) */
 } shard_source;
+
+enum { SAMPLING_SEQUENTIAL, SAMPLING_RESAMPLE };
+static const char *const sampling_names[] = {"sequential", "resample", NULL};
 
 static const sf_option options[] = {
     {"urls", SF_OPT_STRING, offsetof(shard_source, urls), NULL, 0, 0,
@@ -46,6 +51,11 @@ static const sf_option options[] = {
      NULL},
     {"allow_pipe", SF_OPT_BOOL, offsetof(shard_source, allow_pipe), "false", 0, 0,
      "allow pipe:CMD URLs (they run a shell command)", NULL},
+    {"sampling", SF_OPT_ENUM, offsetof(shard_source, sampling), "sequential", 0, 0,
+     "sequential = each rank and worker reads its share of the (shuffled) list; resample = every rank and "
+     "worker draws shards with replacement from the whole list, seeded by seed, rank, worker and epoch "
+     "(WebDataset's ResampledShards), endlessly until samples_per_epoch or a mix's cut ends the epoch",
+     sampling_names},
     {NULL},
 };
 
@@ -91,7 +101,7 @@ static int init(sf_node *node) {
 
   s->stride = (uint64_t)s->world_size * (uint64_t)s->workers;
   s->slot = (uint64_t)s->rank * (uint64_t)s->workers + (uint64_t)s->worker;
-  if (s->slot >= s->list.count)
+  if (s->sampling == SAMPLING_SEQUENTIAL && s->slot >= s->list.count)
     return INIT_FAIL(node, SF_EOPTION, NULL,
                      "rank %" PRId64 " of %" PRId64 " (worker %" PRId64 " of %" PRId64
                      ") gets no shard: %zu shards for %" PRId64 " ranks x %" PRId64
@@ -132,12 +142,45 @@ static void next_epoch(shard_source *s) {
   s->ordered = false;
 }
 
+/* Hands on a shard of the current epoch; pass counts whole list lengths of shards. Consumes nothing. */
+static int push_shard(sf_node *node, shard_source *s, uint32_t index) {
+  sf_shard *shard = sf_shard_new(s->list.urls[index]);
+  if (!shard) return SF_ENOMEM;
+  shard->epoch = s->epoch;
+  shard->index = index;
+  shard->pass = s->pass;
+  shard->samples_per_epoch = (uint64_t)s->samples_per_epoch;
+  shard->allow_pipe = s->allow_pipe;
+  sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
+  sf_node_push(node, &item);
+  sf_node_count_output(node, 1, 0);
+  return 0;
+}
+
+/*
+ * sampling: resample: shards drawn with replacement, uniformly from the whole list, from a stream that
+ * depends only on the node's seed, the epoch, the rank and the worker (so ranks differ, and a resumed
+ * run draws the same shards).  Endless: the epoch ends when it is closed.
+ */
+static int resample(sf_node *node, shard_source *s) {
+  if (!s->ordered) {
+    uint64_t seed = sf_seed_mix(sf_seed_mix(sf_node_seed(node), s->epoch), (uint64_t)s->rank);
+    sf_rng_seed(&s->draws, sf_seed_mix(seed, (uint64_t)s->worker));
+    s->ordered = true;
+    s->next = 0;
+  }
+  uint32_t index = (uint32_t)sf_rng_below(&s->draws, s->list.count);
+  s->pass = s->next++ / s->list.count;
+  return push_shard(node, s, index);
+}
+
 static int step(sf_node *node) {
   shard_source *s = sf_node_priv(node);
   /* With samples_per_epoch, tar_split ends the epoch (and sends its EPOCH_END) by closing it. */
-  while (s->samples_per_epoch > 0 && s->epoch < s->end && sf_node_epochs_closed(node) > s->epoch)
-    next_epoch(s);
+  bool endless = s->samples_per_epoch > 0 || s->sampling == SAMPLING_RESAMPLE;
+  while (endless && s->epoch < s->end && sf_node_epochs_closed(node) > s->epoch) next_epoch(s);
   if (s->epoch >= s->end) return SF_EOF;
+  if (s->sampling == SAMPLING_RESAMPLE) return resample(node, s);
   if (s->next >= s->list.count) {
     if (s->samples_per_epoch == 0) {
       sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
@@ -150,19 +193,9 @@ static int step(sf_node *node) {
     s->ordered = false;
   }
   if (!s->ordered) make_order(node, s);
-  uint32_t index = s->order[s->next];
-  sf_shard *shard = sf_shard_new(s->list.urls[index]);
-  if (!shard) return SF_ENOMEM;
-  shard->epoch = s->epoch;
-  shard->index = index;
-  shard->pass = s->pass;
-  shard->samples_per_epoch = (uint64_t)s->samples_per_epoch;
-  shard->allow_pipe = s->allow_pipe;
-  sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
-  sf_node_push(node, &item);
-  sf_node_count_output(node, 1, 0);
-  s->next += s->stride;
-  return 0;
+  int r = push_shard(node, s, s->order[s->next]);
+  if (r == 0) s->next += s->stride;
+  return r;
 }
 
 static void uninit(sf_node *node) {

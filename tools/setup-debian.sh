@@ -12,7 +12,7 @@ packages=(
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
   python3-mesonpy python3-venv                 # pyproject.toml: pip install --no-build-isolation .
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
-  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar
+  libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz
   sentencepiece python3-sentencepiece  # spm_train and the tokenize plugin's reference
   prometheus python3-prometheus-client  # test_metrics: a real scraper, and a strict text-format parser
   # data and benchmarks

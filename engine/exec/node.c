@@ -100,12 +100,16 @@ uint64_t sf_node_seed(const sf_node *n) {
 }
 
 void sf_node_close_epoch(sf_node *n, uint64_t epoch) {
-  uint64_t want = epoch + 1, cur = atomic_load(&n->ctx->epochs_closed);
-  while (cur < want && !atomic_compare_exchange_weak(&n->ctx->epochs_closed, &cur, want)) {
+  atomic_uint_fast64_t *closed = n->branch_closed ? n->branch_closed : &n->ctx->epochs_closed;
+  uint64_t want = epoch + 1, cur = atomic_load(closed);
+  while (cur < want && !atomic_compare_exchange_weak(closed, &cur, want)) {
   }
 }
 
-uint64_t sf_node_epochs_closed(const sf_node *n) { return atomic_load(&n->ctx->epochs_closed); }
+uint64_t sf_node_epochs_closed(const sf_node *n) {
+  uint64_t all = atomic_load(&n->ctx->epochs_closed), branch = n->branch_closed ? atomic_load(n->branch_closed) : 0;
+  return all > branch ? all : branch;
+}
 
 bool sf_node_cancelled(const sf_node *n) { return atomic_load(&n->ctx->stop); }
 
@@ -213,6 +217,22 @@ int sf_node_pop(sf_node *n, sf_item *item) {
     if (map) n->popped++;
     return 0;
   }
+}
+
+int sf_node_input_count(const sf_node *n) { return n->n_inputs; }
+
+int sf_node_pop_port(sf_node *n, int port, sf_item *item) {
+  if (port == 0) return sf_node_pop(n, item);
+  if (port < 0 || port >= n->n_inputs) return SF_EOF;
+  for (;;) {
+    int r = pop_port(&n->more_in[port - 1], item);
+    if (r < 0 || item->kind != SF_ITEM_NONE) return r; /* holes only keep replicas in step */
+  }
+}
+
+void sf_node_count_input(sf_node *n, int port, uint64_t items) {
+  if (port >= 0 && port < SF_GRAPH_MAX_INPUTS)
+    atomic_fetch_add_explicit(&n->input_items[port], items, memory_order_relaxed);
 }
 
 /* Shared by a node and the recipes it made, which may outlive it in queues. */

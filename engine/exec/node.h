@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "graph.h"
 #include "queue.h"
 #include "shardflow/shardflow.h"
 #include "shardflow/stage.h"
@@ -67,6 +68,14 @@ struct sf_node {
   int replica, replicas;
   sf_context *ctx;
   sf_port in, out;
+  /* Input ports after the first (fan-in, e.g. mix): more_in[p - 1] is port p; n_inputs counts all connected ports. */
+  sf_port *more_in;
+  int n_inputs;
+  const char *input_names[SF_GRAPH_MAX_INPUTS]; /* the feeding nodes' names (the pipeline's graph owns them) */
+  atomic_uint_fast64_t input_items[SF_GRAPH_MAX_INPUTS]; /* sf_node_count_input() */
+  /* A node on a branch (before a mix) closes epochs for its branch only: one branch's samples_per_epoch
+   * cut must not end the others'.  It still sees the pipeline's closes (the mix's).  NULL: the pipeline's. */
+  atomic_uint_fast64_t *branch_closed;
   struct sf_pipeline *pipeline;  /* NULL under the test harness */
   const sf_graph *group_stages;  /* a _remote node's group stages (owned by the pipeline's graph), or NULL */
   atomic_bool running;           /* a pool worker is stepping it */

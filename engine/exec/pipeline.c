@@ -20,6 +20,7 @@ struct sf_pipeline {
   sf_queue *queues;      /* every edge queue plus the output queue */
   int n_queues;
   sf_queue *output;
+  atomic_uint_fast64_t *branch_closed; /* per graph node: the epochs its branch closed (graphs with branches) */
   pthread_t *threads;
   int n_threads;
   atomic_int failed;     /* the error code that stopped the pipeline, or 0 */
@@ -215,6 +216,8 @@ static void destroy_nodes(sf_pipeline *p) {
     sf_node_release_deferred(n);
     free(n->priv);
     free(n->in.queues);
+    for (int j = 0; n->more_in && j + 1 < n->n_inputs; j++) free(n->more_in[j].queues);
+    free(n->more_in);
     free(n->out.queues);
     free(n);
   }
@@ -239,6 +242,7 @@ void sf_pipeline_destroy(sf_pipeline **pp) {
   destroy_nodes(p);
   for (int i = 0; i < p->n_queues; i++) sf_queue_destroy(&p->queues[i]);
   free(p->queues);
+  free(p->branch_closed);
   sf_graph_destroy(&p->graph);
   sf_context_destroy(&p->ctx);
   pthread_mutex_destroy(&p->sched_lock);
@@ -256,58 +260,74 @@ static size_t capacity_for(sf_port_kind kind, int64_t queue_size) {
   }
 }
 
-/* Builds the replicas of every node and the queues between them. */
-static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf_error *error) {
+/* Builds the replicas of every node and the queues between them (inputs: sf_graph_resolve_links). */
+static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, const int *inputs, sf_error *error) {
   sf_graph *g = p->graph;
   int total = 0;
   for (int i = 0; i < g->n_nodes; i++) total += (int)g->nodes[i].replicas;
   p->nodes = calloc((size_t)total, sizeof *p->nodes);
-  /* Edges: between chain positions k and k+1, max(replicas) queues; plus one output queue. */
+  /* Every node feeds one consumer through max(replicas) queues; the last feeds the output queue. */
+  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer), *out_count = calloc((size_t)g->n_nodes, sizeof *out_count);
+  sf_queue **out_queues = calloc((size_t)g->n_nodes, sizeof *out_queues);
+  /* A branch is a source and the chain after it up to a mix; scope[i] is its source, -1 after the mix. */
+  int *scope = malloc((size_t)g->n_nodes * sizeof *scope);
+  bool branches = sf_graph_has_branches(g);
+  if (branches && (p->branch_closed = calloc((size_t)g->n_nodes, sizeof *p->branch_closed)))
+    for (int i = 0; i < g->n_nodes; i++) atomic_init(&p->branch_closed[i], p->ctx.first_epoch);
+  if (consumer)
+    for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
+  for (int i = 0; consumer && i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++)
+    if (inputs[i] >= 0) consumer[inputs[i]] = i / SF_GRAPH_MAX_INPUTS;
   int n_queues = 1;
-  for (int k = 0; k + 1 < g->n_nodes; k++) {
-    int a = (int)g->nodes[order[k]].replicas, b = (int)g->nodes[order[k + 1]].replicas;
+  for (int i = 0; consumer && i < g->n_nodes; i++) {
+    if (consumer[i] < 0) continue;
+    int a = (int)g->nodes[i].replicas, b = (int)g->nodes[consumer[i]].replicas;
     n_queues += a > b ? a : b;
   }
   p->queues = calloc((size_t)n_queues, sizeof *p->queues);
-  if (!p->nodes || !p->queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  int r = 0;
+  if (!p->nodes || !p->queues || !consumer || !out_count || !out_queues || !scope || (branches && !p->branch_closed)) {
+    r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+    goto done;
+  }
 
   int first_node = 0, q = 0;
-  sf_queue *prev_out = NULL; /* queues feeding the current chain position */
-  int prev_n = 0;
-  for (int k = 0; k < g->n_nodes; k++) {
-    const sf_graph_node *gn = &g->nodes[order[k]];
-    const sf_stage_def *def = defs[order[k]];
+  for (int k = 0; k < g->n_nodes && r == 0; k++) {
+    int gi = order[k];
+    const sf_graph_node *gn = &g->nodes[gi];
+    const sf_stage_def *def = defs[gi];
     int replicas = (int)gn->replicas;
-    /* queues out of this position */
-    sf_queue *out;
-    int out_n;
-    if (k + 1 < g->n_nodes) {
-      int next = (int)g->nodes[order[k + 1]].replicas;
+    const int *in = &inputs[gi * SF_GRAPH_MAX_INPUTS];
+    scope[gi] = in[0] < 0 ? gi : in[1] >= 0 ? -1 : scope[in[0]];
+    /* queues out of this node */
+    int out_n = 1;
+    size_t cap = capacity_for(sf_port_first_kind(def->outputs), g->queue_size);
+    if (consumer[gi] >= 0) {
+      int next = (int)g->nodes[consumer[gi]].replicas;
       out_n = replicas > next ? replicas : next;
-      bool replicated = out_n > 1;
-      size_t cap = capacity_for(sf_port_first_kind(def->outputs), g->queue_size);
-      for (int i = 0; i < out_n; i++) {
-        int r = sf_queue_init(&p->queues[q + i], cap, replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16), 1);
-        if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
-        sf_queue_set_max_bytes(&p->queues[q + i], (size_t)g->queue_bytes);
-        p->n_queues++;
-      }
-      out = &p->queues[q];
-      q += out_n;
-    } else {
-      int r = sf_queue_init(&p->queues[q], capacity_for(sf_port_first_kind(def->outputs), g->queue_size), 1, 1);
-      if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
-      sf_queue_set_max_bytes(&p->queues[q], (size_t)g->queue_bytes);
-      p->n_queues++;
-      out = p->output = &p->queues[q];
-      out_n = 1;
-      q++;
     }
+    bool replicated = out_n > 1;
+    for (int i = 0; i < out_n && r == 0; i++) {
+      size_t wake = consumer[gi] < 0 || replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16);
+      r = sf_queue_init(&p->queues[q + i], cap, wake, 1);
+      if (r < 0) {
+        r = sf_graph_error(error, r, g, -1, "out of memory");
+        break;
+      }
+      sf_queue_set_max_bytes(&p->queues[q + i], (size_t)g->queue_bytes);
+      p->n_queues++;
+    }
+    if (r < 0) break;
+    sf_queue *out = out_queues[gi] = &p->queues[q];
+    out_count[gi] = out_n;
+    if (consumer[gi] < 0) p->output = out;
+    q += out_n;
     for (int rep = 0; rep < replicas; rep++) {
       sf_node *n = calloc(1, sizeof *n);
       if (!n || sf_node_new_deferred(n) < 0) {
         free(n);
-        return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+        r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+        goto done;
       }
       p->nodes[first_node + rep] = n;
       p->n_nodes++;
@@ -318,32 +338,49 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, sf
       n->replica = rep;
       n->replicas = replicas;
       snprintf(n->name, sizeof n->name, "%s", gn->name);
-      /* input: one queue per replica, or all of them in round-robin order for a single consumer */
-      if (prev_n) {
-        n->in.n = replicas > 1 ? 1 : prev_n;
-        n->in.queues = calloc((size_t)n->in.n, sizeof *n->in.queues);
-        if (!n->in.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
-        for (int i = 0; i < n->in.n; i++) n->in.queues[i] = &prev_out[replicas > 1 ? rep : i];
+      if (branches && scope[gi] >= 0) n->branch_closed = &p->branch_closed[scope[gi]];
+      /* inputs: one queue per replica, or all of a producer's queues in round-robin order for a single consumer */
+      while (n->n_inputs < SF_GRAPH_MAX_INPUTS && in[n->n_inputs] >= 0) n->n_inputs++;
+      if (n->n_inputs > 1 && !(n->more_in = calloc((size_t)n->n_inputs - 1, sizeof *n->more_in))) {
+        r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+        goto done;
+      }
+      for (int port = 0; port < n->n_inputs; port++) {
+        sf_port *pt = port == 0 ? &n->in : &n->more_in[port - 1];
+        n->input_names[port] = g->nodes[in[port]].name;
+        pt->n = replicas > 1 ? 1 : out_count[in[port]];
+        pt->queues = calloc((size_t)pt->n, sizeof *pt->queues);
+        if (!pt->queues) {
+          r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+          goto done;
+        }
+        for (int i = 0; i < pt->n; i++) pt->queues[i] = &out_queues[in[port]][replicas > 1 ? rep : i];
       }
       n->out.n = replicas > 1 ? 1 : out_n;
       n->out.queues = calloc((size_t)n->out.n, sizeof *n->out.queues);
-      if (!n->out.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+      if (!n->out.queues) {
+        r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+        goto done;
+      }
       for (int i = 0; i < n->out.n; i++) n->out.queues[i] = &out[replicas > 1 ? rep : i];
-      int r = sf_graph_node_apply(g, gn, def, &n->priv, error);
-      if (r < 0) return r;
+      r = sf_graph_node_apply(g, gn, def, &n->priv, error);
+      if (r < 0) goto done;
       r = def->init ? def->init(n) : 0;
       if (r < 0) {
         /* The stage's own record says what is wrong; the graph file and line say where. */
         sf_graph_error(error, r, g, gn->line, "node '%s' (%s) cannot start: %s", gn->name, def->name,
                        p->ctx.has_error ? p->ctx.last_error.message : sf_strerror(r));
-        return r;
+        goto done;
       }
     }
     first_node += replicas;
-    prev_out = out;
-    prev_n = out_n;
   }
-  return 0;
+done:
+  free(scope);
+  free(consumer);
+  free(out_count);
+  free(out_queues);
+  return r;
 }
 
 int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
@@ -422,20 +459,21 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     sf_pipeline_destroy(&p);
     return r;
   }
-  int *order;
+  int *order, *inputs;
   const sf_stage_def **defs;
-  r = sf_graph_resolve(p->graph, &order, &defs, error);
+  r = sf_graph_resolve_links(p->graph, &order, &defs, &inputs, error);
   if (r < 0) {
     sf_pipeline_destroy(&p);
     return r;
   }
   c->quiet = true; /* init errors are returned to the caller, not printed */
-  r = build(p, order, defs, error);
+  r = build(p, order, defs, inputs, error);
   c->quiet = false;
   if (r == 0 && p->event_fd < 0) r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "eventfd: %m");
   if (r == 0) sf_queue_set_notify_fd(p->output, p->event_fd);
   free(order);
   free(defs);
+  free(inputs);
   if (r < 0) {
     sf_pipeline_destroy(&p);
     return r;
@@ -548,6 +586,8 @@ double sf_pipeline_trainer_wait(const sf_pipeline *p) {
 }
 int sf_pipeline_metrics_port(const sf_pipeline *p) { return p->metrics ? sf_metrics_server_port(p->metrics) : 0; }
 
+size_t sf_node_stats_size(void) { return sizeof(sf_node_stats); }
+
 int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
   int count = 0;
   for (int i = 0; i < p->n_nodes; i++) {
@@ -568,6 +608,11 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->filtered += atomic_load(&n->filtered);
     s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
     s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
+    s->n_inputs = n->n_inputs;
+    for (int j = 0; j < n->n_inputs && j < 8; j++) {
+      snprintf(s->input_names[j], sizeof s->input_names[j], "%s", n->input_names[j]);
+      s->input_items[j] += atomic_load_explicit(&n->input_items[j], memory_order_relaxed);
+    }
   }
   return count;
 }

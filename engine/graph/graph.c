@@ -136,6 +136,7 @@ static void free_node(sf_graph_node *n) {
   free(n->name);
   free(n->type);
   free(n->group);
+  free(n->inputs);
   sf_graph_destroy(&n->group_stages);
 }
 
@@ -219,6 +220,8 @@ sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
   for (int j = 0; j < s->n_values; j++)
     if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) return NULL;
   if (s->group_stages && !(n->group_stages = sf_graph_copy(s->group_stages))) return NULL;
+  if (s->inputs && !(n->inputs = strdup(s->inputs))) return NULL;
+  n->inputs_line = s->inputs_line;
   return n;
 }
 
@@ -412,6 +415,7 @@ static int find_index(const sf_graph *g, const char *name) {
 /* The chain order: from the edges when any are given, else file order. */
 static int chain_order(const sf_graph *g, int *order, sf_error *e) {
   int n = g->n_nodes;
+  if (n <= 0) return 0;
   if (g->n_edges == 0) {
     for (int i = 0; i < n; i++) order[i] = i;
     return 0;
@@ -459,17 +463,70 @@ static int chain_order(const sf_graph *g, int *order, sf_error *e) {
   return r;
 }
 
-int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, sf_error *e) {
+bool sf_graph_has_branches(const sf_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].inputs) return true;
+  return false;
+}
+
+/* The links of a graph with `inputs:`: file order is the order; a node without `inputs:` takes the one before it. */
+static int branch_links(const sf_graph *g, const sf_stage_def **defs, int *order, int *inputs, sf_error *e) {
+  if (g->n_edges > 0)
+    return sf_graph_error(e, SF_EGRAPH, g, g->edges[0].line,
+                          "`edges:` and `inputs:` cannot be mixed: name each stage's inputs, or list every edge");
+  char names[512];
+  node_names(g, names, sizeof names);
+  for (int i = 0; i < g->n_nodes; i++) {
+    const sf_graph_node *n = &g->nodes[i];
+    int ports = sf_port_count(defs[i]->inputs), count = 0, *in = &inputs[i * SF_GRAPH_MAX_INPUTS];
+    order[i] = i;
+    if (!n->inputs) {
+      if (ports > 0 && i > 0) in[0] = i - 1;
+      continue;
+    }
+    if (ports == 0)
+      return sf_graph_error(e, SF_EGRAPH, g, n->inputs_line, "node '%s' (%s) is a source and takes no input: remove `inputs:`",
+                            n->name, n->type);
+    char list[1024];
+    snprintf(list, sizeof list, "%s", n->inputs);
+    for (char *save = NULL, *name = strtok_r(list, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+      int from = find_index(g, name);
+      if (from < 0)
+        return sf_graph_error(e, SF_EGRAPH, g, n->inputs_line,
+                              "node '%s': input '%s' is not a stage of this graph (stages: %s); inputs name stages by "
+                              "their `name:`",
+                              n->name, name, names);
+      if (from >= i)
+        return sf_graph_error(e, SF_EGRAPH, g, n->inputs_line,
+                              "node '%s': input '%s' comes later in the file; list each stage after the stages it reads",
+                              n->name, name);
+      if (count >= ports || count >= SF_GRAPH_MAX_INPUTS)
+        return sf_graph_error(e, SF_EGRAPH, g, n->inputs_line, "node '%s' (%s) takes at most %d inputs", n->name, n->type,
+                              ports < SF_GRAPH_MAX_INPUTS ? ports : SF_GRAPH_MAX_INPUTS);
+      in[count++] = from;
+    }
+  }
+  return 0;
+}
+
+int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, int **pinputs, sf_error *e) {
   *porder = NULL;
   *pdefs = NULL;
+  *pinputs = NULL;
   if (g->n_nodes == 0) return sf_graph_error(e, SF_EGRAPH, g, -1, "the graph has no stages: add a `stages:` list");
   int *order = malloc((size_t)g->n_nodes * sizeof *order);
   const sf_stage_def **defs = calloc((size_t)g->n_nodes, sizeof *defs);
-  if (!order || !defs) {
+  int *inputs = malloc((size_t)g->n_nodes * SF_GRAPH_MAX_INPUTS * sizeof *inputs);
+  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer);
+  if (!order || !defs || !inputs || !consumer) {
     free(order);
     free(defs);
+    free(inputs);
+    free(consumer);
     return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
   }
+  for (int i = 0; i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++) inputs[i] = -1;
+  for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
   int r = 0;
   for (int i = 0; i < g->n_nodes && r == 0; i++) {
     const sf_graph_node *n = &g->nodes[i];
@@ -493,25 +550,45 @@ int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdef
                          "node '%s': stage %s keeps state between samples and cannot run as replicas; "
                          "only map stages (decode, augment, ...) can",
                          n->name, def->name);
-    else if (sf_port_count(def->inputs) > 1 || sf_port_count(def->outputs) > 1)
+    else if (sf_port_count(def->outputs) > 1)
       r = sf_graph_error(e, SF_EGRAPH, g, n->line,
-                         "node '%s': stage %s has %d input and %d output ports, and fan-in/fan-out is not supported "
-                         "yet: graphs are chains, so use stages with one input and one output port",
-                         n->name, def->name, sf_port_count(def->inputs), sf_port_count(def->outputs));
+                         "node '%s': stage %s has %d output ports, and fan-out is not supported yet: use stages with "
+                         "one output port",
+                         n->name, def->name, sf_port_count(def->outputs));
     defs[i] = def;
   }
-  if (r == 0) r = chain_order(g, order, e);
-  for (int k = 0; k + 1 < g->n_nodes && r == 0; k++) {
-    const sf_graph_node *a = &g->nodes[order[k]], *b = &g->nodes[order[k + 1]];
-    const sf_stage_def *da = defs[order[k]], *db = defs[order[k + 1]];
-    sf_port_kind out = sf_port_first_kind(da->outputs), in = sf_port_first_kind(db->inputs);
-    if (out != in)
-      r = sf_graph_error(e, SF_EGRAPH, g, b->line, "node '%s' (%s) outputs %s but node '%s' (%s) takes %s", a->name,
-                         da->name, kind_name(out), b->name, db->name, kind_name(in));
-    else if (a->replicas > 1 && b->replicas > 1 && a->replicas != b->replicas)
-      r = sf_graph_error(e, SF_EGRAPH, g, b->line,
-                         "nodes '%s' (replicas %lld) and '%s' (replicas %lld) are adjacent: use equal replicas or 1",
-                         a->name, (long long)a->replicas, b->name, (long long)b->replicas);
+  if (r == 0 && sf_graph_has_branches(g)) {
+    r = branch_links(g, defs, order, inputs, e);
+  } else if (r == 0) {
+    r = chain_order(g, order, e);
+    for (int k = 0; k + 1 < g->n_nodes && r == 0; k++) inputs[order[k + 1] * SF_GRAPH_MAX_INPUTS] = order[k];
+  }
+  for (int k = 0; k < g->n_nodes && r == 0; k++) {
+    int bi = order[k];
+    const sf_graph_node *b = &g->nodes[bi];
+    const sf_stage_def *db = defs[bi];
+    const int *in = &inputs[bi * SF_GRAPH_MAX_INPUTS];
+    if (in[1] >= 0 && b->replicas > 1)
+      r = sf_graph_error(e, SF_EGRAPH, g, b->replicas_line >= 0 ? b->replicas_line : b->line,
+                         "node '%s' merges several inputs and cannot run as replicas yet: set replicas: 1", b->name);
+    for (int p = 0; p < SF_GRAPH_MAX_INPUTS && in[p] >= 0 && r == 0; p++) {
+      const sf_graph_node *a = &g->nodes[in[p]];
+      const sf_stage_def *da = defs[in[p]];
+      sf_port_kind out = sf_port_first_kind(da->outputs), want = p < sf_port_count(db->inputs) ? db->inputs[p].kind : SF_PORT_NONE;
+      if (consumer[in[p]] >= 0)
+        r = sf_graph_error(e, SF_EGRAPH, g, b->inputs ? b->inputs_line : b->line,
+                           "node '%s' feeds both '%s' and '%s': a stage's output goes to one stage (fan-out is not "
+                           "supported)",
+                           a->name, g->nodes[consumer[in[p]]].name, b->name);
+      else if (out != want)
+        r = sf_graph_error(e, SF_EGRAPH, g, b->line, "node '%s' (%s) outputs %s but node '%s' (%s) takes %s", a->name,
+                           da->name, kind_name(out), b->name, db->name, kind_name(want));
+      else if (a->replicas > 1 && b->replicas > 1 && a->replicas != b->replicas)
+        r = sf_graph_error(e, SF_EGRAPH, g, b->line,
+                           "nodes '%s' (replicas %lld) and '%s' (replicas %lld) are adjacent: use equal replicas or 1",
+                           a->name, (long long)a->replicas, b->name, (long long)b->replicas);
+      consumer[in[p]] = bi;
+    }
   }
   if (r == 0) {
     const sf_graph_node *first = &g->nodes[order[0]];
@@ -524,15 +601,43 @@ int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdef
       r = sf_graph_error(e, SF_EGRAPH, g, last->line,
                          "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
                          last->type, kind_name(last_out));
+    for (int k = 0; k + 1 < g->n_nodes && r == 0; k++)
+      if (consumer[order[k]] < 0)
+        r = sf_graph_error(e, SF_EGRAPH, g, g->nodes[order[k]].line,
+                           "node '%s' feeds no stage: name it in a later stage's `inputs:` (a branch must end in a mix)",
+                           g->nodes[order[k]].name);
   }
+  free(consumer);
   if (r < 0) {
     free(order);
     free(defs);
+    free(inputs);
     return r;
   }
   *porder = order;
   *pdefs = defs;
+  *pinputs = inputs;
   return 0;
+}
+
+int sf_graph_resolve(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, sf_error *e) {
+  int *inputs;
+  int r = sf_graph_resolve_links(g, porder, pdefs, &inputs, e);
+  if (r == 0) free(inputs);
+  return r;
+}
+
+int sf_graph_node_input(const sf_graph *g, int i, int port) {
+  if (!g || i < 0 || i >= g->n_nodes || port < 0 || port >= SF_GRAPH_MAX_INPUTS) return -1;
+  int *order, *inputs;
+  const sf_stage_def **defs;
+  sf_error e;
+  if (sf_graph_resolve_links(g, &order, &defs, &inputs, &e) < 0) return -1;
+  int from = inputs[i * SF_GRAPH_MAX_INPUTS + port];
+  free(order);
+  free(defs);
+  free(inputs);
+  return from;
 }
 
 int sf_graph_validate(const sf_graph *g, sf_error *e) {

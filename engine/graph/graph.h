@@ -26,7 +26,14 @@ typedef struct sf_graph_node {
   int64_t group_line;
   /* A _remote node made by sf_graph_split_groups: the group's stages (owned), which its workers run. */
   sf_graph *group_stages;
+  /* `inputs:` (or `input:`): names of earlier nodes feeding the input ports in order, ", "-joined; NULL =
+   * the previous node in the file (a source takes none). */
+  char *inputs;
+  int64_t inputs_line;
 } sf_graph_node;
+
+/* Most input ports a node may have connected (a mix of up to 8 sources). */
+enum { SF_GRAPH_MAX_INPUTS = 8 };
 
 typedef struct sf_graph_edge {
   char *from, *to;
@@ -114,6 +121,17 @@ int sf_graph_set_setting(sf_graph *graph, const char *key, const char *value, in
  * (free()).
  */
 int sf_graph_resolve(const sf_graph *graph, int **order, const sf_stage_def ***defs, sf_error *error);
+
+/*
+ * sf_graph_resolve, and the links: (*inputs)[i * SF_GRAPH_MAX_INPUTS + p] is the graph index of the node
+ * feeding input port p of graph node i, or -1 past its last connected port.  A chain links each node to the
+ * one before it; `inputs:` names the feeding nodes (fan-in).  Every node but the last feeds exactly one
+ * node.  *inputs has n_nodes * SF_GRAPH_MAX_INPUTS entries, owned by the caller (free()).
+ */
+int sf_graph_resolve_links(const sf_graph *graph, int **order, const sf_stage_def ***defs, int **inputs,
+                           sf_error *error);
+/* True when some node of graph names its `inputs:` (the graph has branches). */
+bool sf_graph_has_branches(const sf_graph *graph);
 
 /*
  * Allocates def->priv_size zeroed bytes, applies defaults then the node's

@@ -32,9 +32,9 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
     sf_options_free(remote->options, priv);
     free(priv);
   }
-  int *order;
+  int *order, *inputs;
   const sf_stage_def **defs;
-  int r = sf_graph_resolve(g, &order, &defs, e);
+  int r = sf_graph_resolve_links(g, &order, &defs, &inputs, e);
   if (r < 0) return r;
   for (int gi = 0; gi < g->n_groups && r == 0; gi++) {
     const sf_graph_node *grp = &g->groups[gi];
@@ -49,6 +49,11 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
                            "node '%s' (%s) cannot run in group '%s': only map stages (one sample in, at most one "
                            "out, e.g. decode and augment) run in groups; sources, shuffle and batch stay on the head",
                            n->name, def->name, grp->name);
+      else if (last >= 0 && last == k - 1 && inputs[order[k] * SF_GRAPH_MAX_INPUTS] != order[last])
+        r = sf_graph_error(e, SF_EGRAPH, g, n->group_line,
+                           "group '%s' is not one chain: node '%s' reads '%s', not the group's node above it; a group "
+                           "is a run of stages each reading the one before",
+                           grp->name, n->name, g->nodes[inputs[order[k] * SF_GRAPH_MAX_INPUTS]].name);
       else if (last >= 0 && last != k - 1)
         r = sf_graph_error(e, SF_EGRAPH, g, n->group_line,
                            "group '%s' is not one run of adjacent stages: node '%s' is separated from the group's "
@@ -68,6 +73,7 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
                          g->nodes[i].group, names);
   free(order);
   free(defs);
+  free(inputs);
   return r;
 }
 
@@ -91,6 +97,8 @@ static sf_graph *group_stages(const sf_graph *g, const int *order, int from, int
     }
     free(n->group); /* inside the worker the stages run where they are */
     n->group = NULL;
+    free(n->inputs); /* ... as a chain from the worker's own source */
+    n->inputs = NULL;
   }
   /* The plugins the group's stages need, as the graph names them, with the build the head has. */
   for (int i = 0; sub && i < g->n_plugins; i++) {
@@ -101,6 +109,25 @@ static sf_graph *group_stages(const sf_graph *g, const int *order, int from, int
       sf_graph_destroy(&sub);
   }
   return sub;
+}
+
+/* In node's `inputs:` (a node of the head's graph), names a group instead of the group's stages (g's). */
+static int rename_inputs(const sf_graph *g, sf_graph_node *node) {
+  char list[1024], out[1024] = "";
+  snprintf(list, sizeof list, "%s", node->inputs);
+  size_t len = 0;
+  for (char *save = NULL, *name = strtok_r(list, ", ", &save); name && len < sizeof out;
+       name = strtok_r(NULL, ", ", &save)) {
+    const sf_graph_node *from = sf_graph_find_node(g, name);
+    len += (size_t)snprintf(out + len, sizeof out - len, "%s%s", len ? ", " : "",
+                            from && from->group ? from->group : name);
+  }
+  if (len >= sizeof out) return SF_ENOMEM;
+  char *copy = strdup(out);
+  if (!copy) return SF_ENOMEM;
+  free(node->inputs);
+  node->inputs = copy;
+  return 0;
 }
 
 static void copy_settings(sf_graph *dst, const sf_graph *src) {
@@ -139,10 +166,15 @@ int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
     const sf_graph_node *grp = sf_graph_find_group(g, n->group);
     sf_graph_node *c = sf_graph_add_node(h, grp->name, "_remote", grp->line);
     if (!c || !(c->group_stages = group_stages(g, order, k, end))) r = SF_ENOMEM;
+    /* On a branch: the group reads what its first stage read, and is read as its last stage was. */
+    if (r == 0 && n->inputs && !(c->inputs = strdup(n->inputs))) r = SF_ENOMEM;
+    if (r == 0) c->inputs_line = n->inputs_line;
     for (int j = 0; c && j < grp->n_values && r == 0; j++)
       r = sf_graph_node_set(c, grp->values[j].key, grp->values[j].value, grp->values[j].line);
     k = end;
   }
+  for (int i = 0; r == 0 && i < h->n_nodes; i++)
+    if (h->nodes[i].inputs) r = rename_inputs(g, &h->nodes[i]);
   free(order);
   if (r < 0) {
     sf_graph_destroy(&h);

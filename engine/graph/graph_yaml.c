@@ -74,7 +74,7 @@ static int read_stage(reader *r, const yaml_node_t *m) {
   int rc = check_keys(r, m);
   if (rc < 0) return rc;
   const char *type = NULL, *name = NULL;
-  const yaml_node_t *replicas = NULL, *group = NULL;
+  const yaml_node_t *replicas = NULL, *group = NULL, *inputs = NULL;
   for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
     const char *k = scalar(yaml_document_get_node(r->doc, p->key));
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
@@ -82,6 +82,12 @@ static int read_stage(reader *r, const yaml_node_t *m) {
     else if (strcmp(k, "name") == 0) name = scalar(v);
     else if (strcmp(k, "replicas") == 0) replicas = v;
     else if (strcmp(k, "group") == 0) group = v;
+    else if (strcmp(k, "inputs") == 0 || strcmp(k, "input") == 0) {
+      if (inputs)
+        return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v),
+                              "a stage takes `inputs: [a, b]` or `input: a`, not both");
+      inputs = v;
+    }
   }
   if (!type || !type[0])
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(m),
@@ -105,9 +111,19 @@ static int read_stage(reader *r, const yaml_node_t *m) {
                             "node '%s': group takes the name of an entry of `groups:`", n->name);
     if (sf_graph_node_set_group(n, s, line_of(group)) < 0) return SF_ENOMEM;
   }
+  if (inputs) {
+    rc = value_text(r, inputs, "inputs", &n->inputs);
+    if (rc < 0) return rc;
+    if (!n->inputs[0])
+      return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(inputs),
+                            "node '%s': `inputs` names the earlier stages that feed it, e.g. `inputs: [cifar, fmnist]`",
+                            n->name);
+    n->inputs_line = line_of(inputs);
+  }
   for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
     const char *k = scalar(yaml_document_get_node(r->doc, p->key));
-    if (strcmp(k, "type") == 0 || strcmp(k, "name") == 0 || strcmp(k, "replicas") == 0 || strcmp(k, "group") == 0)
+    if (strcmp(k, "type") == 0 || strcmp(k, "name") == 0 || strcmp(k, "replicas") == 0 || strcmp(k, "group") == 0 ||
+        strcmp(k, "inputs") == 0 || strcmp(k, "input") == 0)
       continue;
     const yaml_node_t *v = yaml_document_get_node(r->doc, p->value);
     char *text = NULL;

@@ -62,6 +62,14 @@ SF_API const char *sf_graph_node_name(const sf_graph *graph, int i);
 SF_API const char *sf_graph_node_type(const sf_graph *graph, int i);
 
 /**
+ * The node feeding input port `port` (0-based) of node i: the previous node of a chain, or the
+ * port-th name of the node's `inputs:` list (docs/graph-files.md).  Returns the index of that node
+ * (file order), or -1 when the port is not connected, i is a source, or the graph does not resolve
+ * (sf_graph_validate says why).  Used by `shardflow dot` to draw branches.
+ */
+SF_API int sf_graph_node_input(const sf_graph *graph, int i, int port);
+
+/**
  * The value option of node i will run with, as text: the graph file's or
  * --set's value, else the option's default.  Returns a borrowed string valid
  * until the graph changes, or NULL for an unknown node or option.
@@ -161,6 +169,9 @@ typedef struct sf_node_stats {
   uint64_t errors;        /**< error records raised */
   uint64_t skipped;       /**< samples dropped under the skip policy */
   uint64_t filtered;      /**< samples the stage dropped on purpose (a filter): not errors, outside max_errors / max_error_rate */
+  int n_inputs;           /**< connected input ports (fan-in: several) */
+  char input_names[8][32];   /**< the node feeding each input port */
+  uint64_t input_items[8];   /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
 } sf_node_stats;
 
 /**
@@ -168,6 +179,12 @@ typedef struct sf_node_stats {
  * exceed max).
  */
 SF_API int sf_pipeline_stats(const sf_pipeline *pipeline, sf_node_stats *stats, int max);
+
+/**
+ * sizeof(sf_node_stats) in bytes as this library was built: bindings that
+ * mirror the struct (Python's ctypes) check theirs against it once at load.
+ */
+SF_API size_t sf_node_stats_size(void);
 
 /**
  * The TCP port /metrics is served on (graph setting `metrics: HOST:PORT`, Prometheus text format

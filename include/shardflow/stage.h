@@ -32,9 +32,9 @@ typedef enum sf_port_kind {
  * ends with a row whose kind is SF_PORT_NONE ({0}); a NULL list has no ports
  * (a source has no input, a sink no output).  A single port may be unnamed
  * (NULL) or named "in" / "out"; names matter once a stage has several ports
- * (fan-in, e.g. mixing datasets: not supported by the executor yet, which
- * refuses a stage with more than one input or output port when it builds the
- * graph).  Static data of the stage, borrowed by the engine.
+ * (fan-in, e.g. mixing datasets: the graph file's `inputs:` connects up to 8 of a
+ * stage's input ports in order, read with sf_node_pop_port(); fan-out, several output
+ * ports, is refused when the graph is built).  Static data of the stage, borrowed by the engine.
  */
 typedef struct sf_port_def {
   const char *name;  /**< port name in graph files ("in", "images"); NULL for the single default port */
@@ -219,6 +219,27 @@ SF_API int sf_node_world_size(const sf_node *node);
 SF_API int sf_node_pop(sf_node *node, sf_item *item);
 
 /**
+ * Number of connected input ports: 0 for a source, 1 for a chain stage, the length of the graph
+ * file's `inputs:` list for a stage that merges branches (fan-in, e.g. mix).
+ */
+SF_API int sf_node_input_count(const sf_node *node);
+
+/**
+ * Like sf_node_pop(), from input port `port` (0-based, the order of the graph file's `inputs:`;
+ * port 0 is what sf_node_pop() reads).  Each port passes its own SF_ITEM_EPOCH_END markers: one
+ * per epoch once every replica feeding that port has ended it.  Returns 0 with *item filled (the
+ * caller owns it), SF_EAGAIN when nothing is queued on that port yet, SF_EOF when the port is
+ * closed and drained, or is not connected.
+ */
+SF_API int sf_node_pop_port(sf_node *node, int port, sf_item *item);
+
+/**
+ * Adds items to the count of what came in on input port `port` (shown per input by `shardflow run`'s
+ * stage table and in sf_node_stats.input_items); ports 0..7.
+ */
+SF_API void sf_node_count_input(sf_node *node, int port, uint64_t items);
+
+/**
  * Hands item to the output queue.  Always consumes: on return item->kind is
  * SF_ITEM_NONE.  Never blocks; the engine bounds queues by only stepping a
  * node whose output has room, so push at most a few items per step.
@@ -256,6 +277,9 @@ SF_API void sf_node_count_filtered(sf_node *node, uint64_t samples);
  * Tells the pipeline that the sample stream of `epoch` is complete (called by
  * the stage that cuts epochs at samples_per_epoch).  The shard source reads
  * it with sf_node_epochs_closed() to stop producing shards for that epoch.
+ * A node on a branch (before a stage that merges several inputs, e.g. mix)
+ * closes the epoch for its branch only; the merging stage and those after it
+ * close it for every branch.
  */
 SF_API void sf_node_close_epoch(sf_node *node, uint64_t epoch);
 

@@ -47,7 +47,8 @@ class _NodeStats(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 32), ("type", ctypes.c_char * 32), ("replicas", ctypes.c_int),
                 ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
                 ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
-                ("filtered", ctypes.c_uint64)]
+                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 8),
+                ("input_items", ctypes.c_uint64 * 8)]
 
 
 # sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
@@ -106,6 +107,7 @@ def _load():
         "sf_pipeline_world_size": (ctypes.c_int, [p]),
         "sf_pipeline_fd": (ctypes.c_int, [p]),
         "sf_pipeline_stats": (ctypes.c_int, [p, ctypes.POINTER(_NodeStats), ctypes.c_int]),
+        "sf_node_stats_size": (ctypes.c_size_t, []),
         "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
         "sf_pipeline_bottleneck": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_pipeline_destroy": (None, [ctypes.POINTER(p)]),
@@ -124,6 +126,9 @@ def _load():
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
+    if lib.sf_node_stats_size() != ctypes.sizeof(_NodeStats):
+        raise ImportError(f"{lib._name}: sf_node_stats is {lib.sf_node_stats_size()} bytes, this package's mirror "
+                          f"{ctypes.sizeof(_NodeStats)}: the library and the package come from different builds")
     return lib
 
 
@@ -385,6 +390,9 @@ class Pipeline:
         for s in table[:n]:
             node = {name: getattr(s, name) for name, _ in _NodeStats._fields_}
             node["name"], node["type"] = s.name.decode(), s.type.decode()
+            del node["n_inputs"], node["input_names"], node["input_items"]
+            if s.n_inputs > 1:  # a mix: what each input gave, by the name of the node feeding it
+                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 8))}
             node["items_per_second"] = s.items / elapsed
             node["mib_per_second"] = s.bytes / 1048576.0 / elapsed
             nodes.append(node)

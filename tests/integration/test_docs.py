@@ -26,10 +26,10 @@ for problem in (stages, commands):
 if stages or commands:
     sys.exit(1)
 committed = open(os.path.join(root, "docs", "stages.md")).read()
-for stage in ("shard_source", "tar_split", "decode", "augment", "shuffle", "batch", "device_sink"):
+for stage in ("shard_source", "tar_split", "decode", "augment", "shuffle", "batch", "device_sink", "mix"):
     assert f"## {stage}\n" in committed, stage
 committed = open(os.path.join(root, "docs", "cli.md")).read()
-commands = ("run", "ls", "write", "cp", "worker", "keygen", "help")
+commands = ("run", "ls", "write", "cp", "worker", "keygen", "dot", "help")
 for command in commands:
     assert f"## shardflow {command}\n" in committed, command
-print(f"docs: stages.md matches the options tables (7 stages), cli.md the commands' tables ({len(commands)})")
+print(f"docs: stages.md matches the options tables (8 stages), cli.md the commands' tables ({len(commands)})")

@@ -217,11 +217,11 @@ dec = plugin("dec", stage="decode")
 refused("builtin", [dec], dec, "stage 'decode' clashes with the built-in stage", "rename")
 both = plugin("both", calls=".step = step, .map = map")
 refused("both", [both], both, "not exactly one of a step and a map function", "fix the plugin")
-fanin = plugin("fanin", stage="mix", inputs='SF_PORTS({"images", SF_PORT_SAMPLE}, {"captions", SF_PORT_SAMPLE})')
-path, _ = graph("fanin", [fanin], "  - type: mix\n")
+fanin = plugin("fanin", stage="merge", inputs='SF_PORTS({"images", SF_PORT_SAMPLE}, {"captions", SF_PORT_SAMPLE})')
+path, _ = graph("fanin", [fanin], "  - {type: merge, inputs: [tar_split, decode, shard_source]}\n")
 p = run(["run", path, "--quiet", "--no-summary"], check=False, env=env)
-check(p.returncode == 1 and f"{path}:8" in p.stderr and "node 'mix': stage mix has 2 input" in p.stderr
-      and "fan-in/fan-out is not supported yet" in p.stderr, f"a stage of two input ports is refused: {p.stderr}")
+check(p.returncode == 1 and f"{path}:8" in p.stderr and "node 'merge' (merge) takes at most 2 inputs" in p.stderr,
+      f"a stage of two input ports given three inputs is refused: {p.stderr}")
 refused("notfound", ["nosuch"], "plugin 'nosuch' not found", f"{tmp}/nosuch.so", "SHARDFLOW_PLUGIN_PATH",
         env=dict(env, SHARDFLOW_PLUGIN_PATH=tmp))
 text = os.path.join(tmp, "text.so")
