@@ -198,6 +198,33 @@ http {{
         proc.wait()
 
 
+STAGE_TABLE_COLUMNS = ("node", "stage", "reps", "items", "mib", "busy", "wait", "errors", "skipped", "filtered")
+
+
+def stage_table(stderr):
+    """The head's end-of-run table of `shardflow run` (cli/run.c print_summary) as
+    {node: {column: value}}, columns STAGE_TABLE_COLUMNS (numbers parsed); a mix's
+    "  <- INPUT N" lines under its row become its "inputs" {INPUT: N}."""
+    rows, row, lines = {}, None, stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.split()[:2] == ["node", "stage"]), None)
+    if start is None:
+        return rows
+    for line in lines[start + 1:]:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "<-" and row is not None:
+            row.setdefault("inputs", {})[parts[1]] = int(parts[2])
+            continue
+        if len(parts) != len(STAGE_TABLE_COLUMNS):
+            break
+        row = dict(zip(STAGE_TABLE_COLUMNS, parts))
+        for k in ("reps", "items", "errors", "skipped", "filtered"):
+            row[k] = int(row[k])
+        for k in ("mib", "busy", "wait"):
+            row[k] = float(row[k])
+        rows[row["node"]] = row
+    return rows
+
+
 def wait_for(pred, timeout, what):
     """Polls pred every 50 ms; raises AssertionError naming what after timeout seconds."""
     end = time.monotonic() + timeout

@@ -8,7 +8,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
 os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
-from sfutil import Checks, make_dataset, read_batches, run, write_graph  # noqa: E402
+from sfutil import Checks, make_dataset, read_batches, run, stage_table, write_graph  # noqa: E402
 
 try:
     import torch
@@ -99,14 +99,8 @@ check.done("samples_per_epoch shared among DataLoader workers")
 
 # 4. Pipeline.stats(): the items per node the CLI's summary table prints for the same graph and epochs.
 check = Checks()
-summary = run(["run", graph, "--quiet", "--epochs", "2"]).stderr.splitlines()
-header = next(i for i, line in enumerate(summary) if line.startswith("node "))
-cli_items = {}
-for line in summary[header + 1:]:
-    cols = line.split()
-    if len(cols) != 9:
-        break
-    cli_items[cols[0]] = (cols[1], int(cols[2]), int(cols[3]))
+table = stage_table(run(["run", graph, "--quiet", "--epochs", "2"]).stderr)
+cli_items = {name: (row["stage"], row["reps"], row["items"]) for name, row in table.items()}
 with shardflow.Pipeline(graph, epochs=2, output="dict") as p:
     for _ in range(2):
         list(p)

@@ -19,7 +19,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, free_port, make_dataset, tar_keys, wait_for, write_graph  # noqa: E402
+from sfutil import SHARDFLOW, Checks, free_port, make_dataset, stage_table, tar_keys, wait_for, write_graph  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-metrics-")
@@ -131,13 +131,11 @@ try:
     run.wait(timeout=60)
     drain.join()
     check(run.returncode == 0, f"the run failed ({run.returncode}): {err_rest}")
-    # The pipeline's own stats: the end-of-run table (node, stage, reps, items, MiB, busy s, ...).
-    table = {m.group(1): m.groups() for m in re.finditer(
-        r"^(\w+)\s+(\w+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)$", err_rest[0], re.M)}
-    check(int(table["tar_split"][3]) == samples, f"the table's tar_split items = {samples}: {table['tar_split']}")
-    check(float(table["decode"][5]) + 0.005 >= busy["decode"],
-          f"Prometheus' decode busy seconds {busy} do not exceed the final table's {table['decode'][5]}")
-    check(int(table["device_sink"][3]) == samples // BATCH, "the run delivered every batch")
+    table = stage_table(err_rest[0])  # the pipeline's own end-of-run table
+    check(table["tar_split"]["items"] == samples, f"the table's tar_split items = {samples}: {table['tar_split']}")
+    check(table["decode"]["busy"] + 0.005 >= busy["decode"],
+          f"Prometheus' decode busy seconds {busy} do not exceed the final table's {table['decode']['busy']}")
+    check(table["device_sink"]["items"] == samples // BATCH, "the run delivered every batch")
 finally:
     for proc in (run, prom):
         if proc and proc.poll() is None:

@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, ppm_bytes, run, tar_keys, write_graph, write_shard  # noqa: E402
+from sfutil import Checks, ppm_bytes, run, stage_table, tar_keys, write_graph, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-table-")
@@ -29,11 +29,7 @@ graph = write_graph(os.path.join(tmp, "g.yaml"), [
     ("device_sink", {}),
 ], epochs=1, threads=2)
 p = run(["run", graph, "--quiet"])
-rows = {}
-for line in p.stderr.splitlines():
-    parts = line.split()
-    if len(parts) == 10 and parts[0] in ("shard_source", "tar_split", "decode", "augment", "shuffle", "batch", "device_sink"):
-        rows[parts[0]] = dict(items=int(parts[3]), busy=float(parts[5]))
+rows = stage_table(p.stderr)
 check(len(rows) == 7, f"a row per stage: {p.stderr}")
 for stage in ("tar_split", "decode", "augment", "shuffle"):
     check(rows[stage]["items"] == n, f"{stage} hands on {n} samples, the table says {rows[stage]['items']}")
