@@ -80,8 +80,6 @@ int sf_context_check_budget(sf_context *ctx, bool final);
  * local records and applies the error policy.  Returns 0 (skip) or error->code (fail).
  */
 int sf_node_error_record(sf_node *node, const sf_error *error);
-/* Wakes the pipeline's sleeping workers: node has work that arrived from outside (the network). */
-void sf_node_notify(sf_node *node);
 /* The pipeline's shared context (a worker installs its error hook there). */
 sf_context *sf_pipeline_context(sf_pipeline *pipeline);
 /* The error code that stopped the pipeline, or 0 while it runs. */

@@ -257,6 +257,14 @@ SF_API uint64_t sf_node_epochs_closed(const sf_node *node);
  */
 SF_API bool sf_node_cancelled(const sf_node *node);
 
+/**
+ * Wakes the pipeline's sleeping pool threads: node has work that arrived from
+ * outside its input queue (the network, or another thread of the program:
+ * see shardflow/handoff.h), so a step that returned SF_EAGAIN is tried again.
+ * Thread-safe; cheap.
+ */
+SF_API void sf_node_notify(sf_node *node);
+
 /** Adds to the node's metrics: items and bytes it produced. */
 SF_API void sf_node_count_output(sf_node *node, uint64_t items, uint64_t bytes);
 

@@ -77,6 +77,7 @@ def _load():
         "sf_graph_node_has_option": (ctypes.c_bool, [p, ctypes.c_int, c]),
         "sf_graph_node_option": (c, [p, ctypes.c_int, c]),
         "sf_graph_node_type": (c, [p, ctypes.c_int]),
+        "sf_graph_node_group": (c, [p, ctypes.c_int]),
         "sf_stage_help": (ctypes.c_int, [c, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
@@ -100,6 +101,9 @@ def _load():
         "sf_version_string": (c, []),
         "sf_storage_copy": (ctypes.c_int, [c, c, ctypes.c_bool, ctypes.POINTER(_Error)]),
         "sf_log_set_handler": (ctypes.c_int, [_LogHandler, p]),
+        "sf_pipeline_stats": (ctypes.c_int, [p, p, ctypes.c_int]),
+        "sf_pipeline_error_count": (ctypes.c_uint64, [p]),
+        "sf_pipeline_skipped": (ctypes.c_uint64, [p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -193,16 +197,19 @@ class Pipeline:
     graph: a graph file's path, or YAML text (which has a newline). rank / world_size: None takes
     RANK / WORLD_SIZE (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy",
     "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy.
+    map: {node name: callable} for the graph's `type: python` nodes (see shardflow._pymap; a node's
+    `function: "pkg.module:fn"` is used where map names no callable).
     """
 
-    def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, **options):
+    def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, map=None, **options):
         self._pipeline = ctypes.c_void_p()
-        self._args = (graph, rank, world_size, epochs, options)
+        self._maps = []
+        self._args = (graph, rank, world_size, epochs, options, dict(map or {}))
         self._start(0, 0)
         self._output = output or self._default_output()
 
     def _start(self, first_epoch, first_step):
-        graph, rank, world_size, epochs, options = self._args
+        graph, rank, world_size, epochs, options, maps = self._args
         self.close()
         g = ctypes.c_void_p()
         err = _Error()
@@ -218,6 +225,7 @@ class Pipeline:
                 r = library.sf_graph_set(g, self._target(g, name).encode(), _text(value).encode(), ctypes.byref(err))
                 if r < 0:
                     raise _error(r, err)
+            self._maps = _pymap.start(g, maps)
             opts = _Options()
             library.sf_pipeline_options_init(ctypes.byref(opts))
             if rank is not None:
@@ -231,6 +239,9 @@ class Pipeline:
             if r < 0:
                 raise _error(r, err)
             self._batches = self._epoch_batches(g)
+        except BaseException:
+            self.close()
+            raise
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
 
@@ -366,8 +377,14 @@ class Pipeline:
                 return
             yield batch
 
+    def stats(self):
+        """Per-node counters (sf_node_stats): {node name: {"items", "bytes", "errors", "skipped", ...}}."""
+        return _pymap.stats(self._pipeline)
+
     def close(self):
         """Stops the threads and frees the pipeline; batches already returned stay valid."""
+        _pymap.stop(getattr(self, "_maps", []))  # first: a map thread may hold a sample of the pipeline
+        self._maps = []
         if self._pipeline:
             library.sf_pipeline_destroy(ctypes.byref(self._pipeline))
 
@@ -420,3 +437,6 @@ def _stage_help(stage=None):
 # parses graph files with, not from a second list here.
 Pipeline.__doc__ += "\n\nStage options (keyword arguments):\n\n" + "\n".join(
     _stage_help(line.split(":", 1)[0]) for line in _stage_help().splitlines())
+
+
+from . import _pymap  # noqa: E402  (Python map functions; uses library and the names above)
