@@ -242,10 +242,6 @@ bool sf_graph_node_has_option(const sf_graph *g, int i, const char *option) {
   return def && option && (sf_option_find(def->options, option) || strcmp(option, "replicas") == 0);
 }
 
-const char *sf_graph_node_group(const sf_graph *g, int i) {
-  return g && i >= 0 && i < g->n_nodes ? g->nodes[i].group : NULL;
-}
-
 const char *sf_graph_node_type(const sf_graph *g, int i) {
   return g && i >= 0 && i < g->n_nodes ? g->nodes[i].type : NULL;
 }

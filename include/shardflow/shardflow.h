@@ -60,8 +60,6 @@ SF_API int sf_graph_validate(const sf_graph *graph, sf_error *error);
 SF_API int sf_graph_node_count(const sf_graph *graph);
 SF_API const char *sf_graph_node_name(const sf_graph *graph, int i);
 SF_API const char *sf_graph_node_type(const sf_graph *graph, int i);
-/** The group node i runs in (its `group:`), or NULL when it runs in the head process (borrowed). */
-SF_API const char *sf_graph_node_group(const sf_graph *graph, int i);
 
 /**
  * The value option of node i will run with, as text: the graph file's or

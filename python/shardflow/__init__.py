@@ -77,7 +77,6 @@ def _load():
         "sf_graph_node_has_option": (ctypes.c_bool, [p, ctypes.c_int, c]),
         "sf_graph_node_option": (c, [p, ctypes.c_int, c]),
         "sf_graph_node_type": (c, [p, ctypes.c_int]),
-        "sf_graph_node_group": (c, [p, ctypes.c_int]),
         "sf_stage_help": (ctypes.c_int, [c, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),

@@ -196,7 +196,8 @@ def _resolve(spec, node):
 def start(g, maps):
     """Starts a thread and a handoff for every `type: python` node of graph g (sets its handoff option).
     maps: {node name: callable}. Returns what stop() takes. Raises ValueError (a map= name that is no
-    python node, a node without a function, a python node inside a group)."""
+    python node, a node without a function or whose function does not import). A python node inside
+    a group is refused when the graph loads (engine/graph/graph_groups.c)."""
     names = [library.sf_graph_node_name(g, i).decode() for i in range(library.sf_graph_node_count(g))]
     types = [library.sf_graph_node_type(g, i).decode() for i in range(len(names))]
     for name in maps:
@@ -210,10 +211,6 @@ def start(g, maps):
         for i, (name, stype) in enumerate(zip(names, types)):
             if stype != "python":
                 continue
-            group = library.sf_graph_node_group(g, i)
-            if group:
-                raise ValueError(f"node {name!r} (type: python) is placed in group {group.decode()!r}: Python "
-                                 f"map functions run in this process, not in decode workers; remove its group:")
             spec = library.sf_graph_node_option(g, i, b"function").decode()
             fn = maps.get(name) or (_resolve(spec, name) if spec else None)
             if fn is None:
