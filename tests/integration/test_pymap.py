@@ -161,7 +161,8 @@ try:
     shardflow.Pipeline(grouped, output="dict")
     check(False, "a python node in a group is refused")
 except shardflow.ShardflowError as e:
-    check("node 'python' (python) cannot run in group 'decoders'" in str(e) and "grouped.yaml:" in str(e),
+    check("node 'python' (python) cannot run in group 'decoders': its Python function runs" in str(e)
+          and "grouped.yaml:" in str(e),
           f"group refusal names the node and the line: {e}")
 cli = run(["run", graph("cli", {"function": '"mymaps.fns:invert"'}), "--quiet", "--no-summary"], check=False)
 check(cli.returncode != 0 and "shardflow.Pipeline" in cli.stderr and "'python'" in cli.stderr,
