@@ -25,6 +25,11 @@ struct sf_handoff {
   slot *slots;
   int capacity, head, count, taken; /* taken: slots from head already handed out or passed through */
   bool closed;
+  /* Waking the pool costs more than a sample's map (a context switch), so results are announced in
+   * bunches: when the stage found nothing done and half the ring is done, or the program's thread
+   * has nothing more to take. */
+  bool stage_waits;
+  int done_unannounced;
   sf_sample *orphan; /* the sample the program's thread held when the handoff closed; freed by its finish */
   void (*wake)(sf_node *);
   sf_node *wake_node;
@@ -154,6 +159,7 @@ int sf_handoff_get(sf_handoff *h, sf_item *item, int *status, char *message, siz
   pthread_mutex_lock(&h->lock);
   slot *s = &h->slots[h->head];
   if (h->count == 0 || s->state != DONE) {
+    h->stage_waits = true;
     pthread_mutex_unlock(&h->lock);
     return SF_EAGAIN;
   }
@@ -167,6 +173,15 @@ int sf_handoff_get(sf_handoff *h, sf_item *item, int *status, char *message, siz
   if (h->taken > 0) h->taken--;
   pthread_mutex_unlock(&h->lock);
   return 0;
+}
+
+/* Wakes the stage if it waits for results that are there; caller holds the lock. */
+static void announce(sf_handoff *h) {
+  if (h->wake && h->stage_waits && h->done_unannounced > 0) {
+    h->wake(h->wake_node);
+    h->stage_waits = false;
+    h->done_unannounced = 0;
+  }
 }
 
 int sf_handoff_take(sf_handoff *h, sf_sample **sample, double timeout) {
@@ -192,6 +207,7 @@ int sf_handoff_take(sf_handoff *h, sf_sample **sample, double timeout) {
       *sample = s->item.u.sample;
       break;
     }
+    announce(h); /* about to wait: what is done must go on meanwhile */
     if (timeout < 0)
       pthread_cond_wait(&h->cond, &h->lock);
     else if (pthread_cond_timedwait(&h->cond, &h->lock, &until) != 0) {
@@ -226,7 +242,7 @@ void sf_handoff_finish(sf_handoff *h, sf_sample **result, int status, const char
   s->status = status;
   s->message = status < 0 && message ? strdup(message) : NULL;
   s->state = DONE;
-  if (h->wake) h->wake(h->wake_node);
+  if (++h->done_unannounced * 2 >= h->capacity) announce(h);
   pthread_mutex_unlock(&h->lock);
   sf_sample_destroy(result);
 }
