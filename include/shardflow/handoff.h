@@ -55,9 +55,12 @@ SF_API void sf_handoff_close(sf_handoff *handoff);
 
 /**
  * Stage side: a function called (under the handoff's lock, on the program's
- * thread) each time a result is ready, so a stage that returned SF_EAGAIN is
- * stepped again: the python stage passes sf_node_notify.  NULL removes it
- * (call that in uninit; after it returns, fn is not running and never runs).
+ * thread) when results are ready that sf_handoff_get() found missing, so a
+ * stage that returned SF_EAGAIN is stepped again: the python stage passes
+ * sf_node_notify.  Calls come in bunches (a wakeup costs more than a small
+ * map): once half the ring is done, or when the program's thread has nothing
+ * left to take.  NULL removes it (call that in uninit; after it returns, fn
+ * is not running and never runs).
  */
 SF_API void sf_handoff_set_wake(sf_handoff *handoff, void (*fn)(sf_node *), sf_node *node);
 
