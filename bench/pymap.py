@@ -10,6 +10,7 @@ Needs NumPy (Debian's python3-numpy).
 """
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,6 +52,7 @@ def main():
     for _ in range(a.runs):  # alternate, so drift in the machine's load hits both
         runs["plain"].append(epoch_seconds(graphs["plain"]))
         runs["python"].append(epoch_seconds(graphs["python"], map={"python": lambda s: s}))
+    shutil.rmtree(tmp)
     n = a.shards * a.per_shard
     assert all(r[2] == n for rs in runs.values() for r in rs), runs
     print(f"{n} samples ({a.size}x{a.size} PPM + cls), medians of {a.runs} runs:")

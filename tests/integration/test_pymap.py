@@ -5,6 +5,7 @@ runs on its own thread while the pool keeps stepping the other stages."""
 import ctypes
 import io
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -199,4 +200,5 @@ check(len(got) == 800, f"all samples through: {len(got)}")
 check(progress["python"] == 0 and progress["decode"] >= 8,
       f"decode went on while fn held the GIL: {progress}")
 
+shutil.rmtree(tmp)
 check.done("pymap")
