@@ -169,11 +169,13 @@ cli = run(["run", graph("cli", {"function": '"mymaps.fns:invert"'}), "--quiet", 
 check(cli.returncode != 0 and "shardflow.Pipeline" in cli.stderr and "'python'" in cli.stderr,
       f"shardflow run refuses type: python: {cli.stderr}")
 
-# 6. Its own thread: with one pool thread, decode keeps feeding the python node (up to its in_flight
-# bound) while fn holds the GIL for 0.5 s on the first sample (a PyDLL call keeps it). A node that
-# waited for fn, or pool threads that needed the GIL, would let nothing through meanwhile.
+# 6. Its own thread: while fn holds the GIL for 0.5 s on the first sample (a PyDLL call keeps it),
+# shards keep arriving (each behind a 0.1 s pipe, read on one of the two pool threads) and the other
+# pool thread decodes them into the python node's queue. A node that waited for fn, or pool threads
+# that needed the GIL, would let nothing through meanwhile (short queues: no slack upstream).
 os.makedirs(os.path.join(tmp, "many"))
-many_urls, _ = make_dataset(os.path.join(tmp, "many"), shards=8, per_shard=100)
+make_dataset(os.path.join(tmp, "many"), shards=8, per_shard=25)
+many_urls = "pipe:sleep 0.1; cat " + os.path.join(tmp, "many", "shard-{000000..000007}.tar")
 libc = ctypes.PyDLL(None)
 holder, progress = [], {}
 
@@ -190,15 +192,17 @@ def hold_gil(s):
 
 
 slow = write_graph(os.path.join(tmp, "slow.yaml"), [
-    ("shard_source", dict(urls=many_urls)), ("tar_split", {}), ("decode", {}), ("python", dict(in_flight=16)),
-    ("batch", dict(batch_size=8, partial=True)), ("device_sink", {})], seed=1, epochs=1, threads=1)
+    ("shard_source", dict(urls=many_urls, allow_pipe=True)), ("tar_split", {}), ("decode", {}),
+    ("python", dict(in_flight=256)), ("batch", dict(batch_size=8, partial=True)), ("device_sink", {})],
+    seed=1, epochs=1, threads=2, queue_size=4)
 p = shardflow.Pipeline(slow, map={"python": hold_gil}, output="dict")
 holder.append(p)
 got = collect(p)
 p.close()
-check(len(got) == 800, f"all samples through: {len(got)}")
+check(len(got) == 200, f"all samples through: {len(got)}")
 check(progress["python"] == 0 and progress["decode"] >= 8,
       f"decode went on while fn held the GIL: {progress}")
 
 shutil.rmtree(tmp)
+print("thread proof:", progress)
 check.done("pymap")
