@@ -43,7 +43,12 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
       const sf_graph_node *n = &g->nodes[order[k]];
       if (!n->group || strcmp(n->group, grp->name) != 0) continue;
       const sf_stage_def *def = defs[order[k]];
-      if (!(def->flags & SF_STAGE_MAP) || sf_port_first_kind(def->inputs) != SF_PORT_SAMPLE ||
+      if (strcmp(def->name, "python") == 0) /* stages/python.c: its function lives in the head's interpreter */
+        r = sf_graph_error(e, SF_EGRAPH, g, n->group_line,
+                           "node '%s' (python) cannot run in group '%s': its Python function runs in the Python "
+                           "program that started the pipeline, not in decode workers; remove the node's group:",
+                           n->name, grp->name);
+      else if (!(def->flags & SF_STAGE_MAP) || sf_port_first_kind(def->inputs) != SF_PORT_SAMPLE ||
           sf_port_first_kind(def->outputs) != SF_PORT_SAMPLE)
         r = sf_graph_error(e, SF_EGRAPH, g, n->group_line,
                            "node '%s' (%s) cannot run in group '%s': only map stages (one sample in, at most one "

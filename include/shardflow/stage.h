@@ -295,12 +295,13 @@ SF_API bool sf_node_cancelled(const sf_node *node);
 
 /**
  * Wakes the executor to step this node (and the others) again: for a step
- * that returned SF_EAGAIN because its I/O was not ready (bytes of a download
- * not yet arrived), called by whatever thread learns it now is (a download
- * thread, a socket reader).  Without it, a node that made no progress is only
- * retried when another node makes some, or after at most 100 ms.  Any
- * thread, never blocks on I/O, cheap when no worker sleeps.  The node must
- * still exist: stop calling it from the stage's uninit at the latest.
+ * that returned SF_EAGAIN because work arrived from outside its input queue
+ * (bytes of a download, a socket, another thread of the program: see
+ * shardflow/handoff.h), called by whatever thread learns it.  Without it, a
+ * node that made no progress is only retried when another node makes some, or
+ * after at most 100 ms.  Any thread, never blocks on I/O, cheap when no worker
+ * sleeps.  The node must still exist: stop calling it from the stage's uninit
+ * at the latest.
  */
 SF_API void sf_node_notify(sf_node *node);
 

@@ -122,6 +122,9 @@ def _load():
         "sf_version_string": (c, []),
         "sf_storage_copy": (ctypes.c_int, [c, c, ctypes.c_bool, ctypes.POINTER(_Error)]),
         "sf_log_set_handler": (ctypes.c_int, [_LogHandler, p]),
+        "sf_pipeline_stats": (ctypes.c_int, [p, p, ctypes.c_int]),
+        "sf_pipeline_error_count": (ctypes.c_uint64, [p]),
+        "sf_pipeline_skipped": (ctypes.c_uint64, [p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -227,13 +230,16 @@ class Pipeline:
     "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy. "tuple" (NumPy)
     or "torch_tuple": every field of the batch in its order, which a `rename` stage sets (its `names`
     order: "image=jpg;png,label=cls" gives (image, label)); the dict forms are keyed by those names.
+    map: {node name: callable} for the graph's `type: python` nodes (see shardflow._pymap; a node's
+    `function: "pkg.module:fn"` is used where map names no callable).
     """
 
-    def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, **options):
+    def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, map=None, **options):
         self._pipeline = ctypes.c_void_p()
         if output is not None and output not in _OUTPUTS:
             raise ValueError(f"output={output!r}: use one of {', '.join(_OUTPUTS)}")
-        self._args = (graph, rank, world_size, epochs, options)
+        self._maps = []
+        self._args = (graph, rank, world_size, epochs, options, dict(map or {}))
         self._start(0, 0)
         self._output = output or self._default_output()
 
@@ -261,11 +267,12 @@ class Pipeline:
         return g
 
     def _start(self, first_epoch, first_step):
-        graph, rank, world_size, epochs, options = self._args
+        graph, rank, world_size, epochs, options, maps = self._args
         self.close()
         err = _Error()
         g = self._load_graph(graph, options)
         try:
+            self._maps = _pymap.start(g, maps)
             opts = _Options()
             library.sf_pipeline_options_init(ctypes.byref(opts))
             if rank is not None:
@@ -280,6 +287,9 @@ class Pipeline:
             if r < 0:
                 raise _error(r, err)
             self._batches = self._epoch_batches(g)
+        except BaseException:
+            self.close()
+            raise
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
 
@@ -369,8 +379,7 @@ class Pipeline:
         trainer now drives the epochs: the graph's `epochs` (or the epochs argument), which bounds a
         run nobody steers (the CLI's), no longer ends the pipeline."""
         if epoch != self.epoch or self.step != 0 or self._args[3] != 0:
-            graph, rank, world_size, _, options = self._args
-            self._args = (graph, rank, world_size, 0, options)  # 0: no last epoch
+            self._args = self._args[:3] + (0,) + self._args[4:]  # epochs 0: no last epoch
             self._start(int(epoch), 0)
 
     def stats(self):
@@ -466,6 +475,8 @@ class Pipeline:
 
     def close(self):
         """Stops the threads and frees the pipeline; batches already returned stay valid."""
+        _pymap.stop(getattr(self, "_maps", []))  # first: a map thread may hold a sample of the pipeline
+        self._maps = []
         if self._pipeline:
             library.sf_pipeline_destroy(ctypes.byref(self._pipeline))
 
@@ -520,3 +531,6 @@ def _stage_help(stage=None):
 # parses graph files with, not from a second list here.
 Pipeline.__doc__ += "\n\nStage options (keyword arguments):\n\n" + "\n".join(
     _stage_help(line.split(":", 1)[0]) for line in _stage_help().splitlines())
+
+
+from . import _pymap  # noqa: E402  (Python map functions; uses library and the names above)

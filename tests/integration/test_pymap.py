@@ -1,0 +1,208 @@
+"""Python map functions (type: python): the map's output equals NumPy's on the tarfile-read samples,
+bytes in and out, None drops (counted), exceptions become error records with the key (skip goes on,
+fail stops), function: "pkg.module:fn" resolves, refused in a group and by `shardflow run`, and fn
+runs on its own thread while the pool keeps stepping the other stages."""
+import ctypes
+import io
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
+os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
+from sfutil import Checks, make_dataset, run, write_graph  # noqa: E402
+
+import shardflow  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-pymap-")
+SHARDS, PER_SHARD = 4, 25
+urls, _ = make_dataset(tmp, shards=SHARDS, per_shard=PER_SHARD)
+
+
+def tar_samples():
+    """{key: {field: bytes}} read with Python's tarfile, independent of the engine."""
+    out = {}
+    for s in range(SHARDS):
+        with tarfile.open(os.path.join(tmp, f"shard-{s:06d}.tar")) as tf:
+            for m in tf.getmembers():
+                key, field = m.name.split(".", 1)
+                out.setdefault(key, {})[field] = tf.extractfile(m).read()
+    return out
+
+
+def ppm_array(data):
+    """A binary PPM (P6, maxval 255) as uint8 [H,W,3], parsed with NumPy."""
+    f = io.BytesIO(data)
+    magic, (w, h), _ = f.readline(), map(int, f.readline().split()), f.readline()
+    assert magic.strip() == b"P6"
+    return np.frombuffer(f.read(), np.uint8).reshape(h, w, 3)
+
+
+raw = tar_samples()
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def graph(name, python_opts, decode_first=True, **settings):
+    stages = [("shard_source", dict(urls=urls)), ("tar_split", {})]
+    stages += [("decode", {}), ("python", python_opts)] if decode_first else [("python", python_opts), ("decode", {})]
+    stages += [("batch", dict(batch_size=8, partial=True)), ("device_sink", {})]
+    settings.setdefault("seed", 3)
+    settings.setdefault("epochs", 1)
+    return write_graph(os.path.join(tmp, name + ".yaml"), stages, **settings)
+
+
+def collect(p):
+    """{key: {field: value}} of one epoch."""
+    out = {}
+    for b in p:
+        for j, key in enumerate(b["__key__"]):
+            out[key] = {k: v[j] for k, v in b.items() if k != "__key__"}
+    return out
+
+
+# 1. Decoded tensors in (read-only views), new tensors out, compared with NumPy on the tarfile data.
+seen_threads = set()
+
+
+def luma(s):
+    seen_threads.add(threading.current_thread().name)
+    check(not s["ppm"].flags.writeable, "views are read-only")
+    return {"ppm": s["ppm"], "gray": s["ppm"].astype(np.float32) @ LUMA, "cls": s["cls"] * 3 + 1,
+            "__key__": s["__key__"]}
+
+
+with shardflow.Pipeline(graph("views", {}), map={"python": luma}, output="dict") as p:
+    got = collect(p)
+check(set(got) == set(raw), f"every sample mapped once: {len(got)} of {len(raw)}")
+for key, fields in raw.items():
+    img = ppm_array(fields["ppm"])
+    check(np.array_equal(got[key]["ppm"], img), f"{key}: the unchanged view passes on")
+    check(np.allclose(got[key]["gray"], img.astype(np.float32) @ LUMA, rtol=1e-6), f"{key}: gray equals NumPy's")
+    check(int(got[key]["cls"]) == int(fields["cls"]) * 3 + 1, f"{key}: label mapped")
+check(seen_threads == {"shardflow-map-python"}, f"fn ran on its own thread only: {seen_threads}")
+
+# 2. Encoded fields in as bytes, bytes out (decoded downstream); None drops, counted as filtered (not skipped: no error).
+def relabel(s):
+    check(isinstance(s["cls"], bytes) and isinstance(s["ppm"], bytes), "encoded fields arrive as bytes")
+    if int(s["__key__"]) % 5 == 0:
+        return None
+    return {"ppm": s["ppm"], "cls": str(int(s["cls"]) + 10).encode()}
+
+
+with shardflow.Pipeline(graph("bytes", {}, decode_first=False), map={"python": relabel}, output="dict") as p:
+    got = collect(p)
+    stats = {node['name']: node for node in p.stats()}
+kept = {k for k in raw if int(k) % 5}
+check(set(got) == kept, f"None dropped {len(raw) - len(kept)} samples: kept {len(got)}")
+for key in kept:
+    check(int(got[key]["cls"]) == int(raw[key]["cls"]) + 10, f"{key}: bytes out decoded downstream")
+    check(np.array_equal(got[key]["ppm"], ppm_array(raw[key]["ppm"])), f"{key}: image intact")
+check(stats["python"]["filtered"] == len(raw) - len(kept) and stats["python"]["skipped"] == 0
+      and stats["python"]["errors"] == 0, f"drops counted as filtered, no error records: {stats['python']}")
+check(stats["python"]["items"] == len(kept), f"output counted: {stats['python']}")
+
+# 3. An exception is an error record with the key, the exception's type and message.
+BAD = "0000042"
+
+
+def picky(s):
+    if s["__key__"] == BAD:
+        raise ValueError(f"cannot map {s['__key__']}")
+    return {"ppm": s["ppm"], "cls": s["cls"]}
+
+
+with shardflow.Pipeline(graph("skip", {}, error_policy="skip"), map={"python": picky}, output="dict") as p:
+    got = collect(p)
+    stats = {node['name']: node for node in p.stats()}
+    err = shardflow._Error()
+    check(shardflow.library.sf_pipeline_last_error(p._pipeline, err), "skip: an error record exists")
+check(set(got) == set(raw) - {BAD}, "skip: every other sample arrives")
+check(stats["python"]["errors"] == 1 and stats["python"]["skipped"] == 1, f"skip: counted {stats['python']}")
+check(err.key.decode() == BAD and b"ValueError: cannot map 0000042" in err.message,
+      f"the record names the key and the exception: {err.key} {err.message}")
+
+try:
+    with shardflow.Pipeline(graph("fail", {}, error_policy="fail"), map={"python": picky}, output="dict") as p:
+        collect(p)
+    check(False, "fail policy: the pipeline stops")
+except shardflow.ShardflowError as e:
+    check(BAD in str(e) and "ValueError" in str(e), f"fail policy: stops with the record: {e}")
+
+# 4. function: "pkg.module:fn" resolves a module on sys.path.
+pkg = os.path.join(tmp, "mods", "mymaps")
+os.makedirs(pkg)
+open(os.path.join(pkg, "__init__.py"), "w").close()
+with open(os.path.join(pkg, "fns.py"), "w") as f:
+    f.write("def invert(s):\n    return {'ppm': 255 - s['ppm'], 'cls': s['cls']}\n")
+sys.path.insert(0, os.path.join(tmp, "mods"))
+with shardflow.Pipeline(graph("module", {"function": '"mymaps.fns:invert"'}), output="dict") as p:
+    got = collect(p)
+check(all(np.array_equal(got[k]["ppm"], 255 - ppm_array(raw[k]["ppm"])) for k in raw), "module function ran")
+try:
+    shardflow.Pipeline(graph("nomodule", {"function": '"mymaps.nope:f"'}), output="dict")
+    check(False, "a missing module is refused")
+except ValueError as e:
+    check("'python'" in str(e) and "mymaps.nope:f" in str(e), f"names the node and the function: {e}")
+
+# 5. Refused inside a group (names the node) and by the CLI (says to run it from Python).
+grouped = graph("grouped", {"function": '"mymaps.fns:invert"', "group": "decoders"})
+with open(grouped) as f:
+    text = f.read()
+with open(grouped, "w") as f:
+    f.write("groups:\n  decoders:\n    processes: 1\n" + text)
+try:
+    shardflow.Pipeline(grouped, output="dict")
+    check(False, "a python node in a group is refused")
+except shardflow.ShardflowError as e:
+    check("node 'python' (python) cannot run in group 'decoders': its Python function runs" in str(e)
+          and "grouped.yaml:" in str(e),
+          f"group refusal names the node and the line: {e}")
+cli = run(["run", graph("cli", {"function": '"mymaps.fns:invert"'}), "--quiet", "--no-summary"], check=False)
+check(cli.returncode != 0 and "shardflow.Pipeline" in cli.stderr and "'python'" in cli.stderr,
+      f"shardflow run refuses type: python: {cli.stderr}")
+
+# 6. Its own thread: while fn holds the GIL for 0.5 s on the first sample (a PyDLL call keeps it),
+# shards keep arriving (each behind a 0.1 s pipe, read on one of the two pool threads) and the other
+# pool thread decodes them into the python node's queue. A node that waited for fn, or pool threads
+# that needed the GIL, would let nothing through meanwhile (short queues: no slack upstream).
+os.makedirs(os.path.join(tmp, "many"))
+make_dataset(os.path.join(tmp, "many"), shards=8, per_shard=25)
+many_urls = "pipe:sleep 0.1; cat " + os.path.join(tmp, "many", "shard-{000000..000007}.tar")
+libc = ctypes.PyDLL(None)
+holder, progress = [], {}
+
+
+def hold_gil(s):
+    if not progress:
+        while not holder:
+            time.sleep(0.01)
+        before = {node['name']: node for node in holder[0].stats()}
+        libc.usleep(500000)
+        after = {node['name']: node for node in holder[0].stats()}
+        progress.update({k: after[k]["items"] - before[k]["items"] for k in ("decode", "python")})
+    return {"ppm": s["ppm"], "cls": s["cls"]}
+
+
+slow = write_graph(os.path.join(tmp, "slow.yaml"), [
+    ("shard_source", dict(urls=many_urls, allow_pipe=True)), ("tar_split", {}), ("decode", {}),
+    ("python", dict(in_flight=256)), ("batch", dict(batch_size=8, partial=True)), ("device_sink", {})],
+    seed=1, epochs=1, threads=2, queue_size=4)
+p = shardflow.Pipeline(slow, map={"python": hold_gil}, output="dict")
+holder.append(p)
+got = collect(p)
+p.close()
+check(len(got) == 200, f"all samples through: {len(got)}")
+check(progress["python"] == 0 and progress["decode"] >= 8,
+      f"decode went on while fn held the GIL: {progress}")
+
+shutil.rmtree(tmp)
+print("thread proof:", progress)
+check.done("pymap")
