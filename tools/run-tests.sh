@@ -18,6 +18,12 @@ esac
 [ "${1:-}" = "--" ] && shift
 tools/setup-debian.sh || { echo "0 passed, 1 failed"; exit 1; }
 
+# The tests' temporary files (shards, servers' roots, logs) go into one directory removed at the end, so a
+# test that fails before its own cleanup leaves nothing behind in /tmp (SF_KEEP_TMP=1 keeps it for a look).
+export TMPDIR
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/sf-tests.XXXXXX")
+[ -n "${SF_KEEP_TMP:-}" ] && echo "temporary files kept in $TMPDIR" || trap 'rm -rf "$TMPDIR"' EXIT
+
 total_passed=0 total_failed=0
 # Runs one pass; adds its counts to the totals.
 run_pass() {
