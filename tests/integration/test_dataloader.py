@@ -104,7 +104,7 @@ header = next(i for i, line in enumerate(summary) if line.startswith("node "))
 cli_items = {}
 for line in summary[header + 1:]:
     cols = line.split()
-    if len(cols) != 9:
+    if len(cols) != 10:  # node stage reps items MiB busy wait errors skipped filtered
         break
     cli_items[cols[0]] = (cols[1], int(cols[2]), int(cols[3]))
 with shardflow.Pipeline(graph, epochs=2, output="dict") as p:

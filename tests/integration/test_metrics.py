@@ -133,7 +133,7 @@ try:
     check(run.returncode == 0, f"the run failed ({run.returncode}): {err_rest}")
     # The pipeline's own stats: the end-of-run table (node, stage, reps, items, MiB, busy s, ...).
     table = {m.group(1): m.groups() for m in re.finditer(
-        r"^(\w+)\s+(\w+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)$", err_rest[0], re.M)}
+        r"^(\w+)\s+(\w+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)$", err_rest[0], re.M)}
     check(int(table["tar_split"][3]) == samples, f"the table's tar_split items = {samples}: {table['tar_split']}")
     check(float(table["decode"][5]) + 0.005 >= busy["decode"],
           f"Prometheus' decode busy seconds {busy} do not exceed the final table's {table['decode'][5]}")
