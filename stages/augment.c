@@ -52,7 +52,8 @@ static const char *const dtype_names[] = {"uint8", "float32", "bfloat16", NULL};
 
 static const sf_option options[] = {
     {"fields", SF_OPT_STRING, offsetof(augment, fields), "", 0, 0,
-     "comma-separated image fields to transform (\"\" = every decoded uint8 [H,W,C] field; a listed "
+     "comma-separated image fields to transform (\"\" = every decoded uint8 [H,W,C] field, and a uint16 one "
+     "from decode's depth 16 is an error record; a listed "
      "field missing from a sample is an error); all fields of a sample get the same random draws, so "
      "an image and its mask stay aligned",
      NULL},
@@ -487,8 +488,14 @@ static bool is_image(const sf_field *f) {
          (f->tensor.buffer || f->recipe);
 }
 
+/* A decoded uint16 [H,W,C] image (decode's depth 16 or native): refused with a record, not passed
+   through untransformed next to transformed uint8 ones (one sample uncropped in a batch of crops). */
+static bool is_uint16_image(const sf_field *f) {
+  return !f->encoded && f->tensor.dtype == SF_DTYPE_UINT16 && f->tensor.ndim == 3 && (f->tensor.buffer || f->recipe);
+}
+
 static bool selected(const augment *a, const sf_field *f) {
-  if (a->n_names == 0) return is_image(f);
+  if (a->n_names == 0) return is_image(f) || is_uint16_image(f);
   for (int i = 0; i < a->n_names; i++)
     if (strcmp(a->names[i], f->name) == 0) return true;
   return false;
@@ -510,6 +517,10 @@ typedef struct field_error {
  */
 static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
   const sf_tensor *in = &f->tensor;
+  if (is_uint16_image(f))
+    return FAIL(e, SF_EINVAL, "field '%s' is a uint16 image (decode's depth 16 or native); augment transforms "
+                "uint8 images only: set decode's `depth: 8`, or leave the field out of augment's `fields`",
+                f->name);
   if (!is_image(f))
     return FAIL(e, SF_ESHAPE, "field '%s' is not a decoded uint8 [H,W,C] image (%s, %d dimensions%s); "
                 "decode it first or leave it out of `fields`", f->name, sf_dtype_name(in->dtype), in->ndim,

@@ -8,6 +8,7 @@
 #include "shardflow/stage.h"
 
 /* Most alternatives one name may list ("jpg;jpeg;png;ppm" is 4). */
+#define KEY_FIELD "__key__" /* names the sample's key as a source: "key=__key__" */
 enum { MAX_ALTS = 8 };
 
 /* One entry of `names`: the field's new name and the fields it may come from, in order of preference. */
@@ -28,7 +29,8 @@ static const sf_option options[] = {
     {"names", SF_OPT_STRING, offsetof(renamer, names), "", 0, 0,
      "comma-separated fields to output, in this order: NEW=ALT;ALT;... takes the first of the "
      "alternatives the sample has and calls it NEW (\"image=jpg;jpeg;png;ppm,label=cls\"); a bare "
-     "NAME keeps a field as it is; a sample with none of an entry's alternatives is an error record",
+     "NAME keeps a field as it is; a sample with none of an entry's alternatives is an error record; "
+     "__key__ as a source is the sample's key, as uint8 bytes (\"key=__key__\"; list it in batch's ragged)",
      NULL},
     {"keep", SF_OPT_BOOL, offsetof(renamer, keep), "false", 0, 0,
      "also keep the fields `names` does not mention, after the named ones (WebDataset's rename "
@@ -138,6 +140,21 @@ static const char *field_list(const sf_sample *s, char *buf, size_t size) {
   return buf;
 }
 
+/* Appends the sample's key as a field named __key__ (uint8 bytes, marked decoded, like a checked txt
+   member): WebDataset's to_tuple("__key__", ...). Returns its index, SF_ENOMEM, or SF_ETOOBIG when the sample is full. */
+static int add_key_field(sf_sample *s) {
+  size_t n = strlen(s->key ? s->key : "");
+  sf_buffer *b = sf_buffer_new(n);
+  if (!b) return SF_ENOMEM;
+  if (n) memcpy(sf_buffer_data(b), s->key, n);
+  sf_tensor t;
+  const int64_t shape[1] = {(int64_t)n};
+  int r = sf_tensor_view(&t, SF_DTYPE_UINT8, 1, shape, b, 0); /* takes b's reference */
+  if (r < 0) return r;
+  if (!sf_sample_add_field(s, KEY_FIELD, false, &t)) return SF_ETOOBIG;
+  return s->n_fields - 1;
+}
+
 static int map(sf_node *node, sf_sample **ps) {
   const renamer *r = sf_node_priv(node);
   sf_sample *s = *ps;
@@ -147,9 +164,20 @@ static int map(sf_node *node, sf_sample **ps) {
   for (int e = 0; e < r->n_entries; e++) {
     const entry *en = &r->entries[e];
     int found = -1;
-    for (int a = 0; a < en->n_alts && found < 0; a++)
+    for (int a = 0; a < en->n_alts && found < 0; a++) {
+      if (strcmp(en->alts[a], KEY_FIELD) == 0 && !sf_sample_field(s, KEY_FIELD)) {
+        if ((found = add_key_field(s)) == SF_ENOMEM) return found; /* not the sample's fault: no record */
+        if (found < 0) {
+          sf_node_error(node, found, sf_sample_url(s), s->key, s->offset,
+                        "cannot add the key as field '%s': the sample has %d fields (at most %d)", en->name,
+                        s->n_fields, SF_MAX_FIELDS);
+          return found;
+        }
+        break;
+      }
       for (int i = 0; i < s->n_fields && found < 0; i++)
         if (strcmp(s->fields[i].name, en->alts[a]) == 0) found = i;
+    }
     if (found < 0) {
       char wanted[MAX_ALTS * SF_FIELD_NAME_MAX];
       size_t w = 0;

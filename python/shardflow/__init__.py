@@ -227,9 +227,10 @@ class Pipeline:
 
     graph: a graph file's path, or YAML text (which has a newline). rank / world_size: None takes
     RANK / WORLD_SIZE (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy",
-    "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy. "tuple" (NumPy)
-    or "torch_tuple": every field of the batch in its order, which a `rename` stage sets (its `names`
-    order: "image=jpg;png,label=cls" gives (image, label)); the dict forms are keyed by those names.
+    "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy, in the tuple form
+    when the graph has a `rename` stage. "tuple" (NumPy) or "torch_tuple": every field of the batch in
+    its order, which a `rename` stage sets (its `names` order: "image=jpg;png,label=cls" gives (image,
+    label)), a ragged field as its list; the dict forms are keyed by those names.
     map: {node name: callable} for the graph's `type: python` nodes (see shardflow._pymap; a node's
     `function: "pkg.module:fn"` is used where map names no callable).
     """
@@ -241,7 +242,7 @@ class Pipeline:
         self._maps = []
         self._args = (graph, rank, world_size, epochs, options, dict(map or {}))
         self._start(0, 0)
-        self._output = output or self._default_output()
+        self._output = output or self._default_output(self._renamed)
 
     @classmethod
     def _load_graph(cls, graph, options):
@@ -287,6 +288,8 @@ class Pipeline:
             if r < 0:
                 raise _error(r, err)
             self._batches = self._epoch_batches(g)
+            self._renamed = any(library.sf_graph_node_type(g, i).decode() == "rename"
+                                for i in range(library.sf_graph_node_count(g)))
         except BaseException:
             self.close()
             raise
@@ -340,12 +343,14 @@ class Pipeline:
         return self._batches
 
     @staticmethod
-    def _default_output():
+    def _default_output(renamed):
+        """torch when it imports, else numpy; the tuple forms when the graph has a rename stage (its names
+        say what the trainer unpacks: image=jpg,label=cls gives (image, label), not (4-D field, cls))."""
         try:
             import torch  # noqa: F401
-            return "torch"
+            return "torch_tuple" if renamed else "torch"
         except ImportError:
-            return "numpy"
+            return "tuple" if renamed else "numpy"
 
     @property
     def epoch(self):
@@ -454,6 +459,7 @@ class Pipeline:
             fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
             return fields
         if self._output.endswith("tuple"):
+            _unpack_ragged(fields)  # a ragged field is one item (its list), not two (values, offsets)
             return tuple(fields.values())  # the batch's field order: a rename stage's `names` order
         images = next((v for v in fields.values() if v.ndim == 4), None)
         return images, fields.get("cls")
@@ -504,7 +510,7 @@ def _unpack_ragged(fields):
         if str(values.dtype) in ("uint8", "torch.uint8"):
             parts = [bytes(p.numpy() if hasattr(p, "numpy") else p) for p in parts]
             kind = name.rsplit(".", 1)[-1]
-            if kind == "txt":
+            if kind in ("txt", "__key__"):  # __key__: rename's key field
                 parts = [p.decode("utf-8") for p in parts]
             elif kind == "json":
                 parts = [json.loads(p) for p in parts]

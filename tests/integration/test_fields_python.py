@@ -80,6 +80,17 @@ check(sum((b["__key__"] for b in batches), []) == keys, "dict: __key__ in shard 
 check(np.array_equal(np.concatenate([b["image"] for b in batches]),
                      np.stack([pixels(getfirst(ref[k], "png;ppm")) for k in keys])), "dict: image by name")
 
+# No output given: a graph with rename yields its names' tuple (numpy here: the test's python3 has no torch), with
+# rename's __key__ (WebDataset's to_tuple("__key__", ...)) as list[str] and the txt caption as list[str].
+with shardflow.Pipeline(graph, epochs=1, names="__key__,image=png;ppm,label=cls,txt", ragged="__key__,txt") as p:
+    batches = list(p)
+check(all(isinstance(b, tuple) and len(b) == 4 for b in batches), f"default output after rename: {batches[0]!r:.200}")
+check(sum((b[0] for b in batches), []) == keys, f"tuple item 0 is the keys: {batches[0][0]}")
+check(np.array_equal(np.concatenate([b[1] for b in batches]),
+                     np.stack([pixels(getfirst(ref[k], "png;ppm")) for k in keys])), "tuple item 1: the images")
+check(np.concatenate([b[2] for b in batches]).tolist() == [int(ref[k]["cls"]) for k in keys], "tuple item 2: labels")
+check(sum((b[3] for b in batches), []) == [ref[k]["txt"].decode() for k in keys], "tuple item 3: the captions")
+
 try:
     shardflow.Pipeline(graph, output="tuples")
     check(False, "an unknown output is refused")
