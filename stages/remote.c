@@ -634,12 +634,14 @@ static int init(sf_node *node) {
     t.plaintext = r->plaintext;
     int rc = sf_transport_listen(r->zctx, &t, &r->sockets[0], &e);
     if (rc == 0 && r->rendezvous[0])
-      rc = sf_rendezvous_write(r->rendezvous, sf_transport_endpoint(r->sockets[0]), t.plaintext ? NULL : t.secret_key_file, &e);
+      rc = sf_rendezvous_write(r->rendezvous, sf_transport_endpoint(r->sockets[0]),
+                               t.plaintext ? NULL : t.secret_key_file, &e);
     if (rc < 0) return start_error(node, &e, rc);
     r->wrote_rendezvous = r->rendezvous[0] != '\0';
   } else if (r->rendezvous[0]) {
     sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                  "group '%s': rendezvous: needs listen: (the endpoint the file tells workers), e.g. listen: tcp://0.0.0.0:0",
+                  "group '%s': rendezvous: needs listen: (the endpoint the file tells workers), "
+                  "e.g. listen: tcp://0.0.0.0:0",
                   sf_node_name(node));
     return SF_EOPTION;
   }

@@ -51,8 +51,10 @@ int sf_rendezvous_write(const char *path, const char *endpoint, const char *secr
           "#   `shardflow worker --rendezvous FILE` (the file is also the head's public key).\n"
           "metadata\n    endpoint = \"%s\"\n",
           where);
-  if (pub[0]) fprintf(f, "curve\n    public-key = \"%s\"\n", pub);
-  else fprintf(f, "    plaintext = \"true\"\n");
+  if (pub[0])
+    fprintf(f, "curve\n    public-key = \"%s\"\n", pub);
+  else
+    fprintf(f, "    plaintext = \"true\"\n");
   bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
   ok = fclose(f) == 0 && ok;
   if (!ok || rename(tmp, path) != 0) {
@@ -92,7 +94,8 @@ int sf_rendezvous_read(const char *path, double timeout, volatile sig_atomic_t *
   while ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
     if (errno != ENOENT)
       return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot open the rendezvous file: %s", strerror(errno));
-    if (stop && *stop) return sf_error_set(error, SF_ECANCELED, SF_AT(.url = path), "stopped while waiting for the head");
+    if (stop && *stop)
+      return sf_error_set(error, SF_ECANCELED, SF_AT(.url = path), "stopped while waiting for the head");
     clock_gettime(CLOCK_MONOTONIC, &now);
     if ((double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9 > timeout)
       return sf_error_set(error, SF_ETIMEDOUT, SF_AT(.url = path),

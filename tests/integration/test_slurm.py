@@ -155,6 +155,13 @@ def stop_all():
 
 
 try:
+    # Errors a user can cause name the file or option and what to do.
+    p = run(["worker", "--rendezvous", os.path.join(tmp, "none"), "--connect-timeout", "0.3"], check=False)
+    check(p.returncode == 1 and os.path.join(tmp, "none") in p.stderr and "rendezvous:" in p.stderr,
+          f"a worker without a rendezvous file names it and the head's option: {p.stderr}")
+    bad, _ = group_graph(tmp, "no-listen", "x.tar", {"processes": 1, "rendezvous": os.path.join(tmp, "r")})
+    p = run(["run", bad], check=False)
+    check(p.returncode != 0 and "rendezvous: needs listen:" in p.stderr, f"rendezvous without listen: {p.stderr}")
     start_slurm()
     urls, truth = make_dataset(tmp, shards=8, per_shard=250, size=16)
     ref_path, ref_out = group_graph(tmp, "reference", urls, shuffle_buffer=300, seed=5)
@@ -182,6 +189,9 @@ try:
         check(f'endpoint = "tcp://{os.uname().nodename}:' in f.read(), "...and the endpoint with this host's name")
     victim = workers["shardflow-worker-0"]
     check(re.fullmatch(r"\d+\.\d+", victim) is not None, f"a step id JOBID.STEP: {victim}")
+    # Stopped first (as test_groups does), so the victim surely holds units the head must hand to the other.
+    slurm("scancel", "--signal=STOP", victim)
+    time.sleep(0.5)
     slurm("scancel", victim)
     done_at_cancel = len(read_batches(out))
     check(done_at_cancel < len(reference), f"cancelled mid-epoch ({done_at_cancel} of {len(reference)} batches)")
@@ -189,7 +199,9 @@ try:
     log = tail(output, 10**6)
     noticed = re.search(r".*worker worker-0 .*(left|missed heartbeats|cannot be reached).*", log)
     check(noticed is not None, f"the head noticed the cancelled worker:\n{log}")
-    print(f"scancel {victim} after {done_at_cancel} of {len(reference)} batches; the head: {noticed.group(0)}")
+    reassigned = re.search(r"(\d+) units reassigned", log)
+    check(reassigned is not None and int(reassigned.group(1)) > 0, f"the cancelled worker's units went to the other:\n{log}")
+    print(f"{reassigned.group(0)}; scancel {victim} after {done_at_cancel} of {len(reference)} batches; the head: {noticed.group(0)}")
     check("shardflow: error" not in log and "shardflow worker:" not in log.replace("shardflow worker: stopped", ""),
           f"the run had no errors:\n{log}")
     check(not os.path.exists(os.path.join(rundir, "head-0.rendezvous")),
