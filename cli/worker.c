@@ -67,6 +67,7 @@ static int worker_main(int argc, char **argv) {
   if (o.rendezvous) { /* the file is written once the head listens: wait for it as for the head */
     if (sf_rendezvous_read(o.rendezvous, o.connect_timeout, &stop_requested, endpoint, sizeof endpoint, &plaintext,
                            &err) < 0) {
+      if (stop_requested) return 0; /* SIGTERM before the head came (scancel, kubectl scale): a clean leave */
       char line[2048];
       return sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
     }
