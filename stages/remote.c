@@ -39,6 +39,7 @@
 #include "log.h"
 #include "node.h"
 #include "remote.h"
+#include "rendezvous.h"
 #include "transport.h"
 #include "unit_window.h"
 #include "wire.h"
@@ -68,6 +69,7 @@ typedef struct remote {
   char *listen;
   char *secret_key, *allowed_keys;
   bool plaintext;
+  char *rendezvous;
   int64_t unit_samples;
   int64_t window;
   int64_t buffer_size;
@@ -82,6 +84,7 @@ typedef struct remote {
   char ipc_path[108];
   void *zctx;
   sf_transport *sockets[2];
+  bool wrote_rendezvous;
   int wake_fd;
   pthread_t thread;
   bool thread_started;
@@ -117,6 +120,10 @@ static const sf_option options[] = {
      "workers admitted on tcp://: a file of public keys (one a line) or a directory of *.pub files", NULL},
     {"plaintext", SF_OPT_BOOL, offsetof(remote, plaintext), "false", 0, 0,
      "accept unauthenticated, unencrypted tcp:// connections (trusted networks only)", NULL},
+    {"rendezvous", SF_OPT_STRING, offsetof(remote, rendezvous), "", 0, 0,
+     "a file the head writes once listening (endpoint and public key) and removes at the end; workers started by a "
+     "scheduler find the head with `shardflow worker --rendezvous FILE` (needs listen:)",
+     NULL},
     {"unit_samples", SF_OPT_COUNT, offsetof(remote, unit_samples), "32", 1, 4096,
      "samples in one work unit (a range of one shard)", NULL},
     {"window", SF_OPT_COUNT, offsetof(remote, window), "16", 2, 4096,
@@ -626,7 +633,17 @@ static int init(sf_node *node) {
     t.allowed_keys = r->allowed_keys[0] ? r->allowed_keys : NULL;
     t.plaintext = r->plaintext;
     int rc = sf_transport_listen(r->zctx, &t, &r->sockets[0], &e);
+    if (rc == 0 && r->rendezvous[0])
+      rc = sf_rendezvous_write(r->rendezvous, sf_transport_endpoint(r->sockets[0]),
+                               t.plaintext ? NULL : t.secret_key_file, &e);
     if (rc < 0) return start_error(node, &e, rc);
+    r->wrote_rendezvous = r->rendezvous[0] != '\0';
+  } else if (r->rendezvous[0]) {
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                  "group '%s': rendezvous: needs listen: (the endpoint the file tells workers), "
+                  "e.g. listen: tcp://0.0.0.0:0",
+                  sf_node_name(node));
+    return SF_EOPTION;
   }
   if (r->processes > 0) {
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -790,6 +807,7 @@ static void uninit(sf_node *node) {
   for (int s = 0; s < 2; s++) sf_transport_close(&r->sockets[s]);
   if (r->zctx) zmq_ctx_term(r->zctx);
   if (r->ipc_path[0]) unlink(r->ipc_path);
+  if (r->wrote_rendezvous) unlink(r->rendezvous); /* workers of a later run must not find this head */
   sf_unit_window_destroy(&r->units);
   for (int i = 0; i < r->n_open; i++) sf_sample_destroy(&r->open[i]);
   free(r->open);

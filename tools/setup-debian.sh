@@ -15,6 +15,7 @@ packages=(
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz
   sentencepiece python3-sentencepiece  # spm_train and the tokenize plugin's reference
   prometheus python3-prometheus-client  # test_metrics: a real scraper, and a strict text-format parser
+  slurmctld slurmd slurm-client munge  # test_slurm: a single-host Slurm runs the examples/slurm job
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds
 )

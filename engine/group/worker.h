@@ -18,6 +18,7 @@ typedef struct sf_worker_options {
   const char *secret_key_file;   /* tcp://: this worker's key file (`shardflow keygen`) */
   const char *server_key_file;   /* tcp://: the head's public key file */
   bool plaintext;                /* tcp:// without CURVE (the head must allow it too) */
+  const char *rendezvous;        /* the CLI's --rendezvous FILE (rendezvous.h); sf_worker_run ignores it */
   int64_t threads;               /* pipeline threads; 0 = what the head says, else this host's CPUs */
   int64_t credits;               /* work units held at once (queued + running); 0 = 4 */
   double connect_timeout;        /* seconds to wait for the head's WELCOME; 0 = 60 */
