@@ -15,9 +15,9 @@
  * pipeline; the two stages find their head's state in their private struct,
  * set from `starting` while the network thread builds that pipeline.  Each
  * head is credited `credits` units (its queue here); the decode slots
- * (`credits` units running at once over all heads) go one unit at a time to
- * the head with units waiting and the fewest samples running (ties round
- * robin), so heads with work share the CPUs evenly.  A head that ends or
+ * (`credits` units running at once over all heads) go one unit at a time,
+ * round robin, to the heads with units waiting, so heads with work share
+ * the CPUs evenly.  A head that ends or
  * falls silent frees its slots; one that appears later joins then.
  */
 #include <errno.h>
@@ -326,9 +326,9 @@ typedef struct head {
   worker_state state;              /* shared with the pipeline's threads under state.lock */
   wunit *queued, *queued_tail;     /* received, waiting for a decode slot (network thread only) */
   int released;                    /* units given a slot whose result is not sent yet */
-  int64_t samples_running;         /* their input samples: what the slots are shared by */
   double deadline, last_heard, last_beat, interval, timeout;
   uint64_t units_served, samples_served;
+  uint64_t contended;              /* units given a slot while another head had units waiting too */
   int rc;                          /* how it ended: 0 (BYE) or an error, in error */
   sf_error error;
 } head;
@@ -353,8 +353,8 @@ static void receive_unit(head *h, sf_wire_message *m, const char *name) {
 }
 
 /*
- * Gives free decode slots (at most `slots` units running over all heads) one unit at a time to the head
- * with units waiting and the fewest samples running; ties go round robin from *rr.
+ * Gives free decode slots (at most `slots` units running over all heads) one unit at a time to the heads
+ * with units waiting, round robin from *rr.
  */
 static void dispatch(head *heads, int n, int slots, int *rr) {
   int busy = 0;
@@ -363,16 +363,21 @@ static void dispatch(head *heads, int n, int slots, int *rr) {
     int pick = -1;
     for (int k = 0; k < n; k++) {
       int i = (*rr + k) % n;
-      if (heads[i].phase == HEAD_SERVING && heads[i].queued &&
-          (pick < 0 || heads[i].samples_running < heads[pick].samples_running))
+      if (heads[i].phase == HEAD_SERVING && heads[i].queued) {
         pick = i;
+        break;
+      }
     }
     if (pick < 0) return;
     head *h = &heads[pick];
+    for (int i = 0; i < n; i++)
+      if (i != pick && heads[i].phase == HEAD_SERVING && heads[i].queued) {
+        h->contended++;
+        break;
+      }
     *rr = (pick + 1) % n;
     wunit *u = take_first(&h->queued, &h->queued_tail);
     h->released++;
-    h->samples_running += u->n_in;
     busy++;
     pthread_mutex_lock(&h->state.lock);
     append(&h->state.inbox, &h->state.inbox_tail, u);
@@ -432,8 +437,9 @@ static void end_head(head *h, int rc, const sf_error *why, const char *name, boo
   if (h->phase == HEAD_ENDED) return;
   if (!quiet || rc < 0)
     sf_log((rc < 0 ? SF_LOG_WARNING : SF_LOG_INFO) | SF_LOG_UNPREFIXED, NULL,
-           "shardflow worker %s: left %s: served %llu units, %llu samples%s%s", name, h->endpoint,
-           (unsigned long long)h->units_served, (unsigned long long)h->samples_served, rc < 0 ? ": " : "",
+           "shardflow worker %s: left %s: served %llu units, %llu samples (%llu units while another head "
+           "waited)%s%s", name, h->endpoint, (unsigned long long)h->units_served,
+           (unsigned long long)h->samples_served, (unsigned long long)h->contended, rc < 0 ? ": " : "",
            rc < 0 && why ? why->message : "");
   h->phase = HEAD_ENDED;
   h->rc = rc;
@@ -453,7 +459,6 @@ static void end_head(head *h, int rc, const sf_error *why, const char *name, boo
   h->queued = h->queued_tail = h->state.inbox = h->state.inbox_tail = NULL;
   h->state.running = h->state.running_tail = h->state.outbox = h->state.outbox_tail = h->state.feeding = NULL;
   h->released = 0;
-  h->samples_running = 0;
 }
 
 /* After the head's WELCOME: builds its stages here and grants its credits. */
@@ -552,7 +557,6 @@ static void serve_head(head *h, const sf_worker_options *o, const char *name, do
   int64_t samples = 0;
   int rc = send_results(&h->state, h->socket, h->pipeline, &done, &samples, &e);
   h->released -= done;
-  h->samples_running -= samples;
   h->units_served += (uint64_t)done;
   h->samples_served += (uint64_t)samples;
   if (rc < 0) {
