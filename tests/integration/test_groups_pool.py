@@ -113,6 +113,33 @@ try:
             f"units ({100 * c / max(contended, 1):.0f}%)" for r, (u, s, c) in sorted(served.items())))
         for r, (_, s, _) in served.items():
             check(s >= 0.3 * samples, f"worker w{i}: rank {r} got {s} of its {samples} samples (want >= 30%)")
+
+    # Each head runs its own stages: a worker serving two heads whose groups differ (crop 16 with flips, crop 8
+    # without) gives each head what its own graph makes in one process.
+    def sized(name, crop, flip, group=None):
+        path, out = group_graph(tmp, name, urls, group, seed=11)
+        with open(path) as f:
+            text = f.read().replace("size: 16", f"size: {crop}").replace("flip: 0.5", f"flip: {flip}")
+        with open(path, "w") as f:
+            f.write(text)
+        return path, out
+
+    variants = {"a": (16, 0.5), "b": (8, 0.0)}
+    for v, (crop, flip) in variants.items():
+        path, out = sized(f"ref-{v}", crop, flip)
+        run(["run", path, "--quiet", "--no-summary"])
+        reference[v] = read_batches(out)
+    check(reference["a"][0][3]["ppm"].shape[-1] == 16 and reference["b"][0][3]["ppm"].shape[-1] == 8,
+          "the two graphs differ")
+    own = {v: sized(f"own-{v}", *variants[v], {"listen": f"ipc://{tmp}/own-{v}.ipc", "worker_timeout": "60s"})
+           for v in variants}
+    w, w_lines = start(["worker", "--connect", f"ipc://{tmp}/own-a.ipc", "--connect", f"ipc://{tmp}/own-b.ipc",
+                        "--connect-timeout", "30"])
+    own_heads = {v: start(["run", own[v][0], "--log-steps", "0"]) for v in variants}
+    for v, (p, lines) in own_heads.items():
+        check(p.wait(timeout=60) == 0, f"head {v} with its own stages finished:\n{''.join(lines)}")
+        same_batches(read_batches(own[v][1]), reference[v], f"head {v}'s own stages on a shared worker")
+    check(w.wait(timeout=30) == 0, f"the shared worker ends when both heads have:\n{''.join(w_lines)}")
 finally:
     for p in procs:
         if p.poll() is None:
