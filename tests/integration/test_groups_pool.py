@@ -45,7 +45,7 @@ def same_batches(a, b, what):
 
 
 try:
-    urls, truth = make_dataset(tmp, shards=8, per_shard=300, size=32)
+    urls, truth = make_dataset(tmp, shards=8, per_shard=500, size=32)
     ranks = (0, 1)
     rank_args = {r: ["--rank", str(r), "--world-size", "2"] for r in ranks}
 
@@ -61,8 +61,8 @@ try:
                                                       "heartbeat_timeout": "1s", "worker_timeout": "60s",
                                                       "unit_samples": 8}, shuffle_buffer=100, seed=11)
               for r in ranks}
-    # Workers first: they wait for heads that appear later.  One thread and two slots each; the trainers take
-    # 20 ms a step, so the epoch lasts long enough (about 2 s) to kill a worker in its middle.
+    # Workers first: they wait for heads that appear later.  One thread and two slots each; trainers of 20 ms a
+    # step make the epoch last long enough (2.5 s or more) to kill a worker in its middle.
     connect = [a for r in ranks for a in ("--connect", endpoints[r])]
     workers = [start(["worker", *connect, "--threads", "1", "--credits", "2", "--connect-timeout", "30",
                       "--name", f"w{i}"]) for i in range(3)]
@@ -75,9 +75,10 @@ try:
         time.sleep(0.02)
     time.sleep(0.3)
     victim = workers[0][0]
-    victim.send_signal(signal.SIGSTOP)  # it surely holds units of both heads
+    victim.send_signal(signal.SIGSTOP)  # stopped first, so it likely holds units of both heads when it dies
     time.sleep(0.3)
     victim.send_signal(signal.SIGKILL)
+    reassigned = {}
     for r in ranks:
         p, lines = heads[r]
         try:
@@ -87,12 +88,16 @@ try:
         time.sleep(0.2)
         err = "".join(lines)
         check(p.returncode == 0, f"rank {r}: the head finished the epoch:\n{err}")
-        reassigned = int(err.split(" units reassigned")[0].rsplit(" ", 1)[1])
-        check(reassigned > 0, f"rank {r}: the killed worker's units went to others:\n{err}")
+        check("cannot be reached" in err or "missed heartbeats" in err, f"rank {r}: the head noticed:\n{err}")
+        # The victim may hold no unit of one rank when it dies (units go where credits and the window allow),
+        # so each rank's count is reported and their sum required; exactly-once is what the batches check.
+        reassigned[r] = int(err.split(" units reassigned")[0].rsplit(" ", 1)[1])
+        print(f"rank {r}: {reassigned[r]} units of the killed worker reassigned")
         batches = read_batches(graphs[r][1])
         keys = [k for _, _, ks, _ in batches for k in ks]
         check(len(keys) == len(set(keys)), f"rank {r}: no sample twice")
         same_batches(batches, reference[r], f"rank {r}, 3 shared workers, one killed")
+    check(sum(reassigned.values()) > 0, "the killed worker's units went to other workers")
     check(set(k for r in ranks for _, _, ks, _ in read_batches(graphs[r][1]) for k in ks) == set(truth),
           "the two ranks together have every key")
 
