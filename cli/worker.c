@@ -14,48 +14,77 @@ static void on_signal(int sig) {
   stop_requested = 1;
 }
 
-/* The rows point straight into the engine's worker options. */
+/* The engine's worker options, and the repeated options' lists. */
+typedef struct worker_args {
+  sf_worker_options o;
+  sf_cli_list connect, server_keys;
+} worker_args;
+
+#define W(field) offsetof(worker_args, o.field)
+
 static const sf_cli_option worker_options[] = {
-    {.row = {"connect", SF_OPT_STRING, offsetof(sf_worker_options, endpoint),
-             .help = "tcp://HOST:PORT or ipc://PATH (the group's listen endpoint); required unless --rendezvous"},
-     .value = "ENDPOINT"},
-    {.row = {"rendezvous", SF_OPT_STRING, offsetof(sf_worker_options, rendezvous),
+    {.row = {"connect", SF_OPT_STRING, offsetof(worker_args, connect),
+             .help = "tcp://HOST:PORT or ipc://PATH (a group's listen endpoint); required unless --rendezvous; "
+                     "repeat it to serve several heads (every rank of a job) from one pool of workers"},
+     .value = "ENDPOINT", .repeat = true},
+    {.row = {"rendezvous", SF_OPT_STRING, W(rendezvous),
              .help = "instead of --connect and --server-key: wait for the file a head's group `rendezvous:` writes "
                      "(its endpoint and public key; the job's directory under a scheduler)"},
      .value = "FILE"},
-    {.row = {"key", SF_OPT_STRING, offsetof(sf_worker_options, secret_key_file),
+    {.row = {"key", SF_OPT_STRING, W(secret_key_file),
              .help = "this worker's key file from `shardflow keygen` (tcp://)"},
      .value = "FILE"},
-    {.row = {"server-key", SF_OPT_STRING, offsetof(sf_worker_options, server_key_file),
-             .help = "the head's public key file, NAME.pub (tcp://)"},
-     .value = "FILE"},
-    {.row = {"plaintext", SF_OPT_BOOL, offsetof(sf_worker_options, plaintext),
+    {.row = {"server-key", SF_OPT_STRING, offsetof(worker_args, server_keys),
+             .help = "the head's public key file, NAME.pub (tcp://): once for every head, or once per --connect in "
+                     "the same order"},
+     .value = "FILE", .repeat = true},
+    {.row = {"plaintext", SF_OPT_BOOL, W(plaintext),
              .help = "tcp:// without CURVE (only if the group says plaintext: true)"}},
-    {.row = {"name", SF_OPT_STRING, offsetof(sf_worker_options, name),
+    {.row = {"name", SF_OPT_STRING, W(name),
              .help = "how the head's logs call this worker (default HOST-PID)"},
      .value = "NAME"},
-    {.row = {"threads", SF_OPT_COUNT, offsetof(sf_worker_options, threads), NULL, 1, 4096,
+    {.row = {"threads", SF_OPT_COUNT, W(threads), NULL, 1, 4096,
              "pipeline threads (default: as the head says, else this host's CPUs)"},
      .value = "N"},
-    {.row = {"credits", SF_OPT_COUNT, offsetof(sf_worker_options, credits), "4", 1, 4096, "work units held at once"},
+    {.row = {"credits", SF_OPT_COUNT, W(credits), "4", 1, 4096,
+             "work units decoding at once, shared evenly by the heads with work; each head may queue as many"},
      .value = "N"},
-    {.row = {"connect-timeout", SF_OPT_DURATION, offsetof(sf_worker_options, connect_timeout), "60s", 0.001, 1e6,
+    {.row = {"connect-timeout", SF_OPT_DURATION, W(connect_timeout), "60s", 0.001, 1e6,
              "how long to wait for the head"},
      .value = "SECONDS"},
-    {.row = {"quiet", SF_OPT_BOOL, offsetof(sf_worker_options, quiet), .help = "only errors"}},
-    {.row = {"exit-with-parent", SF_OPT_BOOL, offsetof(sf_worker_options, exit_with_parent),
+    {.row = {"quiet", SF_OPT_BOOL, W(quiet), .help = "only errors"}},
+    {.row = {"exit-with-parent", SF_OPT_BOOL, W(exit_with_parent),
              .help = "end when the parent process ends (a head starting local workers passes it)"}},
     {.row = {NULL}},
 };
 
 static int worker_main(int argc, char **argv) {
-  sf_worker_options o = {.stop = &stop_requested};
+  worker_args a = {.o = {.stop = &stop_requested}};
   int first, status;
-  if (!sf_cli_parse(&sf_cli_worker, argc, argv, &o, &first, &status)) return status;
-  if (first < argc) return sf_cli_usage_error(&sf_cli_worker, "takes no operands (got '%s')", argv[first]);
-  if (o.endpoint && o.rendezvous)
-    return sf_cli_usage_error(&sf_cli_worker, "give --connect or --rendezvous, not both");
-  if (!o.endpoint && !o.rendezvous) return sf_cli_usage_error(&sf_cli_worker, "--connect ENDPOINT is required");
+  if (!sf_cli_parse(&sf_cli_worker, argc, argv, &a, &first, &status)) return status;
+  int rc = 2;
+  if (first < argc) {
+    sf_cli_usage_error(&sf_cli_worker, "takes no operands (got '%s')", argv[first]);
+    goto out;
+  }
+  if (a.connect.n && a.o.rendezvous) {
+    sf_cli_usage_error(&sf_cli_worker, "give --connect or --rendezvous, not both");
+    goto out;
+  }
+  if (!a.connect.n && !a.o.rendezvous) {
+    sf_cli_usage_error(&sf_cli_worker, "--connect ENDPOINT is required");
+    goto out;
+  }
+  if (a.server_keys.n > 1 && a.server_keys.n != a.connect.n) {
+    sf_cli_usage_error(&sf_cli_worker, "%d --server-key for %d --connect: give one for all heads, or one per "
+                       "--connect in the same order", a.server_keys.n, a.connect.n);
+    goto out;
+  }
+  sf_worker_options o = a.o;
+  o.endpoints = a.connect.v;
+  o.n_endpoints = a.connect.n;
+  o.server_key_files = a.server_keys.v;
+  o.n_server_keys = a.server_keys.n;
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
@@ -63,33 +92,45 @@ static int worker_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   sf_error err;
   char endpoint[600];
+  const char *rendezvous_endpoint[1] = {endpoint}, *rendezvous_key[1] = {o.rendezvous};
   bool plaintext;
+  rc = 0;
   if (o.rendezvous) { /* the file is written once the head listens: wait for it as for the head */
     if (sf_rendezvous_read(o.rendezvous, o.connect_timeout, &stop_requested, endpoint, sizeof endpoint, &plaintext,
                            &err) < 0) {
-      if (stop_requested) return 0; /* SIGTERM before the head came (scancel, kubectl scale): a clean leave */
       char line[2048];
-      return sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
+      /* SIGTERM before the head came (scancel, kubectl scale) is a clean leave */
+      if (!stop_requested) rc = sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
+      goto out;
     }
-    o.endpoint = endpoint;
-    if (plaintext) o.plaintext = true;
-    else o.server_key_file = o.rendezvous;
+    o.endpoints = rendezvous_endpoint;
+    o.n_endpoints = 1;
+    if (plaintext) {
+      o.plaintext = true;
+    } else {
+      o.server_key_files = rendezvous_key;
+      o.n_server_keys = 1;
+    }
   }
   if (sf_worker_run(&o, &err) < 0) {
     char line[2048];
-    return sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
+    rc = sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
   }
-  return 0;
+out:
+  sf_cli_free(&sf_cli_worker, &a);
+  return rc;
 }
 
 const sf_cli_command sf_cli_worker = {
     .name = "worker",
     .run = worker_main,
-    .args = "--connect ENDPOINT [--key K --server-key K] | --rendezvous FILE [--key K]",
+    .args = "--connect ENDPOINT [--connect ENDPOINT...] [--key K --server-key K] | --rendezvous FILE [--key K]",
     .summary = "join a head's group and run its stages",
     .about = "Joins a head (a `shardflow run` or an embedding trainer whose graph has a group with\n"
              "`listen: ENDPOINT`), receives the group's stages from it and runs work units through them\n"
-             "until the head ends the run. Needs no graph file. SIGTERM or SIGINT leave cleanly: the head\n"
+             "until the head ends the run. With --connect repeated it serves several heads (every rank of a\n"
+             "job) at once, each with its own stages, sharing its CPUs evenly among those with work; it ends\n"
+             "when every head has ended. Needs no graph file. SIGTERM or SIGINT leave cleanly: the head\n"
              "hands this worker's unfinished units to other workers.",
     .options = worker_options,
 };

@@ -8,8 +8,17 @@
  * marker every surviving sample of that unit has arrived: the unit is done
  * and its result goes back to the head.  A unit counts as running from its
  * first sample on: a unit larger than the queues reaches the sink before its
- * last samples leave the source.  One worker per process: the two stages
- * find the loop's state through `current`.
+ * last samples leave the source.
+ *
+ * A worker may serve several heads (every rank of a job: `--connect` given
+ * once per head).  Each head has its own connection, WELCOME, stages and
+ * pipeline; the two stages find their head's state in their private struct,
+ * set from `starting` while the network thread builds that pipeline.  Each
+ * head is credited `credits` units (its queue here); the decode slots
+ * (`credits` units running at once over all heads) go one unit at a time,
+ * round robin, to the heads with units waiting, so heads with work share
+ * the CPUs evenly.  A head that ends or
+ * falls silent frees its slots; one that appears later joins then.
  */
 #include <errno.h>
 #include <poll.h>
@@ -58,7 +67,14 @@ typedef struct worker_state {
   uint64_t filtered_sent;          /* of the stages' filtered samples, reported in results so far */
 } worker_state;
 
-static worker_state *current;
+/* The head whose pipeline the network thread is building: its two stages keep it in their private struct. */
+static worker_state *starting;
+
+typedef struct stage_priv {
+  worker_state *w;
+} stage_priv;
+
+static worker_state *state_of(sf_node *node) { return ((stage_priv *)sf_node_priv(node))->w; }
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -102,16 +118,17 @@ static void free_list(wunit *u) {
 /* ---- _worker_source: feeds received units into the group's stages ---- */
 
 static int source_init(sf_node *node) {
-  if (!current) {
+  if (!starting) {
     sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "_worker_source runs only inside `shardflow worker`");
     return SF_EINVAL;
   }
-  current->source = node;
+  ((stage_priv *)sf_node_priv(node))->w = starting;
+  starting->source = node;
   return 0;
 }
 
 static int source_step(sf_node *node) {
-  worker_state *w = current;
+  worker_state *w = state_of(node);
   pthread_mutex_lock(&w->lock);
   int rc = SF_EAGAIN;
   while (sf_node_output_ready(node)) {
@@ -145,6 +162,7 @@ const sf_stage_def sf_stage_worker_source = {
     .name = "_worker_source",
     .summary = "a worker's input: the samples of the work units its head sends",
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
+    .priv_size = sizeof(stage_priv),
     .init = source_init,
     .step = source_step,
 };
@@ -152,15 +170,16 @@ const sf_stage_def sf_stage_worker_source = {
 /* ---- _worker_sink: collects each unit's output ---- */
 
 static int sink_init(sf_node *node) {
-  if (!current) {
+  if (!starting) {
     sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "_worker_sink runs only inside `shardflow worker`");
     return SF_EINVAL;
   }
+  ((stage_priv *)sf_node_priv(node))->w = starting;
   return 0;
 }
 
 static int sink_step(sf_node *node) {
-  worker_state *w = current;
+  worker_state *w = state_of(node);
   sf_item item;
   int rc = sf_node_pop(node, &item);
   if (rc < 0) return rc;
@@ -214,6 +233,7 @@ const sf_stage_def sf_stage_worker_sink = {
     .name = "_worker_sink",
     .summary = "a worker's output: each unit's samples, returned to the head",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
+    .priv_size = sizeof(stage_priv),
     .init = sink_init,
     .step = sink_step,
 };
@@ -249,8 +269,9 @@ static int collect_stats(sf_pipeline *p, sf_wire_stage_stats *out) {
   return k;
 }
 
-/* Sends every finished unit's result. */
-static int send_results(worker_state *w, void *socket, sf_pipeline *p, sf_error *error) {
+/* Sends every finished unit's result; adds the units sent to *units and their input samples to *samples. */
+static int send_results(worker_state *w, void *socket, sf_pipeline *p, int *units, int64_t *samples,
+                        sf_error *error) {
   for (;;) {
     pthread_mutex_lock(&w->lock);
     wunit *u = take_first(&w->outbox, &w->outbox_tail);
@@ -284,63 +305,84 @@ static int send_results(worker_state *w, void *socket, sf_pipeline *p, sf_error 
         .n_stats = collect_stats(p, stats),
     };
     int rc = sf_wire_send(socket, &m, 0, error);
+    (*units)++;
+    *samples += u->n_in;
     free_unit(u);
     if (rc < 0) return rc;
   }
 }
 
-static int receive_unit(worker_state *w, sf_wire_message *m) {
+/* One head this worker serves: its connection and, once welcomed, its own stages' pipeline. */
+typedef enum { HEAD_JOINING, HEAD_SERVING, HEAD_ENDED } head_phase;
+
+typedef struct head {
+  const char *endpoint;
+  head_phase phase;
+  sf_transport *transport;
+  void *socket;
+  sf_wire_message welcome;
+  sf_graph *graph;
+  sf_pipeline *pipeline;
+  worker_state state;              /* shared with the pipeline's threads under state.lock */
+  wunit *queued, *queued_tail;     /* received, waiting for a decode slot (network thread only) */
+  int released;                    /* units given a slot whose result is not sent yet */
+  double deadline, last_heard, last_beat, interval, timeout;
+  uint64_t units_served, samples_served;
+  uint64_t contended;              /* units given a slot while another head had units waiting too */
+  int rc;                          /* how it ended: 0 (BYE) or an error, in error */
+  sf_error error;
+} head;
+
+static void receive_unit(head *h, sf_wire_message *m, const char *name) {
   wunit *u = calloc(1, sizeof *u);
-  if (!u) return SF_ENOMEM;
+  if (u) u->in = calloc((size_t)(m->n_samples ? m->n_samples : 1), sizeof *u->in);
+  if (!u || !u->in) {
+    free(u);
+    sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL,
+           "shardflow worker %s: out of memory: unit %llu of %s dropped (the head will resend it)", name,
+           (unsigned long long)m->unit, h->endpoint);
+    return;
+  }
   u->id = m->unit;
   u->n_in = m->n_samples;
-  u->in = calloc((size_t)(m->n_samples ? m->n_samples : 1), sizeof *u->in);
-  if (!u->in) {
-    free(u);
-    return SF_ENOMEM;
-  }
   for (int i = 0; i < m->n_samples; i++) {
     u->in[i] = m->samples[i];
     m->samples[i] = NULL;
   }
-  pthread_mutex_lock(&w->lock);
-  append(&w->inbox, &w->inbox_tail, u);
-  pthread_mutex_unlock(&w->lock);
-  sf_node_notify(w->source);
-  return 0;
+  append(&h->queued, &h->queued_tail, u);
 }
 
-/* Waits for the head's WELCOME; HELLO is queued by the DEALER until the connection is up. */
-static int join_head(void *socket, const sf_worker_options *o, const char *name, sf_wire_message *welcome,
-                     sf_error *error) {
-  sf_wire_message hello = {.type = SF_WIRE_HELLO, .text = (char *)name, .pid = getpid(),
-                           .threads = (uint32_t)(o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN))};
-  int rc = sf_wire_send(socket, &hello, 0, error);
-  if (rc < 0) return rc;
-  double timeout = o->connect_timeout > 0 ? o->connect_timeout : 60;
-  double deadline = now_seconds() + timeout;
-  for (;;) {
-    if (o->stop && *o->stop) return sf_error_set(error, SF_ECANCELED, SF_AT(.url = o->endpoint), "stopped");
-    if (o->exit_with_parent && getppid() == 1)
-      return sf_error_set(error, SF_ECANCELED, SF_AT(.url = o->endpoint), "the head's process ended");
-    double left = deadline - now_seconds();
-    if (left <= 0)
-      return sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint),
-                          "no head answered within %.0f s: check that the head runs and listens at this endpoint, "
-                          "and for tcp:// that this worker's public key is in the head's allowed_keys and "
-                          "--server-key is the head's public key",
-                          timeout);
-    zmq_pollitem_t item = {.socket = socket, .events = ZMQ_POLLIN};
-    if (zmq_poll(&item, 1, 200) <= 0) continue;
-    sf_error e;
-    rc = sf_wire_recv(socket, false, welcome, ZMQ_DONTWAIT, &e);
-    if (rc == SF_EAGAIN) continue;
-    if (rc < 0) return sf_error_set(error, rc, SF_AT(.url = o->endpoint), "bad answer from the head: %s", e.message);
-    if (welcome->type == SF_WIRE_WELCOME) return 0;
-    if (welcome->type == SF_WIRE_BYE)
-      return sf_error_set(error, SF_EDENIED, SF_AT(.url = o->endpoint), "the head refused this worker: %s",
-                          welcome->text ? welcome->text : "no reason given");
-    sf_wire_message_clear(welcome);
+/*
+ * Gives free decode slots (at most `slots` units running over all heads) one unit at a time to the heads
+ * with units waiting, round robin from *rr.
+ */
+static void dispatch(head *heads, int n, int slots, int *rr) {
+  int busy = 0;
+  for (int i = 0; i < n; i++) busy += heads[i].released;
+  while (busy < slots) {
+    int pick = -1;
+    for (int k = 0; k < n; k++) {
+      int i = (*rr + k) % n;
+      if (heads[i].phase == HEAD_SERVING && heads[i].queued) {
+        pick = i;
+        break;
+      }
+    }
+    if (pick < 0) return;
+    head *h = &heads[pick];
+    for (int i = 0; i < n; i++)
+      if (i != pick && heads[i].phase == HEAD_SERVING && heads[i].queued) {
+        h->contended++;
+        break;
+      }
+    *rr = (pick + 1) % n;
+    wunit *u = take_first(&h->queued, &h->queued_tail);
+    h->released++;
+    busy++;
+    pthread_mutex_lock(&h->state.lock);
+    append(&h->state.inbox, &h->state.inbox_tail, u);
+    pthread_mutex_unlock(&h->state.lock);
+    sf_node_notify(h->state.source);
   }
 }
 
@@ -371,7 +413,176 @@ static int load_plugins(void *socket, const sf_graph *stages, const char *name, 
   return 0;
 }
 
+
+/* Connects to a head and says HELLO; the DEALER queues it until the head is there. */
+static int connect_head(head *h, void *zctx, const sf_worker_options *o, int index, const char *name,
+                        sf_error *error) {
+  const char *server_key = o->n_server_keys == 1 ? o->server_key_files[0]
+                           : index < o->n_server_keys ? o->server_key_files[index]
+                                                      : NULL;
+  sf_transport_options t = {.endpoint = h->endpoint, .secret_key_file = o->secret_key_file,
+                            .server_key_file = server_key, .plaintext = o->plaintext};
+  int rc = sf_transport_connect(zctx, &t, &h->transport, error);
+  if (rc < 0) return rc;
+  h->socket = sf_transport_socket(h->transport);
+  sf_wire_message hello = {.type = SF_WIRE_HELLO, .text = (char *)name, .pid = getpid(),
+                           .threads = (uint32_t)(o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN))};
+  h->phase = HEAD_JOINING;
+  h->deadline = now_seconds() + (o->connect_timeout > 0 ? o->connect_timeout : 60);
+  return sf_wire_send(h->socket, &hello, 0, error);
+}
+
+/* Ends a head's service: its pipeline, its units (the head hands unfinished ones to others) and its slots. */
+static void end_head(head *h, int rc, const sf_error *why, const char *name, bool quiet) {
+  if (h->phase == HEAD_ENDED) return;
+  if (!quiet || rc < 0)
+    sf_log((rc < 0 ? SF_LOG_WARNING : SF_LOG_INFO) | SF_LOG_UNPREFIXED, NULL,
+           "shardflow worker %s: left %s: served %llu units, %llu samples (%llu units while another head "
+           "waited)%s%s", name, h->endpoint, (unsigned long long)h->units_served,
+           (unsigned long long)h->samples_served, (unsigned long long)h->contended, rc < 0 ? ": " : "",
+           rc < 0 && why ? why->message : "");
+  h->phase = HEAD_ENDED;
+  h->rc = rc;
+  if (rc < 0 && why) h->error = *why;
+  pthread_mutex_lock(&h->state.lock);
+  h->state.stopping = true;
+  pthread_mutex_unlock(&h->state.lock);
+  if (h->state.source) sf_node_notify(h->state.source);
+  sf_pipeline_destroy(&h->pipeline);
+  sf_wire_message_clear(&h->welcome);
+  sf_graph_destroy(&h->graph);
+  sf_transport_close(&h->transport);
+  free_list(h->queued);
+  free_list(h->state.inbox);
+  free_list(h->state.running);
+  free_list(h->state.outbox);
+  h->queued = h->queued_tail = h->state.inbox = h->state.inbox_tail = NULL;
+  h->state.running = h->state.running_tail = h->state.outbox = h->state.outbox_tail = h->state.feeding = NULL;
+  h->released = 0;
+}
+
+/* After the head's WELCOME: builds its stages here and grants its credits. */
+static int start_head(head *h, const sf_worker_options *o, const char *name, sf_error *error) {
+  int rc = load_plugins(h->socket, h->welcome.stages, name, error);
+  if (rc < 0) return rc;
+  int64_t threads = o->threads > 0 ? o->threads : h->welcome.threads;
+  rc = sf_group_worker_graph(&h->graph, h->welcome.stages, h->welcome.seed, h->welcome.error_policy, threads, error);
+  if (rc == 0) {
+    sf_pipeline_options po;
+    sf_pipeline_options_init(&po);
+    po.epochs = 0;
+    po.rank = h->welcome.rank;
+    po.world_size = h->welcome.world_size;
+    starting = &h->state;
+    rc = sf_pipeline_new(&h->pipeline, h->graph, &po, error);
+    starting = NULL;
+  }
+  if (rc < 0) {
+    /* the head learns why: the same stages would fail on every worker of this build */
+    sf_wire_message m = {.type = SF_WIRE_ERROR, .errors = error, .n_errors = 1};
+    sf_error ignored;
+    sf_wire_send(h->socket, &m, 0, &ignored);
+    return rc;
+  }
+  sf_context *ctx = sf_pipeline_context(h->pipeline);
+  pthread_mutex_lock(&ctx->error_lock);
+  ctx->on_record = on_record;
+  ctx->on_record_opaque = &h->state;
+  ctx->quiet = o->quiet;
+  pthread_mutex_unlock(&ctx->error_lock);
+  h->interval = h->welcome.heartbeat_interval > 0 ? h->welcome.heartbeat_interval : 1;
+  h->timeout = h->welcome.heartbeat_timeout > 0 ? h->welcome.heartbeat_timeout : 5;
+  h->last_heard = now_seconds();
+  h->phase = HEAD_SERVING;
+  sf_wire_message credit = {.type = SF_WIRE_CREDIT, .credits = (uint32_t)(o->credits > 0 ? o->credits : 4)};
+  rc = sf_wire_send(h->socket, &credit, 0, error);
+  if (rc < 0) return rc;
+  if (!o->quiet) sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: joined %s", name, h->endpoint);
+  return 0;
+}
+
+/* Reads what the head sent; ends the head on its BYE, a refusal, or a failure to start its stages. */
+static void read_head(head *h, const sf_worker_options *o, const char *name) {
+  for (int budget = 0; budget < 64 && h->phase != HEAD_ENDED; budget++) {
+    sf_wire_message m;
+    sf_error e;
+    int r = sf_wire_recv(h->socket, false, &m, ZMQ_DONTWAIT, &e);
+    if (r == SF_EAGAIN) return;
+    if (r < 0) {
+      if (h->phase == HEAD_JOINING) {
+        sf_error_set(&e, r, SF_AT(.url = h->endpoint), "bad answer from the head: %s", e.message);
+        end_head(h, r, &e, name, o->quiet);
+      } else if (!o->quiet) {
+        sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: dropped a bad message from %s: %s",
+               name, h->endpoint, e.message);
+      }
+      continue;
+    }
+    h->last_heard = now_seconds();
+    if (h->phase == HEAD_JOINING && m.type == SF_WIRE_WELCOME) {
+      h->welcome = m;
+      r = start_head(h, o, name, &e);
+      if (r < 0) end_head(h, r, &e, name, o->quiet);
+      continue;
+    }
+    if (m.type == SF_WIRE_BYE) {
+      if (h->phase == HEAD_JOINING) {
+        r = sf_error_set(&e, SF_EDENIED, SF_AT(.url = h->endpoint), "the head refused this worker: %s",
+                         m.text ? m.text : "no reason given");
+        end_head(h, r, &e, name, o->quiet);
+      } else {
+        end_head(h, 0, NULL, name, o->quiet);
+      }
+    } else if (m.type == SF_WIRE_UNIT && h->phase == HEAD_SERVING) {
+      receive_unit(h, &m, name);
+    }
+    sf_wire_message_clear(&m);
+  }
+}
+
+/* Sends a serving head its finished results and a heartbeat when due; ends it on failure or silence. */
+static void serve_head(head *h, const sf_worker_options *o, const char *name, double now) {
+  sf_error e;
+  int failed = sf_pipeline_failed(h->pipeline);
+  if (failed) {
+    if (!sf_pipeline_last_error(h->pipeline, &e))
+      sf_error_set(&e, failed, SF_AT(.url = h->endpoint), "the pipeline failed");
+    sf_wire_message m = {.type = SF_WIRE_ERROR, .errors = &e, .n_errors = 1};
+    sf_error ignored;
+    sf_wire_send(h->socket, &m, 0, &ignored);
+    end_head(h, failed, &e, name, o->quiet);
+    return;
+  }
+  int done = 0;
+  int64_t samples = 0;
+  int rc = send_results(&h->state, h->socket, h->pipeline, &done, &samples, &e);
+  h->released -= done;
+  h->units_served += (uint64_t)done;
+  h->samples_served += (uint64_t)samples;
+  if (rc < 0) {
+    end_head(h, rc, &e, name, o->quiet);
+    return;
+  }
+  if (now - h->last_beat >= h->interval) {
+    h->last_beat = now;
+    sf_wire_stage_stats stats[SF_WIRE_MAX_STATS];
+    sf_wire_message hb = {.type = SF_WIRE_HEARTBEAT, .stats = stats, .n_stats = collect_stats(h->pipeline, stats)};
+    sf_wire_send(h->socket, &hb, ZMQ_DONTWAIT, &e);
+  }
+  if (now - h->last_heard > h->timeout) {
+    rc = sf_error_set(&e, SF_ENET, SF_AT(.url = h->endpoint),
+                      "the head has been silent for %.1f s (heartbeat timeout): it ended or the network failed",
+                      now - h->last_heard);
+    end_head(h, rc, &e, name, o->quiet);
+  }
+}
+
 int sf_worker_run(const sf_worker_options *o, sf_error *error) {
+  if (o->n_endpoints < 1) return sf_error_set(error, SF_EINVAL, SF_AT(), "no head to connect to: give --connect");
+  if (o->n_server_keys > 1 && o->n_server_keys != o->n_endpoints)
+    return sf_error_set(error, SF_EINVAL, SF_AT(),
+                        "%d --server-key for %d --connect: give one for all heads, or one per --connect in order",
+                        o->n_server_keys, o->n_endpoints);
   if (o->exit_with_parent) prctl(PR_SET_PDEATHSIG, SIGTERM);
   char name[64];
   if (o->name && o->name[0]) {
@@ -381,153 +592,79 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
     gethostname(host, sizeof host - 1);
     snprintf(name, sizeof name, "%s-%d", host, (int)getpid());
   }
-  worker_state state = {.done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
-  pthread_mutex_init(&state.lock, NULL);
+  int n = o->n_endpoints, rr = 0, rc = 0;
+  int slots = (int)(o->credits > 0 ? o->credits : 4);
+  int done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  head *heads = calloc((size_t)n, sizeof *heads);
+  zmq_pollitem_t *items = calloc((size_t)n + 1, sizeof *items);
   void *zctx = zmq_ctx_new();
-  sf_transport *transport = NULL;
-  sf_pipeline *pipeline = NULL;
-  sf_graph *graph = NULL;
-  sf_wire_message welcome = {0};
-  int rc = 0;
-  if (!zctx || state.done_fd < 0) {
-    rc = sf_error_set(error, SF_ENOMEM, SF_AT(.url = o->endpoint), "out of memory");
+  if (heads)
+    for (int i = 0; i < n; i++) {
+      heads[i] = (head){.endpoint = o->endpoints[i], .phase = HEAD_ENDED, .state.done_fd = done_fd};
+      pthread_mutex_init(&heads[i].state.lock, NULL);
+    }
+  if (!zctx || done_fd < 0 || !heads || !items) {
+    rc = sf_error_set(error, SF_ENOMEM, SF_AT(.url = o->endpoints[0]), "out of memory");
     goto out;
   }
-  sf_transport_options t = {.endpoint = o->endpoint, .secret_key_file = o->secret_key_file,
-                            .server_key_file = o->server_key_file, .plaintext = o->plaintext};
-  rc = sf_transport_connect(zctx, &t, &transport, error);
+  for (int i = 0; i < n && rc == 0; i++) rc = connect_head(&heads[i], zctx, o, i, name, error);
   if (rc < 0) goto out;
-  void *socket = sf_transport_socket(transport);
-  rc = join_head(socket, o, name, &welcome, error);
-  if (rc < 0) goto out;
-  rc = load_plugins(socket, welcome.stages, name, error);
-  if (rc < 0) goto out;
-
-  int64_t threads = o->threads > 0 ? o->threads : welcome.threads;
-  rc = sf_group_worker_graph(&graph, welcome.stages, welcome.seed, welcome.error_policy, threads, error);
-  current = &state;
-  if (rc == 0) {
-    sf_pipeline_options po;
-    sf_pipeline_options_init(&po);
-    po.epochs = 0;
-    po.rank = welcome.rank;
-    po.world_size = welcome.world_size;
-    rc = sf_pipeline_new(&pipeline, graph, &po, error);
-  }
-  if (rc < 0) {
-    /* the head learns why: the same stages would fail on every worker of this build */
-    sf_wire_message m = {.type = SF_WIRE_ERROR, .errors = error, .n_errors = 1};
-    sf_error ignored;
-    sf_wire_send(socket, &m, 0, &ignored);
-    goto out;
-  }
-  sf_context *ctx = sf_pipeline_context(pipeline);
-  pthread_mutex_lock(&ctx->error_lock);
-  ctx->on_record = on_record;
-  ctx->on_record_opaque = &state;
-  ctx->quiet = o->quiet;
-  pthread_mutex_unlock(&ctx->error_lock);
-
-  double interval = welcome.heartbeat_interval > 0 ? welcome.heartbeat_interval : 1;
-  double timeout = welcome.heartbeat_timeout > 0 ? welcome.heartbeat_timeout : 5;
-  sf_wire_message credit = {.type = SF_WIRE_CREDIT, .credits = (uint32_t)(o->credits > 0 ? o->credits : 4)};
-  rc = sf_wire_send(socket, &credit, 0, error);
-  if (rc < 0) goto out;
-  if (!o->quiet) sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: joined %s", name, o->endpoint);
-  double last_heard = now_seconds(), last_beat = 0;
   for (;;) {
-    if (o->stop && *o->stop) {
-      sf_wire_message bye = {.type = SF_WIRE_BYE, .text = (char *)"worker stopped by a signal"};
-      sf_wire_send(socket, &bye, 0, error);
-      rc = 0;
-      break;
-    }
-    if (o->exit_with_parent && getppid() == 1) {
-      rc = 0;
-      break;
-    }
-    int failed = sf_pipeline_failed(pipeline);
-    if (failed) {
-      sf_error e;
-      if (sf_pipeline_last_error(pipeline, &e)) {
-        sf_wire_message m = {.type = SF_WIRE_ERROR, .errors = &e, .n_errors = 1};
-        sf_wire_send(socket, &m, 0, error);
-        *error = e;
+    bool stop = (o->stop && *o->stop) || (o->exit_with_parent && getppid() == 1);
+    int live = 0;
+    for (int i = 0; i < n; i++) {
+      head *h = &heads[i];
+      if (stop && h->phase == HEAD_SERVING && !(o->exit_with_parent && getppid() == 1)) {
+        sf_wire_message bye = {.type = SF_WIRE_BYE, .text = (char *)"worker stopped by a signal"};
+        sf_error ignored;
+        sf_wire_send(h->socket, &bye, 0, &ignored);
       }
-      rc = failed;
+      if (stop) end_head(h, 0, NULL, name, true);
+      if (h->phase != HEAD_ENDED) items[live++] = (zmq_pollitem_t){.socket = h->socket, .events = ZMQ_POLLIN};
+    }
+    if (!live) break;
+    items[live] = (zmq_pollitem_t){.fd = done_fd, .events = ZMQ_POLLIN};
+    if (zmq_poll(items, live + 1, 50) < 0 && zmq_errno() != EINTR) {
+      rc = sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoints[0]), "zmq_poll: %s", zmq_strerror(zmq_errno()));
       break;
     }
-    zmq_pollitem_t items[2] = {{.socket = socket, .events = ZMQ_POLLIN}, {.fd = state.done_fd, .events = ZMQ_POLLIN}};
-    long wait_ms = (long)(interval * 1000 / 4);
-    if (wait_ms < 5) wait_ms = 5;
-    if (wait_ms > 250) wait_ms = 250;
-    if (zmq_poll(items, 2, wait_ms) < 0 && zmq_errno() != EINTR) {
-      rc = sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint), "zmq_poll: %s", zmq_strerror(zmq_errno()));
-      break;
-    }
-    if (items[1].revents & ZMQ_POLLIN) {
+    if (items[live].revents & ZMQ_POLLIN) {
       uint64_t v;
-      ssize_t n = read(state.done_fd, &v, sizeof v);
-      (void)n;
+      ssize_t r = read(done_fd, &v, sizeof v);
+      (void)r;
     }
-    bool bye = false;
-    for (int budget = 0; budget < 64; budget++) {
-      sf_wire_message m;
-      sf_error e;
-      int r = sf_wire_recv(socket, false, &m, ZMQ_DONTWAIT, &e);
-      if (r == SF_EAGAIN) break;
-      if (r < 0) {
-        if (!o->quiet)
-          sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL,
-                 "shardflow worker %s: dropped a bad message from the head: %s", name, e.message);
-        continue;
-      }
-      last_heard = now_seconds();
-      if (m.type == SF_WIRE_UNIT) {
-        if (receive_unit(&state, &m) < 0)
-          sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL,
-                 "shardflow worker %s: out of memory: unit %llu dropped (the head will resend it)", name,
-                 (unsigned long long)m.unit);
-      } else if (m.type == SF_WIRE_BYE) {
-        bye = true;
-      }
-      sf_wire_message_clear(&m);
-    }
-    if (bye) {
-      rc = 0;
-      break;
-    }
-    rc = send_results(&state, socket, pipeline, error);
-    if (rc < 0) break;
     double now = now_seconds();
-    if (now - last_beat >= interval) {
-      last_beat = now;
-      sf_wire_stage_stats stats[SF_WIRE_MAX_STATS];
-      sf_wire_message hb = {.type = SF_WIRE_HEARTBEAT, .stats = stats, .n_stats = collect_stats(pipeline, stats)};
-      sf_wire_send(socket, &hb, ZMQ_DONTWAIT, error);
+    for (int i = 0; i < n; i++) {
+      head *h = &heads[i];
+      if (h->phase == HEAD_ENDED) continue;
+      read_head(h, o, name);
+      if (h->phase == HEAD_SERVING) serve_head(h, o, name, now);
+      if (h->phase == HEAD_JOINING && now > h->deadline) {
+        sf_error e;
+        int r = sf_error_set(&e, SF_ENET, SF_AT(.url = h->endpoint),
+                             "no head answered within %.0f s: check that the head runs and listens at this "
+                             "endpoint, and for tcp:// that this worker's public key is in the head's "
+                             "allowed_keys and --server-key is the head's public key",
+                             o->connect_timeout > 0 ? o->connect_timeout : 60);
+        end_head(h, r, &e, name, o->quiet);
+      }
     }
-    if (now - last_heard > timeout) {
-      rc = sf_error_set(error, SF_ENET, SF_AT(.url = o->endpoint),
-                        "the head has been silent for %.1f s (heartbeat timeout): it ended or the network failed",
-                        now - last_heard);
-      break;
-    }
+    dispatch(heads, n, slots, &rr);
   }
+  /* 0 when every head ended cleanly (BYE, or this worker was stopped); else the first head's failure */
+  for (int i = 0; rc == 0 && i < n; i++)
+    if (heads[i].rc < 0) {
+      rc = heads[i].rc;
+      *error = heads[i].error;
+    }
 out:
-  pthread_mutex_lock(&state.lock);
-  state.stopping = true;
-  pthread_mutex_unlock(&state.lock);
-  if (state.source) sf_node_notify(state.source);
-  sf_pipeline_destroy(&pipeline);
-  current = NULL;
-  sf_wire_message_clear(&welcome);
-  sf_graph_destroy(&graph);
-  sf_transport_close(&transport);
+  for (int i = 0; heads && i < n; i++) {
+    end_head(&heads[i], 0, NULL, name, true);
+    pthread_mutex_destroy(&heads[i].state.lock);
+  }
+  free(heads);
+  free(items);
   if (zctx) zmq_ctx_term(zctx);
-  free_list(state.inbox);
-  free_list(state.running);
-  free_list(state.outbox);
-  if (state.done_fd >= 0) close(state.done_fd);
-  pthread_mutex_destroy(&state.lock);
+  if (done_fd >= 0) close(done_fd);
   return rc;
 }

@@ -13,14 +13,18 @@
 #include "shardflow/error.h"
 
 typedef struct sf_worker_options {
-  const char *endpoint;          /* the head's group endpoint: tcp://HOST:PORT or ipc://PATH */
+  const char **endpoints;        /* the heads' group endpoints (tcp://HOST:PORT or ipc://PATH), one per head
+                                    served (e.g. every rank of a job); borrowed */
+  int n_endpoints;
   const char *name;              /* shown in the head's logs; NULL = HOST-PID */
-  const char *secret_key_file;   /* tcp://: this worker's key file (`shardflow keygen`) */
-  const char *server_key_file;   /* tcp://: the head's public key file */
+  const char *secret_key_file;   /* tcp://: this worker's key file (`shardflow keygen`), for every head */
+  const char **server_key_files; /* tcp://: the heads' public key files: one for all, or one per endpoint */
+  int n_server_keys;
   bool plaintext;                /* tcp:// without CURVE (the head must allow it too) */
   const char *rendezvous;        /* the CLI's --rendezvous FILE (rendezvous.h); sf_worker_run ignores it */
   int64_t threads;               /* pipeline threads; 0 = what the head says, else this host's CPUs */
-  int64_t credits;               /* work units held at once (queued + running); 0 = 4 */
+  int64_t credits;               /* units decoding at once over all heads, and each head's credit (its queue
+                                    here); 0 = 4 */
   double connect_timeout;        /* seconds to wait for the head's WELCOME; 0 = 60 */
   bool exit_with_parent;         /* a local worker started by a head: end when the head's process ends */
   volatile sig_atomic_t *stop;   /* set by a signal handler: leave cleanly (BYE), may be NULL */
@@ -28,11 +32,15 @@ typedef struct sf_worker_options {
 } sf_worker_options;
 
 /*
- * Runs the worker until the head says BYE, *stop is set, or the head falls
- * silent for its heartbeat timeout.  Returns 0 after a clean end; SF_ENET
- * (no head answered, the head was lost), SF_EDENIED/SF_ENOENT/SF_EFORMAT
- * (keys), SF_EGRAPH (the head's stages do not build here, e.g. a plugin this
- * worker lacks), or the pipeline's failure; *error says which and what to do.
+ * Runs the worker until every head has ended (said BYE, fell silent for its
+ * heartbeat timeout, never answered within connect_timeout, or failed) or
+ * *stop is set.  Each head runs its own stages (from its WELCOME); the
+ * decode slots are shared evenly among the heads with work waiting.
+ * Returns 0 when every head ended cleanly; else the first failed head's
+ * error: SF_ENET (no head answered, the head was lost), SF_EDENIED/SF_ENOENT/
+ * SF_EFORMAT (keys), SF_EGRAPH (the head's stages do not build here, e.g. a
+ * plugin this worker lacks), SF_EINVAL (no endpoint; as many server keys as
+ * endpoints needed), or the pipeline's failure; *error says which and what to do.
  */
 int sf_worker_run(const sf_worker_options *options, sf_error *error);
 
