@@ -391,10 +391,6 @@ class Pipeline:
                              "state_dict() (docs/resume.md), else resume with the same world size")
         self._start(int(state["epoch"]), int(state["step"]), state.get("plan"))
 
-    def _begin(self, epoch, step, plan):
-        """Restarts at (epoch, step) reading plan (or the rank's share when None); elastic's replay."""
-        self._start(epoch, step, plan)
-
     def _next_origins(self, timeout=-1.0):
         """The next batch as its rows' (shard index, sample index) pairs, fields not converted;
         None at the end of the epoch. Raises ShardflowError."""

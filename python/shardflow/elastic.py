@@ -63,7 +63,7 @@ def _replay(pipeline_cls, graph, options, epoch, rank, world, plan):
     one list per batch: the real graph run again (its reads and decodes are the cost)."""
     p = pipeline_cls(graph, rank=rank, world_size=world, epochs=0, output="numpy", **options)
     try:
-        p._begin(epoch, 0, plan)
+        p._start(epoch, 0, plan)  # the old rank's epoch, its plan when it had one
         return list(iter(p._next_origins, None))
     finally:
         p.close()
