@@ -406,6 +406,8 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
       sf_tensor_copy_to(&f->tensor, dst);
   }
   out->keys[fl->count] = sf_sample_take_key(s);
+  out->origins[2 * fl->count] = s->shard_index;
+  out->origins[2 * fl->count + 1] = s->index;
   fl->count++;
   b->held++;
   sf_sample_destroy(ps);

@@ -1,12 +1,21 @@
 /* shard_source: expands the shard list, shuffles it per epoch and pass, hands each rank and worker its share. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "shard_list.h"
 #include "url.h"
 #include "shardflow/stage.h"
+
+/* One shard of a resume plan and the sample indices to read from it, ascending. */
+typedef struct plan_shard {
+  uint32_t index;
+  uint64_t *keep;
+  size_t n_keep, cap;
+} plan_shard;
 
 typedef struct shard_source {
   char *urls;                /* option */
@@ -18,6 +27,7 @@ typedef struct shard_source {
   int64_t samples_per_epoch; /* option; 0 = one pass per epoch */
   bool allow_pipe;           /* option */
   int sampling;              /* option: SAMPLING_* */
+  char *plan;                /* option: resume plan file */
   sf_shard_list list;
   sf_rng draws;      /* resample: this rank and worker's draws of the current epoch */
   uint32_t *order;   /* shard indices of the current (epoch, pass), all ranks' */
@@ -26,6 +36,9 @@ typedef struct shard_source {
   uint64_t end;      /* epoch to stop at, UINT64_MAX = never */
   uint64_t epoch, pass, next; /* next position in order to emit */
   bool ordered;      /* order holds (epoch, pass) */
+  plan_shard *planned; /* the plan's shards in file order; their keep arrays move into the shards */
+  size_t n_planned, next_planned;
+  uint64_t plan_epoch; /* the epoch the plan replaces: the pipeline's first */
 } shard_source;
 
 enum { SAMPLING_SEQUENTIAL, SAMPLING_RESAMPLE };
@@ -56,12 +69,75 @@ static const sf_option options[] = {
      "worker draws shards with replacement from the whole list, seeded by seed, rank, worker and epoch "
      "(WebDataset's ResampledShards), endlessly until samples_per_epoch or a mix's cut ends the epoch",
      sampling_names},
+    {"plan", SF_OPT_STRING, offsetof(shard_source, plan), NULL, 0, 0,
+     "resume plan FILE (written by Python's elastic load_state_dict; docs/resume.md): the first epoch "
+     "reads only the listed samples, lines `SHARD_INDEX SAMPLE_INDEX`, instead of this rank's share; "
+     "later epochs are dealt as usual",
+     NULL},
     {NULL},
 };
 
 /* init failures must stop the pipeline whatever the error policy, so the code is returned as is. */
 #define INIT_FAIL(node, code, url, ...) \
   (sf_node_error(node, code, url, NULL, -1, __VA_ARGS__), (code))
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Reads the plan file: lines `SHARD_INDEX SAMPLE_INDEX`, each shard's lines together, '#' comments. */
+static int read_plan(sf_node *node, shard_source *s) {
+  FILE *f = fopen(s->plan, "r");
+  if (!f)
+    return INIT_FAIL(node, SF_ENOENT, NULL, "plan \"%s\": %s; give the file load_state_dict wrote",
+                     s->plan, strerror(errno));
+  char line[128];
+  int r = 0;
+  for (long no = 1; r == 0 && fgets(line, sizeof line, f); no++) {
+    char *p = line, *end;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '#' || *p == '\n' || *p == '\0') continue;
+    errno = 0;
+    unsigned long long shard = strtoull(p, &end, 10), sample = 0;
+    bool ok = end != p && !errno;
+    if (ok) sample = strtoull(p = end, &end, 10);
+    ok = ok && end != p && !errno && strspn(end, " \t\r\n") == strlen(end) && shard < s->list.count;
+    plan_shard *last = s->n_planned ? &s->planned[s->n_planned - 1] : NULL;
+    if (ok && (!last || last->index != shard)) {
+      for (size_t i = 0; ok && i < s->n_planned; i++) ok = s->planned[i].index != shard;
+      if (!ok) {
+        r = INIT_FAIL(node, SF_EOPTION, NULL,
+                      "plan \"%s\" line %ld: shard %llu appears again after other shards; list each "
+                      "shard's samples together", s->plan, no, shard);
+        break;
+      }
+      plan_shard *grown = realloc(s->planned, (s->n_planned + 1) * sizeof *grown);
+      if (!grown) { r = INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for the plan"); break; }
+      s->planned = grown;
+      last = &s->planned[s->n_planned++];
+      *last = (plan_shard){.index = (uint32_t)shard};
+    }
+    if (!ok) {
+      r = INIT_FAIL(node, SF_EOPTION, NULL,
+                    "plan \"%s\" line %ld is not `SHARD_INDEX SAMPLE_INDEX` with a shard index below %zu; "
+                    "give the file load_state_dict wrote for this graph", s->plan, no, s->list.count);
+      break;
+    }
+    if (last->n_keep == last->cap) {
+      size_t cap = last->cap ? 2 * last->cap : 64;
+      uint64_t *grown = realloc(last->keep, cap * sizeof *grown);
+      if (!grown) { r = INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for the plan"); break; }
+      last->keep = grown;
+      last->cap = cap;
+    }
+    last->keep[last->n_keep++] = sample;
+  }
+  fclose(f);
+  for (size_t i = 0; i < s->n_planned; i++)
+    qsort(s->planned[i].keep, s->planned[i].n_keep, sizeof(uint64_t), cmp_u64);
+  return r;
+}
 
 static int init(sf_node *node) {
   shard_source *s = sf_node_priv(node);
@@ -115,6 +191,14 @@ static int init(sf_node *node) {
   uint64_t epochs = sf_node_epochs(node);
   s->end = epochs == 0 ? UINT64_MAX : epochs; /* epochs counts from 0: a resumed run ends where the first would */
   s->next = s->slot;
+  s->plan_epoch = s->epoch;
+  if (s->plan && s->plan[0]) {
+    if (s->samples_per_epoch > 0)
+      return INIT_FAIL(node, SF_EOPTION, NULL,
+                       "plan and samples_per_epoch do not go together: a plan lists the epoch's samples; "
+                       "set samples_per_epoch: 0");
+    return read_plan(node, s);
+  }
   return 0;
 }
 
@@ -142,8 +226,11 @@ static void next_epoch(shard_source *s) {
   s->ordered = false;
 }
 
-/* Hands on a shard of the current epoch; pass counts whole list lengths of shards. Consumes nothing. */
-static int push_shard(sf_node *node, shard_source *s, uint32_t index) {
+/*
+ * Hands on a shard of the current epoch; pass counts whole list lengths of shards. keep: the samples
+ * of an elastic resume's plan to read (moved into the shard), or NULL for all of them.
+ */
+static int push_shard(sf_node *node, shard_source *s, uint32_t index, uint64_t **keep, size_t n_keep) {
   sf_shard *shard = sf_shard_new(s->list.urls[index]);
   if (!shard) return SF_ENOMEM;
   shard->epoch = s->epoch;
@@ -151,6 +238,11 @@ static int push_shard(sf_node *node, shard_source *s, uint32_t index) {
   shard->pass = s->pass;
   shard->samples_per_epoch = (uint64_t)s->samples_per_epoch;
   shard->allow_pipe = s->allow_pipe;
+  if (keep) {
+    shard->keep = *keep;
+    shard->n_keep = n_keep;
+    *keep = NULL;
+  }
   sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
   sf_node_push(node, &item);
   sf_node_count_output(node, 1, 0);
@@ -171,11 +263,24 @@ static int resample(sf_node *node, shard_source *s) {
   }
   uint32_t index = (uint32_t)sf_rng_below(&s->draws, s->list.count);
   s->pass = s->next++ / s->list.count;
-  return push_shard(node, s, index);
+  return push_shard(node, s, index, NULL, 0);
+}
+
+/* The planned epoch: the plan's shards, each with the samples to keep, then the epoch's end. */
+static int step_plan(sf_node *node, shard_source *s) {
+  if (s->next_planned == s->n_planned) {
+    sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
+    sf_node_push(node, &end);
+    next_epoch(s);
+    return 0;
+  }
+  plan_shard *p = &s->planned[s->next_planned++];
+  return push_shard(node, s, p->index, &p->keep, p->n_keep);
 }
 
 static int step(sf_node *node) {
   shard_source *s = sf_node_priv(node);
+  if (s->plan && s->plan[0] && s->epoch == s->plan_epoch && s->epoch < s->end) return step_plan(node, s);
   /* With samples_per_epoch, tar_split ends the epoch (and sends its EPOCH_END) by closing it. */
   bool endless = s->samples_per_epoch > 0 || s->sampling == SAMPLING_RESAMPLE;
   while (endless && s->epoch < s->end && sf_node_epochs_closed(node) > s->epoch) next_epoch(s);
@@ -193,7 +298,7 @@ static int step(sf_node *node) {
     s->ordered = false;
   }
   if (!s->ordered) make_order(node, s);
-  int r = push_shard(node, s, s->order[s->next]);
+  int r = push_shard(node, s, s->order[s->next], NULL, 0);
   if (r == 0) s->next += s->stride;
   return r;
 }
@@ -203,6 +308,9 @@ static void uninit(sf_node *node) {
   sf_shard_list_clear(&s->list);
   free(s->order);
   s->order = NULL;
+  for (size_t i = 0; i < s->n_planned; i++) free(s->planned[i].keep);
+  free(s->planned);
+  s->planned = NULL;
 }
 
 const sf_stage_def sf_stage_shard_source = {

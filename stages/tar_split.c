@@ -285,7 +285,12 @@ static uint64_t sample_bytes(const sf_sample *s) {
   return n;
 }
 
-/* Emits the next sample of the open shard, ending the epoch when it has its quota. */
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Emits the next sample of the open shard (one its plan keeps), ending the epoch when it has its quota. */
 static int read_sample(sf_node *node, tar_split *t) {
   sf_sample *sample = NULL;
   sf_error error;
@@ -309,6 +314,11 @@ static int read_sample(sf_node *node, tar_split *t) {
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
     if (policy < 0) return policy;
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);
+    return 0;
+  }
+  const sf_shard *shard = t->shard;
+  if (shard->keep && !bsearch(&sample->index, shard->keep, shard->n_keep, sizeof *shard->keep, cmp_u64)) {
+    sf_sample_destroy(&sample); /* not in the resume plan: consumed before the resume, or another rank's */
     return 0;
   }
   sample->epoch = t->epoch;

@@ -20,6 +20,7 @@ sf_shard *sf_shard_new(const char *url) {
 void sf_shard_destroy(sf_shard **ps) {
   if (!ps || !*ps) return;
   free((*ps)->url);
+  free((*ps)->keep);
   free(*ps);
   *ps = NULL;
 }
@@ -133,7 +134,10 @@ sf_batch *sf_batch_new(int64_t size) {
   if (!b) return NULL;
   b->size = size;
   b->keys = calloc(size ? (size_t)size : 1, sizeof b->keys[0]);
-  if (!b->keys) {
+  b->origins = calloc(size ? 2 * (size_t)size : 1, sizeof b->origins[0]);
+  if (!b->keys || !b->origins) {
+    free(b->keys);
+    free(b->origins);
     free(b);
     return NULL;
   }
@@ -146,6 +150,7 @@ void sf_batch_destroy(sf_batch **pb) {
   for (int i = 0; i < b->n_fields; i++) field_clear(&b->fields[i]);
   for (int64_t j = 0; j < b->size; j++) free(b->keys[j]);
   free(b->keys);
+  free(b->origins);
   free(b);
   *pb = NULL;
 }
@@ -221,6 +226,13 @@ const char *sf_batch_field_name(const sf_batch *b, int i) {
 const char *sf_batch_key(const sf_batch *b, int64_t j) {
   if (j < 0 || j >= b->size) return NULL;
   return b->keys[j] ? b->keys[j] : "";
+}
+
+int sf_batch_origin(const sf_batch *b, int64_t j, uint64_t *shard_index, uint64_t *sample_index) {
+  if (j < 0 || j >= b->size) return SF_EINVAL;
+  *shard_index = b->origins[2 * j];
+  *sample_index = b->origins[2 * j + 1];
+  return 0;
 }
 
 int sf_port_count(const sf_port_def *ports) {

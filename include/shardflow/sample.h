@@ -69,6 +69,10 @@ typedef struct sf_shard {
   uint64_t pass;                /**< 0 for the first pass of an epoch, >0 for repeats */
   uint64_t samples_per_epoch;   /**< epoch length in samples for this rank, 0 = one pass */
   bool allow_pipe;              /**< the graph opted into pipe:CMD URLs */
+  uint64_t *keep;               /**< NULL = every sample; else tar_split emits only the samples whose
+                                     index within the shard is among these n_keep, ascending (an
+                                     elastic resume plan, shard_source's `plan`); owned, malloc'd */
+  size_t n_keep;
 } sf_shard;
 
 /**
@@ -113,6 +117,8 @@ typedef struct sf_batch {
   char **keys;                  /**< B keys, owned (NULL for a sample without one); read with sf_batch_key() */
   int n_fields;
   sf_field fields[SF_MAX_FIELDS];
+  uint64_t *origins;            /**< 2*B, owned: row j's shard index in the expanded shard list at [2j] and
+                                     its sample index within that shard at [2j+1]; read with sf_batch_origin() */
 } sf_batch;
 
 /** Creates a shard descriptor with a copy of url. Returns NULL when out of memory. */
@@ -190,6 +196,14 @@ SF_API uint64_t sf_batch_epoch(const sf_batch *batch);
 SF_API int sf_batch_field_count(const sf_batch *batch);
 SF_API const char *sf_batch_field_name(const sf_batch *batch, int i);
 SF_API const char *sf_batch_key(const sf_batch *batch, int64_t j);
+/**
+ * Where row j of the batch was read: *shard_index is the shard's position in
+ * shard_source's expanded list, *sample_index the sample's 0-based position in
+ * that shard (tar_split's count).  Together they name a sample exactly, even
+ * when keys repeat; Python's elastic resume records them.  Returns 0, or
+ * SF_EINVAL when j is out of range.
+ */
+SF_API int sf_batch_origin(const sf_batch *batch, int64_t j, uint64_t *shard_index, uint64_t *sample_index);
 
 #ifdef __cplusplus
 }

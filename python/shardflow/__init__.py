@@ -17,7 +17,10 @@ import logging
 import os
 import time
 
-__all__ = ["Pipeline", "ShardflowError", "copy", "dataset", "library"]
+from . import elastic
+from .elastic import merge_states
+
+__all__ = ["Pipeline", "ShardflowError", "copy", "dataset", "library", "merge_states"]
 
 SF_EAGAIN, SF_EOF, SF_ETIMEDOUT = -1, -2, -12  # include/shardflow/error.h
 _WAIT_SLICE = 0.1  # seconds next_batch() waits in C between chances for Python to run signal handlers
@@ -116,6 +119,8 @@ def _load():
         "sf_batch_field_count": (ctypes.c_int, [p]),
         "sf_batch_field_name": (c, [p, ctypes.c_int]),
         "sf_batch_key": (c, [p, ctypes.c_int64]),
+        "sf_batch_origin": (ctypes.c_int, [p, ctypes.c_int64, ctypes.POINTER(ctypes.c_uint64),
+                                           ctypes.POINTER(ctypes.c_uint64)]),
         "sf_batch_to_dlpack": (ctypes.c_int, [p, ctypes.c_int, ctypes.POINTER(p)]),
         "sf_batch_destroy": (None, [ctypes.POINTER(p)]),
         "sf_dlpack_release": (None, [p]),
@@ -267,9 +272,21 @@ class Pipeline:
             raise
         return g
 
-    def _start(self, first_epoch, first_step):
-        graph, rank, world_size, epochs, options, maps = self._args
+    def _start(self, first_epoch, first_step, plan=None):
+        """Starts at batch first_step of first_epoch; plan: the (shard, sample) pairs that epoch
+        reads instead of the rank's share (an elastic resume, shardflow/elastic.py)."""
+        options = self._args[4]
         self.close()
+        self._plan, self._plan_epoch = plan, first_epoch
+        plan_file = elastic.write_plan(plan) if plan is not None else None
+        try:
+            self._start_with(first_epoch, first_step, dict(options, plan=plan_file) if plan_file else options)
+        finally:
+            if plan_file:
+                os.remove(plan_file)  # shard_source read it in sf_pipeline_new
+
+    def _start_with(self, first_epoch, first_step, options):
+        graph, rank, world_size, epochs, _, maps = self._args
         err = _Error()
         g = self._load_graph(graph, options)
         try:
@@ -364,19 +381,56 @@ class Pipeline:
 
     def state_dict(self):
         """The position to resume from: every batch is a function of the graph, seed, rank, world
-        size and position, so this is the whole state (a small dict, picklable)."""
-        return {"epoch": self.epoch, "step": self.step, "rank": library.sf_pipeline_rank(self._pipeline),
-                "world_size": library.sf_pipeline_world_size(self._pipeline)}
+        size and position, so this is the whole state (a small dict, picklable). In an epoch resumed
+        at another world size it also holds "plan", the [shard, sample] pairs the epoch reads (8-16
+        bytes a sample in a pickle)."""
+        state = {"epoch": self.epoch, "step": self.step, "rank": library.sf_pipeline_rank(self._pipeline),
+                 "world_size": library.sf_pipeline_world_size(self._pipeline)}
+        if self._plan is not None and self.epoch == self._plan_epoch:
+            state["plan"] = [list(pair) for pair in self._plan]
+        return state
 
     def load_state_dict(self, state):
         """Continues exactly where state was taken: the next batches are those the uninterrupted run
-        returned next. Refuses a state from another rank or world size (a rank would read other
-        shards than the ones its position counts)."""
+        returned next. A state from another world size resumes when it is shardflow.merge_states()
+        of every rank's state: the rest of its epoch is dealt to this world's ranks, no sample repeated
+        or lost (docs/resume.md; every new rank replays the old ranks' epoch to find what they
+        consumed). Raises ValueError when the state cannot say that (one rank's state from another
+        world size, a graph with samples_per_epoch or several workers)."""
         rank, world = library.sf_pipeline_rank(self._pipeline), library.sf_pipeline_world_size(self._pipeline)
+        if "steps" in state:  # merge_states(): every rank's position
+            if state["world_size"] == world:
+                plan = state["plans"][rank] if state.get("plans") else None
+                return self._start(int(state["epoch"]), int(state["steps"][rank]), plan)
+            graph, options = self._args[0], self._args[4]
+            pairs = elastic.plan(Pipeline, graph, options, state, rank, world)
+            return self._start(int(state["epoch"]), 0, [tuple(p) for p in pairs])
         if (state["rank"], state["world_size"]) != (rank, world):
             raise ValueError(f"state saved as rank {state['rank']} of {state['world_size']} cannot resume "
-                             f"rank {rank} of {world}: resume with the same world size")
-        self._start(int(state["epoch"]), int(state["step"]))
+                             f"rank {rank} of {world}: it says where one rank stood, not where every rank did; "
+                             "to resume at another world size pass shardflow.merge_states() of every rank's "
+                             "state_dict() (docs/resume.md), else resume with the same world size")
+        self._start(int(state["epoch"]), int(state["step"]), state.get("plan"))
+
+    def _next_origins(self, timeout=-1.0):
+        """The next batch as its rows' (shard index, sample index) pairs, fields not converted;
+        None at the end of the epoch. Raises ShardflowError."""
+        b = ctypes.c_void_p()
+        r = library.sf_pipeline_next(self._pipeline, ctypes.byref(b), timeout)
+        if r == SF_EOF:
+            return None
+        if r < 0:
+            err = _Error()
+            raise _error(r, err if library.sf_pipeline_last_error(self._pipeline, ctypes.byref(err)) else None)
+        try:
+            shard, sample = ctypes.c_uint64(), ctypes.c_uint64()
+            out = []
+            for j in range(library.sf_batch_size(b)):
+                library.sf_batch_origin(b, j, ctypes.byref(shard), ctypes.byref(sample))
+                out.append((shard.value, sample.value))
+            return out
+        finally:
+            library.sf_batch_destroy(ctypes.byref(b))
 
     def set_epoch(self, epoch):
         """Starts epoch `epoch` (0-based, any number) from its beginning (DistributedSampler's

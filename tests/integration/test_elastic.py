@@ -1,0 +1,128 @@
+"""Elastic resume: 2 ranks stop after k steps (3 and 2), their merged state resumes at 3 and at 1 ranks:
+the consumed keys plus the resumed ranks' keys are every sample of the shards exactly once (the
+reference is the shards' own key list, from tarfile), the new ranks get equal shares (+-1), the next
+epoch is the new world's ordinary epoch; a state saved inside the resumed epoch resumes again (same
+and other world size); states that lack the information are refused, naming what is missing."""
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
+os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
+from sfutil import Checks, make_dataset, tar_keys, write_graph  # noqa: E402
+
+import shardflow  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-elastic-")
+try:
+    urls, truth = make_dataset(tmp, shards=6, per_shard=20)  # 120 samples
+    every = sorted(tar_keys(*[os.path.join(tmp, f) for f in sorted(os.listdir(tmp)) if f.endswith(".tar")]))
+    check(sorted(every) == sorted(truth) and len(set(every)) == 120, "reference: 120 distinct keys in the shards")
+
+    def graph(shuffle, samples_per_epoch=0):
+        return write_graph(os.path.join(tmp, f"g-{shuffle}-{samples_per_epoch}.yaml"), [
+            ("shard_source", dict(urls=urls, shuffle=shuffle, samples_per_epoch=samples_per_epoch)),
+            ("tar_split", {}),
+            ("decode", {}),
+            ("shuffle", dict(buffer_size=25 if shuffle else 1)),
+            ("batch", dict(batch_size=8, partial=True)),
+            ("device_sink", {}),
+        ], seed=7, epochs=2)
+
+    def pipe(g, rank, world):
+        return shardflow.Pipeline(g, rank=rank, world_size=world, output="dict")
+
+    def take(p, n):
+        """Keys of the next n batches (all of the epoch when n is None)."""
+        keys = []
+        for _ in range(10**6 if n is None else n):
+            b = p.next_batch()
+            if b is None:
+                break
+            keys += b["__key__"]
+        return keys
+
+    def resume(g, state, world, steps=None):
+        """Each new rank's keys for the rest of the epoch (or its first steps[j] batches), and its pipeline."""
+        out = []
+        for j in range(world):
+            p = pipe(g, j, world)
+            p.load_state_dict(state)
+            out.append((take(p, None if steps is None else steps[j]), p))
+        return out
+
+    for shuffle in (True, False):
+        g = graph(shuffle)
+        old = [pipe(g, r, 2) for r in range(2)]
+        consumed = take(old[0], 3) + take(old[1], 2)
+        merged = shardflow.merge_states([p.state_dict() for p in reversed(old)])
+        check(merged["steps"] == [3, 2] and len(consumed) == 40, f"shuffle={shuffle}: merged state {merged['steps']}")
+        for world in (3, 1):
+            ranks = resume(g, merged, world)
+            got = [k for keys, _ in ranks for k in keys]
+            check(sorted(consumed + got) == every,
+                  f"shuffle={shuffle} 2 -> {world}: every sample exactly once "
+                  f"({len(consumed)} + {len(got)}, {len(set(consumed + got))} distinct of {len(every)})")
+            sizes = [len(keys) for keys, _ in ranks]
+            check(max(sizes) - min(sizes) <= 1, f"shuffle={shuffle} 2 -> {world}: equal shares {sizes}")
+            # the next epoch is the new world's ordinary one
+            for j, (_, p) in enumerate(ranks):
+                fresh = pipe(g, j, world)
+                fresh.set_epoch(1)
+                check(take(p, None) == take(fresh, None), f"shuffle={shuffle} 2 -> {world} rank {j}: epoch 1 as usual")
+                fresh.close()
+                p.close()
+
+        # a state saved inside the resumed epoch: the same world continues it exactly; another world splits it
+        ranks = resume(g, merged, 3, steps=[1, 2, 1])
+        first = [k for keys, _ in ranks for k in keys]
+        states = [p.state_dict() for _, p in ranks]
+        check(all("plan" in s for s in states), f"shuffle={shuffle}: a state inside a resumed epoch holds its plan")
+        rest3 = []
+        for j, (_, p) in enumerate(ranks):
+            expect = take(p, None)
+            again = pipe(g, j, 3)
+            again.load_state_dict(states[j])
+            check(take(again, None) == expect, f"shuffle={shuffle} 3 -> 3 rank {j}: the same batches follow")
+            again.close()
+            rest3 += expect
+        check(sorted(consumed + first + rest3) == every, f"shuffle={shuffle}: resumed twice at 3, every sample once")
+        twice = resume(g, shardflow.merge_states(states), 2)
+        got = [k for keys, _ in twice for k in keys]
+        check(sorted(consumed + first + got) == every, f"shuffle={shuffle}: 2 -> 3 -> 2, every sample exactly once")
+        for _, p in ranks + twice:
+            p.close()
+        for p in old:
+            p.close()
+
+    # refusals that name what is missing
+    g = graph(True)
+    p0, p1 = pipe(g, 0, 2), pipe(g, 1, 2)
+    take(p0, 1)
+    one = p0.state_dict()
+    target = pipe(g, 0, 3)
+
+    def refused(call, words, what):
+        try:
+            call()
+        except ValueError as e:
+            check(all(w in str(e) for w in words), f"{what}: {e}")
+            return
+        check(False, f"{what}: accepted")
+
+    refused(lambda: target.load_state_dict(one), ["rank 0 of 2", "merge_states"], "one rank's state at world 3")
+    refused(lambda: shardflow.merge_states([one]), ["ranks [1]", "missing"], "merge_states without rank 1")
+    refused(lambda: shardflow.merge_states([one, one]), ["rank 0", "twice"], "merge_states with rank 0 twice")
+    g_spe = graph(True, samples_per_epoch=50)
+    q0, q1 = pipe(g_spe, 0, 2), pipe(g_spe, 1, 2)
+    take(q0, 1)
+    spe = shardflow.merge_states([q0.state_dict(), q1.state_dict()])
+    refused(lambda: pipe(g_spe, 0, 3).load_state_dict(spe), ["samples_per_epoch"], "a graph with samples_per_epoch")
+    for p in (p0, p1, target, q0, q1):
+        p.close()
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+check.done("elastic")
