@@ -36,7 +36,7 @@ uint64_t sf_cli_epoch_length(const sf_graph *graph);
 void sf_cli_progress_bar(FILE *out, sf_pipeline *p, const sf_cli_progress *pr);
 
 /*
- * Appends one JSON record (one line, format in docs/cli.md "stats records") to out:
+ * Appends one JSON record (one line, format in docs/stats-json.md) to out:
  * pr's counts, every head node's sf_pipeline_stats with mean rates over the run, the
  * group's workers and their stage tables, and the sf_pipeline_bottleneck line; final
  * marks the record written after the run ended.  Flushes out.  Returns 0, or -1 when

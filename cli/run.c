@@ -57,7 +57,7 @@ static const sf_cli_option run_options[] = {
      .value = "HOST:PORT"},
     {.row = {"stats-json", SF_OPT_STRING, offsetof(run_args, stats_json),
              .help = "write JSON lines for machines to FILE: a record every --log-steps batches and one at the end "
-                     "(format: docs/cli.md, stats records)"},
+                     "(format: docs/stats-json.md)"},
      .value = "FILE"},
     {.row = {"quiet", SF_OPT_BOOL, offsetof(run_args, quiet), .help = "only errors and the epoch lines"}},
     {.row = {"no-summary", SF_OPT_BOOL, offsetof(run_args, no_summary), .help = "no per-stage table at the end"}},
@@ -307,5 +307,8 @@ const sf_cli_command sf_cli_run = {
     .options = run_options,
     .notes = "Rate= is an exponential moving average of samples/s (smoothing 0.4, as torch_xla's\n"
              "RateTracker); GlobalRate= is samples/s since the epoch began. With groups, Workers= is the\n"
-             "number of live workers and each worker's samples/s follows its name.",
+             "number of live workers and each worker's samples/s follows its name.\n"
+             "When stdout is a terminal (and not --quiet), a one-line progress bar redrawn in place replaces the\n"
+             "Training lines: samples of the epoch (of samples_per_epoch, else of the last epoch's count), rate,\n"
+             "ETA once the epoch length is known, epoch, step and the group's live workers.",
 };
