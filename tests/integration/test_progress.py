@@ -1,6 +1,6 @@
 """`shardflow run`'s progress: under a pseudo-terminal (Python's pty module) a one-line bar redrawn in place with
 carriage returns, carrying samples of the epoch length (samples_per_epoch), a rate and an ETA, and no rate log
-lines; off a terminal no bar and the reference `| Training` lines as before."""
+lines, and with a group its live workers; off a terminal no bar and the reference `| Training` lines as before."""
 import atexit
 import os
 import pty
@@ -24,7 +24,7 @@ graph = write_graph(os.path.join(tmp, "g.yaml"), [
 args = ["run", graph, "--log-steps", "10", "--step-time", "0.04", "--no-summary"]  # 40 steps, about 1.6 s
 
 
-def run_on_pty():
+def run_on_pty(args):
     """Runs the CLI with a pseudo-terminal as stdout and stderr; returns (exit status, all it wrote)."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([SHARDFLOW] + args, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
@@ -42,7 +42,7 @@ def run_on_pty():
     return proc.wait(timeout=60), out.decode()
 
 
-status, out = run_on_pty()
+status, out = run_on_pty(args)
 check(status == 0, f"run on a pty: {status}\n{out}")
 bars = re.findall(r"\r\[[#.]+\] (\d+)/320 samples  ([\d.]+) samples/s  ETA (\d+):(\d\d)  epoch 1 step (\d+)", out)
 check(len(bars) >= 3, f"the bar is redrawn in place at least 3 times: {bars}\n{out!r}")
@@ -57,5 +57,17 @@ check(re.search(r"\| Epoch=1 Rank=0 Replica Train Samples=320 Steps=40", out), f
 p = run(args)
 check("\r" not in p.stdout and "\033" not in p.stdout and "ETA" not in p.stdout, f"no bar off a terminal: {p.stdout!r}")
 check(len(re.findall(r"^\| Training Rank=0 Epoch=1 Step=\d+ Rate=", p.stdout, re.M)) == 4, f"rate lines: {p.stdout}")
+
+# With a group, the bar shows its live workers.
+group = write_graph(os.path.join(tmp, "group.yaml"), [
+    ("shard_source", dict(urls=urls, samples_per_epoch=320)), ("tar_split", {}), ("decode", dict(group="decoders")),
+    ("batch", dict(batch_size=8)), ("device_sink", {})], epochs=1)
+with open(group) as f:
+    text = f.read()
+with open(group, "w") as f:
+    f.write("groups:\n  decoders:\n    processes: 2\n" + text)
+status, out = run_on_pty(["run", group] + args[2:])
+check(status == 0 and re.search(r"\r\[[#.]+\] \d+/320 samples .* epoch 1 step \d+  workers 2", out),
+      f"the group's 2 live workers in the bar: {out!r}")
 
 check.done("progress")
