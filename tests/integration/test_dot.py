@@ -2,7 +2,7 @@
 a group of 2 processes is run with --stats-json; the JSON lines parse with Python's json, the last record's counts
 equal the end-of-run stage table and tarfile's sample count; the DOT output, read back by Graphviz itself
 (`dot -Tjson`), has the group as a cluster holding its stages, the graph file's edges, and edge labels equal to
-the record's numbers (recomputed here as items / elapsed seconds); -T svg renders an SVG; without Graphviz on PATH
+the record's numbers (recomputed here as items / elapsed seconds), a mix's per-input counts; -T svg renders an SVG; without Graphviz on PATH
 the message says to install it."""
 import atexit
 import json
@@ -53,6 +53,23 @@ decoded = sum(s["items"] for w in group["workers"] for s in w["stages"] if s["na
 check(decoded == samples, f"the workers' decode stages made {decoded} of {samples} samples")
 check(last["bottleneck"].startswith("bottleneck: "), f"bottleneck line: {last['bottleneck']}")
 
+
+# A mix's record counts what each input gave, as the table's "<-" lines; dot labels its ports and rates.
+mix = os.path.join(tmp, "mix.yaml")
+with open(mix, "w") as f:
+    f.write("epochs: 1\nstages:\n"
+            f"  - {{name: src_a, type: shard_source, urls: \"{urls}\"}}\n  - {{name: split_a, type: tar_split}}\n"
+            f"  - {{name: src_b, type: shard_source, urls: \"{urls}\"}}\n  - {{name: split_b, type: tar_split}}\n"
+            "  - {name: mix, type: mix, inputs: [split_a, split_b], weights: [0.5, 0.5]}\n"
+            "  - {type: batch, batch_size: 50, partial: true}\n  - {type: device_sink}\n")
+mix_stats = os.path.join(tmp, "mix.jsonl")
+q = run(["run", mix, "--stats-json", mix_stats])
+mix_last = [json.loads(line) for line in open(mix_stats)][-1]
+mixed = next(n for n in mix_last["nodes"] if n["name"] == "mix")
+check(mixed.get("inputs") == stage_table(q.stderr)["mix"]["inputs"] and sum(mixed.get("inputs", {}).values()) == mixed["items"],
+      f"the mix's inputs {mixed.get('inputs')} = the table's {stage_table(q.stderr)['mix'].get('inputs')}")
+mix_dot = run(["dot", mix, "--stats", mix_stats]).stdout
+check(re.search(r'"split_b" -> "mix" \[label="in1\\n[\d.]+ items/s\\n[\d.]+ MiB/s"\]', mix_dot), f"mix ports: {mix_dot}")
 
 # 2. The DOT text as Graphviz reads it: clusters, edges and labels.
 def rates(name):
