@@ -2,8 +2,8 @@
 a group of 2 processes is run with --stats-json; the JSON lines parse with Python's json, the last record's counts
 equal the end-of-run stage table and tarfile's sample count; the DOT output, read back by Graphviz itself
 (`dot -Tjson`), has the group as a cluster holding its stages, the graph file's edges, and edge labels equal to
-the record's numbers (recomputed here as items / elapsed seconds), a mix's per-input counts; -T svg renders an SVG; without Graphviz on PATH
-the message says to install it."""
+the record's numbers (recomputed here as items / elapsed seconds), a mix's per-input counts; -T svg renders
+an SVG; without Graphviz on PATH the message says to install it."""
 import atexit
 import json
 import os
@@ -66,8 +66,9 @@ mix_stats = os.path.join(tmp, "mix.jsonl")
 q = run(["run", mix, "--stats-json", mix_stats])
 mix_last = [json.loads(line) for line in open(mix_stats)][-1]
 mixed = next(n for n in mix_last["nodes"] if n["name"] == "mix")
-check(mixed.get("inputs") == stage_table(q.stderr)["mix"]["inputs"] and sum(mixed.get("inputs", {}).values()) == mixed["items"],
-      f"the mix's inputs {mixed.get('inputs')} = the table's {stage_table(q.stderr)['mix'].get('inputs')}")
+table_inputs = stage_table(q.stderr)["mix"]["inputs"]
+check(mixed.get("inputs") == table_inputs and sum(table_inputs.values()) == mixed["items"],
+      f"the mix's inputs {mixed.get('inputs')} = the table's {table_inputs}")
 mix_dot = run(["dot", mix, "--stats", mix_stats]).stdout
 check(re.search(r'"split_b" -> "mix" \[label="in1\\n[\d.]+ items/s\\n[\d.]+ MiB/s"\]', mix_dot), f"mix ports: {mix_dot}")
 
