@@ -223,7 +223,8 @@ static int dot_main(int argc, char **argv) {
   dot_args a = {.render = -1};
   int first, status;
   if (!sf_cli_parse(&sf_cli_dot, argc, argv, &a, &first, &status)) return status;
-  if (argc - first != 1) return sf_cli_usage_error(&sf_cli_dot, "takes one GRAPH file (got %d operand(s))", argc - first);
+  if (argc - first != 1)
+    return sf_cli_usage_error(&sf_cli_dot, "takes one GRAPH file (got %d operand(s))", argc - first);
   sf_graph *g = NULL;
   sf_error err;
   if (sf_graph_load_file(&g, argv[first], &err) < 0) {

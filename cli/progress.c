@@ -72,7 +72,8 @@ static json_t *node_record(const sf_node_stats *s, double seconds) {
   put_rates(o, s->items, s->bytes, seconds);
   if (s->n_inputs > 1) { /* a mix: what each input gave, as the stage table's "<-" lines */
     json_t *in = json_object();
-    for (int j = 0; j < s->n_inputs && j < 8; j++) json_object_set_new(in, s->input_names[j], json_integer((json_int_t)s->input_items[j]));
+    for (int j = 0; j < s->n_inputs && j < 8; j++)
+      json_object_set_new(in, s->input_names[j], json_integer((json_int_t)s->input_items[j]));
     json_object_set_new(o, "inputs", in);
   }
   return o;

@@ -70,7 +70,8 @@ table_inputs = stage_table(q.stderr)["mix"]["inputs"]
 check(mixed.get("inputs") == table_inputs and sum(table_inputs.values()) == mixed["items"],
       f"the mix's inputs {mixed.get('inputs')} = the table's {table_inputs}")
 mix_dot = run(["dot", mix, "--stats", mix_stats]).stdout
-check(re.search(r'"split_b" -> "mix" \[label="in1\\n[\d.]+ items/s\\n[\d.]+ MiB/s"\]', mix_dot), f"mix ports: {mix_dot}")
+check(re.search(r'"split_b" -> "mix" \[label="in1\\n[\d.]+ items/s\\n[\d.]+ MiB/s"\]', mix_dot),
+      f"mix ports: {mix_dot}")
 
 # 2. The DOT text as Graphviz reads it: clusters, edges and labels.
 def rates(name):
