@@ -1,74 +1,273 @@
-/* `shardflow dot GRAPH`: the graph's nodes and edges, branches included, in Graphviz's DOT language. */
+/* `shardflow dot GRAPH`: the graph's nodes, edges and groups in Graphviz's DOT language, with rates from a
+ * --stats-json record, rendered by Graphviz's `dot` program on request. */
+#include <errno.h>
+#include <jansson.h>
+#include <spawn.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "graph.h"
 #include "shardflow/shardflow.h"
 
+extern char **environ;
+
+typedef struct dot_args {
+  char *stats, *output;
+  int render; /* index into render_names, or -1: print the DOT text */
+} dot_args;
+
+static const char *const render_names[] = {"svg", "png", NULL};
+
 static const sf_cli_option dot_options[] = {
+    {.row = {"stats", SF_OPT_STRING, offsetof(dot_args, stats),
+             .help = "label edges with rates (items/s, MiB/s) from the last record of FILE, written by "
+                     "`shardflow run --stats-json FILE`"},
+     .value = "FILE"},
+    {.row = {"render", SF_OPT_ENUM, offsetof(dot_args, render),
+             .help = "render with Graphviz's `dot` program (Debian: graphviz) instead of printing DOT text",
+             .enum_names = render_names},
+     .value = "FORMAT",
+     .short_name = 'T'},
+    {.row = {"output", SF_OPT_STRING, offsetof(dot_args, output), .help = "write to FILE instead of stdout"},
+     .value = "FILE",
+     .short_name = 'o'},
     {.row = {NULL}},
 };
 
 /* Text inside a DOT string: quotes and backslashes escaped. */
-static void put_escaped(const char *s) {
+static void put_escaped(FILE *out, const char *s) {
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') putchar('\\');
-    putchar(*s);
+    if (*s == '"' || *s == '\\') fputc('\\', out);
+    fputc(*s, out);
   }
 }
 
-static void put_quoted(const char *s) {
-  putchar('"');
-  put_escaped(s);
-  putchar('"');
+static void put_quoted(FILE *out, const char *s) {
+  fputc('"', out);
+  put_escaped(out, s);
+  fputc('"', out);
+}
+
+/* The last non-empty line of path parsed as JSON (a --stats-json record), or NULL after printing why. */
+static json_t *load_stats(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    sf_cli_fail(&sf_cli_dot, "--stats %s: %s; give the file `shardflow run --stats-json FILE` wrote", path,
+                strerror(errno));
+    return NULL;
+  }
+  char *line = NULL, *last = NULL;
+  size_t cap = 0;
+  long number = 0, last_number = 0;
+  while (getline(&line, &cap, f) >= 0) {
+    number++;
+    if (strspn(line, " \t\r\n") == strlen(line)) continue;
+    free(last);
+    last = strdup(line);
+    last_number = number;
+  }
+  free(line);
+  fclose(f);
+  json_error_t why;
+  json_t *record = last ? json_loads(last, 0, &why) : NULL;
+  free(last);
+  if (!last_number)
+    sf_cli_fail(&sf_cli_dot, "--stats %s: the file is empty; `shardflow run --stats-json FILE` writes a record every "
+                "--log-steps batches and one at the end", path);
+  else if (!record || !json_is_array(json_object_get(record, "nodes")))
+    sf_cli_fail(&sf_cli_dot, "--stats %s:%ld: not a stats record (%s); give the file `shardflow run --stats-json "
+                "FILE` wrote", path, last_number, record ? "no \"nodes\" list" : why.text);
+  else
+    return record;
+  json_decref(record);
+  return NULL;
+}
+
+/* The node's mean rates in the record: a head node's, else the sum over the group's workers of their stage of that
+ * name. Returns false when the record does not name it. */
+static bool node_rates(json_t *record, const char *name, double *items, double *mib) {
+  size_t i, j, k;
+  json_t *n, *group, *worker, *stage;
+  *items = *mib = 0;
+  json_array_foreach(json_object_get(record, "nodes"), i, n) {
+    if (strcmp(json_string_value(json_object_get(n, "name")) ?: "", name) != 0) continue;
+    *items = json_number_value(json_object_get(n, "items_per_second"));
+    *mib = json_number_value(json_object_get(n, "mib_per_second"));
+    return true;
+  }
+  bool found = false;
+  json_array_foreach(json_object_get(record, "groups"), i, group) {
+    json_array_foreach(json_object_get(group, "workers"), j, worker) {
+      json_array_foreach(json_object_get(worker, "stages"), k, stage) {
+        if (strcmp(json_string_value(json_object_get(stage, "name")) ?: "", name) != 0) continue;
+        *items += json_number_value(json_object_get(stage, "items_per_second"));
+        *mib += json_number_value(json_object_get(stage, "mib_per_second"));
+        found = true;
+      }
+    }
+  }
+  return found;
+}
+
+static void put_node(FILE *out, const sf_graph *g, int i, const char *indent) {
+  fprintf(out, "%s", indent);
+  put_quoted(out, sf_graph_node_name(g, i));
+  fprintf(out, " [label=\"");
+  put_escaped(out, sf_graph_node_name(g, i));
+  fprintf(out, "\\n(");
+  put_escaped(out, sf_graph_node_type(g, i));
+  fprintf(out, ")\"];\n");
+}
+
+/* A group as a cluster: its stages inside, labelled with its name, how its workers start and, with stats, how many
+ * are live. */
+static void put_group(FILE *out, const sf_graph *g, const sf_graph_node *group, json_t *record) {
+  fprintf(out, "  subgraph ");
+  fputc('"', out);
+  fputs("cluster_", out);
+  put_escaped(out, group->name);
+  fprintf(out, "\" {\n    style=rounded;\n    label=\"group ");
+  put_escaped(out, group->name);
+  for (int v = 0; v < group->n_values; v++)
+    if (strcmp(group->values[v].key, "processes") == 0 || strcmp(group->values[v].key, "listen") == 0) {
+      fprintf(out, "\\n%s: ", group->values[v].key);
+      put_escaped(out, group->values[v].value);
+    }
+  size_t i;
+  json_t *rg;
+  json_array_foreach(json_object_get(record, "groups"), i, rg) /* record NULL: no stats, no loop */
+    if (strcmp(json_string_value(json_object_get(rg, "name")) ?: "", group->name) == 0)
+      fprintf(out, "\\nlive workers: %lld", (long long)json_integer_value(json_object_get(rg, "live_workers")));
+  fprintf(out, "\";\n");
+  for (int n = 0; n < g->n_nodes; n++)
+    if (g->nodes[n].group && strcmp(g->nodes[n].group, group->name) == 0) put_node(out, g, n, "    ");
+  fprintf(out, "  }\n");
+}
+
+static void put_graph(FILE *out, const sf_graph *g, const char *path, json_t *record) {
+  fprintf(out, "digraph ");
+  put_quoted(out, path);
+  fprintf(out, " {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\", "
+          "fontsize=10];\n");
+  int n = sf_graph_node_count(g);
+  for (int i = 0; i < n; i++)
+    if (!g->nodes[i].group) put_node(out, g, i, "  ");
+  for (int k = 0; k < g->n_groups; k++) put_group(out, g, &g->groups[k], record);
+  for (int i = 0; i < n; i++) {
+    int ports = 0;
+    while (ports < SF_GRAPH_MAX_INPUTS && sf_graph_node_input(g, i, ports) >= 0) ports++;
+    for (int p = 0; p < ports; p++) {
+      const char *from = sf_graph_node_name(g, sf_graph_node_input(g, i, p));
+      fprintf(out, "  ");
+      put_quoted(out, from);
+      fprintf(out, " -> ");
+      put_quoted(out, sf_graph_node_name(g, i));
+      double items, mib;
+      bool rated = record && node_rates(record, from, &items, &mib);
+      if (ports > 1 || rated) { /* a merge's port, and what the producer sends (its mean over the run) */
+        fprintf(out, " [label=\"");
+        if (ports > 1) fprintf(out, "in%d%s", p, rated ? "\\n" : "");
+        if (rated) fprintf(out, "%.1f items/s\\n%.2f MiB/s", items, mib);
+        fprintf(out, "\"]");
+      }
+      fprintf(out, ";\n");
+    }
+  }
+  fprintf(out, "}\n");
+}
+
+/* Pipes text into `dot -TFORMAT [-o OUT]`. Returns the command's exit status (1 after printing why it failed). */
+static int render(const char *text, size_t len, const char *format, const char *output) {
+  char type[16];
+  snprintf(type, sizeof type, "-T%s", format);
+  char *argv[] = {"dot", type, output ? "-o" : NULL, (char *)output, NULL};
+  int fds[2];
+  if (pipe(fds) < 0) return sf_cli_fail(&sf_cli_dot, "pipe: %s", strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[0], STDIN_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[1]);
+  pid_t pid;
+  int e = posix_spawnp(&pid, "dot", &actions, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[0]);
+  if (e) {
+    close(fds[1]);
+    if (e == ENOENT)
+      return sf_cli_fail(&sf_cli_dot, "-T %s needs Graphviz's `dot` program, which is not on PATH; install Graphviz "
+                         "(Debian: apt-get install graphviz), or leave out -T to print the DOT text", format);
+    return sf_cli_fail(&sf_cli_dot, "cannot start Graphviz's `dot`: %s", strerror(e));
+  }
+  bool written = true;
+  for (size_t off = 0; off < len && written;) {
+    ssize_t w = write(fds[1], text + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    written = w > 0;
+    off += w > 0 ? (size_t)w : 0;
+  }
+  close(fds[1]);
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !written)
+    return sf_cli_fail(&sf_cli_dot, "Graphviz's `dot -T%s` failed (see its message above)", format);
+  return 0;
 }
 
 static int dot_main(int argc, char **argv) {
+  dot_args a = {.render = -1};
   int first, status;
-  if (!sf_cli_parse(&sf_cli_dot, argc, argv, NULL, &first, &status)) return status;
-  if (argc - first != 1) return sf_cli_usage_error(&sf_cli_dot, "takes one GRAPH file (got %d operand(s))", argc - first);
+  if (!sf_cli_parse(&sf_cli_dot, argc, argv, &a, &first, &status)) return status;
+  if (argc - first != 1)
+    return sf_cli_usage_error(&sf_cli_dot, "takes one GRAPH file (got %d operand(s))", argc - first);
   sf_graph *g = NULL;
   sf_error err;
   if (sf_graph_load_file(&g, argv[first], &err) < 0) {
     char line[1200];
     return sf_cli_fail(&sf_cli_dot, "%s", sf_error_format(&err, line, sizeof line));
   }
-  printf("digraph ");
-  put_quoted(argv[first]);
-  printf(" {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n");
-  int n = sf_graph_node_count(g);
-  for (int i = 0; i < n; i++) {
-    printf("  ");
-    put_quoted(sf_graph_node_name(g, i));
-    printf(" [label=\"");
-    put_escaped(sf_graph_node_name(g, i));
-    printf("\\n(");
-    put_escaped(sf_graph_node_type(g, i));
-    printf(")\"];\n");
+  json_t *record = NULL;
+  if (a.stats && !(record = load_stats(a.stats))) {
+    sf_graph_destroy(&g);
+    return 1;
   }
-  for (int i = 0; i < n; i++) {
-    int ports = 0;
-    while (ports < 8 && sf_graph_node_input(g, i, ports) >= 0) ports++;
-    for (int p = 0; p < ports; p++) {
-      printf("  ");
-      put_quoted(sf_graph_node_name(g, sf_graph_node_input(g, i, p)));
-      printf(" -> ");
-      put_quoted(sf_graph_node_name(g, i));
-      if (ports > 1) printf(" [label=\"in%d\"]", p);
-      printf(";\n");
+  char *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  if (!out) status = sf_cli_fail(&sf_cli_dot, "out of memory");
+  if (out) {
+    put_graph(out, g, argv[first], record);
+    fclose(out);
+    if (a.render >= 0) {
+      status = render(text, len, render_names[a.render], a.output);
+    } else {
+      FILE *f = a.output ? fopen(a.output, "w") : stdout;
+      if (!f || fwrite(text, 1, len, f) != len || (f != stdout && fclose(f) != 0))
+        status = sf_cli_fail(&sf_cli_dot, "-o %s: %s", a.output ? a.output : "-", strerror(errno));
     }
   }
-  printf("}\n");
+  free(text);
+  json_decref(record);
   sf_graph_destroy(&g);
-  return 0;
+  return status;
 }
 
 const sf_cli_command sf_cli_dot = {
     .name = "dot",
     .run = dot_main,
-    .args = "GRAPH",
-    .summary = "draw a graph file's stages and branches (Graphviz DOT on stdout)",
+    .args = "GRAPH [--stats FILE] [-T svg|png] [-o OUT]",
+    .summary = "draw a graph file's stages, branches and groups (Graphviz DOT, or SVG/PNG through Graphviz)",
     .about = "Checks GRAPH like `shardflow run` would and prints its nodes (name and stage) and edges in\n"
              "Graphviz's DOT language; the inputs of a stage that merges branches (mix) are labelled in0, in1...\n"
-             "in the order of its `inputs:`. Render it with e.g. `shardflow dot g.yaml | dot -Tsvg > g.svg`.",
+             "in the order of its `inputs:`. Each group is a cluster (`subgraph cluster_NAME`) holding its stages,\n"
+             "labelled with its name and its `processes` / `listen`. With --stats, every edge is labelled with\n"
+             "what its producer sent (mean items/s and MiB/s over the run, from the last record) and each group\n"
+             "with its live workers. -T svg|png renders with Graphviz's `dot` (e.g. `shardflow dot g.yaml -T svg\n"
+             "-o g.svg`), the same as `shardflow dot g.yaml | dot -Tsvg > g.svg`.",
     .options = dot_options,
 };

@@ -1,4 +1,5 @@
 /* `shardflow run GRAPH`: runs a graph file, prints the reference rate lines and a per-stage table. */
+#include <errno.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/progress.h"
 #include "graph.h"
 #include "node.h"
 #include "options.h"
@@ -17,6 +19,7 @@
 typedef struct run_args {
   sf_cli_list sets;
   char *metrics; /* HOST:PORT, or NULL */
+  char *stats_json; /* --stats-json FILE, or NULL */
   int64_t epochs, rank, world_size, start_epoch, start_step, log_steps; /* -1: not given */
   double step_time;
   bool quiet, no_summary;
@@ -52,6 +55,10 @@ static const sf_cli_option run_options[] = {
              .help = "serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free one, logged); the graph "
                      "setting `metrics`"},
      .value = "HOST:PORT"},
+    {.row = {"stats-json", SF_OPT_STRING, offsetof(run_args, stats_json),
+             .help = "write JSON lines for machines to FILE: a record every --log-steps batches and one at the end "
+                     "(format: docs/stats-json.md)"},
+     .value = "FILE"},
     {.row = {"quiet", SF_OPT_BOOL, offsetof(run_args, quiet), .help = "only errors and the epoch lines"}},
     {.row = {"no-summary", SF_OPT_BOOL, offsetof(run_args, no_summary), .help = "no per-stage table at the end"}},
     {.row = {NULL}},
@@ -154,6 +161,7 @@ static int run_main(int argc, char **argv) {
   int64_t log_steps = a.log_steps;
   double step_time = a.step_time;
   bool quiet = a.quiet, summary = !a.no_summary;
+  const char *stats_path = a.stats_json; /* points into argv */
   sf_error err;
   char line[2048];
   sf_graph *graph = NULL;
@@ -180,6 +188,7 @@ static int run_main(int argc, char **argv) {
     sf_graph_destroy(&graph);
     return 2;
   }
+  sf_cli_progress pr = {.epoch_length = r == 0 ? sf_cli_epoch_length(graph) : 0};
   sf_pipeline *p = NULL;
   if (r == 0) r = sf_pipeline_new(&p, graph, &options, &err);
   sf_graph_destroy(&graph);
@@ -187,9 +196,17 @@ static int run_main(int argc, char **argv) {
     fprintf(stderr, "shardflow: error: %s\n", sf_error_format(&err, line, sizeof line));
     return 1;
   }
+  FILE *stats = stats_path ? fopen(stats_path, "w") : NULL;
+  if (stats_path && !stats) {
+    fprintf(stderr, "shardflow run: --stats-json %s: %s; give a file in a writable directory\n", stats_path,
+            strerror(errno));
+    sf_pipeline_destroy(&p);
+    return 2;
+  }
+  bool tty = !quiet && isatty(STDOUT_FILENO), bar_shown = false; /* a progress bar instead of the rate lines */
   int rank = sf_pipeline_rank(p);
   char clk[16];
-  double epoch_start = now_seconds(), last_time = epoch_start, rate = 0;
+  double epoch_start = now_seconds(), last_time = epoch_start, rate = 0, run_start = epoch_start, last_draw = 0;
   uint64_t samples = 0, last_samples = 0, step = sf_pipeline_step(p);
   uint64_t epoch_seen = sf_pipeline_epoch(p);
   struct sigaction usr1 = {.sa_handler = ask_bottleneck};
@@ -204,19 +221,31 @@ static int run_main(int argc, char **argv) {
     }
     if (r == SF_ETIMEDOUT && !sf_pipeline_failed(p)) continue; /* not the error that stopped the run */
     if (r == 0) {
-      samples += (uint64_t)batch->size;
+      int size = batch->size;
+      samples += (uint64_t)size;
       step = sf_pipeline_step(p);
       sf_batch_destroy(&batch);
       if (step_time > 0) {
         struct timespec ts = {.tv_sec = (time_t)step_time, .tv_nsec = (long)((step_time - (double)(time_t)step_time) * 1e9)};
         nanosleep(&ts, NULL);
       }
-      if (log_steps > 0 && step % (uint64_t)log_steps == 0 && !quiet) {
-        double t = now_seconds();
+      double t = now_seconds();
+      bool log_now = log_steps > 0 && step % (uint64_t)log_steps == 0, draw = tty && t - last_draw >= 0.2;
+      if (log_now || draw) {
         double instant = (double)(samples - last_samples) / (t - last_time > 1e-9 ? t - last_time : 1e-9);
         rate = rate == 0 ? instant : rate * 0.4 + instant * 0.6;
         last_time = t;
         last_samples = samples;
+      }
+      pr = (sf_cli_progress){sf_pipeline_epoch(p) + 1, step, samples, pr.total_samples + (uint64_t)size,
+                             pr.epoch_length, rate, t - epoch_start, t - run_start};
+      if (draw) {
+        sf_cli_progress_bar(stdout, p, &pr);
+        last_draw = t;
+        bar_shown = true;
+      }
+      if (log_now && stats) sf_cli_stats_record(stats, p, &pr, false);
+      if (log_now && !quiet && !tty) {
         printf("| Training Rank=%d Epoch=%llu Step=%llu Rate=%.2f GlobalRate=%.2f Time=%s", rank,
                (unsigned long long)sf_pipeline_epoch(p) + 1, (unsigned long long)step, rate,
                (double)samples / (t - epoch_start), clock_text(clk, sizeof clk));
@@ -231,6 +260,9 @@ static int run_main(int argc, char **argv) {
       epoch_seen = sf_pipeline_epoch(p);
       double t = now_seconds();
       unsigned long long epoch = (unsigned long long)epoch_seen; /* already advanced: 1-based */
+      if (bar_shown) printf("\r\033[K"); /* the epoch line replaces the bar */
+      bar_shown = false;
+      if (!pr.epoch_length) pr.epoch_length = samples; /* the next epoch is as long, unless the graph said */
       printf("| Epoch=%llu Rank=%d Replica Train Samples=%llu Steps=%llu Epoch Time=%.2fs GlobalRate=%.2f\n",
              epoch, rank, (unsigned long long)samples, (unsigned long long)step, t - epoch_start,
              (double)samples / (t - epoch_start > 1e-9 ? t - epoch_start : 1e-9));
@@ -246,6 +278,15 @@ static int run_main(int argc, char **argv) {
     else
       fprintf(stderr, "shardflow: stopped: %s\n", sf_strerror(r));
     break;
+  }
+  if (bar_shown) printf("\r\033[K");
+  if (stats) {
+    pr.run_seconds = now_seconds() - run_start;
+    int w = sf_cli_stats_record(stats, p, &pr, true);
+    if (fclose(stats) != 0 || w < 0) {
+      fprintf(stderr, "shardflow run: --stats-json %s: %s\n", stats_path, strerror(errno));
+      status = 1;
+    }
   }
   uint64_t errors = sf_pipeline_error_count(p), skipped = sf_pipeline_skipped(p);
   if (summary) print_summary(p);
@@ -266,5 +307,8 @@ const sf_cli_command sf_cli_run = {
     .options = run_options,
     .notes = "Rate= is an exponential moving average of samples/s (smoothing 0.4, as torch_xla's\n"
              "RateTracker); GlobalRate= is samples/s since the epoch began. With groups, Workers= is the\n"
-             "number of live workers and each worker's samples/s follows its name.",
+             "number of live workers and each worker's samples/s follows its name.\n"
+             "When stdout is a terminal (and not --quiet), a one-line progress bar redrawn in place replaces the\n"
+             "Training lines: samples of the epoch (of samples_per_epoch, else of the last epoch's count), rate,\n"
+             "ETA once the epoch length is known, epoch, step and the group's live workers.",
 };

@@ -1,0 +1,120 @@
+"""`shardflow dot` with groups and rates, and `shardflow run --stats-json`: a graph whose decode and augment run in
+a group of 2 processes is run with --stats-json; the JSON lines parse with Python's json, the last record's counts
+equal the end-of-run stage table and tarfile's sample count; the DOT output, read back by Graphviz itself
+(`dot -Tjson`), has the group as a cluster holding its stages, the graph file's edges, and edge labels equal to
+the record's numbers (recomputed here as items / elapsed seconds), a mix's per-input counts; -T svg renders
+an SVG; without Graphviz on PATH the message says to install it."""
+import atexit
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import SHARDFLOW, Checks, group_graph, make_dataset, run, stage_table  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-dot-")
+atexit.register(shutil.rmtree, tmp, True)  # on failure too
+
+urls, _ = make_dataset(tmp, shards=4, per_shard=100, size=16)
+graph, _ = group_graph(tmp, "g", urls, group={"processes": 2}, batch_size=16, epochs=1)
+stats = os.path.join(tmp, "stats.jsonl")
+p = run(["run", graph, "--log-steps", "5", "--stats-json", stats], timeout=120)
+
+# 1. JSON lines: one record per 5 batches and a final one; the last equals the stage table and the tar files.
+with open(stats) as f:
+    records = [json.loads(line) for line in f]
+samples = sum(1 for s in range(4) for m in tarfile.open(os.path.join(tmp, f"shard-{s:06d}.tar"))
+              if m.name.endswith(".ppm"))
+steps = -(-samples // 16)
+check(len(records) == steps // 5 + 1, f"{steps // 5} interval records and a final one, got {len(records)}")
+check([r["final"] for r in records] == [False] * (len(records) - 1) + [True], "only the last record is final")
+check([r["step"] for r in records[:-1]] == list(range(5, steps + 1, 5)), f"steps: {[r['step'] for r in records]}")
+last = records[-1]
+check(last["total_samples"] == samples and last["samples"] == samples and last["epoch"] == 1,
+      f"final record counts {samples} samples of epoch 1: {last['total_samples']}, {last['samples']}")
+table = stage_table(p.stderr)
+nodes = {n["name"]: n for n in last["nodes"]}
+check(set(nodes) == set(table), f"record's nodes {sorted(nodes)} = the table's {sorted(table)}")
+for name, row in table.items():
+    for k in ("items", "errors", "skipped", "filtered"):
+        check(nodes[name][k] == row[k], f"{name}.{k}: record {nodes[name][k]}, table {row[k]}")
+    check(abs(nodes[name]["bytes"] / 1048576 - row["mib"]) <= 0.051, f"{name} MiB: {nodes[name]['bytes']} vs {row}")
+check(nodes["tar_split"]["items"] == samples, f"tar_split read every sample: {nodes['tar_split']['items']}")
+group = last["groups"][0]
+check(group["name"] == "decoders" and group["live_workers"] == 2, f"group and live workers: {group}")
+decoded = sum(s["items"] for w in group["workers"] for s in w["stages"] if s["name"] == "decode")
+check(decoded == samples, f"the workers' decode stages made {decoded} of {samples} samples")
+check(last["bottleneck"].startswith("bottleneck: "), f"bottleneck line: {last['bottleneck']}")
+
+
+# A mix's record counts what each input gave, as the table's "<-" lines; dot labels its ports and rates.
+mix = os.path.join(tmp, "mix.yaml")
+with open(mix, "w") as f:
+    f.write("epochs: 1\nstages:\n"
+            f"  - {{name: src_a, type: shard_source, urls: \"{urls}\"}}\n  - {{name: split_a, type: tar_split}}\n"
+            f"  - {{name: src_b, type: shard_source, urls: \"{urls}\"}}\n  - {{name: split_b, type: tar_split}}\n"
+            "  - {name: mix, type: mix, inputs: [split_a, split_b], weights: [0.5, 0.5]}\n"
+            "  - {type: batch, batch_size: 50, partial: true}\n  - {type: device_sink}\n")
+mix_stats = os.path.join(tmp, "mix.jsonl")
+q = run(["run", mix, "--stats-json", mix_stats])
+mix_last = [json.loads(line) for line in open(mix_stats)][-1]
+mixed = next(n for n in mix_last["nodes"] if n["name"] == "mix")
+table_inputs = stage_table(q.stderr)["mix"]["inputs"]
+check(mixed.get("inputs") == table_inputs and sum(table_inputs.values()) == mixed["items"],
+      f"the mix's inputs {mixed.get('inputs')} = the table's {table_inputs}")
+mix_dot = run(["dot", mix, "--stats", mix_stats]).stdout
+check(re.search(r'"split_b" -> "mix" \[label="in1\\n[\d.]+ items/s\\n[\d.]+ MiB/s"\]', mix_dot),
+      f"mix ports: {mix_dot}")
+
+# 2. The DOT text as Graphviz reads it: clusters, edges and labels.
+def rates(name):
+    """items/s and MiB/s name sent over the run, from the record's raw counts."""
+    items = bytes_ = 0
+    if name in nodes:
+        items, bytes_ = nodes[name]["items"], nodes[name]["bytes"]
+    for w in group["workers"]:
+        for s in w["stages"]:
+            if s["name"] == name:
+                items, bytes_ = items + s["items"], bytes_ + s["bytes"]
+    t = last["elapsed_seconds"]
+    return f"{items / t:.1f} items/s\\n{bytes_ / 1048576 / t:.2f} MiB/s"
+
+
+text = run(["dot", graph, "--stats", stats]).stdout
+gv = json.loads(subprocess.run(["dot", "-Tjson"], input=text, capture_output=True, text=True, check=True).stdout)
+objects = gv["objects"]
+by_id = {o["_gvid"]: o for o in objects}
+clusters = [o for o in objects if o["name"].startswith("cluster")]
+check([c["name"] for c in clusters] == ["cluster_decoders"], f"one cluster per group: {[c['name'] for c in clusters]}")
+check(sorted(by_id[i]["name"] for i in clusters[0].get("nodes", [])) == ["augment", "decode"],
+      f"the group's stages inside its cluster: {clusters[0].get('nodes')}")
+check(clusters[0]["label"] == "group decoders\\nprocesses: 2\\nlive workers: 2", f"label: {clusters[0]['label']}")
+chain = ["shard_source", "tar_split", "decode", "augment", "batch", "device_sink"]
+edges = {(by_id[e["tail"]]["name"], by_id[e["head"]]["name"]): e.get("label") for e in gv["edges"]}
+check(set(edges) == set(zip(chain, chain[1:])), f"the graph file's edges: {sorted(edges)}")
+for (tail, _), label in edges.items():
+    check(label == rates(tail), f"edge from {tail}: label {label!r}, the record says {rates(tail)!r}")
+plain = run(["dot", graph]).stdout
+check("label=" not in plain.split("cluster_decoders")[1].split("}")[1], "no rates without --stats")
+
+# 3. Rendering: an SVG Graphviz drew, with the cluster; without Graphviz a clear message.
+svg = os.path.join(tmp, "g.svg")
+run(["dot", graph, "--stats", stats, "-T", "svg", "-o", svg])
+root = ET.parse(svg).getroot()
+titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+check(root.tag.endswith("svg") and "cluster_decoders" in titles and "decode" in titles, f"SVG titles: {titles}")
+q = subprocess.run([os.path.abspath(SHARDFLOW), "dot", graph, "-T", "png", "-o", os.path.join(tmp, "g.png")],
+                   capture_output=True, text=True, env={"PATH": tmp})
+check(q.returncode != 0 and "apt-get install graphviz" in q.stderr and not os.path.exists(os.path.join(tmp, "g.png")),
+      f"no Graphviz on PATH: {q.returncode} {q.stderr}")
+q = run(["dot", graph, "--stats", graph], check=False)
+check(q.returncode == 1 and re.search(r"--stats .*g\.yaml:\d+: not a stats record", q.stderr), f"bad stats: {q.stderr}")
+
+check.done("dot")
