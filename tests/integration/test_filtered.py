@@ -2,14 +2,13 @@
 "filtered" in the stage table, are not errors and stay outside the error budget, so a filter keeping one
 sample in ten runs to the end under max_error_rate 0.5 and keeps exactly the samples Python's rule keeps."""
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, read_batches, run  # noqa: E402
+from sfutil import Checks, make_dataset, read_batches, run, stage_table  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-filtered-")
@@ -38,42 +37,36 @@ subprocess.run(["cc", "-shared", "-fPIC", "-I" + os.path.join(source, "include")
                 "-o", so], check=True)
 
 want = [k for k in sorted(truth) if int(k) % 10 == 7]
-for replicas in (1, 2):
-    out = os.path.join(tmp, f"out{replicas}")
-    graph = os.path.join(tmp, f"g{replicas}.yaml")
+
+
+def run_tenth(name, tenth_options, groups=""):
+    """Runs shard_source, tar_split, the plugin's `tenth` filter (with tenth_options), decode, batch under
+    max_error_rate 0.5; returns (stderr, the kept keys in order, the head's stage table)."""
+    out, graph = os.path.join(tmp, f"out-{name}"), os.path.join(tmp, f"{name}.yaml")
     with open(graph, "w") as f:
-        f.write(f"plugins: [{so}]\nseed: 1\nmax_error_rate: 0.5\nstages:\n"
+        f.write(f"plugins: [{so}]\nseed: 1\nmax_error_rate: 0.5\n{groups}stages:\n"
                 f"  - type: shard_source\n    urls: {urls}\n  - type: tar_split\n"
-                f"  - type: tenth\n    replicas: {replicas}\n  - type: decode\n"
+                f"  - type: tenth\n{tenth_options}  - type: decode\n"
                 f"  - type: batch\n    batch_size: 5\n  - type: device_sink\n    npy_dir: {out}\n")
     p = run(["run", graph, "--quiet"], check=False, env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=""))
-    check(p.returncode == 0, f"replicas {replicas}: 90% filtered is not over max_error_rate 0.5:\n{p.stderr}")
+    check(p.returncode == 0, f"{name}: 90% filtered is not over max_error_rate 0.5:\n{p.stderr}")
     keys = [k for _, _, ks, _ in read_batches(out) for k in ks] if os.path.isdir(out) else []
-    check(keys == want, f"replicas {replicas}: the samples kept are Python's, in order ({len(keys)} of {len(want)})")
-    row = re.search(r"^tenth\s+tenth\s+(\d+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)\s+(\d+)\s+(\d+)\s*$",
-                    p.stderr, re.M)
-    check(row is not None, f"replicas {replicas}: the stage table has a row for tenth with a filtered column:\n"
-          f"{p.stderr}")
-    if row:
-        reps, items, errors, skipped, filtered = map(int, row.groups())
-        check((reps, items, errors, skipped, filtered) == (replicas, len(want), 0, 0, len(truth) - len(want)),
-              f"replicas {replicas}: items, errors, skipped, filtered = {items}, {errors}, {skipped}, {filtered}")
-    check("skipped" not in p.stderr.splitlines()[-1], f"no error summary line: {p.stderr.splitlines()[-1]}")
+    check(keys == want, f"{name}: the samples kept are Python's, in order ({len(keys)} of {len(want)})")
+    return p.stderr, stage_table(p.stderr)
+
+
+for replicas in (1, 2):
+    stderr, table = run_tenth(f"replicas{replicas}", f"    replicas: {replicas}\n")
+    row = table.get("tenth", {})
+    got = tuple(row.get(k) for k in ("reps", "items", "errors", "skipped", "filtered"))
+    check(got == (replicas, len(want), 0, 0, len(truth) - len(want)),
+          f"replicas {replicas}: the table's tenth row (reps, items, errors, skipped, filtered) = {got}:\n{stderr}")
+    check("skipped" not in stderr.splitlines()[-1], f"no error summary line: {stderr.splitlines()[-1]}")
 
 # In a group's worker process: the worker's results say filtered, not skipped, so the head's budget holds too.
-out = os.path.join(tmp, "out-group")
-graph = os.path.join(tmp, "group.yaml")
-with open(graph, "w") as f:
-    f.write(f"plugins: [{so}]\nseed: 1\nmax_error_rate: 0.5\ngroups:\n  g: {{processes: 1}}\nstages:\n"
-            f"  - type: shard_source\n    urls: {urls}\n  - type: tar_split\n"
-            f"  - type: tenth\n    group: g\n  - type: decode\n"
-            f"  - type: batch\n    batch_size: 5\n  - type: device_sink\n    npy_dir: {out}\n")
-p = run(["run", graph, "--quiet"], check=False, env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=""))
-check(p.returncode == 0, f"group: 90% filtered in a worker is not over max_error_rate 0.5:\n{p.stderr}")
-keys = [k for _, _, ks, _ in read_batches(out) for k in ks] if os.path.isdir(out) else []
-check(keys == want, f"group: the samples kept are Python's ({len(keys)} of {len(want)})")
-row = re.search(r"^\S+\s+_remote\s+.*\s(\d+)\s+(\d+)\s*$", p.stderr, re.M)
-check(row is not None and row.groups() == ("0", str(len(truth) - len(want))),
-      f"group: the head's table counts 0 skipped, {len(truth) - len(want)} filtered:\n{p.stderr}")
+stderr, table = run_tenth("group", "    group: g\n", groups="groups:\n  g: {processes: 1}\n")
+remote = [row for row in table.values() if row["stage"] == "_remote"]
+check(len(remote) == 1 and (remote[0]["skipped"], remote[0]["filtered"]) == (0, len(truth) - len(want)),
+      f"group: the head's table counts 0 skipped, {len(truth) - len(want)} filtered:\n{stderr}")
 shutil.rmtree(tmp, ignore_errors=True)
 check.done("filtered")
