@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/cli.h"
 #include "rendezvous.h"
@@ -17,7 +18,7 @@ static void on_signal(int sig) {
 /* The engine's worker options, and the repeated options' lists. */
 typedef struct worker_args {
   sf_worker_options o;
-  sf_cli_list connect, server_keys;
+  sf_cli_list connect, server_keys, rendezvous;
 } worker_args;
 
 #define W(field) offsetof(worker_args, o.field)
@@ -27,10 +28,11 @@ static const sf_cli_option worker_options[] = {
              .help = "tcp://HOST:PORT or ipc://PATH (a group's listen endpoint); required unless --rendezvous; "
                      "repeat it to serve several heads (every rank of a job) from one pool of workers"},
      .value = "ENDPOINT", .repeat = true},
-    {.row = {"rendezvous", SF_OPT_STRING, W(rendezvous),
+    {.row = {"rendezvous", SF_OPT_STRING, offsetof(worker_args, rendezvous),
              .help = "instead of --connect and --server-key: wait for the file a head's group `rendezvous:` writes "
-                     "(its endpoint and public key; the job's directory under a scheduler)"},
-     .value = "FILE"},
+                     "(its endpoint and public key; the job's directory under a scheduler); repeat it to serve "
+                     "several heads (one file per rank)"},
+     .value = "FILE", .repeat = true},
     {.row = {"key", SF_OPT_STRING, W(secret_key_file),
              .help = "this worker's key file from `shardflow keygen` (tcp://)"},
      .value = "FILE"},
@@ -67,11 +69,11 @@ static int worker_main(int argc, char **argv) {
     sf_cli_usage_error(&sf_cli_worker, "takes no operands (got '%s')", argv[first]);
     goto out;
   }
-  if (a.connect.n && a.o.rendezvous) {
+  if (a.connect.n && a.rendezvous.n) {
     sf_cli_usage_error(&sf_cli_worker, "give --connect or --rendezvous, not both");
     goto out;
   }
-  if (!a.connect.n && !a.o.rendezvous) {
+  if (!a.connect.n && !a.rendezvous.n) {
     sf_cli_usage_error(&sf_cli_worker, "--connect ENDPOINT is required");
     goto out;
   }
@@ -91,31 +93,45 @@ static int worker_main(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
   sf_error err;
-  char endpoint[600];
-  const char *rendezvous_endpoint[1] = {endpoint}, *rendezvous_key[1] = {o.rendezvous};
-  bool plaintext;
   rc = 0;
-  if (o.rendezvous) { /* the file is written once the head listens: wait for it as for the head */
-    if (sf_rendezvous_read(o.rendezvous, o.connect_timeout, &stop_requested, endpoint, sizeof endpoint, &plaintext,
-                           &err) < 0) {
+  /* Each file is written once its head listens: wait for them as for the heads. */
+  int n = a.rendezvous.n;
+  char(*endpoints)[600] = n ? calloc((size_t)n, sizeof *endpoints) : NULL;
+  const char **endpoint_list = n ? calloc((size_t)n, sizeof *endpoint_list) : NULL;
+  if (n && (!endpoints || !endpoint_list)) {
+    rc = sf_cli_fail(&sf_cli_worker, "out of memory");
+    goto out_rendezvous;
+  }
+  for (int i = 0; i < n; i++) {
+    bool plaintext;
+    if (sf_rendezvous_read(a.rendezvous.v[i], o.connect_timeout, &stop_requested, endpoints[i], sizeof endpoints[i],
+                           &plaintext, &err) < 0) {
       char line[2048];
       /* SIGTERM before the head came (scancel, kubectl scale) is a clean leave */
       if (!stop_requested) rc = sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
-      goto out;
+      goto out_rendezvous;
     }
-    o.endpoints = rendezvous_endpoint;
-    o.n_endpoints = 1;
-    if (plaintext) {
-      o.plaintext = true;
-    } else {
-      o.server_key_files = rendezvous_key;
-      o.n_server_keys = 1;
+    if (i > 0 && plaintext != o.plaintext) {
+      rc = sf_cli_fail(&sf_cli_worker, "%s: the heads disagree on plaintext (this one %s a key): give every group "
+                       "keys, or none", a.rendezvous.v[i], plaintext ? "has no" : "has");
+      goto out_rendezvous;
     }
+    o.plaintext = plaintext;
+    endpoint_list[i] = endpoints[i];
+  }
+  if (n) {
+    o.endpoints = endpoint_list;
+    o.n_endpoints = n;
+    o.server_key_files = o.plaintext ? NULL : a.rendezvous.v; /* each file is its head's key */
+    o.n_server_keys = o.plaintext ? 0 : n;
   }
   if (sf_worker_run(&o, &err) < 0) {
     char line[2048];
     rc = sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
   }
+out_rendezvous:
+  free(endpoints);
+  free(endpoint_list);
 out:
   sf_cli_free(&sf_cli_worker, &a);
   return rc;

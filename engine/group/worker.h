@@ -21,7 +21,6 @@ typedef struct sf_worker_options {
   const char **server_key_files; /* tcp://: the heads' public key files: one for all, or one per endpoint */
   int n_server_keys;
   bool plaintext;                /* tcp:// without CURVE (the head must allow it too) */
-  const char *rendezvous;        /* the CLI's --rendezvous FILE (rendezvous.h); sf_worker_run ignores it */
   int64_t threads;               /* pipeline threads; 0 = what the head says, else this host's CPUs */
   int64_t credits;               /* units decoding at once over all heads, and each head's credit (its queue
                                     here); 0 = 4 */

@@ -136,9 +136,11 @@ try:
         reference[v] = read_batches(out)
     check(reference["a"][0][3]["ppm"].shape[-1] == 16 and reference["b"][0][3]["ppm"].shape[-1] == 8,
           "the two graphs differ")
-    own = {v: sized(f"own-{v}", *variants[v], {"listen": f"ipc://{tmp}/own-{v}.ipc", "worker_timeout": "60s"})
+    # This worker finds the heads through their rendezvous files (one --rendezvous per head, as under Slurm).
+    own = {v: sized(f"own-{v}", *variants[v], {"listen": f"ipc://{tmp}/own-{v}.ipc", "worker_timeout": "60s",
+                                                "rendezvous": f"{tmp}/own-{v}.rendezvous"})
            for v in variants}
-    w, w_lines = start(["worker", "--connect", f"ipc://{tmp}/own-a.ipc", "--connect", f"ipc://{tmp}/own-b.ipc",
+    w, w_lines = start(["worker", "--rendezvous", f"{tmp}/own-a.rendezvous", "--rendezvous", f"{tmp}/own-b.rendezvous",
                         "--connect-timeout", "30"])
     own_heads = {v: start(["run", own[v][0], "--log-steps", "0"]) for v in variants}
     for v, (p, lines) in own_heads.items():
