@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jpeg_region.h"
 #include "shardflow/stage.h"
 
 enum { CROP_NONE, CROP_RANDOM, CROP_CENTER, CROP_RANDOM_RESIZED };
@@ -532,15 +533,17 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   if (a->mean.n && a->mean.n != c)
     return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
                 "per channel", f->name, (long long)c, a->mean.n);
-  int r = sf_field_materialize(f); /* a deferred input: an earlier augment's output */
+  /* A JPEG that decode left undecoded (defer_jpeg): a random resized crop decodes only its box. */
+  const sf_jpeg_source *jpeg = a->crop == CROP_RANDOM_RESIZED && a->resize == 0 ? sf_jpeg_source_of(f) : NULL;
+  int r = jpeg ? 0 : sf_field_materialize(f); /* a deferred input: an earlier augment's output */
   if (r < 0) return r;
   const luts *l = (const luts *)sf_buffer_data(a->luts);
 
   sf_rng rng;
   sf_rng_seed(&rng, stream);
-  job j = {.src = sf_tensor_data(in), .sy = in->strides[0], .sx = in->strides[1], .sc = in->strides[2],
+  job j = {.src = jpeg ? NULL : sf_tensor_data(in), .sy = in->strides[0], .sx = in->strides[1], .sc = in->strides[2],
            .c = (int)c};
-  sf_tensor resized = {0};
+  sf_tensor resized = {0}, region = {0};
   /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
   int64_t rh = h, rw = w;
   if (a->resize > 0) resized_dims(h, w, a->resize, &rh, &rw);
@@ -597,6 +600,17 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   case CROP_RANDOM_RESIZED: {
     int64_t box[4];
     random_resized_box(a, &rng, h, w, box);
+    if (jpeg) {
+      sf_error err = {.code = 0};
+      int64_t x0, span_x;
+      if ((r = sf_jpeg_decode_region(jpeg, box, oh, ow, &region, &x0, &span_x, &err)) < 0)
+        return r == SF_ENOMEM ? r : FAIL(e, r, "field '%s': %.200s", f->name, err.message);
+      j.src = sf_tensor_data(&region);
+      j.sy = region.strides[0], j.sx = region.strides[1], j.sc = region.strides[2];
+      ay = (axis){0, region.shape[0], oh, 0, oh};
+      ax = (axis){x0, span_x, ow, 0, ow};
+      break;
+    }
     ay = (axis){box[0], box[2], oh, 0, oh};
     ax = (axis){box[1], box[3], ow, 0, ow};
     break;
@@ -635,10 +649,11 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
    * big image): a deferred field keeps its source alive for as long as it
    * sits in a shuffle buffer.
    */
-  const sf_tensor *src = resized.buffer ? &resized : &f->tensor;
+  const sf_tensor *src = region.buffer ? &region : resized.buffer ? &resized : &f->tensor;
   if (sf_buffer_size(src->buffer) / 2 <= out_bytes) {
     r = defer(f, &j, &ay, &ax, a->dtype, src, a->luts, shape);
     sf_tensor_clear(&resized);
+    sf_tensor_clear(&region);
     return r;
   }
   sf_tensor out;
@@ -650,10 +665,12 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   j.out = sf_tensor_data(&out);
   r = run(&j, &ay, &ax, a->dtype);
   sf_tensor_clear(&resized);
+  sf_tensor_clear(&region);
   if (r < 0) {
     sf_tensor_clear(&out);
     return r;
   }
+  if (f->recipe) f->recipe->destroy(f->recipe), f->recipe = NULL; /* the JPEG's, now decoded */
   sf_tensor_clear(&f->tensor);
   f->tensor = out;
   return 0;

@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "image.h"
+#include "jpeg_region.h"
 #include "npy.h"
 #include "npz.h"
 #include "shardflow/stage.h"
@@ -25,6 +26,7 @@ typedef struct decode {
   int64_t max_field_size; /* option */
   int depth;              /* option: index into depth_names */
   bool check_text;        /* option */
+  bool defer_jpeg;        /* option */
   sf_image_limits limits;
 } decode;
 
@@ -57,6 +59,12 @@ static const sf_option options[] = {
     {"check_text", SF_OPT_BOOL, offsetof(decode, check_text), "true", 0, 0,
      "check txt fields are UTF-8 and json fields parse (jansson); a bad one is an error record with the "
      "byte offset or line:column. Both stay bytes",
+     NULL},
+    {"defer_jpeg", SF_OPT_BOOL, offsetof(decode, defer_jpeg), "false", 0, 0,
+     "leave baseline JPEGs undecoded (rgb/gray, depth 8, min_size 0) so that a following augment with crop "
+     "random_resized decodes only the crop's region at the smallest DCT scale that covers `size`; other "
+     "consumers get the full decode. Header errors are still this stage's records; corrupt image data "
+     "becomes augment's",
      NULL},
     {NULL},
 };
@@ -290,7 +298,10 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
   const char *dot = strrchr(f->name, '.');
   const char *ext = dot ? dot + 1 : f->name;
   sf_tensor decoded;
-  if (sf_image_format_known(ext)) {
+  if (sf_image_format_known(ext) && d->defer_jpeg &&
+      (r = sf_jpeg_defer(f, (sf_image_mode)d->mode, &d->limits)) != 0) {
+    return r < 0 ? sf_error_set(error, r, SF_NOWHERE, "cannot allocate a JPEG recipe") : 0;
+  } else if (sf_image_format_known(ext)) {
     r = sf_image_decode(ext, t->buffer, t->offset, size, (sf_image_mode)d->mode, &d->limits,
                         &decoded, error);
   } else if (strcmp(ext, "cls") == 0) {

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "graph.h"
+#include "jpeg_region.h"
 #include "log.h"
 #include "node.h"
 
@@ -274,7 +275,9 @@ static void timed_destroy(sf_field_recipe *recipe) {
 static void time_deferred(sf_node *n, sf_sample *s) {
   for (int i = 0; i < s->n_fields; i++) {
     sf_field *f = &s->fields[i];
-    if (!f->recipe || f->recipe->write == timed_write) continue;
+    /* decode's deferred JPEGs stay as they are: augment knows them by their write function and
+       decodes their crop itself (the time is augment's). */
+    if (!f->recipe || f->recipe->write == timed_write || sf_jpeg_source_of(f)) continue;
     timed_recipe *t = n->deferred ? malloc(sizeof *t) : NULL;
     if (!t) return;
     *t = (timed_recipe){.base = {.write = timed_write, .destroy = timed_destroy}, .inner = f->recipe, .clock = n->deferred};

@@ -1,0 +1,168 @@
+/* Region decode of JPEG fields through the libjpeg API (libjpeg-turbo 2.1: jpeg_crop_scanline, jpeg_skip_scanlines). */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#include "jpeg_region.h"
+#include "log.h"
+
+/* libjpeg reports errors by calling error_exit: jump back with its message instead of exit(). */
+typedef struct jpeg_errors {
+  struct jpeg_error_mgr pub;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+} jpeg_errors;
+
+static void on_error(j_common_ptr cinfo) {
+  jpeg_errors *e = (jpeg_errors *)cinfo->err;
+  e->pub.format_message(cinfo, e->message);
+  longjmp(e->jump, 1);
+}
+
+/* A warning (level -1) means corrupt data (a bad Huffman code, a truncation): an error here, as
+   TJFLAG_STOPONWARNING makes it for the full decode. Trace messages (level >= 0) are ignored. */
+static void on_message(j_common_ptr cinfo, int level) {
+  if (level < 0) on_error(cinfo);
+}
+
+static void source_write(const sf_field_recipe *base, void *dst) {
+  const sf_jpeg_source *s = (const sf_jpeg_source *)base;
+  sf_tensor image;
+  sf_error error = {.code = 0};
+  size_t n = (size_t)s->height * (size_t)s->width * (size_t)s->channels;
+  /* write() cannot fail: a JPEG corrupt past its header (found only now) becomes black pixels and a
+     log line. augment, the consumer this path is for, reports it as an error record instead. */
+  if (sf_image_decode("jpg", s->bytes.buffer, s->bytes.offset, (size_t)s->bytes.shape[0], s->mode, &s->limits,
+                      &image, &error) < 0 ||
+      sf_tensor_nbytes(&image) != n) {
+    sf_log(SF_LOG_WARNING, "decode", "deferred JPEG could not be decoded (%s); wrote black pixels",
+           error.code ? error.message : "size changed");
+    memset(dst, 0, n);
+    sf_tensor_clear(&image);
+    return;
+  }
+  memcpy(dst, sf_tensor_data(&image), n);
+  sf_tensor_clear(&image);
+}
+
+static void source_destroy(sf_field_recipe *base) {
+  sf_jpeg_source *s = (sf_jpeg_source *)base;
+  sf_tensor_clear(&s->bytes);
+  free(s);
+}
+
+int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits) {
+  const sf_tensor *t = &f->tensor;
+  const uint8_t *p = sf_tensor_data(t);
+  size_t n = (size_t)t->shape[0];
+  if (mode == SF_IMAGE_KEEP || (limits && (limits->min_size > 0 || limits->depth != 8)) || n < 3 ||
+      p[0] != 0xFF || p[1] != 0xD8 || p[2] != 0xFF)
+    return 0;
+  struct jpeg_decompress_struct cinfo;
+  jpeg_errors e;
+  cinfo.err = jpeg_std_error(&e.pub);
+  e.pub.error_exit = on_error;
+  e.pub.emit_message = on_message;
+  jpeg_create_decompress(&cinfo);
+  if (setjmp(e.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return 0; /* sf_image_decode will say what is wrong */
+  }
+  jpeg_mem_src(&cinfo, p, (unsigned long)n);
+  jpeg_read_header(&cinfo, TRUE);
+  int64_t w = cinfo.image_width, h = cinfo.image_height;
+  int64_t max = limits && limits->max_pixels > 0 ? limits->max_pixels : 100000000;
+  bool ok = !cinfo.progressive_mode && cinfo.data_precision == 8 && w > 0 && h > 0 && w <= max / h &&
+            (cinfo.jpeg_color_space == JCS_GRAYSCALE || cinfo.jpeg_color_space == JCS_YCbCr ||
+             cinfo.jpeg_color_space == JCS_RGB);
+  jpeg_destroy_decompress(&cinfo);
+  if (!ok) return 0;
+  sf_jpeg_source *s = calloc(1, sizeof *s);
+  if (!s) return SF_ENOMEM;
+  s->base.write = source_write;
+  s->base.destroy = source_destroy;
+  sf_tensor_ref(&s->bytes, t);
+  s->mode = mode;
+  if (limits) s->limits = *limits;
+  s->width = (int)w;
+  s->height = (int)h;
+  s->channels = mode == SF_IMAGE_GRAY ? 1 : 3;
+  const int64_t shape[3] = {h, w, s->channels};
+  return sf_field_defer(f, SF_DTYPE_UINT8, 3, shape, &s->base) < 0 ? SF_ENOMEM : 1;
+}
+
+const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f) {
+  return f->recipe && f->recipe->write == source_write ? (const sf_jpeg_source *)f->recipe : NULL;
+}
+
+/* Scaled edge of a box edge at scale m/8, rounded to the nearest pixel, within [0, limit]. */
+static int64_t scaled_edge(int64_t v, int m, int64_t limit) {
+  int64_t s = (v * m + 4) / 8;
+  return s > limit ? limit : s;
+}
+
+/* Smallest M (scale M/8) whose scaled box keeps at least min_h x min_w pixels; 8 when none does. */
+static int dct_scale(const int64_t box[4], int64_t min_h, int64_t min_w) {
+  int m = 8;
+  while (m > 1 && (box[2] * (m - 1) + 4) / 8 >= min_h && (box[3] * (m - 1) + 4) / 8 >= min_w) m--;
+  return m;
+}
+
+int sf_jpeg_decode_region(const sf_jpeg_source *src, const int64_t box[4], int64_t min_h, int64_t min_w,
+                          sf_tensor *out, int64_t *x0, int64_t *span_x, sf_error *error) {
+  memset(out, 0, sizeof *out);
+  const volatile int m = dct_scale(box, min_h, min_w); /* read after the longjmp target */
+  struct jpeg_decompress_struct cinfo;
+  jpeg_errors e;
+  cinfo.err = jpeg_std_error(&e.pub);
+  e.pub.error_exit = on_error;
+  e.pub.emit_message = on_message;
+  jpeg_create_decompress(&cinfo);
+  if (setjmp(e.jump)) {
+    sf_tensor_clear(out);
+    jpeg_destroy_decompress(&cinfo);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG: %s", e.message);
+  }
+  jpeg_mem_src(&cinfo, sf_tensor_data(&src->bytes), (unsigned long)src->bytes.shape[0]);
+  jpeg_read_header(&cinfo, TRUE);
+  cinfo.out_color_space = src->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  cinfo.scale_num = (unsigned)m;
+  cinfo.scale_denom = 8;
+  /* Accurate integer IDCT and fancy upsampling: TurboJPEG's defaults, so M = 8 gives its pixels.
+     JDCT_IFAST (TJFLAG_FASTDCT) is not used: it is less accurate and no faster on AVX2. */
+  cinfo.dct_method = JDCT_ISLOW;
+  jpeg_start_decompress(&cinfo);
+  int64_t sw = cinfo.output_width, sh = cinfo.output_height;
+  int64_t top = scaled_edge(box[0], m, sh - 1), bottom = scaled_edge(box[0] + box[2], m, sh);
+  int64_t left = scaled_edge(box[1], m, sw - 1), right = scaled_edge(box[1] + box[3], m, sw);
+  if (bottom <= top) bottom = top + 1;
+  if (right <= left) right = left + 1;
+  /* One more column each side: chroma upsampling replicates the edge column of a cropped region,
+     so the box's own edge columns come out as the full decode has them only when inside it. */
+  JDIMENSION xoff = (JDIMENSION)(left > 0 ? left - 1 : 0);
+  JDIMENSION width = (JDIMENSION)(right < sw ? right + 1 : sw) - xoff;
+  jpeg_crop_scanline(&cinfo, &xoff, &width);
+  if (top > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)top) != (JDIMENSION)top)
+    longjmp(e.jump, (snprintf(e.message, sizeof e.message, "fewer rows than the header says"), 1));
+  const int64_t shape[3] = {bottom - top, cinfo.output_width, src->channels};
+  if (sf_tensor_alloc(out, SF_DTYPE_UINT8, 3, shape) < 0) {
+    jpeg_destroy_decompress(&cinfo);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%lld region",
+                        (long long)shape[0], (long long)shape[1]);
+  }
+  uint8_t *rows = sf_tensor_data(out);
+  size_t stride = (size_t)cinfo.output_width * (size_t)src->channels;
+  while (cinfo.output_scanline < (JDIMENSION)bottom) {
+    JSAMPROW row = rows + (cinfo.output_scanline - (JDIMENSION)top) * stride;
+    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1)
+      longjmp(e.jump, (snprintf(e.message, sizeof e.message, "data ends early"), 1));
+  }
+  jpeg_abort_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  *x0 = left - (int64_t)xoff;
+  *span_x = right - left;
+  return 0;
+}
