@@ -509,6 +509,37 @@ typedef struct field_error {
 
 #define FAIL(e, c, ...) (snprintf((e)->message, sizeof (e)->message, __VA_ARGS__), (e)->code = (c))
 
+/* ---- JPEG region decode (decode's defer_jpeg) ------------------------------------------------ */
+
+/* Source indices [*lo, *hi) that an axis's output window reads: build_taps' taps of its first and last pixel. */
+static void axis_reads(const axis *a, int64_t *lo, int64_t *hi) {
+  int64_t k0 = a->pos > 0 ? a->pos : 0, k1 = a->pos + a->n < a->scaled ? a->pos + a->n : a->scaled;
+  if (k1 <= k0) { /* all padding: nothing is read, but the region must not be empty */
+    *lo = 0, *hi = 1;
+    return;
+  }
+  double f = (double)a->span / (double)a->scaled, s0 = ((double)k0 + 0.5) * f - 0.5,
+         s1 = ((double)k1 - 0.5) * f - 0.5;
+  int64_t i0 = s0 < 0 ? 0 : (int64_t)s0, i1 = (s1 < 0 ? 0 : (int64_t)s1) + 1;
+  *lo = i0 < a->span - 1 ? i0 : a->span - 1;
+  *hi = (i1 < a->span - 1 ? i1 : a->span - 1) + 1;
+}
+
+/* A box edge at DCT scale m/8, rounded to the nearest pixel, at most limit. */
+static int64_t scaled_edge(int64_t v, int m, int64_t limit) {
+  int64_t s = (v * m + 4) / 8;
+  return s < limit ? s : limit;
+}
+
+/* Decodes rect of f's JPEG at scale m/8 into *region; a corrupt JPEG is the field's error. */
+static int decode_region(const sf_jpeg_source *jpeg, int m, const int64_t rect[4], const sf_field *f,
+                         sf_tensor *region, int64_t *x0, field_error *e) {
+  sf_error err = {.code = 0};
+  int r = sf_jpeg_decode_region(jpeg, m, rect, region, x0, &err);
+  if (r == SF_ENOMEM || r == 0) return r;
+  return FAIL(e, r, "field '%s': %.200s", f->name, err.message);
+}
+
 /*
  * Transforms one field in place of its tensor. rng is this sample's stream,
  * restarted for every field so same-sized fields get the same crop and flip.
@@ -533,8 +564,9 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   if (a->mean.n && a->mean.n != c)
     return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
                 "per channel", f->name, (long long)c, a->mean.n);
-  /* A JPEG that decode left undecoded (defer_jpeg): a random resized crop decodes only its box. */
-  const sf_jpeg_source *jpeg = a->crop == CROP_RANDOM_RESIZED && a->resize == 0 ? sf_jpeg_source_of(f) : NULL;
+  /* A JPEG that decode left undecoded (defer_jpeg): decode only what the crop or resize reads. */
+  bool regional = a->crop == CROP_RANDOM_RESIZED ? a->resize == 0 : a->crop != CROP_NONE || a->resize > 0;
+  const sf_jpeg_source *jpeg = regional ? sf_jpeg_source_of(f) : NULL;
   int r = jpeg ? 0 : sf_field_materialize(f); /* a deferred input: an earlier augment's output */
   if (r < 0) return r;
   const luts *l = (const luts *)sf_buffer_data(a->luts);
@@ -601,14 +633,16 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     int64_t box[4];
     random_resized_box(a, &rng, h, w, box);
     if (jpeg) {
-      sf_error err = {.code = 0};
-      int64_t x0, span_x;
-      if ((r = sf_jpeg_decode_region(jpeg, box, oh, ow, &region, &x0, &span_x, &err)) < 0)
-        return r == SF_ENOMEM ? r : FAIL(e, r, "field '%s': %.200s", f->name, err.message);
-      j.src = sf_tensor_data(&region);
-      j.sy = region.strides[0], j.sx = region.strides[1], j.sc = region.strides[2];
-      ay = (axis){0, region.shape[0], oh, 0, oh};
-      ax = (axis){x0, span_x, ow, 0, ow};
+      /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
+      int m = sf_jpeg_dct_scale(box[2], box[3], oh, ow);
+      int64_t sh = sf_jpeg_scaled(h, m), sw = sf_jpeg_scaled(w, m), x0;
+      int64_t rect[4] = {scaled_edge(box[0], m, sh - 1), scaled_edge(box[1], m, sw - 1),
+                         scaled_edge(box[0] + box[2], m, sh), scaled_edge(box[1] + box[3], m, sw)};
+      if (rect[2] <= rect[0]) rect[2] = rect[0] + 1;
+      if (rect[3] <= rect[1]) rect[3] = rect[1] + 1;
+      if ((r = decode_region(jpeg, m, rect, f, &region, &x0, e)) < 0) return r;
+      ay = (axis){0, rect[2] - rect[0], oh, 0, oh};
+      ax = (axis){x0, rect[3] - rect[1], ow, 0, ow};
       break;
     }
     ay = (axis){box[0], box[2], oh, 0, oh};
@@ -619,6 +653,22 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     break;
   }
   j.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
+  if (jpeg && a->crop != CROP_RANDOM_RESIZED) {
+    /* Resize from the smallest DCT scale that still covers it; decode only what the window reads. */
+    int m = a->resize > 0 ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
+    int64_t rect[4], x0;
+    ay.span = sf_jpeg_scaled(h, m);
+    ax.span = sf_jpeg_scaled(w, m);
+    axis_reads(&ay, &rect[0], &rect[2]);
+    axis_reads(&ax, &rect[1], &rect[3]);
+    if ((r = decode_region(jpeg, m, rect, f, &region, &x0, e)) < 0) return r;
+    ay.origin = -rect[0];
+    ax.origin = x0 - rect[1];
+  }
+  if (region.buffer) {
+    j.src = sf_tensor_data(&region);
+    j.sy = region.strides[0], j.sx = region.strides[1], j.sc = region.strides[2];
+  }
 
   int64_t shape[3];
   if (a->layout == LAYOUT_CHW)

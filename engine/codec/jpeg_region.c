@@ -98,23 +98,17 @@ const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f) {
   return f->recipe && f->recipe->write == source_write ? (const sf_jpeg_source *)f->recipe : NULL;
 }
 
-/* Scaled edge of a box edge at scale m/8, rounded to the nearest pixel, within [0, limit]. */
-static int64_t scaled_edge(int64_t v, int m, int64_t limit) {
-  int64_t s = (v * m + 4) / 8;
-  return s > limit ? limit : s;
-}
-
-/* Smallest M (scale M/8) whose scaled box keeps at least min_h x min_w pixels; 8 when none does. */
-static int dct_scale(const int64_t box[4], int64_t min_h, int64_t min_w) {
+int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w) {
   int m = 8;
-  while (m > 1 && (box[2] * (m - 1) + 4) / 8 >= min_h && (box[3] * (m - 1) + 4) / 8 >= min_w) m--;
+  while (m > 1 && h * (m - 1) / 8 >= min_h && w * (m - 1) / 8 >= min_w) m--;
   return m;
 }
 
-int sf_jpeg_decode_region(const sf_jpeg_source *src, const int64_t box[4], int64_t min_h, int64_t min_w,
-                          sf_tensor *out, int64_t *x0, int64_t *span_x, sf_error *error) {
+int64_t sf_jpeg_scaled(int64_t v, int m) { return (v * m + 7) / 8; }
+
+int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4], sf_tensor *out, int64_t *x0,
+                          sf_error *error) {
   memset(out, 0, sizeof *out);
-  const volatile int m = dct_scale(box, min_h, min_w); /* read after the longjmp target */
   struct jpeg_decompress_struct cinfo;
   jpeg_errors e;
   cinfo.err = jpeg_std_error(&e.pub);
@@ -136,14 +130,14 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, const int64_t box[4], int64
   cinfo.dct_method = JDCT_ISLOW;
   jpeg_start_decompress(&cinfo);
   int64_t sw = cinfo.output_width, sh = cinfo.output_height;
-  int64_t top = scaled_edge(box[0], m, sh - 1), bottom = scaled_edge(box[0] + box[2], m, sh);
-  int64_t left = scaled_edge(box[1], m, sw - 1), right = scaled_edge(box[1] + box[3], m, sw);
-  if (bottom <= top) bottom = top + 1;
-  if (right <= left) right = left + 1;
+  if (rect[0] < 0 || rect[2] > sh || rect[0] >= rect[2] || rect[1] < 0 || rect[3] > sw || rect[1] >= rect[3])
+    longjmp(e.jump, (snprintf(e.message, sizeof e.message, "region outside the %lldx%lld image", (long long)sw,
+                              (long long)sh), 1));
+  int64_t top = rect[0], bottom = rect[2];
   /* One more column each side: chroma upsampling replicates the edge column of a cropped region,
-     so the box's own edge columns come out as the full decode has them only when inside it. */
-  JDIMENSION xoff = (JDIMENSION)(left > 0 ? left - 1 : 0);
-  JDIMENSION width = (JDIMENSION)(right < sw ? right + 1 : sw) - xoff;
+     so the rectangle's own edge columns come out as the full decode has them only when inside it. */
+  JDIMENSION xoff = (JDIMENSION)(rect[1] > 0 ? rect[1] - 1 : 0);
+  JDIMENSION width = (JDIMENSION)(rect[3] < sw ? rect[3] + 1 : sw) - xoff;
   jpeg_crop_scanline(&cinfo, &xoff, &width);
   if (top > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)top) != (JDIMENSION)top)
     longjmp(e.jump, (snprintf(e.message, sizeof e.message, "fewer rows than the header says"), 1));
@@ -162,7 +156,6 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, const int64_t box[4], int64
   }
   jpeg_abort_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
-  *x0 = left - (int64_t)xoff;
-  *span_x = right - left;
+  *x0 = rect[1] - (int64_t)xoff;
   return 0;
 }

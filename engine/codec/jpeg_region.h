@@ -34,15 +34,24 @@ int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits
 const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f);
 
 /*
- * Decodes only box = {top, left, height, width} (pixels of the full image) at the smallest DCT
- * scale M/8 (M = 1..8) whose scaled box still has at least min_h x min_w pixels (the target
- * size; M = 8 when the box is smaller than the target). The scaled box's edges are rounded to
- * whole pixels (at most half a scaled pixel off). *out gets a new uint8 [rows, cols, channels]
- * image (caller owns) of which the scaled box is rows [0, rows) and columns
- * [*x0, *x0 + *span_x): libjpeg widens the columns to whole iMCUs. Returns 0, SF_ENOMEM or
- * SF_EFORMAT (corrupt data; *error has libjpeg's message).
+ * Smallest DCT scale M/8 (M = 1..8; libjpeg's scale_num/scale_denom) at which an h x w extent keeps at
+ * least min_h x min_w pixels (floor(h*M/8) >= min_h and the same for w); 8 when none smaller does.
  */
-int sf_jpeg_decode_region(const sf_jpeg_source *src, const int64_t box[4], int64_t min_h, int64_t min_w,
-                          sf_tensor *out, int64_t *x0, int64_t *span_x, sf_error *error);
+int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w);
+
+/* Pixels of a v-pixel side decoded at scale m/8: ceil(v*m/8), as libjpeg computes output_width. */
+int64_t sf_jpeg_scaled(int64_t v, int m);
+
+/*
+ * Decodes rows [rect[0], rect[2]) and columns [rect[1], rect[3]) of the image decoded at scale m/8
+ * (libjpeg's jpeg_skip_scanlines and jpeg_crop_scanline: only the iMCU columns the rectangle
+ * touches are decoded, and rows below it not at all). Accurate integer IDCT and fancy upsampling,
+ * as TurboJPEG's defaults: at m = 8 the pixels equal sf_image_decode()'s. *out gets a new uint8
+ * [rows, cols, channels] image (caller owns) whose column *x0 is the rectangle's column rect[1];
+ * libjpeg widens the columns to whole iMCUs. Returns 0, SF_ENOMEM, or SF_EFORMAT for corrupt data
+ * met in the rows read (data outside them is not checked) with libjpeg's message in *error.
+ */
+int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4], sf_tensor *out, int64_t *x0,
+                          sf_error *error);
 
 #endif

@@ -55,7 +55,7 @@ URLS = os.path.join(TMP, "s{0..1}.tar")
 
 
 def pipeline(name, defer, size, scale=(0.08, 1.0), ratio=(0.75, 1.3333333), dtype="uint8", layout="hwc",
-             replicas=1, group=None, shuffle=True, urls=URLS, policy=None, flip=0.5):
+             replicas=1, group=None, shuffle=True, urls=URLS, policy=None, flip=0.5, aug=None):
     out = os.path.join(TMP, name)
     g = {"group": "decoders"} if group else {}
     rep = {"replicas": replicas} if replicas > 1 else {}
@@ -63,8 +63,8 @@ def pipeline(name, defer, size, scale=(0.08, 1.0), ratio=(0.75, 1.3333333), dtyp
         ("shard_source", dict(urls=urls, shuffle=shuffle)),
         ("tar_split", {}),
         ("decode", dict(defer_jpeg=defer, **rep, **g)),
-        ("augment", dict(crop="random_resized", size=size, scale=list(scale), ratio=list(ratio), flip=flip,
-                         layout=layout, dtype=dtype, **rep, **g)),
+        ("augment", dict(**(aug or dict(crop="random_resized", size=size, scale=list(scale), ratio=list(ratio))),
+                         flip=flip, layout=layout, dtype=dtype, **rep, **g)),
         ("batch", dict(batch_size=4, partial=True)),
         ("device_sink", dict(npy_dir=out)),
     ]
@@ -113,6 +113,32 @@ try:
     region64, _ = batches("region64", True, 64)
     e = mae(images(full64), images(region64))
     check(0 < e < 3.0, f"rrc 64: mean absolute error vs full decode {e:.3f} levels (bound 3)")
+
+    # 2b. Center and random (padded) crops without resize decode their window at 8/8: the same pixels;
+    #     resize 72 + center crop 64 (the evaluation transform) resizes from the smallest DCT scale.
+    for name, aug in [("center", dict(crop="center", size=150, padding=30)),
+                      ("random", dict(crop="random", size=160, padding=8))]:
+        old, _ = batches(f"{name}0", False, 0, aug=aug)
+        new, _ = batches(f"{name}1", True, 0, aug=aug)
+        check(len(old) > 0 and same(old, new), f"crop {name} with padding: region decode equals full decode")
+    aug = dict(crop="center", size=64, resize=72)
+    old, _ = batches("eval0", False, 0, aug=aug, flip=0)
+    new, _ = batches("eval1", True, 0, aug=aug, flip=0)
+    e = mae(images(old), images(new))
+    check(0 < e < 3.0, f"resize 72 + center 64: mean absolute error vs full decode {e:.3f} levels (bound 3)")
+
+    def pil_eval(key):  # torchvision Resize(72) (PIL bilinear, antialiased) + CenterCrop(64)
+        im = Image.open(io.BytesIO(samples[int(key)][1]["jpg"])).convert("RGB")
+        w, h = im.size
+        size = (72, int(72 * h / w)) if w <= h else (int(72 * w / h), 72)
+        a = np.asarray(im.resize(size, Image.BILINEAR))
+        top, left = int(round((a.shape[0] - 64) / 2.0)), int(round((a.shape[1] - 64) / 2.0))
+        return a[top:top + 64, left:left + 64]
+    keys = [k for b in old for k in b[2]]
+    ref = [pil_eval(k) for k in keys]
+    e_old, e_new = mae(images(old), ref), mae(images(new), ref)
+    print(f"     resize + center crop vs PIL: full decode path {e_old:.3f}, region path {e_new:.3f}")
+    check(e_new < 2.0, f"resize + center crop: region path vs PIL within 2 levels (MAE {e_new:.3f})")
 
     # 3. Against PIL / torchvision: a box that is the whole image (scale 1, ratio = the image's),
     #    resized with PIL's bilinear (antialiased) as torchvision's default does.
