@@ -12,6 +12,7 @@
 #include <turbojpeg.h>
 
 #include "image.h"
+#include "pixels.h"
 
 #define DEFAULT_MAX_PIXELS 100000000
 #define DEFAULT_MAX_SCANS 500
@@ -67,8 +68,7 @@ static int channels_for(sf_image_mode mode, int stored) {
 
 static int alloc_image_of(sf_tensor *out, sf_dtype dtype, int64_t height, int64_t width, int channels,
                           sf_error *error) {
-  const int64_t shape[3] = {height, width, channels};
-  int r = sf_tensor_alloc(out, dtype, 3, shape);
+  int r = sf_pixels_alloc(out, dtype, height, width, channels);
   if (r < 0)
     return sf_error_set(error, r, SF_NOWHERE, "cannot allocate a %lldx%lldx%d image", (long long)height,
                         (long long)width, channels);

@@ -8,6 +8,7 @@
 
 #include "jpeg_region.h"
 #include "log.h"
+#include "pixels.h"
 
 /* libjpeg reports errors by calling error_exit: jump back with its message instead of exit(). */
 typedef struct jpeg_errors {
@@ -141,11 +142,10 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4
   jpeg_crop_scanline(&cinfo, &xoff, &width);
   if (top > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)top) != (JDIMENSION)top)
     longjmp(e.jump, (snprintf(e.message, sizeof e.message, "fewer rows than the header says"), 1));
-  const int64_t shape[3] = {bottom - top, cinfo.output_width, src->channels};
-  if (sf_tensor_alloc(out, SF_DTYPE_UINT8, 3, shape) < 0) {
+  if (sf_pixels_alloc(out, SF_DTYPE_UINT8, bottom - top, cinfo.output_width, src->channels) < 0) {
     jpeg_destroy_decompress(&cinfo);
-    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%lld region",
-                        (long long)shape[0], (long long)shape[1]);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%u region", (long long)(bottom - top),
+                        cinfo.output_width);
   }
   uint8_t *rows = sf_tensor_data(out);
   size_t stride = (size_t)cinfo.output_width * (size_t)src->channels;
