@@ -61,10 +61,10 @@ static const sf_option options[] = {
      "byte offset or line:column. Both stay bytes",
      NULL},
     {"defer_jpeg", SF_OPT_BOOL, offsetof(decode, defer_jpeg), "false", 0, 0,
-     "leave baseline JPEGs undecoded (rgb/gray, depth 8, min_size 0) so that a following augment with crop "
-     "random_resized decodes only the crop's region at the smallest DCT scale that covers `size`; other "
-     "consumers get the full decode. Header errors are still this stage's records; corrupt image data "
-     "becomes augment's",
+     "leave baseline JPEGs undecoded (rgb/gray, depth 8, min_size 0) so that a following augment decodes only "
+     "what its crop or resize reads (iMCU columns and rows), at the smallest DCT scale (1/8, 1/4, 1/2 or 1) "
+     "that still covers its output; other consumers get the full decode. Header errors stay this stage's "
+     "records; corrupt data in the region read becomes augment's (outside it, it goes unnoticed)",
      NULL},
     {NULL},
 };

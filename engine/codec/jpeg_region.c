@@ -100,8 +100,10 @@ const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f) {
 }
 
 int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w) {
+  /* Powers of two only: libjpeg-turbo 2.1 has SIMD IDCTs for 8/8, 4/8 and 2/8 (1/8 is one value a
+     block), the other M/8 are scalar and measured slower than decoding at the next power of two. */
   int m = 8;
-  while (m > 1 && h * (m - 1) / 8 >= min_h && w * (m - 1) / 8 >= min_w) m--;
+  while (m > 1 && h * (m / 2) / 8 >= min_h && w * (m / 2) / 8 >= min_w) m /= 2;
   return m;
 }
 

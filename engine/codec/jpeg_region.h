@@ -34,8 +34,9 @@ int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits
 const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f);
 
 /*
- * Smallest DCT scale M/8 (M = 1..8; libjpeg's scale_num/scale_denom) at which an h x w extent keeps at
- * least min_h x min_w pixels (floor(h*M/8) >= min_h and the same for w); 8 when none smaller does.
+ * Smallest DCT scale M/8 (M = 1, 2, 4 or 8; libjpeg's scale_num/scale_denom) at which an h x w extent
+ * keeps at least min_h x min_w pixels (floor(h*M/8) >= min_h and the same for w); 8 when none smaller
+ * does. Only powers of two: the other scales have no SIMD IDCT in libjpeg-turbo 2.1.
  */
 int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w);
 
