@@ -3,7 +3,9 @@
 # normalised float32 CHW, batches of 64) against libjpeg-turbo's own `tjbench` decoding the same JPEGs in the
 # same run. Whole `shardflow run` processes, interleaved rounds, medians; prints samples/s and the ratio to
 # 2 x tjbench (tjbench decodes on one core; the machine has two) for each output type, with decode's
-# defer_jpeg off (full decode, then crop) and on (only the crop's region decoded, at the smallest DCT scale).
+# defer_jpeg off (full decode, then crop) and on (only the crop's region decoded, at the smallest DCT scale);
+# also the CPU time per sample (all threads, from the process's rusage), steadier than wall time on a shared
+# machine, as a fraction of tjbench's per-core speed.
 #   bench/imagenet.sh [--runs N] [--samples N]
 # SF_BUILD names the build directory (default build-release). The photographs are made once (PIL) under
 # data/bench/imagenet-q90-N: pieces cut from Debian's mate-backgrounds, 500 px long side, JPEG quality 90.
@@ -99,7 +101,7 @@ done
 cat "$data"/*.tar > /dev/null # warm the page cache
 
 /usr/bin/python3 - "$build/shardflow" "$run" "$data/jpg" "$samples" "$runs" <<'PY'
-import glob, os, re, statistics, subprocess, sys, time
+import glob, os, re, resource, statistics, subprocess, sys, time
 sf, run, jpg, n, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 configs = [f"{d}-{x}" for d in ("uint8", "float32") for x in ("false", "true")]
 files = sorted(glob.glob(os.path.join(jpg, "*.jpg")))[:16]
@@ -115,13 +117,20 @@ def tjbench():
         seconds += w * h / (mpix * 1e6)
     return len(files) / seconds
 
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
 def shardflow(cfg):
-    t = time.monotonic()
+    """samples/s of a whole run; its CPU seconds per sample go to cpu_per_sample[cfg]."""
+    t, c = time.monotonic(), cpu()
     subprocess.run([sf, "run", os.path.join(run, cfg + ".yaml"), "--quiet", "--no-summary"], check=True,
                    stdout=subprocess.DEVNULL)
+    cpu_per_sample[cfg].append((cpu() - c) / n)
     return n / (time.monotonic() - t)
 
 rates = {c: [] for c in ["tjbench"] + configs}
+cpu_per_sample = {c: [] for c in configs}
 for r in range(runs):  # interleaved, the order rotated every round
     order = ["tjbench"] + configs
     order = order[r % len(order):] + order[:r % len(order)]
@@ -131,11 +140,13 @@ med = {c: statistics.median(v) for c, v in rates.items()}
 ref = 2 * med["tjbench"]
 spread = lambda v: (max(v) - min(v)) / statistics.median(v)
 print(f"{n} samples (500 px long side, quality 90), rrc 224, medians of {runs} interleaved runs, "
-      f"load {os.getloadavg()[0]:.1f}")
+      f"load {os.getloadavg()[0]:.1f}; spread = (max - min) / median of the runs")
 print(f"tjbench, one core: {med['tjbench']:8.0f} images/s   2 x tjbench: {ref:8.0f}   "
       f"(spread {spread(rates['tjbench']):.0%})")
 for c in configs:
     dtype, defer = c.split("-")
     name = f"{dtype} {'HWC' if dtype == 'uint8' else 'CHW'}, {'region decode' if defer == 'true' else 'full decode'}"
-    print(f"{name:32s} {med[c]:8.0f} samples/s  {med[c] / ref:.2f} of 2 x tjbench  (spread {spread(rates[c]):.0%})")
+    ms = statistics.median(cpu_per_sample[c]) * 1e3
+    print(f"{name:32s} {med[c]:8.0f} samples/s  {med[c] / ref:.2f} of 2 x tjbench  (spread {spread(rates[c]):.0%})  "
+          f"CPU {ms:.2f} ms/sample = {1e3 / ms / med['tjbench']:.2f} of tjbench per core")
 PY
