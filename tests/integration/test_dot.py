@@ -48,7 +48,9 @@ for name, row in table.items():
     check(abs(nodes[name]["bytes"] / 1048576 - row["mib"]) <= 0.051, f"{name} MiB: {nodes[name]['bytes']} vs {row}")
 check(nodes["tar_split"]["items"] == samples, f"tar_split read every sample: {nodes['tar_split']['items']}")
 group = last["groups"][0]
-check(group["name"] == "decoders" and group["live_workers"] == 2, f"group and live workers: {group}")
+# Two local worker processes; one may end the short run before the other joins, so count what the record lists.
+live = sum(1 for w in group["workers"] if w["live"])
+check(group["name"] == "decoders" and 1 <= group["live_workers"] == live <= 2, f"group and live workers: {group}")
 decoded = sum(s["items"] for w in group["workers"] for s in w["stages"] if s["name"] == "decode")
 check(decoded == samples, f"the workers' decode stages made {decoded} of {samples} samples")
 check(last["bottleneck"].startswith("bottleneck: "), f"bottleneck line: {last['bottleneck']}")
