@@ -97,7 +97,7 @@ clusters = [o for o in objects if o["name"].startswith("cluster")]
 check([c["name"] for c in clusters] == ["cluster_decoders"], f"one cluster per group: {[c['name'] for c in clusters]}")
 check(sorted(by_id[i]["name"] for i in clusters[0].get("nodes", [])) == ["augment", "decode"],
       f"the group's stages inside its cluster: {clusters[0].get('nodes')}")
-check(clusters[0]["label"] == "group decoders\\nprocesses: 2\\nlive workers: 2", f"label: {clusters[0]['label']}")
+check(clusters[0]["label"] == f"group decoders\\nprocesses: 2\\nlive workers: {live}", f"label: {clusters[0]['label']}")
 chain = ["shard_source", "tar_split", "decode", "augment", "batch", "device_sink"]
 edges = {(by_id[e["tail"]]["name"], by_id[e["head"]]["name"]): e.get("label") for e in gv["edges"]}
 check(set(edges) == set(zip(chain, chain[1:])), f"the graph file's edges: {sorted(edges)}")
