@@ -138,23 +138,31 @@ int sf_resize_u8(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, i
   int64_t y0, y1, x0, x1;
   source_span(ay, &cy, &y0, &y1);
   source_span(ax, &cx, &x0, &x1);
-  /* Scratch: accumulators, then the transposed source and its horizontal pass, then the rows the vertical pass reads. */
-  const int64_t rows = y1 - y0, cols = x1 - x0, row_len = ax->n * c, col_len = rows * c;
-  size_t n_acc = (size_t)(row_len > col_len ? row_len : col_len);
-  size_t n_t = fx ? (size_t)((cols + ax->n) * col_len) : 0, n_tmp = fy ? (size_t)(rows * row_len) : 0;
+  /*
+   * Scratch: accumulators; one strip of STRIP source rows transposed, and its horizontal pass (both
+   * small enough for the cache); then the rows the vertical pass reads (the output itself when y is
+   * not filtered).
+   */
+  enum { STRIP = 32 };
+  const int64_t rows = y1 - y0, cols = x1 - x0, row_len = ax->n * c, strip_len = STRIP * c;
+  size_t n_acc = (size_t)(row_len > strip_len ? row_len : strip_len);
+  size_t n_t = fx ? (size_t)((cols + ax->n) * strip_len) : 0, n_tmp = fy ? (size_t)(rows * row_len) : 0;
   int32_t *acc = malloc(n_acc * sizeof(int32_t) + n_t + n_tmp);
   if (!acc) {
     free(mem);
     return SF_ENOMEM;
   }
-  uint8_t *t = (uint8_t *)(acc + n_acc), *h = t + cols * col_len, *tmp = fy ? h + (fx ? ax->n * col_len : 0) : dst;
+  uint8_t *t = (uint8_t *)(acc + n_acc), *h = t + cols * strip_len, *tmp = fy ? t + n_t : dst;
   const uint8_t *block = src + y0 * sy + x0 * sx;
-  if (fx) { /* horizontal: transpose, filter rows (= source columns), transpose back */
-    transpose(block, sy, sx, sc, c, rows, cols, t);
-    pass(t, x0, col_len, &cx, ax->n, acc, h);
-    transpose(h, col_len, c, 1, c, ax->n, rows, tmp);
-  } else {
-    transpose(block, sx, sy, sc, c, cols, rows, tmp); /* a transpose of the transposed: the plain window */
+  for (int64_t s0 = 0; s0 < rows; s0 += STRIP) {
+    const int64_t n = rows - s0 < STRIP ? rows - s0 : STRIP;
+    if (fx) { /* horizontal: transpose the strip, filter its rows (= source columns), transpose back */
+      transpose(block + s0 * sy, sy, sx, sc, c, n, cols, t);
+      pass(t, x0, n * c, &cx, ax->n, acc, h);
+      transpose(h, n * c, c, 1, c, ax->n, n, tmp + s0 * row_len);
+    } else { /* a transpose of the transposed: the plain window */
+      transpose(block + s0 * sy, sx, sy, sc, c, cols, n, tmp + s0 * row_len);
+    }
   }
   if (fy) pass(tmp, y0, row_len, &cy, ay->n, acc, dst);
   free(acc);
