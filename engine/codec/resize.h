@@ -5,7 +5,8 @@
  * normalize_coeffs_8bpc, ImagingResampleHorizontal_8bpc / Vertical_8bpc): a triangle filter whose
  * support grows with the downscale factor, weights normalised per output pixel and rounded to
  * 22-bit fixed point, a horizontal pass then a vertical pass, each rounded and clamped to uint8.
- * Same coefficients and order, so results equal PIL's bit for bit.
+ * Same coefficients and order, so results equal PIL's bit for bit for 1- and 3-channel images;
+ * channels are resampled independently (PIL premultiplies alpha of RGBA images, this does not).
  */
 #ifndef SF_ENGINE_RESIZE_H
 #define SF_ENGINE_RESIZE_H

@@ -93,6 +93,15 @@ try:
     check(out.dtype == np.float32 and out.shape == (3, 112, 112), f"float32 output {out.dtype} {out.shape}")
     check(err <= 1e-6, f"float32 normalised output differs from numpy on PIL's result by {err}")
 
+    # bfloat16 HWC with a flip: the float32 values above rounded to bfloat16 (8 significant bits).
+    out = run([img], {"resize": 128, "crop": "center", "size": 112, "mean": list(MEAN), "std": list(STD),
+                      "flip": 1, "dtype": "bfloat16", "layout": "hwc"}, "rgb")[0]
+    got = (out.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # bfloat16 bits as float32
+    want = ref[:, ::-1]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    print(f"  bfloat16 resize 128 -> center 112 -> flip -> normalise, hwc: max |diff| {err:.2g} of the largest value")
+    check(out.shape == (112, 112, 3) and err <= 2 ** -8, f"bfloat16 output differs from PIL's by {err} (> 2^-8)")
+
     # random resized crop: a 20x20 box resampled to 48x48 (up) or 9x9 (down) equals PIL's crop + resize at
     # one of the box positions (torchvision's F.resized_crop on a PIL image).
     imgs = [photo(32, 32, 3) for _ in range(4)]
