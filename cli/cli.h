@@ -52,7 +52,8 @@ const sf_cli_command *sf_cli_find_command(const char *name);
  * table: applies the rows' defaults, then every option given. Returns true
  * when the command should go on, with argv[*first..argc) its operands;
  * false when it printed the help (*status 0) or a usage error naming the
- * option (*status 2). The caller owns args and frees it with sf_cli_free().
+ * option (*status 2). The caller owns args and frees it with sf_cli_free()
+ * after a true return; a false return has freed it.
  */
 bool sf_cli_parse(const sf_cli_command *command, int argc, char **argv, void *args, int *first, int *status);
 

@@ -119,6 +119,7 @@ bool sf_cli_parse(const sf_cli_command *c, int argc, char **argv, void *args, in
     } else if (ch == 'h') {
       sf_cli_print_help(stdout, c);
       free(longopts);
+      sf_cli_free(c, args);
       *status = 0;
       return false;
     } else if (ch == ':') {
@@ -133,6 +134,7 @@ bool sf_cli_parse(const sf_cli_command *c, int argc, char **argv, void *args, in
   }
   free(longopts);
   *first = optind;
+  if (*status != 0) sf_cli_free(c, args); /* the caller returns at once: nothing of args stays in use */
   return *status == 0;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "jpeg_region.h"
+#include "resize.h"
 #include "shardflow/stage.h"
 
 enum { CROP_NONE, CROP_RANDOM, CROP_CENTER, CROP_RANDOM_RESIZED };
@@ -61,7 +62,7 @@ static const sf_option options[] = {
     {"crop", SF_OPT_ENUM, offsetof(augment, crop), "none", 0, 0,
      "crop: none, random (torchvision RandomCrop with padding), center (CenterCrop, zero-pads a "
      "small image) or random_resized (RandomResizedCrop: box from scale and ratio, resampled to size x "
-     "size, bilinear with half-pixel centres, no antialiasing)",
+     "size, PIL's antialiased bilinear as torchvision's default)",
      crop_names},
     {"size", SF_OPT_INT, offsetof(augment, size), "0", 0, 65536,
      "output side length in pixels for crops (0 = keep the image's height and width)", NULL},
@@ -74,7 +75,7 @@ static const sf_option options[] = {
      NULL},
     {"resize", SF_OPT_INT, offsetof(augment, resize), "0", 0, 65536,
      "resize so the shorter side has this many pixels, keeping the aspect ratio, before cropping "
-     "(0 = off); bilinear with half-pixel centres, edge-clamped, no antialiasing",
+     "(0 = off); antialiased bilinear exactly as PIL's Image.resize(BILINEAR), torchvision's default",
      NULL},
     {"flip", SF_OPT_FLOAT, offsetof(augment, flip), "0", 0, 1,
      "probability of a horizontal flip (0..1)", NULL},
@@ -246,34 +247,21 @@ static void random_resized_box(const augment *a, sf_rng *rng, int64_t h, int64_t
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
-/* Bilinear source taps of one output row or column: byte offsets and the weight of i1. */
-typedef struct tap {
-  ptrdiff_t i0, i1;
-  float w;
-} tap;
-
 /* A prepared transform of one field: the kernels read nothing else. */
 typedef struct job {
   const uint8_t *src;
   ptrdiff_t sy, sx, sc;         /* source strides in bytes */
   int c;
   int64_t oh, ow;
-  /* direct path: source row/column of output (0,0), flip, and the rows/columns inside the image */
+  /* source row/column of output (0,0), flip, and the rows/columns inside the image */
   int64_t top, left;
   bool flip;
-  /* both paths: output rows [ya,yb) and columns [xa,xb) read the image, the rest is padding */
+  /* output rows [ya,yb) and columns [xa,xb) read the image, the rest is padding */
   int64_t ya, yb, xa, xb;
-  const tap *ty, *tx;           /* bilinear path only */
   void *out;
   ptrdiff_t oy, ox, oc;         /* output strides in elements */
-  const void *lut[MAX_CHANNELS]; /* direct path: output value of each byte, per channel */
-  float scale[MAX_CHANNELS], bias[MAX_CHANNELS]; /* bilinear path: x*scale+bias */
+  const void *lut[MAX_CHANNELS]; /* output value of each byte, per channel */
 } job;
-
-static inline uint8_t to_u8(float v) {
-  v += 0.5f;
-  return v >= 255.0f ? 255 : (uint8_t)v;
-}
 
 /*
  * The direct path (no resampling): crop, padding, flip, normalisation and
@@ -315,43 +303,11 @@ static inline uint8_t to_u8(float v) {
     }                                                                                       \
   }
 
-/* The bilinear path: per-row and per-column taps computed once per field. */
-#define DEFINE_BILINEAR(NAME, T, CONVERT)                                                   \
-  static void NAME(const job *j) {                                                          \
-    for (int c = 0; c < j->c; c++) {                                                        \
-      const float scale = j->scale[c], bias = j->bias[c];                                   \
-      const T zero = CONVERT(bias);                                                         \
-      const uint8_t *src = j->src + c * j->sc;                                              \
-      for (int64_t y = 0; y < j->oh; y++) {                                                 \
-        T *o = (T *)j->out + c * j->oc + y * j->oy;                                         \
-        if (y < j->ya || y >= j->yb) {                                                      \
-          for (int64_t x = 0; x < j->ow; x++) o[x * j->ox] = zero;                          \
-          continue;                                                                         \
-        }                                                                                   \
-        for (int64_t x = 0; x < j->xa; x++) o[x * j->ox] = zero;                            \
-        const uint8_t *r0 = src + j->ty[y].i0, *r1 = src + j->ty[y].i1;                     \
-        const float wy = j->ty[y].w;                                                        \
-        for (int64_t x = j->xa; x < j->xb; x++) {                                           \
-          const tap t = j->tx[x];                                                           \
-          float a = r0[t.i0], b = r0[t.i1], d = r1[t.i0], e = r1[t.i1];                     \
-          float top = a + t.w * (b - a), bottom = d + t.w * (e - d);                        \
-          o[x * j->ox] = CONVERT((top + wy * (bottom - top)) * scale + bias);               \
-        }                                                                                   \
-        for (int64_t x = j->xb; x < j->ow; x++) o[x * j->ox] = zero;                        \
-      }                                                                                     \
-    }                                                                                       \
-  }
-
-#define AS_FLOAT(v) (v)
 DEFINE_DIRECT(direct_u8, uint8_t)
 DEFINE_DIRECT(direct_f32, float)
 DEFINE_DIRECT(direct_bf16, uint16_t)
-DEFINE_BILINEAR(bilinear_u8, uint8_t, to_u8)
-DEFINE_BILINEAR(bilinear_f32, float, AS_FLOAT)
-DEFINE_BILINEAR(bilinear_bf16, uint16_t, to_bf16)
 
 static void (*const direct_kernel[])(const job *) = {direct_u8, direct_f32, direct_bf16};
-static void (*const bilinear_kernel[])(const job *) = {bilinear_u8, bilinear_f32, bilinear_bf16};
 
 /*
  * Output indices [*first, *last) whose window position lies inside the scaled
@@ -368,67 +324,56 @@ static void valid_range(const axis *ax, bool flip, int64_t *first, int64_t *last
   *last = hi > ax->n ? ax->n : hi < *first ? *first : hi;
 }
 
-/* Half-pixel bilinear taps: src = (k+0.5)*span/scaled - 0.5, clamped to the span's edges. */
-static void build_taps(tap *t, const axis *ax, bool flip, ptrdiff_t stride) {
-  double f = (double)ax->span / (double)ax->scaled;
-  for (int64_t x = 0; x < ax->n; x++) {
-    int64_t k = ax->pos + (flip ? ax->n - 1 - x : x);
-    if (k < 0 || k >= ax->scaled) { /* padding, never read */
-      t[x] = (tap){0, 0, 0.0f};
-      continue;
-    }
-    double s = ((double)k + 0.5) * f - 0.5;
-    if (s < 0) s = 0;
-    int64_t i0 = (int64_t)s;
-    if (i0 > ax->span - 1) i0 = ax->span - 1;
-    int64_t i1 = i0 + 1 < ax->span ? i0 + 1 : i0;
-    t[x] = (tap){(ax->origin + i0) * stride, (ax->origin + i1) * stride, (float)(s - (double)i0)};
-  }
-}
-
-/* No resampling on either axis: the direct path. */
-static bool is_direct(const axis *ay, const axis *ax) {
-  return ay->scaled == ay->span && ax->scaled == ax->span;
-}
-
-/*
- * Fills the job's geometry for axes ay/ax; the bilinear path's taps go to
- * `taps` (ay->n + ax->n entries, owned by the caller; NULL on the direct path).
- */
-static void place(job *j, const axis *ay, const axis *ax, tap *taps) {
+/* Fills the job's geometry (everything but src, strides and out) for axes ay/ax, which must not resample. */
+static void place(job *j, const axis *ay, const axis *ax) {
   j->oh = ay->n;
   j->ow = ax->n;
   valid_range(ay, false, &j->ya, &j->yb);
   valid_range(ax, j->flip, &j->xa, &j->xb);
   j->top = ay->origin + ay->pos;
   j->left = ax->origin + ax->pos;
-  j->ty = j->tx = NULL;
-  if (!taps) return;
-  build_taps(taps, ay, false, j->sy);
-  build_taps(taps + ay->n, ax, j->flip, j->sx);
-  j->ty = taps;
-  j->tx = taps + ay->n;
 }
 
-/* Writes a placed job's output into j->out (strides oy/ox/oc). */
-static void execute(const job *j, int dtype) {
-  if (j->ty)
-    bilinear_kernel[dtype](j);
-  else
-    direct_kernel[dtype](j);
+/* The resize of an axis's output window: its scaled indices [pos, pos+n) clipped to [0, scaled). */
+static sf_resize_axis resize_axis(const axis *x) {
+  int64_t lo = x->pos < 0 ? 0 : x->pos, hi = x->pos + x->n < x->scaled ? x->pos + x->n : x->scaled;
+  if (hi <= lo) lo = 0, hi = 1; /* all padding: resample one pixel, never read */
+  return (sf_resize_axis){x->origin, x->span, x->scaled, lo, hi - lo};
 }
 
 /*
- * Runs one transform now: axes ay/ax over a source image, into out (already
- * allocated with strides oy/ox/oc). Returns 0 or SF_ENOMEM.
+ * Resamples the part of axes ay/ax that the output window reads (PIL's antialiased bilinear,
+ * engine/codec/resize.c) into *out, a new uint8 [H,W,C] tensor (the caller clears it), points j's
+ * source at it and makes ay/ax plain windows of it. A no-op (out untouched) when neither axis
+ * resamples. Returns 0 or SF_ENOMEM.
  */
-static int run(job *j, const axis *ay, const axis *ax, int dtype) {
-  tap *taps = NULL;
-  if (!is_direct(ay, ax) && !(taps = malloc((size_t)(ay->n + ax->n) * sizeof *taps))) return SF_ENOMEM;
-  place(j, ay, ax, taps);
-  execute(j, dtype);
-  free(taps);
+static int resample(job *j, axis *ay, axis *ax, sf_tensor *out) {
+  if (ay->scaled == ay->span && ax->scaled == ax->span) return 0;
+  axis *axes[2] = {ay, ax};
+  sf_resize_axis ra[2] = {resize_axis(ay), resize_axis(ax)};
+  int64_t shape[3] = {ra[0].n, ra[1].n, j->c};
+  int r = sf_tensor_alloc(out, SF_DTYPE_UINT8, 3, shape);
+  if (r < 0) return r;
+  if ((r = sf_resize_u8(j->src, j->sy, j->sx, j->sc, j->c, &ra[0], &ra[1], sf_tensor_data(out))) < 0) {
+    sf_tensor_clear(out);
+    return r;
+  }
+  j->src = sf_tensor_data(out);
+  j->sy = ra[1].n * j->c;
+  j->sx = j->c;
+  j->sc = 1;
+  for (int i = 0; i < 2; i++)
+    *axes[i] = (axis){0, ra[i].n, ra[i].n, axes[i]->pos - ra[i].first, axes[i]->n};
   return 0;
+}
+
+/* Writes a placed job's output into j->out (strides oy/ox/oc). */
+static void execute(const job *j, int dtype) { direct_kernel[dtype](j); }
+
+/* Runs one placed-now transform into j->out (already allocated with strides oy/ox/oc). */
+static void run(job *j, const axis *ay, const axis *ax, int dtype) {
+  place(j, ay, ax);
+  execute(j, dtype);
 }
 
 /* ---- deferred output: the transform runs later, into the batch's slot ------------------------ */
@@ -444,7 +389,6 @@ typedef struct recipe {
   int dtype;
   sf_tensor src;
   sf_buffer *luts;
-  tap taps[];           /* the bilinear path's, j.ty/j.tx point here */
 } recipe;
 
 static void recipe_write(const sf_field_recipe *base, void *dst) {
@@ -468,14 +412,13 @@ static void recipe_destroy(sf_field_recipe *base) {
 static int defer(sf_field *f, const job *j, const axis *ay, const axis *ax, int dtype, const sf_tensor *src,
                  sf_buffer *tables, const int64_t shape[3]) {
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
-  size_t n_taps = is_direct(ay, ax) ? 0 : (size_t)(ay->n + ax->n);
-  recipe *rc = malloc(sizeof *rc + n_taps * sizeof rc->taps[0]);
+  recipe *rc = malloc(sizeof *rc);
   if (!rc) return SF_ENOMEM;
   rc->base.write = recipe_write;
   rc->base.destroy = recipe_destroy;
   rc->j = *j;
   rc->dtype = dtype;
-  place(&rc->j, ay, ax, n_taps ? rc->taps : NULL);
+  place(&rc->j, ay, ax);
   sf_tensor_ref(&rc->src, src);
   rc->luts = sf_buffer_ref(tables);
   return sf_field_defer(f, out_dtype[dtype], 3, shape, &rc->base); /* a valid shape: cannot fail */
@@ -510,20 +453,6 @@ typedef struct field_error {
 #define FAIL(e, c, ...) (snprintf((e)->message, sizeof (e)->message, __VA_ARGS__), (e)->code = (c))
 
 /* ---- JPEG region decode (decode's defer_jpeg) ------------------------------------------------ */
-
-/* Source indices [*lo, *hi) that an axis's output window reads: build_taps' taps of its first and last pixel. */
-static void axis_reads(const axis *a, int64_t *lo, int64_t *hi) {
-  int64_t k0 = a->pos > 0 ? a->pos : 0, k1 = a->pos + a->n < a->scaled ? a->pos + a->n : a->scaled;
-  if (k1 <= k0) { /* all padding: nothing is read, but the region must not be empty */
-    *lo = 0, *hi = 1;
-    return;
-  }
-  double f = (double)a->span / (double)a->scaled, s0 = ((double)k0 + 0.5) * f - 0.5,
-         s1 = ((double)k1 - 0.5) * f - 0.5;
-  int64_t i0 = s0 < 0 ? 0 : (int64_t)s0, i1 = (s1 < 0 ? 0 : (int64_t)s1) + 1;
-  *lo = i0 < a->span - 1 ? i0 : a->span - 1;
-  *hi = (i1 < a->span - 1 ? i1 : a->span - 1) + 1;
-}
 
 /* A box edge at DCT scale m/8, rounded to the nearest pixel, at most limit. */
 static int64_t scaled_edge(int64_t v, int m, int64_t limit) {
@@ -575,7 +504,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   sf_rng_seed(&rng, stream);
   job j = {.src = jpeg ? NULL : sf_tensor_data(in), .sy = in->strides[0], .sx = in->strides[1], .sc = in->strides[2],
            .c = (int)c};
-  sf_tensor resized = {0}, region = {0};
+  sf_tensor pixels = {0}; /* the source when not f->tensor: a decoded JPEG region or a resampled image */
   /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
   int64_t rh = h, rw = w;
   if (a->resize > 0) resized_dims(h, w, a->resize, &rh, &rw);
@@ -586,27 +515,8 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
 
   if (a->crop == CROP_RANDOM_RESIZED && (rh != h || rw != w)) {
     /* A box of the resized image is resampled again: materialise the resize (uint8, as torchvision). */
-    int64_t shape[3] = {rh, rw, c};
-    r = sf_tensor_alloc(&resized, SF_DTYPE_UINT8, 3, shape);
-    if (r < 0) return r;
-    job pre = j;
-    pre.out = sf_tensor_data(&resized);
-    pre.oy = rw * c;
-    pre.ox = c;
-    pre.oc = 1;
-    for (int k = 0; k < c; k++) pre.scale[k] = 1.0f, pre.bias[k] = 0.0f, pre.lut[k] = l->u8;
-    pre.flip = false;
-    if ((r = run(&pre, &ay, &ax, OUT_UINT8)) < 0) {
-      sf_tensor_clear(&resized);
-      return r;
-    }
-    j.src = sf_tensor_data(&resized);
-    j.sy = rw * c;
-    j.sx = c;
-    j.sc = 1;
+    if ((r = resample(&j, &ay, &ax, &pixels)) < 0) return r;
     h = rh, w = rw;
-    ay = (axis){0, h, h, 0, h};
-    ax = (axis){0, w, w, 0, w};
   }
 
   int64_t oh = a->size ? a->size : rh, ow = a->size ? a->size : rw;
@@ -640,7 +550,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
                          scaled_edge(box[0] + box[2], m, sh), scaled_edge(box[1] + box[3], m, sw)};
       if (rect[2] <= rect[0]) rect[2] = rect[0] + 1;
       if (rect[3] <= rect[1]) rect[3] = rect[1] + 1;
-      if ((r = decode_region(jpeg, m, rect, f, &region, &x0, e)) < 0) return r;
+      if ((r = decode_region(jpeg, m, rect, f, &pixels, &x0, e)) < 0) return r;
       ay = (axis){0, rect[2] - rect[0], oh, 0, oh};
       ax = (axis){x0, rect[3] - rect[1], ow, 0, ow};
       break;
@@ -654,20 +564,34 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   }
   j.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
   if (jpeg && a->crop != CROP_RANDOM_RESIZED) {
-    /* Resize from the smallest DCT scale that still covers it; decode only what the window reads. */
+    /*
+     * Resize from the smallest DCT scale that still covers it: the image at that scale is the
+     * source, of which only the rows and columns the window's resize reads are decoded.
+     */
     int m = a->resize > 0 ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
     int64_t rect[4], x0;
     ay.span = sf_jpeg_scaled(h, m);
     ax.span = sf_jpeg_scaled(w, m);
-    axis_reads(&ay, &rect[0], &rect[2]);
-    axis_reads(&ax, &rect[1], &rect[3]);
-    if ((r = decode_region(jpeg, m, rect, f, &region, &x0, e)) < 0) return r;
+    sf_resize_axis ry = resize_axis(&ay), rx = resize_axis(&ax);
+    sf_resize_reads(&ry, &rect[0], &rect[2]);
+    sf_resize_reads(&rx, &rect[1], &rect[3]);
+    if ((r = decode_region(jpeg, m, rect, f, &pixels, &x0, e)) < 0) return r;
     ay.origin = -rect[0];
     ax.origin = x0 - rect[1];
   }
-  if (region.buffer) {
-    j.src = sf_tensor_data(&region);
-    j.sy = region.strides[0], j.sx = region.strides[1], j.sc = region.strides[2];
+  if (jpeg) {
+    j.src = sf_tensor_data(&pixels);
+    j.sy = pixels.strides[0], j.sx = pixels.strides[1], j.sc = pixels.strides[2];
+  }
+  /* Resample the window's part of the image now (uint8); what follows is one direct pass. */
+  sf_tensor window = {0};
+  if ((r = resample(&j, &ay, &ax, &window)) < 0) {
+    sf_tensor_clear(&pixels);
+    return r;
+  }
+  if (window.buffer) {
+    sf_tensor_clear(&pixels);
+    pixels = window;
   }
 
   int64_t shape[3];
@@ -679,15 +603,9 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     j.oc = ay.n * ax.n, j.oy = ax.n, j.ox = 1;
   else
     j.oc = 1, j.oy = ax.n * c, j.ox = c;
-  /*
-   * Bilinear values: x/255, then (x - mean)/std folded into one multiply-add;
-   * direct path: the tables from init. uint8 keeps the pixel values.
-   */
+  /* Output values from the tables of init: x/255, then (x - mean)/std; uint8 keeps the pixel values. */
   for (int k = 0; k < c; k++) {
-    double sd = a->std.n ? a->std.v[k] : 1.0, mu = a->mean.n ? a->mean.v[k] : 0.0;
     int t = a->mean.n ? k : 0;
-    j.scale[k] = a->dtype == OUT_UINT8 ? 1.0f : (float)(1.0 / (255.0 * sd));
-    j.bias[k] = a->dtype == OUT_UINT8 ? 0.0f : (float)(-mu / sd);
     j.lut[k] = a->dtype == OUT_UINT8 ? (const void *)l->u8
                : a->dtype == OUT_FLOAT32 ? (const void *)l->f32[t] : (const void *)l->bf16[t];
   }
@@ -699,27 +617,21 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
    * big image): a deferred field keeps its source alive for as long as it
    * sits in a shuffle buffer.
    */
-  const sf_tensor *src = region.buffer ? &region : resized.buffer ? &resized : &f->tensor;
+  const sf_tensor *src = pixels.buffer ? &pixels : &f->tensor;
   if (sf_buffer_size(src->buffer) / 2 <= out_bytes) {
     r = defer(f, &j, &ay, &ax, a->dtype, src, a->luts, shape);
-    sf_tensor_clear(&resized);
-    sf_tensor_clear(&region);
+    sf_tensor_clear(&pixels);
     return r;
   }
   sf_tensor out;
   r = sf_tensor_alloc(&out, out_dtype[a->dtype], 3, shape);
   if (r < 0) {
-    sf_tensor_clear(&resized);
+    sf_tensor_clear(&pixels);
     return r;
   }
   j.out = sf_tensor_data(&out);
-  r = run(&j, &ay, &ax, a->dtype);
-  sf_tensor_clear(&resized);
-  sf_tensor_clear(&region);
-  if (r < 0) {
-    sf_tensor_clear(&out);
-    return r;
-  }
+  run(&j, &ay, &ax, a->dtype);
+  sf_tensor_clear(&pixels);
   if (f->recipe) f->recipe->destroy(f->recipe), f->recipe = NULL; /* the JPEG's, now decoded */
   sf_tensor_clear(&f->tensor);
   f->tensor = out;

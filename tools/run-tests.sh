@@ -22,6 +22,7 @@ tools/setup-debian.sh || { echo "0 passed, 1 failed"; exit 1; }
 # test that fails before its own cleanup leaves nothing behind in /tmp (SF_KEEP_TMP=1 keeps it for a look).
 export TMPDIR
 TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/sf-tests.XXXXXX")
+chmod 755 "$TMPDIR" # daemons the tests start as their own users (munged) must reach their directories in it
 [ -n "${SF_KEEP_TMP:-}" ] && echo "temporary files kept in $TMPDIR" || trap 'rm -rf "$TMPDIR"' EXIT
 
 total_passed=0 total_failed=0

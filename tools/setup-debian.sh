@@ -19,6 +19,7 @@ packages=(
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds
   libjpeg-turbo-progs                  # tjbench: bench/imagenet.sh's reference
+  libstb-dev libyuv-dev libswscale-dev  # bench/resize_bench: the SIMD resamplers augment's resize was measured against
 )
 # s3rver (tools/s3rver.sh, for the s3:// tests) comes from the npm registry; keep a node that is already there.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)

@@ -113,6 +113,7 @@ def _load():
         "sf_node_stats_size": (ctypes.c_size_t, []),
         "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
         "sf_pipeline_bottleneck": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t]),
+        "sf_pipeline_metrics_port": (ctypes.c_int, [p]),
         "sf_pipeline_destroy": (None, [ctypes.POINTER(p)]),
         "sf_batch_size": (ctypes.c_int64, [p]),
         "sf_batch_epoch": (ctypes.c_uint64, [p]),
@@ -524,6 +525,12 @@ class Pipeline:
             if batch is None:
                 return
             yield batch
+
+    @property
+    def metrics_port(self):
+        """The TCP port /metrics is served on (graph setting `metrics`, or metrics="HOST:0" as a
+        keyword: port 0 picks a free one, this tells which); None without the setting."""
+        return library.sf_pipeline_metrics_port(self._pipeline) or None
 
     def bottleneck(self):
         """One line naming the stage that limits throughput and the remedy, judged from busy/wait times

