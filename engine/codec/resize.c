@@ -12,7 +12,8 @@
  * The row loops are written for gcc's vectoriser (meson builds this file with -O3); on x86-64 they
  * are also compiled for AVX2 (8 int32 lanes, and the vpmulld that SSE2 lacks), picked at load time.
  */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Not under ThreadSanitizer: the clones' ifunc resolvers run (instrumented) before its runtime starts. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SF_RESIZE_KERNEL __attribute__((target_clones("avx2", "default")))
 #else
 #define SF_RESIZE_KERNEL
