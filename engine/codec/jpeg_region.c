@@ -29,6 +29,14 @@ static void on_message(j_common_ptr cinfo, int level) {
   if (level < 0) on_error(cinfo);
 }
 
+/* A decompressor whose errors and warnings jump to e->jump (the caller's setjmp comes next). */
+static void create_decompress(struct jpeg_decompress_struct *cinfo, jpeg_errors *e) {
+  cinfo->err = jpeg_std_error(&e->pub);
+  e->pub.error_exit = on_error;
+  e->pub.emit_message = on_message;
+  jpeg_create_decompress(cinfo);
+}
+
 static void source_write(const sf_field_recipe *base, void *dst) {
   const sf_jpeg_source *s = (const sf_jpeg_source *)base;
   sf_tensor image;
@@ -64,10 +72,7 @@ int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits
     return 0;
   struct jpeg_decompress_struct cinfo;
   jpeg_errors e;
-  cinfo.err = jpeg_std_error(&e.pub);
-  e.pub.error_exit = on_error;
-  e.pub.emit_message = on_message;
-  jpeg_create_decompress(&cinfo);
+  create_decompress(&cinfo, &e);
   if (setjmp(e.jump)) {
     jpeg_destroy_decompress(&cinfo);
     return 0; /* sf_image_decode will say what is wrong */
@@ -114,10 +119,7 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4
   memset(out, 0, sizeof *out);
   struct jpeg_decompress_struct cinfo;
   jpeg_errors e;
-  cinfo.err = jpeg_std_error(&e.pub);
-  e.pub.error_exit = on_error;
-  e.pub.emit_message = on_message;
-  jpeg_create_decompress(&cinfo);
+  create_decompress(&cinfo, &e);
   if (setjmp(e.jump)) {
     sf_tensor_clear(out);
     jpeg_destroy_decompress(&cinfo);

@@ -29,9 +29,16 @@ def yaml_value(v):
     return str(v)
 
 
-def write_graph(path, stages, **settings):
-    """stages: list of (type, {option: value}); settings: seed, epochs, error_policy..."""
-    lines = [f"{k}: {yaml_value(v)}" for k, v in settings.items()]
+def write_graph(path, stages, groups=None, **settings):
+    """stages: list of (type, {option: value}); groups: {name: {setting: value}} (processes, listen...);
+    settings: seed, epochs, error_policy..."""
+    lines = []
+    if groups:
+        lines.append("groups:")
+        for name, opts in groups.items():
+            lines.append(f"  {name}:")
+            lines += [f"    {k}: {yaml_value(v)}" for k, v in opts.items()]
+    lines += [f"{k}: {yaml_value(v)}" for k, v in settings.items()]
     lines.append("stages:")
     for stype, opts in stages:
         lines.append(f"  - type: {stype}")
@@ -57,12 +64,8 @@ def group_graph(tmp, name, urls, group=None, shuffle_buffer=0, batch_size=16, **
         ("batch", dict(batch_size=batch_size, partial=True)),
         ("device_sink", dict(npy_dir=out)),
     ]
-    path = write_graph(os.path.join(tmp, name + ".yaml"), stages, **settings)
-    if group:
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
+    path = write_graph(os.path.join(tmp, name + ".yaml"), stages, groups={"decoders": group} if group else None,
+                       **settings)
     return path, out
 
 

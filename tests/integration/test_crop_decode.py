@@ -71,12 +71,8 @@ def pipeline(name, defer, size, scale=(0.08, 1.0), ratio=(0.75, 1.3333333), dtyp
     settings = dict(seed=7, epochs=2)
     if policy:
         settings["error_policy"] = policy
-    path = write_graph(os.path.join(TMP, name + ".yaml"), stages, **settings)
-    if group:
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
+    path = write_graph(os.path.join(TMP, name + ".yaml"), stages, groups={"decoders": group} if group else None,
+                       **settings)
     return path, out
 
 

@@ -118,11 +118,8 @@ out = os.path.join(tmp, "select-group")
 path = write_graph(os.path.join(tmp, "select-group.yaml"), [
     ("shard_source", dict(urls=shard)), ("tar_split", {}), ("decode", dict(group="decoders")),
     ("rename", dict(names=f'"{names}"', group="decoders")), ("batch", dict(batch_size=4, partial=True)),
-    ("device_sink", dict(npy_dir=out))], error_policy="skip")
-with open(path) as f:
-    text = f.read()
-with open(path, "w") as f:
-    f.write("groups:\n  decoders:\n    processes: 2\n    unit_samples: 4\n" + text)
+    ("device_sink", dict(npy_dir=out))], groups={"decoders": {"processes": 2, "unit_samples": 4}},
+    error_policy="skip")
 p = run(["run", path, "--quiet", "--no-summary"], check=False)
 check(p.returncode == 0 and keys_of(out) == [k for k, _ in want], f"group: keys {keys_of(out)}\n{p.stderr}")
 g = fields_of(out)

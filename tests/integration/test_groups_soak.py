@@ -44,11 +44,7 @@ def soak(name, data, epochs, **group):
         ("augment", dict(crop="center", size=4, layout="chw", dtype="float32", group="decoders")),
         ("batch", dict(batch_size=16, partial=True)),
         ("device_sink", dict(npy_dir=out if epochs <= 2 else "")),
-    ], seed=11, epochs=epochs)
-    with open(path) as f:
-        text = f.read()
-    with open(path, "w") as f:
-        f.write("groups:\n  decoders:\n" + "".join(f"    {k}: {v}\n" for k, v in group.items()) + text)
+    ], groups={"decoders": group}, seed=11, epochs=epochs)
     t0 = time.monotonic()
     p = run(["run", path, "--log-steps", "0"], check=False)
     took = time.monotonic() - t0

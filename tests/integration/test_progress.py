@@ -61,11 +61,7 @@ check(len(re.findall(r"^\| Training Rank=0 Epoch=1 Step=\d+ Rate=", p.stdout, re
 # With a group, the bar shows its live workers.
 group = write_graph(os.path.join(tmp, "group.yaml"), [
     ("shard_source", dict(urls=urls, samples_per_epoch=320)), ("tar_split", {}), ("decode", dict(group="decoders")),
-    ("batch", dict(batch_size=8)), ("device_sink", {})], epochs=1)
-with open(group) as f:
-    text = f.read()
-with open(group, "w") as f:
-    f.write("groups:\n  decoders:\n    processes: 2\n" + text)
+    ("batch", dict(batch_size=8)), ("device_sink", {})], groups={"decoders": {"processes": 2}}, epochs=1)
 status, out = run_on_pty(["run", group] + args[2:])
 check(status == 0 and re.search(r"\r\[[#.]+\] \d+/320 samples .* epoch 1 step \d+  workers 2", out),
       f"the group's 2 live workers in the bar: {out!r}")

@@ -58,12 +58,7 @@ def graph(name, batch, group=False):
         ("ids", dict(**g)),
         ("batch", dict(batch_size=7, **batch)),
         ("device_sink", {}),
-    ], plugins=[IDS], seed=1, epochs=1)
-    if group:
-        with open(path) as f:
-            text = f.read()
-        with open(path, "w") as f:
-            f.write("groups:\n  decoders:\n    processes: 1\n" + text)
+    ], groups={"decoders": {"processes": 1}} if group else None, plugins=[IDS], seed=1, epochs=1)
     return path
 
 
