@@ -3,7 +3,8 @@
 #   A: one object per image (one-sample tar shards) over HTTP behind the delay proxy, random order,
 #   B: the shards on local disk (page cache),
 #   C: the same shards over HTTP behind the delay proxy, with prefetch when tar_split has it.
-# First checks that the proxy's RTT and rate are what it was asked for. Medians of hyperfine runs.
+# First checks that the proxy's RTT and rate are what it was asked for. Medians of hyperfine runs; then
+# the shardflow process's own CPU (user+sys) per sample for B and C, medians of interleaved runs.
 #   bench/abc.sh [--runs N] [--shards N] [--a-samples N] [--rtt 20ms] [--rate 1GB/s] [--prefetch K] [--check-proxy]
 # --check-proxy stops after the proxy check (exit 1 when the proxy is not what it was asked to be).
 # SF_BUILD names the build directory (default build-release), SF_PORT nginx's port (default 8752).
@@ -206,6 +207,34 @@ ra, rb, rc = rates["A"][0], rates["B"][0], rates["C"][0]
 print(f"  B/A = {rb / ra:.1f}   C/B = {rc / rb:.3f}   (the article: B/A = 1.112, C/B = 1.0; goal here: C/B >= 0.95)")
 if "C-nginx-no-delay" in rates:
     print(f"  C / C-nginx-no-delay = {rc / rates['C-nginx-no-delay'][0]:.3f} (the delay's own cost once prefetch hides it)")
+PY
+
+# The client's own cost: user+sys CPU of the shardflow process (its rusage, /usr/bin/time; nginx and
+# the proxy not included) per sample, B against C, in interleaved rounds (the order rotates each round).
+echo "== CPU of the shardflow process: $runs interleaved rounds of B, C, C-nginx-no-delay" >&2
+names=(B C C-nginx-no-delay) cmds=("$cmd_b" "$cmd_c" "$cmd_n")
+: > "$run/cpu.txt"
+for ((i = 0; i < runs; i++)); do
+  for ((j = 0; j < 3; j++)); do
+    k=$(( (i + j) % 3 ))
+    eval "/usr/bin/time -f '%U %S %e' -o '$run/time' ${cmds[k]}" > /dev/null
+    echo "${names[k]} $(cat "$run/time")" >> "$run/cpu.txt"
+  done
+done
+/usr/bin/python3 - "$run/cpu.txt" "$samples" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    k, user, system, wall = line.split()
+    runs.setdefault(k, []).append((float(user) + float(system), float(wall)))
+n = int(sys.argv[2])
+med = {k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v), len(v)) for k, v in runs.items()}
+print(f"shardflow process CPU (user+sys, rusage) per sample, medians of interleaved runs ({n:,} samples a run):")
+for k in ("B", "C", "C-nginx-no-delay"):
+    cpu, wall, count = med[k]
+    print(f"  {k:19s} {cpu * 1e6 / n:8.2f} CPU-us/sample  ({cpu:.2f} CPU-s, {wall:.2f} s wall, median of {count})")
+b, c = med["B"], med["C"]
+print(f"  C/B: CPU per sample {c[0] / b[0]:.3f} (goal <= 1.05), wall samples/s {b[1] / c[1]:.3f} (these runs)")
 PY
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores; other work on the machine skews every row)"
 kill "$proxy_pid" 2>/dev/null; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""

@@ -17,7 +17,7 @@ packages=(
   prometheus python3-prometheus-client  # test_metrics: a real scraper, and a strict text-format parser
   slurmctld slurmd slurm-client munge  # test_slurm: a single-host Slurm runs the examples/slurm job
   # data and benchmarks
-  dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds
+  dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds time  # time: bench/abc.sh's CPU row
   libjpeg-turbo-progs                  # tjbench: bench/imagenet.sh's reference
   libstb-dev libyuv-dev libswscale-dev  # bench/resize_bench: the SIMD resamplers augment's resize was measured against
 )
