@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -18,14 +19,23 @@
 #include "url.h"
 #include "shardflow/stage.h"
 
-/* Bytes arrive in blocks of 512 KiB; the download being read may hold 4 of them whatever the budget. */
-enum { BLOCK = 512 * 1024, RESERVE = 4 * BLOCK };
+/* Bytes arrive in blocks of 512 KiB; the download being read may hold 4 of them whatever the budget.
+ * Blocks are cut from 2 MiB slabs that ask for a transparent huge page: one page fault (and one TLB
+ * entry) per 4 blocks instead of 512 for 4 KiB pages, for the copy into them and the tar reader's reads. */
+enum { BLOCK = 512 * 1024, RESERVE = 4 * BLOCK, SLAB = 2 << 20, SLAB_BLOCKS = SLAB / BLOCK };
 
 typedef struct block {
   struct block *next;
   size_t size;
-  uint8_t data[];
+  uint8_t *data; /* BLOCK bytes in a slab */
 } block;
+
+/* A slab's memory and its blocks' headers; slabs live until sf_prefetch_destroy(). */
+typedef struct slab {
+  struct slab *next;
+  uint8_t *mem;
+  block blocks[SLAB_BLOCKS];
+} slab;
 
 typedef enum fetch_state { F_QUEUED, F_RUNNING, F_BACKOFF, F_DONE } fetch_state;
 
@@ -86,7 +96,8 @@ struct sf_prefetch {
   CURLM *multi;
   sf_fetch *list;
   int64_t buffered;       /* over all downloads */
-  block *spare;           /* freed blocks kept for reuse: no mmap/munmap and page faults per block */
+  block *spare;           /* free blocks kept for reuse: no mmap/munmap and page faults per block */
+  slab *slabs;
   sf_prefetch_stats stats;
   sf_rng rng;             /* jitter; the fetcher thread only */
   bool wake_pending;      /* changed() since the fetcher last called o.wake */
@@ -107,6 +118,31 @@ static void changed(sf_prefetch *p) {
 
 /* ---- buffers (lock held) ---- */
 
+/* Adds a slab's blocks to the spare list: 2 MiB aligned so that the kernel can back it with one huge
+ * page (madvise is advice: without THP it is 512 ordinary pages).  Returns false when out of memory. */
+static bool add_slab(sf_prefetch *p) {
+  slab *s = calloc(1, sizeof *s);
+  uint8_t *raw = s ? mmap(NULL, 2 * SLAB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+  if (raw == MAP_FAILED) {
+    free(s);
+    return false;
+  }
+  /* Keep the 2 MiB-aligned slab inside the mapping, unmap the rest. */
+  uint8_t *mem = (uint8_t *)(((uintptr_t)raw + SLAB - 1) & ~(uintptr_t)(SLAB - 1));
+  if (mem > raw) munmap(raw, (size_t)(mem - raw));
+  if (raw + 2 * SLAB > mem + SLAB) munmap(mem + SLAB, (size_t)(raw + 2 * SLAB - (mem + SLAB)));
+  (void)madvise(mem, SLAB, MADV_HUGEPAGE);
+  s->mem = mem;
+  s->next = p->slabs;
+  p->slabs = s;
+  for (int i = 0; i < SLAB_BLOCKS; i++) {
+    s->blocks[i].data = mem + (size_t)i * BLOCK;
+    s->blocks[i].next = p->spare;
+    p->spare = &s->blocks[i];
+  }
+  return true;
+}
+
 /* Room for n more bytes in f: the tail's free space plus new blocks, within the reserve or the budget. */
 static bool has_room(const sf_prefetch *p, const sf_fetch *f, size_t n) {
   size_t free_tail = f->tail ? BLOCK - f->tail->size : 0;
@@ -118,11 +154,9 @@ static bool has_room(const sf_prefetch *p, const sf_fetch *f, size_t n) {
 static int append(sf_prefetch *p, sf_fetch *f, const char *data, size_t n) {
   while (n > 0) {
     if (!f->tail || f->tail->size == BLOCK) {
+      if (!p->spare && !add_slab(p)) return -1;
       block *b = p->spare;
-      if (b)
-        p->spare = b->next;
-      else if (!(b = malloc(sizeof *b + BLOCK)))
-        return -1;
+      p->spare = b->next;
       b->next = NULL;
       b->size = 0;
       if (f->tail)
@@ -779,10 +813,11 @@ void sf_prefetch_destroy(sf_prefetch **prefetch) {
     free_fetch(f);
   }
   if (p->multi) curl_multi_cleanup(p->multi);
-  while (p->spare) {
-    block *b = p->spare;
-    p->spare = b->next;
-    free(b);
+  while (p->slabs) {
+    slab *s = p->slabs;
+    p->slabs = s->next;
+    munmap(s->mem, SLAB);
+    free(s);
   }
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->changed);
