@@ -32,6 +32,7 @@ typedef struct augment {
   sf_float_list std;
   int layout;
   int dtype;
+  bool dct_scaling;
   /* from init */
   char names[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
   int n_names;            /* 0: every decoded uint8 [H,W,C] field */
@@ -94,6 +95,11 @@ static const sf_option options[] = {
      "output type: uint8 (pixel values kept), float32 (x/255, then normalised) or bfloat16 (the "
      "float32 rounded to nearest even)",
      dtype_names},
+    {"dct_scaling", SF_OPT_BOOL, offsetof(augment, dct_scaling), "true", 0, 0,
+     "with decode's defer_jpeg: decode a JPEG's crop at the smallest DCT scale (1/8, 1/4, 1/2, 1) that still "
+     "covers the output (true), or at full size only (false: the pixels then equal the full decode's, PIL's, "
+     "bit for bit)",
+     NULL},
     {NULL},
 };
 
@@ -572,7 +578,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     random_resized_box(a, &rng, h, w, box);
     if (jpeg) {
       /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
-      int m = sf_jpeg_dct_scale(box[2], box[3], oh, ow);
+      int m = a->dct_scaling ? sf_jpeg_dct_scale(box[2], box[3], oh, ow) : 8;
       int64_t sh = sf_jpeg_scaled(h, m), sw = sf_jpeg_scaled(w, m), x0;
       int64_t rect[4] = {scaled_edge(box[0], m, sh - 1), scaled_edge(box[1], m, sw - 1),
                          scaled_edge(box[0] + box[2], m, sh), scaled_edge(box[1] + box[3], m, sw)};
@@ -596,7 +602,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
      * Resize from the smallest DCT scale that still covers it: the image at that scale is the
      * source, of which only the rows and columns the window's resize reads are decoded.
      */
-    int m = a->resize > 0 ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
+    int m = a->resize > 0 && a->dct_scaling ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
     int64_t rect[4], x0;
     ay.span = sf_jpeg_scaled(h, m);
     ax.span = sf_jpeg_scaled(w, m);
