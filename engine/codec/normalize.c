@@ -2,6 +2,7 @@
 #include "normalize.h"
 
 #include <math.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -71,7 +72,70 @@ __attribute__((target("avx2,fma"))) static void avx2(const uint8_t *q, ptrdiff_t
   float *const tail[3] = {o[0] + i, o[1] + i, o[2] + i};
   sf_normalize_rgb_f32_scalar(q + i * step, step, n - i, nm, tail);
 }
+
+/* Bytes 0..15 and 16..23 of eight pixels reversed, from the 24 bytes of lo (0..15) and hi (16..23). */
+#define Z -128
+static const int8_t flip_lo[16] = {Z, Z, Z, Z, Z, Z, 15, Z, Z, 12, 13, 14, 9, 10, 11, 6};
+static const int8_t flip_hi[16] = {5, 6, 7, 2, 3, 4, Z, 0, 1, Z, Z, Z, Z, Z, Z, Z};
+static const int8_t flip_tail[16] = {7, 8, 3, 4, 5, 0, 1, 2, Z, Z, Z, Z, Z, Z, Z, Z};
+#undef Z
+
+__attribute__((target("ssse3"))) static void flip_u8(const uint8_t *q, int64_t n, uint8_t *out) {
+  const __m128i mlo = _mm_loadu_si128((const __m128i *)flip_lo), mhi = _mm_loadu_si128((const __m128i *)flip_hi),
+                mtail = _mm_loadu_si128((const __m128i *)flip_tail);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint8_t *p = q - i * 3 - 21;
+    __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
+    _mm_storeu_si128((__m128i *)(out + 3 * i), _mm_or_si128(_mm_shuffle_epi8(lo, mlo), _mm_shuffle_epi8(hi, mhi)));
+    _mm_storel_epi64((__m128i *)(out + 3 * i + 16), _mm_shuffle_epi8(lo, mtail));
+  }
+  for (; i < n; i++) memcpy(out + 3 * i, q - 3 * i, 3);
+}
+
+__attribute__((target("ssse3"))) static void planes_u8(const uint8_t *q, ptrdiff_t step, int64_t n,
+                                                        uint8_t *const out[3]) {
+  const int8_t(*m)[2][16] = step > 0 ? fwd : rev;
+  __m128i mask[3][2];
+  for (int c = 0; c < 3; c++)
+    for (int h = 0; h < 2; h++) mask[c][h] = _mm_loadu_si128((const __m128i *)m[c][h]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint8_t *p = step > 0 ? q + i * 3 : q - i * 3 - 21;
+    __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
+    for (int c = 0; c < 3; c++)
+      _mm_storel_epi64((__m128i *)(out[c] + i),
+                       _mm_or_si128(_mm_shuffle_epi8(lo, mask[c][0]), _mm_shuffle_epi8(hi, mask[c][1])));
+  }
+  for (; i < n; i++)
+    for (int c = 0; c < 3; c++) out[c][i] = q[i * step + c];
+}
 #endif
+
+bool sf_normalize_rgb_u8(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *out) {
+  if (step == 3) {
+    memcpy(out, q, (size_t)(3 * n));
+    return true;
+  }
+#ifdef SF_NORMALIZE_AVX2
+  if (step == -3 && __builtin_cpu_supports("ssse3")) {
+    flip_u8(q, n, out);
+    return true;
+  }
+#endif
+  return false;
+}
+
+bool sf_normalize_rgb_u8_planes(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *const out[3]) {
+#ifdef SF_NORMALIZE_AVX2
+  if ((step == 3 || step == -3) && __builtin_cpu_supports("ssse3")) {
+    planes_u8(q, step, n, out);
+    return true;
+  }
+#endif
+  (void)q, (void)step, (void)n, (void)out;
+  return false;
+}
 
 bool sf_normalize_rgb_f32(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm, float *const out[3]) {
 #ifdef SF_NORMALIZE_AVX2

@@ -38,4 +38,15 @@ bool sf_normalize_rgb_f32(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_
 void sf_normalize_rgb_f32_scalar(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm,
                                  float *const out[3]);
 
+/*
+ * uint8 output, the pixel values kept: n pixels of one row as in sf_normalize_rgb_f32 (q, step = 3
+ * or -3), written interleaved to out (HWC: out[3 * i + c]) or as three planes (CHW: out[c][i]).
+ * Step 3 into HWC is a copy; a flip (step -3) or planes take eight pixels at a time with byte
+ * shuffles on an x86-64 CPU with SSSE3 (24 bytes loaded and stored, never past the row). Return
+ * true when they wrote the row, false (nothing written) when there is no such path here or step
+ * is not +-3: the caller then copies pixel by pixel. Borrow everything; cannot fail.
+ */
+bool sf_normalize_rgb_u8(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *out);
+bool sf_normalize_rgb_u8_planes(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *const out[3]);
+
 #endif

@@ -105,12 +105,36 @@ static void test_every_byte_every_lane(void **state) {
   }
 }
 
+/* uint8 kept: HWC (a copy, or reversed pixels) and CHW planes, at every row length, both directions. */
+static void test_uint8_rows(void **state) {
+  (void)state;
+  srand(11);
+  for (int flip = 0; flip < 2; flip++)
+    for (int64_t n = 0; n <= 70; n++) {
+      uint8_t *row = malloc((size_t)(3 * n) + 1), *hwc = malloc((size_t)(3 * n) + 2), *chw = malloc((size_t)(3 * n) + 2);
+      uint8_t *ref_hwc = malloc((size_t)(3 * n) + 2), *ref_chw = malloc((size_t)(3 * n) + 2);
+      for (int64_t i = 0; i < 3 * n; i++) row[i] = (uint8_t)rand();
+      const uint8_t *q = flip && n ? row + 3 * (n - 1) : row;
+      ptrdiff_t step = flip ? -3 : 3;
+      memset(hwc, 0xAB, (size_t)(3 * n) + 2), memset(chw, 0xAB, (size_t)(3 * n) + 2);
+      memset(ref_hwc, 0xAB, (size_t)(3 * n) + 2), memset(ref_chw, 0xAB, (size_t)(3 * n) + 2);
+      for (int64_t i = 0; i < n; i++)
+        for (int c = 0; c < 3; c++) ref_hwc[1 + 3 * i + c] = ref_chw[1 + c * n + i] = q[i * step + c];
+      uint8_t *const planes[3] = {chw + 1, chw + 1 + n, chw + 1 + 2 * n};
+      if (sf_normalize_rgb_u8(q, step, n, hwc + 1)) assert_memory_equal(hwc, ref_hwc, (size_t)(3 * n) + 2);
+      else assert_true(flip); /* a copy always goes */
+      if (sf_normalize_rgb_u8_planes(q, step, n, planes)) assert_memory_equal(chw, ref_chw, (size_t)(3 * n) + 2);
+      free(row), free(hwc), free(chw), free(ref_hwc), free(ref_chw);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_affine_matches_tables),
       cmocka_unit_test(test_rows_forward),
       cmocka_unit_test(test_rows_flipped),
       cmocka_unit_test(test_every_byte_every_lane),
+      cmocka_unit_test(test_uint8_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
