@@ -280,7 +280,7 @@ typedef struct job {
   void *out;
   ptrdiff_t oy, ox, oc;         /* output strides in elements */
   const void *lut[MAX_CHANNELS]; /* output value of each byte, per channel */
-  const sf_normalize *rgb;       /* float32's lut[0..2] as multiply-adds, or NULL */
+  const sf_normalize *rgb;       /* float32's lut[0..2] (bfloat16's before rounding) as multiply-adds, or NULL */
 } job;
 
 /*
@@ -290,7 +290,7 @@ typedef struct job {
  * 256 bytes), so the inner loop is loads and stores with no int-to-float
  * conversion (whose false dependency made a multiply-add loop 2x slower) and
  * no branch; padding is the table's value for 0. Three channels, the common
- * case, go pixel by pixel, or float32 and uint8 eight pixels at a time (FAST3).
+ * case, go pixel by pixel, or eight pixels at a time into CHW (and uint8 HWC) (FAST3).
  */
 #define DEFINE_DIRECT(NAME, T, FAST3)                                                       \
   static void NAME(const job *j) {                                                          \
@@ -343,12 +343,16 @@ static bool rgb_u8(const job *j, const uint8_t *q, ptrdiff_t step, int64_t n, ui
   return j->ox == 1 && sf_normalize_rgb_u8_planes(q, step, n, out);
 }
 
-/* FAST3 of bfloat16: none, the pixel-by-pixel loop. */
-#define NO_FAST3(j, q, step, n, ov) false
+/* FAST3 of bfloat16: as float32's, each value then rounded to bfloat16 as the tables are. */
+static bool rgb_bf16(const job *j, const uint8_t *q, ptrdiff_t step, int64_t n, uint16_t *ov) {
+  if (!j->rgb || j->ox != 1 || j->sc != 1) return false;
+  uint16_t *const out[3] = {ov, ov + j->oc, ov + 2 * j->oc};
+  return sf_normalize_rgb_bf16(q, step, n, j->rgb, out);
+}
 
 DEFINE_DIRECT(direct_u8, uint8_t, rgb_u8)
 DEFINE_DIRECT(direct_f32, float, rgb_f32)
-DEFINE_DIRECT(direct_bf16, uint16_t, NO_FAST3)
+DEFINE_DIRECT(direct_bf16, uint16_t, rgb_bf16)
 
 static void (*const direct_kernel[])(const job *) = {direct_u8, direct_f32, direct_bf16};
 
@@ -651,7 +655,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     j.lut[k] = a->dtype == OUT_UINT8 ? (const void *)l->u8
                : a->dtype == OUT_FLOAT32 ? (const void *)l->f32[t] : (const void *)l->bf16[t];
   }
-  if (a->dtype == OUT_FLOAT32 && c == 3 && l->affine) j.rgb = &l->rgb;
+  if (a->dtype != OUT_UINT8 && c == 3 && l->affine) j.rgb = &l->rgb;
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
   size_t out_bytes = (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(out_dtype[a->dtype]);
   *bytes += out_bytes;

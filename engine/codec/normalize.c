@@ -73,6 +73,43 @@ __attribute__((target("avx2,fma"))) static void avx2(const uint8_t *q, ptrdiff_t
   sf_normalize_rgb_f32_scalar(q + i * step, step, n - i, nm, tail);
 }
 
+/* bfloat16 of four floats, rounded to nearest even, in the low halves of four int32 lanes. */
+__attribute__((target("avx2,fma"))) static inline __m128i bf16_bits(__m128 f) {
+  __m128i b = _mm_castps_si128(f);
+  b = _mm_add_epi32(b, _mm_add_epi32(_mm_set1_epi32(0x7fff), _mm_and_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(1))));
+  return _mm_srli_epi32(b, 16);
+}
+
+__attribute__((target("avx2,fma"))) static void avx2_bf16(const uint8_t *q, ptrdiff_t step, int64_t n,
+                                                          const sf_normalize *nm, uint16_t *const out[3]) {
+  const int8_t(*m)[2][16] = step > 0 ? fwd : rev;
+  __m128i mask[3][2];
+  __m256d a[3], b[3];
+  for (int c = 0; c < 3; c++) {
+    for (int h = 0; h < 2; h++) mask[c][h] = _mm_loadu_si128((const __m128i *)m[c][h]);
+    a[c] = _mm256_set1_pd(nm->scale[c]);
+    b[c] = _mm256_set1_pd(nm->shift[c]);
+  }
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint8_t *p = step > 0 ? q + i * 3 : q - i * 3 - 21;
+    __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
+    for (int c = 0; c < 3; c++) {
+      __m128i bytes = _mm_or_si128(_mm_shuffle_epi8(lo, mask[c][0]), _mm_shuffle_epi8(hi, mask[c][1]));
+      __m128i x0 = _mm_cvtepu8_epi32(bytes), x1 = _mm_cvtepu8_epi32(_mm_srli_si128(bytes, 4));
+      __m128 f0 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x0), a[c], b[c]));
+      __m128 f1 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x1), a[c], b[c]));
+      _mm_storeu_si128((__m128i *)(out[c] + i), _mm_packus_epi32(bf16_bits(f0), bf16_bits(f1)));
+    }
+  }
+  for (; i < n; i++)
+    for (int c = 0; c < 3; c++) {
+      float v = (float)fma((double)q[i * step + c], nm->scale[c], nm->shift[c]);
+      __m128i r = bf16_bits(_mm_set1_ps(v));
+      out[c][i] = (uint16_t)_mm_cvtsi128_si32(r);
+    }
+}
+
 /* Bytes 0..15 and 16..23 of eight pixels reversed, from the 24 bytes of lo (0..15) and hi (16..23). */
 #define Z -128
 static const int8_t flip_lo[16] = {Z, Z, Z, Z, Z, Z, 15, Z, Z, 12, 13, 14, 9, 10, 11, 6};
@@ -111,6 +148,18 @@ __attribute__((target("ssse3"))) static void planes_u8(const uint8_t *q, ptrdiff
     for (int c = 0; c < 3; c++) out[c][i] = q[i * step + c];
 }
 #endif
+
+bool sf_normalize_rgb_bf16(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm,
+                           uint16_t *const out[3]) {
+#ifdef SF_NORMALIZE_AVX2
+  if ((step == 3 || step == -3) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    avx2_bf16(q, step, n, nm, out);
+    return true;
+  }
+#endif
+  (void)q, (void)step, (void)n, (void)nm, (void)out;
+  return false;
+}
 
 bool sf_normalize_rgb_u8(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *out) {
   if (step == 3) {

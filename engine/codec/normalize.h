@@ -34,6 +34,14 @@ bool sf_normalize_matches(const float *table, double scale, double shift);
  */
 bool sf_normalize_rgb_f32(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm, float *const out[3]);
 
+/*
+ * bfloat16 output: the same row as sf_normalize_rgb_f32, each float32 then rounded to bfloat16
+ * (nearest even: the upper 16 bits after adding 0x7fff plus the lowest kept bit; values are
+ * finite), as augment's bf16 tables hold. Same conditions, return value and ownership.
+ */
+bool sf_normalize_rgb_bf16(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm,
+                           uint16_t *const out[3]);
+
 /* The same row, one pixel at a time (the portable path, and the unit test's second opinion). */
 void sf_normalize_rgb_f32_scalar(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm,
                                  float *const out[3]);

@@ -105,6 +105,40 @@ static void test_every_byte_every_lane(void **state) {
   }
 }
 
+/* augment's to_bf16: the float32's upper half, rounded to nearest even. */
+static uint16_t to_bf16(float v) {
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return (uint16_t)(bits >> 16);
+}
+
+/* bfloat16: augment's bf16 tables (the float32 entries rounded), every row length, both directions. */
+static void test_bf16_rows(void **state) {
+  (void)state;
+  srand(13);
+  for (size_t k = 0; k < sizeof stats / sizeof stats[0]; k++) {
+    float t[3][256];
+    sf_normalize nm;
+    tables((int)k, t, &nm);
+    for (int flip = 0; flip < 2; flip++)
+      for (int64_t n = 0; n <= 70; n++) {
+        uint8_t *row = malloc((size_t)(3 * n) + 1);
+        uint16_t *planes = malloc(sizeof(uint16_t) * (size_t)(3 * n + 2)), *ref = malloc(sizeof(uint16_t) * (size_t)(3 * n + 2));
+        for (int64_t i = 0; i < 3 * n; i++) row[i] = (uint8_t)rand();
+        const uint8_t *q = flip && n ? row + 3 * (n - 1) : row;
+        ptrdiff_t step = flip ? -3 : 3;
+        for (int64_t i = 0; i < 3 * n + 2; i++) planes[i] = ref[i] = 0xDEAD;
+        for (int c = 0; c < 3; c++)
+          for (int64_t i = 0; i < n; i++) ref[1 + c * n + i] = to_bf16(t[c][q[i * step + c]]);
+        uint16_t *const out[3] = {planes + 1, planes + 1 + n, planes + 1 + 2 * n};
+        if (sf_normalize_rgb_bf16(q, step, n, &nm, out))
+          assert_memory_equal(planes, ref, sizeof(uint16_t) * (size_t)(3 * n + 2));
+        free(row), free(planes), free(ref);
+      }
+  }
+}
+
 /* uint8 kept: HWC (a copy, or reversed pixels) and CHW planes, at every row length, both directions. */
 static void test_uint8_rows(void **state) {
   (void)state;
@@ -135,6 +169,7 @@ int main(void) {
       cmocka_unit_test(test_rows_flipped),
       cmocka_unit_test(test_every_byte_every_lane),
       cmocka_unit_test(test_uint8_rows),
+      cmocka_unit_test(test_bf16_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
