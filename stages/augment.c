@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "jpeg_region.h"
+#include "normalize.h"
+#include "pixels.h"
 #include "resize.h"
 #include "shardflow/stage.h"
 
@@ -30,6 +32,7 @@ typedef struct augment {
   sf_float_list std;
   int layout;
   int dtype;
+  bool dct_scaling;
   /* from init */
   char names[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
   int n_names;            /* 0: every decoded uint8 [H,W,C] field */
@@ -46,6 +49,9 @@ typedef struct luts {
   uint8_t u8[256];
   float f32[8][256];
   uint16_t bf16[8][256];
+  /* f32 of channels 0..2 as multiply-adds, when they give every entry (see normalize.h) */
+  bool affine;
+  sf_normalize rgb;
 } luts;
 
 static const char *const crop_names[] = {"none", "random", "center", "random_resized", NULL};
@@ -89,6 +95,11 @@ static const sf_option options[] = {
      "output type: uint8 (pixel values kept), float32 (x/255, then normalised) or bfloat16 (the "
      "float32 rounded to nearest even)",
      dtype_names},
+    {"dct_scaling", SF_OPT_BOOL, offsetof(augment, dct_scaling), "true", 0, 0,
+     "with decode's defer_jpeg: decode a JPEG's crop at the smallest DCT scale (1/8, 1/4, 1/2, 1) that still "
+     "covers the output (true), or at full size only (false: the pixels then equal the full decode's, PIL's, "
+     "bit for bit)",
+     NULL},
     {NULL},
 };
 
@@ -172,6 +183,14 @@ static int init(sf_node *node) {
       l->f32[c][x] = (float)v;
       l->bf16[c][x] = to_bf16((float)v);
     }
+  }
+  l->affine = true;
+  for (int c = 0; c < 3; c++) {
+    int t = c < a->mean.n ? c : 0;
+    double mean = a->mean.n ? a->mean.v[t] : 0, std = a->mean.n ? a->std.v[t] : 1;
+    l->rgb.scale[c] = 1.0 / (255.0 * std);
+    l->rgb.shift[c] = -mean / std;
+    l->affine = l->affine && sf_normalize_matches(l->f32[t], l->rgb.scale[c], l->rgb.shift[c]);
   }
   return 0;
 }
@@ -261,6 +280,7 @@ typedef struct job {
   void *out;
   ptrdiff_t oy, ox, oc;         /* output strides in elements */
   const void *lut[MAX_CHANNELS]; /* output value of each byte, per channel */
+  const sf_normalize *rgb;       /* float32's lut[0..2] (bfloat16's before rounding) as multiply-adds, or NULL */
 } job;
 
 /*
@@ -270,9 +290,9 @@ typedef struct job {
  * 256 bytes), so the inner loop is loads and stores with no int-to-float
  * conversion (whose false dependency made a multiply-add loop 2x slower) and
  * no branch; padding is the table's value for 0. Three channels, the common
- * case, go pixel by pixel.
+ * case, go pixel by pixel, or eight pixels at a time into CHW (and uint8 HWC) (FAST3).
  */
-#define DEFINE_DIRECT(NAME, T)                                                              \
+#define DEFINE_DIRECT(NAME, T, FAST3)                                                       \
   static void NAME(const job *j) {                                                          \
     const ptrdiff_t step = j->flip ? -j->sx : j->sx, ox = j->ox, oc = j->oc, sc = j->sc;    \
     const int64_t first = j->flip ? j->left + j->ow - 1 - j->xa : j->left + j->xa;          \
@@ -289,7 +309,8 @@ typedef struct job {
       if (!inside) continue;                                                                \
       const uint8_t *q = j->src + (j->top + y) * j->sy + first * j->sx;                     \
       T *ov = o + j->xa * ox;                                                               \
-      if (j->c == 3) {                                                                      \
+      if (j->c == 3 && FAST3(j, q, step, n, ov)) {                                          \
+      } else if (j->c == 3) {                                                               \
         const T *l0 = lut[0], *l1 = lut[1], *l2 = lut[2];                                   \
         for (int64_t i = 0; i < n; i++, q += step, ov += ox) {                              \
           ov[0] = l0[q[0]];                                                                 \
@@ -303,9 +324,35 @@ typedef struct job {
     }                                                                                       \
   }
 
-DEFINE_DIRECT(direct_u8, uint8_t)
-DEFINE_DIRECT(direct_f32, float)
-DEFINE_DIRECT(direct_bf16, uint16_t)
+/*
+ * FAST3 of float32: three adjacent source channels into CHW planes go through
+ * engine/codec/normalize.c (SIMD, the tables' values bit for bit) when it has
+ * a SIMD path here. Returns whether it wrote the row.
+ */
+static bool rgb_f32(const job *j, const uint8_t *q, ptrdiff_t step, int64_t n, float *ov) {
+  if (!j->rgb || j->ox != 1 || j->sc != 1) return false;
+  float *const out[3] = {ov, ov + j->oc, ov + 2 * j->oc};
+  return sf_normalize_rgb_f32(q, step, n, j->rgb, out);
+}
+
+/* FAST3 of uint8: three adjacent source channels into HWC or CHW, a copy or byte shuffles (normalize.c). */
+static bool rgb_u8(const job *j, const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *ov) {
+  if (j->sc != 1) return false;
+  if (j->ox == 3 && j->oc == 1) return sf_normalize_rgb_u8(q, step, n, ov);
+  uint8_t *const out[3] = {ov, ov + j->oc, ov + 2 * j->oc};
+  return j->ox == 1 && sf_normalize_rgb_u8_planes(q, step, n, out);
+}
+
+/* FAST3 of bfloat16: as float32's, each value then rounded to bfloat16 as the tables are. */
+static bool rgb_bf16(const job *j, const uint8_t *q, ptrdiff_t step, int64_t n, uint16_t *ov) {
+  if (!j->rgb || j->ox != 1 || j->sc != 1) return false;
+  uint16_t *const out[3] = {ov, ov + j->oc, ov + 2 * j->oc};
+  return sf_normalize_rgb_bf16(q, step, n, j->rgb, out);
+}
+
+DEFINE_DIRECT(direct_u8, uint8_t, rgb_u8)
+DEFINE_DIRECT(direct_f32, float, rgb_f32)
+DEFINE_DIRECT(direct_bf16, uint16_t, rgb_bf16)
 
 static void (*const direct_kernel[])(const job *) = {direct_u8, direct_f32, direct_bf16};
 
@@ -343,7 +390,7 @@ static sf_resize_axis resize_axis(const axis *x) {
 
 /*
  * Resamples the part of axes ay/ax that the output window reads (PIL's antialiased bilinear,
- * engine/codec/resize.c) into *out, a new uint8 [H,W,C] tensor (the caller clears it), points j's
+ * engine/codec/resize.c) into *out, a new pooled uint8 [H,W,C] tensor (the caller clears it), points j's
  * source at it and makes ay/ax plain windows of it. A no-op (out untouched) when neither axis
  * resamples. Returns 0 or SF_ENOMEM.
  */
@@ -351,8 +398,7 @@ static int resample(job *j, axis *ay, axis *ax, sf_tensor *out) {
   if (ay->scaled == ay->span && ax->scaled == ax->span) return 0;
   axis *axes[2] = {ay, ax};
   sf_resize_axis ra[2] = {resize_axis(ay), resize_axis(ax)};
-  int64_t shape[3] = {ra[0].n, ra[1].n, j->c};
-  int r = sf_tensor_alloc(out, SF_DTYPE_UINT8, 3, shape);
+  int r = sf_pixels_alloc(out, SF_DTYPE_UINT8, ra[0].n, ra[1].n, j->c); /* pooled: no page faults */
   if (r < 0) return r;
   if ((r = sf_resize_u8(j->src, j->sy, j->sx, j->sc, j->c, &ra[0], &ra[1], sf_tensor_data(out))) < 0) {
     sf_tensor_clear(out);
@@ -544,7 +590,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     random_resized_box(a, &rng, h, w, box);
     if (jpeg) {
       /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
-      int m = sf_jpeg_dct_scale(box[2], box[3], oh, ow);
+      int m = a->dct_scaling ? sf_jpeg_dct_scale(box[2], box[3], oh, ow) : 8;
       int64_t sh = sf_jpeg_scaled(h, m), sw = sf_jpeg_scaled(w, m), x0;
       int64_t rect[4] = {scaled_edge(box[0], m, sh - 1), scaled_edge(box[1], m, sw - 1),
                          scaled_edge(box[0] + box[2], m, sh), scaled_edge(box[1] + box[3], m, sw)};
@@ -568,7 +614,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
      * Resize from the smallest DCT scale that still covers it: the image at that scale is the
      * source, of which only the rows and columns the window's resize reads are decoded.
      */
-    int m = a->resize > 0 ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
+    int m = a->resize > 0 && a->dct_scaling ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
     int64_t rect[4], x0;
     ay.span = sf_jpeg_scaled(h, m);
     ax.span = sf_jpeg_scaled(w, m);
@@ -609,6 +655,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     j.lut[k] = a->dtype == OUT_UINT8 ? (const void *)l->u8
                : a->dtype == OUT_FLOAT32 ? (const void *)l->f32[t] : (const void *)l->bf16[t];
   }
+  if (a->dtype != OUT_UINT8 && c == 3 && l->affine) j.rgb = &l->rgb;
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
   size_t out_bytes = (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(out_dtype[a->dtype]);
   *bytes += out_bytes;

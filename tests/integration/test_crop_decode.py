@@ -111,6 +111,10 @@ try:
     region64, _ = batches("region64", True, 64)
     e = mae(images(full64), images(region64))
     check(0 < e < 2.0, f"rrc 64: mean absolute error vs full decode {e:.3f} levels (bound 2)")
+    # 2a. augment's dct_scaling false: the same crops decoded at 8/8 only, so the full decode's pixels exactly.
+    exact64, _ = batches("exact64", True, 0, aug=dict(crop="random_resized", size=64, scale=[0.08, 1.0],
+                                                      ratio=[0.75, 1.3333333], dct_scaling=False))
+    check(len(full64) > 0 and same(full64, exact64), "rrc 64, dct_scaling false: region decode equals full decode")
 
     # 2b. Center and random (padded) crops without resize decode their window at 8/8: the same pixels;
     #     resize 72 + center crop 64 (the evaluation transform) resizes from the smallest DCT scale.
@@ -124,6 +128,8 @@ try:
     new, _ = batches("eval1", True, 0, aug=aug, flip=0)
     e = mae(images(old), images(new))
     check(0 < e < 1.5, f"resize 72 + center 64: mean absolute error vs full decode {e:.3f} levels (bound 1.5)")
+    exact, _ = batches("eval2", True, 0, aug=dict(aug, dct_scaling=False), flip=0)
+    check(len(old) > 0 and same(old, exact), "resize 72 + center 64, dct_scaling false: equals full decode")
 
     def pil_eval(key):  # torchvision Resize(72) (PIL bilinear, antialiased) + CenterCrop(64)
         im = Image.open(io.BytesIO(samples[int(key)][1]["jpg"])).convert("RGB")
