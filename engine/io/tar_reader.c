@@ -384,12 +384,15 @@ static bool octal_field(const uint8_t *p, size_t n, int64_t *value) {
  */
 static bool plain_header(const uint8_t *h, char *path, int64_t *size) {
   if (memcmp(h + 257, "ustar\0" "00", 8) != 0 || (h[156] != '0' && h[156] != 0) || h[157] != 0) return false;
-  int64_t sum = 0, stored, v;
-  for (int i = 0; i < 512; i++) sum += i >= 148 && i < 156 ? ' ' : h[i];
+  /* The checksum counts its own 8 bytes as spaces; a plain loop over all 512 vectorises. */
+  uint32_t sum = 8 * ' ';
+  for (int i = 0; i < 512; i++) sum += h[i];
+  for (int i = 148; i < 156; i++) sum -= h[i];
+  int64_t stored, v;
   static const uint16_t fields[][2] = {{100, 8}, {108, 8}, {116, 8}, {136, 12}, {329, 8}, {337, 8}};
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
     if (!octal_field(h + fields[i][0], fields[i][1], &v)) return false;
-  if (!octal_field(h + 148, 8, &stored) || stored != sum || !octal_field(h + 124, 12, size)) return false;
+  if (!octal_field(h + 148, 8, &stored) || stored != (int64_t)sum || !octal_field(h + 124, 12, size)) return false;
   size_t name = strnlen((const char *)h, 100), prefix = strnlen((const char *)h + 345, 155), len = 0;
   if (name == 0) return false;
   if (prefix) {
