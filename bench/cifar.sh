@@ -12,7 +12,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-rounds=5 ref_shards=4 build=${SF_BUILD:-build-release}
+rounds=5 ref_shards=8 build=${SF_BUILD:-build-release}
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
