@@ -34,30 +34,38 @@ if [ ! -f "$shards/.done" ]; then
 fi
 cat "$shards"/*.tar > /dev/null # warm the page cache
 /usr/bin/python3 - "$sf" "$shards" "$rounds" "$ref_shards" <<'PY'
-import re, statistics, subprocess, sys, time
+import re, resource, statistics, subprocess, sys, time
 sf, shards, rounds, ref_shards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 sf_samples = 100000
 sf_cmd = [sf, "run", "graphs/cifar10_train.yaml", "--quiet", "--no-summary",
           "--set", f"shard_source.urls={shards}/cifar-train-{{000000..000049}}.tar"]
 ref_urls = f"{shards}/cifar-train-{{000000..{ref_shards - 1:06d}}}.tar"
-rates = {}
+rates, cpus = {}, {}  # samples/s; CPU microseconds per sample (user + system, all processes)
+children_cpu = lambda: (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))
 for r in range(rounds):
     for w in (1, 2, 4):
         out = subprocess.run(["/usr/bin/python3", "-W", "ignore", "bench/webdataset_ref.py", ref_urls,
                               "--workers", str(w)], check=True, capture_output=True, text=True).stdout
-        rate = float(re.search(r"samples/s ([0-9.]+)", out).group(1))
-        rates.setdefault(f"reference, {w} DataLoader worker{'s' if w > 1 else ''}", []).append(rate)
-    start = time.perf_counter()
+        m = re.search(r"samples ([0-9]+) .*samples/s ([0-9.]+) cpu-seconds ([0-9.]+)", out)
+        name = f"reference, {w} DataLoader worker{'s' if w > 1 else ''}"
+        rates.setdefault(name, []).append(float(m.group(2)))
+        cpus.setdefault(name, []).append(1e6 * float(m.group(3)) / int(m.group(1)))
+    name = "shardflow run (whole process)"
+    start, cpu_start = time.perf_counter(), children_cpu()
     subprocess.run(sf_cmd, check=True, stdout=subprocess.DEVNULL)
-    rates.setdefault("shardflow run (whole process)", []).append(sf_samples / (time.perf_counter() - start))
+    rates.setdefault(name, []).append(sf_samples / (time.perf_counter() - start))
+    cpus.setdefault(name, []).append(1e6 * (children_cpu() - cpu_start) / sf_samples)
     print(f"round {r + 1}/{rounds}: " + ", ".join(f"{v[-1]:,.0f}" for v in rates.values()), file=sys.stderr)
 med = {k: statistics.median(v) for k, v in rates.items()}
-print(f"medians of {rounds} interleaved rounds, samples/s (reference: {ref_shards * 2000} samples, "
-      f"a re-implementation of WebDataset's pipeline; shardflow: {sf_samples} samples):")
+med_cpu = {k: statistics.median(v) for k, v in cpus.items()}
+print(f"medians of {rounds} interleaved rounds (reference: {ref_shards * 2000} samples, a re-implementation "
+      f"of WebDataset's pipeline; shardflow: {sf_samples} samples):")
+print(f"  {'':34s} {'samples/s':>12s} {'CPU us/sample':>14s}")
 for k, v in med.items():
-    print(f"  {k:34s} {v:12,.0f}")
+    print(f"  {k:34s} {v:12,.0f} {med_cpu[k]:14.1f}")
 best = max((k for k in med if k.startswith("reference")), key=med.get)
 ours = med["shardflow run (whole process)"]
-print(f"ratio to the reference's best configuration ({best}): {ours / med[best]:.1f}x")
-print(f"ratio to 2 DataLoader workers: {ours / med['reference, 2 DataLoader workers']:.1f}x")
+print(f"ratio to the reference's best configuration ({best}): {ours / med[best]:.1f}x in samples/s")
+print(f"ratio to 2 DataLoader workers: {ours / med['reference, 2 DataLoader workers']:.1f}x in samples/s, "
+      f"{med_cpu['reference, 2 DataLoader workers'] / med_cpu['shardflow run (whole process)']:.1f}x in CPU per sample")
 PY

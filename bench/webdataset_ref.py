@@ -17,15 +17,18 @@ read from its source (webdataset/shardlists.py, tariterators.py, filters.py, aut
   - batched(B): lists of B samples, collated by default_collation_fn (torch.stack of the images, a numpy
     array of the labels), the last short batch kept (partial=True).
 Timing starts when the DataLoader is made (after `import torch`) and ends at the last batch, so worker
-start-up counts and the interpreter's start does not.
+start-up counts and the interpreter's start does not; CPU time (this process and its DataLoader workers,
+user + system) is counted over the same span, the workers' once they have exited.
     /usr/bin/python3 bench/webdataset_ref.py 'DIR/cifar-train-{000000..000009}.tar' [--workers 2]
-Prints one line: "samples N seconds S samples/s R".
+Prints one line: "samples N seconds S samples/s R cpu-seconds C".
 """
 
 import argparse
+import gzip
 import io
 import random
 import re
+import resource
 import tarfile
 import time
 
@@ -90,13 +93,49 @@ def shuffled(data, rng, bufsize, initial=100):
         yield buf.pop()
 
 
-def decode_rgb8(data):
+IMAGE_EXTENSIONS = "jpg jpeg png ppm pgm pbm pnm".split()
+INT_EXTENSIONS = "cls cls2 class count index inx id".split()
+
+
+def gzfilter(key, data):
+    """autodecode.gzfilter (a pre-handler): a .gz field is decompressed, then decoded by its inner name."""
+    if not key.endswith(".gz"):
+        return None
+    return decode_field(key[:-3], gzip.decompress(data))
+
+
+def decode_rgb8(key, data):
     """autodecode.ImageHandler("rgb8")."""
+    if re.sub(r".*[.]", "", key).lower() not in IMAGE_EXTENSIONS:
+        return None
     with io.BytesIO(data) as stream:
         img = PIL.Image.open(stream)
         img.load()
         img = img.convert("RGB")
-    return np.asarray(img)
+    result = np.asarray(img)
+    assert result.ndim == 3 and result.shape[2] == 3
+    return result
+
+
+def basichandlers(key, data):
+    """autodecode.basichandlers, the part these shards reach (.cls: int)."""
+    if re.sub(r".*[.]", "", key).lower() in INT_EXTENSIONS:
+        return int(data)
+    return None
+
+
+def decode_field(key, data):
+    """autodecode.Decoder.decode1: the handler list in order, the first result that is not None wins."""
+    for f in (gzfilter, decode_rgb8, basichandlers):
+        r = f(key, data)
+        if r is not None:
+            return r
+    return data
+
+
+def decode(sample):
+    """autodecode.Decoder.decode: every field but the __meta__ ones."""
+    return {k: v if k.startswith("__") else decode_field("." + k, v) for k, v in sample.items()}
 
 
 def augment(img, rng):
@@ -130,7 +169,9 @@ class Dataset(torch.utils.data.IterableDataset):
         samples = (s for url in urls for s in tar_samples(url))
         batch = []
         for s in shuffled(samples, rng, self.bufsize):
-            batch.append((augment(decode_rgb8(s["ppm"]), rng), int(s["cls"])))
+            s = decode(s)
+            image, label = (s["ppm"], s["cls"])  # .to_tuple("ppm", "cls")
+            batch.append((augment(image, rng), label))  # .map_tuple(augment, None)
             if len(batch) == self.batch_size:
                 yield collate(batch)
                 batch = []
@@ -147,15 +188,22 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    start = time.perf_counter()
+
+    def cpu():
+        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    start, cpu_start = time.perf_counter(), cpu()
     loader = torch.utils.data.DataLoader(Dataset(expand(a.urls), a.seed, a.shuffle, a.batch_size),
                                          num_workers=a.workers, batch_size=None)
     n = 0
-    for images, labels in loader:
+    it = iter(loader)
+    for images, labels in it:
         assert images.shape[1:] == (3, 32, 32) and images.dtype == torch.float32
         n += len(labels)
     seconds = time.perf_counter() - start
-    print(f"samples {n} seconds {seconds:.3f} samples/s {n / seconds:.1f}")
+    del it  # joins the workers: their CPU time is then counted
+    print(f"samples {n} seconds {seconds:.3f} samples/s {n / seconds:.1f} cpu-seconds {cpu() - cpu_start:.3f}")
 
 
 if __name__ == "__main__":

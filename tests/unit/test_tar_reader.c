@@ -495,7 +495,7 @@ static void test_plain_members_as_libarchive(void **state) {
     assert_int_equal(read_all(tar, size, got, sizeof got, 0), SF_EOF);
     assert_non_null(strstr(got, variant ? "a:jpg=A,@0\n" : "a:jpg=A,cls=1,@0\n"));
     assert_non_null(strstr(got, "e:cls=5,@"));
-    for (size_t cut = size; cut > 512; cut -= 1) {
+    for (size_t cut = size; cut > 512; cut -= 7) { /* 7: every offset within a block, over the archive */
       /* Cut at many places (inside members, headers, padding). */
       int rc = read_all(tar, cut, got, sizeof got, 0);
       int ref_rc = read_all(ref, cut + 512, want, sizeof want, 512);
