@@ -15,6 +15,10 @@ typedef struct shuffle {
   bool draining;        /* an epoch end or EOF arrived: empty the buffer first */
   sf_item pending_end;  /* the epoch-end marker to forward once drained */
   sf_rng rng;
+  /* The next emission's index, drawn early for a full buffer (see emit_one), and the rng before it. */
+  bool drawn;
+  uint64_t next;
+  sf_rng before;
 } shuffle;
 
 static const sf_option options[] = {
@@ -34,6 +38,7 @@ static int init(sf_node *node) {
 }
 
 static void reseed(sf_node *node, shuffle *s, uint64_t epoch) {
+  s->drawn = false;
   sf_rng_seed(&s->rng, sf_seed_mix(sf_node_seed(node), epoch));
   s->epoch = epoch;
   s->seeded = true;
@@ -41,12 +46,31 @@ static void reseed(sf_node *node, shuffle *s, uint64_t epoch) {
 
 /* Swap a random element to the end and hand it on. */
 static void emit_one(sf_node *node, shuffle *s) {
-  uint64_t i = sf_rng_below(&s->rng, (uint64_t)s->count);
+  uint64_t i;
+  if (s->drawn && s->count == s->buffer_size) {
+    i = s->next;
+  } else {
+    if (s->drawn) s->rng = s->before; /* drawn for a full buffer, but the buffer drains: as if never drawn */
+    i = sf_rng_below(&s->rng, (uint64_t)s->count);
+  }
+  s->drawn = false;
   sf_sample *out = s->buffer[i];
   s->buffer[i] = s->buffer[--s->count];
   sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = out->epoch, .u.sample = out};
   sf_node_count_output(node, 1, sf_item_nbytes(&item));
   sf_node_push(node, &item);
+  /*
+   * A full buffer emits again after one more sample, from buffer_size samples: draw that index now
+   * (the same draw, one step early) and prefetch its sample, whose header and fields are otherwise
+   * a cache miss in a 10,000-sample buffer (most of this stage's time in the CIFAR graph).
+   */
+  if (s->count == s->buffer_size - 1) {
+    s->before = s->rng;
+    s->next = sf_rng_below(&s->rng, (uint64_t)s->buffer_size);
+    s->drawn = true;
+    if (s->next < (uint64_t)s->count)
+      for (int line = 0; line < 8; line++) __builtin_prefetch((const char *)s->buffer[s->next] + 64 * line);
+  }
 }
 
 static int step(sf_node *node) {

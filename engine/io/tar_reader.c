@@ -66,6 +66,19 @@ struct sf_tar_reader {
   char last_key[sizeof(sf_error){0}.key]; /* for messages (cut short like every error's key) */
   sf_key_rule key_rule;     /* see sf_tar_reader_set_key_rule() */
   const regex_t *key_regex; /* borrowed */
+  /*
+   * Plain ustar members (see plain_header) are parsed here: libarchive spends more per member than
+   * the CIFAR pipeline spends on tar otherwise (a wide-character copy of each name, a sparse list, a
+   * copy of the bytes through its own buffer). At the first other header (pax, GNU, links, end
+   * blocks, damage) libarchive takes over for the rest of the shard; archive is NULL until then.
+   */
+  bool fast;
+  const uint8_t *chunk;     /* the stream chunk the fast path reads (borrowed, see read_stream) */
+  size_t chunk_size, chunk_pos;
+  int64_t pos;              /* stream bytes the fast path consumed */
+  int64_t base;             /* stream offset of libarchive's first byte: its offsets count from here */
+  bool give_header;         /* libarchive reads header[] first, then the rest of chunk */
+  uint8_t header[512];      /* the header being parsed, gathered across chunks */
 };
 
 /* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
@@ -181,6 +194,18 @@ static ssize_t read_stream(sf_tar_reader *t, const void **data) {
 
 static la_ssize_t read_source(struct archive *a, void *opaque, const void **data) {
   sf_tar_reader *t = opaque;
+  /* Taking over from the fast path: the header it stopped at, then what it had not read of its chunk. */
+  if (t->give_header) {
+    t->give_header = false;
+    *data = t->header;
+    return sizeof t->header;
+  }
+  if (t->chunk_pos < t->chunk_size) {
+    *data = t->chunk + t->chunk_pos;
+    size_t n = t->chunk_size - t->chunk_pos;
+    t->chunk_pos = t->chunk_size;
+    return (la_ssize_t)n;
+  }
   /* Zero copy: libarchive reads straight from the shard reader's chunk (or zlib's output). */
   ssize_t n = read_stream(t, data);
   if (n < 0) {
@@ -226,6 +251,7 @@ static const char *after_key(const sf_tar_reader *t, char *buf, size_t size) {
 }
 
 static const char *archive_text(struct archive *a) {
+  if (!a) return "the shard ends"; /* the fast path's only failure: libarchive reads damaged headers */
   const char *s = archive_error_string(a);
   return s ? s : "no detail";
 }
@@ -271,19 +297,189 @@ static bool is_metadata(const char *path) {
   return first >= 4 && strncmp(path, "__", 2) == 0 && strncmp(path + first - 2, "__", 2) == 0;
 }
 
+/*
+ * Makes path the pending member when it belongs to a sample. Returns 1 when it does, 0 when the
+ * member is passed over (metadata, no key), or an error.
+ */
+static int take_member(sf_tar_reader *t, const char *path, int64_t size, bool sparse, int64_t offset) {
+  if (is_metadata(path)) return 0;
+  size_t key_len = split_key(t, path);
+  if (key_len == 0) return 0;
+  size_t len = strlen(path);
+  if (len + 1 > t->path_capacity) {
+    char *grown = realloc(t->path, len + 1);
+    if (!grown) return fail(t, SF_ENOMEM, NULL, offset, "out of memory reading a member name");
+    t->path = grown;
+    t->path_capacity = len + 1;
+  }
+  memcpy(t->path, path, len + 1);
+  for (char *c = t->path + key_len + 1; *c; c++)
+    if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
+  t->key_len = key_len;
+  t->field = t->path + key_len + 1;
+  snprintf(t->last_key, sizeof t->last_key, "%.*s", (int)key_len, t->path);
+  t->size = size;
+  if (t->size < 0)
+    return fail(t, SF_EFORMAT, NULL, offset, "tar member %s has a negative size — the shard is "
+                "damaged; re-create or re-download it", t->path);
+  t->sparse = sparse;
+  t->offset = offset;
+  t->pending = true;
+  return 1;
+}
+
+/*
+ * Fast path: up to n next bytes of the stream at *data (borrowed until the next call). Returns how
+ * many, 0 at the end, or the source's error (then in source_error, as read_source leaves it).
+ */
+static ssize_t fast_bytes(sf_tar_reader *t, size_t n, const uint8_t **data) {
+  if (t->chunk_pos == t->chunk_size) {
+    const void *chunk;
+    ssize_t got = read_stream(t, &chunk);
+    if (got < 0) t->source_code = (int)got;
+    if (got <= 0) return got;
+    t->chunk = chunk;
+    t->chunk_size = (size_t)got;
+    t->chunk_pos = 0;
+  }
+  size_t k = t->chunk_size - t->chunk_pos < n ? t->chunk_size - t->chunk_pos : n;
+  *data = t->chunk + t->chunk_pos;
+  t->chunk_pos += k;
+  t->pos += (int64_t)k;
+  return (ssize_t)k;
+}
+
+/* Fast path: copies the next size bytes into data (NULL: passes over them). Returns how many arrived. */
+static int64_t fast_copy(sf_tar_reader *t, uint8_t *data, int64_t size) {
+  int64_t got = 0;
+  while (got < size) {
+    const uint8_t *p;
+    ssize_t n = fast_bytes(t, (size_t)(size - got), &p);
+    if (n <= 0) break;
+    if (data) memcpy(data + got, p, (size_t)n);
+    got += n;
+  }
+  return got;
+}
+
+/* A tar number field as libarchive's bid accepts it, strictly octal: spaces, digits, then NULs or spaces. */
+static bool octal_field(const uint8_t *p, size_t n, int64_t *value) {
+  size_t i = 0;
+  int64_t v = 0;
+  while (i < n && p[i] == ' ') i++;
+  size_t digits = i;
+  for (; i < n && p[i] >= '0' && p[i] <= '7'; i++) v = v * 8 + (p[i] - '0');
+  if (i == digits || i - digits > 21) return false;
+  for (; i < n; i++)
+    if (p[i] != ' ' && p[i] != 0) return false;
+  *value = v;
+  return true;
+}
+
+/*
+ * True for the header of a plain member: POSIX ustar, a regular file (typeflag '0' or NUL) without a
+ * link name, a valid checksum and octal number fields, a path not ending in '/'. Sets its path
+ * (prefix/name, as libarchive joins them; path holds 257 bytes) and size. Anything else is
+ * libarchive's to read.
+ */
+static bool plain_header(const uint8_t *h, char *path, int64_t *size) {
+  if (memcmp(h + 257, "ustar\0" "00", 8) != 0 || (h[156] != '0' && h[156] != 0) || h[157] != 0) return false;
+  /* The checksum counts its own 8 bytes as spaces; a plain loop over all 512 vectorises. */
+  uint32_t sum = 8 * ' ';
+  for (int i = 0; i < 512; i++) sum += h[i];
+  for (int i = 148; i < 156; i++) sum -= h[i];
+  int64_t stored, v;
+  static const uint16_t fields[][2] = {{100, 8}, {108, 8}, {116, 8}, {136, 12}, {329, 8}, {337, 8}};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (!octal_field(h + fields[i][0], fields[i][1], &v)) return false;
+  if (!octal_field(h + 148, 8, &stored) || stored != (int64_t)sum || !octal_field(h + 124, 12, size)) return false;
+  size_t name = strnlen((const char *)h, 100), prefix = strnlen((const char *)h + 345, 155), len = 0;
+  if (name == 0) return false;
+  if (prefix) {
+    memcpy(path, h + 345, prefix);
+    len = prefix;
+    if (path[len - 1] != '/') path[len++] = '/';
+  }
+  memcpy(path + len, h, name);
+  len += name;
+  path[len] = '\0';
+  return path[len - 1] != '/';
+}
+
+/* Starts libarchive on the stream from base on (the whole shard when base is 0). Returns 0 or fails. */
+static int open_libarchive(sf_tar_reader *t) {
+  t->archive = archive_read_new();
+  if (!t->archive) return fail(t, SF_ENOMEM, NULL, t->base, "out of memory opening the shard");
+  /* Only tar and its usual compressions: the other formats and filters are attack surface. */
+  archive_read_support_format_tar(t->archive);
+  archive_read_support_filter_none(t->archive);
+  /* Taking over between members: no bid, libarchive reads on as it would have (damage included). */
+  if (t->base > 0) archive_read_set_format(t->archive, ARCHIVE_FORMAT_TAR);
+  if (archive_read_open(t->archive, t, NULL, read_source, NULL) == ARCHIVE_OK) return 0;
+  char where[160];
+  if (t->base > 0)
+    return fail(t, SF_EFORMAT, NULL, t->base, "damaged tar stream%s (%s) — the shard is truncated or "
+                "corrupt; re-create or re-download it", after_key(t, where, sizeof where),
+                archive_text(t->archive));
+  if (raw_offset(t) == 0)
+    return fail(t, SF_EFORMAT, NULL, 0, "the shard is empty (0 bytes) — re-create or re-download it");
+  return fail(t, SF_EFORMAT, NULL, 0, "cannot read the shard as a tar (%s) — it is damaged, or not a "
+              ".tar, .tar.gz or .tar.zst file", archive_text(t->archive));
+}
+
+/*
+ * advance() on the fast path: reads plain members' headers until one belongs to a sample. Returns
+ * 0 (pending set), an error, or 1 after handing the stream, from the current header on, to libarchive.
+ */
+static int fast_advance(sf_tar_reader *t) {
+  char where[160];
+  for (;;) {
+    int64_t offset = t->pos;
+    int64_t have = fast_copy(t, t->header, sizeof t->header);
+    if (have == 0 && t->source_code == 0)
+      return fail(t, SF_EFORMAT, NULL, offset, "the shard ends%s without tar's end-of-archive blocks — it "
+                  "is truncated; re-create or re-download it", after_key(t, where, sizeof where));
+    if (have < (int64_t)sizeof t->header)
+      return fail(t, SF_EFORMAT, NULL, offset, "damaged tar stream%s (the shard ends inside a member "
+                  "header) — the shard is truncated or corrupt; re-create or re-download it",
+                  after_key(t, where, sizeof where));
+    char path[257];
+    int64_t size;
+    if (!plain_header(t->header, path, &size)) {
+      t->fast = false;
+      t->base = offset;
+      t->give_header = true;
+      return open_libarchive(t) < 0 ? t->failed : 1;
+    }
+    int taken = take_member(t, path, size, false, offset);
+    if (taken != 0) return taken < 0 ? taken : 0;
+    /* Passed over: its bytes and their padding to the next 512-byte block. */
+    int64_t span = (size + 511) / 512 * 512;
+    if (fast_copy(t, NULL, span) < span) /* at how far it got, as libarchive says */
+      return fail(t, SF_EFORMAT, NULL, t->pos, "damaged tar stream%s (the shard ends inside member %s) — "
+                  "the shard is truncated or corrupt; re-create or re-download it",
+                  after_key(t, where, sizeof where), path);
+  }
+}
+
 /* Reads headers until the next member that belongs to a sample; sets pending or eof. */
 static int advance(sf_tar_reader *t) {
   t->pending = false;
   if (t->failed) return t->failed; /* libarchive cannot go on after a fatal error */
+  if (t->fast) {
+    int r = fast_advance(t);
+    if (r != 1) return r;
+  }
   for (;;) {
     struct archive_entry *entry;
     int r = archive_read_next_header(t->archive, &entry);
+    /* libarchive counts from where it started (base: after the fast path's members). */
     int64_t offset = archive_read_header_position(t->archive);
     if (r == ARCHIVE_EOF) {
       /* libarchive takes a clean end of data for the end: without tar's zero blocks, the shard was cut. */
       if (archive_filter_bytes(t->archive, 0) <= offset) {
         char where[160];
-        return fail(t, SF_EFORMAT, NULL, offset,
+        return fail(t, SF_EFORMAT, NULL, t->base + offset,
                     "the shard ends%s without tar's end-of-archive blocks — it is truncated; "
                     "re-create or re-download it",
                     after_key(t, where, sizeof where));
@@ -293,6 +489,7 @@ static int advance(sf_tar_reader *t) {
     }
     /* After a fatal error libarchive no longer reports the header position: use how far it got. */
     if (offset < 0) offset = archive_filter_bytes(t->archive, 0);
+    offset += t->base;
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
       char where[160];
       return fail(t, SF_EFORMAT, NULL, offset,
@@ -305,30 +502,9 @@ static int advance(sf_tar_reader *t) {
     const char *path = archive_entry_pathname(entry);
     if (!path) path = archive_entry_pathname_utf8(entry);
     if (!path) continue;
-    if (is_metadata(path)) continue;
-    size_t key_len = split_key(t, path);
-    if (key_len == 0) continue;
-    size_t len = strlen(path);
-    if (len + 1 > t->path_capacity) {
-      char *grown = realloc(t->path, len + 1);
-      if (!grown) return fail(t, SF_ENOMEM, NULL, offset, "out of memory reading a member name");
-      t->path = grown;
-      t->path_capacity = len + 1;
-    }
-    memcpy(t->path, path, len + 1);
-    for (char *c = t->path + key_len + 1; *c; c++)
-      if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
-    t->key_len = key_len;
-    t->field = t->path + key_len + 1;
-    snprintf(t->last_key, sizeof t->last_key, "%.*s", (int)key_len, t->path);
-    t->size = archive_entry_size_is_set(entry) ? archive_entry_size(entry) : 0;
-    if (t->size < 0)
-      return fail(t, SF_EFORMAT, NULL, offset, "tar member %s has a negative size — the shard is "
-                  "damaged; re-create or re-download it", t->path);
-    t->sparse = archive_entry_sparse_count(entry) > 0;
-    t->offset = offset;
-    t->pending = true;
-    return 0;
+    int64_t size = archive_entry_size_is_set(entry) ? archive_entry_size(entry) : 0;
+    int taken = take_member(t, path, size, archive_entry_sparse_count(entry) > 0, offset);
+    if (taken != 0) return taken < 0 ? taken : 0;
   }
 }
 
@@ -387,6 +563,15 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
     note_problem(t, problem, error, SF_ENOMEM,
                  "out of memory for the %lld-byte member %s — the sample is skipped",
                  (long long)t->size, t->path);
+  int64_t span = (t->size + 511) / 512 * 512; /* the member's blocks */
+  if (!buffer && t->fast) {
+    if (fast_copy(t, NULL, t->size) < t->size)
+      return fail(t, SF_EFORMAT, t->last_key, t->offset,
+                  "truncated tar member %s (%s) — the sample is lost and the shard is damaged; "
+                  "re-create or re-download it", t->path, archive_text(t->archive));
+    fast_copy(t, NULL, span - t->size); /* a cut in the padding shows at the next header */
+    return 0;
+  }
   if (!buffer) {
     /* Passed over, never held: for a compressed shard libarchive decompresses into its own window. */
     if (archive_read_data_skip(t->archive) != ARCHIVE_OK)
@@ -399,8 +584,12 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   uint8_t *data = sf_buffer_data(buffer);
   int64_t got = 0;
   bool failed = false;
+  if (t->fast) {
+    got = fast_copy(t, data, t->size);
+    failed = got < t->size || fast_copy(t, NULL, span - t->size) < span - t->size;
+  }
   /* Block reads (not archive_read_data) so a truncation still tells how much arrived. */
-  for (;;) {
+  while (!t->fast) {
     const void *block;
     size_t n;
     la_int64_t at;
@@ -556,30 +745,30 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   (void)sf_parse_size(SF_TAR_MAX_SAMPLE_SIZE, &t->max_sample_size);
   size_t len = strlen(url);
   t->url = sf_buffer_new(len + 1);
-  t->archive = archive_read_new();
-  if (!t->url || !t->archive) {
+  if (!t->url) {
     sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory opening the shard");
     return SF_ENOMEM;
   }
   memcpy(sf_buffer_data(t->url), url, len + 1);
   t->url_text = (const char *)sf_buffer_data(t->url);
-  /* Only tar and its usual compressions: the other formats and filters are attack surface. */
-  archive_read_support_format_tar(t->archive);
-  archive_read_support_filter_none(t->archive);
   int rc = open_codec(t);
   if (rc < 0) {
     if (error) *error = t->source_error;
     return rc;
   }
-  if (archive_read_open(t->archive, t, NULL, read_source, NULL) != ARCHIVE_OK) {
-    bool empty = raw_offset(t) == 0;
-    int code = empty ? fail(t, SF_EFORMAT, NULL, 0, "the shard is empty (0 bytes) — re-create or "
-                            "re-download it")
-                     : fail(t, SF_EFORMAT, NULL, 0, "cannot read the shard as a tar (%s) — it is "
-                            "damaged, or not a .tar, .tar.gz or .tar.zst file",
-                            archive_text(t->archive));
+  /* An uncompressed shard that starts with a plain member starts on the fast path. */
+  char path[257];
+  int64_t size;
+  if (t->has_first && t->first_size >= 512 && plain_header(t->first, path, &size)) {
+    t->fast = true;
+    t->has_first = false;
+    t->chunk = t->first;
+    t->chunk_size = (size_t)t->first_size;
+    return 0;
+  }
+  if (open_libarchive(t) < 0) {
     if (error) *error = t->fatal;
-    return code;
+    return t->failed;
   }
   return 0;
 }

@@ -1,4 +1,4 @@
-/* WebDataset samples from a tar stream: libarchive's tar reader; .tar.gz and .tar.zst decompressed here, their checks verified. */
+/* WebDataset samples from a tar stream: plain ustar members parsed here, the rest by libarchive's tar reader; .tar.gz and .tar.zst decompressed here, their checks verified. */
 #ifndef SF_ENGINE_TAR_READER_H
 #define SF_ENGINE_TAR_READER_H
 

@@ -98,6 +98,28 @@ static void test_sample_fields(void **state) {
   assert_null(s);
 }
 
+/* Destroyed samples are kept for reuse (engine/core/sample.c): a new one is as fresh as malloc's. */
+static void test_sample_reuse(void **state) {
+  for (int round = 0; round < 3; round++) {
+    sf_sample *s = sf_sample_new();
+    assert_non_null(s);
+    assert_string_equal(s->key, "");
+    assert_null(s->url);
+    assert_int_equal(s->n_fields, 0);
+    assert_int_equal(s->epoch + s->shard_index + s->index + s->pass, 0);
+    assert_int_equal(s->offset, -1);
+    assert_int_equal(sf_sample_set_key(s, "k", 1), 0);
+    s->url = sf_buffer_new(4);
+    s->epoch = s->shard_index = s->index = s->pass = 9;
+    s->offset = 512;
+    sf_tensor t;
+    int64_t n = 3;
+    assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, &n), 0);
+    assert_non_null(sf_sample_add_field(s, "jpg", true, &t));
+    sf_sample_destroy(&s);
+  }
+}
+
 static void test_errors_table(void **state) {
   assert_string_equal(sf_err_name(SF_EFORMAT), "SF_EFORMAT");
   assert_string_equal(sf_err_name(12345), "SF_EUNKNOWN");
@@ -126,6 +148,7 @@ static void test_rng(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refcount),     cmocka_unit_test(test_tensor_view), cmocka_unit_test(test_sample_fields),
+      cmocka_unit_test(test_sample_reuse),
       cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -438,6 +438,75 @@ static void test_truncated(void **state) {
   free(tar);
 }
 
+/* Reads every sample of a tar: "key:field=bytes,...@offset" lines and the error's place; returns the code that ended it. */
+static int read_all(const uint8_t *tar, size_t size, char *out, size_t out_size, int64_t shift) {
+  sf_tar_reader *t = open_memory(tar, size);
+  sf_sample *s = NULL;
+  sf_error e;
+  int rc;
+  size_t n = 0;
+  out[0] = '\0';
+  while ((rc = sf_tar_reader_next(t, &s, &e)) >= 0 || s) {
+    n += (size_t)snprintf(out + n, out_size - n, "%s:", s->key);
+    for (int i = 0; i < s->n_fields; i++)
+      n += (size_t)snprintf(out + n, out_size - n, "%s=%.*s,", s->fields[i].name,
+                            (int)s->fields[i].tensor.shape[0], (const char *)sf_tensor_data(&s->fields[i].tensor));
+    n += (size_t)snprintf(out + n, out_size - n, "@%lld\n", (long long)(s->offset - shift));
+    assert_true(n < out_size);
+    sf_sample_destroy(&s);
+  }
+  if (rc != SF_EOF) /* where the error is, and the sample it cut */
+    n += (size_t)snprintf(out + n, out_size - n, "error at %lld key %s\n", (long long)(e.offset - shift), e.key);
+  assert_true(n < out_size);
+  sf_tar_reader_close(&t);
+  return rc;
+}
+
+/* The reader parses plain ustar members itself and hands the rest of the shard to libarchive at the first
+ * other header. Reference: libarchive alone, made to read the same members from the start by a leading
+ * directory (not a plain member): same samples, bytes and errors, offsets 512 bytes later. */
+static void test_plain_members_as_libarchive(void **state) {
+  (void)state;
+  static char big[1500], exact[513], longname[300], prefixed[140];
+  memset(big, 'b', sizeof big - 1);
+  memset(exact, 'e', sizeof exact - 1);
+  memset(longname, 'n', sizeof longname - 1);
+  memcpy(longname + sizeof longname - 5, ".TXT", 4); /* over 255 bytes: a pax header, libarchive takes over */
+  memset(prefixed, 'p', sizeof prefixed - 1);
+  prefixed[60] = '/'; /* 139 bytes: ustar's prefix and name fields */
+  memcpy(prefixed + sizeof prefixed - 5, ".Jpg", 4);
+  const member plain[] = {
+      FILE_("a.jpg", "A"), FILE_("a.CLS", "1"), FILE_("__meta__", "m"), FILE_("nodot", "x"),
+      FILE_("b.seg.png", big), FILE_("b.txt", ""), FILE_("c.bin", exact), FILE_(prefixed, "P"),
+      FILE_("d.cls", "4"), SYMLINK_("d.lnk", "a.jpg"), FILE_("d.txt", "after a symlink"),
+      FILE_(longname, "L"), FILE_("e.cls", "5"), END_,
+  };
+  for (int variant = 0; variant < 2; variant++) {
+    member m[32] = {DIR_("dir")};
+    int n = 0;
+    for (; plain[n].name; n++) m[n + 1] = plain[n];
+    if (variant == 1) { /* a pax header before the second member: libarchive takes over early */
+      m[n + 1] = (member)END_;
+      m[2] = (member)FILE_(longname, "L");
+    }
+    size_t size, ref_size;
+    uint8_t *tar = build_tar(m + 1, FILTER_NONE, &size), *ref = build_tar(m, FILTER_NONE, &ref_size);
+    static char got[8192], want[8192];
+    assert_int_equal(read_all(tar, size, got, sizeof got, 0), SF_EOF);
+    assert_non_null(strstr(got, variant ? "a:jpg=A,@0\n" : "a:jpg=A,cls=1,@0\n"));
+    assert_non_null(strstr(got, "e:cls=5,@"));
+    for (size_t cut = size; cut > 512; cut -= 7) { /* 7: every offset within a block, over the archive */
+      /* Cut at many places (inside members, headers, padding). */
+      int rc = read_all(tar, cut, got, sizeof got, 0);
+      int ref_rc = read_all(ref, cut + 512, want, sizeof want, 512);
+      assert_string_equal(got, want);
+      assert_int_equal(rc, ref_rc);
+    }
+    free(tar);
+    free(ref);
+  }
+}
+
 static void test_not_a_tar(void **state) {
   static const uint8_t junk[1024] = "this is not a tar file at all";
   sf_tar_reader *t = NULL;
@@ -739,6 +808,7 @@ int main(void) {
       cmocka_unit_test(test_sparse_member),
       cmocka_unit_test(test_member_limits),
       cmocka_unit_test(test_truncated),
+      cmocka_unit_test(test_plain_members_as_libarchive),
       cmocka_unit_test(test_not_a_tar),
       cmocka_unit_test(test_filters),
       cmocka_unit_test(test_url_kinds),
