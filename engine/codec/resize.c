@@ -2,27 +2,38 @@
 #include "resize.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "shardflow/error.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SF_RESIZE_X86 1
+#define SF_AVX2 __attribute__((target("avx2")))
+#endif
+
 /*
- * The row loops are written for gcc's vectoriser (meson builds this file with -O3); on x86-64 they
- * are also compiled for AVX2 (8 int32 lanes, and the vpmulld that SSE2 lacks), picked at load time.
+ * The portable vertical pass is written for gcc's vectoriser (meson builds this file with -O3); on
+ * x86-64 it is also compiled for AVX2 (8 int32 lanes, and the vpmulld that SSE2 lacks), picked at
+ * load time. Not under ThreadSanitizer: the clones' ifunc resolvers run (instrumented) before its
+ * runtime starts.
  */
-/* Not under ThreadSanitizer: the clones' ifunc resolvers run (instrumented) before its runtime starts. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#if defined(SF_RESIZE_X86) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SF_RESIZE_KERNEL __attribute__((target_clones("avx2", "default")))
 #else
 #define SF_RESIZE_KERNEL
 #endif
 
 /* Pillow's PRECISION_BITS for 8-bit images: 32 - 8 - 2, so 255 * sum of weights fits an int32. */
-enum { PRECISION_BITS = 22 };
+enum { PRECISION_BITS = 22, HALF = 1 << (PRECISION_BITS - 1) };
 
-/* Taps of one axis: output i reads source pixels [start[i], start[i] + count[i]) with weights k[i * ksize ..]. */
+/*
+ * Taps of one axis: output i reads source pixels [start[i], start[i] + count[i]) with weights
+ * k[i * ksize ..] (zero past count[i]; ksize is a multiple of 4 so the AVX2 pass reads taps in fours).
+ */
 typedef struct coeffs {
   int ksize;
   int32_t *start, *count, *k;
@@ -69,56 +80,10 @@ static inline uint8_t clip8(int32_t v) {
   return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
-/*
- * Copies the rows x cols pixel block at src (byte strides sy/sx/sc, c channels) transposed into out:
- * out[(x * rows + y) * c + ch] = src[y][x][ch]. Rows of the result are columns of the source, so the
- * horizontal pass becomes a pass over contiguous rows, as the vertical one is.
- */
-SF_RESIZE_KERNEL static void transpose(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, int64_t rows,
-                      int64_t cols, uint8_t *out) {
-  for (int64_t y0 = 0; y0 < rows; y0 += 16) { /* 16-row strips keep the written lines in cache */
-    int64_t y1 = y0 + 16 < rows ? y0 + 16 : rows;
-    for (int64_t x = 0; x < cols; x++) {
-      uint8_t *o = out + (x * rows + y0) * c;
-      const uint8_t *p = src + y0 * sy + x * sx;
-      if (c == 3 && sc == 1 && sx >= 3 && x + 1 < cols) {
-        /* RGB: 4-byte moves. The 4th byte read is the next pixel's, in the same row; the one written
-           is pixel y + 1's of this column, written after (the last row goes byte by byte). */
-        int64_t y = y0;
-        for (; y < y1 && y + 1 < rows; y++, o += 3, p += sy) memcpy(o, p, 4);
-        for (; y < y1; y++, o += 3, p += sy) o[0] = p[0], o[1] = p[1], o[2] = p[2];
-      } else {
-        for (int64_t y = y0; y < y1; y++, o += c, p += sy)
-          for (int ch = 0; ch < c; ch++) o[ch] = p[ch * sc];
-      }
-    }
-  }
-}
-
-/*
- * One filtered axis over rows of len bytes: output row i is the weighted sum of input rows
- * start[i] - base .. + count[i], rounded and clamped. The inner loops run over contiguous bytes with
- * int32 accumulators (acc, len entries), which gcc vectorises.
- */
-SF_RESIZE_KERNEL static void pass(const uint8_t *in, int64_t base, int64_t len, const coeffs *cf, int64_t n, int32_t *acc,
-                 uint8_t *out) {
-  for (int64_t i = 0; i < n; i++, out += len) {
-    const int32_t *k = cf->k + i * cf->ksize;
-    const uint8_t *rows = in + (cf->start[i] - base) * len;
-    for (int64_t j = 0; j < len; j++) acc[j] = 1 << (PRECISION_BITS - 1);
-    for (int t = 0; t < cf->count[i]; t++) {
-      const uint8_t *r = rows + t * len;
-      const int32_t w = k[t];
-      for (int64_t j = 0; j < len; j++) acc[j] += r[j] * w;
-    }
-    for (int64_t j = 0; j < len; j++) out[j] = clip8(acc[j]);
-  }
-}
-
-/* Coefficients of a filtered axis, in `mem`; ksize as Pillow sizes it. */
+/* Coefficients of a filtered axis, in `mem`; ksize as Pillow sizes it (2 * ceil(scale) + 1), rounded up to 4. */
 static size_t coeffs_bytes(const sf_resize_axis *a, int *ksize) {
   double scale = (double)a->span / (double)a->size;
-  *ksize = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
+  *ksize = ((int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1 + 3) & ~3;
   return (size_t)a->n * (size_t)(*ksize + 2) * sizeof(int32_t);
 }
 
@@ -127,6 +92,141 @@ static coeffs coeffs_at(int32_t *mem, const sf_resize_axis *a, int ksize) {
   compute(&cf, a);
   return cf;
 }
+
+/*
+ * Horizontal pass of one source row (row points at its pixel 0; strides sx, sc) for outputs
+ * [from, n) of cx: out[i * c + ch], Pillow's ImagingResampleHorizontal_8bpc.
+ */
+static void hpass(const uint8_t *row, ptrdiff_t sx, ptrdiff_t sc, int c, const coeffs *cx, int64_t from, int64_t n,
+                  uint8_t *out) {
+  for (int64_t i = from; i < n; i++) {
+    const int32_t *k = cx->k + i * cx->ksize;
+    const uint8_t *p = row + cx->start[i] * sx;
+    for (int ch = 0; ch < c; ch++) {
+      int32_t acc = HALF;
+      for (int t = 0; t < cx->count[i]; t++) acc += p[t * sx + ch * sc] * k[t];
+      out[i * c + ch] = clip8(acc);
+    }
+  }
+}
+
+/*
+ * Vertical pass of bytes [from, len) of one output row: the rows[0..n) weighted by k, rounded and clamped
+ * (Pillow's ImagingResampleVertical_8bpc). acc (len entries) keeps the loops over contiguous bytes,
+ * which gcc vectorises.
+ */
+SF_RESIZE_KERNEL static void vpass(const uint8_t *const *rows, int n, const int32_t *k, int64_t from, int64_t len,
+                                   int32_t *acc, uint8_t *out) {
+  for (int64_t j = from; j < len; j++) acc[j] = HALF;
+  for (int t = 0; t < n; t++) {
+    const uint8_t *r = rows[t];
+    const int32_t w = k[t];
+    for (int64_t j = from; j < len; j++) acc[j] += r[j] * w;
+  }
+  for (int64_t j = from; j < len; j++) out[j] = clip8(acc[j]);
+}
+
+#ifdef SF_RESIZE_X86
+/*
+ * AVX2 kernels, exact: the same integer sums as the portable ones. The horizontal one multiplies
+ * with vpmaddwd, which takes 16-bit weights: each 22-bit weight w is split as (w >> 15) * 2^15 +
+ * (w & 0x7fff), two sums are kept and joined as (hi << 15) + lo, which is the sum of pixel * w.
+ */
+enum { SPLIT = 15 };
+
+/*
+ * The horizontal weights of cx as vpmaddwd operands: per output pixel, per group of 4 taps, two
+ * 256-bit vectors (hi, lo parts) of 16-bit weights laid out as hpass3_avx2's pixel pairs are:
+ * lane 0 [w0 w1 w0 w1 w0 w1 0 0], lane 1 [w2 w3 w2 w3 w2 w3 0 0].
+ */
+static void madd_weights(const coeffs *cx, int64_t n, int16_t *wt) {
+  const int groups = cx->ksize / 4;
+  for (int64_t i = 0; i < n; i++) {
+    const int32_t *k = cx->k + i * cx->ksize;
+    for (int g = 0; g < groups; g++, k += 4, wt += 32)
+      for (int half = 0; half < 2; half++) {
+        int16_t *o = wt + half * 16;
+        for (int lane = 0; lane < 2; lane++)
+          for (int j = 0; j < 8; j++) {
+            int32_t w = j < 6 ? k[lane * 2 + (j & 1)] : 0;
+            o[lane * 8 + j] = (int16_t)(half ? w & ((1 << SPLIT) - 1) : w >> SPLIT);
+          }
+      }
+  }
+}
+
+/*
+ * Horizontal pass of one RGB row (3 channels, pixels 3 bytes apart) for outputs [0, n) of cx
+ * whose taps' 16-byte loads stay inside the row's bytes [0, end): returns the first output that
+ * does not (the rest go through hpass). Per output pixel, 4 taps per step: one 16-byte load, a
+ * shuffle into 16-bit (tap, tap + 1) pairs per channel, two vpmaddwd (weights' hi and lo parts).
+ */
+SF_AVX2 static int64_t hpass3_avx2(const uint8_t *row, const coeffs *cx, const int16_t *wt, int64_t n, int64_t end,
+                                   uint8_t *out) {
+  const __m256i shuf = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, /* taps 0, 1 */
+                                        6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1); /* taps 2, 3 */
+  const __m128i half = _mm_set1_epi32(HALF);
+  const int groups = cx->ksize / 4;
+  int64_t i = 0;
+  for (; i < n; i++) {
+    const int g_n = (cx->count[i] + 3) / 4;
+    const int64_t s = cx->start[i] * 3;
+    if (s + 12 * (g_n - 1) + 16 > end) break;
+    const uint8_t *p = row + s;
+    const __m256i *w = (const __m256i *)(wt + i * groups * 32);
+    __m256i hi = _mm256_setzero_si256(), lo = hi;
+    for (int g = 0; g < g_n; g++, p += 12, w += 2) {
+      __m256i px = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), shuf);
+      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_loadu_si256(w)));
+      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1)));
+    }
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+    __m128i l = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+    __m128i v = _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(h, SPLIT), l), half), PRECISION_BITS);
+    v = _mm_packus_epi16(_mm_packs_epi32(v, v), v);
+    uint32_t px = (uint32_t)_mm_cvtsi128_si32(v);
+    memcpy(out + i * 3, &px, i + 1 < n ? 4 : 3); /* the 4th byte is pixel i + 1's, written next */
+  }
+  return i;
+}
+
+/* vpass with AVX2: 32 bytes per step, their four accumulators in registers across the taps. */
+SF_AVX2 static void vpass_avx2(const uint8_t *const *rows, int n, const int32_t *k, int64_t len, int32_t *acc,
+                               uint8_t *out) {
+  const __m256i half = _mm256_set1_epi32(HALF), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    __m256i a[4] = {half, half, half, half};
+    for (int t = 0; t < n; t++) {
+      const uint8_t *r = rows[t] + j;
+      const __m256i w = _mm256_set1_epi32(k[t]);
+      for (int q = 0; q < 4; q++)
+        a[q] = _mm256_add_epi32(
+            a[q], _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8 * q))), w));
+    }
+    for (int q = 0; q < 4; q++) a[q] = _mm256_srai_epi32(a[q], PRECISION_BITS);
+    /* packs/packus work per 128-bit lane: dwords come out as a0 a1 a2 a3 (low halves), then the high ones */
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a[0], a[1]), _mm256_packs_epi32(a[2], a[3]));
+    _mm256_storeu_si256((__m256i *)(out + j), _mm256_permutevar8x32_epi32(b, order));
+  }
+  vpass(rows, n, k, j, len, acc, out);
+}
+
+/* Whether the AVX2 kernels run: the CPU has AVX2 and SF_RESIZE_PORTABLE is unset or empty. */
+static bool use_avx2(void) {
+  static atomic_int mode; /* 0 unknown, 1 portable, 2 avx2 */
+  int m = atomic_load_explicit(&mode, memory_order_relaxed);
+  if (!m) {
+    const char *e = getenv("SF_RESIZE_PORTABLE");
+    __builtin_cpu_init();
+    m = (e && *e) || !__builtin_cpu_supports("avx2") ? 1 : 2;
+    atomic_store_explicit(&mode, m, memory_order_relaxed);
+  }
+  return m == 2;
+}
+#else
+static bool use_avx2(void) { return false; }
+#endif
 
 void sf_resize_reads(const sf_resize_axis *a, int64_t *lo, int64_t *hi) {
   if (a->span == a->size) {
@@ -139,47 +239,101 @@ void sf_resize_reads(const sf_resize_axis *a, int64_t *lo, int64_t *hi) {
   *lo += a->origin, *hi += a->origin;
 }
 
-int sf_resize_u8(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
-                 const sf_resize_axis *ax, uint8_t *dst) {
+/* What one call needs to make a horizontally resampled source row. */
+typedef struct hctx {
+  const uint8_t *src;
+  ptrdiff_t sy, sx, sc;
+  int c;
+  bool fx, avx2;
+  const coeffs *cx;
+  const int16_t *wt; /* madd_weights of cx (avx2) */
+  int64_t x0, x1, n; /* source columns read, outputs */
+} hctx;
+
+/* Source row y resampled along x: written to out (n * c bytes, and 1 more writable byte), or the source row itself. */
+static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
+  const uint8_t *row = h->src + y * h->sy;
+  if (!h->fx) {
+    if (h->sx == h->c && h->sc == 1) return row + h->x0 * h->sx;
+    for (int64_t i = 0; i < h->n; i++)
+      for (int ch = 0; ch < h->c; ch++) out[i * h->c + ch] = row[(h->x0 + i) * h->sx + ch * h->sc];
+    return out;
+  }
+  int64_t done = 0;
+#ifdef SF_RESIZE_X86
+  if (h->avx2) done = hpass3_avx2(row, h->cx, h->wt, h->n, h->x1 * 3, out);
+#endif
+  hpass(row, h->sx, h->sc, h->c, h->cx, done, h->n, out);
+  return out;
+}
+
+int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
+                      const sf_resize_axis *ax, uint8_t *dst, bool simd) {
   int ky = 0, kx = 0;
   bool fy = ay->span != ay->size, fx = ax->span != ax->size;
+  bool avx2 = simd && use_avx2();
+  bool h3 = avx2 && fx && c == 3 && sx == 3 && sc == 1; /* hpass3_avx2 applies */
   size_t by = fy ? coeffs_bytes(ay, &ky) : 0, bx = fx ? coeffs_bytes(ax, &kx) : 0;
-  int32_t *mem = malloc(by + bx + 1);
-  if (!mem) return SF_ENOMEM;
-  coeffs cy = {0}, cx = {0};
-  if (fy) cy = coeffs_at(mem, ay, ky);
-  if (fx) cx = coeffs_at(mem + by / sizeof(int32_t), ax, kx);
+  size_t bw = h3 ? (size_t)ax->n * (size_t)kx * 8 * sizeof(int16_t) : 0;
   int64_t y0, y1, x0, x1;
   sf_resize_reads(ay, &y0, &y1);
   sf_resize_reads(ax, &x0, &x1);
   /*
-   * Scratch: accumulators; one strip of STRIP source rows transposed, and its horizontal pass (both
-   * small enough for the cache); then the rows the vertical pass reads (the output itself when y is
-   * not filtered).
+   * Scratch: the coefficients, the madd weights; a ring of the horizontally resampled rows the
+   * vertical pass reads (as many as its widest window; rows one byte longer for hpass3_avx2's
+   * stores), their pointers in ring order and in the order of one output's taps, and the accumulators of the portable vertical pass.
    */
-  enum { STRIP = 32 };
-  const int64_t rows = y1 - y0, cols = x1 - x0, row_len = ax->n * c, strip_len = STRIP * c;
-  size_t n_acc = (size_t)(row_len > strip_len ? row_len : strip_len);
-  size_t n_t = fx ? (size_t)((cols + ax->n) * strip_len) : 0, n_tmp = fy ? (size_t)(rows * row_len) : 0;
-  int32_t *acc = malloc(n_acc * sizeof(int32_t) + n_t + n_tmp);
-  if (!acc) {
-    free(mem);
-    return SF_ENOMEM;
+  const int64_t row_len = ax->n * c, stride = (row_len + 32) & ~(int64_t)31;
+  int ring = 1;
+  if (fy) {
+    double scale = (double)ay->span / (double)ay->size;
+    ring = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
   }
-  uint8_t *t = (uint8_t *)(acc + n_acc), *h = t + cols * strip_len, *tmp = fy ? t + n_t : dst;
-  const uint8_t *block = src + y0 * sy + x0 * sx;
-  for (int64_t s0 = 0; s0 < rows; s0 += STRIP) {
-    const int64_t n = rows - s0 < STRIP ? rows - s0 : STRIP;
-    if (fx) { /* horizontal: transpose the strip, filter its rows (= source columns), transpose back */
-      transpose(block + s0 * sy, sy, sx, sc, c, n, cols, t);
-      pass(t, x0, n * c, &cx, ax->n, acc, h);
-      transpose(h, n * c, c, 1, c, ax->n, n, tmp + s0 * row_len);
-    } else { /* a transpose of the transposed: the plain window */
-      transpose(block + s0 * sy, sx, sy, sc, c, cols, n, tmp + s0 * row_len);
+  size_t n_ring = fy || !fx ? (size_t)(ring * stride) : 0;
+  uint8_t *mem = malloc(by + bx + bw + 32 + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) + (size_t)row_len * sizeof(int32_t));
+  if (!mem) return SF_ENOMEM;
+  coeffs cy = {0}, cx = {0};
+  if (fy) cy = coeffs_at((int32_t *)mem, ay, ky);
+  if (fx) cx = coeffs_at((int32_t *)(mem + by), ax, kx);
+  int16_t *wt = (int16_t *)(((uintptr_t)(mem + by + bx) + 31) & ~(uintptr_t)31);
+  uint8_t *rbuf = (uint8_t *)wt + bw;
+  const uint8_t **rows = (const uint8_t **)(rbuf + n_ring);
+  const uint8_t **taps = rows + ring;
+  int32_t *acc = (int32_t *)(taps + ring);
+#ifdef SF_RESIZE_X86
+  if (h3) madd_weights(&cx, ax->n, wt);
+#endif
+  hctx h = {src, sy, sx, sc, c, fx, h3, &cx, wt, x0, x1, ax->n};
+  if (!fy) { /* rows straight into dst */
+    for (int64_t i = 0; i < ay->n; i++) {
+      uint8_t *o = dst + i * row_len;
+      const uint8_t *r = hrow(&h, y0 + i, fx ? o : rbuf);
+      if (r != o) memcpy(o, r, (size_t)row_len);
+    }
+  } else { /* row i of dst from the window of rows it reads, each resampled once, in the ring */
+    int64_t next = y0; /* the next source row to resample */
+    for (int64_t i = 0; i < ay->n; i++) {
+      const int64_t s = cy.start[i], e = s + cy.count[i];
+      if (next < s) next = s;
+      for (; next < e; next++) {
+        int64_t slot = (next - y0) % ring;
+        rows[slot] = hrow(&h, next, rbuf + slot * stride);
+      }
+      for (int t = 0; t < cy.count[i]; t++) taps[t] = rows[(s + t - y0) % ring];
+#ifdef SF_RESIZE_X86
+      if (avx2) {
+        vpass_avx2(taps, cy.count[i], cy.k + i * cy.ksize, row_len, acc, dst + i * row_len);
+        continue;
+      }
+#endif
+      vpass(taps, cy.count[i], cy.k + i * cy.ksize, 0, row_len, acc, dst + i * row_len);
     }
   }
-  if (fy) pass(tmp, y0, row_len, &cy, ay->n, acc, dst);
-  free(acc);
   free(mem);
   return 0;
+}
+
+int sf_resize_u8(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
+                 const sf_resize_axis *ax, uint8_t *dst) {
+  return sf_resize_u8_simd(src, sy, sx, sc, c, ay, ax, dst, true);
 }
