@@ -155,37 +155,54 @@ static void madd_weights(const coeffs *cx, int64_t n, int16_t *wt) {
   }
 }
 
+/* One output pixel's 4-tap groups from p (16-byte loads, g of them) weighted by w: its channel sums split over two lanes. */
+SF_AVX2 static inline __m256i taps3(const uint8_t *p, const __m256i *w, int g) {
+  const __m256i shuf = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, /* taps 0, 1 */
+                                        6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1); /* taps 2, 3 */
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < g; j++, p += 12, w += 2) {
+    __m256i px = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), shuf);
+    __m256i hi = _mm256_madd_epi16(px, _mm256_loadu_si256(w)), lo = _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1));
+    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_slli_epi32(hi, SPLIT), lo));
+  }
+  return acc;
+}
+
+/* Two taps3 results a, b as one vector of their sums, rounded and shifted: lane 0 a's [R G B 0], lane 1 b's. */
+SF_AVX2 static inline __m256i join3(__m256i a, __m256i b) {
+  __m256i v = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+  return _mm256_srai_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(HALF)), PRECISION_BITS);
+}
+
 /*
  * Horizontal pass of one RGB row (3 channels, pixels 3 bytes apart) for outputs [0, n) of cx
  * whose taps' 16-byte loads stay inside the row's bytes [0, end): returns the first output that
  * does not (the rest go through hpass). Per output pixel, 4 taps per step: one 16-byte load, a
- * shuffle into 16-bit (tap, tap + 1) pairs per channel, two vpmaddwd (weights' hi and lo parts).
+ * shuffle into 16-bit (tap, tap + 1) pairs per channel, two vpmaddwd (weights' hi and lo parts);
+ * four output pixels are packed and stored together.
  */
 SF_AVX2 static int64_t hpass3_avx2(const uint8_t *row, const coeffs *cx, const int16_t *wt, int64_t n, int64_t end,
                                    uint8_t *out) {
-  const __m256i shuf = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, /* taps 0, 1 */
-                                        6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1); /* taps 2, 3 */
-  const __m128i half = _mm_set1_epi32(HALF);
+  const __m128i pack = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
   const int groups = cx->ksize / 4;
+  const __m256i *w = (const __m256i *)wt;
   int64_t i = 0;
-  for (; i < n; i++) {
-    const int g_n = (cx->count[i] + 3) / 4;
-    const int64_t s = cx->start[i] * 3;
-    if (s + 12 * (g_n - 1) + 16 > end) break;
-    const uint8_t *p = row + s;
-    const __m256i *w = (const __m256i *)(wt + i * groups * 32);
-    __m256i hi = _mm256_setzero_si256(), lo = hi;
-    for (int g = 0; g < g_n; g++, p += 12, w += 2) {
-      __m256i px = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), shuf);
-      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_loadu_si256(w)));
-      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1)));
-    }
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
-    __m128i l = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
-    __m128i v = _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(h, SPLIT), l), half), PRECISION_BITS);
-    v = _mm_packus_epi16(_mm_packs_epi32(v, v), v);
-    uint32_t px = (uint32_t)_mm_cvtsi128_si32(v);
-    memcpy(out + i * 3, &px, i + 1 < n ? 4 : 3); /* the 4th byte is pixel i + 1's, written next */
+  for (; i + 4 <= n; i += 4) {
+    int count = cx->count[i];
+    for (int q = 1; q < 4; q++) count = cx->count[i + q] > count ? cx->count[i + q] : count;
+    const int g = (count + 3) / 4;
+    if (cx->start[i + 3] * 3 + 12 * (g - 1) + 16 > end) break;
+    __m256i v[4];
+    if (g == 1) /* the common case (up to 2x down): constant trip counts, unrolled */
+      for (int q = 0; q < 4; q++) v[q] = taps3(row + cx->start[i + q] * 3, w + (i + q) * groups * 2, 1);
+    else
+      for (int q = 0; q < 4; q++) v[q] = taps3(row + cx->start[i + q] * 3, w + (i + q) * groups * 2, g);
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(join3(v[0], v[1]), join3(v[2], v[3])), _mm256_setzero_si256());
+    /* b's dwords: pixel i, i + 2 (lane 0), i + 1, i + 3 (lane 1), each R G B 0 */
+    __m128i r = _mm_shuffle_epi8(_mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)), pack);
+    _mm_storel_epi64((__m128i *)(out + i * 3), r);
+    uint32_t last = (uint32_t)_mm_extract_epi32(r, 2);
+    memcpy(out + i * 3 + 8, &last, 4);
   }
   return i;
 }
