@@ -80,16 +80,25 @@ static inline uint8_t clip8(int32_t v) {
   return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
+/* Outputs of an axis rounded up to 4: the AVX2 horizontal pass computes four at a time. */
+static int64_t n4(const sf_resize_axis *a) { return (a->n + 3) & ~(int64_t)3; }
+
 /* Coefficients of a filtered axis, in `mem`; ksize as Pillow sizes it (2 * ceil(scale) + 1), rounded up to 4. */
 static size_t coeffs_bytes(const sf_resize_axis *a, int *ksize) {
   double scale = (double)a->span / (double)a->size;
   *ksize = ((int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1 + 3) & ~3;
-  return (size_t)a->n * (size_t)(*ksize + 2) * sizeof(int32_t);
+  return (size_t)n4(a) * (size_t)(*ksize + 2) * sizeof(int32_t);
 }
 
+/* The coefficients of outputs [0, n4) of a: those past n read the last output's first pixel with no taps. */
 static coeffs coeffs_at(int32_t *mem, const sf_resize_axis *a, int ksize) {
-  coeffs cf = {ksize, mem, mem + a->n, mem + 2 * a->n};
+  const int64_t n = n4(a);
+  coeffs cf = {ksize, mem, mem + n, mem + 2 * n};
   compute(&cf, a);
+  for (int64_t i = a->n; i < n; i++) {
+    cf.start[i] = cf.start[a->n - 1], cf.count[i] = 0;
+    memset(cf.k + i * ksize, 0, (size_t)ksize * sizeof(int32_t));
+  }
   return cf;
 }
 
@@ -135,76 +144,81 @@ SF_RESIZE_KERNEL static void vpass(const uint8_t *const *rows, int n, const int3
 enum { SPLIT = 15 };
 
 /*
- * The horizontal weights of cx as vpmaddwd operands: per output pixel, per group of 4 taps, two
- * 256-bit vectors (hi, lo parts) of 16-bit weights laid out as hpass3_avx2's pixel pairs are:
- * lane 0 [w0 w1 w0 w1 w0 w1 0 0], lane 1 [w2 w3 w2 w3 w2 w3 0 0].
+ * The horizontal weights of cx as vpmaddwd operands: for each pair of output pixels (i, i + 1) and
+ * each pair of taps (t, t + 1), two 256-bit vectors (the weights' hi, then lo parts) of 16-bit
+ * weights laid out as hpass3_avx2's pixels are: lane 0 pixel i's [wt wt+1 wt wt+1 wt wt+1 0 0],
+ * lane 1 pixel i + 1's (zero past n).
  */
 static void madd_weights(const coeffs *cx, int64_t n, int16_t *wt) {
-  const int groups = cx->ksize / 4;
-  for (int64_t i = 0; i < n; i++) {
-    const int32_t *k = cx->k + i * cx->ksize;
-    for (int g = 0; g < groups; g++, k += 4, wt += 32)
-      for (int half = 0; half < 2; half++) {
-        int16_t *o = wt + half * 16;
+  const int steps = cx->ksize / 2;
+  for (int64_t i = 0; i < n; i += 2)
+    for (int st = 0; st < steps; st++, wt += 32)
+      for (int half = 0; half < 2; half++)
         for (int lane = 0; lane < 2; lane++)
           for (int j = 0; j < 8; j++) {
-            int32_t w = j < 6 ? k[lane * 2 + (j & 1)] : 0;
-            o[lane * 8 + j] = (int16_t)(half ? w & ((1 << SPLIT) - 1) : w >> SPLIT);
+            int32_t w = i + lane < n && j < 6 ? cx->k[(i + lane) * cx->ksize + 2 * st + (j & 1)] : 0;
+            wt[half * 16 + lane * 8 + j] = (int16_t)(half ? w & ((1 << SPLIT) - 1) : w >> SPLIT);
           }
-      }
-  }
-}
-
-/* One output pixel's 4-tap groups from p (16-byte loads, g of them) weighted by w: its channel sums split over two lanes. */
-SF_AVX2 static inline __m256i taps3(const uint8_t *p, const __m256i *w, int g) {
-  const __m256i shuf = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, /* taps 0, 1 */
-                                        6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1); /* taps 2, 3 */
-  __m256i acc = _mm256_setzero_si256();
-  for (int j = 0; j < g; j++, p += 12, w += 2) {
-    __m256i px = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), shuf);
-    __m256i hi = _mm256_madd_epi16(px, _mm256_loadu_si256(w)), lo = _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1));
-    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_slli_epi32(hi, SPLIT), lo));
-  }
-  return acc;
-}
-
-/* Two taps3 results a, b as one vector of their sums, rounded and shifted: lane 0 a's [R G B 0], lane 1 b's. */
-SF_AVX2 static inline __m256i join3(__m256i a, __m256i b) {
-  __m256i v = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-  return _mm256_srai_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(HALF)), PRECISION_BITS);
 }
 
 /*
- * Horizontal pass of one RGB row (3 channels, pixels 3 bytes apart) for outputs [0, n) of cx
- * whose taps' 16-byte loads stay inside the row's bytes [0, end): returns the first output that
- * does not (the rest go through hpass). Per output pixel, 4 taps per step: one 16-byte load, a
- * shuffle into 16-bit (tap, tap + 1) pairs per channel, two vpmaddwd (weights' hi and lo parts);
- * four output pixels are packed and stored together.
+ * Output pixels i (lane 0) and i + 1 (lane 1) of a row, from taps in pairs (steps of them) at byte
+ * offsets a and b of row, weighted by w (madd_weights): lanes [R G B 0], rounded and shifted. Per
+ * step: one 16-byte load per pixel, a shuffle into 16-bit (tap, tap + 1) pairs per channel, two
+ * vpmaddwd (the weights' hi and lo parts).
  */
-SF_AVX2 static int64_t hpass3_avx2(const uint8_t *row, const coeffs *cx, const int16_t *wt, int64_t n, int64_t end,
-                                   uint8_t *out) {
+SF_AVX2 static inline __m256i pair3(const uint8_t *row, int64_t a, int64_t b, const __m256i *w, int steps) {
+  const __m256i shuf = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, /* pixel i */
+                                        0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1); /* pixel i + 1 */
+  __m256i hi = _mm256_setzero_si256(), lo = hi;
+  for (int st = 0; st < steps; st++, a += 6, b += 6, w += 2) {
+    __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row + a))),
+                                         _mm_loadu_si128((const __m128i *)(row + b)), 1);
+    px = _mm256_shuffle_epi8(px, shuf);
+    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_loadu_si256(w)));
+    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1)));
+  }
+  __m256i v = _mm256_add_epi32(_mm256_slli_epi32(hi, SPLIT), _mm256_add_epi32(lo, _mm256_set1_epi32(HALF)));
+  return _mm256_srai_epi32(v, PRECISION_BITS);
+}
+
+/* How many taps hpass3_avx2 reads for outputs [i, i + 4) of cx: its steps of 2 taps. */
+static int steps4(const coeffs *cx, int64_t i) {
+  int c = cx->count[i];
+  for (int q = 1; q < 4; q++) c = cx->count[i + q] > c ? cx->count[i + q] : c;
+  return (c + 1) / 2;
+}
+
+/*
+ * Horizontal pass of one RGB row (3 channels, pixels 3 bytes apart) for outputs [from, to) of cx
+ * (multiples of 4) into out (output `from` first). Source pixel x is at row + 3 * x - base; each
+ * output's taps are read in steps of 2 with 16-byte loads (rows need 16 readable bytes there).
+ */
+SF_AVX2 static void hpass3_avx2(const uint8_t *row, int64_t base, const coeffs *cx, const int16_t *wt, int64_t from,
+                                int64_t to, uint8_t *out) {
   const __m128i pack = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
-  const int groups = cx->ksize / 4;
-  const __m256i *w = (const __m256i *)wt;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    int count = cx->count[i];
-    for (int q = 1; q < 4; q++) count = cx->count[i + q] > count ? cx->count[i + q] : count;
-    const int g = (count + 3) / 4;
-    if (cx->start[i + 3] * 3 + 12 * (g - 1) + 16 > end) break;
-    __m256i v[4];
-    if (g == 1) /* the common case (up to 2x down): constant trip counts, unrolled */
-      for (int q = 0; q < 4; q++) v[q] = taps3(row + cx->start[i + q] * 3, w + (i + q) * groups * 2, 1);
-    else
-      for (int q = 0; q < 4; q++) v[q] = taps3(row + cx->start[i + q] * 3, w + (i + q) * groups * 2, g);
-    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(join3(v[0], v[1]), join3(v[2], v[3])), _mm256_setzero_si256());
+  const int steps = cx->ksize / 2;
+  const int32_t *start = cx->start;
+  row -= base;
+  for (int64_t i = from; i < to; i += 4, out += 12) {
+    const int st = steps4(cx, i);
+    const __m256i *w = (const __m256i *)wt + i / 2 * steps * 2;
+    __m256i v01, v23;
+    if (st <= 2) { /* the common cases (up to 2x down): constant trip counts, unrolled */
+      int k = st; /* 1 or 2 */
+      v01 = pair3(row, start[i] * 3, start[i + 1] * 3, w, k == 1 ? 1 : 2);
+      v23 = pair3(row, start[i + 2] * 3, start[i + 3] * 3, w + steps * 2, k == 1 ? 1 : 2);
+    } else {
+      v01 = pair3(row, start[i] * 3, start[i + 1] * 3, w, st);
+      v23 = pair3(row, start[i + 2] * 3, start[i + 3] * 3, w + steps * 2, st);
+    }
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(v01, v23), _mm256_setzero_si256());
     /* b's dwords: pixel i, i + 2 (lane 0), i + 1, i + 3 (lane 1), each R G B 0 */
     __m128i r = _mm_shuffle_epi8(_mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)), pack);
-    _mm_storel_epi64((__m128i *)(out + i * 3), r);
+    _mm_storel_epi64((__m128i *)out, r);
     uint32_t last = (uint32_t)_mm_extract_epi32(r, 2);
-    memcpy(out + i * 3 + 8, &last, 4);
+    memcpy(out + 8, &last, 4);
   }
-  return i;
 }
 
 /* vpass with AVX2: 32 bytes per step, their four accumulators in registers across the taps. */
@@ -265,6 +279,10 @@ typedef struct hctx {
   const coeffs *cx;
   const int16_t *wt; /* madd_weights of cx (avx2) */
   int64_t x0, x1, n; /* source columns read, outputs */
+  /* avx2: outputs [0, safe) read inside the row; the rest read from a copy of its bytes [tail, x1 * 3)
+     in tbuf (3 * ksize + 32 bytes longer), into tout (12 bytes a 4 outputs) */
+  int64_t safe, tail;
+  uint8_t *tbuf, *tout;
 } hctx;
 
 /* Source row y resampled along x: written to out (n * c bytes, and 1 more writable byte), or the source row itself. */
@@ -276,11 +294,18 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
       for (int ch = 0; ch < h->c; ch++) out[i * h->c + ch] = row[(h->x0 + i) * h->sx + ch * h->sc];
     return out;
   }
-  int64_t done = 0;
 #ifdef SF_RESIZE_X86
-  if (h->avx2) done = hpass3_avx2(row, h->cx, h->wt, h->n, h->x1 * 3, out);
+  if (h->avx2) {
+    hpass3_avx2(row, 0, h->cx, h->wt, 0, h->safe, out);
+    if (h->safe < h->n) {
+      memcpy(h->tbuf, row + h->tail, (size_t)(h->x1 * 3 - h->tail));
+      hpass3_avx2(h->tbuf, h->tail, h->cx, h->wt, h->safe, n4(&(sf_resize_axis){.n = h->n}), h->tout);
+      memcpy(out + h->safe * 3, h->tout, (size_t)(h->n - h->safe) * 3);
+    }
+    return out;
+  }
 #endif
-  hpass(row, h->sx, h->sc, h->c, h->cx, done, h->n, out);
+  hpass(row, h->sx, h->sc, h->c, h->cx, 0, h->n, out);
   return out;
 }
 
@@ -291,14 +316,15 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
   bool avx2 = simd && use_avx2();
   bool h3 = avx2 && fx && c == 3 && sx == 3 && sc == 1; /* hpass3_avx2 applies */
   size_t by = fy ? coeffs_bytes(ay, &ky) : 0, bx = fx ? coeffs_bytes(ax, &kx) : 0;
-  size_t bw = h3 ? (size_t)ax->n * (size_t)kx * 8 * sizeof(int16_t) : 0;
+  size_t bw = h3 ? (size_t)n4(ax) * (size_t)kx * 8 * sizeof(int16_t) : 0;
   int64_t y0, y1, x0, x1;
   sf_resize_reads(ay, &y0, &y1);
   sf_resize_reads(ax, &x0, &x1);
   /*
-   * Scratch: the coefficients, the madd weights; a ring of the horizontally resampled rows the
-   * vertical pass reads (as many as its widest window; rows one byte longer for hpass3_avx2's
-   * stores), their pointers in ring order and in the order of one output's taps, and the accumulators of the portable vertical pass.
+   * Scratch: the coefficients, the madd weights, the row tail hpass3_avx2 reads from a copy; a ring
+   * of the horizontally resampled rows the vertical pass reads (as many as its widest window), their
+   * pointers in ring order and in the order of one output's taps, and the accumulators of the
+   * portable vertical pass.
    */
   const int64_t row_len = ax->n * c, stride = (row_len + 32) & ~(int64_t)31;
   int ring = 1;
@@ -307,20 +333,29 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
     ring = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
   }
   size_t n_ring = fy || !fx ? (size_t)(ring * stride) : 0;
-  uint8_t *mem = malloc(by + bx + bw + 32 + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) + (size_t)row_len * sizeof(int32_t));
+  size_t n_tail = h3 ? (size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 : 0;
+  uint8_t *mem = malloc(by + bx + bw + 32 + n_tail + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) +
+                        (size_t)row_len * sizeof(int32_t));
   if (!mem) return SF_ENOMEM;
   coeffs cy = {0}, cx = {0};
   if (fy) cy = coeffs_at((int32_t *)mem, ay, ky);
   if (fx) cx = coeffs_at((int32_t *)(mem + by), ax, kx);
   int16_t *wt = (int16_t *)(((uintptr_t)(mem + by + bx) + 31) & ~(uintptr_t)31);
-  uint8_t *rbuf = (uint8_t *)wt + bw;
+  uint8_t *rbuf = (uint8_t *)wt + bw + n_tail;
   const uint8_t **rows = (const uint8_t **)(rbuf + n_ring);
   const uint8_t **taps = rows + ring;
   int32_t *acc = (int32_t *)(taps + ring);
+  hctx h = {src, sy, sx, sc, c, fx, h3, &cx, wt, x0, x1, ax->n, 0, 0, NULL, NULL};
 #ifdef SF_RESIZE_X86
-  if (h3) madd_weights(&cx, ax->n, wt);
+  if (h3) {
+    madd_weights(&cx, n4(ax), wt);
+    /* outputs in fours while their 16-byte loads end inside the row and the four are outputs */
+    while (h.safe + 4 <= ax->n && cx.start[h.safe + 3] * 3 + 6 * (steps4(&cx, h.safe) - 1) + 16 <= x1 * 3) h.safe += 4;
+    h.tail = cx.start[h.safe < ax->n ? h.safe : 0] * 3;
+    h.tbuf = (uint8_t *)wt + bw;
+    h.tout = h.tbuf + (x1 * 3 - h.tail) + kx * 3 + 32;
+  }
 #endif
-  hctx h = {src, sy, sx, sc, c, fx, h3, &cx, wt, x0, x1, ax->n};
   if (!fy) { /* rows straight into dst */
     for (int64_t i = 0; i < ay->n; i++) {
       uint8_t *o = dst + i * row_len;
