@@ -221,6 +221,95 @@ SF_AVX2 static void hpass3_avx2(const uint8_t *row, int64_t base, const coeffs *
   }
 }
 
+/*
+ * The dense horizontal pass for RGB rows: output bytes in groups of 8 (output pixel j's channel ch
+ * is byte 3 * j + ch of the row), so a register's int32 lanes are 8 consecutive output bytes and
+ * the results store as they are. Each 128-bit half of a group covers at most 2 output pixels and
+ * reads one 16-byte window of the row per step of 2 taps (the window slides 2 pixels a step); a
+ * shuffle mask made per call puts each lane's (tap, tap + 1) bytes as 16-bit pairs for vpmaddwd.
+ * It applies when the two pixels' first taps are at most 3 pixels apart (downscales up to about
+ * 3x); the masks, weights and windows depend only on the x axis and are made once per call.
+ */
+typedef struct dense {
+  int steps;      /* of 2 taps, the most any output needs */
+  int64_t groups; /* of 8 output bytes, a multiple of 4 */
+  int32_t *ofs;   /* per group, the byte offsets (3 * source column) of its two halves' first windows */
+  __m256i *tab;   /* per group, per step: shuffle mask, weights' hi parts, weights' lo parts */
+} dense;
+
+/* Fills d (its arrays allocated by the caller for d->groups and d->steps) for outputs [0, n) of cx; false if it does not apply. */
+static bool dense_make(dense *d, const coeffs *cx, int64_t n) {
+  memset(d->tab, 0, (size_t)d->groups * (size_t)d->steps * 3 * sizeof(__m256i));
+  for (int64_t g = 0; g < d->groups; g++)
+    for (int half = 0; half < 2; half++) {
+      const int64_t s0 = 8 * g + 4 * half, j0 = s0 / 3 < n ? s0 / 3 : n - 1;
+      const int64_t b = (int64_t)cx->start[j0] * 3;
+      d->ofs[2 * g + half] = (int32_t)b;
+      for (int k = 0; k < 4; k++) {
+        const int64_t j = (s0 + k) / 3, ch = (s0 + k) % 3;
+        if (j >= n) break;
+        const int64_t dist = cx->start[j] - cx->start[j0];
+        if (3 * dist + 5 >= 16) return false;
+        for (int t = 0; t < cx->count[j]; t++) {
+          __m256i *e = d->tab + (g * d->steps + t / 2) * 3;
+          const int at = half * 16 + 4 * k + 2 * (t & 1); /* byte of the mask, of the 16-bit pair */
+          const int32_t w = cx->k[j * cx->ksize + t];
+          /* lanes without taps keep mask 0 and weight 0: they read byte 0 and add nothing */
+          ((uint8_t *)e)[at] = (uint8_t)(3 * dist + ch + 3 * (t & 1)), ((uint8_t *)e)[at + 1] = 0x80;
+          ((int16_t *)(e + 1))[at / 2] = (int16_t)(w >> SPLIT);
+          ((int16_t *)(e + 2))[at / 2] = (int16_t)(w & ((1 << SPLIT) - 1));
+        }
+      }
+    }
+  return true;
+}
+
+/* One group of dense_make's: its 8 output bytes as int32 lanes. steps is d->steps (a constant when inlined). */
+SF_AVX2 static inline __m256i dense_group(const uint8_t *p0, const uint8_t *p1, const __m256i *e, int steps) {
+  __m256i hi = _mm256_setzero_si256(), lo = hi;
+  for (int st = 0; st < steps; st++, p0 += 6, p1 += 6, e += 3) {
+    __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                         _mm_loadu_si128((const __m128i *)p1), 1);
+    px = _mm256_shuffle_epi8(px, _mm256_load_si256(e));
+    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_load_si256(e + 1)));
+    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_load_si256(e + 2)));
+  }
+  __m256i v = _mm256_add_epi32(_mm256_slli_epi32(hi, SPLIT), _mm256_add_epi32(lo, _mm256_set1_epi32(HALF)));
+  return _mm256_srai_epi32(v, PRECISION_BITS);
+}
+
+/* dense_avx2's loop; steps is d->steps (a constant when inlined). */
+SF_AVX2 static inline void dense_loop(const uint8_t *row, const dense *d, int64_t from, int64_t to, uint8_t *out,
+                                      int steps) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const int32_t *o = d->ofs + 2 * from;
+  const __m256i *e = d->tab + from * steps * 3;
+  for (int64_t g = from; g < to; g += 4, out += 32, o += 8, e += 12 * steps) {
+    __m256i a0 = dense_group(row + o[0], row + o[1], e, steps);
+    __m256i a1 = dense_group(row + o[2], row + o[3], e + 3 * steps, steps);
+    __m256i a2 = dense_group(row + o[4], row + o[5], e + 6 * steps, steps);
+    __m256i a3 = dense_group(row + o[6], row + o[7], e + 9 * steps, steps);
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(b, order));
+  }
+}
+
+/*
+ * Groups [from, to) (multiples of 4) of d for one RGB row, into out (group `from` first, 32 bytes
+ * a 4 groups). Source pixel x is at row + 3 * x - base; each group reads 16 + 6 * (steps - 1)
+ * bytes from each of its two offsets.
+ */
+SF_AVX2 static void dense_avx2(const uint8_t *row, int64_t base, const dense *d, int64_t from, int64_t to,
+                               uint8_t *out) {
+  row -= base;
+  if (d->steps == 1) /* the common cases (up to 2x down, up): unrolled */
+    dense_loop(row, d, from, to, out, 1);
+  else if (d->steps == 2)
+    dense_loop(row, d, from, to, out, 2);
+  else
+    dense_loop(row, d, from, to, out, d->steps);
+}
+
 /* vpass with AVX2: 32 bytes per step, their four accumulators in registers across the taps. */
 SF_AVX2 static void vpass_avx2(const uint8_t *const *rows, int n, const int32_t *k, int64_t len, int32_t *acc,
                                uint8_t *out) {
@@ -279,13 +368,16 @@ typedef struct hctx {
   const coeffs *cx;
   const int16_t *wt; /* madd_weights of cx (avx2) */
   int64_t x0, x1, n; /* source columns read, outputs */
-  /* avx2: outputs [0, safe) read inside the row; the rest read from a copy of its bytes [tail, x1 * 3)
-     in tbuf (3 * ksize + 32 bytes longer), into tout (12 bytes a 4 outputs) */
+#ifdef SF_RESIZE_X86
+  const dense *d;    /* dense_avx2's tables, or NULL: hpass3_avx2 (avx2) */
+#endif
+  /* avx2: outputs [0, safe) (groups with d) read inside the row; the rest read from a copy of its
+     bytes [tail, x1 * 3) in tbuf (3 * ksize + 32 bytes longer), into tout (12 bytes a 4 outputs; not with d) */
   int64_t safe, tail;
   uint8_t *tbuf, *tout;
 } hctx;
 
-/* Source row y resampled along x: written to out (n * c bytes, and 1 more writable byte), or the source row itself. */
+/* Source row y resampled along x: written to out (n * c bytes rounded up to 32 writable), or the source row itself. */
 static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
   const uint8_t *row = h->src + y * h->sy;
   if (!h->fx) {
@@ -295,6 +387,14 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
     return out;
   }
 #ifdef SF_RESIZE_X86
+  if (h->d) {
+    dense_avx2(row, 0, h->d, 0, h->safe, out);
+    if (h->safe < h->d->groups) {
+      memcpy(h->tbuf, row + h->tail, (size_t)(h->x1 * 3 - h->tail));
+      dense_avx2(h->tbuf, h->tail, h->d, h->safe, h->d->groups, out + h->safe * 8);
+    }
+    return out;
+  }
   if (h->avx2) {
     hpass3_avx2(row, 0, h->cx, h->wt, 0, h->safe, out);
     if (h->safe < h->n) {
@@ -332,7 +432,7 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
     double scale = (double)ay->span / (double)ay->size;
     ring = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
   }
-  size_t n_ring = fy || !fx ? (size_t)(ring * stride) : 0;
+  size_t n_ring = (size_t)(ring * stride);
   size_t n_tail = h3 ? (size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 : 0;
   uint8_t *mem = malloc(by + bx + bw + 32 + n_tail + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) +
                         (size_t)row_len * sizeof(int32_t));
@@ -345,9 +445,30 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
   const uint8_t **rows = (const uint8_t **)(rbuf + n_ring);
   const uint8_t **taps = rows + ring;
   int32_t *acc = (int32_t *)(taps + ring);
-  hctx h = {src, sy, sx, sc, c, fx, h3, &cx, wt, x0, x1, ax->n, 0, 0, NULL, NULL};
+  hctx h = {.src = src, .sy = sy, .sx = sx, .sc = sc, .c = c, .fx = fx, .avx2 = h3, .cx = &cx, .wt = wt, .x0 = x0, .x1 = x1, .n = ax->n};
 #ifdef SF_RESIZE_X86
+  dense d = {0};
   if (h3) {
+    int most = 0;
+    for (int64_t i = 0; i < ax->n; i++) most = cx.count[i] > most ? cx.count[i] : most;
+    d.steps = (most + 1) / 2, d.groups = (row_len + 31) / 32 * 4;
+    d.tab = aligned_alloc(32, (size_t)d.groups * ((size_t)d.steps * 3 * sizeof(__m256i) + 2 * sizeof(int32_t)));
+    if (!d.tab) {
+      free(mem);
+      return SF_ENOMEM;
+    }
+    d.ofs = (int32_t *)(d.tab + d.groups * d.steps * 3);
+    if (dense_make(&d, &cx, ax->n)) {
+      h.d = &d;
+      for (const int64_t end = x1 * 3; h.safe < d.groups; h.safe += 4) {
+        int32_t last = d.ofs[2 * (h.safe + 3) + 1]; /* offsets grow along the row */
+        if (last + 6 * (d.steps - 1) + 16 > end) break;
+      }
+      h.tail = h.safe < d.groups ? d.ofs[2 * h.safe] : 0;
+      h.tbuf = (uint8_t *)wt + bw;
+    }
+  }
+  if (h3 && !h.d) {
     madd_weights(&cx, n4(ax), wt);
     /* outputs in fours while their 16-byte loads end inside the row and the four are outputs */
     while (h.safe + 4 <= ax->n && cx.start[h.safe + 3] * 3 + 6 * (steps4(&cx, h.safe) - 1) + 16 <= x1 * 3) h.safe += 4;
@@ -356,12 +477,8 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
     h.tout = h.tbuf + (x1 * 3 - h.tail) + kx * 3 + 32;
   }
 #endif
-  if (!fy) { /* rows straight into dst */
-    for (int64_t i = 0; i < ay->n; i++) {
-      uint8_t *o = dst + i * row_len;
-      const uint8_t *r = hrow(&h, y0 + i, fx ? o : rbuf);
-      if (r != o) memcpy(o, r, (size_t)row_len);
-    }
+  if (!fy) { /* rows resampled along x into dst */
+    for (int64_t i = 0; i < ay->n; i++) memcpy(dst + i * row_len, hrow(&h, y0 + i, rbuf), (size_t)row_len);
   } else { /* row i of dst from the window of rows it reads, each resampled once, in the ring */
     int64_t next = y0; /* the next source row to resample */
     for (int64_t i = 0; i < ay->n; i++) {
@@ -381,6 +498,9 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
       vpass(taps, cy.count[i], cy.k + i * cy.ksize, 0, row_len, acc, dst + i * row_len);
     }
   }
+#ifdef SF_RESIZE_X86
+  free(d.tab);
+#endif
   free(mem);
   return 0;
 }
