@@ -65,11 +65,12 @@ static void compute(coeffs *cf, const sf_resize_axis *a) {
     double sum = 0.0;
     for (int x = 0; x < n; x++) sum += triangle(((double)(x + xmin) - center + 0.5) * ss);
     int32_t *k = cf->k + i * cf->ksize;
-    for (int x = 0; x < cf->ksize; x++) {
-      double w = x < n ? triangle(((double)(x + xmin) - center + 0.5) * ss) : 0.0;
+    for (int x = 0; x < n; x++) {
+      double w = triangle(((double)(x + xmin) - center + 0.5) * ss);
       double v = sum != 0.0 ? w / sum * (1 << PRECISION_BITS) : 0.0;
       k[x] = (int32_t)(v < 0 ? v - 0.5 : v + 0.5);
     }
+    memset(k + n, 0, (size_t)(cf->ksize - n) * sizeof(int32_t));
     cf->start[i] = (int32_t)(a->origin + xmin);
     cf->count[i] = n;
   }
@@ -488,7 +489,8 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
         int64_t slot = (next - y0) % ring;
         rows[slot] = hrow(&h, next, rbuf + slot * stride);
       }
-      for (int t = 0; t < cy.count[i]; t++) taps[t] = rows[(s + t - y0) % ring];
+      for (int t = 0, slot = (int)((s - y0) % ring); t < cy.count[i]; t++, slot = slot + 1 < ring ? slot + 1 : 0)
+        taps[t] = rows[slot];
 #ifdef SF_RESIZE_X86
       if (avx2) {
         vpass_avx2(taps, cy.count[i], cy.k + i * cy.ksize, row_len, acc, dst + i * row_len);
