@@ -425,7 +425,7 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
    * Scratch: the coefficients, the madd weights, the row tail hpass3_avx2 reads from a copy; a ring
    * of the horizontally resampled rows the vertical pass reads (as many as its widest window), their
    * pointers in ring order and in the order of one output's taps, and the accumulators of the
-   * portable vertical pass.
+   * portable vertical pass. The byte arrays before the pointers are multiples of 32 bytes long.
    */
   const int64_t row_len = ax->n * c, stride = (row_len + 32) & ~(int64_t)31;
   int ring = 1;
@@ -434,7 +434,7 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
     ring = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
   }
   size_t n_ring = (size_t)(ring * stride);
-  size_t n_tail = h3 ? (size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 : 0;
+  size_t n_tail = h3 ? ((size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 + 31) & ~(size_t)31 : 0;
   uint8_t *mem = malloc(by + bx + bw + 32 + n_tail + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) +
                         (size_t)row_len * sizeof(int32_t));
   if (!mem) return SF_ENOMEM;
