@@ -238,7 +238,7 @@ typedef struct dense {
   __m256i *tab;   /* per group, per step: shuffle mask, weights' hi parts, weights' lo parts */
 } dense;
 
-/* Fills d (its arrays allocated by the caller for d->groups and d->steps) for outputs [0, n) of cx; false if it does not apply. */
+/* Fills d (arrays sized by the caller for d->groups, d->steps) for outputs [0, n) of cx; false if it does not apply. */
 static bool dense_make(dense *d, const coeffs *cx, int64_t n) {
   memset(d->tab, 0, (size_t)d->groups * (size_t)d->steps * 3 * sizeof(__m256i));
   for (int64_t g = 0; g < d->groups; g++)
@@ -400,7 +400,7 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
     hpass3_avx2(row, 0, h->cx, h->wt, 0, h->safe, out);
     if (h->safe < h->n) {
       memcpy(h->tbuf, row + h->tail, (size_t)(h->x1 * 3 - h->tail));
-      hpass3_avx2(h->tbuf, h->tail, h->cx, h->wt, h->safe, n4(&(sf_resize_axis){.n = h->n}), h->tout);
+      hpass3_avx2(h->tbuf, h->tail, h->cx, h->wt, h->safe, (h->n + 3) & ~(int64_t)3, h->tout);
       memcpy(out + h->safe * 3, h->tout, (size_t)(h->n - h->safe) * 3);
     }
     return out;
@@ -434,7 +434,8 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
     ring = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
   }
   size_t n_ring = (size_t)(ring * stride);
-  size_t n_tail = h3 ? ((size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 + 31) & ~(size_t)31 : 0;
+  size_t n_tail = h3 ? (size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 : 0;
+  n_tail = (n_tail + 31) & ~(size_t)31;
   uint8_t *mem = malloc(by + bx + bw + 32 + n_tail + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) +
                         (size_t)row_len * sizeof(int32_t));
   if (!mem) return SF_ENOMEM;
@@ -446,7 +447,9 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
   const uint8_t **rows = (const uint8_t **)(rbuf + n_ring);
   const uint8_t **taps = rows + ring;
   int32_t *acc = (int32_t *)(taps + ring);
-  hctx h = {.src = src, .sy = sy, .sx = sx, .sc = sc, .c = c, .fx = fx, .avx2 = h3, .cx = &cx, .wt = wt, .x0 = x0, .x1 = x1, .n = ax->n};
+  if (h3) memset((uint8_t *)wt + bw, 0, n_tail); /* the tail copy's bytes past the row: read, weighted 0 */
+  hctx h = {.src = src, .sy = sy, .sx = sx, .sc = sc, .c = c, .fx = fx, .avx2 = h3, .cx = &cx, .wt = wt};
+  h.x0 = x0, h.x1 = x1, h.n = ax->n;
 #ifdef SF_RESIZE_X86
   dense d = {0};
   if (h3) {
@@ -472,7 +475,8 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
   if (h3 && !h.d) {
     madd_weights(&cx, n4(ax), wt);
     /* outputs in fours while their 16-byte loads end inside the row and the four are outputs */
-    while (h.safe + 4 <= ax->n && cx.start[h.safe + 3] * 3 + 6 * (steps4(&cx, h.safe) - 1) + 16 <= x1 * 3) h.safe += 4;
+    while (h.safe + 4 <= ax->n && cx.start[h.safe + 3] * 3 + 6 * (steps4(&cx, h.safe) - 1) + 16 <= x1 * 3)
+      h.safe += 4;
     h.tail = cx.start[h.safe < ax->n ? h.safe : 0] * 3;
     h.tbuf = (uint8_t *)wt + bw;
     h.tout = h.tbuf + (x1 * 3 - h.tail) + kx * 3 + 32;

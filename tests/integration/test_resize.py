@@ -115,7 +115,8 @@ def suite(kernels):
         for img, out in zip(imgs, outs):
             best = min(np.abs(out.astype(int) - pil_resize(img[t:t + bh, l:l + bw], size, size)).max()
                        for t in range(33 - bh) for l in range(33 - bw))
-            check(best <= MAX_DIFF, f"random_resized {bh}x{bw} -> {size}: no box position matches PIL (best max {best})")
+            check(best <= MAX_DIFF,
+                  f"random_resized {bh}x{bw} -> {size}: no box position matches PIL (best max {best})")
         print(f"  random_resized {bh}x{bw} box -> {size}x{size}: every sample matches PIL at its box")
 
 
