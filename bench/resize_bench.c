@@ -1,10 +1,11 @@
 /*
  * Resize kernels side by side, on one core, in one run: the seed's per-pixel bilinear (float 2x2
- * gather, no antialias), shardflow's resampler (engine/codec/resize.c, PIL's antialiased bilinear)
- * and three SIMD libraries from Debian: stb_image_resize (triangle filter), libyuv (ARGBScale,
- * kFilterBox, on a 4-channel copy made outside the timing) and FFmpeg's libswscale (SWS_BILINEAR
- * and SWS_AREA, context made outside the timing). Every uint8 result then takes the same fused
- * normalise + CHW + float32 pass, as augment does. Prints the median time per image of 31 rounds,
+ * gather, no antialias), shardflow's resampler (engine/codec/resize.c, PIL's antialiased bilinear;
+ * its AVX2 and its portable C kernels) and three SIMD libraries from Debian: stb_image_resize
+ * (triangle filter), libyuv (ARGBScale, kFilterBox, on a 4-channel copy made outside the timing)
+ * and FFmpeg's libswscale (SWS_BILINEAR and SWS_AREA, context made outside the timing). Every uint8
+ * result then takes the same fused normalise + CHW + float32 pass, as augment does (and resize.c
+ * once more without it, to time the resize alone). Prints the median CPU time per image of 31 rounds,
  * the ratio to the seed's bilinear, and the mean |diff| in uint8 levels against PIL's result
  * (which resize.c equals bit for bit; tests/integration/test_resize.py).
  * Usage: resize_bench (no arguments).
@@ -12,6 +13,7 @@
 #include <libswscale/swscale.h>
 #include <libyuv.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +44,7 @@ static const kase cases[] = {
 
 static double now(void) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); /* CPU time: steadier than wall time on a shared machine */
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -99,12 +101,21 @@ typedef struct ctx {
 
 static void run_seed(ctx *c) { seed_bilinear(c->k, c->src, c->out); }
 
-static void run_shardflow(ctx *c) {
+static void resize_c(ctx *c, bool simd) {
   const kase *k = c->k;
   sf_resize_axis ay = {k->bt, k->bh, k->oh, 0, k->oh}, ax = {k->bl, k->bw, k->ow, 0, k->ow};
-  sf_resize_u8(c->src, k->w * 3, 3, 1, 3, &ay, &ax, c->u8);
-  normalise(c->u8, k->oh * k->ow, c->out);
+  sf_resize_u8_simd(c->src, k->w * 3, 3, 1, 3, &ay, &ax, c->u8, simd);
 }
+static void run_shardflow(ctx *c) {
+  resize_c(c, true);
+  normalise(c->u8, c->k->oh * c->k->ow, c->out);
+}
+static void run_shardflow_portable(ctx *c) {
+  resize_c(c, false);
+  normalise(c->u8, c->k->oh * c->k->ow, c->out);
+}
+static void run_resize_only(ctx *c) { resize_c(c, true); }
+static void run_resize_only_portable(ctx *c) { resize_c(c, false); }
 
 static void run_stb(ctx *c) {
   const kase *k = c->k;
@@ -139,6 +150,9 @@ static const struct {
 } kernels[] = {
     {"seed bilinear (float gather)", run_seed},
     {"shardflow resize.c (= PIL)", run_shardflow},
+    {"  the same, portable C kernels", run_shardflow_portable},
+    {"  resize.c alone, no normalise", run_resize_only},
+    {"  the same, portable C kernels", run_resize_only_portable},
     {"stb_image_resize triangle", run_stb},
     {"libyuv ARGBScale box", run_libyuv},
     {"libswscale SWS_BILINEAR", run_sws_bilinear},
@@ -165,7 +179,7 @@ int main(void) {
                                      NULL, NULL, NULL);
     cx.sws_area = sws_getContext(k->bw, k->bh, AV_PIX_FMT_RGB24, k->ow, k->oh, AV_PIX_FMT_RGB24, SWS_AREA, NULL,
                                  NULL, NULL);
-    run_shardflow(&cx);
+    run_shardflow_portable(&cx); /* the portable kernels: PIL's result (tests/integration/test_resize.py) */
     memcpy(ref, cx.u8, n_out * 3);
     /* Repetitions per round: about 5 ms of the seed kernel. */
     double t0 = now();

@@ -11,6 +11,7 @@
 #ifndef SF_ENGINE_RESIZE_H
 #define SF_ENGINE_RESIZE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,9 +36,18 @@ void sf_resize_reads(const sf_resize_axis *a, int64_t *lo, int64_t *hi);
  * between pixels, sc between channels) along ay and ax into dst, a contiguous [ay.n, ax.n, c] HWC
  * uint8 buffer owned by the caller. Borrows src and dst for the call only. Returns 0, or SF_ENOMEM
  * (scratch for the coefficients and the horizontal pass's rows is allocated per call) with dst
- * unspecified.
+ * unspecified. On x86-64 CPUs with AVX2 its inner loops are AVX2 kernels (the horizontal one for
+ * 3-channel pixels 3 bytes apart), unless the environment variable SF_RESIZE_PORTABLE is set
+ * non-empty (read at the first call): then the portable C loops run. Both give PIL's result.
  */
 int sf_resize_u8(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
                  const sf_resize_axis *ax, uint8_t *dst);
+
+/*
+ * sf_resize_u8 with simd false: the portable C loops whatever the CPU (bench/resize_bench compares
+ * the two); with simd true, the same as sf_resize_u8.
+ */
+int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
+                      const sf_resize_axis *ax, uint8_t *dst, bool simd);
 
 #endif
