@@ -2,7 +2,8 @@
 
 Every run's batches (device_sink npy dumps) must equal the same graph run in one process, key for key and
 byte for byte, while the head's closing line says how many result bytes came through shared memory and how
-many through the socket: a ring big enough carries every tensor; a ring smaller than one tensor carries none
+many through the socket: a ring big enough carries every tensor; small rings are released and written
+again; a ring smaller than one tensor carries none
 (all through the socket: the fallback); a ring that fills up carries some; a worker killed with SIGKILL in
 the middle of the epoch is restarted with a fresh ring and nothing is lost or repeated.
 """
@@ -72,6 +73,13 @@ same_batches(read_batches(out), reference, "processes: 2 with rings")
 shm, sock = ring_counts(p.stderr, "default ring")
 check(shm >= EXPECTED, f"default ring: {shm} bytes through shared memory, want every tensor ({EXPECTED})")
 check(sock < len(truth) * 64, f"default ring: {sock} bytes through the socket, want only the labels")
+
+# Rings of 2 MiB (42 tensors) for 14 MiB per process: their space is released and written again, several times.
+path, out = graph("reuse", {"processes": 2, "unit_samples": 8, "window": 4, "shm_ring": "2MiB"})
+p = run(["run", path, "--no-summary"])
+same_batches(read_batches(out), reference, "rings reused")
+shm, sock = ring_counts(p.stderr, "rings reused")
+check(shm >= 0.8 * EXPECTED, f"rings reused: {shm} of {EXPECTED} bytes through shared memory, want most")
 
 # A ring smaller than one tensor: every result through the socket, nothing lost or changed.
 path, out = graph("tiny", {"processes": 2, "unit_samples": 8, "shm_ring": "4KiB"})
