@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: a decode-bound graph (ImageNet-sized JPEG photographs decoded, random-resized-cropped to 224,
 # normalised float32 CHW, batched by 64) run (a) in one process with 2 threads, (b) with decode+augment in a
-# group of 2 local worker processes (ipc:// headers, results in shared-memory rings), (c) in a group served over tcp://127.0.0.1 with CURVE to two
-# `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
+# group of 2 local worker processes (ipc://, results in shared-memory rings), (c) in a group served over
+# tcp://127.0.0.1 with CURVE to two `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
 # decode has `replicas: 2` everywhere (in (a) it is what lets decoding use both cores).
 #   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--unit-samples N] [--perf]
 # --dtype uint8 keeps augment's output as uint8 HWC (4x fewer bytes between processes);
