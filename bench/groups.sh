@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: a decode-bound graph (ImageNet-sized JPEG photographs decoded, random-resized-cropped to 224,
 # normalised float32 CHW, batched by 64) run (a) in one process with 2 threads, (b) with decode+augment in a
-# group of 2 local worker processes (ipc://), (c) in a group served over tcp://127.0.0.1 with CURVE to two
-# `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
+# group of 2 local worker processes (ipc://, results in shared-memory rings), (c) in a group served over
+# tcp://127.0.0.1 with CURVE to two `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
 # decode has `replicas: 2` everywhere (in (a) it is what lets decoding use both cores).
 #   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--unit-samples N] [--perf]
 # --dtype uint8 keeps augment's output as uint8 HWC (4x fewer bytes between processes);
@@ -179,6 +179,8 @@ for cfg in b c; do
     { echo "groups.sh: the batches of ($cfg) differ from (a)'s" >&2; exit 1; }
 done
 rm -rf "$run"/npy-?
+# (b)'s local processes hand results over in shared memory (the group's shm_ring); what did not fit went by socket.
+sed -n 's/.*results: \([0-9]*\) bytes through shared memory, \([0-9]*\) through the socket.*/(b) result bytes: \1 through shared memory, \2 through the socket/p' "$run/b.log" >&2
 
 cat "$data"/*.tar > /dev/null # the page cache holds the shards for every run
 # Timed runs, interleaved (a b c, b c a, c a b, ...) so that load from anything else on the machine falls on

@@ -57,6 +57,9 @@ static const sf_cli_option worker_options[] = {
     {.row = {"quiet", SF_OPT_BOOL, W(quiet), .help = "only errors"}},
     {.row = {"exit-with-parent", SF_OPT_BOOL, W(exit_with_parent),
              .help = "end when the parent process ends (a head starting local workers passes it)"}},
+    {.row = {"shm-fd", SF_OPT_COUNT, W(shm_fd), NULL, 3, 1048576,
+             "a shared-memory ring inherited from the head that started this worker (it passes it itself)"},
+     .value = "FD"},
     {.row = {NULL}},
 };
 

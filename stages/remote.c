@@ -61,6 +61,8 @@ typedef struct worker {
   double rate_since, rate;
   sf_wire_stage_stats stats[SF_WIRE_MAX_STATS];
   int n_stats;
+  sf_shm_ring *ring;     /* a local process's shared-memory ring (its results arrive there), or NULL */
+  uint64_t freed_sent;   /* the ring's release position last told to the worker */
 } worker;
 
 typedef struct remote {
@@ -78,6 +80,7 @@ typedef struct remote {
   char *worker_command;
   int64_t max_message;
   int64_t io_threads;
+  int64_t shm_ring;
   const sf_graph *stages; /* the group's stages (the head's graph nodes), sent to workers in WELCOME */
 
   sf_node *node;
@@ -90,6 +93,7 @@ typedef struct remote {
   bool thread_started;
   atomic_bool stop;
   pid_t *children;
+  sf_shm_ring **rings;   /* each local process's ring (a restarted one gets a new ring; views keep the old one) */
   int n_children;
   int respawns;
 
@@ -106,6 +110,7 @@ typedef struct remote {
   uint64_t epochs_ended, epochs_announced; /* epoch markers passed on / told to the workers (EPOCH_END) */
   /* counts */
   uint64_t malformed, logged;
+  uint64_t ring_bytes, socket_bytes; /* result payload bytes taken through the rings / the sockets */
   double last_wait_log;
 } remote;
 
@@ -147,6 +152,10 @@ static const sf_option options[] = {
      "ZeroMQ I/O threads of the head: CURVE decryption of each worker's stream runs on one; more than 1 spreads "
      "several workers' streams (refusal counts by kind may then be off by one: monitor events interleave)",
      NULL},
+    {"shm_ring", SF_OPT_SIZE, offsetof(remote, shm_ring), "64MiB", 0, 1099511627776.0,
+     "shared memory each local process writes its results into (the socket then carries only headers); a result "
+     "that does not fit goes through the socket; 0 = off",
+     NULL},
     {NULL},
 };
 
@@ -177,8 +186,10 @@ static void fail_run(remote *r, const sf_error *e) {
 
 static int send_to(remote *r, worker *w, sf_wire_message *m) {
   m->peer = w->peer;
+  if (w->ring && (m->type == SF_WIRE_UNIT || m->type == SF_WIRE_HEARTBEAT)) m->shm_freed = sf_shm_ring_freed(w->ring);
   sf_error e;
   int rc = sf_wire_send(sf_transport_socket(r->sockets[w->socket]), m, ZMQ_DONTWAIT, &e);
+  if (rc == 0 && m->shm_freed) w->freed_sent = m->shm_freed;
   return rc;
 }
 
@@ -206,9 +217,12 @@ static void on_hello(remote *r, int socket, sf_wire_message *m, double now) {
   int wi = sf_unit_window_join(r->units);
   if (wi < 0) return;
   worker *w = &r->workers[wi];
+  sf_shm_ring_unref(&w->ring);
   memset(w, 0, sizeof *w);
   w->socket = socket;
   w->peer = m->peer;
+  for (int i = 0; socket == 1 && i < r->n_children; i++) /* a process this head started: its ring */
+    if (r->children[i] > 0 && r->children[i] == m->pid && r->rings[i]) w->ring = sf_shm_ring_ref(r->rings[i]);
   snprintf(w->name, sizeof w->name, "%s", m->text ? m->text : "?");
   w->pid = m->pid;
   w->joined = w->last_seen = w->rate_since = now;
@@ -232,6 +246,8 @@ static void on_result(remote *r, int wi, sf_wire_message *m, double now) {
   worker *w = wi >= 0 ? &r->workers[wi] : NULL;
   sf_unit *u;
   sf_unit_answer answer = sf_unit_window_result(r->units, wi, m->unit, m->samples, m->n_samples, now, &u);
+  r->ring_bytes += m->ring_bytes;
+  r->socket_bytes += m->frame_bytes;
   if (answer == SF_UNIT_FOREIGN) {
     r->malformed++;
     if (r->logged++ < MAX_LOGGED)
@@ -373,6 +389,14 @@ static void housekeeping(remote *r, double now, double *last_beat) {
       }
     }
   }
+  /* a ring a quarter freed is worth a message of its own: the worker may be sending through the socket */
+  for (int i = 0; i < r->units->n_workers; i++) {
+    worker *w = &r->workers[i];
+    if (live(r, i) && w->ring && sf_shm_ring_freed(w->ring) - w->freed_sent >= sf_shm_ring_size(w->ring) / 4) {
+      sf_wire_message hb = {.type = SF_WIRE_HEARTBEAT};
+      send_to(r, w, &hb);
+    }
+  }
   int n_live = 0;
   for (int i = 0; i < r->units->n_workers; i++) {
     worker *w = &r->workers[i];
@@ -405,6 +429,20 @@ static void housekeeping(remote *r, double now, double *last_beat) {
   }
 }
 
+/* sf_wire_ring_fn for the local socket: the ring of the process that sent a message (alive or declared dead). */
+static sf_shm_ring *ring_of(void *opaque, const sf_wire_peer *peer) {
+  remote *r = opaque;
+  sf_shm_ring *ring = NULL;
+  pthread_mutex_lock(&r->lock);
+  for (int i = r->units->n_workers - 1; i >= 0 && !ring; i--) {
+    worker *w = &r->workers[i];
+    if (w->socket == 1 && w->ring && w->peer.len == peer->len && memcmp(w->peer.id, peer->id, peer->len) == 0)
+      ring = sf_shm_ring_ref(w->ring);
+  }
+  pthread_mutex_unlock(&r->lock);
+  return ring;
+}
+
 static void *network_thread(void *arg) {
   remote *r = arg;
   double last_beat = 0;
@@ -432,7 +470,8 @@ static void *network_thread(void *arg) {
       for (int budget = 0; budget < 256; budget++) {
         sf_wire_message m;
         sf_error e;
-        int rc = sf_wire_recv(items[k].socket, true, &m, ZMQ_DONTWAIT, &e);
+        int rc = socket_of[k] == 1 ? sf_wire_recv_ring(items[k].socket, true, ring_of, r, &m, ZMQ_DONTWAIT, &e)
+                                   : sf_wire_recv(items[k].socket, true, &m, ZMQ_DONTWAIT, &e);
         if (rc == SF_EAGAIN) break;
         pthread_mutex_lock(&r->lock);
         if (rc == 0) {
@@ -503,11 +542,31 @@ static int spawn_worker(remote *r, int index, sf_error *error) {
   char endpoint[128], name[64];
   snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
   snprintf(name, sizeof name, "%s-local-%d", sf_node_name(r->node), index);
+  char shm_fd[24] = "";
   char *argv[] = {(char *)"shardflow", (char *)"worker", (char *)"--connect", endpoint, (char *)"--name", name,
-                  (char *)"--exit-with-parent", NULL};
+                  (char *)"--exit-with-parent", NULL, NULL, NULL};
+  /* a fresh ring for every process started: views of a dead one's ring keep that one mapped */
+  sf_shm_ring_unref(&r->rings[index]);
+  int fd = -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (r->shm_ring > 0) {
+    sf_error e;
+    if (sf_shm_ring_new((size_t)r->shm_ring, &r->rings[index], &fd, &e) < 0) {
+      sf_log(SF_LOG_WARNING, sf_node_name(r->node), "%s; local worker %d sends its results through the socket",
+             e.message, index);
+    } else {
+      posix_spawn_file_actions_adddup2(&actions, fd, fd); /* same number: clears close-on-exec in the child */
+      snprintf(shm_fd, sizeof shm_fd, "%d", fd);
+      argv[7] = (char *)"--shm-fd";
+      argv[8] = shm_fd;
+    }
+  }
   pid_t pid;
-  int rc = strchr(exe, '/') ? posix_spawn(&pid, exe, NULL, NULL, argv, environ)
-                            : posix_spawnp(&pid, exe, NULL, NULL, argv, environ);
+  int rc = strchr(exe, '/') ? posix_spawn(&pid, exe, &actions, NULL, argv, environ)
+                            : posix_spawnp(&pid, exe, &actions, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (fd >= 0) close(fd);
   if (rc != 0)
     return sf_error_set(error, SF_ENOENT, SF_AT(.stage = sf_node_name(r->node)),
                         "cannot start worker process '%s': %s; set the group's worker_command or SHARDFLOW_BIN to the "
@@ -618,11 +677,12 @@ static int init(sf_node *node) {
   sf_unit_window_new(r->window, r->buffer_size, r->unit_samples, MAX_WORKERS, &r->units);
   r->open = calloc((size_t)r->unit_samples, sizeof *r->open);
   r->children = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->children);
+  r->rings = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->rings);
   r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   r->last_wait_log = now_seconds(); /* the first "waiting" line after 10 s, not at start */
   r->zctx = zmq_ctx_new();
   if (r->zctx) zmq_ctx_set(r->zctx, ZMQ_IO_THREADS, (int)r->io_threads);
-  if (!r->units || !r->open || !r->children || r->wake_fd < 0 || !r->zctx) {
+  if (!r->units || !r->open || !r->children || !r->rings || r->wake_fd < 0 || !r->zctx) {
     sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory");
     return SF_ENOMEM;
   }
@@ -808,10 +868,17 @@ static void uninit(sf_node *node) {
   if (r->zctx) zmq_ctx_term(r->zctx);
   if (r->ipc_path[0]) unlink(r->ipc_path);
   if (r->wrote_rendezvous) unlink(r->rendezvous); /* workers of a later run must not find this head */
+  if (r->processes > 0 && r->shm_ring > 0)
+    sf_log(SF_LOG_INFO, sf_node_name(r->node), "results: %llu bytes through shared memory, %llu through the socket",
+           (unsigned long long)r->ring_bytes, (unsigned long long)r->socket_bytes);
+  if (r->units)
+    for (int i = 0; i < r->units->n_workers; i++) sf_shm_ring_unref(&r->workers[i].ring);
   sf_unit_window_destroy(&r->units);
   for (int i = 0; i < r->n_open; i++) sf_sample_destroy(&r->open[i]);
   free(r->open);
   free(r->children);
+  for (int i = 0; r->rings && i < r->n_children; i++) sf_shm_ring_unref(&r->rings[i]);
+  free(r->rings);
   if (r->wake_fd >= 0) close(r->wake_fd);
   pthread_mutex_destroy(&r->lock);
 }
@@ -837,6 +904,8 @@ int sf_remote_describe(sf_node *node, sf_remote_stats *stats) {
   stats->duplicates = r->units ? r->units->duplicates : 0;
   stats->malformed = r->malformed;
   stats->reassigned = r->units ? r->units->reassigned : 0;
+  stats->ring_bytes = r->ring_bytes;
+  stats->socket_bytes = r->socket_bytes;
   stats->refused = 0;
   for (int s = 0; s < 2; s++)
     if (r->sockets[s]) stats->refused += sf_transport_refused(r->sockets[s]);

@@ -28,6 +28,8 @@ typedef struct sf_remote_stats {
   uint64_t malformed;            /* messages dropped as malformed or not matching their unit */
   uint64_t reassigned;           /* units handed to another worker after theirs died, left or was late */
   uint64_t refused;              /* connections refused by authentication */
+  uint64_t ring_bytes;           /* result payload bytes local processes passed through shared memory */
+  uint64_t socket_bytes;         /* result payload bytes that came through the sockets (remote workers, full rings) */
 } sf_remote_stats;
 
 /* Fills *stats for a _remote node (the caller checks the node's type). Returns 0. */

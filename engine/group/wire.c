@@ -267,6 +267,12 @@ static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf
     return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
                         "wire: %s message has %zu stage statistics; at most %d are allowed", tname, h->n_stats,
                         SF_WIRE_MAX_STATS);
+  if (h->n_shm && type != SF_WIRE_RESULT)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: %s message carries shared-memory extents; only RESULT does", tname);
+  if (h->shm_freed && type != SF_WIRE_UNIT && type != SF_WIRE_HEARTBEAT)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: %s message releases shared memory; only UNIT and HEARTBEAT do", tname);
   sf_error tmp;
   for (size_t i = 0; i < h->n_errors; i++) {
     const SfWire__ErrorRecord *e = h->errors[i];
@@ -419,7 +425,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
       return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
     break;
   case SF_WIRE_CREDIT: msg->credits = h->credits; break;
-  case SF_WIRE_UNIT: msg->unit = h->unit; msg->epoch = h->epoch; break;
+  case SF_WIRE_UNIT: msg->unit = h->unit; msg->epoch = h->epoch; msg->shm_freed = h->shm_freed; break;
   case SF_WIRE_RESULT:
     msg->unit = h->unit;
     msg->epoch = h->epoch;
@@ -427,7 +433,7 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
     msg->skipped = h->skipped;
     msg->filtered = h->filtered;
     break;
-  case SF_WIRE_HEARTBEAT: msg->sequence = h->sequence; break;
+  case SF_WIRE_HEARTBEAT: msg->sequence = h->sequence; msg->shm_freed = h->shm_freed; break;
   case SF_WIRE_EPOCH_END: msg->epoch = h->epoch; break;
   default: break;
   }
@@ -473,8 +479,29 @@ static int build_message(const SfWire__Header *h, sf_buffer *const *frames, sf_w
   return 0;
 }
 
-int sf_wire_decode(const uint8_t *header, size_t header_len, sf_buffer *const *frames, int n_frames,
-                   sf_wire_message *msg, sf_error *error) {
+/* Appends views of the header's shared-memory extents to frames[0 .. n_frames): the fields name both alike. */
+static int ring_frames(const SfWire__Header *h, sf_shm_ring *ring, sf_buffer *const *frames, int n_frames,
+                       sf_buffer ***all, sf_error *error) {
+  if (!ring)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: a message with shared-memory extents from a peer without a ring");
+  if (h->n_shm > (size_t)(SF_WIRE_MAX_FRAMES - n_frames))
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %d payload frames and %zu extents; at most %d in all",
+                        n_frames, h->n_shm, SF_WIRE_MAX_FRAMES);
+  sf_buffer **a = calloc((size_t)n_frames + h->n_shm, sizeof *a);
+  if (!a) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
+  *all = a;
+  for (int i = 0; i < n_frames; i++) a[i] = frames[i];
+  for (size_t i = 0; i < h->n_shm; i++) {
+    int r = sf_shm_ring_view(ring, h->shm[i]->position, h->shm[i]->length, &a[n_frames + i], error);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+/* sf_wire_decode, with the ring of the peer that sent it (NULL: none; extents are refused). */
+static int decode(const uint8_t *header, size_t header_len, sf_buffer *const *frames, int n_frames,
+                  sf_shm_ring *ring, sf_wire_message *msg, sf_error *error) {
   sf_wire_peer peer = msg->peer; /* sf_wire_recv has filled it in already */
   memset(msg, 0, sizeof *msg);
   msg->peer = peer;
@@ -498,17 +525,36 @@ int sf_wire_decode(const uint8_t *header, size_t header_len, sf_buffer *const *f
                         "a shardflow of the same version?",
                         header_len);
   }
-  uint8_t *used = calloc(n_frames ? (size_t)n_frames : 1, 1);
-  int r =
-      used ? check_header(h, n_frames, used, error) : sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
+  sf_buffer **all = NULL;
+  int r = 0;
+  if (h->n_shm) {
+    r = ring_frames(h, ring, frames, n_frames, &all, error);
+    frames = all;
+    n_frames += (int)h->n_shm;
+  }
+  uint8_t *used = r == 0 ? calloc(n_frames ? (size_t)n_frames : 1, 1) : NULL;
+  if (r == 0)
+    r = used ? check_header(h, n_frames, used, error)
+             : sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
   if (r == 0) r = build_message(h, frames, msg, error);
+  for (int i = 0; r == 0 && i < n_frames; i++)
+    *(i < n_frames - (int)h->n_shm ? &msg->frame_bytes : &msg->ring_bytes) += sf_buffer_size(frames[i]);
   free(used);
+  if (all) { /* the fields hold references of their own to the views they use */
+    for (size_t i = 0; i < h->n_shm; i++) sf_buffer_unref(&all[n_frames - (int)h->n_shm + (int)i]);
+    free(all);
+  }
   sf_wire__header__free_unpacked(h, &allocator);
   if (r < 0) {
     sf_wire_message_clear(msg);
     msg->peer = peer;
   }
   return r;
+}
+
+int sf_wire_decode(const uint8_t *header, size_t header_len, sf_buffer *const *frames, int n_frames,
+                   sf_wire_message *msg, sf_error *error) {
+  return decode(header, header_len, frames, n_frames, NULL, msg, error);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -551,6 +597,11 @@ static void drain(void *socket, bool more) {
 }
 
 int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_error *error) {
+  return sf_wire_recv_ring(socket, routed, NULL, NULL, msg, flags, error);
+}
+
+int sf_wire_recv_ring(void *socket, bool routed, sf_wire_ring_fn ring_of, void *opaque, sf_wire_message *msg,
+                      int flags, sf_error *error) {
   memset(msg, 0, sizeof *msg);
   zmq_msg_t part;
   zmq_msg_init(&part);
@@ -631,7 +682,9 @@ int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_
                      "wire: a message with %lld payload frames; at most %d are allowed", n_frames + extra,
                      SF_WIRE_MAX_FRAMES);
   } else if (r == 0) {
-    r = sf_wire_decode(zmq_msg_data(&part), zmq_msg_size(&part), frames, n_frames, msg, error);
+    sf_shm_ring *ring = ring_of ? ring_of(opaque, &msg->peer) : NULL;
+    r = decode(zmq_msg_data(&part), zmq_msg_size(&part), frames, n_frames, ring, msg, error);
+    sf_shm_ring_unref(&ring);
     if (r < 0 && error && !error->url[0]) socket_endpoint(socket, error->url, sizeof error->url);
   }
   zmq_msg_close(&part);
@@ -679,6 +732,13 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
     return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
   }
   return 0;
+}
+
+/* Writes field f's values, C-contiguous, to dst (its recipe, a copy, or a strided copy). */
+static void write_field(const sf_field *f, uint8_t *dst) {
+  if (f->recipe) f->recipe->write(f->recipe, dst);
+  else if (sf_tensor_is_contiguous(&f->tensor)) memcpy(dst, sf_tensor_data(&f->tensor), sf_tensor_nbytes(&f->tensor));
+  else sf_tensor_copy_to(&f->tensor, dst);
 }
 
 /* Checks what a message to send carries against the limits a receiver enforces. */
@@ -813,6 +873,9 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
   h.samples_in = msg->samples_in;
   h.skipped = msg->skipped;
   h.filtered = msg->filtered;
+  h.shm_freed = msg->shm_freed;
+  sf_shm_ring *ring = msg->type == SF_WIRE_RESULT ? msg->shm : NULL;
+  uint64_t ring_mark = ring ? sf_shm_ring_mark(ring) : 0;
   if (msg->type == SF_WIRE_WELCOME) {
     welcome.seed = msg->seed;
     welcome.epochs = msg->epochs;
@@ -838,8 +901,12 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
   SfWire__StageStats *stats = calloc((size_t)msg->n_stats + 1, sizeof *stats);
   SfWire__StageStats **stat_ptrs = calloc((size_t)msg->n_stats + 1, sizeof *stat_ptrs);
   zmq_msg_t *parts = calloc(n_frames + 2, sizeof *parts); /* routing id, header, payload frames */
-  size_t n_parts = 0;
-  if (!samples || !sample_ptrs || !fields || !field_ptrs || !errors || !error_ptrs || !stats || !stat_ptrs || !parts) {
+  SfWire__ShmExtent *extents = ring ? calloc(n_frames + 1, sizeof *extents) : NULL;
+  SfWire__ShmExtent **extent_ptrs = ring ? calloc(n_frames + 1, sizeof *extent_ptrs) : NULL;
+  uint8_t *in_ring = ring ? calloc(n_meta + 1, 1) : NULL;
+  size_t n_parts = 0, n_extents = 0;
+  if (!samples || !sample_ptrs || !fields || !field_ptrs || !errors || !error_ptrs || !stats || !stat_ptrs || !parts ||
+      (ring && (!extents || !extent_ptrs || !in_ring))) {
     r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a %s message",
                      sf_wire_type_name(msg->type));
     goto done;
@@ -892,12 +959,29 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
         fm->no_data = true;
         continue;
       }
+      size_t bytes = sf_tensor_nbytes(&f->tensor);
+      uint64_t position;
+      uint8_t *dst = ring && bytes >= SF_SHM_MIN_BYTES ? sf_shm_ring_reserve(ring, bytes, &position) : NULL;
+      if (dst) { /* numbered after the socket's frames below */
+        write_field(f, dst);
+        sf_wire__shm_extent__init(&extents[n_extents]);
+        extents[n_extents].position = position;
+        extents[n_extents].length = bytes;
+        extent_ptrs[n_extents] = &extents[n_extents];
+        fm->frame = (uint32_t)n_extents++;
+        in_ring[fi] = 1;
+        continue;
+      }
       fm->frame = frame++;
       r = frame_for_field(&parts[n_parts], f, s->key, error);
       if (r < 0) goto done;
       n_parts++;
     }
   }
+  for (size_t i = 0; n_extents && i < fi; i++)
+    if (in_ring[i]) fields[i].frame += frame;
+  h.shm = extent_ptrs;
+  h.n_shm = n_extents;
   h.samples = sample_ptrs;
   h.n_samples = (size_t)msg->n_samples;
   for (int i = 0; i < msg->n_errors; i++) {
@@ -967,7 +1051,11 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
 done:
   if (parts)
     for (size_t i = 0; i < n_parts; i++) zmq_msg_close(&parts[i]);
+  if (ring && r < 0) sf_shm_ring_rollback(ring, ring_mark); /* the head never heard of those extents */
   free(parts);
+  free(extents);
+  free(extent_ptrs);
+  free(in_ring);
   free(samples);
   free(sample_ptrs);
   free(fields);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "graph.h"
+#include "shm_ring.h"
 #include "shardflow/buffer.h"
 #include "shardflow/error.h"
 #include "shardflow/sample.h"
@@ -95,6 +96,11 @@ typedef struct sf_wire_message {
   int n_errors;
   sf_wire_stage_stats *stats;   /* HEARTBEAT, RESULT */
   int n_stats;
+  /* Sending a RESULT: the worker's shared-memory ring (borrowed), or NULL.  Payloads of SF_SHM_MIN_BYTES or
+   * more that fit go into it and only their extents go over the socket; the others go as frames. */
+  sf_shm_ring *shm;
+  uint64_t shm_freed;           /* UNIT, HEARTBEAT from a head: ring extents before it are released */
+  uint64_t frame_bytes, ring_bytes; /* received: payload bytes that came as frames / through the ring */
 } sf_wire_message;
 
 /*
@@ -117,6 +123,21 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
  * SF_ENET for a socket error.
  */
 int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_error *error);
+
+/*
+ * Returns a new reference to the shared-memory ring of the peer that sent a message, or NULL when it has
+ * none (its extents are then refused).  Called by sf_wire_recv_ring on the receiving thread.
+ */
+typedef sf_shm_ring *(*sf_wire_ring_fn)(void *opaque, const sf_wire_peer *peer);
+
+/*
+ * sf_wire_recv for a head with local workers: a RESULT's shared-memory extents become views of the ring
+ * ring_of(opaque, peer) gives (checked by sf_shm_ring_view: in order, in bounds, not over an extent in use);
+ * fields hold them until released.  Returns as sf_wire_recv; SF_EFORMAT also for extents from a peer without
+ * a ring or that break those rules.
+ */
+int sf_wire_recv_ring(void *socket, bool routed, sf_wire_ring_fn ring_of, void *opaque, sf_wire_message *msg,
+                      int flags, sf_error *error);
 
 /*
  * Decodes a header frame and its payload frames (borrowed; fields keep

@@ -270,8 +270,8 @@ static int collect_stats(sf_pipeline *p, sf_wire_stage_stats *out) {
 }
 
 /* Sends every finished unit's result; adds the units sent to *units and their input samples to *samples. */
-static int send_results(worker_state *w, void *socket, sf_pipeline *p, int *units, int64_t *samples,
-                        sf_error *error) {
+static int send_results(worker_state *w, void *socket, sf_shm_ring *ring, sf_pipeline *p, int *units,
+                        int64_t *samples, sf_error *error) {
   for (;;) {
     pthread_mutex_lock(&w->lock);
     wunit *u = take_first(&w->outbox, &w->outbox_tail);
@@ -303,6 +303,7 @@ static int send_results(worker_state *w, void *socket, sf_pipeline *p, int *unit
         .n_errors = n_errors,
         .stats = stats,
         .n_stats = collect_stats(p, stats),
+        .shm = ring,
     };
     int rc = sf_wire_send(socket, &m, 0, error);
     (*units)++;
@@ -329,6 +330,7 @@ typedef struct head {
   double deadline, last_heard, last_beat, interval, timeout;
   uint64_t units_served, samples_served;
   uint64_t contended;              /* units given a slot while another head had units waiting too */
+  sf_shm_ring *ring;               /* the ring a head that started this process shares with it, or NULL */
   int rc;                          /* how it ended: 0 (BYE) or an error, in error */
   sf_error error;
 } head;
@@ -525,6 +527,7 @@ static void read_head(head *h, const sf_worker_options *o, const char *name) {
       if (r < 0) end_head(h, r, &e, name, o->quiet);
       continue;
     }
+    if (m.type == SF_WIRE_HEARTBEAT && h->ring && m.shm_freed) sf_shm_ring_set_freed(h->ring, m.shm_freed);
     if (m.type == SF_WIRE_BYE) {
       if (h->phase == HEAD_JOINING) {
         r = sf_error_set(&e, SF_EDENIED, SF_AT(.url = h->endpoint), "the head refused this worker: %s",
@@ -534,6 +537,7 @@ static void read_head(head *h, const sf_worker_options *o, const char *name) {
         end_head(h, 0, NULL, name, o->quiet);
       }
     } else if (m.type == SF_WIRE_UNIT && h->phase == HEAD_SERVING) {
+      if (h->ring && m.shm_freed) sf_shm_ring_set_freed(h->ring, m.shm_freed);
       receive_unit(h, &m, name);
     }
     sf_wire_message_clear(&m);
@@ -555,7 +559,7 @@ static void serve_head(head *h, const sf_worker_options *o, const char *name, do
   }
   int done = 0;
   int64_t samples = 0;
-  int rc = send_results(&h->state, h->socket, h->pipeline, &done, &samples, &e);
+  int rc = send_results(&h->state, h->socket, h->ring, h->pipeline, &done, &samples, &e);
   h->released -= done;
   h->units_served += (uint64_t)done;
   h->samples_served += (uint64_t)samples;
@@ -609,6 +613,17 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   }
   for (int i = 0; i < n && rc == 0; i++) rc = connect_head(&heads[i], zctx, o, i, name, error);
   if (rc < 0) goto out;
+  if (o->shm_fd > 0) {
+    /* a head that started this process shares a ring with it: results go there, not through the socket */
+    sf_error e;
+    if (n != 1) {
+      close((int)o->shm_fd);
+      sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: --shm-fd serves one head; ignored", name);
+    } else if (sf_shm_ring_attach((int)o->shm_fd, &heads[0].ring, &e) < 0) {
+      sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: %s; results go through the socket",
+             name, e.message);
+    }
+  }
   for (;;) {
     bool stop = (o->stop && *o->stop) || (o->exit_with_parent && getppid() == 1);
     int live = 0;
@@ -661,6 +676,7 @@ out:
   for (int i = 0; heads && i < n; i++) {
     end_head(&heads[i], 0, NULL, name, true);
     pthread_mutex_destroy(&heads[i].state.lock);
+    sf_shm_ring_unref(&heads[i].ring);
   }
   free(heads);
   free(items);

@@ -26,6 +26,8 @@ typedef struct sf_worker_options {
                                     here); 0 = 4 */
   double connect_timeout;        /* seconds to wait for the head's WELCOME; 0 = 60 */
   bool exit_with_parent;         /* a local worker started by a head: end when the head's process ends */
+  int64_t shm_fd;                /* a local worker's shared-memory ring (a memfd its head passed), 0 = none:
+                                    its results go there, the socket carries their extents (shm_ring.h) */
   volatile sig_atomic_t *stop;   /* set by a signal handler: leave cleanly (BYE), may be NULL */
   bool quiet;
 } sf_worker_options;

@@ -409,6 +409,75 @@ static void test_unit_inproc_zero_copy(void **state) {
   free_samples(&set);
 }
 
+/* The head's resolver in the tests: one ring for every peer. */
+static sf_shm_ring *the_ring(void *opaque, const sf_wire_peer *peer) {
+  (void)peer;
+  return opaque ? sf_shm_ring_ref(opaque) : NULL;
+}
+
+/* A RESULT through a shared-memory ring: the payloads of 256 bytes or more are written into the worker's
+ * mapping, the head's fields view its own mapping of the same memfd, values equal; a ring too small for a
+ * payload sends it as a frame; extents from a peer without a ring are refused. */
+static void test_result_ring(void **state) {
+  void *head = socket_bound(ZMQ_ROUTER, "inproc://ring");
+  void *worker = socket_connected(ZMQ_DEALER, "inproc://ring", "local-0");
+  sf_shm_ring *head_ring, *worker_ring;
+  int fd;
+  sf_error e;
+  assert_int_equal(sf_shm_ring_new(65536, &head_ring, &fd, &e), 0);
+  assert_int_equal(sf_shm_ring_attach(fd, &worker_ring, &e), 0);
+  for (int pass = 0; pass < 3; pass++) {
+    sample_set set;
+    make_samples(&set);
+    sf_wire_message m = {.type = SF_WIRE_RESULT, .unit = 7, .samples = set.s, .n_samples = 3, .samples_in = 3,
+                         .shm = worker_ring};
+    send_ok(worker, &m);
+    zmq_pollitem_t item = {.socket = head, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&item, 1, 5000), 1);
+    sf_wire_message r;
+    int rc = sf_wire_recv_ring(head, true, the_ring, pass == 2 ? NULL : head_ring, &r, ZMQ_DONTWAIT, &e);
+    if (pass == 2) { /* no ring for this peer: the message is refused whole, its extents released */
+      assert_int_equal(rc, SF_EFORMAT);
+      assert_non_null(strstr(e.message, "without a ring"));
+      free_samples(&set);
+      break;
+    }
+    assert_int_equal(rc, 0);
+    check_samples(&r, &set);
+    /* jpg (2777 B), png (3072 B) and the float32 image (12288 B) went through the ring; the label, the
+     * ramp and the transposed view (8 + 40 + 48 B) as frames */
+    assert_int_equal(r.ring_bytes, 2777 + 3072 + 12288);
+    assert_int_equal(r.frame_bytes, 8 + 40 + 48);
+    assert_int_equal((uintptr_t)sf_tensor_data(&sf_sample_field(r.samples[1], "image")->tensor) % 64, 0);
+    sf_wire_message_clear(&r); /* releases the extents: the ring is free again */
+    sf_shm_ring_set_freed(worker_ring, sf_shm_ring_freed(head_ring));
+    assert_int_equal(sf_shm_ring_freed(head_ring), sf_shm_ring_mark(worker_ring));
+    free_samples(&set);
+  }
+  sf_shm_ring_unref(&worker_ring);
+  sf_shm_ring_unref(&head_ring);
+
+  /* a ring of one page: the 12 KiB image does not fit and goes as a frame, the others still fit */
+  assert_int_equal(sf_shm_ring_new(4096, &head_ring, &fd, &e), 0);
+  assert_int_equal(sf_shm_ring_attach(fd, &worker_ring, &e), 0);
+  sample_set set;
+  make_samples(&set);
+  sf_wire_message m = {.type = SF_WIRE_RESULT, .unit = 8, .samples = set.s, .n_samples = 3, .samples_in = 3,
+                       .shm = worker_ring};
+  send_ok(worker, &m);
+  zmq_pollitem_t item = {.socket = head, .events = ZMQ_POLLIN};
+  assert_int_equal(zmq_poll(&item, 1, 5000), 1);
+  sf_wire_message r;
+  assert_int_equal(sf_wire_recv_ring(head, true, the_ring, head_ring, &r, ZMQ_DONTWAIT, &e), 0);
+  check_samples(&r, &set);
+  assert_int_equal(r.ring_bytes, 2777); /* the png (3072 B) no longer fits after it in 4096 */
+  assert_int_equal(r.frame_bytes, 3072 + 12288 + 8 + 40 + 48);
+  sf_wire_message_clear(&r);
+  free_samples(&set);
+  sf_shm_ring_unref(&worker_ring);
+  sf_shm_ring_unref(&head_ring);
+}
+
 static void test_result_ipc(void **state) {
   char endpoint[128];
   snprintf(endpoint, sizeof endpoint, "ipc:///tmp/sf-test-wire-%d.sock", (int)getpid());
@@ -997,6 +1066,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_control_messages, close_sockets),
       cmocka_unit_test_teardown(test_unit_inproc_zero_copy, close_sockets),
       cmocka_unit_test_teardown(test_result_ipc, close_sockets),
+      cmocka_unit_test_teardown(test_result_ring, close_sockets),
       cmocka_unit_test_teardown(test_routing, close_sockets),
       cmocka_unit_test_teardown(test_send_backpressure, close_sockets),
       cmocka_unit_test_teardown(test_malformed, close_sockets),
