@@ -16,8 +16,9 @@
 #endif
 
 /*
- * The portable vertical pass is written for gcc's vectoriser (meson builds this file with -O3); on
- * x86-64 it is also compiled for AVX2 (8 int32 lanes, and the vpmulld that SSE2 lacks), picked at
+ * Two routes, the same bits: AVX2 kernels for 3 interleaved channels on x86-64 (below), and the
+ * portable route (resize_strips) for everything else. The portable passes are written for gcc's
+ * vectoriser (meson builds this file with -O3); on x86-64 they are also compiled for AVX2 (8 int32 lanes, and the vpmulld that SSE2 lacks), picked at
  * load time. Not under ThreadSanitizer: the clones' ifunc resolvers run (instrumented) before its
  * runtime starts.
  */
@@ -101,23 +102,6 @@ static coeffs coeffs_at(int32_t *mem, const sf_resize_axis *a, int ksize) {
     memset(cf.k + i * ksize, 0, (size_t)ksize * sizeof(int32_t));
   }
   return cf;
-}
-
-/*
- * Horizontal pass of one source row (row points at its pixel 0; strides sx, sc) for outputs
- * [from, n) of cx: out[i * c + ch], Pillow's ImagingResampleHorizontal_8bpc.
- */
-static void hpass(const uint8_t *row, ptrdiff_t sx, ptrdiff_t sc, int c, const coeffs *cx, int64_t from, int64_t n,
-                  uint8_t *out) {
-  for (int64_t i = from; i < n; i++) {
-    const int32_t *k = cx->k + i * cx->ksize;
-    const uint8_t *p = row + cx->start[i] * sx;
-    for (int ch = 0; ch < c; ch++) {
-      int32_t acc = HALF;
-      for (int t = 0; t < cx->count[i]; t++) acc += p[t * sx + ch * sc] * k[t];
-      out[i * c + ch] = clip8(acc);
-    }
-  }
 }
 
 /*
@@ -349,6 +333,87 @@ static bool use_avx2(void) {
 static bool use_avx2(void) { return false; }
 #endif
 
+/*
+ * Copies the rows x cols pixel block at src (byte strides sy/sx/sc, c channels) transposed into out:
+ * out[(x * rows + y) * c + ch] = src[y][x][ch]. Rows of the result are columns of the source, so the
+ * horizontal pass becomes a pass over contiguous rows, as the vertical one is.
+ */
+SF_RESIZE_KERNEL static void transpose(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c,
+                                       int64_t rows, int64_t cols, uint8_t *out) {
+  for (int64_t y0 = 0; y0 < rows; y0 += 16) { /* 16-row strips keep the written lines in cache */
+    int64_t y1 = y0 + 16 < rows ? y0 + 16 : rows;
+    for (int64_t x = 0; x < cols; x++) {
+      uint8_t *o = out + (x * rows + y0) * c;
+      const uint8_t *p = src + y0 * sy + x * sx;
+      if (c == 3 && sc == 1 && sx >= 3 && x + 1 < cols) {
+        /* RGB: 4-byte moves. The 4th byte read is the next pixel's, in the same row; the one written
+           is pixel y + 1's of this column, written after (the last row goes byte by byte). */
+        int64_t y = y0;
+        for (; y < y1 && y + 1 < rows; y++, o += 3, p += sy) memcpy(o, p, 4);
+        for (; y < y1; y++, o += 3, p += sy) o[0] = p[0], o[1] = p[1], o[2] = p[2];
+      } else {
+        for (int64_t y = y0; y < y1; y++, o += c, p += sy)
+          for (int ch = 0; ch < c; ch++) o[ch] = p[ch * sc];
+      }
+    }
+  }
+}
+
+/* Outputs [0, n) of cf over rows of len bytes, the first of them source row `base`: vpass per output. */
+static void filter_rows(const uint8_t *in, int64_t base, int64_t len, const coeffs *cf, int64_t n,
+                        const uint8_t **taps, int32_t *acc, uint8_t *out) {
+  for (int64_t i = 0; i < n; i++, out += len) {
+    for (int t = 0; t < cf->count[i]; t++) taps[t] = in + (cf->start[i] - base + t) * len;
+    vpass(taps, cf->count[i], cf->k + i * cf->ksize, 0, len, acc, out);
+  }
+}
+
+/*
+ * The portable route (no AVX2, or not 3 interleaved channels): the horizontal pass runs on transposed
+ * strips of source rows, so that both passes are loops over contiguous bytes, which the compiler
+ * vectorises for any target (SSE2, NEON); a scalar per-pixel horizontal pass is 2-5x slower.
+ */
+static int resize_strips(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c,
+                         const sf_resize_axis *ay, const sf_resize_axis *ax, uint8_t *dst) {
+  int ky = 0, kx = 0;
+  bool fy = ay->span != ay->size, fx = ax->span != ax->size;
+  size_t by = fy ? coeffs_bytes(ay, &ky) : 0, bx = fx ? coeffs_bytes(ax, &kx) : 0;
+  int64_t y0, y1, x0, x1;
+  sf_resize_reads(ay, &y0, &y1);
+  sf_resize_reads(ax, &x0, &x1);
+  /*
+   * Scratch: coefficients; tap pointers; accumulators; one strip of STRIP source rows transposed, and
+   * its horizontal pass (both small enough for the cache); then the rows the vertical pass reads (the
+   * output itself when y is not filtered).
+   */
+  enum { STRIP = 32 };
+  const int64_t rows = y1 - y0, cols = x1 - x0, row_len = ax->n * c, strip_len = STRIP * c;
+  size_t n_taps = (size_t)(ky > kx ? ky : kx) + 1, n_acc = (size_t)(row_len > strip_len ? row_len : strip_len);
+  size_t n_t = fx ? (size_t)((cols + ax->n) * strip_len) : 0, n_tmp = fy ? (size_t)(rows * row_len) : 0;
+  uint8_t *mem = malloc(by + bx + n_taps * sizeof(uint8_t *) + n_acc * sizeof(int32_t) + n_t + n_tmp);
+  if (!mem) return SF_ENOMEM;
+  coeffs cy = {0}, cx = {0};
+  if (fy) cy = coeffs_at((int32_t *)mem, ay, ky);
+  if (fx) cx = coeffs_at((int32_t *)(mem + by), ax, kx);
+  const uint8_t **taps = (const uint8_t **)(mem + by + bx);
+  int32_t *acc = (int32_t *)(taps + n_taps);
+  uint8_t *t = (uint8_t *)(acc + n_acc), *h = t + cols * strip_len, *tmp = fy ? t + n_t : dst;
+  const uint8_t *block = src + y0 * sy + x0 * sx;
+  for (int64_t s0 = 0; s0 < rows; s0 += STRIP) {
+    const int64_t n = rows - s0 < STRIP ? rows - s0 : STRIP;
+    if (fx) { /* horizontal: transpose the strip, filter its rows (= source columns), transpose back */
+      transpose(block + s0 * sy, sy, sx, sc, c, n, cols, t);
+      filter_rows(t, x0, n * c, &cx, ax->n, taps, acc, h);
+      transpose(h, n * c, c, 1, c, ax->n, n, tmp + s0 * row_len);
+    } else { /* a transpose of the transposed: the plain window */
+      transpose(block + s0 * sy, sx, sy, sc, c, cols, n, tmp + s0 * row_len);
+    }
+  }
+  if (fy) filter_rows(tmp, y0, row_len, &cy, ay->n, taps, acc, dst);
+  free(mem);
+  return 0;
+}
+
 void sf_resize_reads(const sf_resize_axis *a, int64_t *lo, int64_t *hi) {
   if (a->span == a->size) {
     *lo = a->origin + a->first, *hi = *lo + a->n;
@@ -406,8 +471,7 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
     return out;
   }
 #endif
-  hpass(row, h->sx, h->sc, h->c, h->cx, 0, h->n, out);
-  return out;
+  return out; /* not reached: sf_resize_u8_simd routes what AVX2 does not take to resize_strips */
 }
 
 int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
@@ -415,7 +479,8 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
   int ky = 0, kx = 0;
   bool fy = ay->span != ay->size, fx = ax->span != ax->size;
   bool avx2 = simd && use_avx2();
-  bool h3 = avx2 && fx && c == 3 && sx == 3 && sc == 1; /* hpass3_avx2 applies */
+  if (!(avx2 && c == 3 && sx == 3 && sc == 1)) return resize_strips(src, sy, sx, sc, c, ay, ax, dst);
+  bool h3 = fx; /* hpass3_avx2 (or dense_avx2) applies */
   size_t by = fy ? coeffs_bytes(ay, &ky) : 0, bx = fx ? coeffs_bytes(ax, &kx) : 0;
   size_t bw = h3 ? (size_t)n4(ax) * (size_t)kx * 8 * sizeof(int16_t) : 0;
   int64_t y0, y1, x0, x1;
