@@ -18,8 +18,8 @@
 /*
  * Two routes, the same bits: AVX2 kernels for 3 interleaved channels on x86-64 (below), and the
  * portable route (resize_strips) for everything else. The portable passes are written for gcc's
- * vectoriser (meson builds this file with -O3); on x86-64 they are also compiled for AVX2 (8 int32 lanes, and the vpmulld that SSE2 lacks), picked at
- * load time. Not under ThreadSanitizer: the clones' ifunc resolvers run (instrumented) before its
+ * vectoriser (meson builds this file with -O3); on x86-64 they are also compiled for AVX2 (8 int32
+ * lanes, and the vpmulld that SSE2 lacks), picked at load time. Not under ThreadSanitizer: the clones' ifunc resolvers run (instrumented) before its
  * runtime starts.
  */
 #if defined(SF_RESIZE_X86) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
