@@ -43,6 +43,15 @@ static const int8_t rev[3][2][16] = {
 };
 #undef Z
 
+/* One channel of eight pixels (24 bytes in lo and hi's low 8): its bytes picked by mask, as float32 fma(x, a, b) in two halves. */
+__attribute__((target("avx2,fma"))) static inline void channel8(__m128i lo, __m128i hi, const __m128i mask[2], __m256d a,
+                                                                __m256d b, __m128 *f0, __m128 *f1) {
+  __m128i bytes = _mm_or_si128(_mm_shuffle_epi8(lo, mask[0]), _mm_shuffle_epi8(hi, mask[1]));
+  __m128i x0 = _mm_cvtepu8_epi32(bytes), x1 = _mm_cvtepu8_epi32(_mm_srli_si128(bytes, 4));
+  *f0 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x0), a, b));
+  *f1 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x1), a, b));
+}
+
 /* Eight pixels a step. A table gather (vgatherdps) was tried first: slower than scalar table loads on
    this Zen 4. */
 __attribute__((target("avx2,fma"))) static void avx2(const uint8_t *q, ptrdiff_t step, int64_t n,
@@ -62,10 +71,8 @@ __attribute__((target("avx2,fma"))) static void avx2(const uint8_t *q, ptrdiff_t
     const uint8_t *p = step > 0 ? q + i * 3 : q - i * 3 - 21;
     __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
     for (int c = 0; c < 3; c++) {
-      __m128i bytes = _mm_or_si128(_mm_shuffle_epi8(lo, mask[c][0]), _mm_shuffle_epi8(hi, mask[c][1]));
-      __m128i x0 = _mm_cvtepu8_epi32(bytes), x1 = _mm_cvtepu8_epi32(_mm_srli_si128(bytes, 4));
-      __m128 f0 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x0), a[c], b[c]));
-      __m128 f1 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x1), a[c], b[c]));
+      __m128 f0, f1;
+      channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
       _mm256_storeu_ps(o[c] + i, _mm256_set_m128(f1, f0));
     }
   }
@@ -95,10 +102,8 @@ __attribute__((target("avx2,fma"))) static void avx2_bf16(const uint8_t *q, ptrd
     const uint8_t *p = step > 0 ? q + i * 3 : q - i * 3 - 21;
     __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
     for (int c = 0; c < 3; c++) {
-      __m128i bytes = _mm_or_si128(_mm_shuffle_epi8(lo, mask[c][0]), _mm_shuffle_epi8(hi, mask[c][1]));
-      __m128i x0 = _mm_cvtepu8_epi32(bytes), x1 = _mm_cvtepu8_epi32(_mm_srli_si128(bytes, 4));
-      __m128 f0 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x0), a[c], b[c]));
-      __m128 f1 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x1), a[c], b[c]));
+      __m128 f0, f1;
+      channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
       _mm_storeu_si128((__m128i *)(out[c] + i), _mm_packus_epi32(bf16_bits(f0), bf16_bits(f1)));
     }
   }

@@ -49,8 +49,8 @@ def write_graph(path, stages, groups=None, **settings):
     return path
 
 
-def group_graph(tmp, name, urls, group=None, shuffle_buffer=0, batch_size=16, **settings):
-    """The groups tests' graph: tar_split, decode and augment (random crop 16 with padding 2, flip, float32 CHW),
+def group_graph(tmp, name, urls, group=None, shuffle_buffer=0, batch_size=16, size=16, padding=2, **settings):
+    """The groups tests' graph: tar_split, decode and augment (random crop `size` with `padding`, flip, float32 CHW),
     an optional shuffle, batch and a device sink into tmp/name. With group (a dict of group options) decode and
     augment run in group `decoders`. settings: seed, epochs... Returns (graph path, npy dir)."""
     out = os.path.join(tmp, name)
@@ -59,7 +59,7 @@ def group_graph(tmp, name, urls, group=None, shuffle_buffer=0, batch_size=16, **
         ("shard_source", dict(urls=urls, shuffle=True)),
         ("tar_split", {}),
         ("decode", dict(**g)),
-        ("augment", dict(crop="random", size=16, padding=2, flip=0.5, layout="chw", dtype="float32", **g)),
+        ("augment", dict(crop="random", size=size, padding=padding, flip=0.5, layout="chw", dtype="float32", **g)),
     ] + ([("shuffle", dict(buffer_size=shuffle_buffer))] if shuffle_buffer else []) + [
         ("batch", dict(batch_size=batch_size, partial=True)),
         ("device_sink", dict(npy_dir=out)),

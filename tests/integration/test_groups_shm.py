@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, write_graph  # noqa: E402
+from sfutil import SHARDFLOW, Checks, group_graph, make_dataset, read_batches, run  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-groups-shm-")
@@ -30,20 +30,8 @@ EXPECTED = len(truth) * TENSOR
 
 
 def graph(name, group=None):
-    """decode + augment (random crop with padding, flip, float32 CHW) in group `decoders` when group is given."""
-    out = os.path.join(tmp, name)
-    g = {"group": "decoders"} if group else {}
-    stages = [
-        ("shard_source", dict(urls=urls, shuffle=True)),
-        ("tar_split", {}),
-        ("decode", dict(**g)),
-        ("augment", dict(crop="random", size=SIZE, padding=4, flip=0.5, layout="chw", dtype="float32", **g)),
-        ("batch", dict(batch_size=16, partial=True)),
-        ("device_sink", dict(npy_dir=out)),
-    ]
-    path = write_graph(os.path.join(tmp, name + ".yaml"), stages, groups={"decoders": group} if group else None,
-                       seed=7)
-    return path, out
+    """decode + augment (random crop SIZE with padding 4, flip, float32 CHW) in group `decoders` when group is given."""
+    return group_graph(tmp, name, urls, group, size=SIZE, padding=4, seed=7)
 
 
 def same_batches(a, b, what):
