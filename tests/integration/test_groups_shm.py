@@ -67,7 +67,13 @@ path, out = graph("reuse", {"processes": 2, "unit_samples": 8, "window": 4, "shm
 p = run(["run", path, "--no-summary"])
 same_batches(read_batches(out), reference, "rings reused")
 shm, sock = ring_counts(p.stderr, "rings reused")
-check(shm >= 0.8 * EXPECTED, f"rings reused: {shm} of {EXPECTED} bytes through shared memory, want most")
+# How much fits depends on how soon the head's releases reach the worker (scheduling): the test asks for
+# reuse, more than twice what the two rings hold at once, not for a share.
+RINGS = 2 * (2 << 20)
+print(f"rings reused: {shm} bytes through shared memory, {sock} through the socket")
+check(shm > 2 * RINGS and shm + sock >= EXPECTED,
+      f"rings reused: {shm} bytes through shared memory ({sock} through the socket), want over {2 * RINGS}: "
+      f"each ring's space written again")
 
 # A ring smaller than one tensor: every result through the socket, nothing lost or changed.
 path, out = graph("tiny", {"processes": 2, "unit_samples": 8, "shm_ring": "4KiB"})
