@@ -63,6 +63,7 @@ typedef struct worker {
   int n_stats;
   sf_shm_ring *ring;     /* a local process's shared-memory ring (its results arrive there), or NULL */
   uint64_t freed_sent;   /* the ring's release position last told to the worker */
+  bool unreachable;      /* a send failed: released once what it sent before leaving (a BYE) is read */
 } worker;
 
 typedef struct remote {
@@ -355,8 +356,10 @@ static void dispatch(remote *r, double now) {
     int rc = send_to(r, w, &m);
     if (rc == SF_EAGAIN) return;
     if (rc < 0) {
-      release_worker(r, chosen, "cannot be reached");
-      continue;
+      /* Gone, perhaps with a BYE still unread (a worker stopped by SIGTERM): the network thread reads
+       * the sockets first, then releases it as left or as unreachable (release_unreachable). */
+      w->unreachable = true;
+      return;
     }
     sf_unit_window_sent(r->units, u, chosen, now);
   }
@@ -443,6 +446,54 @@ static sf_shm_ring *ring_of(void *opaque, const sf_wire_peer *peer) {
   return ring;
 }
 
+/*
+ * Reads and handles the messages waiting on the sockets (items[0..n), whose group socket is socket_of[k]):
+ * those poll found readable, or all of them. Called without the lock.
+ */
+static void receive(remote *r, zmq_pollitem_t *items, const int *socket_of, int n, bool all) {
+  for (int k = 0; k < n; k++) {
+    if (!all && !(items[k].revents & ZMQ_POLLIN)) continue;
+    for (int budget = 0; budget < 256; budget++) {
+      sf_wire_message m;
+      sf_error e;
+      int rc = socket_of[k] == 1 ? sf_wire_recv_ring(items[k].socket, true, ring_of, r, &m, ZMQ_DONTWAIT, &e)
+                                 : sf_wire_recv(items[k].socket, true, &m, ZMQ_DONTWAIT, &e);
+      if (rc == SF_EAGAIN) break;
+      pthread_mutex_lock(&r->lock);
+      if (rc == 0) {
+        handle(r, socket_of[k], &m, now_seconds());
+      } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
+        r->malformed++;
+        if (r->logged++ < MAX_LOGGED) sf_log(SF_LOG_WARNING, sf_node_name(r->node), "dropped a malformed message: %s", e.message);
+        if (strstr(e.message, "wire version") && m.peer.len > 0) {
+          /* a worker of another shardflow: tell it why it gets no work (BYE reads across versions) */
+          sf_wire_message bye = {.type = SF_WIRE_BYE, .peer = m.peer, .text = e.message};
+          sf_error ignored;
+          sf_wire_send(items[k].socket, &bye, ZMQ_DONTWAIT, &ignored);
+        }
+      }
+      pthread_mutex_unlock(&r->lock);
+      sf_wire_message_clear(&m);
+      if (rc < 0 && rc != SF_EFORMAT && rc != SF_ETOOBIG) break;
+    }
+  }
+}
+
+/* Releases the workers a send failed to reach, after receive() has read what they sent before going. Lock held. */
+static void release_unreachable(remote *r) {
+  for (int i = 0; i < r->units->n_workers; i++) {
+    if (!r->workers[i].unreachable) continue;
+    r->workers[i].unreachable = false;
+    if (live(r, i)) release_worker(r, i, "cannot be reached");
+  }
+}
+
+static bool any_unreachable(const remote *r) {
+  for (int i = 0; i < r->units->n_workers; i++)
+    if (r->workers[i].unreachable) return true;
+  return false;
+}
+
 static void *network_thread(void *arg) {
   remote *r = arg;
   double last_beat = 0;
@@ -465,38 +516,21 @@ static void *network_thread(void *arg) {
       ssize_t got = read(r->wake_fd, &v, sizeof v);
       (void)got;
     }
-    for (int k = 0; k < wake_index; k++) {
-      if (!(items[k].revents & ZMQ_POLLIN)) continue;
-      for (int budget = 0; budget < 256; budget++) {
-        sf_wire_message m;
-        sf_error e;
-        int rc = socket_of[k] == 1 ? sf_wire_recv_ring(items[k].socket, true, ring_of, r, &m, ZMQ_DONTWAIT, &e)
-                                   : sf_wire_recv(items[k].socket, true, &m, ZMQ_DONTWAIT, &e);
-        if (rc == SF_EAGAIN) break;
-        pthread_mutex_lock(&r->lock);
-        if (rc == 0) {
-          handle(r, socket_of[k], &m, now_seconds());
-        } else if (rc == SF_EFORMAT || rc == SF_ETOOBIG) {
-          r->malformed++;
-          if (r->logged++ < MAX_LOGGED) sf_log(SF_LOG_WARNING, sf_node_name(r->node), "dropped a malformed message: %s", e.message);
-          if (strstr(e.message, "wire version") && m.peer.len > 0) {
-            /* a worker of another shardflow: tell it why it gets no work (BYE reads across versions) */
-            sf_wire_message bye = {.type = SF_WIRE_BYE, .peer = m.peer, .text = e.message};
-            sf_error ignored;
-            sf_wire_send(items[k].socket, &bye, ZMQ_DONTWAIT, &ignored);
-          }
-        }
-        pthread_mutex_unlock(&r->lock);
-        sf_wire_message_clear(&m);
-        if (rc < 0 && rc != SF_EFORMAT && rc != SF_ETOOBIG) break;
-      }
-    }
+    receive(r, items, socket_of, wake_index, false);
     pthread_mutex_lock(&r->lock);
     double now = now_seconds();
     housekeeping(r, now, &last_beat);
     hand_on_late_units(r, now);
     dispatch(r, now);
+    bool unreachable = any_unreachable(r);
     pthread_mutex_unlock(&r->lock);
+    if (unreachable) {
+      receive(r, items, socket_of, wake_index, true);
+      pthread_mutex_lock(&r->lock);
+      release_unreachable(r);
+      dispatch(r, now_seconds());
+      pthread_mutex_unlock(&r->lock);
+    }
     reap_children(r);
   }
   /* the end of the run: tell every worker */
