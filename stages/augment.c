@@ -9,6 +9,7 @@
 #include "jpeg_region.h"
 #include "normalize.h"
 #include "pixels.h"
+#include "recipe_source.h"
 #include "resize.h"
 #include "shardflow/stage.h"
 
@@ -142,8 +143,12 @@ static int parse_fields(sf_node *node, augment *a) {
   return 0;
 }
 
+static void recipe_write(const sf_field_recipe *base, void *dst);
+static const void *recipe_source(const sf_field_recipe *base, size_t *size);
+
 static int init(sf_node *node) {
   augment *a = sf_node_priv(node);
+  sf_recipe_source_register(recipe_write, recipe_source, NULL); /* shuffle prefetches what a recipe will read */
   int r = parse_fields(node, a);
   if (r < 0) return r;
   if (a->mean.n != a->std.n)
@@ -442,6 +447,18 @@ static void recipe_write(const sf_field_recipe *base, void *dst) {
   job j = rc->j;
   j.out = dst;
   execute(&j, rc->dtype);
+}
+
+/* The source bytes the job reads: from its first row's first pixel to its last row's last (a prefetch hint). */
+static const void *recipe_source(const sf_field_recipe *base, size_t *size) {
+  const job *j = &((const recipe *)base)->j;
+  *size = 0;
+  if (j->yb <= j->ya || j->xb <= j->xa) return NULL;
+  int64_t from = j->flip ? j->left + j->ow - j->xb : j->left + j->xa; /* columns read: [from, from + n) */
+  const uint8_t *first = j->src + (j->top + j->ya) * j->sy + from * j->sx;
+  const uint8_t *end = j->src + (j->top + j->yb - 1) * j->sy + (from + j->xb - j->xa) * j->sx;
+  *size = (size_t)(end - first);
+  return first;
 }
 
 static void recipe_destroy(sf_field_recipe *base) {

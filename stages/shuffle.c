@@ -1,8 +1,14 @@
 /* shuffle: a bounded buffer of samples with an initial fill, seeded per epoch (WebDataset's shuffle). */
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "recipe_source.h"
 #include "shardflow/stage.h"
+
+/* Emissions drawn ahead: a step each to bring in a sample's header, its fields' recipes, the recipes
+ * those wrap, and the bytes they read. */
+enum { AHEAD = 4 };
 
 typedef struct shuffle {
   int64_t buffer_size;  /* option */
@@ -15,10 +21,13 @@ typedef struct shuffle {
   bool draining;        /* an epoch end or EOF arrived: empty the buffer first */
   sf_item pending_end;  /* the epoch-end marker to forward once drained */
   sf_rng rng;
-  /* The next emission's index, drawn early for a full buffer (see emit_one), and the rng before it. */
-  bool drawn;
-  uint64_t next;
-  sf_rng before;
+  /*
+   * The next emissions' indices, drawn early while the buffer is full (see emit_one): ahead[0] is the
+   * next one; before[k] is the rng as it was before ahead[k] was drawn.
+   */
+  int n_ahead;
+  uint64_t ahead[AHEAD];
+  sf_rng before[AHEAD];
 } shuffle;
 
 static const sf_option options[] = {
@@ -38,38 +47,73 @@ static int init(sf_node *node) {
 }
 
 static void reseed(sf_node *node, shuffle *s, uint64_t epoch) {
-  s->drawn = false;
+  s->n_ahead = 0;
   sf_rng_seed(&s->rng, sf_seed_mix(sf_node_seed(node), epoch));
   s->epoch = epoch;
   s->seeded = true;
 }
 
+static void prefetch_lines(const void *p, size_t size) {
+  for (size_t at = 0; at < size; at += 64) __builtin_prefetch((const char *)p + at);
+}
+
+/*
+ * Brings into the cache, one level a step, what the emissions drawn ahead will touch: the sample drawn
+ * last its header, the one before its fields' recipes (or buffers), the one before that the recipes
+ * those wrap, the next one the bytes its deferred fields will read (a full buffer's samples are
+ * otherwise cache misses one after another inside the batch's recipe->write()). Hints only: a sample
+ * may have moved since its index was drawn, and slot `count` is empty now (its pointer stale, perhaps
+ * the sample just handed on), so it is never read.
+ */
+static void prefetch_ahead(shuffle *s) {
+  const uint64_t held = (uint64_t)s->count;
+  const sf_sample *at[AHEAD];
+  for (int k = 0; k < AHEAD; k++) at[k] = k < s->n_ahead && s->ahead[k] < held ? s->buffer[s->ahead[k]] : NULL;
+  if (at[3]) prefetch_lines(at[3], offsetof(sf_sample, fields) + 2 * sizeof(sf_field));
+  for (int f = 0; at[2] && f < at[2]->n_fields && f < SF_MAX_FIELDS; f++) {
+    const sf_field *field = &at[2]->fields[f];
+    if (field->recipe) prefetch_lines(field->recipe, 128);
+    else __builtin_prefetch(field->tensor.buffer);
+  }
+  for (int f = 0; at[1] && f < at[1]->n_fields && f < SF_MAX_FIELDS; f++) {
+    const sf_field_recipe *inner = at[1]->fields[f].recipe ? sf_recipe_inner(at[1]->fields[f].recipe) : NULL;
+    if (inner) prefetch_lines(inner, 256);
+  }
+  for (int f = 0; at[0] && f < at[0]->n_fields && f < SF_MAX_FIELDS; f++) {
+    size_t size;
+    const void *source = at[0]->fields[f].recipe ? sf_recipe_source(at[0]->fields[f].recipe, &size) : NULL;
+    if (source) prefetch_lines(source, size < 8192 ? size : 8192);
+  }
+}
+
 /* Swap a random element to the end and hand it on. */
 static void emit_one(sf_node *node, shuffle *s) {
   uint64_t i;
-  if (s->drawn && s->count == s->buffer_size) {
-    i = s->next;
+  if (s->n_ahead > 0 && s->count == s->buffer_size) {
+    i = s->ahead[0];
+    s->n_ahead--;
+    memmove(s->ahead, s->ahead + 1, (size_t)s->n_ahead * sizeof *s->ahead);
+    memmove(s->before, s->before + 1, (size_t)s->n_ahead * sizeof *s->before);
   } else {
-    if (s->drawn) s->rng = s->before; /* drawn for a full buffer, but the buffer drains: as if never drawn */
+    if (s->n_ahead > 0) s->rng = s->before[0]; /* drawn for a full buffer, but it drains: as if never drawn */
+    s->n_ahead = 0;
     i = sf_rng_below(&s->rng, (uint64_t)s->count);
   }
-  s->drawn = false;
   sf_sample *out = s->buffer[i];
   s->buffer[i] = s->buffer[--s->count];
   sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = out->epoch, .u.sample = out};
   sf_node_count_output(node, 1, sf_item_nbytes(&item));
   sf_node_push(node, &item);
   /*
-   * A full buffer emits again after one more sample, from buffer_size samples: draw that index now
-   * (the same draw, one step early) and prefetch its sample, whose header and fields are otherwise
-   * a cache miss in a 10,000-sample buffer (most of this stage's time in the CIFAR graph).
+   * A full buffer emits again after one more sample, from buffer_size samples: draw the next emissions'
+   * indices now (the same draws, early) and prefetch what they will touch.
    */
   if (s->count == s->buffer_size - 1) {
-    s->before = s->rng;
-    s->next = sf_rng_below(&s->rng, (uint64_t)s->buffer_size);
-    s->drawn = true;
-    if (s->next < (uint64_t)s->count)
-      for (int line = 0; line < 8; line++) __builtin_prefetch((const char *)s->buffer[s->next] + 64 * line);
+    while (s->n_ahead < AHEAD) {
+      s->before[s->n_ahead] = s->rng;
+      s->ahead[s->n_ahead++] = sf_rng_below(&s->rng, (uint64_t)s->buffer_size);
+    }
+    prefetch_ahead(s);
   }
 }
 

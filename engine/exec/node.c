@@ -9,6 +9,7 @@
 #include "jpeg_region.h"
 #include "log.h"
 #include "node.h"
+#include "recipe_source.h"
 
 enum { MAX_PRINTED_ERRORS = 20 };
 /* The error rate is noise over the first few samples (one bad sample first would be 100%). */
@@ -271,6 +272,10 @@ static void timed_destroy(sf_field_recipe *recipe) {
   free(t);
 }
 
+static const sf_field_recipe *timed_inner(const sf_field_recipe *recipe) {
+  return ((const timed_recipe *)recipe)->inner;
+}
+
 /* Wraps the sample's new recipes so their time is charged here. Only metrics: out of memory leaves them as they are. */
 static void time_deferred(sf_node *n, sf_sample *s) {
   for (int i = 0; i < s->n_fields; i++) {
@@ -288,6 +293,7 @@ static void time_deferred(sf_node *n, sf_sample *s) {
 
 int sf_node_new_deferred(sf_node *n) {
   if (!(n->deferred = calloc(1, sizeof *n->deferred))) return SF_ENOMEM;
+  sf_recipe_source_register(timed_write, NULL, timed_inner); /* a prefetch sees through the wrapper */
   atomic_init(&n->deferred->refs, 1);
   return 0;
 }
