@@ -298,7 +298,7 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
   const char *dot = strrchr(f->name, '.');
   const char *ext = dot ? dot + 1 : f->name;
   sf_tensor decoded;
-  if (sf_image_format_known(ext) && d->defer_jpeg &&
+  if (d->defer_jpeg && sf_image_format_known(ext) &&
       (r = sf_jpeg_defer(f, (sf_image_mode)d->mode, &d->limits)) != 0) {
     return r < 0 ? sf_error_set(error, r, SF_NOWHERE, "cannot allocate a JPEG recipe") : 0;
   } else if (sf_image_format_known(ext)) {

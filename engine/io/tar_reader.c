@@ -317,7 +317,9 @@ static int take_member(sf_tar_reader *t, const char *path, int64_t size, bool sp
     if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
   t->key_len = key_len;
   t->field = t->path + key_len + 1;
-  snprintf(t->last_key, sizeof t->last_key, "%.*s", (int)key_len, t->path);
+  size_t kept = key_len < sizeof t->last_key - 1 ? key_len : sizeof t->last_key - 1; /* per member: no snprintf */
+  memcpy(t->last_key, t->path, kept);
+  t->last_key[kept] = '\0';
   t->size = size;
   if (t->size < 0)
     return fail(t, SF_EFORMAT, NULL, offset, "tar member %s has a negative size — the shard is "
