@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer_file.h"
 #include "jpeg_region.h"
 #include "normalize.h"
 #include "pixels.h"
@@ -679,10 +680,12 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   /*
    * Defer unless the source is much larger than the output (a small crop of a
    * big image): a deferred field keeps its source alive for as long as it
-   * sits in a shuffle buffer.
+   * sits in a shuffle buffer. A view of a mapped shard keeps only its own
+   * bytes in memory (the rest of the mapping is page cache).
    */
   const sf_tensor *src = pixels.buffer ? &pixels : &f->tensor;
-  if (sf_buffer_size(src->buffer) / 2 <= out_bytes) {
+  size_t held = sf_buffer_is_file(src->buffer) ? sf_tensor_nbytes(src) : sf_buffer_size(src->buffer);
+  if (held / 2 <= out_bytes) {
     r = defer(f, &j, &ay, &ax, a->dtype, src, a->luts, shape);
     sf_tensor_clear(&pixels);
     return r;

@@ -36,6 +36,7 @@ typedef struct tar_split {
   int64_t max_sample_size; /* option, bytes */
   int key_rule;           /* option: sf_key_rule */
   char *key_regex;        /* option */
+  bool mmap;              /* option */
   regex_t regex;          /* key_regex compiled, when compiled is set */
   bool compiled;
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
@@ -99,6 +100,10 @@ static const sf_option options[] = {
      "with key_rule: regex, a POSIX extended regular expression matched against the member path as stored (case kept): "
      "group 1, starting the path, is the key, and a dot and the field name follow it (\"^([^.]*[.][0-9]+)[.](.+)$\" splits "
      "\"Track 2.0.json.gz\" into Track 2.0 and json.gz); members it does not match are skipped", NULL},
+    {"mmap", SF_OPT_BOOL, offsetof(tar_split, mmap), "true", 0, 0,
+     "memory-map local uncompressed shards and hand out their members as views of the page cache (no copy); "
+     "a shard truncated in place while mapped then kills the process with SIGBUS (replace shards by renaming a "
+     "new file over the old one); false reads them with read(), where a cut shows as a truncated member", NULL},
     {NULL},
 };
 
@@ -263,6 +268,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
       .cached_fd = a->cache_fd,
       .cancelled = cancelled,
       .cancel_opaque = node,
+      .mmap = t->mmap,
   };
   a->fetch = NULL; /* the readers own them now */
   a->cache_fd = -1;

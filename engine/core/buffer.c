@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer_file.h"
 #include "shardflow/buffer.h"
 
 struct sf_buffer {
@@ -11,6 +12,7 @@ struct sf_buffer {
   size_t size;
   sf_buffer_free_fn free_fn;
   void *opaque;
+  bool file; /* maps a file (buffer_file.h) */
   /* sf_buffer_new's data follows the 64-byte header (16-byte aligned, as malloc's) */
 };
 
@@ -26,6 +28,7 @@ sf_buffer *sf_buffer_new(size_t size) {
   b->size = size;
   b->free_fn = NULL;
   b->opaque = NULL;
+  b->file = false;
   return b;
 }
 
@@ -37,8 +40,17 @@ sf_buffer *sf_buffer_wrap(uint8_t *data, size_t size, sf_buffer_free_fn free_fn,
   b->size = size;
   b->free_fn = free_fn;
   b->opaque = opaque;
+  b->file = false;
   return b;
 }
+
+sf_buffer *sf_buffer_wrap_file(uint8_t *data, size_t size, sf_buffer_free_fn free_fn, void *opaque) {
+  sf_buffer *b = sf_buffer_wrap(data, size, free_fn, opaque);
+  if (b) b->file = true;
+  return b;
+}
+
+bool sf_buffer_is_file(const sf_buffer *b) { return b && b->file; }
 
 sf_buffer *sf_buffer_ref(sf_buffer *b) {
   if (b) atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);

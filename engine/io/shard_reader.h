@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "prefetch.h"
+#include "shardflow/buffer.h"
 #include "shardflow/error.h"
 
 typedef struct sf_shard_reader sf_shard_reader;
@@ -34,6 +35,9 @@ typedef struct sf_shard_reader_options {
    * wait with SF_ECANCELED, so a stopping pipeline never waits on a hung source. */
   bool (*cancelled)(void *opaque);
   void *cancel_opaque;
+  /* Local regular files: map the file (copy-on-write) instead of reading it, so that the tar reader
+   * can hand out members as views of the mapping (sf_shard_reader_mapping) with no copy. */
+  bool mmap;
 } sf_shard_reader_options;
 
 /*
@@ -65,6 +69,15 @@ ssize_t sf_shard_reader_read(sf_shard_reader *reader, const void **data, sf_erro
  * read synchronously, and at the end.
  */
 bool sf_shard_reader_ready(sf_shard_reader *reader, int64_t bytes);
+
+/*
+ * A local file opened with options->mmap: the whole file as it was at open, mapped copy-on-write
+ * (borrowed; take a reference to keep it past the reader). The chunks sf_shard_reader_read() returns
+ * are consecutive pieces of it. NULL for other sources, empty files and when mapping failed.
+ * A mapped file that shrinks while mapped makes a read of the lost pages raise SIGBUS: shards are
+ * replaced by renaming a new file over the old one, which leaves the mapping intact.
+ */
+sf_buffer *sf_shard_reader_mapping(const sf_shard_reader *reader);
 
 /* Bytes delivered so far. */
 int64_t sf_shard_reader_offset(const sf_shard_reader *reader);

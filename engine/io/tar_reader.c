@@ -527,10 +527,22 @@ static void note_problem(sf_tar_reader *t, int *problem, sf_error *error, int co
                offset_note(t));
 }
 
+/*
+ * The mapped shard (sf_shard_reader_mapping) the pending member can be a view of: the fast path reads
+ * an uncompressed tar straight from it, and the member's bytes lie inside it (else, a shard cut short,
+ * the copy path reports the truncation). NULL otherwise.
+ */
+static sf_buffer *member_mapping(const sf_tar_reader *t) {
+  if (!t->fast || !t->source || t->gzip || t->zstd) return NULL;
+  sf_buffer *mapping = sf_shard_reader_mapping(t->source);
+  if (!mapping || t->pos < 0 || (uint64_t)t->pos + (uint64_t)t->size > sf_buffer_size(mapping)) return NULL;
+  return mapping;
+}
+
 /* Moves the pending member into sample as an encoded field (or drops it with a problem). */
 static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *error) {
   const char *field = t->field;
-  sf_buffer *buffer = NULL;
+  sf_buffer *buffer = NULL, *mapping = NULL;
   if (sf_sample_field(sample, field))
     note_problem(t, problem, error, SF_EDUP,
                  "field \"%s\" appears twice in one sample (member %s) — the second copy is "
@@ -561,6 +573,8 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   else if (sample->n_fields >= SF_MAX_FIELDS)
     note_problem(t, problem, error, SF_ETOOBIG,
                  "sample has more than %d fields — member %s is dropped", SF_MAX_FIELDS, t->path);
+  else if ((mapping = member_mapping(t)) != NULL)
+    buffer = sf_buffer_ref(mapping); /* the member is a view of the mapped shard: no copy */
   else if (!(buffer = sf_buffer_new((size_t)t->size)))
     note_problem(t, problem, error, SF_ENOMEM,
                  "out of memory for the %lld-byte member %s — the sample is skipped",
@@ -583,7 +597,9 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
                   t->path, archive_text(t->archive));
     return 0;
   }
-  uint8_t *data = sf_buffer_data(buffer);
+  /* A view starts where the member's bytes do (the fast path reads a plain tar: stream offset = file offset). */
+  size_t view_offset = mapping ? (size_t)t->pos : 0;
+  uint8_t *data = mapping ? NULL : sf_buffer_data(buffer);
   int64_t got = 0;
   bool failed = false;
   if (t->fast) {
@@ -619,7 +635,7 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
                 t->path, (long long)t->size, (long long)got, archive_text(t->archive));
   }
   sf_tensor tensor;
-  int rc = sf_tensor_view(&tensor, SF_DTYPE_UINT8, 1, &t->size, buffer, 0);
+  int rc = sf_tensor_view(&tensor, SF_DTYPE_UINT8, 1, &t->size, buffer, view_offset);
   if (rc < 0) return fail(t, SF_EINTERNAL, t->last_key, t->offset, "cannot wrap a member as a tensor");
   sf_sample_add_field(sample, field, true, &tensor);
   t->sample_size += t->size;
