@@ -11,6 +11,18 @@
 /* How a batch field is collated (see sf_batch in sample.h). */
 enum { FIXED, PAD, RAGGED };
 
+/*
+ * Rows of a FIXED field that lie one after another in memory (a local group process writes a unit's
+ * results back to back into its shared-memory ring): not copied while they keep doing so. At flush
+ * they become the batch tensor itself, a view holding every row's reference (no copy); a row that
+ * breaks the run has the rows so far copied into a batch buffer and the run ends.
+ */
+typedef struct row_run {
+  uint8_t *data;     /* row 0's bytes */
+  int64_t rows;
+  sf_buffer *refs[]; /* one per row: whatever keeps that row's bytes alive */
+} row_run;
+
 /* One batch being filled: one per bucket. */
 typedef struct filling {
   sf_batch *out;                      /* NULL while empty */
@@ -18,6 +30,7 @@ typedef struct filling {
   uint8_t collate[SF_MAX_FIELDS];     /* per field of out */
   double pad[SF_MAX_FIELDS];          /* pad value of a PAD field */
   sf_tensor *parts[SF_MAX_FIELDS];    /* PAD/RAGGED: batch_size per-sample references, joined at flush */
+  row_run *run[SF_MAX_FIELDS];        /* FIXED: rows not copied yet (the field's tensor has no buffer then) */
 } filling;
 
 #define MAX_BUCKETS 9 /* bucket_bounds holds at most 8 numbers */
@@ -157,7 +170,9 @@ static int open_batch(batch *b, filling *fl, const sf_sample *s, char *why, size
     int64_t shape[SF_TENSOR_MAX_DIMS];
     shape[0] = b->batch_size;
     memcpy(shape + 1, f->tensor.shape, (size_t)f->tensor.ndim * sizeof shape[0]);
-    int r = sf_pool_tensor(b->pool, &g->tensor, f->tensor.dtype, f->tensor.ndim + 1, shape);
+    /* The buffer comes with the first row that needs it (see row_run); pinned batches have it at once. */
+    int r = b->pin_memory ? sf_pool_tensor(b->pool, &g->tensor, f->tensor.dtype, f->tensor.ndim + 1, shape)
+                          : sf_tensor_set_shape(&g->tensor, f->tensor.dtype, f->tensor.ndim + 1, shape);
     if (r < 0) return r;
     out->n_fields++;
   }
@@ -166,9 +181,56 @@ static int open_batch(batch *b, filling *fl, const sf_sample *s, char *why, size
   return 0;
 }
 
+static void drop_run(row_run **run) {
+  if (!*run) return;
+  for (int64_t j = 0; j < (*run)->rows; j++) sf_buffer_unref(&(*run)->refs[j]);
+  free(*run);
+  *run = NULL;
+}
+
+static void free_run(void *opaque, uint8_t *data) {
+  (void)data;
+  row_run *run = opaque;
+  drop_run(&run);
+}
+
+/*
+ * Takes sample field f as the next row of fixed field i without copying it, when it lies right after
+ * the rows so far (all of them in the run) and is a plain view. Returns false when it must be copied.
+ */
+static bool extend_run(const batch *b, filling *fl, int i, const sf_field *f, size_t slot) {
+  if (f->recipe || !f->tensor.buffer || !sf_tensor_is_contiguous(&f->tensor)) return false;
+  row_run *run = fl->run[i];
+  uint8_t *data = sf_tensor_data(&f->tensor);
+  if (fl->count == 0 && !run) {
+    if (!(run = fl->run[i] = calloc(1, sizeof *run + (size_t)b->batch_size * sizeof run->refs[0]))) return false;
+    run->data = data;
+  } else if (!run || run->rows != fl->count || data != run->data + slot * (size_t)run->rows) {
+    return false;
+  }
+  run->refs[run->rows++] = sf_buffer_ref(f->tensor.buffer);
+  return true;
+}
+
+/* Gives fixed field i its batch buffer and copies the run's rows into it (one copy: they are adjacent). */
+static int fill_slots(batch *b, filling *fl, int i) {
+  sf_tensor *t = &fl->out->fields[i].tensor;
+  sf_tensor header = *t; /* sf_pool_tensor rewrites *t */
+  int r = sf_pool_tensor(b->pool, t, header.dtype, header.ndim, header.shape);
+  if (r < 0) {
+    *t = header;
+    return r;
+  }
+  row_run *run = fl->run[i];
+  if (run) memcpy(sf_tensor_data(t), run->data, sf_tensor_nbytes(t) / (size_t)b->batch_size * (size_t)run->rows);
+  drop_run(&fl->run[i]);
+  return 0;
+}
+
 /* Empties fl: drops the batch and the per-sample references it holds. */
 static void close_filling(const batch *b, filling *fl) {
   for (int i = 0; i < SF_MAX_FIELDS; i++) {
+    drop_run(&fl->run[i]);
     for (int64_t j = 0; fl->parts[i] && j < b->batch_size; j++) sf_tensor_clear(&fl->parts[i][j]);
     free(fl->parts[i]);
     fl->parts[i] = NULL;
@@ -313,7 +375,23 @@ static int flush(sf_node *node, batch *b, filling *fl, bool forced) {
       r = join_field(b, fl, i);
       continue;
     }
-    out->fields[i].tensor.shape[0] = count;
+    sf_tensor *t = &out->fields[i].tensor;
+    if (!t->buffer && fl->run[i] && fl->run[i]->rows == count) {
+      /* Every row was adjacent: the batch tensor is a view of them, holding their references. */
+      row_run *run = fl->run[i];
+      size_t bytes_run = sf_tensor_nbytes(t) / (size_t)b->batch_size * (size_t)count;
+      sf_buffer *joined = sf_buffer_wrap(run->data, bytes_run, free_run, run);
+      if (joined) {
+        fl->run[i] = NULL;
+        int64_t shape[SF_TENSOR_MAX_DIMS];
+        memcpy(shape, t->shape, (size_t)t->ndim * sizeof shape[0]);
+        shape[0] = count;
+        r = sf_tensor_view(t, t->dtype, t->ndim, shape, joined, 0);
+        continue;
+      }
+    }
+    if (!t->buffer) r = fill_slots(b, fl, i);
+    t->shape[0] = count;
   }
   for (int i = 0; i < out->n_fields; i++) bytes += sf_tensor_nbytes(&out->fields[i].tensor);
   fl->out = NULL;
@@ -399,6 +477,8 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
     }
     sf_tensor *t = &out->fields[i].tensor;
     size_t slot = sf_tensor_nbytes(t) / (size_t)b->batch_size;
+    if (!t->buffer && extend_run(b, fl, i, f, slot)) continue;
+    if (!t->buffer && (r = fill_slots(b, fl, i)) < 0) break;
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)fl->count;
     if (f->recipe) /* deferred (augment's output): computed straight into the slot, no copy */
       f->recipe->write(f->recipe, dst);

@@ -131,7 +131,8 @@ static const sf_option options[] = {
      "scheduler find the head with `shardflow worker --rendezvous FILE` (needs listen:)",
      NULL},
     {"unit_samples", SF_OPT_COUNT, offsetof(remote, unit_samples), "32", 1, 4096,
-     "samples in one work unit (a range of one shard)", NULL},
+     "samples in one work unit (a range of one shard); with local processes, a multiple of the batch's "
+     "batch_size lets each batch be a view of a worker's shared-memory ring instead of a copy", NULL},
     {"window", SF_OPT_COUNT, offsetof(remote, window), "16", 2, 4096,
      "work units the head holds at once (waiting, at workers, or done but not yet passed on)", NULL},
     {"buffer_size", SF_OPT_SIZE, offsetof(remote, buffer_size), "256MiB", 1048576, 1099511627776.0,
