@@ -213,6 +213,8 @@ def stage_table(stderr):
     if start is None:
         return rows
     for line in lines[start + 1:]:
+        if line.startswith("shardflow"):
+            continue  # a log line of another process (a group's worker joining late) written between the rows
         parts = line.split()
         if len(parts) == 3 and parts[0] == "<-" and row is not None:
             row.setdefault("inputs", {})[parts[1]] = int(parts[2])
