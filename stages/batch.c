@@ -181,6 +181,9 @@ static int open_batch(batch *b, filling *fl, const sf_sample *s, char *why, size
   return 0;
 }
 
+/* Bytes of one row of fixed field tensor t ([batch_size, ...]). */
+static size_t row_bytes(const batch *b, const sf_tensor *t) { return sf_tensor_nbytes(t) / (size_t)b->batch_size; }
+
 static void drop_run(row_run **run) {
   if (!*run) return;
   for (int64_t j = 0; j < (*run)->rows; j++) sf_buffer_unref(&(*run)->refs[j]);
@@ -222,7 +225,7 @@ static int fill_slots(batch *b, filling *fl, int i) {
     return r;
   }
   row_run *run = fl->run[i];
-  if (run) memcpy(sf_tensor_data(t), run->data, sf_tensor_nbytes(t) / (size_t)b->batch_size * (size_t)run->rows);
+  if (run) memcpy(sf_tensor_data(t), run->data, row_bytes(b, t) * (size_t)run->rows);
   drop_run(&fl->run[i]);
   return 0;
 }
@@ -379,8 +382,7 @@ static int flush(sf_node *node, batch *b, filling *fl, bool forced) {
     if (!t->buffer && fl->run[i] && fl->run[i]->rows == count) {
       /* Every row was adjacent: the batch tensor is a view of them, holding their references. */
       row_run *run = fl->run[i];
-      size_t bytes_run = sf_tensor_nbytes(t) / (size_t)b->batch_size * (size_t)count;
-      sf_buffer *joined = sf_buffer_wrap(run->data, bytes_run, free_run, run);
+      sf_buffer *joined = sf_buffer_wrap(run->data, row_bytes(b, t) * (size_t)count, free_run, run);
       if (joined) {
         fl->run[i] = NULL;
         int64_t shape[SF_TENSOR_MAX_DIMS];
@@ -476,7 +478,7 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
       continue;
     }
     sf_tensor *t = &out->fields[i].tensor;
-    size_t slot = sf_tensor_nbytes(t) / (size_t)b->batch_size;
+    size_t slot = row_bytes(b, t);
     if (!t->buffer && extend_run(b, fl, i, f, slot)) continue;
     if (!t->buffer && (r = fill_slots(b, fl, i)) < 0) break;
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)fl->count;

@@ -80,13 +80,7 @@ static struct {
 static struct sigaction previous_sigbus;
 static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
 
-static size_t text_length(const char *s) {
-  size_t n = 0;
-  while (s[n]) n++;
-  return n;
-}
-
-static void say(const char *s) { (void)!write(STDERR_FILENO, s, text_length(s)); }
+static void say(const char *s) { (void)!write(STDERR_FILENO, s, strlen(s)); } /* both async-signal-safe */
 
 static void on_sigbus(int sig, siginfo_t *info, void *context) {
   (void)sig, (void)context;
