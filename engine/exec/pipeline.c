@@ -38,6 +38,7 @@ struct sf_pipeline {
   double started;        /* now_seconds() when the threads started */
   atomic_uint_fast64_t trainer_wait_ns; /* time next() waited for a batch (the bottleneck report) */
   sf_metrics_server *metrics; /* `metrics: HOST:PORT`, or NULL */
+  char fingerprint[SF_ORDER_FINGERPRINT_SIZE]; /* sf_graph_order_fingerprint of the graph as given */
 };
 
 static double now_seconds(void) {
@@ -469,6 +470,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   c->quiet = true; /* init errors are returned to the caller, not printed */
   r = build(p, order, defs, inputs, error);
   c->quiet = false;
+  if (r == 0) r = sf_graph_order_fingerprint(graph, p->fingerprint, sizeof p->fingerprint, error);
   if (r == 0 && p->event_fd < 0) r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "eventfd: %m");
   if (r == 0) sf_queue_set_notify_fd(p->output, p->event_fd);
   free(order);
@@ -575,6 +577,7 @@ uint64_t sf_pipeline_step(const sf_pipeline *p) { return p->step; }
 int sf_pipeline_fd(const sf_pipeline *p) { return p->event_fd; }
 int sf_pipeline_rank(const sf_pipeline *p) { return p->ctx.rank; }
 int sf_pipeline_world_size(const sf_pipeline *p) { return p->ctx.world_size; }
+const char *sf_pipeline_order_fingerprint(const sf_pipeline *p) { return p->fingerprint; }
 
 sf_node *const *sf_pipeline_nodes(sf_pipeline *p, int *n) {
   *n = p->n_nodes;

@@ -90,6 +90,47 @@ SF_API bool sf_graph_node_has_option(const sf_graph *graph, int i, const char *o
 /** Frees *graph and sets it to NULL. NULL-safe. */
 SF_API void sf_graph_destroy(sf_graph **graph);
 
+/** Bytes sf_graph_order_fingerprint() writes: 64 hex digits and a NUL. */
+#define SF_ORDER_FINGERPRINT_SIZE 65
+
+/**
+ * The order fingerprint of graph: what decides which samples each batch of an
+ * epoch holds and in which order, hashed, so that a saved position (epoch,
+ * step) is resumed only by a graph that rebuilds the same batches (Python's
+ * state_dict() carries it and load_state_dict() compares it; docs/resume.md).
+ *
+ * Covered: the graph's seed; every node, in execution order, with its name
+ * (it seeds the node's random stream), its stage type and the nodes feeding
+ * its input ports; and every option's value as the stage's options table
+ * parses it (the graph file's, --set's or the default; "10k" and "10000" are
+ * the same) -- shard list, shuffle, samples_per_epoch, worker split, tar_split's
+ * key rule and size limits, decode's limits, shuffle buffer, batch size,
+ * partial, buckets, mix weights, a python stage's function, every option of a
+ * plugin's stage.  Left out, because they never change which samples an
+ * epoch holds, their order or where batches are cut: rank and world size
+ * (a state says them itself), replicas, threads, groups and a node's group,
+ * queue sizes, epochs, error policy and budgets, metrics; and the options
+ * that change only a sample's bytes, where data is kept, or speed (every
+ * option of augment and device_sink; decode's mode, min_size, depth and
+ * defer_jpeg; batch's ragged, pad and pin_memory; tar_split's timeouts,
+ * retries, prefetch, cache and mmap; shard_source's allow_pipe and plan;
+ * python's handoff and in_flight).  A shard list is hashed as written: the
+ * lines of an @FILE list and the objects under a store prefix are not read.
+ *
+ * The hash is SHA-256 (libcrypto) over a versioned, length-prefixed text of
+ * those values: the same for the same graph in every run, process and host,
+ * independent of how the graph file is laid out (key order, comments, number
+ * spelling).  A later version that changes what counts changes the version
+ * tag, so it gives other fingerprints, never equal ones by accident.
+ *
+ * Writes 64 lowercase hex digits and a NUL into buf.  Returns 0; SF_EINVAL
+ * when graph or buf is NULL or size < SF_ORDER_FINGERPRINT_SIZE; SF_EGRAPH /
+ * SF_EOPTION for a graph that does not validate, with error saying why (as
+ * sf_graph_validate()); SF_ENOMEM.  On failure buf holds "" (when size > 0).
+ * error may be NULL.
+ */
+SF_API int sf_graph_order_fingerprint(const sf_graph *graph, char *buf, size_t size, sf_error *error);
+
 /** How a pipeline is placed: rank and world size (negative = from the environment). */
 typedef struct sf_pipeline_options {
   int rank;             /**< -1: RANK, else SLURM_PROCID, else 0 */
@@ -139,6 +180,9 @@ SF_API uint64_t sf_pipeline_step(const sf_pipeline *pipeline);
  * first_step = step.  The engine then re-reads the epoch's first `step`
  * batches' samples without building them (no augment, no copies) and returns
  * exactly the batches the uninterrupted run would have returned next.
+ * Save sf_pipeline_order_fingerprint() with them and compare it before resuming:
+ * a graph with another seed, shard list, batch size or any other option that
+ * decides the order would silently repeat or skip samples.
  * Resuming with another world size (or worker split) changes which shards a
  * rank reads and is not supported: bindings refuse it.
  */
@@ -152,6 +196,14 @@ SF_API uint64_t sf_pipeline_step(const sf_pipeline *pipeline);
  * ready item, it is no longer readable.  Linux eventfd(2).
  */
 SF_API int sf_pipeline_fd(const sf_pipeline *pipeline);
+
+/**
+ * sf_graph_order_fingerprint() of the graph the pipeline was created from
+ * (before any groups split it): save it with epoch and step, and resume only
+ * where it is equal.  Returns a borrowed string of 64 hex digits, valid until
+ * sf_pipeline_destroy().
+ */
+SF_API const char *sf_pipeline_order_fingerprint(const sf_pipeline *pipeline);
 
 /** Rank and world size the pipeline runs as. */
 SF_API int sf_pipeline_rank(const sf_pipeline *pipeline);

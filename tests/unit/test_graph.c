@@ -11,6 +11,10 @@
 
 #include "graph.h"
 
+/* sf_graph_order_fingerprint of `ordered` (test_order_fingerprint), checked against Python hashlib.sha256 of the
+ * hashed text written out by hand ("seed 2:11", "node 12:shard_source", ... one line a field). */
+#define PINNED_ORDER_FINGERPRINT "f54e790ee16d214c733e1307df55cd3d9cb9a623e57c40c1fcb55c0cffb704be"
+
 static const char *const good =
     "seed: 7\n"
     "epochs: 3\n"
@@ -188,6 +192,121 @@ static void test_missing_file(void **state) {
   assert_string_equal(e.url, "/nonexistent/graph.yaml");
 }
 
+
+/* The order fingerprint: the same for what rebuilds the same batches, another for anything that changes them. */
+static const char *const ordered =
+    "seed: 11\n"
+    "stages:\n"
+    "  - type: shard_source\n"
+    "    urls: /data/s-{000..009}.tar\n"
+    "  - type: tar_split\n"
+    "  - type: decode\n"
+    "  - type: augment\n"
+    "    crop: random\n"
+    "    size: 8\n"
+    "  - type: shuffle\n"
+    "    buffer_size: 10000\n"
+    "  - type: batch\n"
+    "    batch_size: 16\n"
+    "  - type: device_sink\n";
+
+/* The fingerprint of `ordered` with one change (--set TARGET=VALUE), or of `text` when target is NULL. */
+static void fingerprint_of(const char *text, const char *target, const char *value,
+                           char out[SF_ORDER_FINGERPRINT_SIZE]) {
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g, text, "ordered.yaml", &e), 0);
+  if (target) assert_int_equal(sf_graph_set(g, target, value, &e), 0);
+  assert_int_equal(sf_graph_order_fingerprint(g, out, SF_ORDER_FINGERPRINT_SIZE, &e), 0);
+  sf_graph_destroy(&g);
+}
+
+static void test_order_fingerprint(void **state) {
+  (void)state;
+  char base[SF_ORDER_FINGERPRINT_SIZE], other[SF_ORDER_FINGERPRINT_SIZE];
+  fingerprint_of(ordered, NULL, NULL, base);
+  assert_int_equal(strlen(base), 64);
+  assert_int_equal(strspn(base, "0123456789abcdef"), 64);
+  /* Pinned: states saved by earlier builds must keep loading. Change it only together with the version tag
+   * in engine/graph/graph_fingerprint.c, when what counts changes on purpose. */
+  assert_string_equal(base, PINNED_ORDER_FINGERPRINT);
+  /* What never changes the batches: placement, speed, where data is kept, a sample's bytes, and how the
+   * file spells a value. */
+  static const char *const same[][2] = {
+      {"decode.replicas", "3"},       {"augment.replicas", "2"},      {"threads", "3"},
+      {"queue_size", "8"},            {"epochs", "5"},                {"error_policy", "fail"},
+      {"tar_split.prefetch", "8"},    {"tar_split.mmap", "false"},    {"tar_split.cache_dir", "/tmp/c"},
+      {"augment.flip", "0.5"},        {"augment.dtype", "uint8"},     {"device_sink.npy_dir", "/tmp/x"},
+      {"decode.mode", "gray"},        {"batch.pin_memory", "true"},   {"shard_source.plan", "/tmp/plan.txt"},
+      {"shuffle.buffer_size", "10k"}, {"shuffle.buffer_size", "10_000"},
+  };
+  for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+    fingerprint_of(ordered, same[i][0], same[i][1], other);
+    if (strcmp(base, other) != 0) fail_msg("%s=%s changed the order fingerprint", same[i][0], same[i][1]);
+  }
+  /* The same graph laid out otherwise (key order, comments, YAML list syntax), and split into groups. */
+  fingerprint_of("# the same graph\n"
+                 "stages:\n"
+                 "  - {type: shard_source, urls: '/data/s-{000..009}.tar'}\n"
+                 "  - type: tar_split\n"
+                 "  - {type: decode, group: d}\n"
+                 "  - {type: augment, size: 8, crop: random, group: d}\n"
+                 "  - {type: shuffle, buffer_size: 10000}\n"
+                 "  - {type: batch, batch_size: 16}\n"
+                 "  - type: device_sink\n"
+                 "groups:\n"
+                 "  d:\n"
+                 "    processes: 2\n"
+                 "seed: 11\n",
+                 NULL, NULL, other);
+  assert_string_equal(base, other);
+  /* What changes which samples an epoch holds, their order, or where batches are cut. */
+  static const char *const changed[][2] = {
+      {"seed", "12"},
+      {"shard_source.urls", "/data/s-{000..008}.tar"},
+      {"shard_source.shuffle", "false"},
+      {"shard_source.samples_per_epoch", "100"},
+      {"shard_source.workers", "2"},
+      {"shard_source.sampling", "resample"},
+      {"tar_split.key_rule", "last_dot"},
+      {"tar_split.max_sample_size", "1MiB"},
+      {"decode.max_pixels", "1000"},
+      {"shuffle.buffer_size", "100"},
+      {"shuffle.initial", "10"},
+      {"batch.batch_size", "32"},
+      {"batch.partial", "false"},
+      {"batch.bucket_hold", "10"},
+  };
+  for (size_t i = 0; i < sizeof changed / sizeof *changed; i++) {
+    fingerprint_of(ordered, changed[i][0], changed[i][1], other);
+    if (strcmp(base, other) == 0) fail_msg("%s=%s kept the order fingerprint", changed[i][0], changed[i][1]);
+  }
+  /* A node's name seeds its random stream; a stage more or less is another graph. */
+  char renamed[1024];
+  const char *at = strstr(ordered, "  - type: shuffle\n");
+  snprintf(renamed, sizeof renamed, "%.*s  - name: mixer\n    type: shuffle\n%s", (int)(at - ordered), ordered,
+           at + strlen("  - type: shuffle\n"));
+  fingerprint_of(renamed, NULL, NULL, other);
+  assert_string_not_equal(base, other);
+  char fewer[1024];
+  at = strstr(ordered, "  - type: decode\n");
+  snprintf(fewer, sizeof fewer, "%.*s%s", (int)(at - ordered), ordered, at + strlen("  - type: decode\n"));
+  fingerprint_of(fewer, NULL, NULL, other);
+  assert_string_not_equal(base, other);
+  /* The buffer, the arguments, a graph that does not validate. */
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g, ordered, "ordered.yaml", &e), 0);
+  char small[64] = "x";
+  assert_int_equal(sf_graph_order_fingerprint(g, small, sizeof small, &e), SF_EINVAL);
+  assert_string_equal(small, "");
+  assert_int_equal(sf_graph_order_fingerprint(NULL, base, sizeof base, NULL), SF_EINVAL);
+  assert_int_equal(sf_graph_set(g, "batch.batch_size", "0", &e), 0);
+  assert_int_equal(sf_graph_order_fingerprint(g, base, sizeof base, &e), SF_EOPTION);
+  assert_non_null(strstr(e.message, "batch_size"));
+  sf_graph_destroy(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_load_good),
@@ -195,6 +314,7 @@ int main(void) {
       cmocka_unit_test(test_deep_nesting),
       cmocka_unit_test(test_edges_reorder),
       cmocka_unit_test(test_missing_file),
+      cmocka_unit_test(test_order_fingerprint),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
