@@ -108,6 +108,7 @@ def _load():
         "sf_pipeline_step": (ctypes.c_uint64, [p]),
         "sf_pipeline_rank": (ctypes.c_int, [p]),
         "sf_pipeline_world_size": (ctypes.c_int, [p]),
+        "sf_pipeline_order_fingerprint": (c, [p]),
         "sf_pipeline_fd": (ctypes.c_int, [p]),
         "sf_pipeline_stats": (ctypes.c_int, [p, ctypes.POINTER(_NodeStats), ctypes.c_int]),
         "sf_node_stats_size": (ctypes.c_size_t, []),
@@ -382,11 +383,13 @@ class Pipeline:
 
     def state_dict(self):
         """The position to resume from: every batch is a function of the graph, seed, rank, world
-        size and position, so this is the whole state (a small dict, picklable). In an epoch resumed
-        at another world size it also holds "plan", the [shard, sample] pairs the epoch reads (8-16
-        bytes a sample in a pickle)."""
+        size and position, so this is the whole state (a small dict, picklable), with "fingerprint", the
+        graph's order fingerprint (sf_pipeline_order_fingerprint: what decides the order, hashed), which
+        load_state_dict() compares. In an epoch resumed at another world size it also holds "plan", the
+        [shard, sample] pairs the epoch reads (8-16 bytes a sample in a pickle)."""
         state = {"epoch": self.epoch, "step": self.step, "rank": library.sf_pipeline_rank(self._pipeline),
-                 "world_size": library.sf_pipeline_world_size(self._pipeline)}
+                 "world_size": library.sf_pipeline_world_size(self._pipeline),
+                 "fingerprint": library.sf_pipeline_order_fingerprint(self._pipeline).decode()}
         if self._plan is not None and self.epoch == self._plan_epoch:
             state["plan"] = [list(pair) for pair in self._plan]
         return state
@@ -397,8 +400,14 @@ class Pipeline:
         of every rank's state: the rest of its epoch is dealt to this world's ranks, no sample repeated
         or lost (docs/resume.md; every new rank replays the old ranks' epoch to find what they
         consumed). Raises ValueError when the state cannot say that (one rank's state from another
-        world size, a graph with samples_per_epoch or several workers)."""
+        world size, a graph with samples_per_epoch or several workers), when it is not what
+        state_dict() or merge_states() returns (a type, a key, a negative number, steps or plans not
+        one per rank), or when its fingerprint is not this graph's (another seed, shard list, batch
+        size...: the order would differ). A state without a fingerprint (from an older shardflow)
+        resumes unchecked, with a warning. The pipeline is unchanged after a ValueError."""
         rank, world = library.sf_pipeline_rank(self._pipeline), library.sf_pipeline_world_size(self._pipeline)
+        state = elastic.check_state(state)
+        elastic.check_fingerprint(state, library.sf_pipeline_order_fingerprint(self._pipeline).decode())
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
                 plan = state["plans"][rank] if state.get("plans") else None

@@ -3,7 +3,9 @@ the consumed keys plus the resumed ranks' keys are every sample of the shards ex
 reference is the shards' own key list, from tarfile), the new ranks get equal shares (+-1), the next
 epoch is the new world's ordinary epoch; a state saved inside the resumed epoch resumes again (same
 and other world size); states that lack the information are refused, naming what is missing."""
+import logging
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -22,18 +24,18 @@ try:
     every = sorted(tar_keys(*[os.path.join(tmp, f) for f in sorted(os.listdir(tmp)) if f.endswith(".tar")]))
     check(sorted(every) == sorted(truth) and len(set(every)) == 120, "reference: 120 distinct keys in the shards")
 
-    def graph(shuffle, samples_per_epoch=0):
-        return write_graph(os.path.join(tmp, f"g-{shuffle}-{samples_per_epoch}.yaml"), [
+    def graph(shuffle, samples_per_epoch=0, batch_size=8):
+        return write_graph(os.path.join(tmp, f"g-{shuffle}-{samples_per_epoch}-{batch_size}.yaml"), [
             ("shard_source", dict(urls=urls, shuffle=shuffle, samples_per_epoch=samples_per_epoch)),
             ("tar_split", {}),
             ("decode", {}),
             ("shuffle", dict(buffer_size=25 if shuffle else 1)),
-            ("batch", dict(batch_size=8, partial=True)),
+            ("batch", dict(batch_size=batch_size, partial=True)),
             ("device_sink", {}),
         ], seed=7, epochs=2)
 
-    def pipe(g, rank, world):
-        return shardflow.Pipeline(g, rank=rank, world_size=world, output="dict")
+    def pipe(g, rank, world, **options):
+        return shardflow.Pipeline(g, rank=rank, world_size=world, output="dict", **options)
 
     def take(p, n):
         """Keys of the next n batches (all of the epoch when n is None)."""
@@ -123,6 +125,118 @@ try:
     refused(lambda: pipe(g_spe, 0, 3).load_state_dict(spe), ["samples_per_epoch"], "a graph with samples_per_epoch")
     for p in (p0, p1, target, q0, q1):
         p.close()
+
+    # Inconsistent states are refused, saying what is wrong: each of these resumed (before the checks) with
+    # samples lost or repeated, counted here against the epoch's keys; a good state still resumes exactly.
+    def outcome(call, expect):
+        """call() returns every key of the epoch the trainer saw (consumed before the stop + resumed after):
+        (None, message) when it raises ValueError, else (what it lost and repeated against expect, None)."""
+        try:
+            got = call()
+        except ValueError as e:
+            return None, str(e)
+        except Exception as e:  # noqa: BLE001 - any other failure is a wrong answer too
+            return f"raised {type(e).__name__}: {e}", None
+        missing, repeated = len(set(expect) - set(got)), len(got) - len(set(got))
+        return f"{missing} of {len(expect)} samples lost, {repeated} repeated", None
+
+    def must_refuse(what, call, expect, words):
+        counts, message = outcome(call, expect)
+        check(message is not None, f"{what}: {'refused' if message is not None else 'accepted: ' + counts}")
+        check(all(w in (message or "") for w in words), f"{what}: refused, naming {words}: {message}")
+
+    def elastic_keys(state, world, before):
+        """A call giving the keys consumed before the stop plus what state's resume at world ranks returns."""
+        def call():
+            keys = list(before)
+            for got, p in resume(g, state, world):
+                keys += got
+                p.close()
+            return keys
+        return call
+
+    g, g16 = graph(True), graph(True, batch_size=16)
+    old = [pipe(g, r, 2) for r in range(2)]
+    consumed = take(old[0], 3) + take(old[1], 2)
+    merged = shardflow.merge_states([p.state_dict() for p in old])
+    short = dict(merged, steps=merged["steps"][:1], plans=merged["plans"][:1])
+    must_refuse("merged state with 1 step for world size 2", elastic_keys(short, 3, consumed), every,
+                ["steps", "world_size 2", "merge_states"])
+    must_refuse("merged state with a negative step", elastic_keys(dict(merged, steps=[3, -1]), 3, consumed), every,
+                ["steps", "-1"])
+
+    def other_batch_size():
+        p16 = pipe(g16, 0, 1)
+        first = take(p16, 3)  # 48 samples
+        p8 = pipe(g, 0, 1)
+        p8.load_state_dict(p16.state_dict())
+        keys = first + take(p8, None)
+        p16.close()
+        p8.close()
+        return keys
+
+    must_refuse("batch_size 16's state in a batch_size 8 graph", other_batch_size, every,
+                ["fingerprint", "batch_size", "docs/resume.md"])
+    for p in old:
+        p.close()
+
+    # a good state resumes exactly (the keys in the uninterrupted run's order), also with other replicas and threads
+    whole = take(pipe(g, 0, 1), None)
+    check(sorted(whole) == every, "uninterrupted: every key once")
+    p = pipe(g, 0, 1)
+    first = take(p, 4)
+    state = p.state_dict()
+    check(isinstance(state.get("fingerprint"), str) and len(state["fingerprint"]) == 64,
+          f"the state carries the order fingerprint: {state}")
+    for what, options in (("the same graph", {}), ("decode replicas 3, threads 3, tar_split mmap off",
+                                                    dict(decode__replicas=3, threads=3, tar_split__mmap=False))):
+        q = pipe(g, 0, 1, **options)
+        q.load_state_dict(pickle.loads(pickle.dumps(state)))
+        check(first + take(q, None) == whole, f"{what}: the uninterrupted run's keys, in order")
+        q.close()
+    merged1 = shardflow.merge_states([state])
+    check(merged1.get("fingerprint") == state.get("fingerprint", ""), "merge_states keeps the fingerprint")
+
+    # a state saved before states had a fingerprint still loads, unchecked, with a warning
+    legacy = {k: v for k, v in state.items() if k != "fingerprint"}
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("shardflow").addHandler(handler)
+    q = pipe(g, 0, 1)
+    q.load_state_dict(legacy)
+    logging.getLogger("shardflow").removeHandler(handler)
+    check(first + take(q, None) == whole, "a state without a fingerprint resumes")
+    check(any("fingerprint" in r.getMessage() for r in records), f"... with a warning: {[r.getMessage() for r in records]}")
+    q.close()
+
+    # wrong types and shapes, out-of-range values
+    bad = [
+        ("not a dict", [0, 4], ["dict", "state_dict()"]),
+        ("step as text", dict(state, step="4"), ["step", "'4'"]),
+        ("step True", dict(state, step=True), ["step", "True"]),
+        ("epoch 1.5", dict(state, epoch=1.5), ["epoch", "1.5"]),
+        ("epoch -1", dict(state, epoch=-1), ["epoch", "-1"]),
+        ("step -2", dict(state, step=-2), ["step", "-2"]),
+        ("rank past the world", dict(state, rank=1), ["rank 1", "world_size 1"]),
+        ("no step", {k: v for k, v in state.items() if k != "step"}, ["step", "missing"]),
+        ("fingerprint of another graph", dict(state, fingerprint="0" * 64), ["fingerprint", "docs/resume.md"]),
+        ("plan of triples", dict(state, plan=[[0, 1, 2]]), ["plan", "[shard, sample]"]),
+        ("plan of negatives", dict(state, plan=[[0, -1]]), ["plan", "-1"]),
+        ("merged: plans for 2 ranks at world 1", dict(merged1, plans=[None, None]), ["plans", "world_size 1"]),
+        ("merged: step as a float", dict(merged1, steps=[4.0]), ["steps", "4.0"]),
+    ]
+    for what, s, words in bad:
+        q = pipe(g, 0, 1)
+        must_refuse(what, lambda: first + (q.load_state_dict(s) or take(q, None)), whole, words)
+        check(take(q, 1) == whole[:8], f"{what}: after the refusal the pipeline goes on as before")
+        q.close()
+    refused(lambda: shardflow.merge_states([state, dict(state, rank=1, world_size=2)]), ["world sizes"],
+            "merge_states of different world sizes")
+    s16 = pipe(g16, 1, 2)
+    refused(lambda: shardflow.merge_states([dict(state, world_size=2), s16.state_dict()]), ["fingerprint"],
+            "merge_states of two graphs")
+    s16.close()
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 check.done("elastic")
