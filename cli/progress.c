@@ -119,6 +119,7 @@ int sf_cli_stats_record(FILE *out, sf_pipeline *p, const sf_cli_progress *pr, bo
                         "nodes", nodes, "groups", groups, "bottleneck", bottleneck);
   if (!r) return -1;
   json_object_set_new(r, "epoch_length", pr->epoch_length ? json_integer((json_int_t)pr->epoch_length) : json_null());
+  json_object_set_new(r, "order_fingerprint", json_string(sf_pipeline_order_fingerprint(p)));
   int rc = json_dumpf(r, out, JSON_COMPACT) < 0 || fputc('\n', out) == EOF || fflush(out) == EOF ? -1 : 0;
   json_decref(r);
   return rc;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@ typedef struct run_args {
   sf_cli_list sets;
   char *metrics; /* HOST:PORT, or NULL */
   char *stats_json; /* --stats-json FILE, or NULL */
+  char *start_fingerprint; /* --start-fingerprint HEX, or NULL */
   int64_t epochs, rank, world_size, start_epoch, start_step, log_steps; /* -1: not given */
   double step_time;
   bool quiet, no_summary;
@@ -45,6 +47,10 @@ static const sf_cli_option run_options[] = {
     {.row = {"start-step", SF_OPT_COUNT, offsetof(run_args, start_step), "0",
              .help = "resume after the first K batches of the start epoch"},
      .value = "K"},
+    {.row = {"start-fingerprint", SF_OPT_STRING, offsetof(run_args, start_fingerprint),
+             .help = "resume only if the graph's order fingerprint is HEX (the order_fingerprint of the stopped run's "
+                     "--stats-json records): another seed, shard list, batch size... would repeat or skip samples"},
+     .value = "HEX"},
     {.row = {"log-steps", SF_OPT_COUNT, offsetof(run_args, log_steps), "100",
              .help = "print a rate line every N batches; 0 = never"},
      .value = "N"},
@@ -162,6 +168,7 @@ static int run_main(int argc, char **argv) {
   double step_time = a.step_time;
   bool quiet = a.quiet, summary = !a.no_summary;
   const char *stats_path = a.stats_json; /* points into argv */
+  const char *want_fingerprint = a.start_fingerprint; /* points into argv */
   sf_error err;
   char line[2048];
   sf_graph *graph = NULL;
@@ -185,6 +192,16 @@ static int run_main(int argc, char **argv) {
   if (r == 0 && epochs > 0 && options.first_epoch >= (uint64_t)epochs) {
     fprintf(stderr, "shardflow run: --start-epoch %llu is past the run's %lld epochs (0..%lld); give --epochs N to "
             "run more\n", (unsigned long long)options.first_epoch, (long long)epochs, (long long)epochs - 1);
+    sf_graph_destroy(&graph);
+    return 2;
+  }
+  char fingerprint[SF_ORDER_FINGERPRINT_SIZE];
+  if (r == 0 && want_fingerprint) r = sf_graph_order_fingerprint(graph, fingerprint, sizeof fingerprint, &err);
+  if (r == 0 && want_fingerprint && strcasecmp(want_fingerprint, fingerprint) != 0) {
+    fprintf(stderr, "shardflow run: --start-fingerprint %s is not this graph's order fingerprint %s: the position was "
+            "saved by a graph whose seed, shard list, batch_size or another option that decides the order differs "
+            "(docs/resume.md), and resuming it here would repeat or skip samples; run the graph and --set options it "
+            "was saved with, or start the next epoch\n", want_fingerprint, fingerprint);
     sf_graph_destroy(&graph);
     return 2;
   }

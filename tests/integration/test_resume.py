@@ -2,6 +2,7 @@
 no missing sample, no duplicate, the same order, identical bytes - for world sizes 1 and 2, batch
 sizes 1 and 128, workers 1 and 4, shuffling on and off (the shape of MosaicML Streaming's test)."""
 import itertools
+import json
 import os
 import shutil
 import sys
@@ -56,4 +57,26 @@ for world, batch_size, workers, shuffle in itertools.product((1, 2), (1, 128), (
                   f"{tag} epoch {e}: no sample missing or repeated across the stop")
         cases += 1
 check(cases == 48, f"{cases} resumption cases")
+
+# The order fingerprint: the stopped run's --stats-json records carry it; --start-fingerprint resumes only a graph that
+# rebuilds the same batches (replicas and threads may differ), and refuses one with another batch size.
+graph = os.path.join(tmp, "w1-b1-k1-s-full.yaml")
+stats = os.path.join(tmp, "stats.jsonl")
+run(["run", graph, "--quiet", "--no-summary", "--epochs", "1", "--log-steps", "50", "--stats-json", stats])
+records = [json.loads(line) for line in open(stats)]
+fingerprints = {r.get("order_fingerprint") for r in records}
+check(len(fingerprints) == 1 and len(next(iter(fingerprints)) or "") == 64,
+      f"every stats record carries the order fingerprint: {fingerprints}")
+fingerprint = records[-1]["order_fingerprint"]
+full = dumps("fp-full", 1, 0, 1, 0, 1, True)
+for what, sets in (("the same graph", []), ("decode replicas 2, threads 2", ["--set", "decode.replicas=2", "--set", "threads=2"])):
+    resumed = dumps("fp-" + what.replace(" ", "-").replace(",", ""), 1, 0, 1, 0, 1, True,
+                    ["--start-epoch", "0", "--start-step", "100", "--start-fingerprint", fingerprint] + sets)
+    expect = {k: v for k, v in full.items() if k >= (0, 100)}
+    check(sorted(resumed) == sorted(expect) and all(resumed[k][0] == expect[k][0] for k in expect),
+          f"--start-fingerprint, {what}: the batches that follow, with their keys")
+p = run(["run", graph, "--quiet", "--no-summary", "--start-step", "100", "--start-fingerprint", fingerprint,
+         "--set", "batch.batch_size=2"], check=False)
+check(p.returncode == 2 and "order fingerprint" in p.stderr and "batch_size" in p.stderr,
+      f"--start-fingerprint refuses another batch size: {p.returncode} {p.stderr}")
 check.done("resume")
