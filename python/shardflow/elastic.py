@@ -65,7 +65,7 @@ def _whole(value, what, least=0):
 
 
 def _plan(value, what):
-    """A plan ([[shard index, sample index], ...], or None) as a list of int pairs; ValueError when it has another shape."""
+    """A plan ([[shard index, sample index], ...], or None) as a list of int pairs; ValueError for another shape."""
     if value is None:
         return None
     if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
@@ -93,8 +93,8 @@ def check_state(state, merged=None):
     keys = ("epoch", "world_size", "steps") if is_merged else ("epoch", "step", "rank", "world_size")
     absent = [k for k in keys if k not in state]
     if absent:
-        raise ValueError(f"the state has no {', '.join(repr(k) for k in absent)} (it has {', '.join(map(repr, state))}): "
-                         f"the key is missing; {_FIX}")
+        raise ValueError(f"the state has no {', '.join(repr(k) for k in absent)} "
+                         f"(it has {', '.join(map(repr, state))}): the key is missing; {_FIX}")
     out = dict(state)
     out["epoch"] = _whole(state["epoch"], "epoch")
     world = out["world_size"] = _whole(state["world_size"], "world_size", least=1)
@@ -138,11 +138,11 @@ def check_fingerprint(state, fingerprint):
             "since, samples repeat or go missing (docs/resume.md)")
     elif saved != fingerprint:
         raise ValueError(
-            f"the state's order fingerprint {saved[:16]}... is not this pipeline's {fingerprint[:16]}...: it was saved by a "
-            "graph whose seed, shard list, batch_size, shuffle, samples_per_epoch, mix weights, filters or another option "
-            "that decides which samples a batch holds differ from this one (docs/resume.md lists them), so resuming here "
-            "would repeat or skip samples; resume with the graph and options the state was saved with, or start a new "
-            "epoch with set_epoch()")
+            f"the state's order fingerprint {saved[:16]}... is not this pipeline's {fingerprint[:16]}...: it was saved "
+            "by a graph whose seed, shard list, batch_size, shuffle, samples_per_epoch, mix weights, filters or any "
+            "other option that decides which samples a batch holds differ from this one (docs/resume.md lists them), "
+            "so resuming here would repeat or skip samples; resume with the graph and options it was saved with, "
+            "or start a new epoch with set_epoch()")
 
 
 def _check_graph(pipeline_cls, graph, options):

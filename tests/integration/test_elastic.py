@@ -207,7 +207,8 @@ try:
     q.load_state_dict(legacy)
     logging.getLogger("shardflow").removeHandler(handler)
     check(first + take(q, None) == whole, "a state without a fingerprint resumes")
-    check(any("fingerprint" in r.getMessage() for r in records), f"... with a warning: {[r.getMessage() for r in records]}")
+    check(any("fingerprint" in r.getMessage() for r in records),
+          f"... with a warning: {[r.getMessage() for r in records]}")
     q.close()
 
     # wrong types and shapes, out-of-range values

@@ -69,7 +69,8 @@ check(len(fingerprints) == 1 and len(next(iter(fingerprints)) or "") == 64,
       f"every stats record carries the order fingerprint: {fingerprints}")
 fingerprint = records[-1]["order_fingerprint"]
 full = dumps("fp-full", 1, 0, 1, 0, 1, True)
-for what, sets in (("the same graph", []), ("decode replicas 2, threads 2", ["--set", "decode.replicas=2", "--set", "threads=2"])):
+for what, sets in (("the same graph", []),
+                   ("decode replicas 2, threads 2", ["--set", "decode.replicas=2", "--set", "threads=2"])):
     resumed = dumps("fp-" + what.replace(" ", "-").replace(",", ""), 1, 0, 1, 0, 1, True,
                     ["--start-epoch", "0", "--start-step", "100", "--start-fingerprint", fingerprint] + sets)
     expect = {k: v for k, v in full.items() if k >= (0, 100)}
