@@ -56,6 +56,7 @@ static int emit(sf_node *node, python *p) {
   int r = 0;
   if (status < 0)
     r = sf_node_error(node, status, sf_sample_url(item.u.sample), item.u.sample->key, -1, "%s", message);
+  if (status == SF_ECANCELED) r = status; /* a stop request (KeyboardInterrupt), not bad data: never skipped */
   sf_item_clear(&item);
   if (r < 0) return r;
   /* An error under the skip policy is skipped; fn's None is a filter's drop, outside the error budget. */

@@ -78,6 +78,14 @@ static int env_int(const char *a, const char *b, int fallback, int *out, sf_erro
 
 static void notify(sf_pipeline *p);
 
+/* After a failure or a stop: next() returns at once, and a polling trainer must hear of it. */
+static void wake_trainer(sf_pipeline *p) {
+  uint64_t one = 1;
+  ssize_t written = write(p->event_fd, &one, sizeof one);
+  (void)written; /* the counter is far from overflow; a failed write leaves next()'s own wait */
+  notify(p);
+}
+
 /* Stops the pipeline with code. n: the node whose step failed (recorded for it when it left no record), or NULL. */
 static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   if (atomic_load(&p->ctx.stop)) return; /* stopping: a step cut short is not a failure */
@@ -90,10 +98,7 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
   atomic_compare_exchange_strong(&p->failed, &expected, code);
   atomic_store(&p->ctx.stop, true);
   for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
-  uint64_t one = 1; /* next() returns the failure at once: a polling trainer must hear of it */
-  ssize_t written = write(p->event_fd, &one, sizeof one);
-  (void)written; /* the counter is far from overflow; a failed write leaves next()'s own wait */
-  notify(p);
+  wake_trainer(p);
 }
 
 /*
@@ -229,6 +234,14 @@ static void destroy_nodes(sf_pipeline *p) {
 static void join_threads(sf_pipeline *p) {
   for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
   p->n_threads = 0;
+}
+
+/* Only atomics, the queues' own locks and the eventfd: safe beside a next() in another thread. */
+void sf_pipeline_stop(sf_pipeline *p) {
+  if (!p) return;
+  atomic_store(&p->ctx.stop, true);
+  for (int i = 0; i < p->n_queues; i++) sf_queue_wake_all(&p->queues[i]);
+  wake_trainer(p);
 }
 
 void sf_pipeline_destroy(sf_pipeline **pp) {
@@ -538,6 +551,10 @@ int sf_pipeline_next(sf_pipeline *p, sf_batch **batch, double timeout) {
     int failed = atomic_load(&p->failed);
     if (failed) return failed;
     if (p->done) return SF_EOF;
+    if (atomic_load(&p->ctx.stop)) { /* sf_pipeline_stop(), or a failure that set failed just before stop */
+      failed = atomic_load(&p->failed);
+      return failed ? failed : SF_ECANCELED;
+    }
     sf_item item;
     int r = sf_queue_pop(p->output, &item);
     if (r == 0) {

@@ -27,7 +27,9 @@ typedef struct sf_handoff sf_handoff;
 enum {
   SF_HANDOFF_PASS = 0, /**< the result sample goes on */
   SF_HANDOFF_DROP = 1, /**< dropped on purpose (Python's None): counted as filtered, no error record */
-  /* any negative SF_E… code: the function failed on this sample; the message says how */
+  /* any negative SF_E… code: the function failed on this sample; the message says how.  SF_ECANCELED:
+     the program asked to stop (Python's KeyboardInterrupt, SystemExit): the pipeline fails with it
+     whatever its error_policy, as skipping the sample would ignore the request */
 };
 
 /**

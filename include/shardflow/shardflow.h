@@ -160,10 +160,31 @@ SF_API int sf_pipeline_new(sf_pipeline **pipeline, const sf_graph *graph,
  * Waits up to timeout seconds (negative: forever) for the next batch.
  * Returns 0 with *batch set (caller owns it; free with sf_batch_destroy());
  * SF_EOF at the end of each epoch (the next call goes on with the next epoch,
- * or returns SF_EOF again after the last one); SF_ETIMEDOUT; or the error
- * that stopped the pipeline (see sf_pipeline_last_error()).
+ * or returns SF_EOF again after the last one); SF_ETIMEDOUT when no batch came
+ * within timeout; the error that stopped the pipeline (see
+ * sf_pipeline_last_error()), which may be SF_ETIMEDOUT too (a stalled download
+ * under error_policy: fail): sf_pipeline_failed() tells the two apart; or
+ * SF_ECANCELED once sf_pipeline_stop() was called.
  */
 SF_API int sf_pipeline_next(sf_pipeline *pipeline, sf_batch **batch, double timeout);
+
+/**
+ * The error code that stopped the pipeline (a failed run; sf_pipeline_last_error() has its
+ * record), or 0 while it runs, after its last epoch and after sf_pipeline_stop().  A caller
+ * that waits in slices (a binding that runs signal handlers between them) checks it after
+ * SF_ETIMEDOUT: 0 means its own wait ran out, SF_ETIMEDOUT the run's failure.  Thread-safe.
+ */
+SF_API int sf_pipeline_failed(const sf_pipeline *pipeline);
+
+/**
+ * Stops the pipeline from any thread, e.g. a trainer's close() while another thread waits in
+ * sf_pipeline_next(): the nodes stop stepping, and sf_pipeline_next() (the call waiting now and
+ * every later one) returns SF_ECANCELED at once, or the error that had already stopped the run;
+ * the fd (sf_pipeline_fd) turns readable.  Safe to call concurrently with any other
+ * sf_pipeline_* call on the same pipeline, and more than once.  It frees nothing: call
+ * sf_pipeline_destroy() once no other thread is inside a call on the pipeline.  NULL-safe.
+ */
+SF_API void sf_pipeline_stop(sf_pipeline *pipeline);
 
 /** Epoch of the batches sf_pipeline_next() currently returns (0-based). */
 SF_API uint64_t sf_pipeline_epoch(const sf_pipeline *pipeline);
@@ -261,7 +282,10 @@ SF_API uint64_t sf_pipeline_skipped(const sf_pipeline *pipeline);
 /** Copies the last error record into *error. Returns false when there is none. */
 SF_API bool sf_pipeline_last_error(const sf_pipeline *pipeline, sf_error *error);
 
-/** Stops the threads, frees everything, sets *pipeline to NULL. NULL-safe. */
+/**
+ * Stops the threads, frees everything, sets *pipeline to NULL. NULL-safe.  Not while another thread
+ * is inside a call on the pipeline: wake that one with sf_pipeline_stop() and wait for it first.
+ */
 SF_API void sf_pipeline_destroy(sf_pipeline **pipeline);
 
 #ifdef __cplusplus

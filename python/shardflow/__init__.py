@@ -13,16 +13,18 @@ tables decide what exists (`shardflow help STAGE`).
 import atexit
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
+import threading
 import time
 
 from . import elastic
 from .elastic import merge_states
 
-__all__ = ["Pipeline", "ShardflowError", "copy", "dataset", "library", "merge_states"]
+__all__ = ["ClosedError", "Pipeline", "ShardflowError", "copy", "dataset", "library", "merge_states"]
 
-SF_EAGAIN, SF_EOF, SF_ETIMEDOUT = -1, -2, -12  # include/shardflow/error.h
+SF_EAGAIN, SF_EOF, SF_ETIMEDOUT, SF_ECANCELED = -1, -2, -12, -16  # include/shardflow/error.h
 _WAIT_SLICE = 0.1  # seconds next_batch() waits in C between chances for Python to run signal handlers
 
 
@@ -32,6 +34,11 @@ class ShardflowError(RuntimeError):
     def __init__(self, code, message):
         super().__init__(message)
         self.code = code
+
+
+class ClosedError(ShardflowError):
+    """A Pipeline used after close() (also a close() from another thread while this one waited in
+    next_batch()): "pipeline 'graphs/x.yaml' is closed", code SF_ECANCELED. A ShardflowError."""
 
 
 class _Error(ctypes.Structure):
@@ -116,6 +123,8 @@ def _load():
         "sf_pipeline_bottleneck": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_pipeline_metrics_port": (ctypes.c_int, [p]),
         "sf_pipeline_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_pipeline_stop": (None, [p]),
+        "sf_pipeline_failed": (ctypes.c_int, [p]),
         "sf_batch_size": (ctypes.c_int64, [p]),
         "sf_batch_epoch": (ctypes.c_uint64, [p]),
         "sf_batch_field_count": (ctypes.c_int, [p]),
@@ -226,6 +235,38 @@ def copy(src, dst, verify=True):
 _OUTPUTS = ("torch", "numpy", "dict", "torch_dict", "tuple", "torch_tuple")
 
 
+def _uses_pipeline(method):
+    """Runs method with the C pipeline held: close() in another thread wakes a next() waiting here
+    (sf_pipeline_stop) and frees the pipeline only once every such call has returned. On a closed
+    pipeline raises ClosedError instead of calling C with a freed pointer."""
+    @functools.wraps(method)
+    def held(self, *args, **kwargs):
+        with self._cond:
+            if not self._pipeline:
+                raise self._closed_error()
+            self._users += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._cond:
+                self._users -= 1
+                if not self._users:
+                    self._cond.notify_all()
+    return held
+
+
+def _restarts(method):
+    """Runs method (which replaces the C pipeline) under the pipeline's lifecycle lock, so that a
+    close() in another thread comes before or after it, not midway. Raises ClosedError once closed."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lifecycle:
+            if self._closed:
+                raise self._closed_error()
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class Pipeline:
     """A running graph. Iterating it yields one epoch of batches: (images, labels) by default,
     or a dict of every field plus "__key__" with output="dict". In a dict, a field batch collates as
@@ -244,6 +285,9 @@ class Pipeline:
 
     def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, map=None, **options):
         self._pipeline = ctypes.c_void_p()
+        # Threads: _cond guards _pipeline against close() while other threads are inside C calls on it
+        # (_users of them); _lifecycle makes close() and restarts (load_state_dict, set_epoch) one at a time.
+        self._cond, self._lifecycle, self._users, self._closed = threading.Condition(), threading.RLock(), 0, False
         if output is not None and output not in _OUTPUTS:
             raise ValueError(f"output={output!r}: use one of {', '.join(_OUTPUTS)}")
         self._maps = []
@@ -274,11 +318,12 @@ class Pipeline:
             raise
         return g
 
+    @_restarts
     def _start(self, first_epoch, first_step, plan=None):
         """Starts at batch first_step of first_epoch; plan: the (shard, sample) pairs that epoch
         reads instead of the rank's share (an elastic resume, shardflow/elastic.py)."""
         options = self._args[4]
-        self.close()
+        self._release()
         self._plan, self._plan_epoch = plan, first_epoch
         plan_file = elastic.write_plan(plan) if plan is not None else None
         try:
@@ -310,7 +355,7 @@ class Pipeline:
             self._renamed = any(library.sf_graph_node_type(g, i).decode() == "rename"
                                 for i in range(library.sf_graph_node_count(g)))
         except BaseException:
-            self.close()
+            self._release()
             raise
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
@@ -355,6 +400,7 @@ class Pipeline:
         full, rest = divmod(shape[0], shape[1])
         return full + (1 if rest and shape[2] else 0)
 
+    @_uses_pipeline
     def __len__(self):
         """Batches per epoch on this rank (known when shard_source sets samples_per_epoch)."""
         if self._batches is None:
@@ -372,15 +418,18 @@ class Pipeline:
             return "tuple" if renamed else "numpy"
 
     @property
+    @_uses_pipeline
     def epoch(self):
         """Epoch of the batches being returned (0-based)."""
         return library.sf_pipeline_epoch(self._pipeline)
 
     @property
+    @_uses_pipeline
     def step(self):
         """Batches returned in this epoch."""
         return library.sf_pipeline_step(self._pipeline)
 
+    @_uses_pipeline
     def state_dict(self):
         """The position to resume from: every batch is a function of the graph, seed, rank, world
         size and position, so this is the whole state (a small dict, picklable), with "fingerprint", the
@@ -389,7 +438,7 @@ class Pipeline:
         [shard, sample] pairs the epoch reads (8-16 bytes a sample in a pickle)."""
         state = {"epoch": self.epoch, "step": self.step, "rank": library.sf_pipeline_rank(self._pipeline),
                  "world_size": library.sf_pipeline_world_size(self._pipeline),
-                 "fingerprint": library.sf_pipeline_order_fingerprint(self._pipeline).decode()}
+                 "fingerprint": self._fingerprint()}
         if self._plan is not None and self.epoch == self._plan_epoch:
             state["plan"] = [list(pair) for pair in self._plan]
         return state
@@ -405,9 +454,9 @@ class Pipeline:
         one per rank), or when its fingerprint is not this graph's (another seed, shard list, batch
         size...: the order would differ). A state without a fingerprint (from an older shardflow)
         resumes unchecked, with a warning. The pipeline is unchanged after a ValueError."""
-        rank, world = library.sf_pipeline_rank(self._pipeline), library.sf_pipeline_world_size(self._pipeline)
+        rank, world = self._placement()
         state = elastic.check_state(state)
-        elastic.check_fingerprint(state, library.sf_pipeline_order_fingerprint(self._pipeline).decode())
+        elastic.check_fingerprint(state, self._fingerprint())
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
                 plan = state["plans"][rank] if state.get("plans") else None
@@ -422,6 +471,17 @@ class Pipeline:
                              "state_dict() (docs/resume.md), else resume with the same world size")
         self._start(int(state["epoch"]), int(state["step"]), state.get("plan"))
 
+    @_uses_pipeline
+    def _fingerprint(self):
+        """The graph's order fingerprint (sf_pipeline_order_fingerprint), 64 hex digits."""
+        return library.sf_pipeline_order_fingerprint(self._pipeline).decode()
+
+    @_uses_pipeline
+    def _placement(self):
+        """(rank, world size) the pipeline runs as."""
+        return library.sf_pipeline_rank(self._pipeline), library.sf_pipeline_world_size(self._pipeline)
+
+    @_uses_pipeline
     def _next_origins(self, timeout=-1.0):
         """The next batch as its rows' (shard index, sample index) pairs, fields not converted;
         None at the end of the epoch. Raises ShardflowError."""
@@ -430,8 +490,7 @@ class Pipeline:
         if r == SF_EOF:
             return None
         if r < 0:
-            err = _Error()
-            raise _error(r, err if library.sf_pipeline_last_error(self._pipeline, ctypes.byref(err)) else None)
+            raise self._failure(r)
         try:
             shard, sample = ctypes.c_uint64(), ctypes.c_uint64()
             out = []
@@ -451,6 +510,7 @@ class Pipeline:
             self._args = self._args[:3] + (0,) + self._args[4:]  # epochs 0: no last epoch
             self._start(int(epoch), 0)
 
+    @_uses_pipeline
     def stats(self):
         """The nodes' counters so far (sf_pipeline_stats), one dict per node in the graph's order:
         name, type (stage), replicas, items (produced), bytes (payload produced, as the stage counts
@@ -476,29 +536,34 @@ class Pipeline:
             nodes.append(node)
         return nodes
 
+    @_uses_pipeline
     def fileno(self):
-        """A descriptor readable while the next batch is ready (for select/poll/asyncio)."""
+        """A descriptor readable while the next batch is ready (for select/poll/asyncio); valid until close()."""
         return library.sf_pipeline_fd(self._pipeline)
 
+    @_uses_pipeline
     def next_batch(self, timeout=-1.0):
         """The next batch in the chosen output form; None at the end of the epoch (the next call
-        goes on with the next epoch); raises TimeoutError or ShardflowError."""
+        goes on with the next epoch); raises TimeoutError, ShardflowError (the error that stopped the
+        run), ClosedError (closed, also by another thread meanwhile), or the SystemExit or
+        KeyboardInterrupt a map function raised."""
         b = ctypes.c_void_p()
         # Waits in slices: Python runs signal handlers (Ctrl-C's KeyboardInterrupt) between calls only.
+        # A slice that runs out is SF_ETIMEDOUT, as is a run that failed with a timeout of its own (a
+        # stalled download): sf_pipeline_failed tells them apart.
         deadline = time.monotonic() + timeout if timeout >= 0 else None
         while True:
             left = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, max(0.0, deadline - time.monotonic()))
             r = library.sf_pipeline_next(self._pipeline, ctypes.byref(b), left)
-            if r != SF_ETIMEDOUT or (deadline is not None and time.monotonic() >= deadline):
+            if r != SF_ETIMEDOUT or library.sf_pipeline_failed(self._pipeline) or \
+                    (deadline is not None and time.monotonic() >= deadline):
                 break
         if r == SF_EOF:
             return None
         if r < 0:
-            if r == SF_ETIMEDOUT:
+            if r == SF_ETIMEDOUT and not library.sf_pipeline_failed(self._pipeline):
                 raise TimeoutError(f"no batch within {timeout} s")
-            err = _Error()
-            has = library.sf_pipeline_last_error(self._pipeline, ctypes.byref(err))
-            raise _error(r, err if has else None)
+            raise self._failure(r)
         try:
             return self._convert(b)
         finally:
@@ -536,11 +601,13 @@ class Pipeline:
             yield batch
 
     @property
+    @_uses_pipeline
     def metrics_port(self):
         """The TCP port /metrics is served on (graph setting `metrics`, or metrics="HOST:0" as a
         keyword: port 0 picks a free one, this tells which); None without the setting."""
         return library.sf_pipeline_metrics_port(self._pipeline) or None
 
+    @_uses_pipeline
     def bottleneck(self):
         """One line naming the stage that limits throughput and the remedy, judged from busy/wait times
         since the pipeline started (rule: docs/bottleneck.md), e.g. "bottleneck: decode (decode, busy 97%
@@ -549,13 +616,55 @@ class Pipeline:
         library.sf_pipeline_bottleneck(self._pipeline, buf, len(buf))
         return buf.value.decode()
 
-    def close(self):
-        """Stops the threads and frees the pipeline; batches already returned stay valid."""
-        _pymap.stop(getattr(self, "_maps", []))  # first: a map thread may hold a sample of the pipeline
-        self._maps = []
-        if self._pipeline:
-            library.sf_pipeline_destroy(ctypes.byref(self._pipeline))
+    def _failure(self, r):
+        """The exception for next()'s error code r: ClosedError when close() stopped it from another thread;
+        a map function's SystemExit or KeyboardInterrupt (once); else the run's error record as
+        ShardflowError (caused by the map's other BaseException, if one stopped it)."""
+        if r == SF_ECANCELED and not library.sf_pipeline_failed(self._pipeline):
+            return self._closed_error()
+        stop = _pymap.raised(self._maps)
+        if isinstance(stop, (SystemExit, KeyboardInterrupt)):
+            return stop
+        err = _Error()
+        error = _error(r, err if library.sf_pipeline_last_error(self._pipeline, ctypes.byref(err)) else None)
+        if stop is not None:
+            error.__cause__ = stop
+        return error
 
+    def _closed_error(self):
+        graph = self._args[0] if hasattr(self, "_args") else "?"
+        name = "<string>" if isinstance(graph, str) and "\n" in graph else os.fspath(graph)
+        if self._closed:
+            return ClosedError("SF_ECANCELED", f"pipeline '{name}' is closed")
+        return ClosedError("SF_ECANCELED", f"pipeline '{name}' is not running: its restart (load_state_dict, "
+                                           "set_epoch) failed, or is under way in another thread")
+
+    def _release(self):
+        """Stops and frees the C pipeline (not permanent: _start makes a new one). Waits for the calls
+        other threads are making on it, after waking a next() that waits for a batch."""
+        with self._lifecycle:
+            with self._cond:
+                if self._pipeline:
+                    library.sf_pipeline_stop(self._pipeline)
+            _pymap.stop(getattr(self, "_maps", []))  # before the destroy: a map thread may hold a sample
+            self._maps = []
+            with self._cond:
+                while self._users:
+                    self._cond.wait()
+                if self._pipeline:
+                    library.sf_pipeline_destroy(ctypes.byref(self._pipeline))
+
+    def close(self):
+        """Stops the threads and frees the pipeline; batches already returned stay valid. Callable from
+        any thread: a next_batch() or iteration in another thread wakes and raises ClosedError, as every
+        later use does (a ShardflowError: "pipeline 'graphs/x.yaml' is closed"). Closing again does nothing."""
+        if not hasattr(self, "_lifecycle"):
+            return  # __init__ failed before anything started
+        with self._cond:
+            self._closed = True
+        self._release()
+
+    @_uses_pipeline
     def __enter__(self):
         return self
 

@@ -14,7 +14,11 @@ the new sample: a value that is one of the arrays it was given passes on without
 its name changed); other arrays are copied into new tensors (uint8, int32, int64 or float32; other
 dtypes are an error: cast first); bytes become encoded fields; "__key__" sets the key. An exception
 is an error record with the sample's key, the exception's type and message (the graph's
-error_policy: skip drops the sample and goes on, fail stops the pipeline).
+error_policy: skip drops the sample and goes on, fail stops the pipeline). SystemExit, KeyboardInterrupt
+and GeneratorExit (BaseExceptions that are not Exceptions: requests to stop, not bad samples) stop the
+pipeline whatever the error_policy, and fn is not called again; the trainer's next_batch() raises the
+first two as themselves (sys.exit(7) in fn exits the trainer with 7), the others as ShardflowError
+(code SF_ECANCELED) caused by them.
 
 Threading: the node's stage (stages/python.c) never calls Python. It hands samples over a bounded
 handoff (include/shardflow/handoff.h) to this module's thread, which waits in C without the GIL and
@@ -24,12 +28,13 @@ running while fn works or sleeps.
 import ctypes
 import importlib
 import threading
+import traceback
 
 import numpy as np
 
 from . import SF_EOF, library
 
-SF_EINVAL = -4  # include/shardflow/error.h
+SF_EINVAL, SF_ECANCELED = -4, -16  # include/shardflow/error.h
 _PASS, _DROP = 0, 1  # SF_HANDOFF_PASS, SF_HANDOFF_DROP
 _MAX_DIMS = 6
 # sf_dtype (include/shardflow/tensor.h) <-> NumPy; bfloat16 has no NumPy dtype: its bits as uint16.
@@ -151,11 +156,15 @@ def _build(sample, out, given):
         raise
 
 
-def _serve(handoff, fn, label):
-    """The node's thread: waits for a sample in C (without the GIL), calls fn, hands the result back."""
-    sample = ctypes.c_void_p()
+def _serve(handoff, fn, label, stopped):
+    """The node's thread: waits for a sample in C (without the GIL), calls fn, hands the result back.
+    stopped: a list that receives the BaseException (not an Exception) that stopped it, for raised()."""
+    sample, stop_message = ctypes.c_void_p(), None
     while library.sf_handoff_take(handoff, ctypes.byref(sample), -1.0) != SF_EOF:
         res, status, message = ctypes.c_void_p(), _PASS, None
+        if stopped:  # fn asked to stop: the pipeline fails on the sample before this one; no more calls
+            library.sf_handoff_finish(handoff, ctypes.byref(res), SF_ECANCELED, stop_message)
+            continue
         try:
             arg, given = _sample_dict(sample)
             out = fn(arg)
@@ -166,6 +175,12 @@ def _serve(handoff, fn, label):
         except Exception as e:  # noqa: BLE001 - every exception of the user's function becomes a record
             status = SF_EINVAL
             message = f"python map {label} raised {type(e).__name__}: {e}".encode(errors="replace")
+        except BaseException as e:  # SystemExit, KeyboardInterrupt, GeneratorExit: the trainer's thread raises it
+            traceback.clear_frames(e.__traceback__)  # its frames' views of the sample die with the sample
+            stopped.append(e)
+            status = SF_ECANCELED
+            text = f"python map {label} raised {type(e).__name__}{': ' + str(e) if str(e) else ''}; the pipeline stopped"
+            message = stop_message = text.encode(errors="replace")
         arg = given = out = None  # the views die with the sample
         library.sf_handoff_finish(handoff, ctypes.byref(res), status, message)
 
@@ -214,9 +229,10 @@ def start(g, maps):
             r = library.sf_handoff_new(ctypes.byref(handoff),
                                        int(library.sf_graph_node_option(g, i, b"in_flight").decode()))
             _check(r, f"node {name!r}")
+            stopped = []
             thread = threading.Thread(target=_serve, name=f"shardflow-map-{name}", daemon=True,
-                                      args=(handoff, fn, spec or getattr(fn, "__qualname__", repr(fn))))
-            started.append((handoff, thread))
+                                      args=(handoff, fn, spec or getattr(fn, "__qualname__", repr(fn)), stopped))
+            started.append((handoff, thread, stopped))
             from . import _error, _Error
             err = _Error()
             r = library.sf_graph_set(g, f"{name}.handoff".encode(), library.sf_handoff_name(handoff),
@@ -230,11 +246,21 @@ def start(g, maps):
     return started
 
 
+def raised(started):
+    """The first SystemExit, KeyboardInterrupt or other non-Exception a map function raised, or None;
+    each is returned once (the trainer raises it once; later calls raise the pipeline's error record)."""
+    for _, _, stopped in started:
+        if stopped and stopped[0] is not None:
+            e, stopped[0] = stopped[0], None  # stays non-empty: _serve calls fn no more
+            return e
+    return None
+
+
 def stop(started):
     """Closes the handoffs (the threads return after fn's current call) and frees them."""
-    for handoff, _ in started:
+    for handoff, _, _ in started:
         library.sf_handoff_close(handoff)
-    for handoff, thread in started:
+    for handoff, thread, _ in started:
         if thread.is_alive() and thread is not threading.current_thread():
             thread.join()
         library.sf_handoff_unref(ctypes.byref(handoff))

@@ -1,11 +1,13 @@
 """Python map functions (type: python): the map's output equals NumPy's on the tarfile-read samples,
 bytes in and out, None drops (counted), exceptions become error records with the key (skip goes on,
-fail stops), function: "pkg.module:fn" resolves, refused in a group and by `shardflow run`, and fn
+fail stops; SystemExit, KeyboardInterrupt and GeneratorExit stop it and reach the trainer's thread),
+function: "pkg.module:fn" resolves, refused in a group and by `shardflow run`, and fn
 runs on its own thread while the pool keeps stepping the other stages."""
 import ctypes
 import io
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -202,6 +204,47 @@ p.close()
 check(len(got) == 200, f"all samples through: {len(got)}")
 check(progress["python"] == 0 and progress["decode"] >= 8,
       f"decode went on while fn held the GIL: {progress}")
+
+# 7. SystemExit, KeyboardInterrupt and GeneratorExit (not Exceptions) from fn stop the pipeline whatever its
+# error_policy and reach the trainer's thread: the first two as themselves (Ctrl-C in a map, sys.exit(7)),
+# the other as ShardflowError caused by it. Each in a process of its own: a hang shows as a timeout.
+for policy in ("skip", "fail"):
+    stopping = graph(f"stopping-{policy}", {}, error_policy=policy)
+    for raised, want in (("KeyboardInterrupt('in the map')", "KeyboardInterrupt None"),
+                         ("SystemExit(7)", "SystemExit None 7"),
+                         ("GeneratorExit()", "ShardflowError GeneratorExit SF_ECANCELED")):
+        script = f"""
+import sys, threading
+sys.path.insert(0, {os.path.join(os.environ["SF_SOURCE_ROOT"], "python")!r})
+import shardflow
+def fn(s):
+    if s["__key__"] == {BAD!r}:
+        raise {raised}
+    return {{"ppm": s["ppm"], "cls": s["cls"]}}
+p = shardflow.Pipeline({stopping!r}, map={{"python": fn}}, output="dict")
+n = 0
+try:
+    for b in p:
+        n += len(b["__key__"])
+    print("ended after", n)
+except BaseException as e:
+    print(type(e).__name__, type(e.__cause__).__name__ if e.__cause__ else None, getattr(e, "code", "") or "",
+          threading.current_thread() is threading.main_thread())
+    print(e)
+p.close()
+"""
+        try:
+            proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+            lines = proc.stdout.splitlines()
+        except subprocess.TimeoutExpired as e:
+            proc, lines = None, [f"hung for 30 s: {e.stdout!r}"]
+        check(proc is not None and proc.returncode == 0 and len(lines) == 2
+              and lines[0].split() == want.split() + ["True"],
+              f"{policy}: fn raising {raised}: want {want!r} in the trainer's thread, got {lines} "
+              f"{proc and proc.stderr[-1500:]}")
+        if want.startswith("ShardflowError"):
+            check(len(lines) == 2 and BAD in lines[1] and "GeneratorExit" in lines[1],
+                  f"{policy}: the error names the key and the exception: {lines}")
 
 shutil.rmtree(tmp)
 print("thread proof:", progress)

@@ -161,6 +161,116 @@ check_int(trainer.returncode == 0, f"the interrupted trainer exits (status {trai
 stalled.close()
 check_int.done("python interrupt")
 
+# A pipeline used after close() raises shardflow.ClosedError naming the graph, never a crash: every public
+# method and property, each in its own process so that a segfault shows as its status (-11).
+check_closed = Checks()
+PYDIR = os.path.join(os.environ["SF_SOURCE_ROOT"], "python")
+CLOSED_CALLS = {
+    "epoch": "p.epoch", "step": "p.step", "state_dict": "p.state_dict()", "set_epoch": "p.set_epoch(1)",
+    "load_state_dict": "p.load_state_dict({'epoch': 0, 'step': 1, 'rank': 0, 'world_size': 1})",
+    "stats": "p.stats()", "fileno": "p.fileno()", "next_batch": "p.next_batch()", "__iter__": "next(iter(p))",
+    "metrics_port": "p.metrics_port", "bottleneck": "p.bottleneck()", "__len__": "len(p)",
+    "__enter__": "p.__enter__()", "close": "p.close()",
+}
+public = {n for n in dir(shardflow.Pipeline) if not n.startswith("_")} | {"__iter__", "__len__", "__enter__"}
+check_closed(public <= set(CLOSED_CALLS), f"every public name is tried after close(): {public - set(CLOSED_CALLS)}")
+closed_runs = {name: subprocess.Popen([sys.executable, "-c", f"""
+import sys
+sys.path.insert(0, {PYDIR!r})
+import shardflow
+p = shardflow.Pipeline({graph!r}, output="numpy", device_sink__npy_dir="", samples_per_epoch=40)
+p.next_batch()
+p.close()
+try:
+    value = {expr}
+    print("returned", repr(value))
+except Exception as e:
+    print("raised", type(e).__name__, isinstance(e, shardflow.ShardflowError), e)
+"""], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name, expr in CLOSED_CALLS.items()}
+for name, proc in closed_runs.items():
+    out, err = proc.communicate(timeout=60)
+    want = "returned None\n" if name == "close" else f"raised ClosedError True pipeline '{graph}' is closed\n"
+    check_closed(proc.returncode == 0 and out == want,
+                 f"{name} after close(): status {proc.returncode}, {out!r} (want {want!r}) {err[-1500:]}")
+
+# close() from another thread while this one iterates and a third reads state_dict(): the iterator is woken
+# and raises ClosedError (or ends), and nothing is freed under either. Blocked on a stalled server, and
+# streaming batches (epochs: 0); three times each (before the fix 6 of 6 crashed).
+stalled = socket.socket()
+stalled.bind(("127.0.0.1", 0))
+stalled.listen(16)
+stalled_graph = (f"stages: [{{type: shard_source, urls: 'http://127.0.0.1:{stalled.getsockname()[1]}/s.tar'}},\n"
+                 "  {type: tar_split}, {type: batch}, {type: device_sink}]\n")
+for what, target, delay in [("stalled", stalled_graph, 0.5), ("streaming", graph, 0.3)] * 3:
+    proc = subprocess.run([sys.executable, "-c", f"""
+import sys, threading, time
+sys.path.insert(0, {PYDIR!r})
+import shardflow
+p = shardflow.Pipeline({target!r}, output="numpy", epochs=0, device_sink__npy_dir="")
+def closer():
+    time.sleep({delay})
+    p.close()
+def checkpointer():  # a hook reading the position and the counters meanwhile, until the close
+    try:
+        while True:
+            p.state_dict(), p.stats(), p.bottleneck()
+    except shardflow.ClosedError:
+        pass
+threading.Thread(target=closer).start()
+threading.Thread(target=checkpointer).start()
+t0 = time.monotonic()
+try:
+    n = sum(1 for _ in iter(p.next_batch, "never"))
+    print("ended", n)
+except shardflow.ClosedError as e:
+    print("raised ClosedError", e)
+print("woken after", round(time.monotonic() - t0 - {delay}, 2), "s")
+"""], capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    check_closed(proc.returncode == 0 and len(lines) == 2 and (lines[0].startswith("ended")
+                 or lines[0].startswith("raised ClosedError pipeline ")),
+                 f"{what}: close() from another thread: status {proc.returncode} {proc.stdout!r} {proc.stderr[-1500:]}")
+    check_closed(len(lines) == 2 and float(lines[1].split()[2]) < 2.0,
+                 f"{what}: the iterator was woken at once: {lines}")
+
+# A run that failed with a timeout of its own (a stalled download under error_policy: fail) raises
+# ShardflowError naming it, instead of next_batch() taking it for its own wait slice running out and spinning
+# (process CPU time: the engine's threads idle meanwhile, a spin costs most of a core).
+fail_graph = ("error_policy: fail\n"
+              f"stages: [{{type: shard_source, urls: 'http://127.0.0.1:{stalled.getsockname()[1]}/s.tar'}},\n"
+              "  {type: tar_split, stall_timeout: 1s, connect_timeout: 1s, retries: 0},\n"
+              "  {type: batch}, {type: device_sink}]\n")
+for timeout in (-1, 30):
+    proc = subprocess.run([sys.executable, "-c", f"""
+import os, sys, threading, time
+sys.path.insert(0, {PYDIR!r})
+import shardflow
+p = shardflow.Pipeline({fail_graph!r}, output="numpy")
+t0, c0 = time.monotonic(), time.process_time()
+def watchdog():
+    time.sleep(8)
+    print("no exception after", round(time.monotonic() - t0, 1), "s, cpu", round(time.process_time() - c0, 1), "s",
+          flush=True)
+    os._exit(3)
+threading.Thread(target=watchdog, daemon=True).start()
+try:
+    p.next_batch(timeout={timeout})
+    print("returned")
+except Exception as e:
+    print(type(e).__name__, getattr(e, "code", None), round(time.monotonic() - t0, 2),
+          round(time.process_time() - c0, 2))
+    print(e)
+"""], capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    ok = proc.returncode == 0 and len(lines) == 2 and lines[0].startswith("ShardflowError SF_ETIMEDOUT ")
+    check_closed(ok and "stall_timeout" in lines[1] and float(lines[0].split()[2]) < 6,
+                 f"timeout={timeout}: the run's own timeout raises: status {proc.returncode} {proc.stdout!r} "
+                 f"{proc.stderr[-800:]}")
+    check_closed(ok and float(lines[0].split()[3]) < 0.3 * float(lines[0].split()[2]),
+                 f"timeout={timeout}: no spin while waiting (wall s, cpu s): {lines}")
+stalled.close()
+check_closed.done("python closed / timeout failure")
+
 # state_dict / load_state_dict: a fresh pipeline continues with exactly the remaining batches.
 check2 = Checks()
 with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="") as p:

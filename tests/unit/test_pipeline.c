@@ -1,5 +1,9 @@
-/* Pipelines through the public API: next() with a timeout, destroy while a source hangs, and an
- * epoch quota that can never be met failing instead of spinning. */
+/* Pipelines through the public API: next() with a timeout, destroy while a source hangs, an
+ * epoch quota that can never be met failing instead of spinning, stop() from another thread, and
+ * a run that fails with a timeout of its own told from next()'s. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -165,6 +171,71 @@ static void test_pin_memory(void **state) {
   sf_graph_destroy(&g);
 }
 
+static void *stop_later(void *arg) {
+  struct timespec ts = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  sf_pipeline_stop(arg);
+  return NULL;
+}
+
+/* stop() from another thread wakes a next() waiting for ever: it and every later call return
+ * SF_ECANCELED (not a failure), the descriptor turns readable, and destroy follows at once. */
+static void test_stop_wakes_next(void **state) {
+  sf_pipeline *p = start("stages:\n  - type: shard_source\n    urls: 'pipe:sleep 30'\n    allow_pipe: true\n"
+                         "  - type: tar_split\n  - type: batch\n  - type: device_sink\n");
+  struct pollfd pfd = {.fd = sf_pipeline_fd(p), .events = POLLIN};
+  assert_int_equal(poll(&pfd, 1, 0), 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, stop_later, p), 0);
+  sf_batch *b;
+  double t0 = now();
+  assert_int_equal(sf_pipeline_next(p, &b, -1), SF_ECANCELED);
+  assert_null(b);
+  assert_true(now() - t0 >= 0.25 && now() - t0 < 3);
+  pthread_join(t, NULL);
+  assert_int_equal(sf_pipeline_failed(p), 0);
+  assert_int_equal(poll(&pfd, 1, 0), 1);
+  t0 = now();
+  assert_int_equal(sf_pipeline_next(p, &b, 5), SF_ECANCELED);
+  assert_true(now() - t0 < 0.5);
+  sf_pipeline_stop(p); /* again: nothing more happens */
+  sf_pipeline_destroy(&p);
+  sf_pipeline_stop(NULL);
+}
+
+/* A download that stalls under error_policy: fail stops the run with SF_ETIMEDOUT, the code next()
+ * also returns when its own wait runs out: sf_pipeline_failed() is 0 for the latter, the code then. */
+static void test_failed_with_timeout(void **state) {
+  int server = socket(AF_INET, SOCK_STREAM, 0); /* accepts connections (the backlog) and never answers */
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof addr;
+  assert_int_equal(bind(server, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(listen(server, 16), 0);
+  assert_int_equal(getsockname(server, (struct sockaddr *)&addr, &len), 0);
+  char text[512];
+  snprintf(text, sizeof text,
+           "error_policy: fail\nstages:\n  - type: shard_source\n    urls: http://127.0.0.1:%d/s.tar\n"
+           "  - type: tar_split\n    stall_timeout: 1s\n    connect_timeout: 1s\n    retries: 0\n"
+           "  - type: batch\n  - type: device_sink\n",
+           ntohs(addr.sin_port));
+  sf_pipeline *p = start(text);
+  sf_batch *b;
+  assert_int_equal(sf_pipeline_next(p, &b, 0.1), SF_ETIMEDOUT); /* the wait ran out; the run goes on */
+  assert_int_equal(sf_pipeline_failed(p), 0);
+  double t0 = now();
+  int r;
+  while ((r = sf_pipeline_next(p, &b, 0.1)) == SF_ETIMEDOUT && !sf_pipeline_failed(p) && now() - t0 < 20) {
+  }
+  assert_int_equal(r, SF_ETIMEDOUT);
+  assert_int_equal(sf_pipeline_failed(p), SF_ETIMEDOUT);
+  sf_error e;
+  assert_true(sf_pipeline_last_error(p, &e));
+  assert_int_equal(e.code, SF_ETIMEDOUT);
+  assert_non_null(strstr(e.message, "stall_timeout"));
+  sf_pipeline_destroy(&p);
+  close(server);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_while_source_hangs),
@@ -172,6 +243,8 @@ int main(void) {
       cmocka_unit_test(test_rank_checks),
       cmocka_unit_test(test_poll_fd),
       cmocka_unit_test(test_pin_memory),
+      cmocka_unit_test(test_stop_wakes_next),
+      cmocka_unit_test(test_failed_with_timeout),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
