@@ -23,12 +23,39 @@ typedef struct row_run {
   sf_buffer *refs[]; /* one per row: whatever keeps that row's bytes alive */
 } row_run;
 
-/* One batch being filled: one per bucket. */
+/* What every batch of a bucket holds: its fields in order, how each is collated and one row of each. */
+typedef struct layout_field {
+  char name[SF_FIELD_NAME_MAX];
+  uint8_t collate;
+  double pad;     /* PAD: the value after a sample's end */
+  sf_tensor row;  /* a header without a buffer: the dtype, and for FIXED a row's shape */
+} layout_field;
+
+typedef struct layout {
+  int n;
+  layout_field f[SF_MAX_FIELDS];
+} layout;
+
+/*
+ * Samples of different shapes that wait, in a bucket whose shape is not agreed yet, for one that agrees
+ * with one of them: a few, as only the very first samples of an epoch (per bucket) wait.
+ */
+enum { WAIT_MAX = 4 };
+
+/*
+ * One bucket: the batch being filled, and the shape its batches take. The shape comes from the stream,
+ * not from whichever sample happens to open a batch: in each epoch it is agreed by the first two samples
+ * with the same fields and shapes, and every later batch of the epoch keeps it, so an odd sample is the one
+ * skipped, wherever it falls. Per epoch, because a resumed run replays its epoch from the start.
+ */
 typedef struct filling {
   sf_batch *out;                      /* NULL while empty */
   int64_t count;                      /* samples added */
-  uint8_t collate[SF_MAX_FIELDS];     /* per field of out */
-  double pad[SF_MAX_FIELDS];          /* pad value of a PAD field */
+  layout shape;                       /* out's fields; once agreed, every batch's of agreed_epoch */
+  bool agreed;
+  uint64_t agreed_epoch;
+  sf_sample *wait[WAIT_MAX];          /* owned: before agreement, samples of distinct shapes in arrival order */
+  int waiting;
   sf_tensor *parts[SF_MAX_FIELDS];    /* PAD/RAGGED: batch_size per-sample references, joined at flush */
   row_run *run[SF_MAX_FIELDS];        /* FIXED: rows not copied yet (the field's tensor has no buffer then) */
 } filling;
@@ -46,8 +73,8 @@ typedef struct batch {
   int64_t bucket_hold;  /* option; 0 = never forces a short batch */
   filling fill[MAX_BUCKETS];
   int n_buckets;        /* 1 without bucket_field */
-  int64_t held;         /* samples waiting in all fillings */
-  uint64_t epoch;       /* epoch of the last batch started */
+  int64_t held;         /* samples waiting in all fillings, in their batches or for their shape */
+  uint64_t epoch;       /* epoch of the samples taken last (those held are of it) */
   uint64_t index;       /* next batch index within that epoch */
   sf_item held_item;    /* item to handle next step (an epoch end, or a sample of a new epoch) */
   bool eof;
@@ -59,7 +86,9 @@ static const char *const bucket_key_names[] = {"length", "aspect", NULL};
 
 static const sf_option options[] = {
     {"batch_size", SF_OPT_COUNT, offsetof(batch, batch_size), "128", 1, 1e7,
-     "samples per batch", NULL},
+     "samples per batch; every batch of an epoch (of a bucket) has the fields and shapes of the epoch's first "
+     "two samples that agree, and a sample that differs is skipped (docs/batches.md)",
+     NULL},
     {"partial", SF_OPT_BOOL, offsetof(batch, partial), "true", 0, 0,
      "emit the short last batch of an epoch (or of the input; with buckets, of every bucket); false drops it "
      "and counts its samples as skipped",
@@ -86,7 +115,7 @@ static const sf_option options[] = {
      NULL},
     {"bucket_hold", SF_OPT_COUNT, offsetof(batch, bucket_hold), "0", 0, 1e9,
      "most samples waiting in all buckets; when reached, the fullest bucket (the first of equals) is emitted "
-     "as a short batch. 0 = buckets x (batch_size - 1) + 1, which never forces a short batch",
+     "as a short batch. 0 = buckets x max(batch_size - 1, 4) + 1, which never forces a short batch",
      NULL},
     {"pin_memory", SF_OPT_BOOL, offsetof(batch, pin_memory), "false", 0, 0,
      "allocate batches in page-locked memory (cudaHostRegister through a run-time load of the CUDA "
@@ -132,52 +161,74 @@ static bool same_layout(const sf_tensor *a, const sf_tensor *b) {
   return true;
 }
 
-/* Starts filling fl shaped after sample s: its decoded fields, each [batch_size, ...], and its pad/ragged ones. */
-static int open_batch(batch *b, filling *fl, const sf_sample *s, char *why, size_t why_size) {
-  sf_batch *out = sf_batch_new(b->batch_size);
-  if (!out) return SF_ENOMEM;
-  fl->out = out;
-  fl->count = 0;
+/* The layout a batch of sample s would have: its decoded fields, and the pad/ragged ones. */
+static int layout_of(const batch *b, const sf_sample *s, layout *lay, char *why, size_t why_size) {
+  lay->n = 0;
   int slots = 0; /* fields plus the NAME.offsets / NAME.length made at flush */
   for (int i = 0; i < s->n_fields; i++) {
     const sf_field *f = &s->fields[i];
     const char *value = NULL;
     int mode = listed(b->ragged, f->name, NULL) ? RAGGED : listed(b->pad, f->name, &value) ? PAD : FIXED;
     if (mode == FIXED && (f->encoded || (!f->tensor.buffer && !f->recipe))) continue;
-    sf_field *g = &out->fields[out->n_fields];
-    memcpy(g->name, f->name, sizeof g->name);
-    g->encoded = false;
-    fl->collate[out->n_fields] = (uint8_t)mode;
     slots += mode == FIXED ? 1 : 2;
-    if (mode != FIXED) {
-      fl->pad[out->n_fields] = value ? strtod(value, NULL) : 0;
-      g->tensor.dtype = f->tensor.dtype; /* no buffer until flush: the header keeps the dtype */
-      if (strlen(f->name) + sizeof ".offsets" > SF_FIELD_NAME_MAX || slots > SF_MAX_FIELDS) {
-        snprintf(why, why_size, "field '%s' of batch option %s: a batch holds at most %d fields with names of up "
-                 "to %d characters, NAME.%s included", f->name, mode == PAD ? "pad" : "ragged", SF_MAX_FIELDS,
-                 SF_FIELD_NAME_MAX - 1, mode == PAD ? "length" : "offsets");
-        return SF_ESHAPE;
-      }
-      if (!(fl->parts[out->n_fields] = calloc((size_t)b->batch_size, sizeof(sf_tensor)))) return SF_ENOMEM;
-      out->n_fields++;
-      continue;
+    if (mode != FIXED && (strlen(f->name) + sizeof ".offsets" > SF_FIELD_NAME_MAX || slots > SF_MAX_FIELDS)) {
+      snprintf(why, why_size, "field '%s' of batch option %s: a batch holds at most %d fields with names of up "
+               "to %d characters, NAME.%s included", f->name, mode == PAD ? "pad" : "ragged", SF_MAX_FIELDS,
+               SF_FIELD_NAME_MAX - 1, mode == PAD ? "length" : "offsets");
+      return SF_ESHAPE;
     }
-    if (f->tensor.ndim >= SF_TENSOR_MAX_DIMS || slots > SF_MAX_FIELDS) {
+    if (mode == FIXED && (f->tensor.ndim >= SF_TENSOR_MAX_DIMS || slots > SF_MAX_FIELDS)) {
       snprintf(why, why_size, "field '%s' has %d dimensions; a batch adds one and allows at most %d", f->name,
                f->tensor.ndim, SF_TENSOR_MAX_DIMS);
       return SF_ESHAPE;
     }
+    layout_field *g = &lay->f[lay->n++];
+    memcpy(g->name, f->name, sizeof g->name);
+    g->collate = (uint8_t)mode;
+    g->pad = value ? strtod(value, NULL) : 0;
+    g->row = (sf_tensor){.dtype = f->tensor.dtype, .ndim = mode == FIXED ? f->tensor.ndim : 0};
+    memcpy(g->row.shape, f->tensor.shape, (size_t)g->row.ndim * sizeof g->row.shape[0]);
+  }
+  return 0;
+}
+
+/* Whether two samples agree: the same batch fields, collated alike, of the same dtypes and (fixed) shapes. */
+static bool same_layouts(const layout *a, const layout *b) {
+  if (a->n != b->n) return false;
+  for (int i = 0; i < a->n; i++)
+    if (strcmp(a->f[i].name, b->f[i].name) != 0 || a->f[i].collate != b->f[i].collate ||
+        !same_layout(&a->f[i].row, &b->f[i].row))
+      return false;
+  return true;
+}
+
+/* Starts filling fl shaped as fl->shape: each fixed field [batch_size, ...], and the pad/ragged ones. */
+static int open_batch(batch *b, filling *fl) {
+  sf_batch *out = sf_batch_new(b->batch_size);
+  if (!out) return SF_ENOMEM;
+  fl->out = out;
+  fl->count = 0;
+  for (int i = 0; i < fl->shape.n; i++) {
+    const sf_tensor *row = &fl->shape.f[i].row;
+    sf_field *g = &out->fields[i];
+    memcpy(g->name, fl->shape.f[i].name, sizeof g->name);
+    g->encoded = false;
+    if (fl->shape.f[i].collate != FIXED) {
+      g->tensor.dtype = row->dtype; /* no buffer until flush: the header keeps the dtype */
+      if (!(fl->parts[i] = calloc((size_t)b->batch_size, sizeof(sf_tensor)))) return SF_ENOMEM;
+      out->n_fields++;
+      continue;
+    }
     int64_t shape[SF_TENSOR_MAX_DIMS];
     shape[0] = b->batch_size;
-    memcpy(shape + 1, f->tensor.shape, (size_t)f->tensor.ndim * sizeof shape[0]);
+    memcpy(shape + 1, row->shape, (size_t)row->ndim * sizeof shape[0]);
     /* The buffer comes with the first row that needs it (see row_run); pinned batches have it at once. */
-    int r = b->pin_memory ? sf_pool_tensor(b->pool, &g->tensor, f->tensor.dtype, f->tensor.ndim + 1, shape)
-                          : sf_tensor_set_shape(&g->tensor, f->tensor.dtype, f->tensor.ndim + 1, shape);
+    int r = b->pin_memory ? sf_pool_tensor(b->pool, &g->tensor, row->dtype, row->ndim + 1, shape)
+                          : sf_tensor_set_shape(&g->tensor, row->dtype, row->ndim + 1, shape);
     if (r < 0) return r;
     out->n_fields++;
   }
-  if (s->epoch != b->epoch) b->index = 0; /* batches count from 0 in every epoch */
-  out->epoch = b->epoch = s->epoch;
+  out->epoch = b->epoch;
   return 0;
 }
 
@@ -242,41 +293,44 @@ static void close_filling(const batch *b, filling *fl) {
   fl->count = 0;
 }
 
-/* Checks every batch field of fl against sample s before anything is copied. */
-static int check_sample(const filling *fl, sf_sample *s, char *why, size_t why_size) {
-  for (int i = 0; i < fl->out->n_fields; i++) {
-    const sf_field *g = &fl->out->fields[i];
-    const sf_field *f = sf_sample_field(s, g->name);
+/*
+ * Checks sample s against layout lay (the fields of its batch; `where` says whose they are in the
+ * message) before anything is copied. Fields the layout lacks are left out, as in any batch.
+ */
+static int check_sample(const layout *lay, const sf_sample *s, const char *where, char *why, size_t why_size) {
+  for (int i = 0; i < lay->n; i++) {
+    const char *name = lay->f[i].name;
+    int collate = lay->f[i].collate;
+    const sf_field *f = sf_sample_field((sf_sample *)s, name);
     char want[96], got[96];
-    if (fl->collate[i] != FIXED) {
-      sf_dtype first = g->tensor.dtype;
-      bool bad = !f || f->tensor.ndim != 1 || (fl->collate[i] == PAD && f->encoded) ||
-                 (!f->tensor.buffer && !f->recipe) || f->tensor.dtype != first;
+    if (collate != FIXED) {
+      sf_dtype first = lay->f[i].row.dtype;
+      bool bad = !f || f->tensor.ndim != 1 || (collate == PAD && f->encoded) || (!f->tensor.buffer && !f->recipe) ||
+                 f->tensor.dtype != first;
       if (bad) {
-        snprintf(why, why_size, "field '%s' is %s in this sample; batch option %s takes a 1-D%s field%s%s", g->name,
-                 !f ? "missing" : f->encoded && fl->collate[i] == PAD ? "still encoded" : describe(&f->tensor, got, sizeof got),
-                 fl->collate[i] == PAD ? "pad" : "ragged", fl->collate[i] == PAD ? " decoded" : " (or encoded)",
-                 f && f->tensor.dtype != first ? " of the batch's first sample's dtype, " : "",
-                 f && f->tensor.dtype != first ? sf_dtype_name(first) : "");
+        bool dtype = f && f->tensor.dtype != first;
+        const char *is = !f                               ? "missing"
+                         : f->encoded && collate == PAD ? "still encoded"
+                                                        : describe(&f->tensor, got, sizeof got);
+        snprintf(why, why_size, "field '%s' is %s in this sample; batch option %s takes a 1-D%s field%s%s%s%s", name,
+                 is, collate == PAD ? "pad" : "ragged", collate == PAD ? " decoded" : " (or encoded)",
+                 dtype ? " of dtype " : "", dtype ? sf_dtype_name(first) : "", dtype ? " as in " : "",
+                 dtype ? where : "");
         return SF_ESHAPE;
       }
       continue;
     }
-    /* The batch tensor without its leading axis, for the comparison and the message. */
-    sf_tensor slot = g->tensor;
-    slot.ndim--;
-    memmove(slot.shape, slot.shape + 1, (size_t)slot.ndim * sizeof slot.shape[0]);
+    const sf_tensor *slot = &lay->f[i].row;
     if (!f || f->encoded || (!f->tensor.buffer && !f->recipe)) {
-      snprintf(why, why_size, "field '%s' is %s in this sample but %s in the batch's first sample; give every "
-               "sample the same decoded fields", g->name, !f ? "missing" : f->encoded ? "still encoded" : "empty",
-               describe(&slot, want, sizeof want));
+      snprintf(why, why_size, "field '%s' is %s in this sample but %s in %s; give every sample the same decoded "
+               "fields", name, !f ? "missing" : f->encoded ? "still encoded" : "empty",
+               describe(slot, want, sizeof want), where);
       return SF_ESHAPE;
     }
-    if (!same_layout(&f->tensor, &slot)) {
-      snprintf(why, why_size, "field '%s' is %s in this sample but %s in the batch's first sample; resize or "
-               "crop to one size (augment) before batching%s", g->name, describe(&f->tensor, got, sizeof got),
-               describe(&slot, want, sizeof want),
-               slot.ndim == 1 ? ", or list the field in batch's pad or ragged option" : "");
+    if (!same_layout(&f->tensor, slot)) {
+      snprintf(why, why_size, "field '%s' is %s in this sample but %s in %s; resize or crop to one size (augment) "
+               "before batching%s", name, describe(&f->tensor, got, sizeof got), describe(slot, want, sizeof want),
+               where, slot->ndim == 1 ? ", or list the field in batch's pad or ragged option" : "");
       return SF_ESHAPE;
     }
   }
@@ -314,7 +368,7 @@ static int join_field(batch *b, filling *fl, int i) {
     if (parts[j].shape[0] > longest) longest = parts[j].shape[0];
   }
   sf_field *extra = &out->fields[out->n_fields];
-  bool ragged = fl->collate[i] == RAGGED;
+  bool ragged = fl->shape.f[i].collate == RAGGED;
   char name[SF_FIELD_NAME_MAX]; /* a copy: the compiler cannot tell the two fields apart */
   memcpy(name, out->fields[i].name, sizeof name);
   snprintf(extra->name, sizeof extra->name, "%.23s.%s", name, ragged ? "offsets" : "length");
@@ -338,7 +392,7 @@ static int join_field(batch *b, filling *fl, int i) {
   for (int64_t j = 0; j < n; j++) {
     uint8_t *row = dst + (size_t)(j * longest) * item;
     sf_tensor_copy_to(&parts[j], row);
-    for (int64_t k = parts[j].shape[0]; k < longest; k++) store(dtype, row + (size_t)k * item, fl->pad[i]);
+    for (int64_t k = parts[j].shape[0]; k < longest; k++) store(dtype, row + (size_t)k * item, fl->shape.f[i].pad);
     length[j] = (int32_t)parts[j].shape[0];
   }
   return 0;
@@ -374,7 +428,7 @@ static int flush(sf_node *node, batch *b, filling *fl, bool forced) {
   out->size = count;
   int r = 0, n = out->n_fields;
   for (int i = 0; i < n && r == 0; i++) {
-    if (fl->collate[i] != FIXED) {
+    if (fl->shape.f[i].collate != FIXED) {
       r = join_field(b, fl, i);
       continue;
     }
@@ -409,16 +463,6 @@ static int flush(sf_node *node, batch *b, filling *fl, bool forced) {
   return 0;
 }
 
-/* Flushes the first non-empty filling; false when all are empty. */
-static bool flush_one(sf_node *node, batch *b, int *r) {
-  for (int k = 0; k < b->n_buckets; k++)
-    if (b->fill[k].out) {
-      *r = flush(node, b, &b->fill[k], false);
-      return true;
-    }
-  return false;
-}
-
 /* The bucket of sample s (0 without buckets), or -1 with the reason in why. */
 static int bucket_of(const batch *b, sf_sample *s, char *why, size_t why_size) {
   if (b->n_buckets == 1) return 0;
@@ -441,38 +485,34 @@ static int bucket_of(const batch *b, sf_sample *s, char *why, size_t why_size) {
   return k;
 }
 
-/* Copies sample *ps into its bucket's batch (opening one if needed) and frees it. */
-static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
+/* Reports sample *ps as skipped for `why` and frees it. Returns 0, or the error the policy says stops the run. */
+static int skip(sf_node *node, sf_sample **ps, const char *why) {
   sf_sample *s = *ps;
-  char why[400] = "";
-  int r = 0, k = bucket_of(b, s, why, sizeof why);
-  filling *fl = k >= 0 ? &b->fill[k] : NULL;
-  bool opened = false;
-  if (k < 0) {
-    r = SF_ESHAPE;
-  } else if (!fl->out) {
-    r = open_batch(b, fl, s, why, sizeof why);
-    opened = true;
-  }
-  if (r == 0) r = check_sample(fl, s, why, sizeof why);
-  if (r < 0 && opened) close_filling(b, fl);
-  if (r == SF_ENOMEM) {
+  int r = sf_node_error(node, SF_ESHAPE, sf_sample_url(s), s->key, s->offset, "%s", why);
+  sf_sample_destroy(ps);
+  if (r < 0) return r;
+  sf_node_count_skipped(node, 1);
+  return 0;
+}
+
+/*
+ * Writes sample *ps, which fits fl->shape, as the next row of fl's batch (opening one if needed), frees
+ * it, and hands on a full batch. b->held counted the sample when it came.
+ */
+static int put(sf_node *node, batch *b, filling *fl, sf_sample **ps) {
+  sf_sample *s = *ps;
+  int r = 0;
+  if (!fl->out && (r = open_batch(b, fl)) < 0) {
+    close_filling(b, fl);
     sf_sample_destroy(ps);
     return r;
   }
-  if (r < 0) {
-    r = sf_node_error(node, r, sf_sample_url(s), s->key, s->offset, "%s", why);
-    sf_sample_destroy(ps);
-    if (r < 0) return r;
-    sf_node_count_skipped(node, 1);
-    return 0;
-  }
   sf_batch *out = fl->out;
   /* Without buckets this batch's index is known now: a replayed one is not built. */
-  bool skip = b->n_buckets == 1 && replayed(node, out->epoch, b->index);
-  for (int i = 0; i < out->n_fields && !skip; i++) {
+  bool unbuilt = b->n_buckets == 1 && replayed(node, out->epoch, b->index);
+  for (int i = 0; i < out->n_fields && !unbuilt; i++) {
     sf_field *f = sf_sample_field(s, out->fields[i].name);
-    if (fl->collate[i] != FIXED) {
+    if (fl->shape.f[i].collate != FIXED) {
       if ((r = sf_field_materialize(f)) < 0) break;
       sf_tensor_ref(&fl->parts[i][fl->count], &f->tensor);
       continue;
@@ -491,22 +531,166 @@ static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
   out->origins[2 * fl->count] = s->shard_index;
   out->origins[2 * fl->count + 1] = s->index;
   fl->count++;
-  b->held++;
   sf_sample_destroy(ps);
   if (r < 0) return r;
-  if (fl->count == b->batch_size) return flush(node, b, fl, false);
+  return fl->count == b->batch_size ? flush(node, b, fl, false) : 0;
+}
+
+/*
+ * Sample *ps has the shape of a waiting sample: that shape is agreed for the epoch. The waiting samples
+ * that fit it join the batch in the order they came, then *ps; the others are skipped.
+ */
+static int adopt(sf_node *node, batch *b, filling *fl, const layout *shape, sf_sample **ps) {
+  fl->shape = *shape;
+  fl->agreed = true;
+  fl->agreed_epoch = (*ps)->epoch;
+  char why[400];
+  int r = 0;
+  for (int j = 0; j < fl->waiting; j++) {
+    sf_sample *w = fl->wait[j];
+    fl->wait[j] = NULL;
+    if (r < 0) { /* the run stops */
+      sf_sample_destroy(&w);
+    } else if (check_sample(&fl->shape, w, "the samples around it", why, sizeof why) < 0) {
+      b->held--;
+      r = skip(node, &w, why);
+    } else {
+      r = put(node, b, fl, &w);
+    }
+  }
+  fl->waiting = 0;
+  if (r < 0) {
+    sf_sample_destroy(ps);
+    return r;
+  }
+  b->held++;
+  return put(node, b, fl, ps);
+}
+
+/*
+ * Before a bucket's shape is agreed in an epoch, sample *ps either agrees with a waiting sample (the
+ * shape is adopted) or waits too; when WAIT_MAX samples of different shapes wait already, the oldest
+ * is skipped to make room.
+ */
+static int wait_or_adopt(sf_node *node, batch *b, filling *fl, const layout *mine, sf_sample **ps) {
+  char why[512], detail[300];
+  for (int j = 0; j < fl->waiting; j++) {
+    layout theirs;
+    if (layout_of(b, fl->wait[j], &theirs, why, sizeof why) == 0 && same_layouts(&theirs, mine))
+      return adopt(node, b, fl, mine, ps);
+  }
+  if (fl->waiting == WAIT_MAX) {
+    sf_sample *oldest = fl->wait[0];
+    layout next;
+    if (layout_of(b, fl->wait[1], &next, detail, sizeof detail) < 0 ||
+        check_sample(&next, oldest, "the next sample", detail, sizeof detail) == 0)
+      snprintf(detail, sizeof detail, "its fields differ from the next sample's");
+    snprintf(why, sizeof why, "no two of %d samples in a row of epoch %llu have the same shape, so no batch "
+             "shape is agreed and the oldest goes: %s", WAIT_MAX + 1, (unsigned long long)(*ps)->epoch, detail);
+    memmove(fl->wait, fl->wait + 1, (WAIT_MAX - 1) * sizeof fl->wait[0]);
+    fl->waiting--;
+    b->held--;
+    int r = skip(node, &oldest, why);
+    if (r < 0) {
+      sf_sample_destroy(ps);
+      return r;
+    }
+  }
+  fl->wait[fl->waiting++] = *ps;
+  *ps = NULL;
+  b->held++;
+  return 0;
+}
+
+/*
+ * A bucket whose waiting samples never agreed must still go (at an epoch's end, or for the hold bound):
+ * the oldest one's shape makes a batch with the waiting samples that fit it; the others wait on, and
+ * at an epoch's end make batches of their own. The shape is not agreed by this.
+ */
+static int settle(sf_node *node, batch *b, filling *fl) {
+  char why[400];
+  int r = layout_of(b, fl->wait[0], &fl->shape, why, sizeof why); /* it passed when the sample came */
+  sf_sample *join[WAIT_MAX];
+  int n = 0, kept = 0;
+  for (int j = 0; j < fl->waiting; j++) {
+    sf_sample *w = fl->wait[j];
+    if (r == 0 && (j == 0 || check_sample(&fl->shape, w, "", why, sizeof why) == 0))
+      join[n++] = w;
+    else
+      fl->wait[kept++] = w;
+  }
+  for (int j = kept; j < fl->waiting; j++) fl->wait[j] = NULL;
+  fl->waiting = kept;
+  for (int j = 0; j < n; j++) {
+    if (r < 0) /* the run stops */
+      sf_sample_destroy(&join[j]);
+    else
+      r = put(node, b, fl, &join[j]);
+  }
+  return r;
+}
+
+/* Hands on fl's batch (see flush), or makes one of its waiting samples first. */
+static int flush_bucket(sf_node *node, batch *b, filling *fl, bool forced) {
+  int r = !fl->out && fl->waiting ? settle(node, b, fl) : 0;
+  return r < 0 ? r : flush(node, b, fl, forced);
+}
+
+/* Flushes the first non-empty filling; false when all are empty. */
+static bool flush_one(sf_node *node, batch *b, int *r) {
+  for (int k = 0; k < b->n_buckets; k++)
+    if (b->fill[k].out || b->fill[k].waiting) {
+      *r = flush_bucket(node, b, &b->fill[k], false);
+      return true;
+    }
+  return false;
+}
+
+/*
+ * Takes sample *ps into its bucket: checked against the shape agreed for the epoch and copied into
+ * the batch, or waiting until two samples agree; frees it (or keeps it waiting).
+ */
+static int add_sample(sf_node *node, batch *b, sf_sample **ps) {
+  sf_sample *s = *ps;
+  char why[400] = "";
+  int r, k = bucket_of(b, s, why, sizeof why);
+  if (k < 0) return skip(node, ps, why);
+  filling *fl = &b->fill[k];
+  if (s->epoch != b->epoch) { /* the previous epoch's samples are all out (step): batches count from 0 */
+    b->epoch = s->epoch;
+    b->index = 0;
+  }
+  if (fl->agreed && fl->agreed_epoch != s->epoch) fl->agreed = false;
+  if (fl->agreed) {
+    if (check_sample(&fl->shape, s, "this epoch's batches", why, sizeof why) < 0) return skip(node, ps, why);
+    b->held++;
+    r = put(node, b, fl, ps);
+  } else {
+    layout mine;
+    if (layout_of(b, s, &mine, why, sizeof why) < 0) return skip(node, ps, why);
+    if (b->batch_size == 1) { /* a batch of one sample: nothing to agree on */
+      fl->shape = mine;
+      b->held++;
+      r = put(node, b, fl, ps);
+    } else {
+      r = wait_or_adopt(node, b, fl, &mine, ps);
+    }
+  }
+  if (r < 0) return r;
   if (b->held >= b->bucket_hold) { /* the bound: the fullest bucket goes, short */
     filling *fullest = &b->fill[0];
     for (int j = 1; j < b->n_buckets; j++)
-      if (b->fill[j].count > fullest->count) fullest = &b->fill[j];
-    return flush(node, b, fullest, true);
+      if (b->fill[j].count + b->fill[j].waiting > fullest->count + fullest->waiting) fullest = &b->fill[j];
+    return flush_bucket(node, b, fullest, true);
   }
   return 0;
 }
 
 /*
- * One push per step at most: an epoch end or a sample of a new epoch that
- * needs flushes first waits in `held_item`, and every step flushes one bucket.
+ * One push per step at most (more only when samples that waited for their
+ * shape fill a small batch more than once): an epoch end or a sample of a new
+ * epoch that needs flushes first waits in `held_item`, and every step flushes
+ * one bucket.
  */
 static int step(sf_node *node) {
   batch *b = sf_node_priv(node);
@@ -576,7 +760,10 @@ static int check_options(sf_node *node, batch *b) {
                     b->bucket_bounds.v[i], b->bucket_bounds.v[i - 1]);
       return SF_EOPTION;
     }
-  if (b->bucket_hold == 0) b->bucket_hold = b->n_buckets * (b->batch_size - 1) + 1;
+  /* A bucket holds at most batch_size - 1 samples in its batch, or WAIT_MAX waiting for its shape: a bound
+     above all of them together is never reached, so it never forces a short batch. */
+  int64_t most = b->batch_size - 1 > WAIT_MAX ? b->batch_size - 1 : WAIT_MAX;
+  if (b->bucket_hold == 0) b->bucket_hold = b->n_buckets * most + 1;
   return 0;
 }
 
@@ -600,7 +787,10 @@ static int init(sf_node *node) {
 
 static void uninit(sf_node *node) {
   batch *b = sf_node_priv(node);
-  for (int k = 0; k < MAX_BUCKETS; k++) close_filling(b, &b->fill[k]);
+  for (int k = 0; k < MAX_BUCKETS; k++) {
+    close_filling(b, &b->fill[k]);
+    for (int j = 0; j < b->fill[k].waiting; j++) sf_sample_destroy(&b->fill[k].wait[j]);
+  }
   sf_item_clear(&b->held_item);
   sf_pool_unref(&b->pool);
 }

@@ -1,4 +1,5 @@
 /* mix: merges the samples of several branches (datasets) by weight, deterministic from the graph seed and the epoch. */
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -51,17 +52,22 @@ static int init(sf_node *node) {
                          "weights has %d values for %d inputs: give one weight per name of `inputs:`", m->weights.n,
                          m->n),
            SF_EOPTION;
-  double total = 0;
+  double largest = 0, total = 0;
   for (int i = 0; i < m->n; i++) {
     m->w[i] = m->weights.n ? m->weights.v[i] : 1.0;
-    if (!(m->w[i] >= 0))
-      return sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "weights: %g is negative; weights are >= 0", m->w[i]),
+    if (!(m->w[i] >= 0 && isfinite(m->w[i])))
+      return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                           "mix option weights: %g is not a finite number >= 0; give each input a weight >= 0",
+                           m->w[i]),
              SF_EOPTION;
-    total += m->w[i];
+    if (m->w[i] > largest) largest = m->w[i];
   }
-  if (!(total > 0))
-    return sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "weights are all 0: give at least one input a weight"),
+  if (!(largest > 0))
+    return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                         "mix option weights: all are 0; give at least one input a weight above 0"),
            SF_EOPTION;
+  /* Scaled by the largest first: weights near DBL_MAX would sum to infinity and normalise to 0. */
+  for (int i = 0; i < m->n; i++) total += m->w[i] /= largest;
   for (int i = 0; i < m->n; i++) m->w[i] /= total;
   if (m->stop == STOP_NEVER && m->samples_per_epoch == 0)
     return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,

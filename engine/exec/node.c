@@ -338,6 +338,14 @@ static int map_step(sf_node *n) {
     sf_node_count_output(n, 1, bytes);
     return 0;
   }
+  if (r > 0) { /* outside the contract: a bug in the stage, and still no sample may vanish without a record */
+    const sf_sample *s = item.u.sample;
+    sf_node_error(n, SF_EINVAL, s ? sf_sample_url(s) : NULL, s ? s->key : NULL, s ? s->offset : -1,
+                  "map returned %d, a positive code (stage type %s): map returns 0, or a negative SF_E code after "
+                  "sf_node_error(); the sample is dropped: a bug in the stage, fix its map",
+                  r, n->def->name);
+    r = SF_EINVAL;
+  }
   sf_item_clear(&item);
   if (r == 0) { /* dropped on purpose: a filter, not an error */
     sf_node_count_filtered(n, 1);

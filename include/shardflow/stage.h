@@ -154,6 +154,9 @@ typedef struct sf_node sf_node;
  * graph's `skip` policy, counts it as skipped and goes on; under `fail` the
  * pipeline stops.  A negative return without an error record (out of memory
  * that is not the sample's fault) stops the pipeline under either policy.
+ * A positive return is a bug in the stage: the engine drops the sample and
+ * records an SF_EINVAL error naming the stage and the code, which then follows
+ * the policy like a bad sample (skip: counted, fail: the pipeline stops).
  * A dropped sample still keeps replicas in order (the engine leaves a hole).
  */
 typedef struct sf_stage_def {

@@ -13,7 +13,9 @@ import tempfile
 import zlib
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, nginx, read_batches, run, tar_whole_samples, write_graph  # noqa: E402
+import numpy as np  # noqa: E402
+from sfutil import (Checks, make_dataset, nginx, ppm_bytes, read_batches, run, tar_whole_samples,  # noqa: E402
+                    write_graph, write_shard)
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-bad-")
@@ -99,6 +101,57 @@ expect("truncated", f"{truncated}::{good[3]}", whole(truncated) + good3, [re.esc
 expect("members", f"{bad_members}::{good[3]}", [k for k in keys_of(20, 30) if k not in ("0000023", "0000024", "0000027")] + good3,
        [r"key 0000023", r"key 0000024", r"key 0000027"], errors_at_least=3)
 expect("missing", f"{tmp}/nonexistent.tar::{good[3]}", good3, [re.escape(f"{tmp}/nonexistent.tar")])
+
+# One image of another size among 300 (two shards of 150, read in order): the batch's shape comes from the
+# stream, so that sample is the one skipped, counted once an epoch and named with its key and both shapes,
+# wherever it falls (the first of a later batch, the stream's first or second sample, the first of an epoch
+# that follows whole batches); decode runs in 2 replicas, and a resumption gives the same batches. Before, an
+# odd sample that opened a batch set its shape and every later sample was skipped (101 of 300 delivered).
+def odd_one(odd, batch_size, epochs, extra=(), name=None):
+    name = name or f"odd-{odd}-{batch_size}-{epochs}"
+    root = os.path.join(tmp, name)
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(odd)
+    images = {f"{i:07d}": rng.integers(0, 256, (16, 16, 3) if i == odd else (32, 32, 3), dtype=np.uint8)
+              for i in range(300)}
+    keys = sorted(images)
+    for s in range(2):
+        write_shard(os.path.join(root, f"s{s}.tar"),
+                    [(k, {"ppm": ppm_bytes(images[k]), "cls": b"1"}) for k in keys[150 * s:150 * (s + 1)]])
+    out = os.path.join(root, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    path = write_graph(os.path.join(root, "graph.yaml"), [
+        ("shard_source", dict(urls=os.path.join(root, "s{0..1}.tar"), shuffle=False)),
+        ("tar_split", {}),
+        ("decode", dict(replicas=2)),
+        ("batch", dict(batch_size=batch_size)),
+        ("device_sink", dict(npy_dir=out)),
+    ], seed=0, epochs=epochs)
+    p = run(["run", path, "--quiet"] + list(extra), check=False)
+    return p, read_batches(out), images, keys[odd]
+
+
+for odd, batch_size, epochs in ((100, 25, 1), (0, 16, 1), (1, 16, 1), (0, 23, 2)):
+    tag = f"odd sample {odd}, batch_size {batch_size}"
+    p, got, images, odd_key = odd_one(odd, batch_size, epochs)
+    check(p.returncode == 0, f"{tag}: the run finishes: {p.stderr}")
+    want = [k for k in sorted(images) if k != odd_key]
+    for e in range(epochs):
+        mine = [(keys, f) for ee, _, keys, f in got if ee == e]
+        keys = [k for ks, _ in mine for k in ks]
+        check(keys == want, f"{tag}, epoch {e}: the 299 others, in order ({len(keys)} delivered)")
+        check(all(len(ks) == batch_size for ks, _ in mine[:-1]), f"{tag}, epoch {e}: whole batches")
+        check(all(np.array_equal(f["ppm"][j], images[k]) for ks, f in mine for j, k in enumerate(ks)),
+              f"{tag}, epoch {e}: the images are the ones written")
+    m = re.search(r"(\d+) error record\(s\), (\d+) sample\(s\) skipped", p.stderr)
+    check(m and int(m.group(1)) == epochs and int(m.group(2)) == epochs, f"{tag}: skipped once an epoch: {p.stderr}")
+    check(re.search(f"key {odd_key}\\).*'ppm' is \\[16,16,3\\] uint8.*\\[32,32,3\\] uint8", p.stderr),
+          f"{tag}: the message names the key and both shapes: {p.stderr}")
+    if epochs == 2:  # resumed in epoch 1, which the odd sample opens: the batches of the whole run
+        p, resumed, _, _ = odd_one(odd, batch_size, epochs, ["--start-epoch", "1", "--start-step", "3"],
+                                   name="odd-resumed")
+        check(p.returncode == 0 and [(e, b, k) for e, b, k, _ in resumed] ==
+              [(e, b, k) for e, b, k, _ in got if (e, b) >= (1, 3)], f"{tag}: a resumption: the same batches")
 
 # .tar.gz damage that only gzip's CRC-32 and length show (`gzip -t` is the reference): changed
 # deflate data that still inflates (the audit's wrong pixels), a changed CRC or length, a cut trailer.

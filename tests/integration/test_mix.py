@@ -130,6 +130,15 @@ path, out = mix_graph("zero", SMALL_A, SMALL_B, dict(stop="longest", weights=[1,
                       seed=1, epochs=1)
 ks = keys_of(batches(path, out))
 check(len(ks) == 300 and all(k[0] == "p" for k in ks), "weight 0: that input is never drawn")
+# Weights whose sum overflows a double are normalised (by the largest first): [1e308, 1e308] mixes like [1, 1].
+even = keys_of(batches(*mix_graph("even", SMALL_A, SMALL_B, dict(stop="longest", weights=[1, 1]),
+                                  source=dict(shuffle=False), seed=1, epochs=1)))
+path, out = mix_graph("huge", SMALL_A, SMALL_B, dict(stop="longest", weights=[1e308, 1e308]),
+                      source=dict(shuffle=False), seed=1, epochs=1)
+p = run(["run", path, "--quiet", "--no-summary"], check=False)
+ks = keys_of({(e, b): (keys, None) for e, b, keys, _ in read_batches(out)})
+check(p.returncode == 0 and len(ks) == 400 and ks == even,
+      f"weights [1e308, 1e308]: the mix of weights [1, 1] ({len(ks)} samples, {len(even)} with [1, 1]): {p.stderr}")
 path, out = mix_graph("never", SMALL_A, SMALL_B, dict(stop="never", samples_per_epoch=1000), source=ENDLESS, seed=1,
                       epochs=1)
 ks = keys_of(batches(path, out))

@@ -121,6 +121,29 @@ for replicas in (1, 2):
     check(f"{len(truth) // 5} error record(s), {len(truth) // 5} sample(s) skipped" in p.stderr,
           f"replicas {replicas}: errors and drops are counted: {p.stderr}")
 
+# A positive return is outside the contract (a bug in the plugin): an error record naming the stage and the code,
+# under the graph's error policy; before, such samples vanished without a record and the run exited 0.
+with open(os.path.join(tmp, "positive.c"), "w") as f:
+    f.write(SIEVE.split("static int map")[0] + "static int map(sf_node *node, sf_sample **sample) {\n"
+            "  (void)node;\n  return atoi((*sample)->key) % 5 == 4 ? 7 : 0;\n}\n" +
+            SIEVE.split("return SF_EINVAL;\n}\n")[1].replace('"sieve"', '"positive"') % {})
+positive_so = os.path.join(tmp, "positive.so")
+subprocess.run(["cc", "-shared", "-fPIC", *cflags, os.path.join(tmp, "positive.c"), "-o", positive_so], check=True)
+bugged = [k for k in sorted(truth) if int(k) % 5 == 4]
+for policy, status in (("skip", 0), ("fail", 1)):
+    path, out = graph(f"positive-{policy}", [positive_so], "  - type: positive\n    name: buggy\n    replicas: 2\n",
+                      f"max_error_rate: 1\nerror_policy: {policy}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    p = run(["run", path, "--no-summary"], env=env, check=False)
+    keys = [k for _, _, ks, _ in read_batches(out) for k in ks]
+    named = re.search(r"buggy.*map returned 7", p.stderr)
+    check(p.returncode == status and named, f"{policy}: a positive return is an error record naming the stage and "
+          f"the code, exit {status}: exit {p.returncode}: {p.stderr}")
+    if policy == "skip":
+        check(keys == [k for k in sorted(truth) if k not in bugged], f"skip: the others arrive in order: {keys}")
+        check(f"{len(bugged)} error record(s), {len(bugged)} sample(s) skipped" in p.stderr,
+              f"skip: each one is counted: {p.stderr}")
+
 # Groups: a local worker process loads the plugin the head names (by path) and runs its stage.
 path, out = graph("group-local", [scale_so], "  - type: scale\n    factor: 0.7\n    group: g\n",
                   "groups:\n  g: {processes: 1}\n")

@@ -78,8 +78,11 @@ static sf_harness *new_batch(const char *batch_size, const char *partial) {
 /* Where the last batch expect_batch() checked kept its png values (compared, never read after). */
 static const uint8_t *last_png;
 
-/* Pops the next item, which must be a batch of `size` samples with ids first.. in order. */
-static void expect_batch(sf_harness *h, uint64_t epoch, uint64_t index, int first, int size) {
+/* The image height expect_batch_ids() checks (make_sample's H unless a test says otherwise). */
+static int expect_height = H;
+
+/* Pops the next item, which must be a batch of `size` samples with ids ids[0..size) in order. */
+static void expect_batch_ids(sf_harness *h, uint64_t epoch, uint64_t index, const int *ids, int size) {
   sf_item item;
   assert_int_equal(sf_harness_pop(h, &item), 0);
   assert_int_equal(item.kind, SF_ITEM_BATCH);
@@ -96,16 +99,16 @@ static void expect_batch(sf_harness *h, uint64_t epoch, uint64_t index, int firs
   assert_int_equal(img->tensor.dtype, SF_DTYPE_UINT8);
   assert_int_equal(img->tensor.ndim, 4);
   assert_int_equal(img->tensor.shape[0], size);
-  assert_int_equal(img->tensor.shape[1], H);
+  assert_int_equal(img->tensor.shape[1], expect_height);
   assert_int_equal(img->tensor.shape[2], W);
   assert_int_equal(img->tensor.shape[3], C);
   assert_true(sf_tensor_is_contiguous(&img->tensor));
   const uint8_t *p = sf_tensor_data(&img->tensor);
   last_png = p;
   for (int i = 0; i < size; i++)
-    for (int y = 0; y < H; y++)
+    for (int y = 0; y < expect_height; y++)
       for (int x = 0; x < W; x++)
-        for (int c = 0; c < C; c++) assert_int_equal(*p++, pixel(first + i, y, x, c));
+        for (int c = 0; c < C; c++) assert_int_equal(*p++, pixel(ids[i], y, x, c));
 
   const sf_field *cls = sf_batch_field(b, "cls");
   assert_non_null(cls);
@@ -114,12 +117,20 @@ static void expect_batch(sf_harness *h, uint64_t epoch, uint64_t index, int firs
   assert_int_equal(cls->tensor.shape[0], size);
   const int64_t *labels = sf_tensor_data(&cls->tensor);
   for (int i = 0; i < size; i++) {
-    assert_int_equal(labels[i], first + i);
+    assert_int_equal(labels[i], ids[i]);
     char key[32];
-    snprintf(key, sizeof key, "sample%04d", first + i);
+    snprintf(key, sizeof key, "sample%04d", ids[i]);
     assert_string_equal(b->keys[i], key);
   }
   sf_item_clear(&item);
+}
+
+/* Pops the next item, which must be a batch of `size` samples with ids first.. in order. */
+static void expect_batch(sf_harness *h, uint64_t epoch, uint64_t index, int first, int size) {
+  int ids[64];
+  assert_true(size <= 64);
+  for (int i = 0; i < size; i++) ids[i] = first + i;
+  expect_batch_ids(h, epoch, index, ids, size);
 }
 
 static void expect_epoch_end(sf_harness *h, uint64_t epoch) {
@@ -255,9 +266,116 @@ static void test_shape_mismatch_fail(void **state) {
   sf_harness_set_error_policy(h, 1);
   push_sample(h, make_sample(0, 0, H, W));
   push_sample(h, make_sample(1, 0, H, W + 2));
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN); /* two samples that differ: either may be the odd one */
+  assert_int_equal(sf_harness_error_count(h), 0);
+  push_sample(h, make_sample(2, 0, H, W)); /* agrees with sample 0: sample 1 is the odd one */
   assert_int_equal(sf_harness_run(h, 0), SF_ESHAPE);
   assert_int_equal(sf_harness_error_count(h), 1);
   sf_harness_destroy(&h); /* the open batch and queued items are freed (ASan checks) */
+}
+
+/*
+ * n samples an epoch, ids e*n + i; sample `odd` of every epoch has a taller image. The batches must be
+ * exactly the others, in order, batch_size at a time: the odd sample is the one skipped (counted once an
+ * epoch, with its key and both shapes), whether it is the stream's first sample, its second, the first
+ * of a later batch or the middle of one.
+ */
+static void run_odd_one(int n, int odd, int batch_size, int epochs) {
+  char size[16];
+  snprintf(size, sizeof size, "%d", batch_size);
+  sf_harness *h = new_batch(size, "true");
+  for (int e = 0; e < epochs; e++) {
+    for (int i = 0; i < n; i++) push_sample(h, make_sample(e * n + i, (uint64_t)e, i == odd ? H + 1 : H, W));
+    push_epoch_end(h, (uint64_t)e);
+  }
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  for (int e = 0; e < epochs; e++) {
+    int ids[64], k = 0;
+    for (int i = 0; i < n; i++)
+      if (i != odd) ids[k++] = e * n + i;
+    for (int j = 0, b = 0; j < k; j += batch_size, b++)
+      expect_batch_ids(h, (uint64_t)e, (uint64_t)b, ids + j, k - j < batch_size ? k - j : batch_size);
+    expect_epoch_end(h, (uint64_t)e);
+  }
+  expect_empty(h);
+  assert_int_equal(sf_harness_error_count(h), epochs);
+  assert_int_equal(sf_harness_skipped(h), epochs);
+  const sf_error *e = sf_harness_last_error(h);
+  char key[32];
+  snprintf(key, sizeof key, "sample%04d", (epochs - 1) * n + odd);
+  assert_int_equal(e->code, SF_ESHAPE);
+  assert_string_equal(e->key, key);
+  if (!strstr(e->message, "'png'") || !strstr(e->message, "[5,5,3]") || !strstr(e->message, "[4,5,3]"))
+    fail_msg("message does not name the field and both shapes: %s", e->message);
+  sf_harness_destroy(&h);
+}
+
+static void test_odd_sample_skipped(void **state) {
+  run_odd_one(30, 10, 5, 1); /* the first of a later batch (before: it set every later batch's shape) */
+  run_odd_one(30, 0, 5, 1);  /* the stream's first sample */
+  run_odd_one(30, 1, 5, 1);  /* its second */
+  run_odd_one(30, 12, 5, 1); /* the middle of a batch */
+  run_odd_one(30, 29, 5, 1); /* the last, opening a batch of its own */
+  run_odd_one(31, 0, 5, 2);  /* the first of each epoch, after an epoch of whole batches */
+  run_odd_one(9, 0, 2, 1);   /* batches of two */
+  run_odd_one(9, 1, 2, 1);
+  run_odd_one(9, 2, 2, 1);
+}
+
+/*
+ * Before two samples agree nothing is judged: samples of other shapes wait (four at most, the oldest is
+ * dropped for a fifth); the first sample with the same fields and shapes as a waiting one settles the
+ * shape, and the waiting samples that do not fit it are skipped (one with an extra field fits and joins,
+ * as in any batch). At an epoch's end, samples that never agreed each make their own short batch.
+ */
+static void test_shape_settles(void **state) {
+  sf_harness *h = new_batch("3", "true");
+  push_sample(h, make_sample(0, 0, H + 1, W));
+  push_sample(h, make_sample(1, 0, H + 2, W));
+  sf_sample *extra = make_sample(2, 0, H, W);
+  sf_tensor t;
+  assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT32, 1, (int64_t[]){2}), 0);
+  memset(sf_tensor_data(&t), 0, 8);
+  assert_non_null(sf_sample_add_field(extra, "more", false, &t));
+  push_sample(h, extra);
+  push_sample(h, make_sample(3, 0, H + 3, W));
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN);
+  expect_empty(h); /* four shapes wait */
+  assert_int_equal(sf_harness_error_count(h), 0);
+  push_sample(h, make_sample(4, 0, H + 4, W)); /* a fifth: the oldest (0) goes */
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN);
+  const char *m = sf_harness_last_error(h)->message;
+  if (!strstr(m, "no two of 5 samples") || !strstr(m, "[5,5,3]") || !strstr(m, "[6,5,3]"))
+    fail_msg("message does not say why 0 goes, with its shape and the next one's: %s", m);
+  push_sample(h, make_sample(5, 0, H, W)); /* 2's shape, but not its fields: waits too, 1 goes */
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN);
+  expect_empty(h);
+  assert_int_equal(sf_harness_skipped(h), 2);
+  assert_int_equal(sf_harness_error_count(h), 2);
+  assert_string_equal(sf_harness_last_error(h)->key, "sample0001");
+  push_sample(h, make_sample(6, 0, H, W)); /* agrees with 5: 2 fits and joins, 3 and 4 are skipped */
+  push_sample(h, make_sample(7, 0, H + 1, W));
+  push_sample(h, make_sample(8, 0, H, W));
+  push_epoch_end(h, 0);
+  push_sample(h, make_sample(10, 1, H + 1, W)); /* a new epoch settles its own shape */
+  push_sample(h, make_sample(11, 1, H, W));
+  push_epoch_end(h, 1);
+  sf_harness_close_input(h);
+  assert_int_equal(sf_harness_run(h, 0), SF_EOF);
+  expect_batch_ids(h, 0, 0, (int[]){2, 5, 6}, 3);
+  expect_batch(h, 0, 1, 8, 1);
+  expect_epoch_end(h, 0);
+  expect_height = H + 1;
+  expect_batch(h, 1, 0, 10, 1);
+  expect_height = H;
+  expect_batch(h, 1, 1, 11, 1);
+  expect_epoch_end(h, 1);
+  expect_empty(h);
+  assert_int_equal(sf_harness_skipped(h), 5); /* 0, 1, 3, 4, 7 */
+  assert_int_equal(sf_harness_error_count(h), 5);
+  assert_string_equal(sf_harness_last_error(h)->key, "sample0007");
+  sf_harness_destroy(&h);
 }
 
 /* A non-contiguous image (a transposed view) is copied in logical C order. */
@@ -568,6 +686,7 @@ int main(void) {
       cmocka_unit_test(test_bad_options),       cmocka_unit_test(test_deferred_written_into_slot),
       cmocka_unit_test(test_deferred_contents_and_drops), cmocka_unit_test(test_materialize_and_defer),
       cmocka_unit_test(test_ragged_and_padded), cmocka_unit_test(test_adjacent_rows_become_a_view),
+      cmocka_unit_test(test_odd_sample_skipped), cmocka_unit_test(test_shape_settles),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
