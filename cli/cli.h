@@ -4,6 +4,8 @@
 #define SF_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "shardflow/stage.h"
@@ -71,5 +73,22 @@ void sf_cli_print_help(FILE *out, const sf_cli_command *command);
 
 /* The same as a Markdown section (docs/cli.md is generated from it). */
 void sf_cli_print_markdown(FILE *out, const sf_cli_command *command);
+
+/*
+ * Writes s into out[size] (NUL-terminated; cut at a whole escape when it does not fit) with what a
+ * terminal would act on made visible: a backslash as \\, TAB, LF and CR as \t \n \r, other C0
+ * controls, DEL and each byte that is not UTF-8 as \xNN, C1 controls and the bidirectional and line
+ * separator format characters (sf_cli_is_format_control) as \uNNNN; other UTF-8 as it is. Returns the
+ * length of the whole escaped text (as snprintf: size >= that + 1 holds all of it). cli/escape.c.
+ */
+size_t sf_cli_escape(const char *s, char *out, size_t size);
+
+/* True for a code point that sf_cli_escape writes as \uNNNN: C1 controls, bidirectional marks and
+ * overrides, line and paragraph separators. */
+bool sf_cli_is_format_control(uint32_t cp);
+
+/* The length of the valid UTF-8 sequence at s (at most n > 0 bytes) with its code point in *code_point
+ * (when not NULL), or 0 when it is not one (overlong, a surrogate, past U+10FFFF, cut short). */
+size_t sf_cli_utf8_next(const unsigned char *s, size_t n, uint32_t *code_point);
 
 #endif

@@ -36,6 +36,9 @@ const sf_cli_command sf_cli_cp = {
     .about = "Copies a file (a checkpoint, a shard) between a local path and an http(s):// URL, or\n"
              "between two paths. The copy appears under DST at once or not at all: uploads PUT to a\n"
              "temporary name and MOVE it into place (WebDAV), downloads write a temporary file and\n"
-             "rename it. Uploads are read back and compared (length and CRC-32) unless --no-verify.",
+             "rename it. Uploads are read back and compared (length and CRC-32) unless --no-verify.\n"
+             "Temporary names are DST.partial-HOST-PID-RANDOM (64 random bits from the kernel); a\n"
+             "local one is created exclusively, so nothing already at that name (a symlink another\n"
+             "user planted) is followed or overwritten.",
     .options = cp_options,
 };

@@ -22,23 +22,19 @@ static const sf_cli_option ls_options[] = {
     {.row = {NULL}},
 };
 
-/* Length of a valid UTF-8 sequence at s (at most n bytes), or 0 when it is not one. */
-static size_t utf8_length(const unsigned char *s, size_t n) {
-  size_t len;
-  unsigned min;
-  unsigned cp;
-  if (s[0] < 0x80) return 1;
-  if ((s[0] & 0xe0) == 0xc0) len = 2, min = 0x80, cp = s[0] & 0x1f;
-  else if ((s[0] & 0xf0) == 0xe0) len = 3, min = 0x800, cp = s[0] & 0x0f;
-  else if ((s[0] & 0xf8) == 0xf0) len = 4, min = 0x10000, cp = s[0] & 0x07;
-  else return 0;
-  if (len > n) return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (s[i] & 0x3f);
+/* Writes s with control characters, bidirectional overrides and bytes that are not UTF-8 escaped (sf_cli_escape):
+ * a key could otherwise move the cursor, recolour the terminal or forge a line of the listing. */
+static void put_escaped(FILE *out, const char *s) {
+  char small[512];
+  size_t need = sf_cli_escape(s, small, sizeof small);
+  if (need < sizeof small) {
+    fputs(small, out);
+    return;
   }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return len;
+  char *big = malloc(need + 1);
+  if (big) sf_cli_escape(s, big, need + 1);
+  fputs(big ? big : small, out); /* out of memory: the escaped text, cut */
+  free(big);
 }
 
 /* Writes s as a JSON string; bytes that are not UTF-8 become U+FFFD, so the line stays JSON. */
@@ -60,7 +56,7 @@ static void put_json_string(FILE *out, const char *s) {
     } else if (c < 0x20 || c == 0x7f) {
       fprintf(out, "\\u%04x", c);
     } else if (c >= 0x80) {
-      size_t len = utf8_length(p, n);
+      size_t len = sf_cli_utf8_next(p, n, NULL);
       if (len == 0) {
         fputs("\\ufffd", out);
         len = 1;
@@ -81,9 +77,12 @@ static void put_json_string(FILE *out, const char *s) {
 
 static void print_sample(FILE *out, const sf_sample *s, bool json) {
   if (!json) {
-    fputs(s->key, out);
+    put_escaped(out, s->key);
     fputc('\t', out);
-    for (int i = 0; i < s->n_fields; i++) fprintf(out, "%s%s", i ? "," : "", s->fields[i].name);
+    for (int i = 0; i < s->n_fields; i++) {
+      if (i) fputc(',', out);
+      put_escaped(out, s->fields[i].name);
+    }
     fputc('\n', out);
     return;
   }
@@ -175,7 +174,10 @@ const sf_cli_command sf_cli_ls = {
     .args = "[--json] [--allow-pipe] [--shards] URL...",
     .summary = "list the samples of shards",
     .about = "Lists the samples of tar shards, grouped as tar_split groups them: one line\n"
-             "per sample with its key, a TAB and its field names in member order.\n"
+             "per sample with its key, a TAB and its field names in member order\n"
+             "(escaped: a backslash as \\\\, TAB, newline and CR as \\t \\n \\r, other\n"
+             "control characters and bytes that are not UTF-8 as \\xNN, C1 controls and\n"
+             "bidirectional overrides as \\uNNNN; --json escapes as JSON does).\n"
              "URLs are paths, file://, http(s):// or pipe:CMD, and may be brace patterns\n"
              "(shard-{000..009}.tar) or @FILE lists. s3:// and gs:// URLs ending in '/'\n"
              "are prefixes: every .tar, .tar.gz, .tgz and .tar.zst object under them.\n"

@@ -46,6 +46,10 @@ static const sf_cli_option write_table[] = {
                      "files (DIR/KEY.EXT: the files of one KEY form one sample, written as they are)",
              .enum_names = sf_write_layout_names},
      .value = "LAYOUT"},
+    {.row = {"root", SF_OPT_STRING, offsetof(sf_write_options, root),
+             .help = "a manifest's paths and --layout files' entries must resolve (symlinks and .. followed) to "
+                     "files under DIR; others are refused. Without it they may name any file you can read"},
+     .value = "DIR"},
     {.row = {"subdir", SF_OPT_STRING, offsetof(sf_write_options, subdir),
              .help = "read the tree under NAME/ (e.g. train, test)"},
      .value = "NAME"},
@@ -175,6 +179,9 @@ static int write_main(int argc, char **argv) {
   sf_write_list list = {0};
   sf_write_samples samples = {0};
   bool fields = sf_write_fields_input(&o);
+  if (o.root && !fields)
+    return sf_cli_usage_error(&sf_cli_write, "--root applies to a .jsonl manifest or --layout files, not to %s",
+                              o.input);
   int r = fields ? sf_write_collect_samples(&samples, &o) : collect(&list, &o);
   if (r == 0 && !fields) r = sf_write_encode_all(&list, &o);
   sf_tar_writer *w = NULL;
@@ -186,7 +193,9 @@ static int write_main(int argc, char **argv) {
   if (r == 0 && (fields ? sf_write_samples_write(&samples, &o, w, &err) : write_shards(&list, &o, w, &err)) < 0)
     r = sf_cli_fail(&sf_cli_write, "%s", sf_error_format(&err, line, sizeof line));
   sf_error close_err;
-  if (sf_tar_writer_close(&w, &stats, &close_err) < 0 && r == 0)
+  if (r != 0) /* the open shard is incomplete: nothing of it may appear under its name */
+    sf_tar_writer_discard(&w);
+  else if (sf_tar_writer_close(&w, &stats, &close_err) < 0)
     r = sf_cli_fail(&sf_cli_write, "%s", sf_error_format(&close_err, line, sizeof line));
   bool idx = strncmp(o.input, "idx:", 4) == 0;
   if (r == 0 && !o.quiet) {
@@ -224,9 +233,21 @@ const sf_cli_command sf_cli_write = {
              "                           \"txt\": {\"inline\": \"a caption\"}}: a string is a file path\n"
              "                           (relative to the manifest's directory); {\"inline\": V} is\n"
              "                           the member itself: a string as UTF-8, other JSON compact\n"
+             "A key may hold '/' (a WebDataset key naming a subdirectory, train/0001) but not a\n"
+             "leading '/', an empty component, a dot, control characters or bytes that are not\n"
+             "UTF-8; such keys, and field names or file names like them, are refused naming the\n"
+             "manifest line or the file. A manifest's paths (absolute, with ..) and --layout files'\n"
+             "symlinks may name any file you can read, and it goes into the shard: with a manifest\n"
+             "from elsewhere, pass --root DIR to refuse files that do not resolve under DIR.\n"
              "OUTPUT_PATTERN holds one %d conversion for the shard number, e.g.\n"
              "out/cifar-train-%06d.tar (shards are numbered from 0), or a URL such as\n"
              "s3://bucket/train/shard-%06d.tar (s3://, gs://, http(s)://: each shard is written to\n"
              "$TMPDIR, uploaded as by `shardflow cp` and read back, then removed).",
+    .notes = "A shard appears whole or not at all: a local one is written to a partial file next\n"
+             "to it and renamed into place when done; a URL's is staged in $TMPDIR at a fresh,\n"
+             "unpredictable name, created exclusively (a symlink planted there is not followed),\n"
+             "then uploaded. A write that fails removes the shard it was writing (shards finished\n"
+             "before stay). Members are ustar, with pax headers only for names ustar cannot hold\n"
+             "(keys longer than 100 bytes, non-ASCII).",
     .options = write_table,
 };

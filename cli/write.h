@@ -32,6 +32,7 @@ typedef struct sf_write_options {
   bool quiet;
   int layout; /* enum sf_write_layout */
   const char *subdir;
+  const char *root; /* --root: manifest and --layout files inputs must resolve under it, or NULL */
   const char *input;
   sf_shard_pattern out;
 } sf_write_options;

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,64 @@
 bool sf_write_fields_input(const sf_write_options *o) {
   size_t n = strlen(o->input);
   return o->layout == SF_WRITE_FILES || (n > 6 && strcmp(o->input + n - 6, ".jsonl") == 0);
+}
+
+/*
+ * Why text cannot be part of a member name, or NULL: bytes that are not UTF-8, or a control character
+ * (C0, DEL, C1, a bidirectional override): as a member name a newline forges lines of a listing and an
+ * escape sequence acts on the terminal of whoever lists or extracts the shard. why[size] holds the reason.
+ */
+static const char *text_problem(const char *text, char *why, size_t size) {
+  const unsigned char *p = (const unsigned char *)text;
+  size_t n = strlen(text);
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    size_t len = sf_cli_utf8_next(p + i, n - i, &cp);
+    if (len == 0) {
+      snprintf(why, size, "is not UTF-8 (byte 0x%02x at offset %zu)", p[i], i);
+      return why;
+    }
+    if (cp < 0x20 || cp == 0x7f || sf_cli_is_format_control(cp)) {
+      snprintf(why, size, "holds the control character U+%04X at offset %zu", (unsigned)cp, i);
+      return why;
+    }
+    i += len;
+  }
+  return NULL;
+}
+
+/*
+ * Why key cannot be a sample's __key__, or NULL. A '/' inside is a WebDataset key naming a subdirectory
+ * (train/0001); what a tar extractor would place outside its target directory, or where the key would
+ * not read back as written, is refused.
+ */
+static const char *key_problem(const char *key, char *why, size_t size) {
+  if (!key[0]) return "is empty";
+  if (key[0] == '/')
+    return "starts with '/' (an absolute member path, which tar extractors may write outside their target)";
+  if (strchr(key, '.'))
+    return "holds a dot (the key runs to the first dot of a member's name; a '..' component would also climb "
+           "out of an extraction directory)";
+  if (strstr(key, "//") || key[strlen(key) - 1] == '/') return "has an empty path component ('//' or a trailing '/')";
+  return text_problem(key, why, size);
+}
+
+/* With --root: path resolved (symlinks, "..") into resolved[PATH_MAX], which must lie under root. Returns
+ * 0, or prints what is wrong (where: the manifest line or the directory) and returns 1. */
+static int resolve_under_root(const char *root, const char *path, char *resolved, const char *where) {
+  char shown[PATH_MAX];
+  sf_cli_escape(path, shown, sizeof shown);
+  if (!realpath(path, resolved))
+    return sf_cli_fail(&sf_cli_write, "%s: cannot resolve %s: %s", where, shown, strerror(errno));
+  size_t len = strlen(root);
+  bool under = strncmp(resolved, root, len) == 0 && (resolved[len] == '/' || (len == 1 && root[0] == '/'));
+  if (under) return 0;
+  char real[PATH_MAX];
+  sf_cli_escape(resolved, real, sizeof real);
+  return sf_cli_fail(&sf_cli_write,
+                     "%s: %s resolves to %s, outside --root %s (an input may only name files under --root, "
+                     "also through symlinks and '..')",
+                     where, shown, real, root);
 }
 
 /* The last sample when join and it has this key, else a new one at the end. */
@@ -55,8 +114,9 @@ static int cmp_member(const void *a, const void *b) {
   return strcmp(((const sf_write_member *)a)->field, ((const sf_write_member *)b)->field);
 }
 
-/* DIR/KEY.EXT: names sorted by (KEY, EXT); KEY is up to the first dot, as tar_split splits it. */
-static int collect_files(sf_write_samples *s, const char *dir) {
+/* DIR/KEY.EXT: names sorted by (KEY, EXT); KEY is up to the first dot, as tar_split splits it. root: the
+ * resolved --root, or NULL. */
+static int collect_files(sf_write_samples *s, const char *dir, const char *root) {
   DIR *d = opendir(dir);
   if (!d)
     return sf_cli_fail(&sf_cli_write, "cannot read directory %s: %s (--layout files reads DIR/KEY.EXT)", dir,
@@ -75,6 +135,13 @@ static int collect_files(sf_write_samples *s, const char *dir) {
       s->skipped++;
       continue;
     }
+    char why[96];
+    if (text_problem(de->d_name, why, sizeof why)) {
+      char shown[PATH_MAX];
+      sf_cli_escape(path, shown, sizeof shown);
+      r = sf_cli_fail(&sf_cli_write, "%s: the name %s (it becomes the member's name); rename the file", shown, why);
+      break;
+    }
     if (n == cap) {
       char **v = realloc(names, (cap = cap ? 2 * cap : 256) * sizeof *v);
       if (!v)
@@ -90,8 +157,10 @@ static int collect_files(sf_write_samples *s, const char *dir) {
   if (r == 0) qsort(names, n, sizeof *names, cmp_name);
   for (size_t i = 0; r == 0 && i < n; i++) {
     size_t klen = strlen(names[i]);
-    char path[PATH_MAX];
+    char path[PATH_MAX], resolved[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], names[i] + klen + 1);
+    if (root && (r = resolve_under_root(root, path, resolved, dir)) != 0) break;
+    if (root) memcpy(path, resolved, sizeof path);
     sf_write_sample *sample = sample_for(s, names[i], klen, true);
     if (!sample || !add_member(sample, names[i] + klen + 1, path, NULL))
       r = sf_cli_fail(&sf_cli_write, "out of memory");
@@ -104,15 +173,21 @@ static int collect_files(sf_write_samples *s, const char *dir) {
 }
 
 /* One manifest value: a file path (string), or {"inline": V}. Returns 0 or prints what is wrong and returns 1. */
-static int manifest_member(sf_write_sample *sample, const char *field, json_t *v, const char *base, const char *where) {
+static int manifest_member(sf_write_sample *sample, const char *field, json_t *v, const char *base, const char *where,
+                           const char *root) {
   if (json_is_string(v)) {
     const char *p = json_string_value(v);
-    char path[PATH_MAX];
+    char path[PATH_MAX], resolved[PATH_MAX], shown[PATH_MAX];
     snprintf(path, sizeof path, "%s%s", p[0] == '/' ? "" : base, p);
-    if (access(path, R_OK) < 0)
+    sf_cli_escape(path, shown, sizeof shown);
+    struct stat st;
+    if (access(path, R_OK) < 0 || stat(path, &st) < 0)
       return sf_cli_fail(&sf_cli_write, "%s: field %s: cannot read %s: %s (paths are relative to the manifest)", where,
-                         field, path, strerror(errno));
-    return add_member(sample, field, path, NULL) ? 0 : sf_cli_fail(&sf_cli_write, "out of memory");
+                         field, shown, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+      return sf_cli_fail(&sf_cli_write, "%s: field %s: %s is not a regular file", where, field, shown);
+    if (root && resolve_under_root(root, path, resolved, where) != 0) return 1;
+    return add_member(sample, field, root ? resolved : path, NULL) ? 0 : sf_cli_fail(&sf_cli_write, "out of memory");
   }
   json_t *in = json_is_object(v) && json_object_size(v) == 1 ? json_object_get(v, "inline") : NULL;
   if (!in)
@@ -130,7 +205,7 @@ static int manifest_member(sf_write_sample *sample, const char *field, json_t *v
   return 0;
 }
 
-static int collect_manifest(sf_write_samples *s, const char *manifest) {
+static int collect_manifest(sf_write_samples *s, const char *manifest, const char *root) {
   FILE *f = fopen(manifest, "r");
   if (!f) return sf_cli_fail(&sf_cli_write, "cannot open manifest %s: %s", manifest, strerror(errno));
   char base[PATH_MAX];
@@ -146,21 +221,30 @@ static int collect_manifest(sf_write_samples *s, const char *manifest) {
     json_error_t je;
     json_t *o = json_loads(line, 0, &je);
     const char *key = o ? json_string_value(json_object_get(o, "__key__")) : NULL;
+    char why[96];
+    const char *problem = key ? key_problem(key, why, sizeof why) : NULL;
     if (!o)
       r = sf_cli_fail(&sf_cli_write, "%s: column %d: %s", where, je.column, je.text);
-    else if (!key || !key[0] || strchr(key, '.'))
+    else if (!key)
       r = sf_cli_fail(&sf_cli_write, "%s: give \"__key__\" as a non-empty string without dots", where);
+    else if (problem)
+      r = sf_cli_fail(&sf_cli_write, "%s: \"__key__\" %s; a key becomes the member names' path", where, problem);
     sf_write_sample *sample = r == 0 ? sample_for(s, key, strlen(key), false) : NULL;
     if (r == 0 && !sample) r = sf_cli_fail(&sf_cli_write, "out of memory");
     const char *field;
     json_t *v;
     json_object_foreach(o, field, v) {
       if (r != 0 || strcmp(field, "__key__") == 0) continue;
+      char shown[512];
+      sf_cli_escape(field, shown, sizeof shown);
       if (!field[0] || field[0] == '_' || strchr(field, '/'))
         r = sf_cli_fail(&sf_cli_write, "%s: field name '%s' is not a member extension (e.g. jpg, txt, seg.png)", where,
-                        field);
+                        shown);
+      else if ((problem = text_problem(field, why, sizeof why)))
+        r = sf_cli_fail(&sf_cli_write, "%s: field name '%s' %s; a field name becomes part of a member name", where,
+                        shown, problem);
       else
-        r = manifest_member(sample, field, v, base, where);
+        r = manifest_member(sample, field, v, base, where, root);
     }
     if (r == 0 && sample->n == 0) r = sf_cli_fail(&sf_cli_write, "%s: sample %s has no fields", where, key);
     if (r == 0) qsort(sample->members, sample->n, sizeof sample->members[0], cmp_member);
@@ -188,7 +272,18 @@ int sf_write_collect_samples(sf_write_samples *s, const sf_write_options *o) {
   if (o->subdir) return sf_cli_fail(&sf_cli_write, "--subdir applies to ImageFolder inputs, not to %s", o->input);
   if (o->layout == SF_WRITE_FILES && !S_ISDIR(st.st_mode))
     return sf_cli_fail(&sf_cli_write, "--layout files reads a directory of KEY.EXT files; %s is not one", o->input);
-  return S_ISDIR(st.st_mode) ? collect_files(s, o->input) : collect_manifest(s, o->input);
+  char root[PATH_MAX];
+  struct stat rst;
+  const char *bad = NULL;
+  if (o->root && !realpath(o->root, root))
+    bad = strerror(errno);
+  else if (o->root && (stat(root, &rst) < 0 || !S_ISDIR(rst.st_mode)))
+    bad = "not a directory";
+  if (bad)
+    return sf_cli_fail(&sf_cli_write, "--root %s: %s (give the directory every input file must lie under)", o->root,
+                       bad);
+  return S_ISDIR(st.st_mode) ? collect_files(s, o->input, o->root ? root : NULL)
+                             : collect_manifest(s, o->input, o->root ? root : NULL);
 }
 
 int sf_write_samples_write(const sf_write_samples *s, const sf_write_options *o, sf_tar_writer *w, sf_error *err) {

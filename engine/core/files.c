@@ -3,11 +3,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,4 +62,82 @@ int sf_remove_stale_files(const char *dir, const char *marker, const char *suffi
   }
   closedir(d);
   return removed;
+}
+
+int sf_random_bytes(void *buf, size_t size) {
+  for (size_t done = 0; done < size;) {
+    ssize_t n = getrandom((char *)buf + done, size - done, 0);
+    if (n < 0 && errno != EINTR) return -errno;
+    if (n > 0) done += (size_t)n;
+  }
+  return 0;
+}
+
+int sf_unique_name(const char *prefix, char *out, size_t size) {
+  unsigned char bytes[8];
+  int e = sf_random_bytes(bytes, sizeof bytes);
+  if (e < 0) return e;
+  int n = snprintf(out, size, "%s%02x%02x%02x%02x%02x%02x%02x%02x", prefix, bytes[0], bytes[1], bytes[2], bytes[3],
+                   bytes[4], bytes[5], bytes[6], bytes[7]);
+  return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+int sf_file_create_unique(const char *prefix, char *path, size_t size, mode_t mode) {
+  /* 64 random bits: a collision means someone planted this very name; a few tries outlast any chance. */
+  for (int attempt = 0; attempt < 16; attempt++) {
+    int e = sf_unique_name(prefix, path, size);
+    if (e < 0) return e;
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0) return fd;
+    if (errno != EEXIST) return -errno;
+  }
+  return -EEXIST;
+}
+
+/* ".partial-HOST-": the host keeps another machine's live copies (shared storage) from looking stale. */
+static void partial_marker(char *out, size_t size) {
+  char host[HOST_NAME_MAX + 1] = "localhost";
+  gethostname(host, sizeof host);
+  host[HOST_NAME_MAX] = '\0';
+  snprintf(out, size, ".partial-%s-", host);
+}
+
+/* "PATH.partial-HOST-PID-", to which the random part is added. */
+static int partial_prefix(const char *path, char *out, size_t size) {
+  char marker[HOST_NAME_MAX + 16];
+  partial_marker(marker, sizeof marker);
+  int n = snprintf(out, size, "%s%s%ld-", path, marker, (long)getpid());
+  return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+int sf_partial_name(const char *path, char *out, size_t size) {
+  char prefix[PATH_MAX];
+  int e = partial_prefix(path, prefix, sizeof prefix);
+  return e < 0 ? e : sf_unique_name(prefix, out, size);
+}
+
+/* The directory part of path ("." when none) into dir[size]. */
+static void directory_of(const char *path, char *dir, size_t size) {
+  snprintf(dir, size, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash)
+    snprintf(dir, size, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+}
+
+int sf_remove_stale_partials(const char *path) {
+  char marker[HOST_NAME_MAX + 16], dir[PATH_MAX];
+  partial_marker(marker, sizeof marker);
+  directory_of(path, dir, sizeof dir);
+  return sf_remove_stale_files(dir, marker, "", S_IFREG);
+}
+
+int sf_file_create_partial(const char *path, char *tmp, size_t size, mode_t mode) {
+  char prefix[PATH_MAX];
+  int e = partial_prefix(path, prefix, sizeof prefix);
+  if (e == 0) e = sf_make_dirs(path, true);
+  return e < 0 ? e : sf_file_create_unique(prefix, tmp, size, mode);
 }

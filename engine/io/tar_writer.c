@@ -1,9 +1,11 @@
-/* Writing WebDataset shards with libarchive: numbered ustar files, cut by sample count or size, uploaded for URLs. */
+/* Writing WebDataset shards with libarchive: numbered ustar/pax files, cut by sample count or size (or uploaded). */
 #include "tar_writer.h"
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <errno.h>
 #include <limits.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,10 +20,16 @@ struct sf_tar_writer {
   struct archive *a; /* the open shard, or NULL */
   struct archive_entry *entry;
   char path[PATH_MAX];
-  bool remote;          /* the pattern is a URL: each shard goes to a local temporary file, then up */
-  char local[PATH_MAX]; /* that temporary file */
-  int64_t count;        /* samples in the open shard */
-  int64_t bytes;        /* tar bytes in the open shard (headers, padding, end blocks) */
+  bool remote; /* the pattern is a URL: each shard is staged in $TMPDIR, then uploaded */
+  /* The file the open shard is written to: a partial next to path, renamed onto it when the shard is
+   * done (a failed write leaves nothing under path), or the staging file of a URL pattern. */
+  char local[PATH_MAX];
+  int fd;                 /* local's descriptor (libarchive writes to it but does not close it) */
+  locale_t utf8;          /* C.UTF-8 for libarchive's name conversion, or 0 where the C library lacks it */
+  bool failed;            /* a write failed: the open shard is never published */
+  char cleaned[PATH_MAX]; /* the output directory whose stale partials were removed last */
+  int64_t count;          /* samples in the open shard */
+  int64_t bytes;          /* tar bytes in the open shard (headers, padding, end blocks) */
   sf_tar_writer_stats stats;
 };
 
@@ -96,58 +104,87 @@ int sf_tar_writer_new(sf_tar_writer **out, const sf_shard_pattern *pattern, int6
     return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory");
   }
   w->pattern = *pattern;
+  w->fd = -1;
+  w->utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
   w->max_count = max_count;
   w->max_bytes = max_bytes;
   *out = w;
   return 0;
 }
 
-/* Ends the open shard; a URL pattern's shard is uploaded and its temporary file removed. */
-static int close_shard(sf_tar_writer *w, sf_error *error) {
+/*
+ * Ends the open shard. publish: a local shard's partial file is renamed onto its path, a URL pattern's
+ * is uploaded; otherwise (or when finishing fails) it is removed and nothing appears under the path.
+ */
+static int close_shard(sf_tar_writer *w, bool publish, sf_error *error) {
   if (!w->a) return 0;
-  const char *written = w->remote ? w->local : w->path;
-  int r = archive_write_close(w->a) == ARCHIVE_OK
-              ? 0
-              : sf_error_set(error, SF_EIO, SF_AT(.url = written), "cannot write: %s (check free disk space)",
-                             archive_error_string(w->a));
+  int r = 0;
+  if (publish && archive_write_close(w->a) != ARCHIVE_OK)
+    r = sf_error_set(error, SF_EIO, SF_AT(.url = w->path), "cannot write %s: %s (check free disk space)", w->local,
+                     archive_error_string(w->a));
   archive_write_free(w->a);
   w->a = NULL;
-  w->stats.bytes += w->bytes;
-  if (w->remote) {
-    /* the same atomic, read-back-checked upload as `shardflow cp` (multipart for large shards) */
-    if (r == 0) r = sf_storage_copy(w->local, w->path, true, error);
-    unlink(w->local);
-  }
-  return r < 0 ? r : 0;
+  if (close(w->fd) != 0 && publish && r == 0) /* NFS reports a failed write at the latest here */
+    r = sf_error_set(error, SF_EIO, SF_AT(.url = w->path), "cannot write %s: %s (check free disk space)", w->local,
+                     strerror(errno));
+  w->fd = -1;
+  if (publish) w->stats.bytes += w->bytes;
+  if (publish && r == 0 && w->remote) /* the same atomic, read-back-checked upload as `shardflow cp` */
+    r = sf_storage_copy(w->local, w->path, true, error);
+  else if (publish && r == 0 && rename(w->local, w->path) != 0)
+    r = sf_error_set(error, SF_EIO, SF_AT(.url = w->path), "cannot rename %s onto the shard: %s", w->local,
+                     strerror(errno));
+  if (w->remote || !publish || r < 0) unlink(w->local);
+  return r;
 }
 
 static int open_shard(sf_tar_writer *w, sf_error *error) {
   sf_shard_pattern_format(&w->pattern, w->stats.shards, w->path, sizeof w->path);
   w->remote = is_url(w->path);
+  int fd;
   if (w->remote) {
+    /* A fresh name nobody can predict, created exclusively: $TMPDIR is shared with other users. */
     const char *tmp = getenv("TMPDIR");
-    snprintf(w->local, sizeof w->local, "%s/shardflow-write-%d-%lld.tar", tmp && tmp[0] ? tmp : "/tmp", (int)getpid(),
-             (long long)w->stats.shards);
+    char prefix[PATH_MAX];
+    snprintf(prefix, sizeof prefix, "%s/shardflow-write-%ld-", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
+    fd = sf_file_create_unique(prefix, w->local, sizeof w->local, 0600);
+    if (fd < 0)
+      return sf_error_set(error, SF_EIO, SF_AT(.url = w->path),
+                          "cannot create a staging file %sXXXX for this shard: %s (set TMPDIR to a writable "
+                          "directory with room for a shard)",
+                          prefix, strerror(-fd));
+  } else {
+    /* Partials of killed writers are removed once per output directory, not for every shard. */
+    char dir[PATH_MAX];
+    const char *slash = strrchr(w->path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - w->path) : 0, w->path);
+    if (w->stats.shards == 0 || strcmp(dir, w->cleaned) != 0) {
+      sf_remove_stale_partials(w->path);
+      memcpy(w->cleaned, dir, sizeof dir);
+    }
+    fd = sf_file_create_partial(w->path, w->local, sizeof w->local, 0666);
+    if (fd < 0)
+      return sf_error_set(error, SF_EIO, SF_AT(.url = w->path),
+                          "cannot create this shard or its directory: %s (check the shard pattern and permissions)",
+                          strerror(-fd));
   }
-  int e = w->remote ? 0 : sf_make_dirs(w->path, true);
-  if (e < 0)
-    return sf_error_set(error, SF_EIO, SF_AT(.url = w->path),
-                        "cannot create the directory for this shard: %s (check the shard pattern and permissions)",
-                        strerror(-e));
+  w->fd = fd;
   w->a = archive_write_new();
-  if (!w->a) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory");
-  /* Plain ustar: every tar reader knows it, and our names and sizes always fit (pax_restricted
-   * would write the same headers but clones and charset-converts every entry to decide so). */
-  archive_write_set_format_ustar(w->a);
+  if (!w->a) {
+    close(fd);
+    unlink(w->local);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory");
+  }
+  /* ustar headers where a name fits them (every tar reader knows it), a pax header where it does not
+   * (long keys, non-ASCII names), as Python's tarfile (WebDataset's TarWriter) writes them. */
+  archive_write_set_format_pax_restricted(w->a);
   archive_write_add_filter_none(w->a);
   archive_write_set_bytes_per_block(w->a, 1 << 20);
   archive_write_set_bytes_in_last_block(w->a, 1); /* no padding after the end-of-archive blocks */
-  const char *file = w->remote ? w->local : w->path;
-  if (archive_write_open_filename(w->a, file) != ARCHIVE_OK) {
-    int r = sf_error_set(error, SF_EIO, SF_AT(.url = file), "cannot create: %s (check the path and permissions)",
-                         archive_error_string(w->a));
-    archive_write_free(w->a);
-    w->a = NULL;
+  if (archive_write_open_fd(w->a, fd) != ARCHIVE_OK) {
+    int r =
+        sf_error_set(error, SF_EIO, SF_AT(.url = w->path), "cannot write %s: %s", w->local, archive_error_string(w->a));
+    close_shard(w, false, error);
     return r;
   }
   w->stats.shards++;
@@ -163,41 +200,77 @@ static int add_member(sf_tar_writer *w, const char *name, const void *data, size
   archive_entry_set_filetype(e, AE_IFREG);
   archive_entry_set_perm(e, 0644);
   archive_entry_set_mtime(e, 0, 0);
-  if (archive_write_header(w->a, e) != ARCHIVE_OK || (size && archive_write_data(w->a, data, size) != (la_ssize_t)size))
+  /* A pax header holds a name as UTF-8, which libarchive converts from this thread's locale: "C" in
+   * most programs, where any non-ASCII key would fail. Names are UTF-8 (WebDataset keys are text). */
+  locale_t caller = w->utf8 ? uselocale(w->utf8) : (locale_t)0;
+  int hr = archive_write_header(w->a, e);
+  if (w->utf8) uselocale(caller);
+  if (hr != ARCHIVE_OK || (size && archive_write_data(w->a, data, size) != (la_ssize_t)size) ||
+      archive_write_finish_entry(w->a) != ARCHIVE_OK)
     return sf_error_set(error, SF_EIO, SF_AT(.url = w->path), "cannot write %s: %s (check free disk space)", name,
                         archive_error_string(w->a));
-  w->bytes += member_bytes(size);
+  w->bytes = archive_filter_bytes(w->a, 0) + 1024; /* what the format wrote, padding included, and the end */
   return 0;
 }
 
+/* Tar bytes of a member's headers: ustar's one block, plus a pax header (a block and its records) for a name
+ * ustar cannot hold; an estimate on the high side (ustar also splits names of up to 255 bytes at a '/'). */
+static int64_t header_bytes(const char *key, const char *field) {
+  size_t len = strlen(key) + 1 + strlen(field);
+  bool ascii = true;
+  for (const char *s = key; *s && ascii; s++)
+    ascii = (unsigned char)*s < 0x80;
+  for (const char *s = field; *s && ascii; s++)
+    ascii = (unsigned char)*s < 0x80;
+  return len < 100 && ascii ? 512 : 512 + 512 + ((int64_t)len * 2 + 64 + 511) / 512 * 512;
+}
+
 int sf_tar_writer_add(sf_tar_writer *w, const char *key, const sf_tar_field *fields, int n_fields, sf_error *error) {
+  if (w->failed) return sf_error_set(error, SF_EINVAL, SF_AT(.url = w->path), "the shard writer failed before");
   int64_t need = 0;
-  for (int i = 0; i < n_fields; i++)
-    need += member_bytes(fields[i].size);
+  for (int i = 0; i < n_fields; i++) {
+    if (strlen(key) + 1 + strlen(fields[i].name) >= PATH_MAX) {
+      w->failed = true;
+      return sf_error_set(error, SF_EINVAL, SF_AT(.url = w->path, .key = key),
+                          "the member name of field %s is longer than %d bytes", fields[i].name, PATH_MAX - 1);
+    }
+    need += header_bytes(key, fields[i].name) - 512 + member_bytes(fields[i].size);
+  }
   int r = 0;
-  if (w->a && (w->count >= w->max_count || w->bytes + need > w->max_bytes)) r = close_shard(w, error);
+  if (w->a && (w->count >= w->max_count || w->bytes + need > w->max_bytes)) r = close_shard(w, true, error);
   if (r == 0 && !w->a) r = open_shard(w, error);
   for (int i = 0; r == 0 && i < n_fields; i++) {
-    char name[256];
-    if (snprintf(name, sizeof name, "%s.%s", key, fields[i].name) >= (int)sizeof name)
-      return sf_error_set(error, SF_EINVAL, SF_AT(.url = w->path, .key = key), "the member name %s.%s is too long", key,
-                          fields[i].name);
+    char name[PATH_MAX];
+    snprintf(name, sizeof name, "%s.%s", key, fields[i].name);
     r = add_member(w, name, fields[i].data, fields[i].size, error);
   }
-  if (r == 0) {
-    w->count++;
-    w->stats.samples++;
+  if (r < 0) {
+    w->failed = true;
+    return r;
   }
+  w->count++;
+  w->stats.samples++;
+  return 0;
+}
+
+/* Frees the writer; the open shard is published when publish, else removed. */
+static int finish(sf_tar_writer **writer, bool publish, sf_tar_writer_stats *stats, sf_error *error) {
+  sf_tar_writer *w = *writer;
+  if (!w) return 0;
+  *writer = NULL;
+  int r = close_shard(w, publish && !w->failed, error);
+  if (stats) *stats = w->stats;
+  if (w->utf8) freelocale(w->utf8);
+  archive_entry_free(w->entry);
+  free(w);
   return r;
 }
 
 int sf_tar_writer_close(sf_tar_writer **writer, sf_tar_writer_stats *stats, sf_error *error) {
-  sf_tar_writer *w = *writer;
-  if (!w) return 0;
-  *writer = NULL;
-  int r = close_shard(w, error);
-  if (stats) *stats = w->stats;
-  archive_entry_free(w->entry);
-  free(w);
-  return r;
+  return finish(writer, true, stats, error);
+}
+
+void sf_tar_writer_discard(sf_tar_writer **writer) {
+  sf_error ignored;
+  finish(writer, false, NULL, &ignored);
 }

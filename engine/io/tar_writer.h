@@ -1,4 +1,4 @@
-/* Writing WebDataset shards: samples as ustar members, numbered shards cut by count or size, local or uploaded. */
+/* Writing WebDataset shards: samples as ustar members (pax where needed), numbered shards cut by count or size. */
 #ifndef SF_ENGINE_TAR_WRITER_H
 #define SF_ENGINE_TAR_WRITER_H
 
@@ -44,13 +44,18 @@ typedef struct sf_tar_writer sf_tar_writer;
 /*
  * A writer of shards named by pattern (copied): a sample goes into the open
  * shard unless it holds max_count samples or the sample would make it
- * exceed max_bytes, then the next shard is started. Local paths get their
- * missing directories; a URL pattern (s3://, gs://, http(s)://) writes each
- * shard to $TMPDIR and uploads it as `shardflow cp` does (atomic, read back)
- * when the shard is done. Members are plain ustar (every tar reader knows
- * it) with mode 0644 and mtime 0, so the same samples give the same bytes.
- * Returns 0 with *writer (caller owns it, ends it with sf_tar_writer_close),
- * or SF_EINVAL (max_count or max_bytes < 1), SF_ENOMEM.
+ * exceed max_bytes, then the next shard is started. A local shard is
+ * written to a partial file next to its path (its missing directories are
+ * made) and renamed onto the path when done, so a shard appears whole or
+ * not at all; a URL pattern (s3://, gs://, http(s)://) stages each shard in
+ * $TMPDIR at a fresh name no other user can predict (engine/core/files.h)
+ * and uploads it as `shardflow cp` does (atomic, read back) when the shard
+ * is done. Members are ustar (every tar reader knows it), with a pax header
+ * only for a name ustar cannot hold (long or non-ASCII); mode 0644 and
+ * mtime 0, so the same samples give the same bytes.
+ * Returns 0 with *writer (caller owns it, ends it with sf_tar_writer_close
+ * or sf_tar_writer_discard), or SF_EINVAL (max_count or max_bytes < 1),
+ * SF_ENOMEM.
  */
 int sf_tar_writer_new(sf_tar_writer **writer, const sf_shard_pattern *pattern, int64_t max_count, int64_t max_bytes,
                       sf_error *error);
@@ -65,11 +70,20 @@ int sf_tar_writer_add(sf_tar_writer *writer, const char *key, const sf_tar_field
                       sf_error *error);
 
 /*
- * Finishes the open shard (uploads it for a URL pattern), fills *stats when
- * not NULL, and frees the writer (sets *writer to NULL, also on failure; a
- * temporary file is always removed). Returns 0 or SF_EIO / the upload's
- * error in *error.
+ * Finishes the open shard (renames it into place, or uploads it for a URL
+ * pattern), fills *stats when not NULL, and frees the writer (sets *writer
+ * to NULL, also on failure). After an error of sf_tar_writer_add the open
+ * shard is removed instead, as by sf_tar_writer_discard. A temporary file
+ * is always removed. Returns 0 or SF_EIO / the upload's error in *error.
  */
 int sf_tar_writer_close(sf_tar_writer **writer, sf_tar_writer_stats *stats, sf_error *error);
+
+/*
+ * Frees the writer (sets *writer to NULL; NULL is fine) without finishing
+ * its open shard: the shard's temporary file is removed and nothing appears
+ * under its path or URL. Shards finished before stay. For a command that
+ * failed part way through a shard.
+ */
+void sf_tar_writer_discard(sf_tar_writer **writer);
 
 #endif

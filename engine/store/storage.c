@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,43 +26,27 @@ static bool has_other_scheme(const char *s) {
   return k == SF_URL_FILE || k == SF_URL_OTHER;
 }
 
-/* ".partial-HOST-": the host keeps another machine's live downloads (shared storage) from looking stale. */
-static void partial_marker(char *out, size_t size) {
-  char host[HOST_NAME_MAX + 1] = "localhost";
-  gethostname(host, sizeof host);
-  host[HOST_NAME_MAX] = '\0';
-  snprintf(out, size, ".partial-%s-", host);
-}
-
-/* A temporary name next to path, PATH.partial-HOST-PID-RAND: same directory (rename stays atomic). */
-static void temporary_name(const char *path, char *out, size_t size) {
-  char marker[HOST_NAME_MAX + 16];
-  partial_marker(marker, sizeof marker);
-  snprintf(out, size, "%s%s%ld-%08x", path, marker, (long)getpid(), (unsigned)rand());
-}
-
 /*
- * Creates the temporary file of a copy to the local path, in path's directory, made if missing.
- * Partials left there by processes of this host that are gone (killed downloads) are removed
+ * Creates the temporary file of a copy to the local path: a fresh, unguessable name next to path (rename stays
+ * atomic; engine/core/files.h), its directory made if missing; partials of killed copies there are removed
  * first. Returns the open file, or NULL with errno set.
  */
 static FILE *open_partial(const char *path, char *tmp, size_t size) {
-  char marker[HOST_NAME_MAX + 16];
-  partial_marker(marker, sizeof marker);
-  temporary_name(path, tmp, size);
-  int e = sf_make_dirs(path, true);
-  if (e < 0) {
-    errno = -e;
+  sf_remove_stale_partials(path);
+  int fd = sf_file_create_partial(path, tmp, size, 0666);
+  if (fd < 0) {
+    snprintf(tmp, size, "a partial file next to %s", path);
+    errno = -fd;
     return NULL;
   }
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = '\0';
-  else *slash = '\0';
-  sf_remove_stale_files(dir, marker, "", S_IFREG);
-  return fopen(tmp, "wb");
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    unlink(tmp);
+    errno = e;
+  }
+  return f;
 }
 
 /* The shared transfer settings (engine/http.h); an HTTP error status fails the transfer. */
@@ -231,7 +216,12 @@ static int upload(const char *src, const char *dst, bool verify, sf_error *error
   int r = open_upload_source(src, &f, &crc, &size, error);
   if (r < 0) return r;
   char tmp[4096], errbuf[CURL_ERROR_SIZE];
-  temporary_name(dst, tmp, sizeof tmp);
+  r = sf_partial_name(dst, tmp, sizeof tmp);
+  if (r < 0) {
+    fclose(f);
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = dst), "cannot name the upload's temporary object: %s",
+                        strerror(-r));
+  }
   CURL *e = easy(tmp, false, errbuf);
   if (!e) {
     fclose(f);
@@ -283,7 +273,9 @@ static int call_retrying(const char *url, const char *method, const char *query,
                          char **response, char **etag, sf_error *error) {
   int r = 0;
   for (int attempt = 0; attempt < 4; attempt++) {
-    if (attempt) usleep((useconds_t)(200000u << attempt) + (useconds_t)(rand() % 100000));
+    uint32_t jitter = 0; /* from the kernel: uploaders that failed together do not retry in step */
+    if (attempt && sf_random_bytes(&jitter, sizeof jitter) < 0) jitter = 0;
+    if (attempt) usleep((useconds_t)(200000u << attempt) + (useconds_t)(jitter % 100000));
     long status = 0;
     r = sf_object_call(url, method, query, body, size, &status, response, NULL, etag, error);
     bool transient = (r == SF_ENET || r == SF_ETIMEDOUT) && (status == 0 || status == 429 || status >= 500);

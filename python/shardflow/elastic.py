@@ -8,6 +8,7 @@ plan that shard_source (option `plan`) and tar_split follow.  docs/resume.md des
 import ctypes
 import logging
 import numbers
+import operator
 import os
 import tempfile
 from collections.abc import Mapping
@@ -198,9 +199,21 @@ def plan(pipeline_cls, graph, options, state, rank, world):
 
 def write_plan(pairs):
     """Writes pairs to a new temporary plan file (lines `SHARD_INDEX SAMPLE_INDEX`); returns its
-    path, which the caller removes."""
+    path, which the caller removes. A malformed plan (not pairs of integers >= 0, e.g. from an edited
+    state dict) raises TypeError or ValueError and leaves no file behind."""
+    lines = []
+    for pair in pairs:
+        shard, sample = pair  # TypeError / ValueError when it is not a pair
+        shard, sample = operator.index(shard), operator.index(sample)  # ints only: no "1\n2" lines
+        if shard < 0 or sample < 0:
+            raise ValueError(f"plan pair {pair!r}: shard and sample indices are >= 0")
+        lines.append(f"{shard} {sample}\n")
     fd, path = tempfile.mkstemp(prefix="shardflow-plan-", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-        f.write("# shardflow resume plan: shard index, sample index within the shard\n")
-        f.writelines(f"{shard} {sample}\n" for shard, sample in pairs)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("# shardflow resume plan: shard index, sample index within the shard\n")
+            f.writelines(lines)
+    except BaseException:
+        os.remove(path)
+        raise
     return path

@@ -2,6 +2,7 @@
 import contextlib
 import io
 import os
+import signal
 import socket
 import subprocess
 import tarfile
@@ -228,6 +229,22 @@ def stage_table(stderr):
             row[k] = float(row[k])
         rows[row["node"]] = row
     return rows
+
+
+def run_with_pid(args, before, **kw):
+    """Runs the shardflow CLI stopped at its start, calls before(pid) (e.g. to plant files at the names a
+    process of that id would use), then lets it go on; returns the CompletedProcess (text mode)."""
+    p = subprocess.Popen(["/bin/sh", "-c", 'kill -STOP $$; exec "$0" "$@"', SHARDFLOW] + list(args),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    _, status = os.waitpid(p.pid, os.WUNTRACED)  # the shell stopped itself; exec keeps its pid
+    if not os.WIFSTOPPED(status):
+        raise AssertionError(f"shardflow {' '.join(args)} did not stop at its start (status {status})")
+    try:
+        before(p.pid)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    out, err = p.communicate(timeout=300)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def wait_for(pred, timeout, what):

@@ -1,12 +1,15 @@
 """The shardflow command's own promises (issue 17): keygen and cp make the directories they write to,
 resume positions outside the run are refused, nothing a dead process left (partial downloads, ipc
-sockets) stays for ever, preview_png does not invent directories, `help COMMAND` shows its usage."""
+sockets) stays for ever, preview_png does not invent directories, `help COMMAND` shows its usage; `ls` escapes
+control characters in keys and field names."""
 import filecmp
 import glob
+import io
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -137,6 +140,41 @@ p = subprocess.run([SHARDFLOW, "run", graph("once", group="{processes: 1}"), "--
 check(p.returncode == 0 and "Replica Train Samples=10" in p.stdout, f"the next head runs: {p.stdout} {p.stderr}")
 check(sorted(os.listdir(ipc_tmp)) == [os.path.basename(live)],
       f"the dead head's socket is gone, the live one stays: {os.listdir(ipc_tmp)}")
+
+# `shardflow ls` prints keys and field names with control characters (a terminal's escape sequences, a TAB or
+# newline that would forge columns or lines), bidirectional overrides and bytes that are not UTF-8 escaped.
+BIDI = "\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+
+def ls_escaped(raw):
+    out = ""
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        o = ord(ch)
+        if 0xdc80 <= o <= 0xdcff:
+            out += "\\x%02x" % (o - 0xdc00)  # a byte that is not UTF-8
+        elif ch in "\\\t\n\r":
+            out += {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}[ch]
+        elif o < 0x20 or o == 0x7f:
+            out += "\\x%02x" % o
+        elif 0x80 <= o <= 0x9f or ch in BIDI:
+            out += "\\u%04x" % o
+        else:
+            out += ch
+    return out
+
+
+odd = [b"a\x1b[31mred", b"tab\tkey", b"nl\nkey", b"cr\rkey", b"back\\slash", "caf\u00e9".encode(),
+       "csi\u009b2J".encode(), "rtl\u202eevil".encode(), b"bad\xffbyte", b"del\x7f"]
+shard = os.path.join(tmp, "odd.tar")
+with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="surrogateescape") as tf:
+    for key in odd:
+        for field in (b"txt", b"j\x1bs"):
+            info = tarfile.TarInfo((key + b"." + field).decode("utf-8", "surrogateescape"))
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+p = subprocess.run([SHARDFLOW, "ls", shard], capture_output=True, timeout=60)
+want = "".join(f"{ls_escaped(k)}\t{ls_escaped(b'txt')},{ls_escaped(b'j' + bytes([27]) + b's')}\n" for k in odd)
+check(p.returncode == 0 and p.stdout == want.encode(), f"ls escapes keys and fields: {p.stdout!r}, want {want.encode()!r}")
 
 # `shardflow help COMMAND` is COMMAND's usage.
 for command in ("run", "ls", "write", "cp", "worker", "keygen"):

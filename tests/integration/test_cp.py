@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, nginx, run  # noqa: E402
+from sfutil import Checks, nginx, run, run_with_pid  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-cp-")
@@ -54,6 +54,34 @@ with nginx(root, DAV) as base:
     check(p.returncode == 1 and "s3://" in p.stderr, f"unsupported scheme: {p.stderr}")
 p = run(["cp", local], check=False)
 check(p.returncode == 2, "usage error")
+
+# The partial file of a copy is created afresh at a name nobody can guess: a symlink another user
+# planted at the names a process of cp's pid would use (PID and the formerly unseeded rand()'s
+# 6b8b4567, and a range of counters) is neither followed (its target stays as it was) nor renamed
+# onto DST (DST is a regular file with the copied bytes).
+victim = os.path.join(tmp, "victim")
+host = os.uname().nodename
+with nginx(root, DAV) as base:
+    run(["cp", local, f"{base}/ckpt/src.bin"])
+    for what, src in (("download", f"{base}/ckpt/src.bin"), ("local copy", local)):
+        dst = os.path.join(tmp, "shared", f"{what.replace(' ', '-')}.bin")
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(victim, "wb") as f:
+            f.write(b"precious")
+        planted = []
+
+        def plant(pid):
+            for suffix in ["6b8b4567"] + [f"{i:08x}" for i in range(4)]:
+                planted.append(f"{dst}.partial-{host}-{pid}-{suffix}")
+                os.symlink(victim, planted[-1])
+
+        p = run_with_pid(["cp", src, dst], plant)
+        check(p.returncode == 0, f"{what} next to planted symlinks: {p.stderr}")
+        check(open(victim, "rb").read() == b"precious", f"{what}: the planted symlink's target was overwritten")
+        check(not os.path.islink(dst) and open(dst, "rb").read() == data2, f"{what}: DST is a regular file with the bytes")
+        check(all(os.path.islink(n) for n in planted), f"{what}: the planted names were left alone")
+        for n in planted:
+            os.remove(n)
 check.done("cp")
 
 # The same from Python (the call a trainer uses for its checkpoints).

@@ -2,7 +2,8 @@
 the consumed keys plus the resumed ranks' keys are every sample of the shards exactly once (the
 reference is the shards' own key list, from tarfile), the new ranks get equal shares (+-1), the next
 epoch is the new world's ordinary epoch; a state saved inside the resumed epoch resumes again (same
-and other world size); states that lack the information are refused, naming what is missing."""
+and other world size); states that lack the information are refused, naming what is missing. A malformed plan
+(a pair of the wrong length, a value that is not an integer) is refused and leaves no temporary file."""
 import logging
 import os
 import pickle
@@ -19,6 +20,23 @@ import shardflow  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-elastic-")
+
+plan_tmp = tempfile.mkdtemp(prefix="sf-plan-")
+saved_tempdir, tempfile.tempdir = tempfile.tempdir, plan_tmp
+try:
+    for bad in ([(1, 2), (3,)], [(1, 2, 3)], [("1\n2", 3)], [(1.5, 2)], [(-1, 2)], [None], 5):
+        try:
+            path = shardflow.elastic.write_plan(bad)
+            check(False, f"the plan {bad!r} is refused, not written as {open(path).read()!r}")
+        except (TypeError, ValueError):
+            pass
+        check(os.listdir(plan_tmp) == [], f"the refused plan {bad!r} left {os.listdir(plan_tmp)}")
+    path = shardflow.elastic.write_plan([(0, 1), [2, 3]])
+    check(open(path).read().splitlines()[1:] == ["0 1", "2 3"], "a good plan is written")
+    os.remove(path)
+finally:
+    tempfile.tempdir = saved_tempdir
+    shutil.rmtree(plan_tmp)
 try:
     urls, truth = make_dataset(tmp, shards=6, per_shard=20)  # 120 samples
     every = sorted(tar_keys(*[os.path.join(tmp, f) for f in sorted(os.listdir(tmp)) if f.endswith(".tar")]))

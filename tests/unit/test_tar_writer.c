@@ -1,4 +1,6 @@
-/* engine/io/tar_writer: shard patterns, shards cut by count and by size, read back by the engine's tar reader. */
+/* engine/io/tar_writer: shard patterns, shards cut by count and by size, long and UTF-8 keys, nothing left by a
+ * failed or discarded write; read back by the engine's tar reader. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -159,6 +161,95 @@ static void test_errors(void **state) {
   assert_int_equal(st.samples, 0);
 }
 
+/* The names in dir/sub, sorted and joined by ' ' ("" when empty or missing). */
+static void listing(const char *sub, char *out, size_t size) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s", dir, sub);
+  out[0] = '\0';
+  struct dirent **names;
+  int n = scandir(path, &names, NULL, alphasort);
+  for (int i = 0; i < n; i++) {
+    if (strcmp(names[i]->d_name, ".") != 0 && strcmp(names[i]->d_name, "..") != 0)
+      snprintf(out + strlen(out), size - strlen(out), "%s%s", out[0] ? " " : "", names[i]->d_name);
+    free(names[i]);
+  }
+  if (n >= 0) free(names);
+}
+
+static void test_long_and_utf8_keys(void **state) {
+  (void)state;
+  /* ustar holds 100 bytes of name (255 when split at a '/'); longer and non-ASCII names need pax headers. */
+  char k150[151], deep[400] = "";
+  memset(k150, 'k', 150);
+  k150[150] = '\0';
+  for (int i = 0; i < 40; i++)
+    snprintf(deep + strlen(deep), sizeof deep - strlen(deep), "d%02d/", i);
+  strcat(deep, "x");
+  const expect want[] = {
+      {"short", "a", "1"}, {k150, "b", "2"}, {deep, "c", "3"}, {"caf\xc3\xa9-\xe6\x97\xa5", "d", "4"}};
+  char text[256];
+  snprintf(text, sizeof text, "%s/long/s-%%d.tar", dir);
+  sf_shard_pattern p;
+  sf_error err;
+  assert_int_equal(sf_shard_pattern_parse(&p, text, &err), 0);
+  sf_tar_writer *w;
+  assert_int_equal(sf_tar_writer_new(&w, &p, 100, 1 << 30, &err), 0);
+  for (size_t i = 0; i < 4; i++) {
+    sf_tar_field fields[2] = {{"jpg", want[i].jpg, 1}, {"cls", want[i].cls, 1}};
+    assert_int_equal(sf_tar_writer_add(w, want[i].key, fields, 2, &err), 0);
+  }
+  sf_tar_writer_stats st;
+  assert_int_equal(sf_tar_writer_close(&w, &st, &err), 0);
+  assert_int_equal(shard("long", 0, want, 4), st.bytes); /* pax headers counted too */
+  char names[512];
+  listing("long", names, sizeof names);
+  assert_string_equal(names, "s-0.tar"); /* the partial file was renamed, nothing else is left */
+}
+
+static void test_nothing_left_on_failure(void **state) {
+  (void)state;
+  char text[256], names[512];
+  snprintf(text, sizeof text, "%s/discard/s-%%d.tar", dir);
+  sf_shard_pattern p;
+  sf_error err;
+  assert_int_equal(sf_shard_pattern_parse(&p, text, &err), 0);
+  /* Discarded part way through the second shard: the first stays whole, nothing of the second appears. */
+  sf_tar_writer *w;
+  assert_int_equal(sf_tar_writer_new(&w, &p, 2, 1 << 30, &err), 0);
+  for (size_t i = 0; i < 3; i++) {
+    sf_tar_field fields[2] = {{"jpg", samples[i].jpg, strlen(samples[i].jpg)},
+                              {"cls", samples[i].cls, strlen(samples[i].cls)}};
+    assert_int_equal(sf_tar_writer_add(w, samples[i].key, fields, 2, &err), 0);
+  }
+  listing("discard", names, sizeof names);
+  assert_non_null(strstr(names, "s-1.tar.partial-")); /* the open shard is not under its name yet */
+  assert_null(strstr(names, "s-1.tar "));
+  sf_tar_writer_discard(&w);
+  assert_null(w);
+  sf_tar_writer_discard(&w); /* NULL is fine */
+  listing("discard", names, sizeof names);
+  assert_string_equal(names, "s-0.tar");
+  shard("discard", 0, samples, 2);
+  /* A writer whose add failed (a member name past PATH_MAX) removes its open shard at close. */
+  snprintf(text, sizeof text, "%s/failed/s-%%d.tar", dir);
+  assert_int_equal(sf_shard_pattern_parse(&p, text, &err), 0);
+  assert_int_equal(sf_tar_writer_new(&w, &p, 10, 1 << 30, &err), 0);
+  sf_tar_field field = {"cls", "1", 1};
+  assert_int_equal(sf_tar_writer_add(w, "ok", &field, 1, &err), 0);
+  char *huge = malloc(5000);
+  assert_non_null(huge);
+  memset(huge, 'h', 4999);
+  huge[4999] = '\0';
+  assert_int_equal(sf_tar_writer_add(w, huge, &field, 1, &err), SF_EINVAL);
+  assert_non_null(strstr(err.message, "longer than"));
+  free(huge);
+  assert_int_equal(sf_tar_writer_add(w, "later", &field, 1, &err), SF_EINVAL); /* only close after an error */
+  sf_tar_writer_stats st;
+  assert_int_equal(sf_tar_writer_close(&w, &st, &err), 0);
+  listing("failed", names, sizeof names);
+  assert_string_equal(names, "");
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   const struct CMUnitTest tests[] = {
@@ -166,6 +257,8 @@ int main(void) {
       cmocka_unit_test(test_cut_by_count),
       cmocka_unit_test(test_cut_by_size),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_long_and_utf8_keys),
+      cmocka_unit_test(test_nothing_left_on_failure),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   char cmd[64];
