@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,4 +61,19 @@ int sf_remove_stale_files(const char *dir, const char *marker, const char *suffi
   }
   closedir(d);
   return removed;
+}
+
+bool sf_errno_is_fd_limit(int err) { return err == EMFILE || err == ENFILE; }
+
+const char *sf_fd_limit_text(int err, char *buf, size_t size) {
+  struct rlimit limit;
+  char n[32] = "unknown";
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    snprintf(n, sizeof n, "%llu", (unsigned long long)limit.rlim_cur);
+  if (err == ENFILE)
+    snprintf(buf, size, "too many open files in the whole system (the kernel's fs.file-max; this process's limit is "
+             "%s): close other programs' files or raise fs.file-max", n);
+  else
+    snprintf(buf, size, "too many open files (the process's limit is %s: raise ulimit -n)", n);
+  return buf;
 }
