@@ -58,8 +58,8 @@ static const sf_cli_option run_options[] = {
              "sleep this long per batch, like a trainer's step (a slow consumer)"},
      .value = "SECONDS"},
     {.row = {"metrics", SF_OPT_STRING, offsetof(run_args, metrics),
-             .help = "serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free one, logged); the graph "
-                     "setting `metrics`"},
+             .help = "serve Prometheus metrics on http://HOST:PORT/metrics (a PORT alone: on 127.0.0.1, this host "
+                     "only; port 0: a free one, logged); the graph setting `metrics`"},
      .value = "HOST:PORT"},
     {.row = {"stats-json", SF_OPT_STRING, offsetof(run_args, stats_json),
              .help = "write JSON lines for machines to FILE: a record every --log-steps batches and one at the end "

@@ -71,7 +71,8 @@ static const sf_option options[] = {
      (double)(1LL << 40), "most bytes the downloads ahead may hold before they pause, in bytes", NULL},
     {"retries", SF_OPT_INT, offsetof(tar_split, retries), "5", 0, 1000,
      "retries of a remote shard after a 5xx, 429, timeout or reset (an attempt that brought new "
-     "bytes starts the count again); a broken download resumes at the byte reached", NULL},
+     "bytes starts the count again); a broken download resumes at the byte reached. Also of any "
+     "shard's open that found no free file descriptor: still failing then, it stops the run (not skipped)", NULL},
     {"retry_wait", SF_OPT_DURATION, offsetof(tar_split, retry_wait), "100ms", 0.001, 3600,
      "first wait before a retry, in seconds; doubles with each retry, with jitter", NULL},
     {"retry_max_wait", SF_OPT_DURATION, offsetof(tar_split, retry_max_wait), "30s", 0.001, 86400,
@@ -277,7 +278,10 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
   if (rc < 0) {
     sf_shard_destroy(&shard);
     if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
-    return sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
+    int policy = sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
+    /* Out of file descriptors (still after the retries) is the process's limit, not a bad shard: skipping
+     * would end the epoch short, quietly, one shard after another. */
+    return rc == SF_EMFILE ? rc : policy;
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
@@ -318,7 +322,7 @@ static int read_sample(sf_node *node, tar_split *t) {
     /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
     bool cut_sample = !recoverable && error.key[0];
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
-    if (policy < 0) return policy;
+    if (policy < 0 || rc == SF_EMFILE) return rc == SF_EMFILE ? rc : policy; /* a limit, not a bad shard */
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);
     return 0;
   }

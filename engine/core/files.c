@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -140,4 +141,17 @@ int sf_file_create_partial(const char *path, char *tmp, size_t size, mode_t mode
   int e = partial_prefix(path, prefix, sizeof prefix);
   if (e == 0) e = sf_make_dirs(path, true);
   return e < 0 ? e : sf_file_create_unique(prefix, tmp, size, mode);
+bool sf_errno_is_fd_limit(int err) { return err == EMFILE || err == ENFILE; }
+
+const char *sf_fd_limit_text(int err, char *buf, size_t size) {
+  struct rlimit limit;
+  char n[32] = "unknown";
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    snprintf(n, sizeof n, "%llu", (unsigned long long)limit.rlim_cur);
+  if (err == ENFILE)
+    snprintf(buf, size, "too many open files in the whole system (the kernel's fs.file-max; this process's limit is "
+             "%s): close other programs' files or raise fs.file-max", n);
+  else
+    snprintf(buf, size, "too many open files (the process's limit is %s: raise ulimit -n)", n);
+  return buf;
 }

@@ -64,4 +64,18 @@ int sf_file_create_partial(const char *path, char *tmp, size_t size, mode_t mode
  */
 int sf_remove_stale_partials(const char *path);
 
+/*
+ * True for EMFILE and ENFILE: an open, socket or pipe failed because the process (or the system) is out
+ * of file descriptors. That is a limit to raise, worth a retry once others close theirs, never a sign of
+ * a bad path or a dead host.
+ */
+bool sf_errno_is_fd_limit(int err);
+
+/*
+ * Writes what a user is told when err (EMFILE or ENFILE) stopped an open: "too many open files (the
+ * process's limit is N: raise ulimit -n)", with N the soft RLIMIT_NOFILE, or the system-wide variant.
+ * Returns buf (size bytes, NUL-terminated; cut short when small).
+ */
+const char *sf_fd_limit_text(int err, char *buf, size_t size);
+
 #endif

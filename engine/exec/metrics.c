@@ -1,11 +1,18 @@
 /* The /metrics endpoint: a pipeline's counters in Prometheus' text format 0.0.4, served by libmicrohttpd's thread. */
+#include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "files.h"
 #include "log.h"
 #include "metrics.h"
 #include "node.h"
@@ -14,6 +21,10 @@ struct sf_metrics_server {
   struct MHD_Daemon *daemon;
   sf_pipeline *pipeline;
   int port;
+  pthread_t starter;          /* the thread in MHD_start_daemon */
+  atomic_bool started;        /* MHD_start_daemon returned: its messages go to the log, rate-limited */
+  char start_said[256];       /* libmicrohttpd's last message while starting (the starter's only) */
+  atomic_llong last_warning;  /* CLOCK_MONOTONIC seconds of the last message logged */
 };
 
 /* One metric family: its name, type and help (the format's HELP/TYPE lines). */
@@ -25,10 +36,45 @@ static void header(sf_strbuf *out, const family *f) {
   sf_strbuf_appendf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, f->type);
 }
 
-/* Node and stage names are [A-Za-z0-9_-] (graph files), so label values need no escaping. */
+/* Length of the well-formed UTF-8 sequence (RFC 3629) at s, or 0 when the byte there starts none. */
+static int utf8_length(const unsigned char *s) {
+  unsigned char c = s[0];
+  int n = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  for (int i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
+      (c == 0xf4 && s[1] > 0x8f))
+    return 0; /* overlong, a surrogate, or beyond U+10FFFF */
+  return n;
+}
+
+/*
+ * Appends a label value as the text format wants it: backslash, double quote and newline escaped (\\, \",
+ * \n), so that a name from a graph file cannot end its label or start a line (a series) of its own; and
+ * valid UTF-8, so that one name cut at the node name's 31 bytes does not make Prometheus refuse the scrape
+ * (a byte that starts no character becomes U+FFFD).
+ */
+static void label_value(sf_strbuf *out, const char *value) {
+  for (const unsigned char *s = (const unsigned char *)value; *s;) {
+    int n = utf8_length(s);
+    if (*s == '\\' || *s == '"')
+      sf_strbuf_appendf(out, "\\%c", *s);
+    else if (*s == '\n')
+      sf_strbuf_add(out, "\\n");
+    else if (n > 0)
+      sf_strbuf_append(out, s, (size_t)n);
+    else
+      sf_strbuf_add(out, "\xef\xbf\xbd");
+    s += n > 0 ? n : 1;
+  }
+}
+
 static void node_sample(sf_strbuf *out, const family *f, const sf_node *n, double value) {
-  sf_strbuf_appendf(out, "%s{stage=\"%s\",type=\"%s\",replica=\"%d\"} %.10g\n", f->name, n->name, n->def->name,
-                    n->replica, value);
+  sf_strbuf_appendf(out, "%s{stage=\"", f->name);
+  label_value(out, n->name);
+  sf_strbuf_add(out, "\",type=\"");
+  label_value(out, n->def->name);
+  sf_strbuf_appendf(out, "\",replica=\"%d\"} %.10g\n", n->replica, value);
 }
 
 static size_t port_depth(const sf_port *port) {
@@ -158,32 +204,107 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *connection, cons
   return r;
 }
 
-/* Splits "HOST:PORT" or "[V6]:PORT" and resolves HOST. Returns 0 with *ai (freeaddrinfo) or SF_EOPTION. */
-static int resolve(const char *address, struct addrinfo **ai, sf_error *error) {
-  char host[256];
+/*
+ * Splits "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" and resolves HOST; without a host it is 127.0.0.1, so
+ * that /metrics reaches other hosts only when the user names an address. Returns 0 with *ai
+ * (freeaddrinfo) and the host in host[size], or SF_EOPTION.
+ */
+static int resolve(const char *address, struct addrinfo **ai, char *host, size_t size, sf_error *error) {
   const char *colon = strrchr(address, ':');
-  const char *h = address;
+  const char *h = address, *p = colon ? colon + 1 : address;
   size_t len = colon ? (size_t)(colon - address) : 0;
   if (len >= 2 && h[0] == '[' && h[len - 1] == ']') h++, len -= 2;
   char *end;
-  long port = colon ? strtol(colon + 1, &end, 10) : -1;
-  if (!colon || len == 0 || len >= sizeof host || colon[1] == '\0' || *end || port < 0 || port > 65535)
+  long port = strtol(p, &end, 10);
+  if (len >= size || *p < '0' || *p > '9' || *end || port < 0 || port > 65535)
     return sf_error_set(error, SF_EOPTION, SF_AT(),
                         "metrics: '%s' is not HOST:PORT (e.g. 127.0.0.1:9108; port 0 picks a free one)", address);
-  memcpy(host, h, len);
-  host[len] = '\0';
+  if (len == 0) {
+    snprintf(host, size, "127.0.0.1");
+  } else {
+    memcpy(host, h, len);
+    host[len] = '\0';
+  }
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-  int rc = getaddrinfo(host, colon + 1, &hints, ai);
+  int rc = getaddrinfo(host, p, &hints, ai);
   if (rc != 0)
     return sf_error_set(error, SF_EOPTION, SF_AT(), "metrics: cannot resolve host '%s' of '%s': %s", host, address,
                         gai_strerror(rc));
   return 0;
 }
 
+/* At most 64 connections, and no more than 1/16 of the descriptors the process may open (RLIMIT_NOFILE):
+ * a client holding connections open must not take the descriptors shards, downloads and workers need. */
+static unsigned connection_limit(void) {
+  struct rlimit limit;
+  rlim_t n = getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur / 16 : 64;
+  return n < 4 ? 4 : n > 64 ? 64 : (unsigned)n;
+}
+
+static double monotonic_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/*
+ * libmicrohttpd's messages. While it starts, the last one is kept for the error (the real cause: a bind,
+ * epoll or thread failure). Once it serves, they are warnings at most one a minute: a client holding
+ * connections makes one per connection refused, and the log must not be its tool.
+ */
+static void on_mhd_message(void *cls, const char *fmt, va_list ap) {
+  sf_metrics_server *s = cls;
+  char text[256];
+  vsnprintf(text, sizeof text, fmt, ap);
+  size_t n = strlen(text);
+  while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '.')) text[--n] = '\0';
+  if (!atomic_load(&s->started) && pthread_equal(pthread_self(), s->starter)) {
+    snprintf(s->start_said, sizeof s->start_said, "%s", text);
+    return;
+  }
+  long long now = (long long)monotonic_seconds(), last = atomic_load(&s->last_warning);
+  if (last != 0 && now - last < 60) return;
+  if (!atomic_compare_exchange_strong(&s->last_warning, &last, now == 0 ? 1 : now)) return;
+  sf_log(SF_LOG_WARNING, NULL, "metrics server: %s (further messages within a minute are not shown)", text);
+}
+
+/*
+ * Why MHD_start_daemon failed: the bind tried again here for its errno, else what libmicrohttpd said.
+ * Writes the cause and what to do into why[size].
+ */
+static void listen_failure(const struct addrinfo *ai, const char *host, int mhd_errno, const char *mhd_said, char *why,
+                           size_t size) {
+  int e = 0, fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    e = errno;
+  } else {
+    int one = 1; /* as libmicrohttpd binds */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) e = errno;
+    close(fd);
+  }
+  if (e == EADDRINUSE)
+    snprintf(why, size, "the port is in use: give another port, or port 0 for a free one");
+  else if (e == EADDRNOTAVAIL)
+    snprintf(why, size, "%.200s is not an address of this host: use 127.0.0.1 (this host only) or the address of one "
+             "of its interfaces", host);
+  else if (e == EACCES)
+    snprintf(why, size, "ports below 1024 need privileges: give a higher port, or port 0 for a free one");
+  else if (sf_errno_is_fd_limit(e))
+    sf_fd_limit_text(e, why, size);
+  else if (e)
+    snprintf(why, size, "%s", strerror(e));
+  else if (sf_errno_is_fd_limit(mhd_errno))
+    sf_fd_limit_text(mhd_errno, why, size);
+  else
+    snprintf(why, size, "libmicrohttpd: %s", mhd_said[0] ? mhd_said : "the server did not start");
+}
+
 int sf_metrics_server_new(sf_metrics_server **server, sf_pipeline *p, const char *address, sf_error *error) {
   *server = NULL;
   struct addrinfo *ai;
-  int r = resolve(address, &ai, error);
+  char host[256];
+  int r = resolve(address, &ai, host, sizeof host, error);
   if (r < 0) return r;
   sf_metrics_server *s = calloc(1, sizeof *s);
   if (!s) {
@@ -191,21 +312,30 @@ int sf_metrics_server_new(sf_metrics_server **server, sf_pipeline *p, const char
     return sf_error_set(error, SF_ENOMEM, SF_AT(), "out of memory");
   }
   s->pipeline = p;
-  unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  s->starter = pthread_self();
+  /* epoll (or poll) where there is one, never select(): a trainer may hold descriptors above FD_SETSIZE.
+   * An event fd to stop the thread: at the connection limit the listen socket is not watched, and shutting
+   * it down (libmicrohttpd's way without one) would leave the stop waiting for the idle timeout. */
+  unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-  s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, answer, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+  errno = 0;
+  s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, answer, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_message, s,
+                               MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, connection_limit(),
                                MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-  freeaddrinfo(ai);
   if (!s->daemon) {
+    int mhd_errno = errno;
+    char why[512];
+    listen_failure(ai, host, mhd_errno, s->start_said, why, sizeof why);
+    freeaddrinfo(ai);
     free(s);
-    return sf_error_set(error, SF_EIO, SF_AT(),
-                        "metrics: cannot listen on %s (in use, or not this host's address?): give another port, or "
-                        "port 0 for a free one", address);
+    return sf_error_set(error, SF_EIO, SF_AT(), "metrics: cannot listen on %s: %s", address, why);
   }
+  freeaddrinfo(ai);
+  atomic_store(&s->started, true);
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
   s->port = info ? (int)info->port : 0;
-  sf_log(SF_LOG_INFO, NULL, "serving metrics on http://%.*s:%d/metrics", (int)(strrchr(address, ':') - address),
-         address, s->port);
+  bool v6 = strchr(host, ':') != NULL;
+  sf_log(SF_LOG_INFO, NULL, "serving metrics on http://%s%s%s:%d/metrics", v6 ? "[" : "", host, v6 ? "]" : "", s->port);
   *server = s;
   return 0;
 }

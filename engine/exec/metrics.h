@@ -18,11 +18,15 @@ int sf_metrics_format(sf_pipeline *pipeline, sf_strbuf *out);
 
 /*
  * Serves GET /metrics for pipeline on address "HOST:PORT" (HOST a name or a numeric IPv4/IPv6
- * address, [::1] style allowed; PORT 0 picks a free port, logged at info level and returned by
- * sf_metrics_server_port) from libmicrohttpd's own thread.  Returns 0 with *server owned by the
+ * address, [::1] style allowed; "PORT" or ":PORT" alone is 127.0.0.1:PORT, this host only; PORT 0
+ * picks a free port, logged at info level and returned by sf_metrics_server_port) from
+ * libmicrohttpd's own thread, with epoll or poll (any descriptor number), at most
+ * min(64, RLIMIT_NOFILE / 16) connections at once (more wait in the kernel's backlog, holding no
+ * descriptor of the process) and a 10 s idle timeout each.  Returns 0 with *server owned by the
  * caller (sf_metrics_server_destroy before the pipeline's nodes go); SF_EOPTION for an address
- * that does not parse or resolve, SF_EIO when the port cannot be bound (in use: pick another
- * or 0), both with a message naming the `metrics` setting; SF_ENOMEM.
+ * that does not parse or resolve, SF_EIO when the server cannot start (the message says why: the
+ * port in use, not this host's address, a privileged port, the descriptor limit), both with a
+ * message naming the `metrics` setting; SF_ENOMEM.
  */
 int sf_metrics_server_new(sf_metrics_server **server, sf_pipeline *pipeline, const char *address, sf_error *error);
 

@@ -288,8 +288,9 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
       {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), NULL, 0, 1024, "pool workers (0 = CPUs)", NULL},
       {NULL},
   };
-  if (strcmp(key, "metrics") == 0) { /* HOST:PORT, checked when the server binds (sf_metrics_server_new) */
-    if (strlen(value) >= sizeof g->metrics || !strchr(value, ':'))
+  if (strcmp(key, "metrics") == 0) { /* [HOST]:PORT or PORT, checked when the server binds (sf_metrics_server_new) */
+    bool port_only = value[0] && strspn(value, "0123456789") == strlen(value);
+    if (strlen(value) >= sizeof g->metrics || (!strchr(value, ':') && !port_only))
       return sf_graph_error(e, SF_EOPTION, g, line, "metrics: '%s' is not HOST:PORT (e.g. 127.0.0.1:9108; port 0 picks a free one)", value);
     snprintf(g->metrics, sizeof g->metrics, "%s", value);
     return 0;

@@ -59,7 +59,7 @@ struct sf_graph {
   int64_t threads;         /* pool workers; 0 = online CPUs */
   int64_t max_errors;      /* error records before the run stops; 0 = no limit */
   double max_error_rate;   /* skipped / read samples above which the run stops; 1 = never */
-  char metrics[256];       /* `metrics: HOST:PORT`: serve /metrics there (engine/exec/metrics_http.c); "" = off */
+  char metrics[256];       /* `metrics: HOST:PORT` or PORT (127.0.0.1): serve /metrics there (engine/exec/metrics.c); "" = off */
   sf_graph_node *nodes;
   int n_nodes;
   sf_graph_edge *edges;

@@ -15,6 +15,7 @@
 
 #include "http.h"
 #include "object_store.h"
+#include "files.h"
 #include "prefetch.h"
 #include "url.h"
 #include "shardflow/stage.h"
@@ -81,6 +82,7 @@ struct sf_fetch {
   sf_object_version version; /* the first response with a body (set before its first byte is kept) */
   bool not_modified;         /* the server answered 304 to the conditional request */
   char curl_text[CURL_ERROR_SIZE];
+  int socket_errno;          /* why the attempt's socket() failed (open_socket), or 0 */
   /* s3/gs: where the attempt's credentials came from, and the start of an error answer's XML body. */
   char *credentials;
   sf_http_body error_body; /* at most 4 KiB */
@@ -361,6 +363,19 @@ static int big_receive_buffer(void *opaque, curl_socket_t fd, curlsocktype purpo
   return CURL_SOCKOPT_OK;
 }
 
+/*
+ * Opens a connection's socket as libcurl does (close-on-exec as well: a pipe: command must not inherit it),
+ * keeping socket()'s errno: out of descriptors is a limit to raise, which libcurl's "could not connect"
+ * would otherwise show as a dead server.
+ */
+static curl_socket_t open_socket(void *opaque, curlsocktype purpose, struct curl_sockaddr *address) {
+  sf_fetch *f = opaque;
+  (void)purpose;
+  curl_socket_t fd = socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+  f->socket_errno = fd == CURL_SOCKET_BAD ? errno : 0;
+  return fd;
+}
+
 /* ---- attempts (fetcher thread) ---- */
 
 /* Marks f failed for good (lock held). */
@@ -396,6 +411,8 @@ static int new_easy(sf_prefetch *p, sf_fetch *f) {
   bad |= curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   bad |= curl_easy_setopt(e, CURLOPT_HEADERDATA, f);
   bad |= curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, big_receive_buffer);
+  bad |= curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  bad |= curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, f);
   return bad ? SF_EINVAL : 0;
 }
 
@@ -480,6 +497,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     f->verdict = 0;
     sf_strbuf_truncate(&f->error_body.text, 0);
     f->curl_text[0] = '\0';
+    f->socket_errno = 0;
     f->etag[0] = f->last_modified[0] = '\0';
     f->range_start = -1;
     f->retry_after = -1;
@@ -553,6 +571,11 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       if (!retry) code = store_code;
       snprintf(text, sizeof text, "%.470s", store_error.message);
     }
+  } else if (result != CURLE_OK && sf_errno_is_fd_limit(f->socket_errno)) {
+    code = SF_EMFILE; /* the server was never asked; others' descriptors may be closed by the retry */
+    retry = true;
+    char limit[200];
+    snprintf(text, sizeof text, "cannot open a connection: %s", sf_fd_limit_text(f->socket_errno, limit, sizeof limit));
   } else if (result != CURLE_OK) {
     switch (result) {
     case CURLE_OPERATION_TIMEDOUT:
@@ -617,6 +640,8 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
               "%s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
               "retry_max_wait on tar_split or retry later",
               text, f->retry_after, p->o.retry_max_wait);
+    } else if (code == SF_EMFILE && p->o.retries > 0) {
+      give_up(p, f, code, "%s; still so after %d retries", text, f->failures);
     } else if (retry && p->o.retries > 0) {
       give_up(p, f, code, "%s (gave up after %d retries without progress; raise `retries` on tar_split)",
               text, f->failures);
@@ -784,7 +809,14 @@ int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, 
   sf_rng_seed(&p->rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)p);
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->changed, NULL);
-  p->multi = curl_multi_init();
+  errno = 0;
+  p->multi = curl_multi_init(); /* its wake-up needs a socket pair: descriptors may have run out */
+  if (!p->multi && sf_errno_is_fd_limit(errno)) {
+    char limit[200];
+    sf_fd_limit_text(errno, limit, sizeof limit);
+    sf_prefetch_destroy(&p);
+    return sf_error_set(error, SF_EMFILE, SF_AT(.url = ""), "cannot start the downloads: %s", limit);
+  }
   if (!p->multi || pthread_create(&p->thread, NULL, fetcher, p) != 0) {
     sf_prefetch_destroy(&p);
     sf_error_set(error, SF_ENOMEM, SF_AT(.url = ""), "out of memory starting the downloads");

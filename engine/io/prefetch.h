@@ -17,7 +17,8 @@
  * never waits on the ones ahead of it).
  *
  * Faults: a download that fails with a 5xx, 429 or 408 status, a timeout, a
- * reset or a refused connection is retried after an exponential backoff with
+ * reset, a refused connection or a socket that could not be opened for want
+ * of file descriptors (SF_EMFILE) is retried after an exponential backoff with
  * jitter (Retry-After is honoured).  When bytes were received before the
  * failure, the retry asks for `Range: bytes=N-` pinned with `If-Match: <ETag>`
  * of the first response (or If-Unmodified-Since with its Last-Modified when
@@ -67,7 +68,8 @@ typedef struct sf_prefetch_stats {
 
 /*
  * Starts a prefetcher and its thread.  options may be NULL (defaults).
- * Returns 0; SF_ENET (libcurl did not initialise), SF_ENOMEM.  The caller
+ * Returns 0; SF_ENET (libcurl did not initialise), SF_EMFILE (out of file
+ * descriptors), SF_ENOMEM.  The caller
  * owns *prefetch and frees it with sf_prefetch_destroy().
  */
 int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error);
@@ -109,7 +111,8 @@ bool sf_fetch_not_modified(sf_fetch *fetch, sf_object_version *version);
  * NULL) is asked every ~100 ms: true ends the wait with SF_ECANCELED.
  * Returns 0 when bytes or a clean end are there; the download's error when it
  * failed before its first byte (SF_ENOENT for 404/410, SF_ENET, SF_ETIMEDOUT,
- * SF_EDENIED, SF_EIO for a changed object); *error names the URL
+ * SF_EDENIED, SF_EIO for a changed object, SF_EMFILE when no socket could be
+ * opened for want of file descriptors, after the retries); *error names the URL
  * (credentials redacted) and what to do.
  */
 int sf_fetch_wait(sf_fetch *fetch, bool (*cancelled)(void *), void *cancel_opaque, sf_error *error);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "buffer_file.h"
+#include "files.h"
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "shard_reader.h"
@@ -36,6 +37,9 @@ struct sf_shard_reader {
   bool (*cancelled)(void *opaque);
   void *cancel_opaque;
   bool at_end;
+  /* waits when out of file descriptors (options' retries, retry_wait, retry_max_wait) */
+  int retries;
+  double retry_wait, retry_max_wait;
   /* file and pipe */
   int fd;
   uint8_t *chunk;
@@ -153,10 +157,50 @@ static void map_file(sf_shard_reader *r, const struct stat *st) {
   remember_mapping(map, size, r->url);
 }
 
+static bool cancelled(const sf_shard_reader *r) { return r->cancelled && r->cancelled(r->cancel_opaque); }
+
+static int cancel_error(sf_shard_reader *r, sf_error *error) {
+  return sf_error_set(error, SF_ECANCELED, SF_AT(.url = r->url, .offset = r->offset), "the pipeline is stopping");
+}
+
+/* SF_EMFILE for what (an open, a pipe) that failed with err (EMFILE, ENFILE): the message names the limit. */
+static int fd_limit_error(sf_shard_reader *r, int err, const char *what, int retried, sf_error *error) {
+  char limit[200];
+  sf_fd_limit_text(err, limit, sizeof limit);
+  if (retried > 0)
+    return sf_error_set(error, SF_EMFILE, SF_AT(.url = r->url), "%s: %s; still so after %d retries", what, limit,
+                        retried);
+  return sf_error_set(error, SF_EMFILE, SF_AT(.url = r->url), "%s: %s", what, limit);
+}
+
+/*
+ * Out of file descriptors (err is EMFILE or ENFILE) is a limit, not a bad path, and it passes when other
+ * shards, connections or the trainer close theirs: waits before retry number `attempt` (1, 2, ...) with
+ * the remote shards' backoff (retry_wait, doubling up to retry_max_wait), in slices so that a stopping
+ * pipeline is not held up. Returns 0 to try again; SF_EMFILE once the retries are spent, naming the
+ * limit; SF_ECANCELED.
+ */
+static int wait_for_descriptors(sf_shard_reader *r, int attempt, int err, const char *what, sf_error *error) {
+  if (attempt > r->retries) return fd_limit_error(r, err, what, r->retries, error);
+  double wait = r->retry_wait;
+  for (int i = 1; i < attempt && wait < r->retry_max_wait; i++) wait *= 2;
+  if (wait > r->retry_max_wait) wait = r->retry_max_wait;
+  while (wait > 0) {
+    if (cancelled(r)) return cancel_error(r, error);
+    double slice = wait < 0.1 ? wait : 0.1;
+    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = (long)(slice * 1e9)}, NULL);
+    wait -= slice;
+  }
+  return cancelled(r) ? cancel_error(r, error) : 0;
+}
+
 static int open_file(sf_shard_reader *r, const char *path, bool map, sf_error *error) {
-  r->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (r->fd < 0) {
+  for (int attempt = 1; (r->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0; attempt++) {
     int e = errno, code = e == ENOENT || e == ENOTDIR ? SF_ENOENT : SF_EIO;
+    if (sf_errno_is_fd_limit(e)) {
+      if ((code = wait_for_descriptors(r, attempt, e, "cannot open shard", error)) < 0) return code;
+      continue;
+    }
     sf_error_set(error, code, SF_AT(.url = r->url), "cannot open shard: %s — check the path in the shard list",
                  strerror(e));
     return code;
@@ -175,12 +219,6 @@ static int open_file(sf_shard_reader *r, const char *path, bool map, sf_error *e
   r->chunk = malloc(FILE_CHUNK);
   if (!r->chunk) return SF_ENOMEM;
   return 0;
-}
-
-static bool cancelled(const sf_shard_reader *r) { return r->cancelled && r->cancelled(r->cancel_opaque); }
-
-static int cancel_error(sf_shard_reader *r, sf_error *error) {
-  return sf_error_set(error, SF_ECANCELED, SF_AT(.url = r->url, .offset = r->offset), "the pipeline is stopping");
 }
 
 static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
@@ -218,9 +256,11 @@ static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
 
 static int open_pipe(sf_shard_reader *r, sf_error *error) {
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    sf_error_set(error, SF_EIO, SF_AT(.url = r->url), "cannot create a pipe: %s", strerror(errno));
-    return SF_EIO;
+  for (int attempt = 1; pipe2(fds, O_CLOEXEC) != 0; attempt++) {
+    int e = errno, rc;
+    if (!sf_errno_is_fd_limit(e))
+      return sf_error_set(error, SF_EIO, SF_AT(.url = r->url), "cannot create a pipe: %s", strerror(e));
+    if ((rc = wait_for_descriptors(r, attempt, e, "cannot create a pipe for the command", error)) < 0) return rc;
   }
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
@@ -247,6 +287,7 @@ static int open_pipe(sf_shard_reader *r, sf_error *error) {
   if (e != 0) {
     close(fds[0]);
     r->pid = 0;
+    if (sf_errno_is_fd_limit(e)) return fd_limit_error(r, e, "cannot start the pipe command", 0, error);
     sf_error_set(error, SF_EIO, SF_AT(.url = r->url), "cannot start /bin/sh for the pipe command: %s", strerror(e));
     return SF_EIO;
   }
@@ -368,9 +409,14 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     return SF_ENOMEM;
   }
   r->fd = -1;
+  r->retry_wait = 0.1;
+  r->retry_max_wait = 30;
   if (options) {
     r->cancelled = options->cancelled;
     r->cancel_opaque = options->cancel_opaque;
+    r->retries = options->retries > 0 ? options->retries : 0;
+    if (options->retry_wait > 0) r->retry_wait = options->retry_wait;
+    if (options->retry_max_wait > 0) r->retry_max_wait = options->retry_max_wait;
   }
   int rc;
   sf_url_kind scheme = sf_url_kind_of(url);

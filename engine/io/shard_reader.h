@@ -16,9 +16,11 @@ typedef struct sf_shard_reader_options {
   bool allow_pipe;          /* pipe:CMD runs only when the graph opted in */
   double connect_timeout;   /* seconds; 0 = default (10 s) */
   double stall_timeout;     /* seconds without a byte before giving up; 0 = default (30 s) */
-  int retries;              /* remote: retries after failures that brought no byte; 0 = none */
-  double retry_wait;        /* remote: first backoff in seconds; 0 = 0.1 s */
-  double retry_max_wait;    /* remote: longest single wait in seconds; 0 = 30 s */
+  /* Retries after failures that brought no byte: remote shards', and any open, socket or pipe that
+   * failed for want of file descriptors (EMFILE, ENFILE: they pass as others close theirs). */
+  int retries;              /* 0 = none */
+  double retry_wait;        /* first backoff in seconds, doubling; 0 = 0.1 s */
+  double retry_max_wait;    /* longest single wait in seconds; 0 = 30 s */
   /* Remote shards: the download already started for this URL (handed over: the reader owns it
    * from the call on, whatever the outcome), else a prefetcher to start it on (borrowed; it must
    * outlive the reader), else the reader runs a prefetcher of its own with the settings above. */
@@ -47,7 +49,9 @@ typedef struct sf_shard_reader_options {
  * Returns 0; SF_ENOENT (missing file, HTTP 404), SF_ENET (unreachable host,
  * other HTTP errors), SF_ETIMEDOUT, SF_EDENIED (pipe: without allow_pipe, a
  * redirect to another scheme), SF_EIO (the object changed while read),
- * SF_EINVAL (bad URL), SF_ENOMEM. On failure *error names the URL and what
+ * SF_EMFILE (out of file descriptors, still after options->retries: the
+ * message gives the process's limit; not a fault of the shard), SF_EINVAL
+ * (bad URL), SF_ECANCELED, SF_ENOMEM. On failure *error names the URL and what
  * to do. options may be NULL; options->fetch is consumed in every case.
  */
 int sf_shard_reader_open(sf_shard_reader **reader, const char *url,

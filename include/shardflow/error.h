@@ -43,7 +43,8 @@ extern "C" {
   X(ECANCELED, -16, "pipeline stopped")                                              \
   X(EUNSUPPORTED, -17, "unsupported format or feature")                              \
   X(EINTERNAL, -18, "internal error (a bug in shardflow; please report it)")         \
-  X(EBUDGET, -19, "too much bad input: over max_errors / max_error_rate, or an empty epoch")
+  X(EBUDGET, -19, "too much bad input: over max_errors / max_error_rate, or an empty epoch") \
+  X(EMFILE, -20, "too many open files: the process's descriptor limit (raise ulimit -n) or the system's")
 
 /** Error codes.  0 is success; every code is negative. */
 typedef enum sf_errno {

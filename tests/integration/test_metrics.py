@@ -1,8 +1,12 @@
 """`metrics: HOST:PORT` serves /metrics in Prometheus' text format 0.0.4: Debian's real `prometheus` server
 scrapes a slowly consumed pipeline every second, and the series read back through its HTTP API
 (/api/v1/query) must equal the pipeline's own end-of-run table and the shards' sample count by tarfile;
-/metrics itself must pass a strict line-by-line check of the format and prometheus_client's parser."""
+/metrics itself must pass a strict line-by-line check of the format and prometheus_client's parser.
+The server must not be a way to starve the pipeline: a client holding hundreds of connections (under a low
+RLIMIT_NOFILE) must not make shards fail to open; a process already holding more than 1,024 descriptors
+(select()'s FD_SETSIZE) still serves /metrics; node names are escaped in label values."""
 import atexit
+import resource
 import json
 import os
 import re
@@ -153,4 +157,152 @@ with socket.socket() as taken:
                          text=True, timeout=30)
 check(bad.returncode != 0 and f"metrics: cannot listen on 127.0.0.1:{busy_port}" in bad.stderr
       and "port 0" in bad.stderr, f"port in use: {bad.stderr}")
+
+def run_with(graph_path, *args, preexec_fn=None, wrapper=None, **kw):
+    """Starts `shardflow run graph args` (optionally under a Python wrapper's argv); returns (Popen, metrics port)
+    after the `serving metrics` line, or (Popen, None) with that line missing (the process then has ended)."""
+    argv = [SHARDFLOW, "run", graph_path, "--log-steps", "0", *args]
+    # errors="replace": the log and the end-of-run table print node names as cut to 31 bytes.
+    proc = subprocess.Popen((wrapper or []) + argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            errors="replace", preexec_fn=preexec_fn, **kw)
+    first = proc.stderr.readline()
+    m = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", first)
+    if not m:
+        rest = proc.stderr.read()
+        proc.wait(timeout=60)
+        proc.first_lines = first + rest
+        return proc, None
+    return proc, int(m.group(1))
+
+
+def finish(proc, timeout=60):
+    """Waits for proc; returns (exit status, the rest of its stderr)."""
+    try:
+        rest = proc.stderr.read()
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, rest
+
+
+# Many shards opened one after the other while a client holds every connection it can get: with the
+# process limited to 256 descriptors, an unbounded server takes them all, and shards failed to open with
+# "check the path" and were skipped: exit 0 with samples lost. Every sample must arrive, or the run must fail
+# naming the descriptor limit.
+FLOOD_SHARDS, FLOOD_PER_SHARD, FLOOD_LIMIT = 24, 10, 256
+flood_dir = os.path.join(tmp, "flood")
+os.makedirs(flood_dir)
+flood_pattern, _ = make_dataset(flood_dir, FLOOD_SHARDS, FLOOD_PER_SHARD)
+flood_samples = FLOOD_SHARDS * FLOOD_PER_SHARD
+flood_graph = write_graph(os.path.join(tmp, "flood.yaml"), [
+    ("shard_source", dict(urls=flood_pattern, shuffle=False)),
+    ("tar_split", {}),
+    ("batch", dict(batch_size=BATCH)),
+    ("device_sink", {}),
+], epochs=1, queue_size=2, metrics="127.0.0.1:0")
+
+
+def lower_fd_limit():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FLOOD_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+proc, port = run_with(flood_graph, "--step-time", "0.08", preexec_fn=lower_fd_limit)
+check(port is not None, f"the flood run serves metrics: {getattr(proc, 'first_lines', '')}")
+held = []
+try:
+    for _ in range(FLOOD_LIMIT + 64):  # more than the process may hold: the kernel's backlog keeps the rest
+        c = socket.socket()
+        c.settimeout(2)
+        try:
+            c.connect(("127.0.0.1", port))
+        except OSError:
+            c.close()
+            break
+        held.append(c)
+    time.sleep(0.3)  # the server accepts what it will
+
+    def sockets():
+        n = 0
+        for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith("socket:")
+            except OSError:
+                pass  # closed meanwhile
+        return n
+    held_by_server = sockets() if proc.poll() is None else 0
+    code, err = finish(proc)
+finally:
+    for c in held:
+        c.close()
+table = stage_table(err)
+# The listening socket and min(64, 256 / 16) connections: the rest wait in the kernel's backlog.
+check(held_by_server <= 1 + FLOOD_LIMIT // 16, f"the server holds {held_by_server} sockets of {len(held)} connections")
+check("check the path" not in err, f"running out of descriptors is not a bad path: {err[-2000:]}")
+if code == 0:
+    check(table.get("tar_split", {}).get("items") == flood_samples and table["tar_split"]["errors"] == 0,
+          f"exit 0 under a connection flood: tar_split must read all {flood_samples} samples: {err[-2000:]}")
+    check(table["device_sink"]["items"] == flood_samples // BATCH, f"exit 0: every batch delivered: {err[-2000:]}")
+else:
+    check(f"too many open files (the process's limit is {FLOOD_LIMIT}: raise ulimit -n)" in err,
+          f"a run that failed under the flood names the descriptor limit: {err[-2000:]}")
+
+# select() cannot watch a descriptor numbered 1,024 or more: a trainer that already holds that many must still
+# serve /metrics (the wrapper raises the soft limit, opens 1,100 descriptors and execs shardflow).
+HIGH_FDS = 1100
+wrapper = [sys.executable, "-c", f"""
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, ({HIGH_FDS + 900}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+null = os.open("/dev/null", os.O_RDONLY)
+for _ in range({HIGH_FDS}):
+    os.set_inheritable(os.dup(null), True)
+os.execv(sys.argv[1], sys.argv[1:])
+"""]
+# `--metrics 0`, a port without a host, listens on loopback only (the kernel's table of listening sockets says).
+proc, port = run_with(graph, "--step-time", "0.03", "--metrics", "0", wrapper=wrapper, close_fds=False)
+check(port is not None, f"a process holding {HIGH_FDS} descriptors serves metrics: {getattr(proc, 'first_lines', '')}")
+try:
+    with open("/proc/net/tcp") as f:
+        listening = {(r[1].split(":")[0], int(r[1].split(":")[1], 16)) for r in (line.split() for line in f)
+                     if r[3] == "0A"}  # TCP_LISTEN
+    with open("/proc/net/tcp6") as f:
+        listening |= {(r[1].split(":")[0], int(r[1].split(":")[1], 16)) for r in (line.split() for line in f)
+                      if r[3] == "0A"}
+    check({a for a, p in listening if p == port} == {"0100007F"}, f"a PORT alone binds 127.0.0.1 only: {listening}")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    check("shardflow_stage_items_total" in strict_check(text), "/metrics answers with its series above fd 1,024")
+finally:
+    code, err = finish(proc)
+check(code == 0, f"the run above fd 1,024 succeeded: {err[-2000:]}")
+
+# Node names are whatever a graph file quotes: label values escape backslash, double quote and newline, so a
+# name cannot end its label or start a line of its own (a series of the name's choosing). Node names keep 31
+# bytes: 17 two-byte characters are cut inside the 16th, and the stray byte must not spoil the scrape's UTF-8.
+hostile = {"shard_source": 'src"} 1\nevil_total 1', "tar_split": "split\\n\\", "batch": 'b"\\\n"',
+           "device_sink": "\u00e9" * 17}
+label = dict(hostile, device_sink="\u00e9" * 15 + "\ufffd")
+with open(os.path.join(tmp, "hostile.yaml"), "w") as f:
+    f.write(f"epochs: 1\nmetrics: 127.0.0.1:0\nstages:\n")
+    for stype, opts in [("shard_source", {"urls": pattern, "shuffle": "false"}), ("tar_split", {}),
+                        ("batch", {"batch_size": BATCH}), ("device_sink", {})]:
+        f.write(f"  - type: {stype}\n")
+        if stype in hostile:
+            f.write(f"    name: {json.dumps(hostile[stype])}\n")  # a JSON string is a YAML double-quoted scalar
+        for k, v in opts.items():
+            f.write(f"    {k}: {v}\n")
+proc, port = run_with(os.path.join(tmp, "hostile.yaml"), "--step-time", "0.03")
+check(port is not None, f"a graph with quoted node names serves metrics: {getattr(proc, 'first_lines', '')}")
+try:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+finally:
+    finish(proc)
+types = strict_check(text)
+check(all(n.startswith("shardflow_") for n in types), f"no family of a node name's making: {sorted(types)}")
+families = {f.name: f for f in text_string_to_metric_families(text)}
+check(set(families) == {n[:-len("_total")] if n.endswith("_total") else n for n in types},
+      f"prometheus_client reads the same families as the strict check: {sorted(families)}")
+got = [(s.name, s.labels["stage"], s.labels["type"]) for s in families["shardflow_stage_items"].samples]
+check(sorted((stage, stype) for _, stage, stype in got) == sorted((name, stype) for stype, name in label.items()),
+      f"exactly one items series per node, named as the graph names it, with its own type: {got}")
 check.done("metrics")

@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -19,6 +20,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "prefetch.h"
 #include "tar_reader.h"
 #include "shardflow/stage.h"
 
@@ -797,6 +799,103 @@ static void test_stage_errors(void **state) {
   unlink(path);
 }
 
+/* ---- out of file descriptors: a limit to raise, retried, never "check the path", never skipped ---- */
+
+/* Lowers the soft RLIMIT_NOFILE to the lowest free descriptor, so the next open fails with EMFILE; returns it. */
+static rlim_t exhaust_descriptors(struct rlimit *saved) {
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, saved), 0);
+  int lowest = dup(0);
+  assert_true(lowest >= 0);
+  close(lowest);
+  struct rlimit low = {.rlim_cur = (rlim_t)lowest, .rlim_max = saved->rlim_max};
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+  return (rlim_t)lowest;
+}
+
+static void *restore_limit_soon(void *saved) {
+  nanosleep(&(struct timespec){.tv_nsec = 150 * 1000 * 1000}, NULL);
+  setrlimit(RLIMIT_NOFILE, saved);
+  return NULL;
+}
+
+static void expect_fd_limit(int rc, const sf_error *e, const char *url, rlim_t limit) {
+  char want[128];
+  snprintf(want, sizeof want, "too many open files (the process's limit is %llu: raise ulimit -n)",
+           (unsigned long long)limit);
+  assert_int_equal(rc, SF_EMFILE);
+  assert_string_equal(e->url, url);
+  if (!strstr(e->message, want)) fail_msg("'%s' does not say '%s'", e->message, want);
+  assert_null(strstr(e->message, "check the path"));
+}
+
+static void test_out_of_descriptors(void **state) {
+  const char *path = write_temp_tar();
+  char file_url[600], pipe_url[600];
+  snprintf(file_url, sizeof file_url, "file://%s", path);
+  snprintf(pipe_url, sizeof pipe_url, "pipe:cat %s", path);
+  /* A remote shard: the prefetcher (thread, libcurl's wakeup pair) starts before the limit bites, as
+   * tar_split's does with its first shard; connections to a port nobody accepts on are never made. */
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof addr;
+  assert_int_equal(bind(listener, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(listen(listener, 4), 0);
+  assert_int_equal(getsockname(listener, (struct sockaddr *)&addr, &len), 0);
+  char http_url[64];
+  snprintf(http_url, sizeof http_url, "http://127.0.0.1:%d/shard.tar", ntohs(addr.sin_port));
+  sf_prefetch_options po = {.max_transfers = 1, .connect_timeout = 2, .retries = 2, .retry_wait = 0.01,
+                            .retry_max_wait = 0.02};
+  sf_prefetch *prefetch = NULL;
+  sf_error e;
+  assert_int_equal(sf_prefetch_new(&prefetch, &po, &e), 0);
+
+  sf_shard_reader_options o = {.allow_pipe = true, .retries = 2, .retry_wait = 0.01, .retry_max_wait = 0.02,
+                               .prefetch = prefetch};
+  struct rlimit saved;
+  rlim_t limit = exhaust_descriptors(&saved);
+  sf_tar_reader *t = NULL;
+  expect_fd_limit(sf_tar_reader_open(&t, path, &o, &e), &e, path, limit);
+  expect_fd_limit(sf_tar_reader_open(&t, file_url, &o, &e), &e, file_url, limit);
+  expect_fd_limit(sf_tar_reader_open(&t, pipe_url, &o, &e), &e, pipe_url, limit);
+  expect_fd_limit(sf_tar_reader_open(&t, http_url, &o, &e), &e, http_url, limit);
+  assert_null(t);
+
+  /* The limit comes back while the reader waits between retries: the shard opens and reads whole. */
+  pthread_t thread;
+  pthread_create(&thread, NULL, restore_limit_soon, &saved);
+  sf_shard_reader_options patient = {.retries = 8, .retry_wait = 0.02, .retry_max_wait = 0.1};
+  assert_int_equal(sf_tar_reader_open(&t, path, &patient, &e), 0);
+  pthread_join(thread, NULL);
+  int n = 0, rc;
+  sf_sample *s = NULL;
+  while ((rc = sf_tar_reader_next(t, &s, &e)) == 0) {
+    sf_sample_destroy(&s);
+    n++;
+  }
+  assert_int_equal(rc, SF_EOF);
+  assert_int_equal(n, 6);
+  sf_tar_reader_close(&t);
+
+  /* tar_split, under the default skip policy: a shard it cannot open for want of descriptors stops the
+   * stage with the limit's error, instead of being skipped like a bad path (an epoch short of samples). */
+  sf_harness *h = NULL;
+  const char *const opts[] = {"retries=1", "retry_wait=10ms", NULL};
+  assert_int_equal(sf_harness_new(&h, "tar_split", opts, 1, 0, 0, 1, &e), 0);
+  push_shard(h, path, 0, 0, 0);
+  push_shard(h, path, 0, 1, 0);
+  sf_harness_close_input(h);
+  limit = exhaust_descriptors(&saved);
+  rc = sf_harness_run(h, 0);
+  setrlimit(RLIMIT_NOFILE, &saved);
+  assert_int_equal(rc, SF_EMFILE);
+  expect_fd_limit(sf_harness_last_error(h)->code, sf_harness_last_error(h), path, limit);
+  sf_harness_destroy(&h);
+
+  sf_prefetch_destroy(&prefetch);
+  close(listener);
+  unlink(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grouping),
@@ -816,6 +915,7 @@ int main(void) {
       cmocka_unit_test(test_stage_one_pass),
       cmocka_unit_test(test_stage_samples_per_epoch),
       cmocka_unit_test(test_stage_errors),
+      cmocka_unit_test(test_out_of_descriptors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
