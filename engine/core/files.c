@@ -141,6 +141,8 @@ int sf_file_create_partial(const char *path, char *tmp, size_t size, mode_t mode
   int e = partial_prefix(path, prefix, sizeof prefix);
   if (e == 0) e = sf_make_dirs(path, true);
   return e < 0 ? e : sf_file_create_unique(prefix, tmp, size, mode);
+}
+
 bool sf_errno_is_fd_limit(int err) { return err == EMFILE || err == ENFILE; }
 
 const char *sf_fd_limit_text(int err, char *buf, size_t size) {
