@@ -583,10 +583,11 @@ static int allow_plugins(const remote *r, char **argv, int at, char **owned) {
   for (int i = 0; r->stages && i < r->stages->n_plugins; i++) {
     const char *entry = r->stages->plugins[i].name;
     if (!strchr(entry, '/')) continue; /* a name: the worker searches the same SHARDFLOW_PLUGIN_PATH */
-    char *real = realpath(entry, NULL);
-    owned[i] = real;
+    /* absolute, but links unresolved: the worker matches the head's entry to it by file name */
+    char cwd[PATH_MAX];
+    if (entry[0] != '/' && getcwd(cwd, sizeof cwd) && asprintf(&owned[i], "%s/%s", cwd, entry) < 0) owned[i] = NULL;
     argv[at + n++] = (char *)"--allow-plugin";
-    argv[at + n++] = real ? real : (char *)entry;
+    argv[at + n++] = owned[i] ? owned[i] : (char *)entry;
   }
   return n;
 }
