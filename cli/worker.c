@@ -18,7 +18,7 @@ static void on_signal(int sig) {
 /* The engine's worker options, and the repeated options' lists. */
 typedef struct worker_args {
   sf_worker_options o;
-  sf_cli_list connect, server_keys, rendezvous;
+  sf_cli_list connect, server_keys, rendezvous, allowed_plugins;
 } worker_args;
 
 #define W(field) offsetof(worker_args, o.field)
@@ -41,7 +41,12 @@ static const sf_cli_option worker_options[] = {
                      "the same order"},
      .value = "FILE", .repeat = true},
     {.row = {"plaintext", SF_OPT_BOOL, W(plaintext),
-             .help = "tcp:// without CURVE (only if the group says plaintext: true)"}},
+             .help = "tcp:// without CURVE (only if the group says plaintext: true); without it a worker never "
+                     "goes plaintext, whatever a rendezvous file says"}},
+    {.row = {"allow-plugin", SF_OPT_STRING, offsetof(worker_args, allowed_plugins),
+             .help = "a plugin file this worker may load when a head names a plugin of that file name (NAME.so); "
+                     "others come from its own SHARDFLOW_PLUGIN_PATH, never from a path the head sends"},
+     .value = "FILE", .repeat = true},
     {.row = {"name", SF_OPT_STRING, W(name),
              .help = "how the head's logs call this worker (default HOST-PID)"},
      .value = "NAME"},
@@ -85,7 +90,13 @@ static int worker_main(int argc, char **argv) {
                        "--connect in the same order", a.server_keys.n, a.connect.n);
     goto out;
   }
+  if (a.o.plaintext && a.o.secret_key_file) {
+    sf_cli_usage_error(&sf_cli_worker, "give --plaintext or --key, not both (plaintext has no keys)");
+    goto out;
+  }
   sf_worker_options o = a.o;
+  o.allowed_plugins = a.allowed_plugins.v;
+  o.n_allowed_plugins = a.allowed_plugins.n;
   o.endpoints = a.connect.v;
   o.n_endpoints = a.connect.n;
   o.server_key_files = a.server_keys.v;
@@ -114,12 +125,20 @@ static int worker_main(int argc, char **argv) {
       if (!stop_requested) rc = sf_cli_fail(&sf_cli_worker, "%s", sf_error_format(&err, line, sizeof line));
       goto out_rendezvous;
     }
-    if (i > 0 && plaintext != o.plaintext) {
-      rc = sf_cli_fail(&sf_cli_worker, "%s: the heads disagree on plaintext (this one %s a key): give every group "
-                       "keys, or none", a.rendezvous.v[i], plaintext ? "has no" : "has");
+    /* Whoever can write the file may not choose plaintext for this worker: only its own --plaintext does. */
+    if (plaintext && !a.o.plaintext) {
+      rc = sf_cli_fail(&sf_cli_worker,
+                       "%s says its head is plaintext (no CURVE key), and this worker was not started with "
+                       "--plaintext: refused. Start it with --plaintext (and no --key) only if that head is meant to "
+                       "be unauthenticated; otherwise check who wrote the file",
+                       a.rendezvous.v[i]);
       goto out_rendezvous;
     }
-    o.plaintext = plaintext;
+    if (!plaintext && a.o.plaintext) {
+      rc = sf_cli_fail(&sf_cli_worker, "%s holds its head's public key (CURVE), and this worker was started with "
+                       "--plaintext: drop --plaintext and give --key", a.rendezvous.v[i]);
+      goto out_rendezvous;
+    }
     endpoint_list[i] = endpoints[i];
   }
   if (n) {
@@ -143,13 +162,15 @@ out:
 const sf_cli_command sf_cli_worker = {
     .name = "worker",
     .run = worker_main,
-    .args = "--connect ENDPOINT [--connect ENDPOINT...] [--key K --server-key K] | --rendezvous FILE [--key K]",
+    .args = "--connect ENDPOINT [--connect ENDPOINT...] [--key K --server-key K] | --rendezvous FILE [--key K] "
+            "[--allow-plugin FILE...]",
     .summary = "join a head's group and run its stages",
     .about = "Joins a head (a `shardflow run` or an embedding trainer whose graph has a group with\n"
              "`listen: ENDPOINT`), receives the group's stages from it and runs work units through them\n"
              "until the head ends the run. With --connect repeated it serves several heads (every rank of a\n"
              "job) at once, each with its own stages, sharing its CPUs evenly among those with work; it ends\n"
              "when every head has ended. Needs no graph file. SIGTERM or SIGINT leave cleanly: the head\n"
-             "hands this worker's unfinished units to other workers.",
+             "hands this worker's unfinished units to other workers. The plugins a head's stages need are\n"
+             "loaded by file name from this host's plugin path or --allow-plugin, never from a head's path.",
     .options = worker_options,
 };

@@ -85,7 +85,8 @@ typedef struct remote {
   const sf_graph *stages; /* the group's stages (the head's graph nodes), sent to workers in WELCOME */
 
   sf_node *node;
-  char ipc_path[108];
+  char ipc_dir[108];      /* a private directory (mkdtemp, 0700) for the local socket, one per pipeline */
+  char ipc_path[120];     /* ipc_dir/local.ipc: init keeps it within a unix socket path's 107 bytes */
   void *zctx;
   sf_transport *sockets[2];
   bool wrote_rendezvous;
@@ -572,14 +573,44 @@ static const char *worker_executable(remote *r) {
   return "shardflow";
 }
 
+/*
+ * A worker loads only plugins it finds itself or was allowed by its command line, never a path a head
+ * sends: the plugins this head loaded by path are passed to its own processes with --allow-plugin.
+ * Returns the argv slots used from at (2 per plugin); *owned gets the strings to free.
+ */
+static int allow_plugins(const remote *r, char **argv, int at, char **owned) {
+  int n = 0;
+  for (int i = 0; r->stages && i < r->stages->n_plugins; i++) {
+    const char *entry = r->stages->plugins[i].name;
+    if (!strchr(entry, '/')) continue; /* a name: the worker searches the same SHARDFLOW_PLUGIN_PATH */
+    /* absolute, but links unresolved: the worker matches the head's entry to it by file name */
+    char cwd[PATH_MAX];
+    if (entry[0] != '/' && getcwd(cwd, sizeof cwd) && asprintf(&owned[i], "%s/%s", cwd, entry) < 0) owned[i] = NULL;
+    argv[at + n++] = (char *)"--allow-plugin";
+    argv[at + n++] = owned[i] ? owned[i] : (char *)entry;
+  }
+  return n;
+}
+
 static int spawn_worker(remote *r, int index, sf_error *error) {
   const char *exe = worker_executable(r);
   char endpoint[128], name[64];
   snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
   snprintf(name, sizeof name, "%s-local-%d", sf_node_name(r->node), index);
   char shm_fd[24] = "";
-  char *argv[] = {(char *)"shardflow", (char *)"worker", (char *)"--connect", endpoint, (char *)"--name", name,
-                  (char *)"--exit-with-parent", NULL, NULL, NULL};
+  int n_plugins = r->stages ? r->stages->n_plugins : 0;
+  char **argv = calloc((size_t)(10 + 2 * n_plugins), sizeof *argv);
+  char **owned = calloc((size_t)(n_plugins + 1), sizeof *owned);
+  if (!argv || !owned) {
+    free(argv);
+    free(owned);
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.stage = sf_node_name(r->node)), "out of memory");
+  }
+  char *base[] = {(char *)"shardflow", (char *)"worker", (char *)"--connect", endpoint, (char *)"--name", name,
+                  (char *)"--exit-with-parent"};
+  int argc = (int)(sizeof base / sizeof *base);
+  memcpy(argv, base, sizeof base);
+  argc += allow_plugins(r, argv, argc, owned);
   /* a fresh ring for every process started: views of a dead one's ring keep that one mapped */
   sf_shm_ring_unref(&r->rings[index]);
   int fd = -1;
@@ -593,14 +624,17 @@ static int spawn_worker(remote *r, int index, sf_error *error) {
     } else {
       posix_spawn_file_actions_adddup2(&actions, fd, fd); /* same number: clears close-on-exec in the child */
       snprintf(shm_fd, sizeof shm_fd, "%d", fd);
-      argv[7] = (char *)"--shm-fd";
-      argv[8] = shm_fd;
+      argv[argc++] = (char *)"--shm-fd";
+      argv[argc++] = shm_fd;
     }
   }
   pid_t pid;
   int rc = strchr(exe, '/') ? posix_spawn(&pid, exe, &actions, NULL, argv, environ)
                             : posix_spawnp(&pid, exe, &actions, NULL, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
+  for (int i = 0; i < n_plugins; i++) free(owned[i]);
+  free(owned);
+  free(argv);
   if (fd >= 0) close(fd);
   if (rc != 0)
     return sf_error_set(error, SF_ENOENT, SF_AT(.stage = sf_node_name(r->node)),
@@ -741,9 +775,27 @@ static int init(sf_node *node) {
     return SF_EOPTION;
   }
   if (r->processes > 0) {
-    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    sf_remove_stale_files(tmp, "shardflow-", ".ipc", S_IFSOCK); /* of heads that were killed */
-    snprintf(r->ipc_path, sizeof r->ipc_path, "%s/shardflow-%d-%s.ipc", tmp, (int)getpid(), sf_node_name(node));
+    const char *tmp = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
+    /* of heads that were killed: their directories, and the sockets older versions put in tmp itself */
+    sf_remove_stale_files(tmp, "shardflow-", "", S_IFDIR);
+    sf_remove_stale_files(tmp, "shardflow-", ".ipc", S_IFSOCK);
+    /*
+     * A directory of its own: two pipelines of one process with the same group name (train and validation)
+     * get two sockets, and only this user can reach them (ipc:// has no CURVE; the socket's directory is
+     * what keeps other local users out).
+     */
+    int n = snprintf(r->ipc_dir, sizeof r->ipc_dir, "%s/shardflow-%d-XXXXXX", tmp, (int)getpid());
+    if (n < 0 || (size_t)n + sizeof "/local.ipc" > sizeof r->ipc_dir || !mkdtemp(r->ipc_dir)) {
+      int err = errno;
+      bool long_path = n < 0 || (size_t)n + sizeof "/local.ipc" > sizeof r->ipc_dir;
+      r->ipc_dir[0] = '\0';
+      sf_node_error(node, SF_EIO, NULL, NULL, -1,
+                    "group '%s': cannot make a directory for the local workers' socket in %s: %s; set TMPDIR to a "
+                    "short, writable directory",
+                    sf_node_name(node), tmp, long_path ? "the path is too long for a unix socket" : strerror(err));
+      return SF_EIO;
+    }
+    snprintf(r->ipc_path, sizeof r->ipc_path, "%s/local.ipc", r->ipc_dir);
     char endpoint[128];
     snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
     sf_transport_options local = {.endpoint = endpoint, .max_message_bytes = r->max_message};
@@ -902,6 +954,7 @@ static void uninit(sf_node *node) {
   for (int s = 0; s < 2; s++) sf_transport_close(&r->sockets[s]);
   if (r->zctx) zmq_ctx_term(r->zctx);
   if (r->ipc_path[0]) unlink(r->ipc_path);
+  if (r->ipc_dir[0]) rmdir(r->ipc_dir);
   if (r->wrote_rendezvous) unlink(r->rendezvous); /* workers of a later run must not find this head */
   if (r->processes > 0 && r->shm_ring > 0)
     sf_log(SF_LOG_INFO, sf_node_name(r->node), "results: %llu bytes through shared memory, %llu through the socket",

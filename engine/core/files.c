@@ -46,6 +46,25 @@ static pid_t pid_after(const char *name, const char *marker) {
   return *end == '-' && !errno && pid > 0 && pid == (pid_t)pid ? (pid_t)pid : 0;
 }
 
+/*
+ * Removes directory name in dirfd and what it holds, if this user owns it: a dead process's private
+ * directory. Opened without following links, so a link planted there removes nothing elsewhere.
+ */
+static bool remove_private_dir(int dirfd, const char *name) {
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) return false;
+  DIR *d = fstat(fd, &st) == 0 && st.st_uid == geteuid() ? fdopendir(fd) : NULL;
+  if (!d) {
+    close(fd);
+    return false;
+  }
+  for (struct dirent *e; (e = readdir(d));)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) unlinkat(fd, e->d_name, 0);
+  closedir(d);
+  return unlinkat(dirfd, name, AT_REMOVEDIR) == 0;
+}
+
 int sf_remove_stale_files(const char *dir, const char *marker, const char *suffix, unsigned type) {
   DIR *d = opendir(dir);
   if (!d) return 0;
@@ -59,7 +78,7 @@ int sf_remove_stale_files(const char *dir, const char *marker, const char *suffi
     struct stat st;
     if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || (st.st_mode & S_IFMT) != type) continue;
     if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or another user's live process */
-    if (unlinkat(dirfd(d), e->d_name, 0) == 0) removed++;
+    if (type == S_IFDIR ? remove_private_dir(dirfd(d), e->d_name) : unlinkat(dirfd(d), e->d_name, 0) == 0) removed++;
   }
   closedir(d);
   return removed;

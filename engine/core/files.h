@@ -15,10 +15,11 @@ int sf_make_dirs(const char *path, bool parents_only);
 
 /*
  * Removes what processes that are gone left in dir: entries of the given type
- * (S_IFREG, S_IFSOCK) whose name holds marker, then a process id, a '-', and
- * ends with suffix ("" = anything), when no process has that id any more
- * (kill(pid, 0) fails with ESRCH). Best effort: entries that cannot be read or
- * removed stay. Returns how many were removed.
+ * (S_IFREG, S_IFSOCK, S_IFDIR) whose name holds marker, then a process id, a
+ * '-', and ends with suffix ("" = anything), when no process has that id any
+ * more (kill(pid, 0) fails with ESRCH). A directory goes with the files in it,
+ * only if this user owns it (nested directories keep it). Best effort:
+ * entries that cannot be read or removed stay. Returns how many were removed.
  */
 int sf_remove_stale_files(const char *dir, const char *marker, const char *suffix, unsigned type);
 

@@ -15,6 +15,7 @@ typedef struct reader {
   yaml_document_t *doc;
   sf_graph *graph;
   sf_error *error;
+  const char *base_dir; /* the graph file's directory (relative plugin paths), or NULL for text */
 } reader;
 
 static int64_t line_of(const yaml_node_t *n) { return (int64_t)n->start_mark.line + 1; }
@@ -216,7 +217,14 @@ static int read_plugins(reader *r, const yaml_node_t *v) {
     if (!name || !name[0])
       return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(e),
                             "a `plugins` entry is a plugin name or a .so path");
-    if (sf_graph_add_plugin(r->graph, name, line_of(e)) < 0) return SF_ENOMEM;
+    /* A relative path is the graph file's neighbour, as the graph's author sees it, wherever the run starts. */
+    char *joined = NULL;
+    if (r->base_dir && strchr(name, '/') && name[0] != '/' &&
+        asprintf(&joined, "%s/%s", r->base_dir, name) < 0)
+      return SF_ENOMEM;
+    int rc = sf_graph_add_plugin(r->graph, joined ? joined : name, line_of(e));
+    free(joined);
+    if (rc < 0) return SF_ENOMEM;
   }
   return 0;
 }
@@ -316,7 +324,8 @@ static int check_events(const char *text, const sf_graph *g, sf_error *error) {
   return rc;
 }
 
-int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_error *error) {
+/* Reads text (named name in messages); relative plugin paths resolve against base_dir when it is not NULL. */
+static int load_text(sf_graph **pg, const char *text, const char *name, const char *base_dir, sf_error *error) {
   *pg = NULL;
   sf_graph *g = sf_graph_new_empty(name);
   if (!g) return SF_ENOMEM;
@@ -338,7 +347,7 @@ int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_e
     sf_graph_destroy(&g);
     return rc;
   }
-  reader r = {.doc = &doc, .graph = g, .error = error};
+  reader r = {.doc = &doc, .graph = g, .error = error, .base_dir = base_dir};
   rc = read_top(&r, yaml_document_get_root_node(&doc));
   if (rc == SF_ENOMEM) sf_graph_error(error, rc, g, -1, "out of memory");
   yaml_document_delete(&doc);
@@ -351,6 +360,10 @@ int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_e
   }
   *pg = g;
   return 0;
+}
+
+int sf_graph_load_string(sf_graph **pg, const char *text, const char *name, sf_error *error) {
+  return load_text(pg, text, name, NULL, error);
 }
 
 int sf_graph_load_file(sf_graph **pg, const char *path, sf_error *error) {
@@ -376,7 +389,14 @@ int sf_graph_load_file(sf_graph **pg, const char *path, sf_error *error) {
     return sf_graph_error(error, SF_ETOOBIG, &tmp, -1, "graph files are limited to 1 MiB");
   }
   text[n] = '\0';
-  int rc = sf_graph_load_string(pg, text, path, error);
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : NULL;
+  if (slash && !dir) {
+    free(text);
+    return SF_ENOMEM;
+  }
+  int rc = load_text(pg, text, path, dir, error); /* no '/': the graph is in the current directory already */
+  free(dir);
   free(text);
   return rc;
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,7 +41,17 @@ int sf_rendezvous_write(const char *path, const char *endpoint, const char *secr
   advertised(endpoint, where, sizeof where);
   if (snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= (int)sizeof tmp)
     return sf_error_set(error, SF_EINVAL, SF_AT(.url = path), "rendezvous path too long");
-  FILE *f = fopen(tmp, "w");
+  /* 0644 whatever the umask: workers refuse a rendezvous file others may write. O_EXCL and O_NOFOLLOW: a name
+   * planted in a shared directory is not followed; a temporary file of a killed head with this pid goes first. */
+  unlink(tmp);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  FILE *f = fd >= 0 && fchmod(fd, 0644) == 0 ? fdopen(fd, "w") : NULL;
+  if (!f && fd >= 0) {
+    int e = errno;
+    close(fd);
+    unlink(tmp);
+    errno = e;
+  }
   if (!f)
     return sf_error_set(error, SF_EIO, SF_AT(.url = path),
                         "cannot write the rendezvous file: %s (rendezvous: must name a file in a writable directory "
@@ -86,12 +97,39 @@ static int parse(const char *path, char *text, char *endpoint, size_t size, bool
   return 0;
 }
 
+/*
+ * The file says which head the worker trusts: refuses anything but a regular file, and one that others could
+ * have written (the file, or the directory it is renamed into, unless that is sticky like /tmp).
+ */
+static int check_file(int fd, const char *path, sf_error *error) {
+  struct stat st;
+  if (fstat(fd, &st) < 0)
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot stat the rendezvous file: %s", strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = path),
+                        "the rendezvous file is not a regular file (a FIFO, device or directory): give the path "
+                        "of the file the head's group `rendezvous:` writes");
+  int rc = sf_key_path_check(path, &st, "the rendezvous file", false, error);
+  if (rc < 0) return rc;
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (stat(dir, &st) < 0)
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot stat the directory %s: %s", dir, strerror(errno));
+  rc = sf_key_path_check(dir, &st, "the rendezvous file's directory", true, error);
+  if (rc < 0 && error) snprintf(error->url, sizeof error->url, "%s", path); /* the file the user gave */
+  return rc;
+}
+
 int sf_rendezvous_read(const char *path, double timeout, volatile sig_atomic_t *stop, char *endpoint, size_t size,
                        bool *plaintext, sf_error *error) {
   struct timespec start, now, tick = {0, 100 * 1000 * 1000};
   clock_gettime(CLOCK_MONOTONIC, &start);
   int fd;
-  while ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+  /* O_NONBLOCK: a FIFO opens at once (and is refused below) instead of blocking past the timeout */
+  while ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) < 0) {
     if (errno != ENOENT)
       return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot open the rendezvous file: %s", strerror(errno));
     if (stop && *stop)
@@ -105,7 +143,8 @@ int sf_rendezvous_read(const char *path, double timeout, volatile sig_atomic_t *
     nanosleep(&tick, NULL);
   }
   char *text = NULL;
-  int rc = sf_key_file_read(fd, path, MAX_RENDEZVOUS_FILE, &text, error);
+  int rc = check_file(fd, path, error);
+  if (rc == 0) rc = sf_key_file_read(fd, path, MAX_RENDEZVOUS_FILE, &text, error);
   close(fd);
   if (rc == 0) rc = parse(path, text, endpoint, size, plaintext, error);
   free(text);

@@ -13,7 +13,8 @@
 #include "shardflow/error.h"
 
 /*
- * Writes path atomically (a temporary file renamed over it, mode 0644): a
+ * Writes path atomically (a temporary file renamed over it, mode 0644
+ * whatever the umask): a
  * ZeroMQ certificate text (CZMQ's zcert format, the same as `shardflow
  * keygen`'s NAME.pub) whose metadata holds `endpoint = "tcp://HOST:PORT"` and
  * whose curve section holds the head's public key, so the file itself is the
@@ -30,9 +31,16 @@ int sf_rendezvous_write(const char *path, const char *endpoint, const char *secr
  * Waits until path exists (polling every 100 ms, up to timeout seconds, or
  * until *stop becomes nonzero; stop may be NULL) and reads its endpoint into
  * endpoint[size]; *plaintext tells whether the head has no key (otherwise
- * give path as the server key). Returns 0; SF_ETIMEDOUT when no file appeared
- * (the message names the file and says to check the head's `rendezvous:`),
- * SF_ECANCELED when stopped, SF_EFORMAT when the file has no endpoint.
+ * give path as the server key; whether to accept a plaintext head is the
+ * caller's decision, never the file's). The file must be a regular file
+ * (a FIFO is refused at once, never waited on), owned by this user or root
+ * and not writable by group or others, in a directory of which the same
+ * holds (sticky directories such as /tmp excepted), as OpenSSH checks key
+ * files. Returns 0; SF_ETIMEDOUT when no file appeared (the message names the
+ * file and says to check the head's `rendezvous:`), SF_ECANCELED when
+ * stopped, SF_EFORMAT when the file has no endpoint, SF_EINVAL for a file
+ * that is not a regular file, SF_EDENIED for one others could have written
+ * (the message says what to chmod).
  */
 int sf_rendezvous_read(const char *path, double timeout, volatile sig_atomic_t *stop, char *endpoint, size_t size,
                        bool *plaintext, sf_error *error);

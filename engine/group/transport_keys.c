@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -94,6 +95,24 @@ int sf_key_file_read(int fd, const char *path, size_t limit, char **text, sf_err
   return 0;
 }
 
+int sf_key_path_check(const char *path, const struct stat *st, const char *what, bool sticky_ok, sf_error *error) {
+  uid_t me = geteuid();
+  if (st->st_uid != me && st->st_uid != 0)
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = path),
+                        "%s %s is owned by user %u, not by this user (%u) or root: its owner can change which keys "
+                        "are trusted; use one of your own (or `chown %u %s`)",
+                        what, path, (unsigned)st->st_uid, (unsigned)me, (unsigned)me, path);
+  /* a read-only mount is nobody's to write, whatever its mode (Kubernetes mounts Secrets read-only, 1777) */
+  struct statvfs fs;
+  bool read_only = statvfs(path, &fs) == 0 && (fs.f_flag & ST_RDONLY);
+  if ((st->st_mode & 022) && !read_only && !(sticky_ok && S_ISDIR(st->st_mode) && (st->st_mode & S_ISVTX)))
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = path),
+                        "%s %s is writable by %s (mode %03o): others could change which keys are trusted; run "
+                        "`chmod go-w %s`",
+                        what, path, (st->st_mode & 002) ? "others" : "its group", (unsigned)(st->st_mode & 0777), path);
+  return 0;
+}
+
 static int open_key_file(const char *path, int *fd, sf_error *error) {
   *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
   if (*fd >= 0) return 0;
@@ -110,7 +129,7 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
   int rc = open_key_file(path, &fd, error);
   if (rc < 0) return rc;
   struct stat st;
-  if (fstat(fd, &st) < 0) st.st_mode = 0777;
+  if (fstat(fd, &st) < 0) st.st_mode = 0777, st.st_uid = (uid_t)-1;
   char *text = NULL;
   rc = sf_key_file_read(fd, path, MAX_KEY_FILE, &text, error);
   close(fd);
@@ -154,6 +173,11 @@ int sf_curve_key_load(const char *path, char *public_z85, char *secret_z85, sf_e
   if (rc == 0 && secret_z85 && !sec[0])
     rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path),
                       "no secret key in the file: give NAME.key (the file NAME.pub holds only the public key)");
+  if (rc == 0 && secret_z85 && st.st_uid != geteuid() && st.st_uid != 0)
+    rc = sf_error_set(error, SF_EDENIED, SF_AT(.url = path),
+                      "secret key file is owned by user %u, not by this user (%u) or root: its owner can read or "
+                      "replace it; use a key file of your own (`shardflow keygen NAME`)",
+                      (unsigned)st.st_uid, (unsigned)geteuid());
   if (rc == 0 && secret_z85 && (st.st_mode & 077))
     rc = sf_error_set(error, SF_EDENIED, SF_AT(.url = path),
                       "secret key file is accessible to group or others (mode %03o): run `chmod 600 %s`, "

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/stat.h>
+
 #include "shardflow/error.h"
 
 /* Decodes a Z85 CURVE key of exactly SF_CURVE_KEY_Z85_LEN characters into out. Returns false if it is not one. */
@@ -31,5 +33,17 @@ bool sf_key_line_parse(char *line, char **name, char **value);
  * *error names path.
  */
 int sf_key_file_read(int fd, const char *path, size_t limit, char **text, sf_error *error);
+
+/*
+ * Refuses what others could change, as OpenSSH's StrictModes refuses an
+ * authorized_keys: path (st its stat) owned by a user other than this
+ * process's effective user and root, or writable by group or others (on a
+ * read-only mount nothing is writable; a directory with the sticky bit is
+ * excepted when sticky_ok: others cannot replace what is ours in it). what
+ * names it in the message ("the allow-list").
+ * Returns 0, or SF_EDENIED with *error naming path, the owner or mode, and
+ * the command that fixes it.
+ */
+int sf_key_path_check(const char *path, const struct stat *st, const char *what, bool sticky_ok, sf_error *error);
 
 #endif

@@ -107,8 +107,12 @@ static int load_allow_file(const char *path, key_set *set, sf_error *error) {
     return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot open the allow-list: %s",
                         strerror(e));
   }
+  struct stat st;
+  int rc = fstat(fd, &st) < 0 ? sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot stat the allow-list: %s",
+                                             strerror(errno))
+                              : sf_key_path_check(path, &st, "the allow-list", false, error);
   char *text = NULL;
-  int rc = sf_key_file_read(fd, path, MAX_ALLOW_FILE, &text, error);
+  if (rc == 0) rc = sf_key_file_read(fd, path, MAX_ALLOW_FILE, &text, error);
   close(fd);
   if (rc < 0) return rc;
   int line_no = 0;
@@ -144,7 +148,10 @@ static int load_allow_dir(const char *path, key_set *set, sf_error *error) {
   DIR *d = opendir(path);
   if (!d)
     return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot read the allow-list directory: %s", strerror(errno));
-  int rc = 0;
+  /* Whoever may add or change a *.pub here chooses the workers: the directory and each key are checked. */
+  struct stat st;
+  int rc = fstat(dirfd(d), &st) < 0 ? sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot stat: %s", strerror(errno))
+                                    : sf_key_path_check(path, &st, "the allow-list directory", false, error);
   struct dirent *e;
   while (rc == 0 && (e = readdir(d)) != NULL) {
     size_t n = strlen(e->d_name);
@@ -153,7 +160,8 @@ static int load_allow_dir(const char *path, key_set *set, sf_error *error) {
     if (snprintf(file, sizeof file, "%s/%s", path, e->d_name) >= (int)sizeof file) continue;
     char pub[SF_CURVE_KEY_Z85_LEN + 1];
     uint8_t raw[32];
-    rc = sf_curve_key_load(file, pub, NULL, error);
+    if (fstatat(dirfd(d), e->d_name, &st, 0) == 0) rc = sf_key_path_check(file, &st, "the allowed key", false, error);
+    if (rc == 0) rc = sf_curve_key_load(file, pub, NULL, error);
     if (rc == 0 && sf_curve_key_decode(pub, raw)) rc = key_set_add(set, raw, path, error);
   }
   closedir(d);
@@ -183,7 +191,9 @@ static int load_allowed(sf_zap *z, sf_error *error) {
 }
 
 static bool same_stat(const struct stat *a, const struct stat *b) {
-  return a->st_ino == b->st_ino && a->st_dev == b->st_dev && a->st_size == b->st_size &&
+  /* mode and owner too: an allow-list made writable by others is refused from then on */
+  return a->st_ino == b->st_ino && a->st_dev == b->st_dev && a->st_size == b->st_size && a->st_mode == b->st_mode &&
+         a->st_uid == b->st_uid &&
          a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 

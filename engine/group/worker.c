@@ -396,16 +396,50 @@ static void dispatch(head *heads, int n, int slots, int *rr) {
   }
 }
 
+/* The file name an entry names, into out[size]: its last path component without ".so"; false if there is none. */
+static bool plugin_file_name(const char *entry, char *out, size_t size) {
+  const char *slash = strrchr(entry, '/');
+  const char *base = slash ? slash + 1 : entry;
+  size_t n = strlen(base);
+  if (slash && n > 3 && strcmp(base + n - 3, ".so") == 0) n -= 3;
+  if (n == 0 || n >= size || base[0] == '.') return false;
+  memcpy(out, base, n);
+  out[n] = '\0';
+  return true;
+}
+
+/*
+ * The plugin a head's entry names, as this worker may load it: a file it was started with (--allow-plugin)
+ * of that file name, else NAME.so searched in its own plugin path. Never the head's path: whoever controls
+ * a head (or the rendezvous file that leads to one) would otherwise run code on every worker.
+ */
+static int load_plugin(const sf_worker_options *o, const char *entry, const sf_plugin **p, sf_error *why) {
+  char name[256], allowed[256];
+  if (!plugin_file_name(entry, name, sizeof name))
+    return sf_error_set(why, SF_EINVAL, SF_AT(.url = entry), "'%s' names no plugin file", entry);
+  for (int j = 0; j < o->n_allowed_plugins; j++)
+    if (plugin_file_name(o->allowed_plugins[j], allowed, sizeof allowed) && strcmp(allowed, name) == 0)
+      return sf_plugin_load(o->allowed_plugins[j], p, why);
+  int rc = sf_plugin_load(name, p, why);
+  if (rc == SF_ENOENT) {
+    size_t n = strlen(why->message);
+    snprintf(why->message + n, sizeof why->message - n,
+             " (a worker loads plugins by file name from its own path, or a file given with --allow-plugin)");
+  }
+  return rc;
+}
+
 /*
  * Loads the plugins the head's WELCOME names for the group's stages and checks they are the head's
  * builds; on a refusal tells the head with a BYE naming the plugin, and returns the error.
  */
-static int load_plugins(void *socket, const sf_graph *stages, const char *name, sf_error *error) {
+static int load_plugins(void *socket, const sf_worker_options *o, const sf_graph *stages, const char *name,
+                        sf_error *error) {
   for (int i = 0; stages && i < stages->n_plugins; i++) {
     const sf_graph_plugin *want = &stages->plugins[i];
     const sf_plugin *p;
     sf_error why = {0};
-    int rc = sf_plugin_load(want->name, &p, &why);
+    int rc = load_plugin(o, want->name, &p, &why);
     if (rc == 0 && want->build_id && strcmp(p->build_id, want->build_id) != 0)
       rc = sf_error_set(&why, SF_EUNSUPPORTED, SF_AT(.url = want->name),
                         "plugin '%s' here is build '%s', the head's is build '%s': install the head's build", p->name,
@@ -473,7 +507,7 @@ static void end_head(head *h, int rc, const sf_error *why, const char *name, boo
 
 /* After the head's WELCOME: builds its stages here and grants its credits. */
 static int start_head(head *h, const sf_worker_options *o, const char *name, sf_error *error) {
-  int rc = load_plugins(h->socket, h->welcome.stages, name, error);
+  int rc = load_plugins(h->socket, o, h->welcome.stages, name, error);
   if (rc < 0) return rc;
   int64_t threads = o->threads > 0 ? o->threads : h->welcome.threads;
   rc = sf_group_worker_graph(&h->graph, h->welcome.stages, h->welcome.seed, h->welcome.error_policy, threads, error);

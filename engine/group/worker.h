@@ -21,6 +21,9 @@ typedef struct sf_worker_options {
   const char **server_key_files; /* tcp://: the heads' public key files: one for all, or one per endpoint */
   int n_server_keys;
   bool plaintext;                /* tcp:// without CURVE (the head must allow it too) */
+  const char **allowed_plugins;  /* plugin files (.so paths) this worker may load besides those found by name in
+                                    SHARDFLOW_PLUGIN_PATH and $libdir/shardflow/plugins; borrowed */
+  int n_allowed_plugins;
   int64_t threads;               /* pipeline threads; 0 = what the head says, else this host's CPUs */
   int64_t credits;               /* units decoding at once over all heads, and each head's credit (its queue
                                     here); 0 = 4 */
@@ -37,6 +40,11 @@ typedef struct sf_worker_options {
  * heartbeat timeout, never answered within connect_timeout, or failed) or
  * *stop is set.  Each head runs its own stages (from its WELCOME); the
  * decode slots are shared evenly among the heads with work waiting.
+ * The plugins a head's stages need are loaded by file name: an entry the
+ * head names (a name, or a path whose last component NAME.so is used) is
+ * one of allowed_plugins with that file name, else NAME.so found in this
+ * worker's own plugin path; a directory the head names is never opened, so
+ * a head cannot make its workers run code of its choosing.
  * Returns 0 when every head ended cleanly; else the first failed head's
  * error: SF_ENET (no head answered, the head was lost), SF_EDENIED/SF_ENOENT/
  * SF_EFORMAT (keys), SF_EGRAPH (the head's stages do not build here, e.g. a

@@ -28,7 +28,8 @@ SF_API int sf_version(void);
 typedef struct sf_graph sf_graph;
 
 /**
- * Reads a YAML graph file (format: docs/graph-files.md).
+ * Reads a YAML graph file (format: docs/graph-files.md).  A relative path
+ * in its `plugins:` list is resolved against the file's directory.
  * On success *graph is a new graph the caller destroys with sf_graph_destroy().
  * Returns 0; SF_ENOENT when the file cannot be opened, SF_EIO when it cannot
  * be read, SF_ETOOBIG over 1 MiB; SF_EGRAPH for YAML, stage or structure
@@ -38,7 +39,8 @@ typedef struct sf_graph sf_graph;
  */
 SF_API int sf_graph_load_file(sf_graph **graph, const char *path, sf_error *error);
 
-/** Same as sf_graph_load_file() for YAML text; name is used in messages. */
+/** Same as sf_graph_load_file() for YAML text (relative plugin paths: from the current directory); name is used
+ * in messages. */
 SF_API int sf_graph_load_string(sf_graph **graph, const char *text, const char *name,
                                 sf_error *error);
 

@@ -52,6 +52,14 @@ check(p.returncode == 0, f"keygen into a missing directory: {p.returncode} {p.st
 check(p.returncode == 0 and os.stat(os.path.join(keys, "w1.key")).st_mode & 0o777 == 0o600
       and os.path.exists(os.path.join(keys, "w1.pub")),
       "keygen wrote w1.key (0600) and w1.pub")
+# ...private whatever the umask: a key directory others can write lets them swap the keys in it.
+loose = os.path.join(tmp, "umask0", "keys")
+p = subprocess.run([SHARDFLOW, "keygen", "w1", "--dir", loose], capture_output=True, text=True,
+                   preexec_fn=lambda: os.umask(0))
+modes = ({n: os.stat(os.path.join(loose, n)).st_mode & 0o777 for n in (".", "..", "w1.key", "w1.pub")}
+         if p.returncode == 0 else p.stderr)
+check(modes == {".": 0o700, "..": 0o700, "w1.key": 0o600, "w1.pub": 0o644},
+      f"under umask 000 keygen makes its directories 0700, the secret key 0600, the public key 0644: {modes}")
 
 # Resume positions: an epoch the run never reaches, a step past the end of its epoch.
 g = graph("two-epochs", epochs=2)
@@ -122,18 +130,21 @@ check(not os.path.exists(os.path.dirname(preview)), "and the directory was not c
 p = run(["run", graph("preview-ok", sink=dict(preview_png=os.path.join(tmp, "grid.png"))), "--quiet"], check=False)
 check(p.returncode == 0 and os.path.getsize(os.path.join(tmp, "grid.png")) > 0, f"preview_png: {p.stderr}")
 
-# A head killed with SIGKILL leaves its ipc socket; the next head removes it (and keeps a live one's).
+# A head killed with SIGKILL leaves its ipc socket in a private directory (0700, one per pipeline); the next head
+# removes it, and a socket older versions left in $TMPDIR itself, and keeps a live process's.
 ipc_tmp = tempfile.mkdtemp(prefix="sf-ipc-")
 env = dict(os.environ, TMPDIR=ipc_tmp)
 head = subprocess.Popen([SHARDFLOW, "run", graph("forever", epochs=0, group="{processes: 1}"), "--quiet"],
                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-wait_for(lambda: glob.glob(os.path.join(ipc_tmp, f"shardflow-{head.pid}-*.ipc")), 60, "the head's ipc socket")
+wait_for(lambda: glob.glob(os.path.join(ipc_tmp, f"shardflow-{head.pid}-*", "*.ipc")), 60, "the head's ipc socket")
 head.send_signal(signal.SIGKILL)
 head.wait()
-left = glob.glob(os.path.join(ipc_tmp, "shardflow-*.ipc"))
-check(len(left) == 1, f"the killed head left its socket: {left}")
+left = glob.glob(os.path.join(ipc_tmp, "shardflow-*"))
+check(len(left) == 1 and os.stat(left[0]).st_mode & 0o777 == 0o700, f"the killed head left its socket: {left}")
 live = os.path.join(ipc_tmp, f"shardflow-{os.getpid()}-decoders.ipc")
-subprocess.run([sys.executable, "-c", f"import socket; socket.socket(socket.AF_UNIX).bind({live!r})"], check=True)
+old = os.path.join(ipc_tmp, f"shardflow-{dead_pid()}-decoders.ipc")
+for sock in (live, old):
+    subprocess.run([sys.executable, "-c", f"import socket; socket.socket(socket.AF_UNIX).bind({sock!r})"], check=True)
 time.sleep(0.5)  # the killed head's worker notices its parent is gone
 p = subprocess.run([SHARDFLOW, "run", graph("once", group="{processes: 1}"), "--quiet", "--no-summary"], env=env,
                    capture_output=True, text=True, timeout=120)

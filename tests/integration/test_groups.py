@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, free_port, group_graph, make_dataset, read_batches, run, write_shard  # noqa: E402
+from sfutil import (SHARDFLOW, Checks, free_port, group_graph, make_dataset, read_batches, run, wait_for,  # noqa: E402
+                    write_shard)
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-groups-")
@@ -48,16 +49,16 @@ def start_worker(endpoint, *extra):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def head(path, *extra):
+def head(path, *extra, **kw):
     return subprocess.Popen([SHARDFLOW, "run", path, "--log-steps", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 class Head:
     """A head whose stderr is read as it comes, to act when its workers have joined."""
 
-    def __init__(self, path, *extra):
-        self.proc = head(path, *extra)
+    def __init__(self, path, *extra, **kw):
+        self.proc = head(path, *extra, **kw)
         self.lines = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
         self.reader.start()
@@ -122,6 +123,55 @@ path, _ = graph("closed", {"listen": f"tcp://127.0.0.1:{free_port()}"})
 p = run(["run", path], check=False)
 check(p.returncode != 0, "a tcp:// group without keys refuses to start")
 check("allowed_keys" in p.stderr or "keygen" in p.stderr, f"...and says how to fix it: {p.stderr}")
+
+# Rendezvous files: the file tells a worker where its head is, never how secure to be. A file saying
+# plaintext is refused unless the worker was started with --plaintext (and no --key); a file (or its
+# directory) others could have written is refused as ssh refuses loose key files; a FIFO never blocks.
+rdir = os.path.join(tmp, "rendezvous")
+os.mkdir(rdir, 0o700)
+rkeys = os.path.join(tmp, "rendezvous-keys")
+run(["keygen", "w", "--dir", rkeys])
+rfile = os.path.join(rdir, "head.rendezvous")
+path, out = graph("rendezvous-run", {"listen": "tcp://127.0.0.1:0", "plaintext": "true", "rendezvous": rfile,
+                                 "worker_timeout": "60s"})
+h = Head(path, preexec_fn=lambda: os.umask(0))
+wait_for(lambda: os.path.exists(rfile), 20, "the rendezvous file")
+check(os.stat(rfile).st_mode & 0o777 == 0o644, f"the head writes it 0644 whatever its umask: {os.stat(rfile)}")
+
+
+def rendezvous_refused(what, *extra, needles=("plaintext", "--plaintext"), file=rfile):
+    t0 = time.time()
+    p = run(["worker", "--rendezvous", file, "--connect-timeout", "3", "--quiet", *extra], check=False, timeout=15)
+    check(p.returncode != 0 and file in p.stderr and all(n in p.stderr for n in needles),
+          f"rendezvous, {what}: the worker refuses, naming the file and {needles}: {p.returncode} {p.stderr}")
+    check(time.time() - t0 < 10, f"rendezvous, {what}: ...at once")
+
+
+rendezvous_refused("a worker with --key, the file says plaintext", "--key", os.path.join(rkeys, "w.key"))
+rendezvous_refused("a worker without --plaintext, the file says plaintext")
+p = run(["worker", "--rendezvous", rfile, "--plaintext", "--key", os.path.join(rkeys, "w.key")], check=False)
+check(p.returncode == 2 and "--plaintext or --key" in p.stderr, f"--plaintext with --key is a usage error: {p.stderr}")
+os.chmod(rfile, 0o666)
+rendezvous_refused("a file others may write", "--plaintext", needles=("chmod go-w",))
+os.chmod(rfile, 0o644)
+os.chmod(rdir, 0o777)
+rendezvous_refused("a directory others may write", "--plaintext", needles=(rdir, "chmod go-w"))
+os.chmod(rdir, 0o700)
+if os.geteuid() == 0:
+    os.chown(rfile, 65534, 65534)
+    rendezvous_refused("a file another user owns", "--plaintext", needles=("owned by",))
+    os.chown(rfile, 0, 0)
+fifo = os.path.join(rdir, "fifo.rendezvous")
+os.mkfifo(fifo, 0o600)
+try:
+    rendezvous_refused("a FIFO", "--plaintext", needles=("regular file",), file=fifo)
+except subprocess.TimeoutExpired:
+    check(False, "rendezvous, a FIFO: the worker blocked in open past --connect-timeout")
+w = subprocess.Popen([SHARDFLOW, "worker", "--rendezvous", rfile, "--plaintext", "--quiet", "--connect-timeout", "20"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+rc, err = h.finish("rendezvous head")
+check(rc == 0 and w.wait(timeout=30) == 0, f"a worker started with --plaintext joins a plaintext head:\n{err}")
+same_batches(read_batches(out), reference, "a worker found through a rendezvous file")
 
 # Workers killed with SIGKILL in the middle of the epoch, at several points: nothing lost, nothing twice.
 # SIGSTOP first, so the victim surely holds units (the head keeps sending it work while it has credits).

@@ -186,6 +186,68 @@ for name, worker_path, needles in [
         check(n in w.stderr, f"{name}: the worker says {n!r}: {w.stderr!r}")
     check("says: worker" in head_err and needles[0] in head_err, f"{name}: the head logs the BYE: {head_err!r}")
 
+# A worker loads plugins only from its own SHARDFLOW_PLUGIN_PATH (and default directory) or the files it was started
+# with (--allow-plugin): a path the head names is looked up by its file name there, never opened, or whoever runs
+# (or impersonates) a head could run code on every worker. The constructor below records any load in the worker.
+far = os.path.join(tmp, "far")
+os.makedirs(far)
+with open(os.path.join(tmp, "mark.c"), "w") as f:
+    f.write("#include <fcntl.h>\n#include <stdlib.h>\n#include <unistd.h>\n"
+            "__attribute__((constructor)) static void mark(void) {\n"
+            "  const char *m = getenv(\"SF_TEST_LOADED\");\n"
+            "  if (m) close(open(m, O_CREAT | O_WRONLY, 0600));\n}\n")
+far_so = os.path.join(far, "example.so")
+subprocess.run(["cc", "-shared", "-fPIC", *cflags, os.path.join(source, "plugins/example/scale.c"),
+                os.path.join(tmp, "mark.c"), "-o", far_so, "-lm"], check=True)
+marker = os.path.join(tmp, "loaded-by-worker")
+for name, extra, worker_path, ok in [("head-path", [], "", False),
+                                     ("allowed", ["--allow-plugin", far_so], "", True),
+                                     ("own-path", [], here, True)]:
+    ipc = os.path.join(tmp, name + ".ipc")
+    path, out = graph("group-" + name, [far_so], "  - type: scale\n    factor: 0.7\n    group: g\n",
+                      f"groups:\n  g: {{listen: 'ipc://{ipc}', worker_timeout: 20s}}\n")
+    h = subprocess.Popen([os.environ["SHARDFLOW"], "run", path, "--quiet", "--no-summary"], env=env,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        w = subprocess.run([os.environ["SHARDFLOW"], "worker", "--connect", f"ipc://{ipc}", "--quiet",
+                            "--connect-timeout", "20", *extra],
+                           env=dict(env, SHARDFLOW_PLUGIN_PATH=worker_path, SF_TEST_LOADED=marker),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        time.sleep(0.5 if not ok else 0)
+        if not ok:
+            h.terminate()
+        head_err = h.communicate(timeout=60)[1]
+    if ok:
+        check(w.returncode == 0 and h.returncode == 0, f"{name}: the worker runs the group: {w.stderr} {head_err}")
+        got = fields(out)
+        check(sorted(got) == sorted(truth), f"{name}: every sample once")
+        for k, (img, _) in truth.items():
+            want = np.clip(np.rint(img.astype(np.float64) * 0.7), 0, 255).astype(np.uint8)
+            check(np.array_equal(got[k], want), f"{name}: sample {k} scaled by the worker matches numpy")
+        check(os.path.exists(marker) == (name == "allowed"),
+              f"{name}: the worker loaded {'the file it was given' if name == 'allowed' else 'its own copy'}")
+    else:
+        check(not os.path.exists(marker), f"{name}: the worker did not load the file the head named ({far_so})")
+        check(w.returncode != 0 and "plugin 'example' not found" in w.stderr and "--allow-plugin" in w.stderr,
+              f"{name}: the worker refuses, saying where it looked and about --allow-plugin: {w.stderr!r}")
+    if os.path.exists(marker):
+        os.unlink(marker)
+
+# A relative path in `plugins:` is the graph file's neighbour, wherever the run starts.
+rel = os.path.join(tmp, "rel")
+os.makedirs(os.path.join(rel, "lib"))
+shutil.copy(scale_so, os.path.join(rel, "lib", "example.so"))
+path, out = graph("relative", ["lib/example.so"], "  - type: scale\n    factor: 1.9\n")
+moved = os.path.join(rel, "relative.yaml")
+os.rename(path, moved)
+p = run(["run", moved, "--quiet", "--no-summary"], env=env, check=False, cwd=far)
+check(p.returncode == 0, f"lib/example.so next to the graph file, run from another directory: {p.stderr}")
+got = fields(out)
+for k, (img, _) in truth.items():
+    want = np.clip(np.rint(img.astype(np.float64) * 1.9), 0, 255).astype(np.uint8)
+    check(np.array_equal(got[k], want), f"relative plugin path: sample {k} matches numpy")
+
 # help lists, describes and documents plugin stages.
 p = run(["help", "--plugin", scale_so], env=env)
 check("scale" in p.stdout and "(plugin example)" in p.stdout, f"help lists the plugin's stage: {p.stdout}")

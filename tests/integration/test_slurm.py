@@ -26,6 +26,50 @@ import zmq.auth
 sys.path.insert(0, os.path.dirname(__file__))
 from sfutil import SHARDFLOW, Checks, free_port, group_graph, make_dataset, read_batches, run  # noqa: E402
 
+SCRIPT = os.path.join(os.environ.get("SF_SOURCE_ROOT", "."), "examples", "slurm", "train.sbatch")
+check = Checks()
+
+
+def run_dir_checks():
+    """The script's run directory, without Slurm (`srun` is a stub that logs its calls). A directory that is there
+    already may be someone else's, with their key in keys/allowed/: the script refuses it and starts nothing; the
+    one it makes is private (0700, whatever the umask), and so are the keys in it."""
+    tmp = tempfile.mkdtemp(prefix="sf-sbatch-")
+    try:
+        stub = os.path.join(tmp, "bin")
+        os.mkdir(stub)
+        with open(os.path.join(stub, "srun"), "w") as f:
+            f.write('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n')
+        os.chmod(os.path.join(stub, "srun"), 0o755)
+        graph = os.path.join(tmp, "graph.yaml")
+        open(graph, "w").close()
+        env = dict(os.environ, PATH=stub + ":" + os.environ.get("PATH", ""), SHARDFLOW=os.path.abspath(SHARDFLOW),
+                   SLURM_SUBMIT_DIR=tmp, SLURM_JOB_ID="42")
+        rundir = os.path.join(tmp, "shardflow-42")
+        os.makedirs(os.path.join(rundir, "keys", "allowed"))
+        open(os.path.join(rundir, "keys", "allowed", "theirs.pub"), "w").close()
+        p = subprocess.run(["bash", SCRIPT, graph], env=env, capture_output=True, text=True, timeout=60, cwd=tmp)
+        check(p.returncode != 0 and rundir in p.stderr and "exists" in p.stderr,
+              f"a run directory that exists already is refused, naming it: {p.returncode} {p.stderr}")
+        check(not os.path.exists(os.path.join(stub, "calls")) and os.listdir(os.path.join(rundir, "keys")) == ["allowed"],
+              "...and nothing is started or written there")
+        shutil.rmtree(rundir)
+        p = subprocess.run(["bash", SCRIPT, graph], env=env, capture_output=True, text=True, timeout=60, cwd=tmp,
+                           preexec_fn=lambda: os.umask(0))
+        check(p.returncode == 0, f"a fresh run directory: {p.stderr}")
+        modes = {n: os.stat(os.path.join(rundir, n)).st_mode & 0o777
+                 for n in (".", "keys", "keys/allowed", "keys/head.key", "keys/worker.key")}
+        check(modes == {".": 0o700, "keys": 0o700, "keys/allowed": 0o700, "keys/head.key": 0o600,
+                        "keys/worker.key": 0o600}, f"the run directory and its keys are private under umask 000: {modes}")
+        with open(os.path.join(stub, "calls")) as f:
+            calls = f.read()
+        check(calls.count("--het-group=1") == 1 and calls.count("--het-group=0") == 1,
+              f"...and the script starts its steps: {calls}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+run_dir_checks()
 NEEDED = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 missing = [b for b in NEEDED if not shutil.which(b, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")]
 if missing:
@@ -35,8 +79,6 @@ if os.geteuid() != 0:
     print("skipped: slurmd and munged (as the munge user) need root")
     sys.exit(77)
 
-SCRIPT = os.path.join(os.environ.get("SF_SOURCE_ROOT", "."), "examples", "slurm", "train.sbatch")
-check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-slurm-")
 os.chmod(tmp, 0o755)  # munged (the munge user) and the job's steps walk into it
 daemons = []

@@ -496,6 +496,63 @@ static void test_refusal_log_limit(void **state) {
   assert_int_equal(totals, 1);
 }
 
+/*
+ * Keys that others could change are refused, as OpenSSH's StrictModes refuses an authorized_keys: an
+ * allow-list (its file, its directory, a *.pub in it) writable by group or others or owned by another
+ * user (root excepted), and a secret key file owned by another user. The message names the path and the fix.
+ */
+static void test_loose_permissions_refused(void **state) {
+  fixture *f = *state;
+  sf_error err;
+  sf_transport *head = NULL;
+  sf_transport_options o = head_options(f);
+  assert_int_equal(chmod(f->allowed, 0666), 0);
+  assert_int_equal(sf_transport_listen(f->ctx, &o, &head, &err), SF_EDENIED);
+  assert_string_equal(err.url, f->allowed);
+  assert_non_null(strstr(err.message, "chmod go-w"));
+  assert_int_equal(chmod(f->allowed, 0644), 0);
+  head = listen_ok(f, &o);
+  sf_transport_close(&head);
+  char dir[128], pub[192], cmd[512];
+  path_in(f, dir, sizeof dir, "allowed.d");
+  assert_int_equal(mkdir(dir, 0755), 0);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s/'", f->w1_pub, dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(pub, sizeof pub, "%s/w1.pub", dir);
+  o.allowed_keys = dir;
+  for (mode_t loose = 0775; loose <= 0777; loose += 2) { /* group-writable, then world-writable */
+    assert_int_equal(chmod(dir, loose), 0);
+    assert_int_equal(sf_transport_listen(f->ctx, &o, &head, &err), SF_EDENIED);
+    assert_string_equal(err.url, dir);
+    assert_non_null(strstr(err.message, "chmod go-w"));
+  }
+  assert_int_equal(chmod(dir, 0755), 0);
+  assert_int_equal(chmod(pub, 0666), 0);
+  assert_int_equal(sf_transport_listen(f->ctx, &o, &head, &err), SF_EDENIED);
+  assert_string_equal(err.url, pub);
+  assert_non_null(strstr(err.message, "chmod go-w"));
+  assert_int_equal(chmod(pub, 0644), 0);
+  head = listen_ok(f, &o);
+  sf_transport_close(&head);
+  if (geteuid() != 0) return; /* only root can give a file to another user */
+  char key[SF_CURVE_KEY_Z85_LEN + 1], sec[SF_CURVE_KEY_Z85_LEN + 1];
+  const char *theirs[] = {pub, dir, f->allowed};
+  for (size_t i = 0; i < sizeof theirs / sizeof *theirs; i++) {
+    assert_int_equal(chown(theirs[i], 65534, 65534), 0);
+    o.allowed_keys = i == 2 ? f->allowed : dir;
+    assert_int_equal(sf_transport_listen(f->ctx, &o, &head, &err), SF_EDENIED);
+    assert_string_equal(err.url, theirs[i]);
+    assert_non_null(strstr(err.message, "owned by"));
+    assert_int_equal(chown(theirs[i], 0, 0), 0);
+  }
+  assert_int_equal(chown(f->w1_key, 65534, 65534), 0);
+  assert_int_equal(sf_curve_key_load(f->w1_key, key, sec, &err), SF_EDENIED);
+  assert_string_equal(err.url, f->w1_key);
+  assert_non_null(strstr(err.message, "owned by"));
+  assert_int_equal(chown(f->w1_key, 0, 0), 0);
+  assert_int_equal(sf_curve_key_load(f->w1_key, key, sec, &err), 0);
+}
+
 /* The line parser key files and allow-lists share (engine/group/transport_keys.h): one line in, what it holds out. */
 static void test_key_line_parse(void **state) {
   static const char key[] = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"; /* RFC 26's example public key */
@@ -545,6 +602,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_plaintext_only_when_asked, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversized_message_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_files, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_loose_permissions_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_refusal_log_limit, setup, teardown),
       cmocka_unit_test(test_key_line_parse),
   };
