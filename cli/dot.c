@@ -25,8 +25,8 @@ static const char *const render_names[] = {"svg", "png", NULL};
 
 static const sf_cli_option dot_options[] = {
     {.row = {"stats", SF_OPT_STRING, offsetof(dot_args, stats),
-             .help = "label edges with rates (items/s, MiB/s) from the last record of FILE, written by "
-                     "`shardflow run --stats-json FILE`"},
+             .help = "label edges with rates (items/s, MiB/s), nodes with busy share and replicas, and mark the "
+                     "bottleneck, from the last record of FILE, written by `shardflow run --stats-json FILE`"},
      .value = "FILE"},
     {.row = {"render", SF_OPT_ENUM, offsetof(dot_args, render),
              .help = "render with Graphviz's `dot` program (Debian: graphviz) instead of printing DOT text",
@@ -114,14 +114,60 @@ static bool node_rates(json_t *record, const char *name, double *items, double *
   return found;
 }
 
-static void put_node(FILE *out, const sf_graph *g, int i, const char *indent) {
+/* The node's busy share in the record: a head node's busy seconds over (elapsed x its replicas), as the bottleneck
+ * report judges it; a group's stage summed over the workers that report it, over (elapsed x replicas x workers).
+ * Sets *replicas (the head node's, else the graph's) and *workers (0 for a head node). Returns false when the record
+ * does not name the node. */
+static bool node_busy(json_t *record, const sf_graph_node *gn, double *share, int *replicas, int *workers) {
+  double elapsed = json_number_value(json_object_get(record, "elapsed_seconds"));
+  size_t i, j, k;
+  json_t *n, *group, *worker, *stage;
+  *workers = 0;
+  json_array_foreach(json_object_get(record, "nodes"), i, n) {
+    if (strcmp(json_string_value(json_object_get(n, "name")) ?: "", gn->name) != 0) continue;
+    *replicas = (int)json_integer_value(json_object_get(n, "replicas"));
+    if (*replicas < 1) *replicas = 1;
+    *share = elapsed > 0 ? json_number_value(json_object_get(n, "busy_seconds")) / (elapsed * *replicas) : 0;
+    return true;
+  }
+  double busy = 0;
+  json_array_foreach(json_object_get(record, "groups"), i, group) {
+    json_array_foreach(json_object_get(group, "workers"), j, worker) {
+      json_array_foreach(json_object_get(worker, "stages"), k, stage) {
+        if (strcmp(json_string_value(json_object_get(stage, "name")) ?: "", gn->name) != 0) continue;
+        busy += json_number_value(json_object_get(stage, "busy_seconds"));
+        (*workers)++;
+      }
+    }
+  }
+  *replicas = gn->replicas > 0 ? (int)gn->replicas : 1;
+  *share = elapsed > 0 && *workers ? busy / (elapsed * *replicas * *workers) : 0;
+  return *workers > 0;
+}
+
+/* The node the record's bottleneck line names (the `bottleneck_node` key), or NULL. */
+static const char *bottleneck_node(json_t *record) {
+  return json_string_value(json_object_get(record, "bottleneck_node")); /* NULL record, key or null: NULL */
+}
+
+/* A node: its name and stage and, with stats, its busy share and replicas; the bottleneck drawn red. */
+static void put_node(FILE *out, const sf_graph *g, int i, const char *indent, json_t *record) {
   fprintf(out, "%s", indent);
   put_quoted(out, sf_graph_node_name(g, i));
   fprintf(out, " [label=\"");
   put_escaped(out, sf_graph_node_name(g, i));
   fprintf(out, "\\n(");
   put_escaped(out, sf_graph_node_type(g, i));
-  fprintf(out, ")\"];\n");
+  fprintf(out, ")");
+  double share;
+  int replicas, workers;
+  if (record && node_busy(record, &g->nodes[i], &share, &replicas, &workers)) {
+    fprintf(out, "\\nbusy %.0f%% of %d replica(s)", share * 100, replicas);
+    if (workers) fprintf(out, " x %d worker(s)", workers);
+  }
+  const char *culprit = bottleneck_node(record);
+  bool marked = culprit && strcmp(culprit, sf_graph_node_name(g, i)) == 0;
+  fprintf(out, "%s\"%s];\n", marked ? "\\nbottleneck" : "", marked ? ", color=\"red\", penwidth=3" : "");
 }
 
 /* A group as a cluster: its stages inside, labelled with its name, how its workers start and, with stats, how many
@@ -143,9 +189,14 @@ static void put_group(FILE *out, const sf_graph *g, const sf_graph_node *group, 
   json_array_foreach(json_object_get(record, "groups"), i, rg) /* record NULL: no stats, no loop */
     if (strcmp(json_string_value(json_object_get(rg, "name")) ?: "", group->name) == 0)
       fprintf(out, "\\nlive workers: %lld", (long long)json_integer_value(json_object_get(rg, "live_workers")));
-  fprintf(out, "\";\n");
+  const char *culprit = bottleneck_node(record); /* the group's head-side node is named after the group */
+  if (culprit && strcmp(culprit, group->name) == 0)
+    fprintf(out, "\\nbottleneck\";\n    color=\"red\";\n    penwidth=3");
+  else
+    fputc('"', out);
+  fprintf(out, ";\n");
   for (int n = 0; n < g->n_nodes; n++)
-    if (g->nodes[n].group && strcmp(g->nodes[n].group, group->name) == 0) put_node(out, g, n, "    ");
+    if (g->nodes[n].group && strcmp(g->nodes[n].group, group->name) == 0) put_node(out, g, n, "    ", record);
   fprintf(out, "  }\n");
 }
 
@@ -156,7 +207,7 @@ static void put_graph(FILE *out, const sf_graph *g, const char *path, json_t *re
           "fontsize=10];\n");
   int n = sf_graph_node_count(g);
   for (int i = 0; i < n; i++)
-    if (!g->nodes[i].group) put_node(out, g, i, "  ");
+    if (!g->nodes[i].group) put_node(out, g, i, "  ", record);
   for (int k = 0; k < g->n_groups; k++) put_group(out, g, &g->groups[k], record);
   for (int i = 0; i < n; i++) {
     int ports = 0;
@@ -177,6 +228,12 @@ static void put_graph(FILE *out, const sf_graph *g, const char *path, json_t *re
       }
       fprintf(out, ";\n");
     }
+  }
+  const char *line = json_string_value(json_object_get(record, "bottleneck"));
+  if (line) { /* the report's whole line under the drawing: it also says when no node is to blame */
+    fprintf(out, "  labelloc=b;\n  label=");
+    put_quoted(out, line);
+    fprintf(out, ";\n");
   }
   fprintf(out, "}\n");
 }
@@ -266,8 +323,11 @@ const sf_cli_command sf_cli_dot = {
              "Graphviz's DOT language; the inputs of a stage that merges branches (mix) are labelled in0, in1...\n"
              "in the order of its `inputs:`. Each group is a cluster (`subgraph cluster_NAME`) holding its stages,\n"
              "labelled with its name and its `processes` / `listen`. With --stats, every edge is labelled with\n"
-             "what its producer sent (mean items/s and MiB/s over the run, from the last record) and each group\n"
-             "with its live workers. -T svg|png renders with Graphviz's `dot` (e.g. `shardflow dot g.yaml -T svg\n"
-             "-o g.svg`), the same as `shardflow dot g.yaml | dot -Tsvg > g.svg`.",
+             "what its producer sent (mean items/s and MiB/s over the run, from the last record), each node with\n"
+             "its busy share (busy seconds over elapsed x replicas, and x workers in a group) and replicas, each\n"
+             "group with its live workers, and the node or group the bottleneck report names is drawn red with\n"
+             "\"bottleneck\" in its label (the report's line stands under the graph). -T svg|png renders with\n"
+             "Graphviz's `dot` (e.g. `shardflow dot g.yaml -T svg -o g.svg`), the same as\n"
+             "`shardflow dot g.yaml | dot -Tsvg > g.svg`.",
     .options = dot_options,
 };

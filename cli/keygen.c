@@ -42,7 +42,7 @@ static int keygen_main(int argc, char **argv) {
   if (!sf_cli_parse(&sf_cli_keygen, argc, argv, &a, &first, &status)) return status;
   if (argc - first != 1) return sf_cli_usage_error(&sf_cli_keygen, "takes one NAME (got %d operand(s))", argc - first);
   const char *name = argv[first], *dir = a.dir;
-  int e = make_private_dirs(dir); /* `--dir keys` in a fresh checkout: the README's recipe */
+  int e = make_private_dirs(dir); /* `--dir keys` in a fresh checkout: docs/groups.md's recipe */
   if (e < 0) return sf_cli_fail(&sf_cli_keygen, "cannot create the directory %s: %s", dir, strerror(-e));
   struct stat st;
   if (stat(dir, &st) == 0 && (st.st_mode & 022))

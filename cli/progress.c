@@ -111,7 +111,8 @@ int sf_cli_stats_record(FILE *out, sf_pipeline *p, const sf_cli_progress *pr, bo
   sf_node *group = sf_pipeline_find_node(p, &sf_stage_remote);
   if (group) json_array_append_new(groups, group_record(group, pr->run_seconds));
   char bottleneck[512];
-  sf_pipeline_bottleneck(p, bottleneck, sizeof bottleneck);
+  const char *culprit; /* the node the line names, for `shardflow dot` to mark */
+  sf_pipeline_bottleneck_named(p, bottleneck, sizeof bottleneck, &culprit);
   json_t *r = json_pack("{s:b, s:f, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:o, s:s}", "final", final, "elapsed_seconds",
                         pr->run_seconds, "epoch", (json_int_t)pr->epoch, "step", (json_int_t)pr->step, "samples",
                         (json_int_t)pr->samples, "total_samples", (json_int_t)pr->total_samples, "rate", pr->rate,
@@ -119,6 +120,7 @@ int sf_cli_stats_record(FILE *out, sf_pipeline *p, const sf_cli_progress *pr, bo
                         "nodes", nodes, "groups", groups, "bottleneck", bottleneck);
   if (!r) return -1;
   json_object_set_new(r, "epoch_length", pr->epoch_length ? json_integer((json_int_t)pr->epoch_length) : json_null());
+  json_object_set_new(r, "bottleneck_node", culprit ? json_string(culprit) : json_null());
   json_object_set_new(r, "order_fingerprint", json_string(sf_pipeline_order_fingerprint(p)));
   int rc = json_dumpf(r, out, JSON_COMPACT) < 0 || fputc('\n', out) == EOF || fflush(out) == EOF ? -1 : 0;
   json_decref(r);

@@ -57,6 +57,12 @@ static int cpus(void) {
 }
 
 int sf_pipeline_bottleneck(sf_pipeline *p, char *buf, size_t size) {
+  return sf_pipeline_bottleneck_named(p, buf, size, NULL);
+}
+
+int sf_pipeline_bottleneck_named(sf_pipeline *p, char *buf, size_t size, const char **named) {
+  const sf_node *culprit = NULL; /* the node the line names, if any */
+  if (named) *named = NULL;
   double elapsed = sf_pipeline_elapsed(p);
   if (elapsed < 1e-3) elapsed = 1e-3;
   double trainer_wait = sf_pipeline_trainer_wait(p) / elapsed;
@@ -79,7 +85,7 @@ int sf_pipeline_bottleneck(sf_pipeline *p, char *buf, size_t size) {
                    "queue stays full): make the consumer faster; the input pipeline has headroom",
                    trainer_wait * 100);
   } else if (cpu && cpu->busy_share >= SATURATED && !cpu->extra.group) {
-    const sf_node *nd = cpu->node;
+    const sf_node *nd = culprit = cpu->node;
     int reps = nd->replicas, have = cpus();
     int want = (int)ceil(reps * speedup(trainer_wait) - 1e-9);
     if (want <= reps) want = reps + 1;
@@ -97,13 +103,14 @@ int sf_pipeline_bottleneck(sf_pipeline *p, char *buf, size_t size) {
     }
   } else if (group) {
     uint64_t w = group->extra.workers ? group->extra.workers : 1;
+    culprit = group->node;
     len = snprintf(buf, size,
                    "bottleneck: %s (a group with %llu worker(s); the trainer waited %.0f%% of the run): its workers "
                    "decode too slowly; start more `shardflow worker` processes for it (about %d in all)",
                    group->node->name, (unsigned long long)group->extra.workers, trainer_wait * 100,
                    (int)ceil((double)w * speedup(trainer_wait) - 1e-9));
   } else if (reader) {
-    const sf_node *nd = reader->node;
+    const sf_node *nd = culprit = reader->node;
     double rate = (double)reader->extra.downloaded_bytes / elapsed / 1048576.0;
     len = snprintf(buf, size,
                    "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
@@ -119,5 +126,6 @@ int sf_pipeline_bottleneck(sf_pipeline *p, char *buf, size_t size) {
     len = snprintf(buf, size, "bottleneck: unknown (no stage has run yet)");
   }
   free(js);
+  if (named && culprit) *named = culprit->name;
   return len;
 }

@@ -119,6 +119,11 @@ sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
 /* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */
 double sf_pipeline_elapsed(const sf_pipeline *pipeline);
 double sf_pipeline_trainer_wait(const sf_pipeline *pipeline);
+/* sf_pipeline_bottleneck's line in buf, and in *named (when not NULL) the name of the node the line names, so that
+ * a drawing marks the same node: the CPU-bound stage, a group's node (named after the group) or the network-bound
+ * reader; NULL when the line names none (the consumer, nothing saturated, no stage run yet). The name is borrowed
+ * from the pipeline (valid until sf_pipeline_destroy). Returns the line's length as snprintf does. */
+int sf_pipeline_bottleneck_named(sf_pipeline *pipeline, char *buf, size_t size, const char **named);
 /* Runs one step and patches holes for map stages. Returns the step's result. */
 int sf_node_step(sf_node *node);
 /* True when the output port may take another item. */

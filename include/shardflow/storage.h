@@ -19,7 +19,7 @@ extern "C" {
  *    length and CRC-32 compared with the local file's;
  *  - download (http -> local): GET into a temporary file in dst's directory,
  *    length checked against Content-Length, fsync, rename(2) onto dst;
- *  - upload to s3:// or gs:// (credentials as for reading shards: README,
+ *  - upload to s3:// or gs:// (credentials as for reading shards: docs/storage.md,
  *    "Object storage"): one signed PUT, or a multipart upload in parts of
  *    SF_OBJECT_PART_SIZE bytes (default 16 MiB) for larger files, aborted on
  *    failure; the object appears when the PUT or the upload completes; with

@@ -45,7 +45,7 @@ def dead_pid():
     return p.pid
 
 
-# keygen --dir makes the directory (the README's recipe: `shardflow keygen w1 --dir keys`).
+# keygen --dir makes the directory (docs/groups.md's recipe: `shardflow keygen cpu7 --dir keys`).
 keys = os.path.join(tmp, "keys", "workers")
 p = run(["keygen", "w1", "--dir", keys], check=False)
 check(p.returncode == 0, f"keygen into a missing directory: {p.returncode} {p.stderr}")

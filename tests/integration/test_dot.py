@@ -2,9 +2,13 @@
 a group of 2 processes is run with --stats-json; the JSON lines parse with Python's json, the last record's counts
 equal the end-of-run stage table and tarfile's sample count; the DOT output, read back by Graphviz itself
 (`dot -Tjson`), has the group as a cluster holding its stages, the graph file's edges, and edge labels equal to
-the record's numbers (recomputed here as items / elapsed seconds), a mix's per-input counts; -T svg renders
-an SVG; without Graphviz on PATH the message says to install it."""
+the record's numbers (recomputed here as items / elapsed seconds), a mix's per-input counts; node labels with each
+stage's busy share and replicas (recomputed from the record's busy seconds), and the node (or group) that the
+record's bottleneck line names drawn red with "bottleneck" in its label, on runs built to be decode-bound (large
+noisy JPEGs, one decode replica; then the same decode in a group of one worker); -T svg renders an SVG; without
+Graphviz on PATH the message says to install it."""
 import atexit
+import io
 import json
 import os
 import re
@@ -15,8 +19,11 @@ import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
 
+import numpy as np
+from PIL import Image
+
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, group_graph, make_dataset, run, stage_table  # noqa: E402
+from sfutil import SHARDFLOW, Checks, group_graph, make_dataset, run, stage_table, write_graph, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-dot-")
@@ -76,6 +83,52 @@ check(re.search(r'"split_b" -> "mix" \[label="in1\\n[\d.]+ items/s\\n[\d.]+ MiB/
       f"mix ports: {mix_dot}")
 
 # 2. The DOT text as Graphviz reads it: clusters, edges and labels.
+def bottleneck_name(record):
+    """The node or group the record's bottleneck line names ("bottleneck: NAME (..."), or None (the consumer, none
+    saturated)."""
+    m = re.match(r"bottleneck: (\S+) \((?!busiest)", record["bottleneck"])
+    return m.group(1) if m and not record["bottleneck"].startswith("bottleneck: the consumer") else None
+
+
+def busy_label(record, name, replicas):
+    """The busy line dot should print for node name: its busy share over its replicas (and a group's workers),
+    recomputed from the record's busy seconds."""
+    t = record["elapsed_seconds"]
+    for n in record["nodes"]:
+        if n["name"] == name:
+            check(n["replicas"] == replicas, f"{name}: the record's replicas {n['replicas']}, the graph's {replicas}")
+            return f"busy {100 * n['busy_seconds'] / (t * replicas):.0f}% of {replicas} replica(s)"
+    stages = [s for g in record["groups"] for w in g["workers"] for s in w["stages"] if s["name"] == name]
+    busy = sum(s["busy_seconds"] for s in stages)
+    return f"busy {100 * busy / (t * replicas * len(stages)):.0f}% of {replicas} replica(s) x {len(stages)} worker(s)"
+
+
+def check_nodes(gv, record, replicas):
+    """Each drawn node's label: name, (type), busy share and replicas, and "bottleneck" with a red border on the one
+    node the record's line names, on no other."""
+    named = bottleneck_name(record)
+    types = {n["name"]: n["type"] for n in record["nodes"]}
+    drawn = [o for o in gv["objects"] if not o["name"].startswith("cluster")]
+    check(sorted(o["name"] for o in drawn) == sorted(replicas), f"nodes drawn: {[o['name'] for o in drawn]}")
+    for o in drawn:
+        name = o["name"]
+        want = f"{name}\\n({types.get(name, name)})\\n{busy_label(record, name, replicas[name])}"
+        marked = name == named
+        check(o["label"] == want + ("\\nbottleneck" if marked else ""), f"{name}'s label {o['label']!r}, want {want!r}"
+              + (" + bottleneck" if marked else ""))
+        check((o.get("color") == "red" and o.get("penwidth") == "3") == marked,
+              f"{name}: red border {o.get('color')} {o.get('penwidth')}, bottleneck {named}")
+    for c in gv["objects"]:
+        if c["name"].startswith("cluster"):
+            marked = c["name"] == f"cluster_{named}"
+            check((c.get("color") == "red") == marked and c["label"].endswith("\\nbottleneck") == marked,
+                  f"cluster {c['name']}: {c.get('color')} {c['label']!r}, bottleneck {named}")
+
+
+def gv_json(text):
+    return json.loads(subprocess.run(["dot", "-Tjson"], input=text, capture_output=True, text=True, check=True).stdout)
+
+
 def rates(name):
     """items/s and MiB/s name sent over the run, from the record's raw counts."""
     items = bytes_ = 0
@@ -90,23 +143,61 @@ def rates(name):
 
 
 text = run(["dot", graph, "--stats", stats]).stdout
-gv = json.loads(subprocess.run(["dot", "-Tjson"], input=text, capture_output=True, text=True, check=True).stdout)
+gv = gv_json(text)
 objects = gv["objects"]
 by_id = {o["_gvid"]: o for o in objects}
 clusters = [o for o in objects if o["name"].startswith("cluster")]
 check([c["name"] for c in clusters] == ["cluster_decoders"], f"one cluster per group: {[c['name'] for c in clusters]}")
 check(sorted(by_id[i]["name"] for i in clusters[0].get("nodes", [])) == ["augment", "decode"],
       f"the group's stages inside its cluster: {clusters[0].get('nodes')}")
-check(clusters[0]["label"] == f"group decoders\\nprocesses: 2\\nlive workers: {live}", f"label: {clusters[0]['label']}")
+named = bottleneck_name(last)
+check(clusters[0]["label"] == f"group decoders\\nprocesses: 2\\nlive workers: {live}"
+      + ("\\nbottleneck" if named == "decoders" else ""), f"label: {clusters[0]['label']}")
 chain = ["shard_source", "tar_split", "decode", "augment", "batch", "device_sink"]
 edges = {(by_id[e["tail"]]["name"], by_id[e["head"]]["name"]): e.get("label") for e in gv["edges"]}
 check(set(edges) == set(zip(chain, chain[1:])), f"the graph file's edges: {sorted(edges)}")
 for (tail, _), label in edges.items():
     check(label == rates(tail), f"edge from {tail}: label {label!r}, the record says {rates(tail)!r}")
+check_nodes(gv, last, {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": 1, "batch": 1, "device_sink": 1})
 plain = run(["dot", graph]).stdout
 check("label=" not in plain.split("cluster_decoders")[1].split("}")[1], "no rates without --stats")
 
-# 3. Rendering: an SVG Graphviz drew, with the cluster; without Graphviz a clear message.
+# 3. A decode-bound chain: 1280x960 noisy JPEGs take libjpeg-turbo ~15 ms each with one decode replica, while
+# augment (two replicas) only crops 16 pixels out of each: decode is the bottleneck, and marked so.
+rng = np.random.default_rng(1)
+jpegs = []
+for i in range(32):
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (960, 1280, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+    jpegs.append((f"{i:07d}", {"jpg": buf.getvalue(), "cls": b"1"}))
+big = write_shard(os.path.join(tmp, "big-000000.tar"), jpegs)
+heavy = write_graph(os.path.join(tmp, "heavy.yaml"), [
+    ("shard_source", dict(urls=big, shuffle=False)), ("tar_split", {}), ("decode", dict(replicas=1)),
+    ("augment", dict(crop="center", size=16, dtype="uint8", layout="hwc", replicas=2)),
+    ("batch", dict(batch_size=4)), ("device_sink", {})], epochs=1)
+heavy_stats = os.path.join(tmp, "heavy.jsonl")
+run(["run", heavy, "--log-steps", "0", "--stats-json", heavy_stats], timeout=120)
+heavy_last = [json.loads(line) for line in open(heavy_stats)][-1]
+check(bottleneck_name(heavy_last) == "decode", f"the run is decode-bound: {heavy_last['bottleneck']}")
+heavy_gv = gv_json(run(["dot", heavy, "--stats", heavy_stats]).stdout)
+print("decode-bound:", heavy_last["bottleneck"], "|",
+      [o["label"] for o in heavy_gv["objects"] if o["name"] in ("decode", "augment")])
+check_nodes(heavy_gv, heavy_last, {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": 2, "batch": 1,
+                                   "device_sink": 1})
+# Without --stats no busy line and no mark.
+bare = gv_json(run(["dot", heavy]).stdout)
+check(all("busy" not in o.get("label", "") and "color" not in o for o in bare["objects"]), f"no stats: {bare}")
+
+# The same decode in a group of one worker: the group is the bottleneck, its cluster marked.
+grouped, _ = group_graph(tmp, "heavy-group", big, group={"processes": 1}, batch_size=4, epochs=1)
+grouped_stats = os.path.join(tmp, "heavy-group.jsonl")
+run(["run", grouped, "--log-steps", "0", "--stats-json", grouped_stats], timeout=120)
+grouped_last = [json.loads(line) for line in open(grouped_stats)][-1]
+check(bottleneck_name(grouped_last) == "decoders", f"the group is the bottleneck: {grouped_last['bottleneck']}")
+check_nodes(gv_json(run(["dot", grouped, "--stats", grouped_stats]).stdout), grouped_last,
+            {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": 1, "batch": 1, "device_sink": 1})
+
+# 4. Rendering: an SVG Graphviz drew, with the cluster; without Graphviz a clear message.
 svg = os.path.join(tmp, "g.svg")
 run(["dot", graph, "--stats", stats, "-T", "svg", "-o", svg])
 root = ET.parse(svg).getroot()

@@ -1,5 +1,5 @@
 """Replicated map stages with skipped samples: the hole a dropped sample leaves travels through every
-replicated stage, so batches are identical whatever the replica count (README: "Replicas") and no
+replicated stage, so batches are identical whatever the replica count (docs/graph-files.md, "Order and determinism") and no
 sample moves to another batch or epoch. Reference: Python's tarfile order minus the samples made bad."""
 import os
 import shutil

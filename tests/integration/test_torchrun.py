@@ -35,7 +35,7 @@ env.pop("RANK", None)
 env.pop("WORLD_SIZE", None)
 # Debian 12's torch 1.13 under Python 3.11: torchrun's default "--redirects 0 --tee 0" fails (Std.from_str
 # maps 0 to None: 3.11 no longer iterates a Flag's zero member); stdout teed to a log file and the console
-# (1) goes through, and is what a user of that torchrun has to pass too (README).
+# (1) goes through, and is what a user of that torchrun has to pass too (docs/python.md).
 TORCHRUN_PY311 = ["--redirects", "1", "--tee", "1", "--log_dir", os.path.join(root, "torchrun-logs")]
 DAV = "location /checkpoints/ { dav_methods PUT DELETE MOVE; create_full_put_path on; client_max_body_size 0; }"
 with nginx(root, DAV) as base:
