@@ -46,11 +46,14 @@ static void join(char *out, const char *root, const char *rel) {
 /* Removes rel's components ("lib/x86_64-linux-gnu") from the end of the absolute directory dir when dir ends with
  * them (its root is left: "/usr/local"); false, dir unchanged in meaning, when it does not. */
 static bool strip_layout(char *dir, const char *rel) {
-  char copy[PATH_MAX], *parts[PATH_MAX / 2], *save = NULL;
+  char copy[PATH_MAX], *parts[32], *save = NULL; /* a layout directory has a few components ("lib/x86_64-linux-gnu") */
   int n = 0;
   if (rel[0] == '/' || snprintf(copy, sizeof copy, "%s", rel) >= (int)sizeof copy) return false;
-  for (char *c = strtok_r(copy, "/", &save); c; c = strtok_r(NULL, "/", &save))
-    if (strcmp(c, ".") != 0) parts[n++] = c;
+  for (char *c = strtok_r(copy, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+    if (strcmp(c, ".") == 0) continue;
+    if (n == (int)(sizeof parts / sizeof *parts)) return false;
+    parts[n++] = c;
+  }
   char work[PATH_MAX];
   snprintf(work, sizeof work, "%s", dir);
   for (int i = n - 1; i >= 0; i--) {
