@@ -16,7 +16,7 @@ typedef struct help_args {
 
 static const sf_cli_option help_options[] = {
     {.row = {"plugin", SF_OPT_STRING, offsetof(help_args, plugins),
-             .help = "load a plugin (a name searched in SHARDFLOW_PLUGIN_PATH and $libdir/shardflow/plugins, "
+             .help = "load a plugin (a name searched in SHARDFLOW_PLUGIN_PATH and `shardflow config --plugin-dir`, "
                      "or a .so path) so that its stages are listed and documented"},
      .value = "NAME|PATH",
      .repeat = true},
@@ -135,8 +135,9 @@ const sf_cli_command sf_cli_help = {
     .summary = "stages and their options, or a command's usage",
     .about = "Without operands, lists the stages and the graph settings. With a stage's name, prints its\n"
              "options from the stage's own table (`groups` describes running stages in worker processes);\n"
-             "the stages of every plugin in SHARDFLOW_PLUGIN_PATH and $libdir/shardflow/plugins are listed,\n"
-             "described and documented too (one that fails to load is named on stderr, with why);\n"
+             "the stages of every plugin in SHARDFLOW_PLUGIN_PATH and the installation's plugin directory\n"
+             "(shardflow config --plugin-dir) are listed, described and documented too (one that fails\n"
+             "to load is named on stderr, with why);\n"
              "with --plugin, another plugin is loaded first, by name or path;\n"
              "with a command's name, prints that command's --help.",
     .options = help_options,

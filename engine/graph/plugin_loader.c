@@ -8,22 +8,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "install_dirs.h"
 #include "plugin_loader.h"
 #include "registry.h"
-
-#ifndef SF_PLUGIN_DIR
-#define SF_PLUGIN_DIR "/usr/local/lib/shardflow/plugins"
-#endif
 
 /* One load at a time: "the same file twice is a no-op" must hold for two threads too. */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Finds NAME.so in SHARDFLOW_PLUGIN_PATH, then SF_PLUGIN_DIR, into file; the error lists where it looked. */
+/* Finds NAME.so in SHARDFLOW_PLUGIN_PATH, then the installation's plugin directory, into file; the error lists where
+ * it looked. */
 static int search(const char *name, char *file, size_t size, sf_error *error) {
   char looked[1024] = "";
   size_t n = 0;
   const char *env = getenv("SHARDFLOW_PLUGIN_PATH");
-  const char *dirs[2] = {env ? env : "", SF_PLUGIN_DIR};
+  const char *dirs[2] = {env ? env : "", sf_install_dir(SF_INSTALL_PLUGINS)};
   for (int d = 0; d < 2; d++) {
     for (const char *s = dirs[d]; *s;) {
       size_t len = strcspn(s, ":");
@@ -141,7 +139,7 @@ static bool seen_before(const char *const *dirs, int d, const char *at, const ch
 
 int sf_plugin_load_found(void (*failed)(const sf_error *error, void *opaque), void *opaque) {
   const char *env = getenv("SHARDFLOW_PLUGIN_PATH");
-  const char *dirs[2] = {env ? env : "", SF_PLUGIN_DIR};
+  const char *dirs[2] = {env ? env : "", sf_install_dir(SF_INSTALL_PLUGINS)};
   int loaded = 0;
   for (int d = 0; d < 2; d++) {
     for (const char *s = dirs[d]; *s;) {

@@ -9,8 +9,11 @@
  * Loads the plugin `name_or_path` (include/shardflow/plugin.h is the contract).
  *
  * A name without '/' is searched as NAME.so in each directory of
- * SHARDFLOW_PLUGIN_PATH (colon-separated), then in $libdir/shardflow/plugins
- * (SF_PLUGIN_DIR, set by meson); anything with a '/' is a path used as given.
+ * SHARDFLOW_PLUGIN_PATH (colon-separated), then in the plugin directory of the
+ * installation the engine runs from (sf_install_dir(SF_INSTALL_PLUGINS):
+ * $libdir/shardflow/plugins, or plugins/ beside the library in the Python
+ * package, wherever either was installed); anything with a '/' is a path used
+ * as given.
  * The file is opened with dlopen(RTLD_NOW | RTLD_LOCAL); its SF_PLUGIN_ENTRY
  * must return a descriptor of this SF_STAGE_ABI_VERSION with a name, a
  * build_id and a NULL-terminated list of stages of that ABI version, whose
@@ -29,7 +32,7 @@ int sf_plugin_load(const char *name_or_path, const sf_plugin **plugin, sf_error 
 
 /*
  * Loads every plugin found: each *.so in the directories of
- * SHARDFLOW_PLUGIN_PATH, then in $libdir/shardflow/plugins, in name order
+ * SHARDFLOW_PLUGIN_PATH, then in the installation's plugin directory, in name order
  * (a NAME.so found in an earlier directory hides later ones, as the search
  * by name above does), so that `shardflow help` lists their stages.  A file
  * that fails to load (as sf_plugin_load() refuses it) is passed to failed

@@ -22,10 +22,35 @@ import time
 from . import elastic
 from .elastic import merge_states
 
-__all__ = ["ClosedError", "Pipeline", "ShardflowError", "copy", "dataset", "library", "merge_states"]
+__all__ = ["ClosedError", "Pipeline", "ShardflowError", "copy", "dataset", "get_include", "get_plugin_dir", "library",
+           "merge_states"]
 
 SF_EAGAIN, SF_EOF, SF_ETIMEDOUT, SF_ECANCELED = -1, -2, -12, -16  # include/shardflow/error.h
 _WAIT_SLICE = 0.1  # seconds next_batch() waits in C between chances for Python to run signal handlers
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_include():
+    """The directory that holds shardflow/stage.h and the other public headers: `-I` for a plugin's or an
+    embedding program's build (numpy.get_include()'s convention; `shardflow config --cflags` says the same).
+    A pip install ships them in the package (shardflow/include); the package of a source tree
+    (PYTHONPATH=python) answers with the tree's include/."""
+    for d in (os.path.join(_HERE, "include"), os.path.join(_HERE, os.pardir, os.pardir, "include")):
+        if os.path.isfile(os.path.join(d, "shardflow", "stage.h")):
+            return os.path.normpath(d)
+    return os.path.join(_HERE, "include")
+
+
+def get_plugin_dir():
+    """The directory of a pip install's plugins (shardflow/plugins, beside its libshardflow.so), which
+    `plugins: [NAME]` searches after SHARDFLOW_PLUGIN_PATH: put NAME.so there to load it by name
+    (`shardflow config --plugin-dir` says the same). None when this package runs a library from elsewhere
+    (SHARDFLOW_LIB, a build tree): that installation's `shardflow config --plugin-dir` names its own."""
+    if os.path.realpath(library._name) != os.path.realpath(os.path.join(_HERE, "libshardflow.so")):
+        return None
+    return os.path.join(_HERE, "plugins")
 
 
 class ShardflowError(RuntimeError):
@@ -79,15 +104,6 @@ def _find_library():
         raise OSError("libshardflow not found: install the package (pip install --no-build-isolation .) "
                       "or build it (meson) and set SHARDFLOW_LIB to libshardflow.so")
     return found
-
-
-def _add_plugin_dir():
-    """A pip install puts the plugins in shardflow/plugins: `plugins: [audio]` finds them there after
-    any directory SHARDFLOW_PLUGIN_PATH already names (the loader reads it when a graph loads)."""
-    plugins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins")
-    path = os.environ.get("SHARDFLOW_PLUGIN_PATH", "")
-    if os.path.isdir(plugins) and plugins not in path.split(":"):
-        os.environ["SHARDFLOW_PLUGIN_PATH"] = f"{path}:{plugins}" if path else plugins
 
 
 def _load():
@@ -152,7 +168,6 @@ def _load():
 
 
 library = _load()
-_add_plugin_dir()
 __version__ = library.sf_version_string().decode()
 
 # The engine's log records go to the "shardflow" logger instead of stderr, with the node's name as

@@ -188,7 +188,7 @@ want = "".join(f"{ls_escaped(k)}\t{ls_escaped(b'txt')},{ls_escaped(b'j' + bytes(
 check(p.returncode == 0 and p.stdout == want.encode(), f"ls escapes keys and fields: {p.stdout!r}, want {want.encode()!r}")
 
 # `shardflow help COMMAND` is COMMAND's usage.
-for command in ("run", "ls", "write", "cp", "worker", "keygen"):
+for command in ("run", "ls", "write", "cp", "worker", "keygen", "config"):
     p = run(["help", command], check=False)
     own = run([command, "--help"], check=False)
     check(p.returncode == 0 and own.returncode == 0 and p.stdout == own.stdout and "usage: shardflow " + command in p.stdout,
@@ -207,7 +207,7 @@ for name in sorted(os.listdir(os.path.join(os.environ["SF_SOURCE_ROOT"], "cli"))
     if command:
         rows[command.group(1)] = re.findall(r'\.row = \{"([a-z-]+)", (SF_OPT_[A-Z]+)[^}]*\}(?:,\s*\.value = "([^"]+)")?',
                                             text)
-check(set(rows) == {"run", "ls", "write", "cp", "worker", "keygen", "dot", "help"} and sum(map(len, rows.values())) >= 30,
+check(set(rows) == {"run", "ls", "write", "cp", "worker", "keygen", "dot", "help", "config"} and sum(map(len, rows.values())) >= 30,
       f"the tables were found: {rows}")
 typed = {"SF_OPT_COUNT", "SF_OPT_INT", "SF_OPT_SIZE", "SF_OPT_DURATION", "SF_OPT_ENUM", "SF_OPT_SEED", "SF_OPT_FLOAT"}
 for command, table in rows.items():
@@ -225,4 +225,19 @@ for command, table in rows.items():
         else:
             p = run([command, f"--{option}=1"], check=False)
             check(p.returncode == 2 and f"--{option} takes no value" in p.stderr, f"{command} --{option}=1: {p.stderr}")
+
+# `config` run from a build tree (not installed: no headers above it in an install layout) answers with where
+# `meson install` puts things, from meson's own record of the prefix and libdir; the labelled form has them all.
+import json  # noqa: E402
+opts = {o["name"]: o["value"] for o in json.load(open(os.path.join(os.environ["SF_BUILD_ROOT"], "meson-info",
+                                                                 "intro-buildoptions.json")))}
+libdir = os.path.join(opts["prefix"], opts["libdir"])
+want = {"cflags": f"-I{os.path.join(opts['prefix'], opts['includedir'])}", "libs": f"-L{libdir} -lshardflow",
+        "plugin-dir": os.path.join(libdir, "shardflow", "plugins"), "pkgconfigdir": os.path.join(libdir, "pkgconfig")}
+p = run(["config"])
+check(dict(line.split(": ", 1) for line in p.stdout.splitlines()) == want, f"config from the build tree: {p.stdout}")
+p = run(["config", "--plugin-dir", "--cflags"])
+check(p.stdout.splitlines() == [want["cflags"], want["plugin-dir"]], f"config --plugin-dir --cflags: {p.stdout}")
+p = run(["config", "extra"], check=False)
+check(p.returncode == 2 and "takes no operands" in p.stderr, f"config refuses an operand: {p.stderr}")
 check.done("cli")

@@ -40,6 +40,39 @@ installed = [os.path.join(d, f) for d, _, fs in os.walk(dest) for f in fs if f =
 check(len(installed) == 1 and installed[0].endswith("/shardflow/plugins/example.so"),
       f"meson installs the example plugin into $libdir/shardflow/plugins: {installed}")
 
+# The installed shardflow.pc is relocatable (${pcfiledir}) and names only the headers' directory: the engine's
+# dependencies are for linking it statically (Libs.private), never -I paths of theirs in a plugin's build.
+plain = subprocess.run(["pkg-config", "--cflags", "shardflow"], env=dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(pc[0])),
+                       capture_output=True, text=True, check=True).stdout.split()
+check(len(plain) == 1 and plain[0].startswith("-I") and os.path.realpath(plain[0][2:]) == f"{prefix}/include",
+      f"pkg-config --cflags shardflow, moved to {dest}, is its include directory alone: {plain}")
+static = subprocess.run(["pkg-config", "--libs", "--static", "shardflow"], capture_output=True, text=True,
+                        env=dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(pc[0])), check=True).stdout.split()
+check(all(f in static for f in ("-lshardflow", "-lcurl", "-lzmq", "-larchive")),
+      f"pkg-config --libs --static still names what a static link needs: {static}")
+
+# The installed CLI, moved to the scratch root too, answers for its own installation: config, and the plugins
+# of its $libdir/shardflow/plugins listed and described by help with no SHARDFLOW_PLUGIN_PATH.
+installed_cli = os.path.join(prefix, "bin", "shardflow")
+
+
+def installed_run(*args):
+    p = subprocess.run([installed_cli, *args], capture_output=True, text=True, env=env, timeout=60)
+    check(p.returncode == 0, f"{installed_cli} {' '.join(args)}:\n{p.stdout}{p.stderr}")
+    return p.stdout
+
+
+got = installed_run("config", "--cflags").split()
+check(len(got) == 1 and os.path.realpath(got[0][2:]) == f"{prefix}/include", f"config --cflags: {got}")
+got = installed_run("config", "--plugin-dir").split()
+check(len(got) == 1 and os.path.realpath(got[0]) == os.path.dirname(installed[0]), f"config --plugin-dir: {got}")
+got = installed_run("config", "--pkgconfigdir").split()
+check(len(got) == 1 and os.path.realpath(got[0]) == os.path.dirname(pc[0]), f"config --pkgconfigdir: {got}")
+got = installed_run("help")
+check(re.search(r"^  scale +.*\(plugin example\)$", got, re.M), f"the installed CLI's help lists its plugins: {got}")
+got = installed_run("help", "scale")
+check("from plugin example" in got and "factor" in got, f"help scale names the plugin: {got}")
+
 
 def graph(name, plugins, middle, extra=""):
     """A graph file: plugins list on line 1, then source, split, decode, MIDDLE stages, batch, npy dump."""
