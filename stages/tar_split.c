@@ -338,7 +338,7 @@ static void remember_fields(tar_split *t, const sf_sample *sample) {
  */
 static int drop_cut_sample(sf_node *node, tar_split *t, sf_sample **sample, const char *why) {
   sf_sample *none = NULL;
-  sf_error error;
+  sf_error error = {.offset = -1, .line = -1};
   int rc = sf_tar_reader_next(t->tar, &none, &error); /* the failure, sticky in the reader */
   sf_sample_destroy(&none);
   char key[sizeof error.key];
