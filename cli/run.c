@@ -185,6 +185,12 @@ static int run_main(int argc, char **argv) {
     memcpy(target, sets[i], (size_t)(eq - sets[i]));
     target[eq - sets[i]] = '\0';
     r = sf_graph_set(graph, target, eq + 1, &err);
+    if (r < 0) { /* the engine's message is the front end's to place: here, the --set that gave it */
+      fprintf(stderr, "shardflow run: --set %s: %s\n", sets[i], sf_error_format(&err, line, sizeof line));
+      sf_graph_destroy(&graph);
+      sf_cli_free(&sf_cli_run, &a);
+      return 1;
+    }
   }
   if (r == 0 && a.metrics) r = sf_graph_set(graph, "metrics", a.metrics, &err);
   sf_cli_free(&sf_cli_run, &a);
@@ -290,10 +296,16 @@ static int run_main(int argc, char **argv) {
       continue;
     }
     status = 1;
-    if (sf_pipeline_last_error(p, &err))
-      fprintf(stderr, "shardflow: stopped: %s\n", sf_error_format(&err, line, sizeof line));
+    bool has = sf_pipeline_last_error(p, &err);
+    if (sf_pipeline_last_error_printed(p)) /* the record that stopped the run was printed above: not again */
+      fprintf(stderr, "shardflow: stopped by the error above");
     else
-      fprintf(stderr, "shardflow: stopped: %s\n", sf_strerror(r));
+      fprintf(stderr, "shardflow: stopped: %s", has ? sf_error_format(&err, line, sizeof line) : sf_strerror(r));
+    /* The engine's text is the same for every front end; what the CLI was told is for the CLI to add. */
+    if (has && err.code == SF_EOPTION && options.first_step > 0)
+      fprintf(stderr, " (resumed with --start-epoch %llu --start-step %llu)", (unsigned long long)options.first_epoch,
+              (unsigned long long)options.first_step);
+    fprintf(stderr, "\n");
     break;
   }
   if (bar_shown) printf("\r\033[K");

@@ -720,11 +720,10 @@ static int step(sf_node *node) {
       uint64_t made = b->epoch == item.epoch ? b->index : 0, step = sf_node_first_step(node);
       if (made < step) {
         sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                      "cannot resume after the first %llu batches of epoch %llu (--start-step %llu, or the "
-                      "state's step): "
-                      "the epoch has %llu batches; resume at a step of 0..%llu",
-                      (unsigned long long)step, (unsigned long long)item.epoch, (unsigned long long)step,
-                      (unsigned long long)made, (unsigned long long)made);
+                      "cannot resume after the first %llu batches of epoch %llu: the epoch has %llu batches; "
+                      "resume at a step of 0..%llu",
+                      (unsigned long long)step, (unsigned long long)item.epoch, (unsigned long long)made,
+                      (unsigned long long)made);
         return SF_EOPTION; /* whatever the error policy: the run would silently skip an epoch */
       }
     }

@@ -2,6 +2,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -54,6 +55,9 @@ typedef struct tar_split {
   uint64_t cut_epoch;     /* ... this one: shards of it or older are dropped */
   uint64_t pass;          /* pass of the shards being read, within the epoch */
   uint64_t pass_samples;  /* samples that pass yielded so far */
+  /* The fields of the last sample emitted: a sample the damage follows must have them all (see whole_enough). */
+  char ref_fields[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
+  int n_ref_fields;       /* -1 until a sample was emitted */
 } tar_split;
 
 static const char *const key_rule_names[] = {"first_dot", "last_dot", "regex", NULL};
@@ -300,6 +304,56 @@ static int cmp_u64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/*
+ * A sample the reader returned just before the shard's damage, with no member of another key (or
+ * the shard's end) after it to show it whole: it is taken as whole when it has every field of the
+ * last sample emitted (samples of a dataset share their fields); otherwise members of it were lost.
+ * Writes why not into why.
+ */
+static bool whole_enough(const tar_split *t, sf_sample *sample, char *why, size_t why_size) {
+  if (t->n_ref_fields < 0) {
+    snprintf(why, why_size, "cannot be told whole (no sample before it to compare its fields with)");
+    return false;
+  }
+  for (int i = 0; i < t->n_ref_fields; i++)
+    if (!sf_sample_field(sample, t->ref_fields[i])) {
+      snprintf(why, why_size, "lacks field '%s', which the sample before it has", t->ref_fields[i]);
+      return false;
+    }
+  return true;
+}
+
+static void remember_fields(tar_split *t, const sf_sample *sample) {
+  bool same = t->n_ref_fields == sample->n_fields;
+  for (int i = 0; same && i < sample->n_fields; i++) same = strcmp(t->ref_fields[i], sample->fields[i].name) == 0;
+  if (same) return;
+  for (int i = 0; i < sample->n_fields; i++) snprintf(t->ref_fields[i], sizeof t->ref_fields[i], "%s", sample->fields[i].name);
+  t->n_ref_fields = sample->n_fields;
+}
+
+/*
+ * Drops *sample, cut by the damage that follows it: one record, the damage's, names it, and it is
+ * counted as skipped; passed on, it would be a second error downstream (batch's "field is missing"),
+ * or worse, the fields of every batch after it.
+ */
+static int drop_cut_sample(sf_node *node, tar_split *t, sf_sample **sample, const char *why) {
+  sf_sample *none = NULL;
+  sf_error error = {.offset = -1, .line = -1};
+  int rc = sf_tar_reader_next(t->tar, &none, &error); /* the failure, sticky in the reader */
+  sf_sample_destroy(&none);
+  char key[sizeof error.key];
+  snprintf(key, sizeof key, "%s", (*sample)->key);
+  sf_sample_destroy(sample);
+  close_shard(t);
+  if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
+  if (rc >= 0) rc = SF_EFORMAT;
+  int policy = sf_node_error(node, rc, error.url, key, error.offset, "%s; sample %s, read before the damage, %s: "
+                             "it is dropped", error.message, key, why);
+  if (policy < 0 || rc == SF_EMFILE) return rc == SF_EMFILE ? rc : policy;
+  sf_node_count_skipped(node, 1);
+  return 0;
+}
+
 /* Emits the next sample of the open shard (one its plan keeps), ending the epoch when it has its quota. */
 static int read_sample(sf_node *node, tar_split *t) {
   sf_sample *sample = NULL;
@@ -331,6 +385,10 @@ static int read_sample(sf_node *node, tar_split *t) {
     sf_sample_destroy(&sample); /* not in the resume plan: consumed before the resume, or another rank's */
     return 0;
   }
+  char why[128];
+  if (sf_tar_reader_failed(t->tar) && !whole_enough(t, sample, why, sizeof why))
+    return drop_cut_sample(node, t, &sample, why);
+  remember_fields(t, sample);
   sample->epoch = t->epoch;
   sample->shard_index = t->shard->index;
   sample->pass = t->shard->pass;
@@ -431,6 +489,7 @@ static void describe(sf_node *node, sf_node_extra *x) {
 static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   node->extra = describe;
+  t->n_ref_fields = -1;
   int krc = compile_key_regex(node, t);
   if (krc < 0) return krc;
   if (t->cache_dir && t->cache_dir[0]) {

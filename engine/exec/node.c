@@ -10,6 +10,7 @@
 #include "log.h"
 #include "node.h"
 #include "recipe_source.h"
+#include "registry.h"
 
 enum { MAX_PRINTED_ERRORS = 20 };
 /* The error rate is noise over the first few samples (one bad sample first would be 100%). */
@@ -28,6 +29,49 @@ void sf_context_init(sf_context *ctx) {
 
 void sf_context_destroy(sf_context *ctx) { pthread_mutex_destroy(&ctx->error_lock); }
 
+/* A stage whose code is the user's: a plugin's, or the python stage's function. */
+static bool user_code(const sf_stage_def *def) {
+  return def && (sf_registry_stage_plugin(def) || strcmp(def->name, "python") == 0);
+}
+
+/* Samples the stage of node n passed on, over all its replicas. */
+static uint64_t stage_items(sf_node *n) {
+  if (!n->pipeline) return atomic_load(&n->items);
+  int count;
+  sf_node *const *nodes = sf_pipeline_nodes(n->pipeline, &count);
+  uint64_t items = 0;
+  for (int i = 0; i < count; i++)
+    if (strcmp(nodes[i]->name, n->name) == 0) items += atomic_load(&nodes[i]->items);
+  return items;
+}
+
+/* sf_context_cause with the error lock held. */
+static void cause_locked(sf_context *ctx, char *buf, size_t size, bool *code_wrong) {
+  const sf_error *e = &ctx->first_error;
+  *code_wrong = false;
+  buf[0] = '\0';
+  if (!ctx->error_count) return;
+  if (ctx->uniform && ctx->first_node && user_code(ctx->first_node->def) && stage_items(ctx->first_node) == 0) {
+    *code_wrong = true;
+    snprintf(buf, size, "every sample failed in %s with the same error: %s; the stage's code or options are wrong, "
+             "not the input", e->stage, e->message[0] ? e->message : sf_strerror(e->code));
+    return;
+  }
+  int n = snprintf(buf, size, "the first: %s", e->stage[0] ? e->stage : "the engine");
+  if (e->url[0] && n >= 0 && (size_t)n < size) n += snprintf(buf + n, size - (size_t)n, ": %s", e->url);
+  if (e->url[0] && e->line >= 0 && n >= 0 && (size_t)n < size)
+    n += snprintf(buf + n, size - (size_t)n, ":%lld", (long long)e->line);
+  if (e->offset >= 0 && n >= 0 && (size_t)n < size)
+    n += snprintf(buf + n, size - (size_t)n, " @ byte %lld", (long long)e->offset);
+  if (e->key[0] && n >= 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, " (key %s)", e->key);
+}
+
+void sf_context_cause(sf_context *ctx, char *buf, size_t size, bool *code_wrong) {
+  pthread_mutex_lock(&ctx->error_lock);
+  cause_locked(ctx, buf, size, code_wrong);
+  pthread_mutex_unlock(&ctx->error_lock);
+}
+
 static int check_budget_locked(sf_context *ctx, bool final) {
   if (atomic_load(&ctx->over_budget)) return SF_EBUDGET;
   uint64_t read = atomic_load(&ctx->samples_read);
@@ -41,13 +85,22 @@ static int check_budget_locked(sf_context *ctx, bool final) {
              ctx->max_error_rate);
   else
     return 0;
+  char cause[1024];
+  bool code_wrong;
+  cause_locked(ctx, cause, sizeof cause, &code_wrong);
   sf_error e;
-  sf_error_set(&e, SF_EBUDGET, SF_NOWHERE,
-               "stopping: %s (the last error: %s); fix the input, or raise the graph's max_errors / "
-               "max_error_rate (or set error_policy: fail to stop at the first error)",
-               why, ctx->has_error ? ctx->last_error.message : "none");
+  /* A verdict, not a record: the records it follows were counted and printed, and this says why the run stops. */
+  if (code_wrong)
+    sf_error_set(&e, SF_EBUDGET, SF_NOWHERE, "error budget exceeded: %s: %s", why, cause);
+  else
+    sf_error_set(&e, SF_EBUDGET, SF_NOWHERE,
+                 "error budget exceeded: %s (%s); fix the input, or raise the graph's max_errors / max_error_rate "
+                 "(or set error_policy: fail to stop at the first error)",
+                 why, cause[0] ? cause : "no error record");
   ctx->last_error = e;
   ctx->has_error = true;
+  ctx->last_printed = false;
+  ctx->verdict = true;
   atomic_store(&ctx->over_budget, true);
   return SF_EBUDGET;
 }
@@ -59,21 +112,32 @@ int sf_context_check_budget(sf_context *ctx, bool final) {
   return r;
 }
 
-/* Counts e; returns what to log for it: 0 nothing, 1 its line, 2 its line and that printing stops. */
-static int record_locked(sf_context *ctx, const sf_error *e) {
-  ctx->error_count++;
-  ctx->last_error = *e;
-  ctx->has_error = true;
-  if (ctx->on_record) ctx->on_record(ctx->on_record_opaque, e);
+/* Counts e, raised by node (or NULL); returns what to log for it: 0 nothing, 1 its line, 2 its line and that printing stops. */
+static int record_locked(sf_context *ctx, const sf_error *e, sf_node *node) {
+  if (ctx->error_count++ == 0) {
+    ctx->first_error = *e;
+    ctx->first_node = node;
+    ctx->uniform = true;
+  } else if (ctx->uniform) {
+    const sf_error *f = &ctx->first_error;
+    ctx->uniform = e->code == f->code && strcmp(e->stage, f->stage) == 0 && strcmp(e->message, f->message) == 0;
+  }
   int print = 0;
   if (!ctx->quiet && ctx->printed < MAX_PRINTED_ERRORS) print = ++ctx->printed == MAX_PRINTED_ERRORS ? 2 : 1;
+  /* Records of steps still running once the run stopped (a map thread, read-ahead) keep the reason it stopped. */
+  if (!ctx->verdict && !atomic_load(&ctx->stop)) {
+    ctx->last_error = *e;
+    ctx->has_error = true;
+    ctx->last_printed = print != 0;
+  }
+  if (ctx->on_record) ctx->on_record(ctx->on_record_opaque, e);
   check_budget_locked(ctx, false);
   return print;
 }
 
-void sf_context_record(sf_context *ctx, const sf_error *e) {
+static void record(sf_context *ctx, const sf_error *e, sf_node *node) {
   pthread_mutex_lock(&ctx->error_lock);
-  int print = record_locked(ctx, e);
+  int print = record_locked(ctx, e, node);
   pthread_mutex_unlock(&ctx->error_lock);
   /* Logged outside the lock: a log handler may ask the pipeline for its counts. */
   if (print) {
@@ -82,7 +146,19 @@ void sf_context_record(sf_context *ctx, const sf_error *e) {
     char line[2048];
     sf_log(SF_LOG_ERROR, e->stage, "%s", sf_error_format(&where, line, sizeof line));
   }
-  if (print == 2) sf_log(SF_LOG_WARNING, NULL, "further errors are counted but not printed (see the summary)");
+  /* Front-end neutral: the CLI's end line and Python's stats() give the counts. */
+  if (print == 2) sf_log(SF_LOG_WARNING, NULL, "further errors are counted but not printed");
+}
+
+void sf_context_record(sf_context *ctx, const sf_error *e) { record(ctx, e, NULL); }
+
+void sf_context_set_verdict(sf_context *ctx, const sf_error *e) {
+  pthread_mutex_lock(&ctx->error_lock);
+  ctx->last_error = *e;
+  ctx->has_error = true;
+  ctx->last_printed = false;
+  ctx->verdict = true;
+  pthread_mutex_unlock(&ctx->error_lock);
 }
 
 void *sf_node_priv(sf_node *n) { return n->priv; }
@@ -150,7 +226,7 @@ int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_
 
 int sf_node_error_record(sf_node *n, const sf_error *e) {
   atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
-  sf_context_record(n->ctx, e);
+  record(n->ctx, e, n);
   return n->ctx->error_policy == SF_POLICY_FAIL ? e->code : 0;
 }
 

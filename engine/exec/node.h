@@ -26,8 +26,13 @@ typedef struct sf_context {
   atomic_bool stop;
   pthread_mutex_t error_lock;
   uint64_t error_count, skipped, printed;
-  sf_error last_error;
+  sf_error last_error;             /* the last record, or the verdict that stopped the run (budget, empty epoch) */
   bool has_error;
+  bool last_printed;               /* last_error is a record that was logged, not a verdict nobody saw yet */
+  bool verdict;                    /* last_error is the verdict that stopped the run: later records keep it */
+  sf_error first_error;            /* the first record: what a consequence of it refers to */
+  bool uniform;                    /* every record so far has first_error's stage, code and message */
+  struct sf_node *first_node;      /* the node that raised first_error, or NULL (a worker's, a context's own) */
   bool quiet;                      /* do not print records to stderr */
   /* Called with every record, under error_lock (a worker forwards its records to the head). */
   void (*on_record)(void *opaque, const sf_error *error);
@@ -96,6 +101,21 @@ void sf_context_init(sf_context *ctx);
 void sf_context_destroy(sf_context *ctx);
 /* Records an error raised outside any stage call, e.g. a failing init. */
 void sf_context_record(sf_context *ctx, const sf_error *error);
+/*
+ * Makes error the verdict that stops the run (an epoch that delivered nothing): the last error,
+ * but not a record: not counted, not printed (the front end says it once, as why the run stopped).
+ */
+void sf_context_set_verdict(sf_context *ctx, const sf_error *error);
+/*
+ * What the records so far point to, for a verdict's message: "every sample failed in STAGE with the same
+ * error: ...; the stage's code or options are wrong, not the input" when a stage of the user's (a plugin's,
+ * a Python function) let no sample through and failed every time alike, else "the first: WHERE" (stage,
+ * shard URL, offset, key of the first record; its text was printed with it), or "" without records.
+ * Sets *code_wrong when it blames the stage's code. Takes the context's error lock.
+ */
+void sf_context_cause(sf_context *ctx, char *buf, size_t size, bool *code_wrong);
+/* True when the last error is a record that was printed (the front end then refers to it, not repeats it). */
+bool sf_pipeline_last_error_printed(const sf_pipeline *pipeline);
 /*
  * Checks the error budget (max_errors, max_error_rate). While samples are still
  * arriving the rate is judged only after enough of them; at an epoch's end

@@ -522,7 +522,10 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
 /*
  * An epoch reached the trainer: one that delivered nothing (every shard missing, wrong
  * credentials...) is an error, else `epochs: 0` would spin through empty epochs for ever;
- * then the error budget is judged over the whole epoch. Returns 0 or the failure code.
+ * then the error budget is judged over the whole epoch. The empty epoch is a consequence of
+ * the records before it (or of shards without samples): it stops the run as its verdict,
+ * said once by whoever reports the stop, and is neither counted nor printed as another record.
+ * Returns 0 or the failure code.
  */
 static int end_epoch(sf_pipeline *p, uint64_t epoch) {
   bool resumed = epoch == p->ctx.first_epoch && p->ctx.first_step > 0; /* its batches were returned before */
@@ -530,15 +533,24 @@ static int end_epoch(sf_pipeline *p, uint64_t epoch) {
   p->epoch_samples = 0;
   int code = sf_context_check_budget(&p->ctx, true);
   if (code == 0 && delivered == 0 && !resumed) {
-    sf_error last, e;
-    bool has = sf_pipeline_last_error(p, &last);
-    code = has ? last.code : SF_ENOENT;
-    sf_error_set(&e, code, SF_NOWHERE,
-                 "epoch %llu delivered no sample (%llu error records, %llu samples skipped%s%s); check the "
-                 "shard list, the credentials and the errors above",
-                 (unsigned long long)epoch, (unsigned long long)sf_pipeline_error_count(p),
-                 (unsigned long long)sf_pipeline_skipped(p), has ? "; the last: " : "", has ? last.message : "");
-    sf_context_record(&p->ctx, &e);
+    char cause[1024];
+    bool code_wrong;
+    sf_context_cause(&p->ctx, cause, sizeof cause, &code_wrong);
+    uint64_t errors = sf_pipeline_error_count(p), skipped = sf_pipeline_skipped(p);
+    sf_error first = {0}, e;
+    pthread_mutex_lock(&p->ctx.error_lock);
+    if (p->ctx.error_count) first = p->ctx.first_error;
+    pthread_mutex_unlock(&p->ctx.error_lock);
+    code = errors ? first.code : SF_ENOENT;
+    if (code_wrong)
+      sf_error_set(&e, code, SF_NOWHERE, "epoch %llu delivered no sample: %s", (unsigned long long)epoch, cause);
+    else
+      sf_error_set(&e, code, SF_NOWHERE,
+                   "epoch %llu delivered no sample (%llu error records, %llu samples skipped%s%s); check the shard "
+                   "list, the credentials and that members are named KEY.EXT",
+                   (unsigned long long)epoch, (unsigned long long)errors, (unsigned long long)skipped,
+                   cause[0] ? "; " : "", cause);
+    sf_context_set_verdict(&p->ctx, &e);
   }
   if (code) fail(p, NULL, code, 0);
   return code;
@@ -649,6 +661,13 @@ uint64_t sf_pipeline_skipped(const sf_pipeline *p) {
   uint64_t n = p->ctx.skipped;
   pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
   return n;
+}
+
+bool sf_pipeline_last_error_printed(const sf_pipeline *p) {
+  pthread_mutex_lock((pthread_mutex_t *)&p->ctx.error_lock);
+  bool printed = p->ctx.has_error && p->ctx.last_printed;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->ctx.error_lock);
+  return printed;
 }
 
 bool sf_pipeline_last_error(const sf_pipeline *p, sf_error *error) {

@@ -359,6 +359,16 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
     return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': stage %s has no option '%s' (options: %s, replicas)",
                           target, n->type, key, names);
   }
+  const sf_option *o = def ? sf_option_find(def->options, key) : NULL;
+  if (o) { /* parsed now, so that the caller can say where the value came from (--set, a keyword argument) */
+    void *scratch = calloc(1, def->priv_size ? def->priv_size : 1);
+    if (!scratch) return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+    char why[512];
+    int r = sf_option_parse(o, value, scratch, why, sizeof why);
+    sf_options_free(def->options, scratch);
+    free(scratch);
+    if (r < 0) return sf_graph_error(e, r == SF_ENOMEM ? r : SF_EOPTION, g, -1, "cannot set '%s': %s", target, why);
+  }
   if (sf_graph_node_set(n, key, value, -1) < 0) return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
   return 0;
 }
@@ -386,7 +396,7 @@ int sf_graph_node_apply(const sf_graph *g, const sf_graph_node *n, const sf_stag
     r = sf_option_parse(o, v->value, *priv, why, sizeof why);
     if (r < 0) {
       r = sf_graph_error(e, r == SF_ENOMEM ? r : SF_EOPTION, g, v->line, "node '%s': %s%s", n->name, why,
-                         v->line < 0 ? " (from --set)" : "");
+                         v->line < 0 ? " (a value set on the graph after its file was read)" : "");
       goto fail;
     }
   }

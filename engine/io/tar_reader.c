@@ -710,6 +710,8 @@ failed:
   return t->failed;
 }
 
+bool sf_tar_reader_failed(const sf_tar_reader *t) { return t->failed != 0; }
+
 bool sf_tar_reader_ready(sf_tar_reader *t) {
   if (!t->source || t->failed || t->eof) return true;
   /* The next sample, its successor's header and the end blocks: judged by the largest sample so far. */

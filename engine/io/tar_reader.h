@@ -45,6 +45,13 @@ int sf_tar_reader_open(sf_tar_reader **reader, const char *url,
 int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *error);
 
 /*
+ * True when the reader has failed for good: the next sf_tar_reader_next() returns the failure.
+ * Right after a sample was returned, it means the damage came before another key or the
+ * shard's end showed that sample whole: whether members of it were lost is unknown.
+ */
+bool sf_tar_reader_failed(const sf_tar_reader *reader);
+
+/*
  * True when sf_tar_reader_next() would not wait for a remote shard's bytes
  * (see sf_shard_reader_ready()): the bytes the next sample needs have
  * arrived, judged by the largest sample read so far in this shard (stream

@@ -47,8 +47,10 @@ SF_API int sf_graph_load_string(sf_graph **graph, const char *text, const char *
 /**
  * Overrides an option: target is "NODE.OPTION" (a node's option), or a graph
  * setting ("seed", "epochs", "error_policy", "queue_size", "threads").  The value is text, parsed
- * by the option's own parser.  Returns 0, or SF_EOPTION with a message naming
- * the valid nodes or options.
+ * by the option's own parser now, so a value that does not parse is refused here, where the
+ * caller knows where it came from (the message says neither: a front end adds its own words).
+ * Returns 0, or SF_EOPTION with a message naming the valid nodes or options, or why the value
+ * does not parse.
  */
 SF_API int sf_graph_set(sf_graph *graph, const char *target, const char *value, sf_error *error);
 

@@ -289,7 +289,10 @@ class Pipeline:
     uint8 fields, 1-D arrays otherwise); a padded field is NAME [B,L] plus NAME.length [B] (docs/batches.md).
 
     graph: a graph file's path, or YAML text (which has a newline). rank / world_size: None takes
-    RANK / WORLD_SIZE (torchrun) or 0 / 1. epochs: None keeps the graph's. output: "torch", "numpy",
+    RANK / WORLD_SIZE (torchrun) or 0 / 1. Each `for` over the pipeline is one epoch, the next one after
+    the last (set_epoch() picks one); the graph's `epochs` is how many a CLI run makes and does not end a
+    Pipeline. epochs: None or 0, no last epoch; N, epochs 0..N-1 only: iterating past them, set_epoch(N)
+    and a state at epoch N raise the same ShardflowError (docs/resume.md). output: "torch", "numpy",
     "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy, in the tuple form
     when the graph has a `rename` stage. "tuple" (NumPy) or "torch_tuple": every field of the batch in
     its order, which a `rename` stage sets (its `names` order: "image=jpg;png,label=cls" gives (image,
@@ -303,10 +306,12 @@ class Pipeline:
         # Threads: _cond guards _pipeline against close() while other threads are inside C calls on it
         # (_users of them); _lifecycle makes close() and restarts (load_state_dict, set_epoch) one at a time.
         self._cond, self._lifecycle, self._users, self._closed = threading.Condition(), threading.RLock(), 0, False
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
+            raise ValueError(f"epochs={epochs!r}: give a whole number of epochs, or 0 or None for no last epoch")
         if output is not None and output not in _OUTPUTS:
             raise ValueError(f"output={output!r}: use one of {', '.join(_OUTPUTS)}")
         self._maps = []
-        self._args = (graph, rank, world_size, epochs, options, dict(map or {}))
+        self._args = (graph, rank, world_size, epochs or 0, options, dict(map or {}))
         self._start(0, 0)
         self._output = output or self._default_output(self._renamed)
 
@@ -326,8 +331,9 @@ class Pipeline:
         try:
             for name, value in options.items():
                 r = library.sf_graph_set(g, cls._target(g, name).encode(), _text(value).encode(), ctypes.byref(err))
-                if r < 0:
-                    raise _error(r, err)
+                if r < 0:  # the engine's text says what; where the value came from is ours to say
+                    e = _error(r, err)
+                    raise ShardflowError(e.code, f"{e} (keyword argument {name}={value!r})")
         except BaseException:
             library.sf_graph_destroy(ctypes.byref(g))
             raise
@@ -359,8 +365,7 @@ class Pipeline:
                 opts.rank = rank
             if world_size is not None:
                 opts.world_size = world_size
-            if epochs is not None:
-                opts.epochs = epochs
+            opts.epochs = epochs  # 0 (no last epoch) unless the epochs argument set one: not the graph's
             opts.first_epoch, opts.first_step = first_epoch, first_step
             r = library.sf_pipeline_new(ctypes.byref(self._pipeline), g, ctypes.byref(opts), ctypes.byref(err))
             self._started = time.monotonic()
@@ -472,6 +477,7 @@ class Pipeline:
         rank, world = self._placement()
         state = elastic.check_state(state)
         elastic.check_fingerprint(state, self._fingerprint())
+        self._check_epoch(int(state["epoch"]))
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
                 plan = state["plans"][rank] if state.get("plans") else None
@@ -517,13 +523,23 @@ class Pipeline:
             library.sf_batch_destroy(ctypes.byref(b))
 
     def set_epoch(self, epoch):
-        """Starts epoch `epoch` (0-based, any number) from its beginning (DistributedSampler's
-        set_epoch): iterating then yields that epoch, the next iteration the one after it. The
-        trainer now drives the epochs: the graph's `epochs` (or the epochs argument), which bounds a
-        run nobody steers (the CLI's), no longer ends the pipeline."""
-        if epoch != self.epoch or self.step != 0 or self._args[3] != 0:
-            self._args = self._args[:3] + (0,) + self._args[4:]  # epochs 0: no last epoch
-            self._start(int(epoch), 0)
+        """Starts epoch `epoch` (0-based) from its beginning (DistributedSampler's set_epoch): the next
+        `for` yields that epoch, the one after it the next. Without it each `for` goes on with the next
+        epoch anyway. Raises ShardflowError for an epoch past the epochs argument (as iterating past it
+        and load_state_dict() do); the pipeline is then unchanged."""
+        epoch = int(epoch)
+        self._check_epoch(epoch)
+        if epoch != self.epoch or self.step != 0:
+            self._start(epoch, 0)
+
+    def _check_epoch(self, epoch):
+        """Raises the one ShardflowError for an epoch past the Pipeline's epochs argument (none: no limit)."""
+        limit = self._args[3]
+        if limit and epoch >= limit:
+            raise ShardflowError("SF_EOPTION", f"cannot start at epoch {epoch}: the pipeline has {limit} epochs "
+                                               f"(0..{limit - 1}, its epochs argument); call set_epoch() with an "
+                                               f"epoch below {limit} or load_state_dict() with an earlier state, or "
+                                               "make the Pipeline with a larger epochs (0: no limit)")
 
     @_uses_pipeline
     def stats(self):
@@ -560,8 +576,10 @@ class Pipeline:
     def next_batch(self, timeout=-1.0):
         """The next batch in the chosen output form; None at the end of the epoch (the next call
         goes on with the next epoch); raises TimeoutError, ShardflowError (the error that stopped the
-        run), ClosedError (closed, also by another thread meanwhile), or the SystemExit or
+        run, or the epochs argument's last epoch is past), ClosedError (closed, also by another thread
+        meanwhile), or the SystemExit or
         KeyboardInterrupt a map function raised."""
+        self._check_epoch(self.epoch)  # past the last epoch: said, not an empty iteration
         b = ctypes.c_void_p()
         # Waits in slices: Python runs signal handlers (Ctrl-C's KeyboardInterrupt) between calls only.
         # A slice that runs out is SF_ETIMEDOUT, as is a run that failed with a timeout of its own (a

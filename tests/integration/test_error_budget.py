@@ -62,6 +62,27 @@ for epochs in (1, 0):
           f"epochs {epochs}: the message says the epoch was empty and names a shard: {p.stderr}")
     check("Replica Train Samples" not in p.stdout, f"epochs {epochs}: no empty epoch line: {p.stdout}")
 
+# One cause, said once: two missing shards are two error records, each printed once; the empty epoch they
+# cause is the reason the run stopped, said once on the "stopped:" line, not a third record (before: 3
+# records, and the epoch's message printed twice, as an error and as the stopped line).
+gone = graph("gone", os.path.join(tmp, "gone-{0..1}.tar"), epochs=1)
+p = run(gone)
+lines = p.stderr.splitlines()
+check(p.returncode == 1 and counted(p.stderr) == (2, 0), f"two missing shards: 2 error records: {p.stderr}")
+for i in (0, 1):
+    check(sum(f"gone-{i}.tar: cannot open shard" in line for line in lines) == 1,
+          f"the record of gone-{i}.tar is printed once: {p.stderr}")
+check(p.stderr.count("delivered no sample") == 1 and
+      any(line.startswith("shardflow: stopped: epoch 0 delivered no sample") for line in lines),
+      f"the empty epoch is said once, as why the run stopped: {p.stderr}")
+check(not any("error: epoch" in line for line in lines), f"the empty epoch is not an error record: {p.stderr}")
+check(re.search(r"the first: tar_split: \S*gone-0\.tar", p.stderr),
+      f"the stopped line refers to the first cause: {p.stderr}")
+# error_policy: fail: the record that stopped the run is printed once (the stopped line refers to it).
+p = run(graph("gone-fail", os.path.join(tmp, "gone-{0..1}.tar"), epochs=1, error_policy="fail"))
+check(p.returncode == 1 and p.stderr.count("cannot open shard") == 1 and "stopped" in p.stderr
+      and counted(p.stderr) == (1, 0), f"fail policy: the record once, then the stop: {p.stderr}")
+
 # A server that has none of the shards (HTTP 404 for each): the same.
 with nginx(tmp) as base:
     p = run(graph("http404", base + "/nothing-{0..3}.tar", epochs=0))
@@ -86,6 +107,8 @@ check(len(keys) == n, "the reference reads 40 samples")
 p = run(graph("rate", mostly_bad, epochs=1))
 check(p.returncode == 1 and "max_error_rate" in p.stderr and f"30 of {n} samples" in p.stderr,
       f"30 of 40 samples bad: stopped by max_error_rate: {p.returncode}\n{p.stderr}")
+check("stopped: stopping" not in p.stderr and "shardflow: stopped: error budget exceeded: 30 of 40" in p.stderr
+      and "fix the input" in p.stderr, f"the budget's stop is said without a double prefix: {p.stderr}")
 p = run(graph("rate-raised", mostly_bad, epochs=2, max_error_rate=0.8))
 check(p.returncode == 0 and counted(p.stderr) == (60, 60) and p.stdout.count("Samples=10 ") == 2,
       f"max_error_rate 0.8 lets the same run through, counted: {p.returncode} {p.stdout} {p.stderr}")
@@ -97,6 +120,22 @@ errors, skipped = counted(p.stderr)
 check(p.returncode == 1 and "max_error_rate" in p.stderr and 0 < skipped < 300,
       f"every sample bad, epochs 0: stops once 100 samples were read, long before the shard's end: "
       f"{p.returncode} {skipped}\n{p.stderr}")
+check("fix the input" in p.stderr and "every sample failed" not in p.stderr,
+      f"bad labels (decode, a built-in, fails on input): the input is to be fixed: {p.stderr}")
+
+# A stage of the user's (a plugin) that fails on every sample with the same error: its code or options are
+# wrong, not the input (the example plugin's scale with a field no sample has).
+os.environ["SHARDFLOW_PLUGIN_PATH"] = os.path.join(os.environ["SF_BUILD_ROOT"], "plugins", "example")
+fine = shard("fine", 40, set())
+stages = [("shard_source", dict(urls=fine, shuffle=False)), ("tar_split", {}), ("decode", {}),
+          ("scale", dict(field="nosuch")), ("batch", dict(batch_size=8)), ("device_sink", {})]
+for rate in (0.5, 1):  # stopped by the budget, or by the empty epoch
+    p = run(write_graph(os.path.join(tmp, f"scale-{rate}.yaml"), stages, plugins=["example"], seed=0, epochs=1,
+                        max_error_rate=rate))
+    check(p.returncode == 1 and "every sample failed in scale with the same error: field 'nosuch' is missing" in p.stderr
+          and "the stage's code or options are wrong, not the input" in p.stderr and "fix the input" not in p.stderr,
+          f"max_error_rate {rate}: a plugin failing on every sample is said to be wrong: {p.stderr}")
+    check(counted(p.stderr) == (40, 40), f"max_error_rate {rate}: 40 records, 40 skipped: {p.stderr}")
 
 # A few bad samples stay under the default budget; max_errors sets a count.
 few = shard("few", 40, {5, 17, 33})

@@ -62,7 +62,8 @@ def graph(name, python_opts, decode_first=True, **settings):
 
 
 def collect(p):
-    """{key: {field: value}} of one epoch."""
+    """{key: {field: value}} of one epoch. (A Pipeline reads ahead into the next epoch unless its epochs
+    argument ends it: pass epochs=1 where stats() are to count one epoch.)"""
     out = {}
     for b in p:
         for j, key in enumerate(b["__key__"]):
@@ -99,7 +100,7 @@ def relabel(s):
     return {"ppm": s["ppm"], "cls": str(int(s["cls"]) + 10).encode()}
 
 
-with shardflow.Pipeline(graph("bytes", {}, decode_first=False), map={"python": relabel}, output="dict") as p:
+with shardflow.Pipeline(graph("bytes", {}, decode_first=False), map={"python": relabel}, output="dict", epochs=1) as p:
     got = collect(p)
     stats = {node['name']: node for node in p.stats()}
 kept = {k for k in raw if int(k) % 5}
@@ -121,7 +122,7 @@ def picky(s):
     return {"ppm": s["ppm"], "cls": s["cls"]}
 
 
-with shardflow.Pipeline(graph("skip", {}, error_policy="skip"), map={"python": picky}, output="dict") as p:
+with shardflow.Pipeline(graph("skip", {}, error_policy="skip"), map={"python": picky}, output="dict", epochs=1) as p:
     got = collect(p)
     stats = {node['name']: node for node in p.stats()}
     err = shardflow._Error()
@@ -137,6 +138,30 @@ try:
     check(False, "fail policy: the pipeline stops")
 except shardflow.ShardflowError as e:
     check(BAD in str(e) and "ValueError" in str(e), f"fail policy: stops with the record: {e}")
+
+
+# A function that fails on every sample with the same exception: the code is wrong, not the input, and the
+# message says so (before: "check the shard list, the credentials..." / "fix the input").
+def broken(s):
+    return {"ppm": s["image"], "cls": s["cls"]}  # KeyError: 'image' for every sample
+
+
+for rate in (0.5, 1):  # the error budget stops it, or the empty epoch does
+    p = shardflow.Pipeline(graph(f"broken-{rate}", {}, max_error_rate=rate), map={"python": broken}, output="dict")
+    try:
+        collect(p)
+        check(False, f"max_error_rate {rate}: a map failing on every sample stops the pipeline")
+    except shardflow.ShardflowError as e:
+        check("every sample failed in python with the same error: python map broken raised KeyError: 'image'" in str(e)
+              and "the stage's code or options are wrong, not the input" in str(e) and "fix the input" not in str(e)
+              and "shard list" not in str(e), f"max_error_rate {rate}: the message blames the function: {e}")
+        time.sleep(0.2)  # records of steps still running land meanwhile
+        try:
+            p.next_batch()
+        except shardflow.ShardflowError as again:
+            check(str(again) == str(e), f"the verdict stays what stopped the run, not a later record: {again}")
+    finally:
+        p.close()
 
 # 4. function: "pkg.module:fn" resolves a module on sys.path.
 pkg = os.path.join(tmp, "mods", "mymaps")

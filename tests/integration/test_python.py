@@ -303,6 +303,51 @@ with shardflow.Pipeline(graph, output="dict", device_sink__npy_dir="", epochs=2)
         check2("epoch 2" in str(e) and "2 epochs" in str(e), f"the refusal names the epoch and the run's epochs: {e}")
 check2.done("python resume")
 
+# Epochs in Python: one epoch per `for`, each `for` after the first goes on with the next epoch (as a
+# DataLoader with set_epoch). The graph's `epochs` is how many epochs a CLI run makes; it does not end a
+# Pipeline (before: a second `for` over a graph with epochs: 1 yielded nothing, silently, while set_epoch(1)
+# ran epoch 1 and load_state_dict() of a state at epoch 1 was refused). Pipeline(epochs=N) is a limit, kept
+# alike by iteration, set_epoch and load_state_dict, with the same message.
+check_epochs = Checks()
+one_epoch = write_graph(os.path.join(tmp, "one-epoch.yaml"), [
+    ("shard_source", dict(urls=urls)), ("tar_split", {}), ("decode", {}), ("shuffle", dict(buffer_size=30)),
+    ("batch", dict(batch_size=16)), ("device_sink", {})], seed=5, epochs=1)
+cli_out = os.path.join(tmp, "npy-three")
+run(["run", one_epoch, "--quiet", "--no-summary", "--epochs", "3", "--set", f"device_sink.npy_dir={cli_out}"])
+cli_epochs = [[keys for e, _, keys, _ in read_batches(cli_out) if e == epoch] for epoch in range(3)]
+check_epochs(all(cli_epochs) and cli_epochs[0] != cli_epochs[1], "the CLI's three epochs differ")
+with shardflow.Pipeline(one_epoch, output="dict") as p:
+    loops = [[b["__key__"] for b in p] for _ in range(3)]
+check_epochs(loops == cli_epochs, f"three `for` loops over a graph with epochs: 1 are epochs 0, 1, 2 as the CLI's "
+             f"--epochs 3 makes them: {[len(x) for x in loops]} batches")
+with shardflow.Pipeline(one_epoch, output="dict") as p:
+    p.set_epoch(1)
+    check_epochs([b["__key__"] for b in p] == cli_epochs[1], "set_epoch(1) on a graph with epochs: 1 is epoch 1")
+with shardflow.Pipeline(one_epoch, output="dict") as p:
+    p.load_state_dict(dict(p.state_dict(), epoch=1, step=2))
+    check_epochs([b["__key__"] for b in p] == cli_epochs[1][2:], "a state at epoch 1 resumes on a graph with epochs: 1")
+    check_epochs([b["__key__"] for b in p] == cli_epochs[2], "and the next `for` is epoch 2")
+refusals = []
+with shardflow.Pipeline(one_epoch, output="dict", epochs=2) as p:
+    for call in (lambda: p.set_epoch(2), lambda: p.load_state_dict(dict(p.state_dict(), epoch=2, step=0))):
+        try:
+            call()
+            refusals.append(None)
+        except shardflow.ShardflowError as e:
+            refusals.append(str(e))
+    check_epochs(p.epoch == 0 and p.step == 0, "the refusals leave the pipeline as it was")
+    check_epochs([b["__key__"] for b in p] == cli_epochs[0] and [b["__key__"] for b in p] == cli_epochs[1],
+                 "epochs=2: two `for` loops, epochs 0 and 1")
+    try:
+        third = [b for b in p]
+        refusals.append(f"yielded {len(third)} batches")
+    except shardflow.ShardflowError as e:
+        refusals.append(str(e))
+check_epochs(len(set(refusals)) == 1 and refusals[0] and "epoch 2" in refusals[0] and "2 epochs" in refusals[0]
+             and "set_epoch" in refusals[0], f"set_epoch, load_state_dict and a third `for` past epochs=2 are "
+             f"refused alike, saying what to call: {refusals}")
+check_epochs.done("python epochs")
+
 # PyTorch: tensors without a copy (bfloat16 too), and DataLoader(batch_size=None) with two workers
 # that split the shards between them.
 try:
@@ -378,6 +423,16 @@ check_log(first is not None and first.levelno == logging.ERROR and first.name ==
 check_log(len(keep.records) == 21 and keep.records[-1].levelno == logging.WARNING
           and keep.records[-1].stage is None and "further errors" in keep.records[-1].getMessage(),
           f"20 records, then the note that printing stops: {len(keep.records)}")
+# The engine's text says nothing of the CLI (its summary, its --set): a trainer has neither.
+cli_words = ("summary", "--set", "--start", "shardflow run")
+check_log(not any(w in r.getMessage() for r in keep.records for w in cli_words),
+          f"no CLI words in the records: {[r.getMessage() for r in keep.records if 'summary' in r.getMessage()]}")
+try:
+    shardflow.Pipeline(graph, output="dict", max_member_size="lots")
+    check_log(False, "a keyword argument that does not parse is refused")
+except shardflow.ShardflowError as e:
+    check_log("max_member_size" in str(e) and "lots" in str(e) and not any(w in str(e) for w in cli_words),
+              f"the refusal names the keyword argument, not --set: {e}")
 
 # Interpreter exit while engine threads are inside the callback (a slow logging handler, a pipeline
 # left running): the handler is uninstalled at exit (later records go to stderr), and the process
@@ -444,7 +499,7 @@ check_plugin.done("python plugins")
 import urllib.request  # noqa: E402
 
 check_metrics = Checks()
-with shardflow.Pipeline(scaled, output="dict", metrics="127.0.0.1:0") as p:
+with shardflow.Pipeline(scaled, output="dict", metrics="127.0.0.1:0", epochs=1) as p:  # one epoch: no read-ahead
     batches = list(p)
     port = p.metrics_port
     check_metrics(isinstance(port, int) and port > 0, f"metrics_port is the bound port: {port}")
