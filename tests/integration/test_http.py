@@ -1,4 +1,7 @@
-"""Shards over HTTP: a real nginx on loopback; listings equal the local files; 404, dead hosts, redirects, cut transfers."""
+"""Shards over HTTP: a real nginx on loopback; listings equal the local files; 404, dead hosts, redirects, cut transfers.
+A server that fails every shard the same way (refused, 401) stops a run at once with one message; one that serves
+some shards keeps the per-shard error policy."""
+import http.server
 import io
 import json
 import os
@@ -12,7 +15,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, nginx, run  # noqa: E402
+from sfutil import Checks, free_port, nginx, run, tar_keys, write_graph  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-http-")
@@ -148,5 +151,96 @@ with tarfile.open(os.path.join(root, "big.tar")) as tf:
 check(0 < len(got) <= len(complete) and all(s["__key__"] in complete for s in got),
       f"only samples before the cut are listed ({len(got)})")
 check(url in p.stderr and "@ byte" in p.stderr, f"a cut transfer names the URL and offset: {p.stderr}")
+
+
+# A dead server fails the run at once (tar_split's dead_host_shards): one message naming host:port and the
+# cause, not one record per shard after its retries. The run is stopped after LIMIT s if it goes on.
+LIMIT = 20
+
+
+def run_graph(name, urls, policy="skip", **tar_options):
+    """Runs a graph over urls; returns (exit status or None when killed after LIMIT s, stderr, seconds, keys)."""
+    out = os.path.join(tmp, name)
+    graph = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls="::".join(urls), shuffle=False)),
+        ("tar_split", tar_options),
+        ("batch", dict(batch_size=4, partial=True)),
+        ("device_sink", dict(npy_dir=out)),
+    ], seed=1, epochs=1, error_policy=policy)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([os.environ["SHARDFLOW"], "run", graph, "--quiet"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=LIMIT)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        rc = None
+    took = time.monotonic() - t0
+    keys = []
+    if os.path.isdir(out):
+        for f in sorted(os.listdir(out)):
+            if f.endswith(".txt"):
+                keys += open(os.path.join(out, f)).read().split()
+    errors = [line for line in err.splitlines() if line.startswith("shardflow: error:")]
+    print(f"{name}: exit {rc}, {took:.1f}s, {len(errors)} error line(s)")
+    return rc, err, took, errors, keys
+
+
+def check_dead(name, rc, err, took, errors, host, cause):
+    check(rc is not None and rc != 0, f"{name}: the run fails (exit {rc}, {took:.1f}s)\n{err[-3000:]}")
+    check(took < 10, f"{name}: within seconds ({took:.1f}s)")
+    check(len(errors) == 1, f"{name}: exactly one error message, not one per shard ({len(errors)}):\n"
+          + "\n".join(errors[:5]))
+    check(host in errors[0] and cause in errors[0].lower(), f"{name}: the message names {host} and {cause}: {errors}")
+
+
+# Nothing listens on the port: 50 shards, the default retries and the skip policy (the example graph's).
+port = free_port()
+urls = [f"http://127.0.0.1:{port}/shard-{i:03d}.tar" for i in range(50)]
+rc, err, took, errors, _ = run_graph("refused", urls)
+check_dead("refused", rc, err, took, errors, f"127.0.0.1:{port}", "refused")
+check("tools/nginx.sh" in errors[0] or "server running" in errors[0], f"refused: says what to do: {errors[0]}")
+
+# prefetch 0 (one download at a time): the first shards go through their retries, then the same message.
+rc, err, took, errors, _ = run_graph("refused_prefetch0", urls, retries=1, prefetch=0)
+check(rc not in (None, 0) and took < 10 and f"127.0.0.1:{port}" in errors[-1] and "refused" in errors[-1]
+      and len(errors) <= 3, f"refused with prefetch 0: stops after 3 shards ({rc}, {took:.1f}s, {errors})")
+
+# The rule turned off (dead_host_shards: 0): one record per shard, as before.
+rc, err, took, errors, _ = run_graph("refused_off", urls[:10], retries=0, dead_host_shards=0)
+check(rc == 1 and len(errors) >= 10, f"dead_host_shards 0: a record per shard ({rc}, {len(errors)})")
+
+
+class Unauthorized(http.server.BaseHTTPRequestHandler):
+    """401 to every request, as a server wanting credentials does."""
+
+    def do_GET(self):
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="shards"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unauthorized)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+port = server.server_address[1]
+rc, err, took, errors, _ = run_graph("unauthorized", [f"http://127.0.0.1:{port}/shard-{i:03d}.tar" for i in range(50)])
+check_dead("unauthorized", rc, err, took, errors, f"127.0.0.1:{port}", "401")
+server.shutdown()
+
+# A server that serves some shards and refuses (403) or lacks (404) others: today's per-shard records, and every
+# sample of the good shards delivered. The first three shards fail before any succeeds.
+with nginx(root, LOCATIONS) as base:
+    mixed = [base + "/forbidden.tar", base + "/missing-1.tar", base + "/forbidden.tar", base + "/shard-0.tar",
+             base + "/missing-2.tar", base + "/shard-1.tar", base + "/forbidden.tar", base + "/shard-2.tar"]
+    rc, err, took, errors, keys = run_graph("mixed", mixed)
+    expect = tar_keys(*(os.path.join(root, f"shard-{i}.tar") for i in range(3)))
+    check(keys == expect, f"mixed: every sample of the good shards ({len(keys)} of {len(expect)})\n{err[-2000:]}")
+    check(len(errors) == 5, f"mixed: one record per failed shard ({len(errors)}): {errors}")
 
 check.done("test_http")
