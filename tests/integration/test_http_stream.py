@@ -51,9 +51,9 @@ with nginx(tmp) as base:
     check(labels == [truth[k][1] for k in keys], "labels travel with their samples")
 
 # Prefetch ahead, within prefetch_bytes. 4 shards of 100 images of 128x128 (~5 MB each), served at full speed
-# by a server that logs when each request arrives; a trainer that takes 0.12 s a batch of 20 (~2.4 s), so
-# tar_split waits on its output queue (short queues: 8 samples) and the downloads ahead fill their budget and
-# pause.
+# by a server that logs when each request arrives; a trainer that takes 0.05 s a batch of 5 (~4 s), so
+# tar_split waits on its output queue (short queues: the edges hold ~35 samples, a third of a shard) and the
+# downloads ahead fill their budget and pause.
 MiB = 1 << 20
 PREFETCH_BYTES = 1 * MiB
 ahead_dir = os.path.join(tmp, "ahead")
@@ -105,11 +105,11 @@ graph = write_graph(os.path.join(tmp, "ahead.yaml"), [
     ("shard_source", dict(urls="::".join(f"{base}/{n}" for n in names), shuffle=False)),
     ("tar_split", dict(prefetch=2, prefetch_bytes=PREFETCH_BYTES)),
     ("decode", {}),
-    ("batch", dict(batch_size=20)),
+    ("batch", dict(batch_size=5)),
     ("device_sink", dict(npy_dir=out)),
-], seed=1, epochs=1, error_policy="fail", metrics="127.0.0.1:0", queue_size=8)
+], seed=1, epochs=1, error_policy="fail", metrics="127.0.0.1:0", queue_size=4)
 t0 = time.monotonic()
-proc = subprocess.Popen([SHARDFLOW, "run", graph, "--step-time", "0.12", "--log-steps", "0"],
+proc = subprocess.Popen([SHARDFLOW, "run", graph, "--step-time", "0.05", "--log-steps", "0"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 line = proc.stderr.readline()
 m = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", line)
