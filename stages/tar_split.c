@@ -1,4 +1,5 @@
 /* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive and emits its samples one per step, downloading the next shards meanwhile. */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,8 @@ typedef struct tar_split {
   int64_t retries;        /* option */
   double retry_wait;      /* option, seconds */
   double retry_max_wait;  /* option, seconds */
+  int64_t dead_host_shards; /* option: 0 = off */
+  char *ca_file;          /* option, or NULL */
   char *cache_dir;        /* option, or NULL */
   int64_t cache_size;     /* option, bytes */
   int64_t max_member_size; /* option, bytes */
@@ -82,6 +85,14 @@ static const sf_option options[] = {
     {"retry_max_wait", SF_OPT_DURATION, offsetof(tar_split, retry_max_wait), "30s", 0.001, 86400,
      "longest wait before one retry, in seconds; a server asking (Retry-After) for longer fails "
      "the shard", NULL},
+    {"dead_host_shards", SF_OPT_COUNT, offsetof(tar_split, dead_host_shards), "3", 0, 1000,
+     "a server that has served no shard yet and failed this many shards in a row the same way (connection "
+     "refused, host name not resolved, TLS failure, HTTP 401 or 403) is taken as dead: the run stops at "
+     "once with one message, whatever error_policy says, instead of retrying and reporting every shard. "
+     "Timeouts, resets, 5xx and 404 never count. 0 = off", NULL},
+    {"ca_file", SF_OPT_STRING, offsetof(tar_split, ca_file), NULL, 0, 0,
+     "PEM file of the certificate authorities trusted for https shards, in place of the system's (a "
+     "server with a private CA); empty = the SSL_CERT_FILE variable, else the system's CAs", NULL},
     {"cache_dir", SF_OPT_STRING, offsetof(tar_split, cache_dir), NULL, 0, 0,
      "directory keeping whole remote shards for later epochs and runs (shared safely between "
      "processes); a cached shard is read once the server confirms it is current (a conditional "
@@ -160,6 +171,8 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
         .retry_max_wait = t->retry_max_wait,
         .wake = wake,
         .wake_opaque = node,
+        .dead_host_shards = (int)t->dead_host_shards,
+        .ca_file = t->ca_file,
     };
     sf_error error;
     sf_prefetch *downloads;
@@ -267,6 +280,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
       .retries = (int)t->retries,
       .retry_wait = t->retry_wait,
       .retry_max_wait = t->retry_max_wait,
+      .ca_file = t->ca_file,
       .fetch = a->fetch,
       .prefetch = t->downloads,
       .cache = t->cache,
@@ -283,9 +297,9 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     sf_shard_destroy(&shard);
     if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
     int policy = sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
-    /* Out of file descriptors (still after the retries) is the process's limit, not a bad shard: skipping
-     * would end the epoch short, quietly, one shard after another. */
-    return rc == SF_EMFILE ? rc : policy;
+    /* Out of file descriptors (still after the retries) is the process's limit, and a dead server is not a
+     * bad shard: skipping would end the epoch short, one shard after another. */
+    return rc == SF_EMFILE || rc == SF_EHOSTDOWN ? rc : policy;
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
@@ -376,7 +390,8 @@ static int read_sample(sf_node *node, tar_split *t) {
     /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
     bool cut_sample = !recoverable && error.key[0];
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
-    if (policy < 0 || rc == SF_EMFILE) return rc == SF_EMFILE ? rc : policy; /* a limit, not a bad shard */
+    if (rc == SF_EMFILE || rc == SF_EHOSTDOWN) return rc; /* a limit or a dead server, not a bad shard */
+    if (policy < 0) return policy;
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);
     return 0;
   }
@@ -492,6 +507,11 @@ static int init(sf_node *node) {
   t->n_ref_fields = -1;
   int krc = compile_key_regex(node, t);
   if (krc < 0) return krc;
+  if (t->ca_file && t->ca_file[0] && access(t->ca_file, R_OK) != 0) {
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "option ca_file: cannot read %s: %s — give the PEM file of "
+                  "the CA that signed the servers' certificates", t->ca_file, strerror(errno));
+    return SF_EOPTION;
+  }
   if (t->cache_dir && t->cache_dir[0]) {
     sf_error error;
     int rc = sf_shard_cache_open(&t->cache, t->cache_dir, t->cache_size, &error);

@@ -40,6 +40,26 @@ typedef struct slab {
 
 typedef enum fetch_state { F_QUEUED, F_RUNNING, F_BACKOFF, F_DONE } fetch_state;
 
+/* What a failed attempt says about its server: nothing (the failure may pass, or is the shard's), or a
+ * hard cause that no wait fixes and that a dead or misconfigured server gives for every shard. */
+typedef enum hard_cause { HARD_NONE, HARD_CONNECT, HARD_DNS, HARD_TLS, HARD_401, HARD_403 } hard_cause;
+
+/*
+ * One server (host:port) of the downloads, to tell a dead server from bad shards (options'
+ * dead_host_shards).  Under p->lock; freed with the prefetcher.
+ */
+typedef struct server {
+  struct server *next;
+  char name[280];    /* host:port */
+  bool served;       /* an attempt got an answer other than a hard failure: never dead */
+  hard_cause cause;  /* of the failures in a row */
+  int detail;        /* with HARD_CONNECT, connect()'s errno: "refused" and "unreachable" differ */
+  int failed;        /* shards that failed in a row with that cause */
+  unsigned streak;   /* numbers each run of failures (from 1), so that a shard counts once in it */
+  bool dead;
+  char text[480];    /* once dead: the message of every download from it */
+} server;
+
 /* How the body of the current attempt's response is treated. */
 typedef enum body_mode { BODY_UNCHECKED, BODY_KEEP, BODY_DISCARD } body_mode;
 
@@ -82,6 +102,13 @@ struct sf_fetch {
   sf_object_version version; /* the first response with a body (set before its first byte is kept) */
   bool not_modified;         /* the server answered 304 to the conditional request */
   char curl_text[CURL_ERROR_SIZE];
+  server *server;            /* of the URL, or of the current attempt (set under the lock); NULL: not known yet */
+  unsigned counted;          /* server->streak this download was counted in, or 0 */
+  /* Failed for good the hard way while its server's verdict is open (F_BACKOFF, never retried): the
+   * failure (in error, with parked_code) is reported once the server served a shard or failed otherwise
+   * (then as it is), or is dead (then as its message), or no other download from it is left. */
+  bool parked;
+  int parked_code;
   int socket_errno;          /* why the attempt's socket() failed (open_socket), or 0 */
   /* s3/gs: where the attempt's credentials came from, and the start of an error answer's XML body. */
   char *credentials;
@@ -102,6 +129,8 @@ struct sf_prefetch {
   slab *slabs;
   sf_prefetch_stats stats;
   sf_rng rng;             /* jitter; the fetcher thread only */
+  server *servers;        /* every server asked so far */
+  char *ca_file;          /* o.ca_file, copied */
   bool wake_pending;      /* changed() since the fetcher last called o.wake */
 };
 
@@ -376,6 +405,36 @@ static curl_socket_t open_socket(void *opaque, curlsocktype purpose, struct curl
   return fd;
 }
 
+/* ---- servers ---- */
+
+/* host:port of url (the port libcurl would use), or "" when libcurl cannot parse it. */
+static void server_name(const char *url, char *out, size_t size) {
+  out[0] = '\0';
+  CURLU *u = curl_url();
+  char *host = NULL, *port = NULL;
+  if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK)
+    snprintf(out, size, "%s:%s", host, port);
+  curl_free(host);
+  curl_free(port);
+  curl_url_cleanup(u);
+}
+
+/* The record of server `name`, made on first use (lock held). NULL when out of memory or unnamed: not tracked. */
+static server *find_server(sf_prefetch *p, const char *name) {
+  if (!name[0]) return NULL;
+  for (server *s = p->servers; s; s = s->next)
+    if (strcmp(s->name, name) == 0) return s;
+  server *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  snprintf(s->name, sizeof s->name, "%s", name);
+  s->streak = 1;
+  s->next = p->servers;
+  p->servers = s;
+  return s;
+}
+
 /* ---- attempts (fetcher thread) ---- */
 
 /* Marks f failed for good (lock held). */
@@ -391,15 +450,48 @@ static void give_up(sf_prefetch *p, sf_fetch *f, int code, const char *fmt, ...)
   sf_error_set(&f->error, code, SF_AT(.url = f->shown, .offset = f->received), "%s", text);
   f->code = code;
   f->state = F_DONE;
+  f->parked = false;
   p->stats.failed++;
   changed(p);
+}
+
+/* Keeps f's failure (code, text) back until its server's verdict (lock held); see sf_fetch.parked. */
+static void park(sf_fetch *f, int code, const char *text) {
+  sf_error_set(&f->error, code, SF_AT(.url = f->shown, .offset = f->received), "%s", text);
+  f->parked = true;
+  f->parked_code = code;
+  f->state = F_BACKOFF;
+}
+
+/* Reports f's parked failure as it was (lock held). */
+static void unpark(sf_prefetch *p, sf_fetch *f) {
+  f->parked = false;
+  f->code = f->parked_code;
+  f->state = F_DONE;
+  p->stats.failed++;
+  changed(p);
+}
+
+/* The verdict on s is in, and it is not "dead": parked failures from it are reported as they are (lock held). */
+static void unpark_server(sf_prefetch *p, const server *s) {
+  for (sf_fetch *g = p->list; g; g = g->next)
+    if (g->parked && g->server == s && !g->closed) unpark(p, g);
+}
+
+/* Whether a download other than f that could come from f's server is still to end (lock held). */
+static bool server_pending(const sf_prefetch *p, const sf_fetch *f) {
+  for (const sf_fetch *g = p->list; g; g = g->next)
+    if (g != f && !g->closed && !g->parked && g->state != F_DONE && (g->server == f->server || !g->server))
+      return true;
+  return false;
 }
 
 /* The engine's shared transfer settings (engine/http.h), then this fetcher's callbacks. */
 static int new_easy(sf_prefetch *p, sf_fetch *f) {
   sf_http_options o = {.follow_redirects = true,
                        .connect_timeout_ms = (long)(p->o.connect_timeout * 1000),
-                       .error_text = f->curl_text};
+                       .error_text = f->curl_text,
+                       .ca_file = p->ca_file};
   int rc = sf_http_easy_new(NULL, &o, &f->easy);
   if (rc < 0) return rc;
   CURL *e = f->easy;
@@ -436,7 +528,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
   }
   curl_slist_free_all(f->headers);
   f->headers = NULL;
-  char range[32];
+  char range[32], name[280] = "";
   if (!code && f->is_store) {
     sf_object_request request = {0};
     sf_error error;
@@ -446,6 +538,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
       snprintf(text, sizeof text, "%.400s", error.message);
     } else {
       curl_easy_setopt(f->easy, CURLOPT_URL, request.url);
+      server_name(request.url, name, sizeof name);
       f->headers = request.headers;
       request.headers = NULL;
       free(f->credentials);
@@ -455,6 +548,17 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     sf_object_request_clear(&request);
   } else if (!code) {
     curl_easy_setopt(f->easy, CURLOPT_URL, f->url);
+    server_name(f->url, name, sizeof name);
+  }
+  if (!code) {
+    /* A dead server is not asked again: the download fails as the others from it did. */
+    pthread_mutex_lock(&p->lock);
+    f->server = find_server(p, name);
+    if (f->server && f->server->dead) {
+      code = SF_EHOSTDOWN;
+      snprintf(text, sizeof text, "%s", f->server->text);
+    }
+    pthread_mutex_unlock(&p->lock);
   }
   /* Only a whole-object request asks whether the caller's copy is still current. */
   char condition[280] = "";
@@ -527,11 +631,52 @@ static double backoff(sf_prefetch *p, int failures) {
   return d / 2 + sf_rng_double(&p->rng) * d / 2;
 }
 
+/*
+ * What the end of f's attempt says about its server (lock held): an answer proves it alive for good;
+ * a hard failure counts the shard in the server's run of failures alike, and at dead_host_shards the
+ * server is dead (its downloads waiting for a retry fail now, running ones when they end, later ones
+ * at their start); anything else breaks the run.
+ */
+static void note_server(sf_prefetch *p, sf_fetch *f, int code, long status, hard_cause hard, int detail,
+                        const char *text) {
+  server *s = f->server;
+  if (s->dead || s->served) return;
+  if (hard == HARD_NONE) {
+    if (code == 0 || status > 0 || f->received > f->attempt_from) s->served = true;
+    s->failed = 0;
+    s->streak++;
+    unpark_server(p, s);
+    return;
+  }
+  if (hard != s->cause || detail != s->detail) {
+    s->cause = hard;
+    s->detail = detail;
+    s->failed = 0;
+    s->streak++;
+    unpark_server(p, s); /* not every shard fails the same way */
+  }
+  if (f->counted != s->streak) {
+    f->counted = s->streak;
+    s->failed++;
+  }
+  if (p->o.dead_host_shards <= 0 || s->failed < p->o.dead_host_shards) return;
+  s->dead = true;
+  snprintf(s->text, sizeof s->text,
+           "%d shards in a row failed alike and the server has served none, so the run stops whatever "
+           "error_policy says (dead_host_shards: 0 on tar_split turns this off): %.300s",
+           s->failed, text);
+  for (sf_fetch *g = p->list; g; g = g->next)
+    if (g != f && g->server == s && !g->closed && g->state == F_BACKOFF) give_up(p, g, SF_EHOSTDOWN, "%s", s->text);
+}
+
 /* Classifies a finished attempt: done, retry after a wait, or failed for good. */
 static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
   long status = 0;
   curl_easy_getinfo(f->easy, CURLINFO_RESPONSE_CODE, &status);
   const char *curl_text = f->curl_text[0] ? f->curl_text : curl_easy_strerror(result);
+  const char *name = f->server ? f->server->name : "the server"; /* the record lives as long as p */
+  hard_cause hard = HARD_NONE;
+  int detail = 0;
   int code = 0;
   bool retry = false;
   char text[480] = "";
@@ -557,6 +702,17 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       retry = true;
       snprintf(text, sizeof text, "HTTP %ld from the server — it is overloaded or failing; check its logs",
                status);
+    } else if (status == 401) {
+      code = SF_ENET;
+      hard = HARD_401;
+      snprintf(text, sizeof text,
+               "HTTP 401 from %.100s: it wants credentials — give them in the URL (https://USER:PASSWORD@host/...) "
+               "or check them", name);
+    } else if (status == 403) {
+      code = SF_ENET;
+      hard = HARD_403;
+      snprintf(text, sizeof text, "HTTP 403 from %.100s: access denied — check access rights and the server's logs",
+               name);
     } else {
       code = SF_ENET;
       snprintf(text, sizeof text, "HTTP %ld from the server — check access rights and the server's logs",
@@ -586,7 +742,54 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
                "stall_timeout / retries on tar_split if it is just slow",
                curl_text);
       break;
-    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_CONNECT: {
+      long os_errno = 0;
+      curl_easy_getinfo(f->easy, CURLINFO_OS_ERRNO, &os_errno);
+      code = SF_ENET;
+      retry = true;
+      hard = HARD_CONNECT;
+      detail = (int)os_errno;
+      bool example = strcmp(name, "127.0.0.1:8750") == 0 || strcmp(name, "localhost:8750") == 0;
+      snprintf(text, sizeof text, "download failed: %.200s (%s) — is the server running and listening on %.100s?%s",
+               curl_text, os_errno ? strerror((int)os_errno) : "no detail", name,
+               example ? " tools/nginx.sh serves the example shards on :8750" : "");
+      break;
+    }
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+      code = SF_ENET;
+      hard = HARD_DNS;
+      snprintf(text, sizeof text,
+               "download failed: %s — check the host name in the shard list and that it resolves here", curl_text);
+      break;
+    case CURLE_PEER_FAILED_VERIFICATION:
+      code = SF_ENET;
+      hard = HARD_TLS;
+      snprintf(text, sizeof text,
+               "the TLS certificate of %.100s could not be verified (%.200s) — if a private CA signed it, set "
+               "tar_split's ca_file (or the SSL_CERT_FILE variable) to that CA's PEM certificate",
+               name, curl_text);
+      break;
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CRL_BADFILE:
+      code = SF_ENET;
+      hard = HARD_TLS;
+      snprintf(text, sizeof text,
+               "cannot use the trusted CA certificates (%s) — check the file in tar_split's ca_file or the "
+               "SSL_CERT_FILE variable: PEM certificates, readable", curl_text);
+      break;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+      code = SF_ENET;
+      hard = HARD_TLS;
+      snprintf(text, sizeof text,
+               "TLS with %.100s failed (%.200s) — check that it serves https on that port and its TLS set-up", name,
+               curl_text);
+      break;
     case CURLE_RECV_ERROR:
     case CURLE_SEND_ERROR:
     case CURLE_PARTIAL_FILE:
@@ -617,6 +820,7 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
     }
   }
   pthread_mutex_lock(&p->lock);
+  if (f->server && !f->closed) note_server(p, f, code, status, hard, detail, text);
   if (f->closed) {
     f->state = F_DONE;
   } else if (code == 0) {
@@ -624,6 +828,8 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
     f->code = 0;
     if (f->not_modified) p->stats.not_modified++;
     changed(p);
+  } else if (f->server && f->server->dead) {
+    give_up(p, f, SF_EHOSTDOWN, "%s", f->server->text); /* no retry: the server is dead */
   } else {
     if (f->received > f->attempt_from) f->failures = 0; /* progress: the budget starts again */
     bool too_long = retry && f->retry_after > p->o.retry_max_wait;
@@ -635,18 +841,28 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
       f->state = F_BACKOFF;
       p->stats.retries++;
       changed(p); /* the reader may take the bytes so far */
-    } else if (too_long) {
-      give_up(p, f, code,
-              "%s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
-              "retry_max_wait on tar_split or retry later",
-              text, f->retry_after, p->o.retry_max_wait);
-    } else if (code == SF_EMFILE && p->o.retries > 0) {
-      give_up(p, f, code, "%s; still so after %d retries", text, f->failures);
-    } else if (retry && p->o.retries > 0) {
-      give_up(p, f, code, "%s (gave up after %d retries without progress; raise `retries` on tar_split)",
-              text, f->failures);
     } else {
-      give_up(p, f, code, "%s", text);
+      char final[480];
+      if (too_long)
+        snprintf(final, sizeof final,
+                 "%.300s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
+                 "retry_max_wait on tar_split or retry later",
+                 text, f->retry_after, p->o.retry_max_wait);
+      else if (code == SF_EMFILE && p->o.retries > 0)
+        snprintf(final, sizeof final, "%.400s; still so after %d retries", text, f->failures);
+      else if (retry && p->o.retries > 0)
+        snprintf(final, sizeof final,
+                 "%.350s (gave up after %d retries without progress; raise `retries` on tar_split)", text,
+                 f->failures);
+      else
+        snprintf(final, sizeof final, "%s", text);
+      /* A hard failure while the other shards from the server may still show it dead: report it with them. */
+      server *s = f->server;
+      if (hard != HARD_NONE && s && !s->served && !s->dead && f->counted == s->streak && p->o.dead_host_shards > 0 &&
+          server_pending(p, f))
+        park(f, code, final);
+      else
+        give_up(p, f, code, "%s", final);
     }
   }
   pthread_mutex_unlock(&p->lock);
@@ -700,13 +916,16 @@ static void *fetcher(void *arg) {
     int n = 0, active = 0;
     for (sf_fetch *f = p->list; f; f = f->next) {
       n++;
-      if (f->state == F_RUNNING || f->state == F_BACKOFF) active++;
+      if ((f->state == F_RUNNING || f->state == F_BACKOFF) && !f->parked) active++;
     }
     double t = now(), wait = 1.0;
     enum { NOTHING, START, UNPAUSE, STALLED } *todo = calloc((size_t)(n ? n : 1), sizeof *todo);
     int i = 0;
     for (sf_fetch *f = first; todo && i < n; f = f->next, i++) {
-      if (f->state == F_QUEUED && active < p->o.max_transfers) {
+      if (f->parked) {
+        if (!server_pending(p, f)) unpark(p, f); /* no other shard from its server to judge it by */
+        if (wait > 0.1) wait = 0.1;
+      } else if (f->state == F_QUEUED && active < p->o.max_transfers) {
         todo[i] = START;
         active++;
       } else if (f->state == F_BACKOFF) {
@@ -804,6 +1023,13 @@ int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, 
   if (p->o.retries < 0) p->o.retries = 0;
   if (p->o.retry_wait <= 0) p->o.retry_wait = 0.1;
   if (p->o.retry_max_wait <= 0) p->o.retry_max_wait = 30;
+  if (p->o.dead_host_shards < 0) p->o.dead_host_shards = 0;
+  if (p->o.ca_file && p->o.ca_file[0] && !(p->ca_file = strdup(p->o.ca_file))) {
+    free(p);
+    sf_error_set(error, SF_ENOMEM, SF_AT(.url = ""), "out of memory starting the downloads");
+    return SF_ENOMEM;
+  }
+  p->o.ca_file = NULL; /* borrowed from the caller: p->ca_file is used */
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   sf_rng_seed(&p->rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)p);
@@ -851,6 +1077,12 @@ void sf_prefetch_destroy(sf_prefetch **prefetch) {
     munmap(s->mem, SLAB);
     free(s);
   }
+  while (p->servers) {
+    server *s = p->servers;
+    p->servers = s->next;
+    free(s);
+  }
+  free(p->ca_file);
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->changed);
   free(p);
@@ -884,7 +1116,10 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *
   f->state = F_QUEUED;
   f->error_body.max = 4096; /* the start of a store's error answer names its code */
   if (cached) f->cached = *cached;
+  char name[280] = "";
+  if (!f->is_store) server_name(url, name, sizeof name); /* a store's is its endpoint's, known when signed */
   pthread_mutex_lock(&p->lock);
+  f->server = find_server(p, name);
   sf_fetch **pp = &p->list;
   while (*pp) pp = &(*pp)->next;
   *pp = f;

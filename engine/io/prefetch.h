@@ -28,6 +28,14 @@
  * again and discarded (counted as refetched).  A 412, a different ETag, or a
  * resume without any validator fails the download: two versions of an object
  * are never spliced.
+ *
+ * A dead server is told apart from a bad shard (options' dead_host_shards):
+ * per server (host:port of the request), until one of its downloads brought
+ * an answer that was not a hard failure, shards whose attempt failed the
+ * same hard way are counted; at the count the server is dead and its
+ * downloads fail with SF_EHOSTDOWN without their retries.  Timeouts, resets
+ * and 5xx are never hard (they pass); neither is a 404, which a live server
+ * sends.
  */
 typedef struct sf_prefetch sf_prefetch;
 
@@ -53,6 +61,12 @@ typedef struct sf_prefetch_options {
    * must not block) is told to look again.  wake_opaque is passed through (borrowed). */
   void (*wake)(void *opaque);
   void *wake_opaque;
+  /* A server that has served no shard yet and failed this many shards in a row the same hard way
+   * (connection refused or otherwise impossible, a name that does not resolve, a TLS failure, HTTP
+   * 401 or 403) is dead: those downloads and every later one from it fail at once with
+   * SF_EHOSTDOWN, one message naming the server, the cause and what to do.  0: never. */
+  int dead_host_shards;
+  const char *ca_file;      /* PEM file of the CAs trusted for https (copied); NULL: see sf_http_easy_new() */
 } sf_prefetch_options;
 
 /* Counters over the prefetcher's life (all downloads). */
@@ -112,8 +126,9 @@ bool sf_fetch_not_modified(sf_fetch *fetch, sf_object_version *version);
  * Returns 0 when bytes or a clean end are there; the download's error when it
  * failed before its first byte (SF_ENOENT for 404/410, SF_ENET, SF_ETIMEDOUT,
  * SF_EDENIED, SF_EIO for a changed object, SF_EMFILE when no socket could be
- * opened for want of file descriptors, after the retries); *error names the URL
- * (credentials redacted) and what to do.
+ * opened for want of file descriptors, after the retries; SF_EHOSTDOWN when its
+ * server is dead, see above); *error names the URL (credentials redacted) and
+ * what to do.
  */
 int sf_fetch_wait(sf_fetch *fetch, bool (*cancelled)(void *), void *cancel_opaque, sf_error *error);
 

@@ -366,6 +366,7 @@ static int open_remote(sf_shard_reader *r, const sf_shard_reader_options *o, sf_
           .retries = o ? o->retries : 0,
           .retry_wait = o ? o->retry_wait : 0,
           .retry_max_wait = o ? o->retry_max_wait : 0,
+          .ca_file = o ? o->ca_file : NULL,
       };
       rc = sf_prefetch_new(&r->own_prefetch, &po, error);
       p = r->own_prefetch;

@@ -21,6 +21,7 @@ typedef struct sf_shard_reader_options {
   int retries;              /* 0 = none */
   double retry_wait;        /* first backoff in seconds, doubling; 0 = 0.1 s */
   double retry_max_wait;    /* longest single wait in seconds; 0 = 30 s */
+  const char *ca_file;      /* https: PEM file of the CAs trusted (borrowed); NULL: see sf_http_easy_new() */
   /* Remote shards: the download already started for this URL (handed over: the reader owns it
    * from the call on, whatever the outcome), else a prefetcher to start it on (borrowed; it must
    * outlive the reader), else the reader runs a prefetcher of its own with the settings above. */
@@ -50,7 +51,8 @@ typedef struct sf_shard_reader_options {
  * other HTTP errors), SF_ETIMEDOUT, SF_EDENIED (pipe: without allow_pipe, a
  * redirect to another scheme), SF_EIO (the object changed while read),
  * SF_EMFILE (out of file descriptors, still after options->retries: the
- * message gives the process's limit; not a fault of the shard), SF_EINVAL
+ * message gives the process's limit; not a fault of the shard), SF_EHOSTDOWN
+ * (the prefetcher took the shard's server as dead, see prefetch.h), SF_EINVAL
  * (bad URL), SF_ECANCELED, SF_ENOMEM. On failure *error names the URL and what
  * to do. options may be NULL; options->fetch is consumed in every case.
  */

@@ -2,6 +2,7 @@
 #include "http.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "shardflow/error.h"
 
@@ -37,6 +38,12 @@ int sf_http_easy_new(const char *url, const sf_http_options *o, CURL **easy) {
   bad |= curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, o->timeout_ms > 0 ? o->timeout_ms : 0L);
   bad |= curl_easy_setopt(e, CURLOPT_USERAGENT, "shardflow");
   if (o->error_text) bad |= curl_easy_setopt(e, CURLOPT_ERRORBUFFER, o->error_text);
+  /* libcurl reads no variable for its CA bundle (only the curl command does): a private CA given the
+   * usual way, SSL_CERT_FILE, would otherwise be ignored. */
+  const char *ca_file = o->ca_file && *o->ca_file ? o->ca_file : getenv("SSL_CERT_FILE");
+  const char *ca_dir = o->ca_file && *o->ca_file ? NULL : getenv("SSL_CERT_DIR");
+  if (ca_file && *ca_file) bad |= curl_easy_setopt(e, CURLOPT_CAINFO, ca_file);
+  if (ca_dir && *ca_dir) bad |= curl_easy_setopt(e, CURLOPT_CAPATH, ca_dir);
   if (bad) {
     curl_easy_cleanup(e);
     return SF_EINVAL;

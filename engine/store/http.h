@@ -20,6 +20,8 @@ typedef struct sf_http_options {
   long connect_timeout_ms; /* 0: 10 s */
   long timeout_ms;         /* the whole transfer; 0: no limit */
   char *error_text;        /* CURL_ERROR_SIZE bytes for libcurl's own message (emptied here), or NULL */
+  const char *ca_file;     /* PEM file of the CAs trusted for https (borrowed; copied by libcurl); NULL or "":
+                            * the SSL_CERT_FILE variable, else libcurl's bundle */
 } sf_http_options;
 
 /* libcurl's global initialisation, run once per process whoever asks first (thread-safe).  Returns 0 or SF_ENOMEM. */

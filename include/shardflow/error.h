@@ -44,7 +44,8 @@ extern "C" {
   X(EUNSUPPORTED, -17, "unsupported format or feature")                              \
   X(EINTERNAL, -18, "internal error (a bug in shardflow; please report it)")         \
   X(EBUDGET, -19, "too much bad input: over max_errors / max_error_rate, or an empty epoch") \
-  X(EMFILE, -20, "too many open files: the process's descriptor limit (raise ulimit -n) or the system's")
+  X(EMFILE, -20, "too many open files: the process's descriptor limit (raise ulimit -n) or the system's") \
+  X(EHOSTDOWN, -21, "a shard server failed shard after shard the same way and served none (refused, unknown host, TLS, HTTP 401/403)")
 
 /** Error codes.  0 is success; every code is negative. */
 typedef enum sf_errno {

@@ -164,10 +164,12 @@ def free_port():
 
 
 @contextlib.contextmanager
-def nginx(root, locations=""):
-    """Serves root over HTTP on a free loopback port (plus extra `location` blocks); yields the base URL."""
+def nginx(root, locations="", tls=None):
+    """Serves root over HTTP on a free loopback port (plus extra `location` blocks); yields the base URL.
+    tls=(certificate file, key file) serves https instead (the base URL then starts with https://)."""
     run_dir = tempfile.mkdtemp(prefix="sf-nginx-")
     port = free_port()
+    ssl = f" ssl; ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]}" if tls else ""
     user = "user root;" if os.geteuid() == 0 else ""
     conf = os.path.join(run_dir, "nginx.conf")
     with open(conf, "w") as f:
@@ -185,7 +187,7 @@ http {{
   fastcgi_temp_path {run_dir}/fastcgi;
   uwsgi_temp_path {run_dir}/uwsgi;
   scgi_temp_path {run_dir}/scgi;
-  server {{ listen 127.0.0.1:{port}; root {root}; {locations} }}
+  server {{ listen 127.0.0.1:{port}{ssl}; root {root}; {locations} }}
 }}
 """)
     proc = subprocess.Popen(["/usr/sbin/nginx", "-c", conf, "-p", run_dir], stderr=subprocess.PIPE)
@@ -196,7 +198,7 @@ http {{
             time.sleep(0.05)
         else:
             raise AssertionError("nginx did not start: " + proc.stderr.read().decode())
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         proc.kill()
         proc.wait()
