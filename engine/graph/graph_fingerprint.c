@@ -17,8 +17,9 @@
 /*
  * Options of the built-in stages that change only a sample's bytes, a batch's layout, where things are kept,
  * or speed: never which samples an epoch holds, their order, or where batches are cut. "STAGE.*" leaves out
- * every option of a stage. Everything not listed counts, so an option added later (or a plugin's) makes
- * states saved before it refused rather than resumed wrongly.
+ * every option of a stage. Everything not listed counts once set away from its default (hash_node), so an
+ * option added later with a default that keeps today's behaviour leaves saved states valid, and a plugin's
+ * options count without being listed.
  */
 static const char *const order_free[] = {
     /* a permission; how a resumed epoch is read (elastic resume), not what the epochs hold */
@@ -35,6 +36,8 @@ static const char *const order_free[] = {
     "tar_split.cache_dir",
     "tar_split.cache_size",
     "tar_split.mmap",
+    "tar_split.ca_file",
+    "tar_split.dead_host_shards",
     /* pixels only (its limits count: they decide which samples are dropped) */
     "decode.mode",
     "decode.min_size",
@@ -105,7 +108,20 @@ static void option_text(const sf_option *o, const void *priv, char *buf, size_t 
   }
 }
 
-/* Hashes node i: name, type, the nodes feeding its ports, then its options in table order. */
+/* The value of option o in priv, as hashed (a string option as itself, it may be longer than buf). */
+static const char *hashed_value(const sf_option *o, const void *priv, char *buf, size_t size) {
+  if (o->type != SF_OPT_STRING) {
+    option_text(o, priv, buf, size);
+    return buf;
+  }
+  const char *value = *(char *const *)((const char *)priv + o->offset);
+  return value ? value : "";
+}
+
+/*
+ * Hashes node i: name, type, the nodes feeding its ports, then the options that count and differ from their
+ * defaults, in table order (so a new option at its default leaves every fingerprint as it was).
+ */
 static int hash_node(EVP_MD_CTX *md, const sf_graph *g, int i, const sf_stage_def *def, const int *inputs,
                      sf_error *e) {
   const sf_graph_node *n = &g->nodes[i];
@@ -114,20 +130,25 @@ static int hash_node(EVP_MD_CTX *md, const sf_graph *g, int i, const sf_stage_de
   for (int port = 0; port < SF_GRAPH_MAX_INPUTS && inputs[i * SF_GRAPH_MAX_INPUTS + port] >= 0; port++)
     if (!put(md, "input", g->nodes[inputs[i * SF_GRAPH_MAX_INPUTS + port]].name))
       return sf_graph_error(e, SF_ENOMEM, g, -1, "SHA-256 failed");
-  void *priv;
+  void *priv, *defaults = NULL;
+  sf_graph_node blank = *n; /* the same node with no option written: the defaults */
+  blank.values = NULL;
+  blank.n_values = 0;
   int r = sf_graph_node_apply(g, n, def, &priv, e);
   if (r < 0) return r;
+  r = sf_graph_node_apply(g, &blank, def, &defaults, e);
   for (const sf_option *o = def->options; o && o->name && r == 0; o++) {
     if (!counts(def->name, o->name)) continue;
-    char text[512];
-    option_text(o, priv, text, sizeof text);
-    const char *value = text;
-    if (o->type == SF_OPT_STRING) value = *(char *const *)((const char *)priv + o->offset);
-    if (!put(md, "option", o->name) || !put(md, "value", value ? value : ""))
+    char text[512], default_text[512];
+    const char *value = hashed_value(o, priv, text, sizeof text);
+    if (strcmp(value, hashed_value(o, defaults, default_text, sizeof default_text)) == 0) continue;
+    if (!put(md, "option", o->name) || !put(md, "value", value))
       r = sf_graph_error(e, SF_ENOMEM, g, -1, "SHA-256 failed");
   }
   sf_options_free(def->options, priv);
   free(priv);
+  if (defaults) sf_options_free(def->options, defaults);
+  free(defaults);
   return r;
 }
 
@@ -147,7 +168,7 @@ int sf_graph_order_fingerprint(const sf_graph *g, char *buf, size_t size, sf_err
   char seed[32];
   snprintf(seed, sizeof seed, "%" PRIu64, g->seed);
   /* The version tag: a later rule for what counts gives other fingerprints, never equal ones by accident. */
-  if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL) || !put(md, "shardflow order fingerprint", "1") ||
+  if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL) || !put(md, "shardflow order fingerprint", "2") ||
       !put(md, "seed", seed))
     r = sf_graph_error(e, SF_ENOMEM, g, -1, "SHA-256 failed (out of memory)");
   for (int k = 0; k < g->n_nodes && r == 0; k++)

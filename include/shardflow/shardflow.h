@@ -110,14 +110,15 @@ SF_API void sf_graph_destroy(sf_graph **graph);
  * the same) -- shard list, shuffle, samples_per_epoch, worker split, tar_split's
  * key rule and size limits, decode's limits, shuffle buffer, batch size,
  * partial, buckets, mix weights, a python stage's function, every option of a
- * plugin's stage.  Left out, because they never change which samples an
+ * plugin's stage -- each only where it differs from its default, so an option
+ * added by a later version leaves earlier fingerprints unchanged.  Left out, because they never change which samples an
  * epoch holds, their order or where batches are cut: rank and world size
  * (a state says them itself), replicas, threads, groups and a node's group,
  * queue sizes, epochs, error policy and budgets, metrics; and the options
  * that change only a sample's bytes, where data is kept, or speed (every
  * option of augment and device_sink; decode's mode, min_size, depth and
  * defer_jpeg; batch's ragged, pad and pin_memory; tar_split's timeouts,
- * retries, prefetch, cache and mmap; shard_source's allow_pipe and plan;
+ * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe and plan;
  * python's handoff and in_flight).  A shard list is hashed as written: the
  * lines of an @FILE list and the objects under a store prefix are not read.
  *
