@@ -220,6 +220,13 @@ static int next_item(sf_node *node, tar_split *t, ahead *out) {
   return 0;
 }
 
+/*
+ * Out of file descriptors (still after the retries) is the process's limit, and a dead server is not a bad
+ * shard: skipping would end the epoch short, one shard after another. Such a failure stops the run whatever
+ * error_policy says.
+ */
+static bool stops_the_run(int rc) { return rc == SF_EMFILE || rc == SF_EHOSTDOWN; }
+
 /* An epoch was cut: downloads ahead for it (or older ones) will never be read. */
 static void drop_cut_downloads(tar_split *t) {
   for (int i = 0; i < t->q_len; i++) {
@@ -297,9 +304,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     sf_shard_destroy(&shard);
     if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
     int policy = sf_node_error(node, rc, error.url, NULL, error.offset, "%s", error.message);
-    /* Out of file descriptors (still after the retries) is the process's limit, and a dead server is not a
-     * bad shard: skipping would end the epoch short, one shard after another. */
-    return rc == SF_EMFILE || rc == SF_EHOSTDOWN ? rc : policy;
+    return stops_the_run(rc) ? rc : policy;
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
@@ -363,7 +368,8 @@ static int drop_cut_sample(sf_node *node, tar_split *t, sf_sample **sample, cons
   if (rc >= 0) rc = SF_EFORMAT;
   int policy = sf_node_error(node, rc, error.url, key, error.offset, "%s; sample %s, read before the damage, %s: "
                              "it is dropped", error.message, key, why);
-  if (policy < 0 || rc == SF_EMFILE) return rc == SF_EMFILE ? rc : policy;
+  if (stops_the_run(rc)) return rc;
+  if (policy < 0) return policy;
   sf_node_count_skipped(node, 1);
   return 0;
 }
@@ -390,7 +396,7 @@ static int read_sample(sf_node *node, tar_split *t) {
     /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
     bool cut_sample = !recoverable && error.key[0];
     int policy = sf_node_error(node, rc, error.url, error.key, error.offset, "%s", error.message);
-    if (rc == SF_EMFILE || rc == SF_EHOSTDOWN) return rc; /* a limit or a dead server, not a bad shard */
+    if (stops_the_run(rc)) return rc;
     if (policy < 0) return policy;
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);
     return 0;
