@@ -257,7 +257,7 @@ def _uses_pipeline(method):
     @functools.wraps(method)
     def held(self, *args, **kwargs):
         with self._cond:
-            if not self._pipeline:
+            if not self._pipeline or self._releasing:  # a call starting once _release began would starve it
                 raise self._closed_error()
             self._users += 1
         try:
@@ -304,8 +304,10 @@ class Pipeline:
     def __init__(self, graph, rank=None, world_size=None, epochs=None, output=None, map=None, **options):
         self._pipeline = ctypes.c_void_p()
         # Threads: _cond guards _pipeline against close() while other threads are inside C calls on it
-        # (_users of them); _lifecycle makes close() and restarts (load_state_dict, set_epoch) one at a time.
+        # (_users of them; once _releasing, new calls raise instead of adding to them, or a thread calling in
+        # a loop keeps close() waiting for ever); _lifecycle makes close() and restarts one at a time.
         self._cond, self._lifecycle, self._users, self._closed = threading.Condition(), threading.RLock(), 0, False
+        self._releasing = False
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
             raise ValueError(f"epochs={epochs!r}: give a whole number of epochs, or 0 or None for no last epoch")
         if output is not None and output not in _OUTPUTS:
@@ -677,6 +679,7 @@ class Pipeline:
         other threads are making on it, after waking a next() that waits for a batch."""
         with self._lifecycle:
             with self._cond:
+                self._releasing = True
                 if self._pipeline:
                     library.sf_pipeline_stop(self._pipeline)
             _pymap.stop(getattr(self, "_maps", []))  # before the destroy: a map thread may hold a sample
@@ -686,6 +689,7 @@ class Pipeline:
                     self._cond.wait()
                 if self._pipeline:
                     library.sf_pipeline_destroy(ctypes.byref(self._pipeline))
+                self._releasing = False
 
     def close(self):
         """Stops the threads and frees the pipeline; batches already returned stay valid. Callable from

@@ -193,8 +193,9 @@ for name, proc in closed_runs.items():
     check_closed(proc.returncode == 0 and out == want,
                  f"{name} after close(): status {proc.returncode}, {out!r} (want {want!r}) {err[-1500:]}")
 
-# close() from another thread while this one iterates and a third reads state_dict(): the iterator is woken
-# and raises ClosedError (or ends), and nothing is freed under either. Blocked on a stalled server, and
+# close() from another thread while this one iterates and three more read state_dict() in a loop: the
+# iterator is woken and raises ClosedError (or ends), nothing is freed under either, and the readers do not
+# keep close() waiting for ever (each call that starts once close() began raises at once). Blocked on a stalled server, and
 # streaming batches (epochs: 0); three times each (before the fix 6 of 6 crashed).
 stalled = socket.socket()
 stalled.bind(("127.0.0.1", 0))
@@ -217,7 +218,8 @@ def checkpointer():  # a hook reading the position and the counters meanwhile, u
     except shardflow.ClosedError:
         pass
 threading.Thread(target=closer).start()
-threading.Thread(target=checkpointer).start()
+for _ in range(3):
+    threading.Thread(target=checkpointer).start()
 t0 = time.monotonic()
 try:
     n = sum(1 for _ in iter(p.next_batch, "never"))
