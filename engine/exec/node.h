@@ -71,6 +71,7 @@ struct sf_node {
   void *priv;
   char name[32];
   int replica, replicas;
+  bool replicas_planned;   /* the plan chose replicas (the graph file does not pin them): see graph_plan.h */
   sf_context *ctx;
   sf_port in, out;
   /* Input ports after the first (fan-in, e.g. mix): more_in[p - 1] is port p; n_inputs counts all connected ports. */
@@ -138,6 +139,9 @@ sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
 /* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */
 double sf_pipeline_elapsed(const sf_pipeline *pipeline);
+/* The CPUs this process may use (engine/core/cpu_budget.h), read when the pipeline was made: the pool's
+ * threads unless the graph's `threads` sets them, and what the plan spreads replicas over. */
+int sf_pipeline_cpu_budget(const sf_pipeline *pipeline);
 double sf_pipeline_trainer_wait(const sf_pipeline *pipeline);
 /* sf_pipeline_bottleneck's line in buf, and in *named (when not NULL) the name of the node the line names, so that
  * a drawing marks the same node: the CPU-bound stage, a group's node (named after the group) or the network-bound

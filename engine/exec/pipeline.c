@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "cpu_budget.h"
 #include "graph.h"
 #include "graph_groups.h"
 #include "metrics.h"
@@ -23,6 +24,7 @@ struct sf_pipeline {
   atomic_uint_fast64_t *branch_closed; /* per graph node: the epochs its branch closed (graphs with branches) */
   pthread_t *threads;
   int n_threads;
+  int cpu_budget;        /* sf_cpu_budget_get().cpus when the pipeline was made */
   atomic_int failed;     /* the error code that stopped the pipeline, or 0 */
   /* scheduler */
   pthread_mutex_t sched_lock;
@@ -406,6 +408,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   }
   sf_pipeline *p = calloc(1, sizeof *p);
   if (!p) return SF_ENOMEM;
+  p->cpu_budget = sf_cpu_budget_get().cpus;
   sf_context_init(&p->ctx);
   atomic_init(&p->failed, 0);
   p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -494,8 +497,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     return r;
   }
   int workers = (int)p->graph->threads;
-  if (workers <= 0) workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  if (workers <= 0) workers = 1;
+  if (workers <= 0) workers = p->cpu_budget;
   atomic_store(&p->live_nodes, p->n_nodes);
   p->threads = calloc((size_t)workers, sizeof *p->threads);
   if (!p->threads) {
@@ -613,6 +615,7 @@ sf_node *const *sf_pipeline_nodes(sf_pipeline *p, int *n) {
   return p->nodes;
 }
 double sf_pipeline_elapsed(const sf_pipeline *p) { return now_seconds() - p->started; }
+int sf_pipeline_cpu_budget(const sf_pipeline *p) { return p->cpu_budget; }
 double sf_pipeline_trainer_wait(const sf_pipeline *p) {
   return (double)atomic_load(&((sf_pipeline *)p)->trainer_wait_ns) * 1e-9;
 }
