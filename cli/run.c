@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/progress.h"
 #include "graph.h"
+#include "graph_plan.h"
 #include "node.h"
 #include "options.h"
 #include "remote.h"
@@ -24,7 +25,7 @@ typedef struct run_args {
   char *start_fingerprint; /* --start-fingerprint HEX, or NULL */
   int64_t epochs, rank, world_size, start_epoch, start_step, log_steps; /* -1: not given */
   double step_time;
-  bool quiet, no_summary;
+  bool quiet, no_summary, explain;
 } run_args;
 
 static const sf_cli_option run_options[] = {
@@ -67,6 +68,9 @@ static const sf_cli_option run_options[] = {
      .value = "FILE"},
     {.row = {"quiet", SF_OPT_BOOL, offsetof(run_args, quiet), .help = "only errors and the epoch lines"}},
     {.row = {"no-summary", SF_OPT_BOOL, offsetof(run_args, no_summary), .help = "no per-stage table at the end"}},
+    {.row = {"explain", SF_OPT_BOOL, offsetof(run_args, explain),
+             .help = "print the plan (each node's replicas and why, the form fields take on each edge) and exit "
+                     "without running"}},
     {.row = {NULL}},
 };
 
@@ -193,7 +197,15 @@ static int run_main(int argc, char **argv) {
     }
   }
   if (r == 0 && a.metrics) r = sf_graph_set(graph, "metrics", a.metrics, &err);
+  bool explain = a.explain;
   sf_cli_free(&sf_cli_run, &a);
+  if (r == 0 && explain) {
+    r = sf_graph_explain(graph, stdout, &err);
+    sf_graph_destroy(&graph);
+    if (r == 0) return 0;
+    fprintf(stderr, "shardflow: error: %s\n", sf_error_format(&err, line, sizeof line));
+    return 1;
+  }
   int64_t epochs = options.epochs >= 0 ? options.epochs : graph ? graph->epochs : 0;
   if (r == 0 && epochs > 0 && options.first_epoch >= (uint64_t)epochs) {
     fprintf(stderr, "shardflow run: --start-epoch %llu is past the run's %lld epochs (0..%lld); give --epochs N to "

@@ -97,10 +97,10 @@ static const sf_option options[] = {
      "output type: uint8 (pixel values kept), float32 (x/255, then normalised) or bfloat16 (the "
      "float32 rounded to nearest even)",
      dtype_names},
-    {"dct_scaling", SF_OPT_BOOL, offsetof(augment, dct_scaling), "true", 0, 0,
-     "with decode's defer_jpeg: decode a JPEG's crop at the smallest DCT scale (1/8, 1/4, 1/2, 1) that still "
-     "covers the output (true), or at full size only (false: the pixels then equal the full decode's, PIL's, "
-     "bit for bit)",
+    {"dct_scaling", SF_OPT_BOOL, offsetof(augment, dct_scaling), "false", 0, 0,
+     "for a JPEG decode left undecoded (its defer_jpeg): false decodes the crop's region at full size, so "
+     "pixels equal the full decode's (PIL's) bit for bit; true decodes it at the smallest DCT scale (1/8, "
+     "1/4, 1/2, 1) that still covers the output: less CPU on large photos, pixels no longer PIL's",
      NULL},
     {NULL},
 };
@@ -534,6 +534,25 @@ static int decode_region(const sf_jpeg_source *jpeg, int m, const int64_t rect[4
 }
 
 /*
+ * A deferred JPEG this augment does not crop (not in its `fields`, or `crop: none` without `resize`): decoded
+ * whole here, with the full decode's pixels, so that a corrupt one is this stage's error record, not black
+ * pixels where the batch writes it (the promise of SF_STAGE_TAKES_DEFERRED). Other fields: untouched.
+ */
+static int decode_whole(sf_field *f, field_error *e) {
+  const sf_jpeg_source *jpeg = sf_jpeg_source_of(f);
+  if (!jpeg) return 0;
+  const int64_t rect[4] = {0, 0, jpeg->height, jpeg->width};
+  sf_tensor pixels;
+  int64_t x0;
+  int r = decode_region(jpeg, 8, rect, f, &pixels, &x0, e);
+  if (r < 0) return r;
+  f->recipe->destroy(f->recipe);
+  f->recipe = NULL;
+  f->tensor = pixels; /* the header had no buffer to drop */
+  return 0;
+}
+
+/*
  * Transforms one field in place of its tensor. rng is this sample's stream,
  * restarted for every field so same-sized fields get the same crop and flip.
  * The random draws happen here; the output is usually deferred (see defer()):
@@ -560,7 +579,8 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   /* A JPEG that decode left undecoded (defer_jpeg): decode only what the crop or resize reads. */
   bool regional = a->crop == CROP_RANDOM_RESIZED ? a->resize == 0 : a->crop != CROP_NONE || a->resize > 0;
   const sf_jpeg_source *jpeg = regional ? sf_jpeg_source_of(f) : NULL;
-  int r = jpeg ? 0 : sf_field_materialize(f); /* a deferred input: an earlier augment's output */
+  int r = jpeg ? 0 : decode_whole(f, e);
+  if (r == 0 && !jpeg) r = sf_field_materialize(f); /* a deferred input: an earlier augment's output */
   if (r < 0) return r;
   const luts *l = (const luts *)sf_buffer_data(a->luts);
 
@@ -720,8 +740,8 @@ static int map(sf_node *node, sf_sample **ps) {
     if (!sf_sample_field(s, a->names[i]))
       FAIL(&e, SF_ENOENT, "sample has no field '%s' listed in augment's `fields`", a->names[i]);
   for (int i = 0; i < s->n_fields && !e.code; i++) {
-    if (!selected(a, &s->fields[i])) continue;
-    int r = transform(a, &s->fields[i], stream, &bytes, &e);
+    int r = selected(a, &s->fields[i]) ? transform(a, &s->fields[i], stream, &bytes, &e)
+                                       : decode_whole(&s->fields[i], &e);
     if (r < 0 && !e.code) return r; /* out of memory: not the sample's fault, so no record; the pipeline stops */
   }
   if (e.code) {
@@ -738,7 +758,7 @@ const sf_stage_def sf_stage_augment = {
                "dtype in one pass over the output",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
-    .flags = SF_STAGE_MAP,
+    .flags = SF_STAGE_MAP | SF_STAGE_TAKES_DEFERRED,
     .priv_size = sizeof(augment),
     .options = options,
     .init = init,

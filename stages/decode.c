@@ -26,13 +26,16 @@ typedef struct decode {
   int64_t max_field_size; /* option */
   int depth;              /* option: index into depth_names */
   bool check_text;        /* option */
-  bool defer_jpeg;        /* option */
+  int defer_jpeg;         /* option: index into defer_names */
+  bool defer;             /* leave baseline JPEGs undecoded: defer_jpeg, or auto and the plan allows it */
   sf_image_limits limits;
 } decode;
 
 static const char *const mode_names[] = {"rgb", "gray", "keep", NULL};
 static const char *const depth_names[] = {"8", "16", "native", NULL};
 static const int depth_values[] = {8, 16, -1};
+enum { DEFER_AUTO, DEFER_TRUE, DEFER_FALSE };
+static const char *const defer_names[] = {"auto", "true", "false", NULL};
 
 static const sf_option options[] = {
     {"mode", SF_OPT_ENUM, offsetof(decode, mode), "rgb", 0, 0,
@@ -60,12 +63,14 @@ static const sf_option options[] = {
      "check txt fields are UTF-8 and json fields parse (jansson); a bad one is an error record with the "
      "byte offset or line:column. Both stay bytes",
      NULL},
-    {"defer_jpeg", SF_OPT_BOOL, offsetof(decode, defer_jpeg), "false", 0, 0,
-     "leave baseline JPEGs undecoded (rgb/gray, depth 8, min_size 0) so that a following augment decodes only "
-     "what its crop or resize reads (iMCU columns and rows), at the smallest DCT scale (1/8, 1/4, 1/2 or 1) "
-     "that still covers its output; other consumers get the full decode. Header errors stay this stage's "
-     "records; corrupt data in the region read becomes augment's (outside it, it goes unnoticed)",
-     NULL},
+    {"defer_jpeg", SF_OPT_ENUM, offsetof(decode, defer_jpeg), "auto", 0, 0,
+     "leave baseline JPEGs undecoded (rgb/gray, depth 8, min_size 0) so that augment decodes only what its "
+     "crop or resize reads (iMCU columns and rows), at the smallest DCT scale (1/8, 1/4, 1/2 or 1) that still "
+     "covers its output. auto: where the plan allows it (the next stage, in this process, is one that takes "
+     "undecoded fields, as augment; `run --explain` says); false: never; true: always (other consumers then "
+     "decode it where they read it). Header errors stay this stage's records; corrupt data in the region read "
+     "becomes augment's (outside it, it goes unnoticed)",
+     defer_names},
     {NULL},
 };
 
@@ -75,6 +80,7 @@ static int init(sf_node *node) {
   d->limits.max_scans = (int)d->max_scans;
   d->limits.min_size = (int)d->min_size;
   d->limits.depth = depth_values[d->depth];
+  d->defer = d->defer_jpeg == DEFER_TRUE || (d->defer_jpeg == DEFER_AUTO && sf_node_may_defer(node));
   return 0;
 }
 
@@ -298,7 +304,7 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
   const char *dot = strrchr(f->name, '.');
   const char *ext = dot ? dot + 1 : f->name;
   sf_tensor decoded;
-  if (d->defer_jpeg && sf_image_format_known(ext) &&
+  if (d->defer && sf_image_format_known(ext) &&
       (r = sf_jpeg_defer(f, (sf_image_mode)d->mode, &d->limits)) != 0) {
     return r < 0 ? sf_error_set(error, r, SF_NOWHERE, "cannot allocate a JPEG recipe") : 0;
   } else if (sf_image_format_known(ext)) {
@@ -357,7 +363,7 @@ const sf_stage_def sf_stage_decode = {
                "checks txt (UTF-8) and json; inflates .gz fields",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
-    .flags = SF_STAGE_MAP,
+    .flags = SF_STAGE_MAP | SF_STAGE_MAKES_DEFERRED,
     .priv_size = sizeof(decode),
     .options = options,
     .init = init,

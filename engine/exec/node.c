@@ -165,6 +165,7 @@ void *sf_node_priv(sf_node *n) { return n->priv; }
 const char *sf_node_name(const sf_node *n) { return n->name; }
 int sf_node_replica(const sf_node *n) { return n->replica; }
 int sf_node_replicas(const sf_node *n) { return n->replicas; }
+bool sf_node_may_defer(const sf_node *n) { return n->may_defer; }
 uint64_t sf_node_epochs(const sf_node *n) { return n->ctx->epochs; }
 uint64_t sf_node_first_epoch(const sf_node *n) { return n->ctx->first_epoch; }
 uint64_t sf_node_first_step(const sf_node *n) { return n->ctx->first_step; }

@@ -9,6 +9,7 @@
 #include "cpu_budget.h"
 #include "graph.h"
 #include "graph_groups.h"
+#include "graph_plan.h"
 #include "metrics.h"
 #include "node.h"
 #include "options.h"
@@ -353,6 +354,8 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
       n->pipeline = p;
       n->replica = rep;
       n->replicas = replicas;
+      n->replicas_planned = gn->replicas_planned;
+      n->may_defer = gn->may_defer;
       snprintf(n->name, sizeof n->name, "%s", gn->name);
       if (branches && scope[gi] >= 0) n->branch_closed = &p->branch_closed[scope[gi]];
       /* inputs: one queue per replica, or all of a producer's queues in round-robin order for a single consumer */
@@ -483,6 +486,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     sf_pipeline_destroy(&p);
     return r;
   }
+  sf_graph_plan(p->graph, defs, inputs, p->cpu_budget);
   c->quiet = true; /* init errors are returned to the caller, not printed */
   r = build(p, order, defs, inputs, error);
   c->quiet = false;

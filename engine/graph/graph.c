@@ -216,6 +216,8 @@ sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
   if (!n) return NULL;
   n->replicas = s->replicas;
   n->replicas_line = s->replicas_line;
+  n->replicas_planned = s->replicas_planned;
+  n->may_defer = s->may_defer;
   if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) return NULL;
   for (int j = 0; j < s->n_values; j++)
     if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) return NULL;
@@ -349,7 +351,7 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
     if (sf_parse_count(value, &v) < 0 || v < 1 || v > 256)
       return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': replicas must be 1..256", target);
     n->replicas = v;
-    n->replicas_line = -1;
+    n->replicas_line = 0; /* written, without a line: the plan keeps it */
     return 0;
   }
   const sf_stage_def *def = sf_stage_find(n->type);
@@ -557,7 +559,7 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
       r = sf_graph_error(e, SF_EGRAPH, g, n->line, "stage %s was built for stage ABI %u, this engine has %u", def->name,
                          def->abi_version, SF_STAGE_ABI_VERSION);
     else if (n->replicas > 1 && !(def->flags & SF_STAGE_MAP))
-      r = sf_graph_error(e, SF_EGRAPH, g, n->replicas_line >= 0 ? n->replicas_line : n->line,
+      r = sf_graph_error(e, SF_EGRAPH, g, n->replicas_line > 0 ? n->replicas_line : n->line,
                          "node '%s': stage %s keeps state between samples and cannot run as replicas; "
                          "only map stages (decode, augment, ...) can",
                          n->name, def->name);
@@ -580,7 +582,7 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
     const sf_stage_def *db = defs[bi];
     const int *in = &inputs[bi * SF_GRAPH_MAX_INPUTS];
     if (in[1] >= 0 && b->replicas > 1)
-      r = sf_graph_error(e, SF_EGRAPH, g, b->replicas_line >= 0 ? b->replicas_line : b->line,
+      r = sf_graph_error(e, SF_EGRAPH, g, b->replicas_line > 0 ? b->replicas_line : b->line,
                          "node '%s' merges several inputs and cannot run as replicas yet: set replicas: 1", b->name);
     for (int p = 0; p < SF_GRAPH_MAX_INPUTS && in[p] >= 0 && r == 0; p++) {
       const sf_graph_node *a = &g->nodes[in[p]];

@@ -19,7 +19,9 @@ typedef struct sf_graph_node {
   char *type;
   int64_t line;
   int64_t replicas;
-  int64_t replicas_line;
+  int64_t replicas_line; /* the line that writes `replicas`, 0 when --set or the API did, -1 when nothing did */
+  bool replicas_planned; /* sf_graph_plan chose replicas (nothing wrote them) */
+  bool may_defer;        /* sf_graph_plan lets the node's output carry deferred fields (sf_node_may_defer) */
   sf_graph_value *values;
   int n_values;
   char *group;          /* the group the node runs in (`group:`), or NULL for the head process */

@@ -118,8 +118,24 @@ typedef struct sf_option {
 
 /** Flags of a stage definition. */
 enum {
-  /** One sample in, at most one out, no state between samples: may run as `replicas: N`. */
+  /**
+   * One sample in, at most one out, no state between samples: may run as `replicas: N`. Where the graph
+   * file does not write `replicas`, the plan gives such a stage one replica per CPU of the process's
+   * budget (output never depends on the count: replicas keep the samples' order).
+   */
   SF_STAGE_MAP = 1u << 0,
+  /**
+   * The stage can leave fields undecoded as deferred fields (sf_field_defer with a recipe of its own) for
+   * a consumer that does better with them, e.g. a JPEG whose crop is decoded later. It does so only where
+   * sf_node_may_defer() says the plan allows it (or an option of its own forces it).
+   */
+  SF_STAGE_MAKES_DEFERRED = 1u << 1,
+  /**
+   * The stage takes deferred fields and turns every one it receives into data itself (a corrupt one
+   * becomes its error record, not black pixels), so a producer just before it in the same process may
+   * defer (see SF_STAGE_MAKES_DEFERRED). augment is one: it decodes only what its crop keeps.
+   */
+  SF_STAGE_TAKES_DEFERRED = 1u << 2,
 };
 
 typedef struct sf_node sf_node;
@@ -179,6 +195,13 @@ SF_API void *sf_node_priv(sf_node *node);
 
 /** The node's name in the graph file ("decode"). Borrowed. */
 SF_API const char *sf_node_name(const sf_node *node);
+
+/**
+ * True when the plan lets this node's output carry deferred fields: the stage is SF_STAGE_MAKES_DEFERRED and
+ * its one consumer, in the same process, is SF_STAGE_TAKES_DEFERRED (`shardflow run --explain` shows the
+ * choice). False otherwise, and always under the test harness.
+ */
+SF_API bool sf_node_may_defer(const sf_node *node);
 
 /** This replica's index in [0, replicas) and the replica count. */
 SF_API int sf_node_replica(const sf_node *node);

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""decode's defer_jpeg + augment's random resized crop: only the crop's region is decoded, at the
-smallest DCT scale that covers the output. Checked against the full-decode path (same crop boxes:
+"""decode's defer_jpeg + augment's random resized crop: only the crop's region is decoded (at the
+smallest DCT scale that covers the output with augment's dct_scaling). Checked against the full-decode path (same crop boxes:
 identical pixels when no DCT scaling applies; bounded mean absolute error when it does), against
 PIL (decode, resize bilinear with antialias, as torchvision), for determinism over replicas and a
 group, for exact resume, and for the fallbacks (progressive JPEG, PNG, corrupt data)."""
@@ -108,13 +108,17 @@ try:
     #    antialiased bilinear, so the difference is the DCT scaling alone (1.0 levels measured; 1.3 when the
     #    full path's resize did not antialias, hence the bound of 3 then).
     full64, _ = batches("full64", False, 64)
-    region64, _ = batches("region64", True, 64)
+    region64, _ = batches("region64", True, 0, aug=dict(crop="random_resized", size=64, scale=[0.08, 1.0],
+                                                        ratio=[0.75, 1.3333333], dct_scaling=True))
     e = mae(images(full64), images(region64))
     check(0 < e < 2.0, f"rrc 64: mean absolute error vs full decode {e:.3f} levels (bound 2)")
-    # 2a. augment's dct_scaling false: the same crops decoded at 8/8 only, so the full decode's pixels exactly.
+    # 2a. augment's dct_scaling false (its default): the same crops decoded at 8/8 only, so the full decode's
+    #     pixels exactly; so is the graph that writes neither option (the plan defers, augment decodes at 8/8).
     exact64, _ = batches("exact64", True, 0, aug=dict(crop="random_resized", size=64, scale=[0.08, 1.0],
                                                       ratio=[0.75, 1.3333333], dct_scaling=False))
     check(len(full64) > 0 and same(full64, exact64), "rrc 64, dct_scaling false: region decode equals full decode")
+    plain64, _ = batches("plain64", "auto", 64)
+    check(same(full64, plain64), "rrc 64, nothing written: equals full decode")
 
     # 2b. Center and random (padded) crops without resize decode their window at 8/8: the same pixels;
     #     resize 72 + center crop 64 (the evaluation transform) resizes from the smallest DCT scale.
@@ -125,7 +129,7 @@ try:
         check(len(old) > 0 and same(old, new), f"crop {name} with padding: region decode equals full decode")
     aug = dict(crop="center", size=64, resize=72)
     old, _ = batches("eval0", False, 0, aug=aug, flip=0)
-    new, _ = batches("eval1", True, 0, aug=aug, flip=0)
+    new, _ = batches("eval1", True, 0, aug=dict(aug, dct_scaling=True), flip=0)
     e = mae(images(old), images(new))
     check(0 < e < 1.5, f"resize 72 + center 64: mean absolute error vs full decode {e:.3f} levels (bound 1.5)")
     exact, _ = batches("eval2", True, 0, aug=dict(aug, dct_scaling=False), flip=0)

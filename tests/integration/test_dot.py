@@ -163,7 +163,8 @@ plain = run(["dot", graph]).stdout
 check("label=" not in plain.split("cluster_decoders")[1].split("}")[1], "no rates without --stats")
 
 # 3. A decode-bound chain: 1280x960 noisy JPEGs take libjpeg-turbo ~15 ms each with one decode replica, while
-# augment (two replicas) only crops 16 pixels out of each: decode is the bottleneck, and marked so.
+# augment (two replicas) only crops 16 pixels out of each (decode's defer_jpeg false: else augment would decode
+# them): decode is the bottleneck, and marked so.
 rng = np.random.default_rng(1)
 jpegs = []
 for i in range(32):
@@ -172,7 +173,7 @@ for i in range(32):
     jpegs.append((f"{i:07d}", {"jpg": buf.getvalue(), "cls": b"1"}))
 big = write_shard(os.path.join(tmp, "big-000000.tar"), jpegs)
 heavy = write_graph(os.path.join(tmp, "heavy.yaml"), [
-    ("shard_source", dict(urls=big, shuffle=False)), ("tar_split", {}), ("decode", dict(replicas=1)),
+    ("shard_source", dict(urls=big, shuffle=False)), ("tar_split", {}), ("decode", dict(replicas=1, defer_jpeg=False)),
     ("augment", dict(crop="center", size=16, dtype="uint8", layout="hwc", replicas=2)),
     ("batch", dict(batch_size=4)), ("device_sink", {})], epochs=1)
 heavy_stats = os.path.join(tmp, "heavy.jsonl")

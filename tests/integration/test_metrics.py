@@ -109,7 +109,11 @@ try:
     items = {s.labels["stage"]: s.value for s in families["shardflow_stage_items"].samples if s.name.endswith("_total")}
     check(set(items) == {"shard_source", "tar_split", "decode", "batch", "device_sink"},
           f"one items series per stage, got {sorted(items)}")
-    check(all(s.labels["replica"] == "0" for s in families["shardflow_stage_items"].samples), "replica label")
+    labels = {}  # stage -> its replica labels: 0..N-1 (decode has as many as the plan gave it, the others one)
+    for s in families["shardflow_stage_items"].samples:
+        labels.setdefault(s.labels["stage"], set()).add(s.labels["replica"])
+    check(all(v == {str(i) for i in range(len(v))} for v in labels.values()) and
+          all(len(v) == 1 for k, v in labels.items() if k != "decode"), f"replica labels {labels}")
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=5)
         check(False, "a path other than /metrics is 404")

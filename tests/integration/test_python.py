@@ -507,10 +507,11 @@ with shardflow.Pipeline(scaled, output="dict", metrics="127.0.0.1:0", epochs=1) 
     check_metrics(isinstance(port, int) and port > 0, f"metrics_port is the bound port: {port}")
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     items = {n["name"]: n["items"] for n in p.stats()}
-line = next((ln for ln in text.splitlines() if ln.startswith("shardflow_stage_items_total{") and 'stage="scale"' in ln),
-            None)
-check_metrics(line is not None and float(line.rsplit(" ", 1)[1]) == items["scale"] == sum(len(b["__key__"]) for b in batches),
-              f"/metrics counts the scale stage's items as stats() does ({items.get('scale')}): {line}")
+lines = [ln for ln in text.splitlines() if ln.startswith("shardflow_stage_items_total{") and 'stage="scale"' in ln]
+check_metrics(lines and sum(float(ln.rsplit(" ", 1)[1]) for ln in lines) == items["scale"]
+              == sum(len(b["__key__"]) for b in batches),
+              f"/metrics counts the scale stage's items (summed over its replicas) as stats() does "
+              f"({items.get('scale')}): {lines}")
 with shardflow.Pipeline(scaled, output="dict") as p:
     check_metrics(p.metrics_port is None, "no metrics setting: metrics_port is None")
 check_metrics.done("python metrics")

@@ -1,0 +1,127 @@
+"""The plan (`shardflow run --explain`): replicas for map stages the graph file leaves unset (one per CPU of the
+process's budget, which taskset narrows), and where a JPEG may travel undecoded from decode to augment. Where
+the plan defers, a JPEG corrupt past its header is augment's error record (augment decoded it); where it does not
+(a group boundary, a plugin stage between them, defer_jpeg: false), decode's. Batches of the graph as written equal
+those of the same graph with replicas 1 and no deferral written out, and a field augment's `fields` leaves out is
+decoded by augment, equal to decode's pixels, instead of reaching the batch undecoded."""
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, read_batches, run, write_graph, write_shard  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-explain-")
+PLUGIN = os.environ.get("SF_EXAMPLE_PLUGIN")
+try:
+    rng = np.random.default_rng(3)
+
+    def jpeg(h, w, **kw):
+        b = io.BytesIO()
+        Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(b, "JPEG", quality=90, **kw)
+        return b.getvalue()
+
+    good = [jpeg(120, 160) for _ in range(6)]
+    clean = write_shard(os.path.join(tmp, "clean.tar"),
+                        [(f"k{i}", {"jpg": j, "png": j, "cls": b"%d" % i}) for i, j in enumerate(good)] +
+                        [("prog", {"jpg": jpeg(100, 90, progressive=True), "png": good[0], "cls": b"7"})])
+    # Truncated past a valid header: the region augment reads (the whole image: scale 1) reaches the cut.
+    broken = write_shard(os.path.join(tmp, "broken.tar"), [("ok", {"jpg": good[0], "cls": b"0"}),
+                                                           ("cut", {"jpg": good[1][:-2000], "cls": b"1"})])
+
+    def graph(name, urls, decode=None, augment=None, between=None, group=False, **settings):
+        g = {"group": "decoders"} if group else {}
+        stages = [("shard_source", dict(urls=urls, shuffle=False)), ("tar_split", {}), ("decode", dict(decode or {}, **g))]
+        if between:
+            stages.append(between)
+        aug = dict(crop="random_resized", size=32, scale=[1, 1], ratio=[0.5, 2], flip=0.5, dtype="float32",
+                   layout="chw")
+        stages += [("augment", dict(aug, **(augment or {}))), ("batch", dict(batch_size=2, partial=True)),
+                   ("device_sink", dict(npy_dir=os.path.join(tmp, name)))]
+        groups = {"decoders": {"processes": 1}} if group else None
+        if between and between[0] == "scale":
+            settings["plugins"] = [PLUGIN]
+        return write_graph(os.path.join(tmp, name + ".yaml"), stages, groups=groups, seed=4, epochs=1, **settings)
+
+    def explain(path, *extra, cpus=None):
+        cmd = ([] if cpus is None else ["taskset", "-c", cpus]) + [os.environ["SHARDFLOW"], "run", "--explain", path]
+        p = subprocess.run(cmd + list(extra), capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0, f"--explain {os.path.basename(path)}: status {p.returncode} {p.stderr}")
+        return p.stdout
+
+    def node_line(text, name):
+        return next((ln for ln in text.splitlines() if ln.split()[:1] == [name]), "")
+
+    def first_record(path, *extra):
+        p = run(["run", path, "--quiet", "--no-summary", *extra], check=False)
+        lines = [ln for ln in p.stderr.splitlines() if "(key cut)" in ln]
+        return lines[0].split("error: ", 1)[-1].split(":", 1)[0] if lines else f"none: {p.stderr[-400:]}"
+
+    # 1. As a user writes it: decode and augment planned one replica per CPU, decode -> augment deferred.
+    cpus = len(os.sched_getaffinity(0))
+    plain = graph("plain", broken, error_policy="skip")
+    text = explain(plain)
+    check(f"replicas {cpus} " in node_line(text, "decode") and "planned" in node_line(text, "decode"),
+          f"decode planned at {cpus} replica(s): {node_line(text, 'decode')!r}")
+    check(f"replicas {cpus} " in node_line(text, "augment"), f"augment too: {node_line(text, 'augment')!r}")
+    check("replicas 1 " in node_line(text, "tar_split") and "keeps state" in node_line(text, "tar_split"),
+          f"tar_split keeps one: {node_line(text, 'tar_split')!r}")
+    check("-> augment: may carry deferred fields" in text, f"decode -> augment deferred:\n{text}")
+    check(first_record(plain) == "augment", "deferred: the corrupt JPEG is augment's record")
+    check(first_record(plain, "--set", "decode.defer_jpeg=false") == "decode",
+          "defer_jpeg false: decode's record")
+
+    # 2. The budget: one CPU by taskset plans one replica; written replicas are kept, a neighbour agrees.
+    one = explain(plain, cpus="0")
+    check("1 CPU(s)" in one and "replicas 1 " in node_line(one, "decode"), f"taskset -c 0: one replica:\n{one}")
+    pinned = explain(plain, "--set", "decode.replicas=3")
+    check("replicas 3 " in node_line(pinned, "decode") and "override" in node_line(pinned, "decode"),
+          f"--set replicas kept: {node_line(pinned, 'decode')!r}")
+    check("replicas 3 " in node_line(pinned, "augment") or cpus == 1,
+          f"the planned neighbour agrees: {node_line(pinned, 'augment')!r}")
+    written = graph("written", broken, decode=dict(replicas=1))
+    check("written in the graph file" in node_line(explain(written), "decode"), "replicas written: kept")
+
+    # 3. No deferral across a group boundary (decode in a group, augment in the head) ...
+    grouped = graph("grouped", broken, error_policy="skip", group=True)
+    text = explain(grouped)
+    check("may carry deferred" not in text and "does not take deferred fields" in text,
+          f"group boundary: decoded in the worker:\n{text}")
+    check(first_record(grouped) == "decode", "group boundary: decode's record")
+    # ... nor with a plugin stage between decode and augment.
+    if PLUGIN:
+        between = graph("between", broken, error_policy="skip", between=("scale", dict(field="jpg", factor=1)))
+        text = explain(between)
+        check("may carry deferred" not in text and "decoded here" in text, f"plugin between: no deferral:\n{text}")
+        check(first_record(between) == "decode", "plugin between: decode's record")
+
+    # 4. The same batches as replicas 1 without deferral, progressive JPEG (decoded by decode) included; a
+    #    field augment leaves out (png kept, jpg not in `fields`) is decoded by augment as decode would.
+    def batches(name, **kw):
+        path = graph(name, clean, **kw)
+        run(["run", path, "--quiet", "--no-summary"])
+        return read_batches(os.path.join(tmp, name))
+
+    def same(a, b):
+        return len(a) > 0 and len(a) == len(b) and all(
+            x[2] == y[2] and set(x[3]) == set(y[3]) and all(np.array_equal(x[3][k], y[3][k]) for k in x[3])
+            for x, y in zip(a, b))
+
+    pinned_one = dict(replicas=1, defer_jpeg=False)
+    check(same(batches("as_written"), batches("by_hand", decode=pinned_one, augment=dict(replicas=1))),
+          "as written (planned replicas, deferred) = replicas 1, no deferral")
+    left_out = batches("left_out", augment=dict(fields=["png"]))
+    reference = batches("left_out_ref", decode=pinned_one, augment=dict(fields=["png"], replicas=1))
+    check(same(left_out, reference), "a JPEG augment's fields leave out: augment decodes it as decode would")
+    check(all(b[3]["jpg"].dtype == np.uint8 and b[3]["jpg"].ndim == 4 for b in left_out),
+          "the left-out JPEG reaches the batch decoded (uint8 [B,H,W,3])")
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+check.done("explain")
