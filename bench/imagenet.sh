@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Benchmark: the ImageNet-like pipeline (JPEG photographs -> random resized crop 224, flip -> uint8 HWC or
 # normalised float32 CHW, batches of 64) against libjpeg-turbo's own `tjbench` decoding the same JPEGs in the
-# same run. Whole `shardflow run` processes, interleaved rounds, medians; prints samples/s and the ratio to
-# 2 x tjbench (tjbench decodes on one core; the machine has two) for each output type, with decode's
-# defer_jpeg off (full decode, then crop) and on (only the crop's region decoded, at the smallest DCT scale);
-# also the CPU time per sample (all threads, from the process's rusage), steadier than wall time on a shared
-# machine, as a fraction of tjbench's per-core speed.
+# same run. Whole `shardflow run` processes, interleaved rounds, medians. The reference is N x tjbench: tjbench
+# decodes on one core, N = the CPUs this shell may use (`nproc`: 2 on the project's machine).
+# Two parts, measured in the same rounds:
+# - per output type, hand-tuned graphs (decode and augment at `replicas: N`) with decode's defer_jpeg off
+#   (full decode, then crop) and on (only the crop's region decoded, at the smallest DCT scale): samples/s,
+#   the ratio to N x tjbench, and the CPU time per sample (all threads, from the process's rusage), steadier
+#   than wall time on a shared machine, as a fraction of tjbench's per-core speed;
+# - for float32 CHW, the same pipeline "as a user writes it" (shard_source, tar_split, decode, augment,
+#   batch, device_sink: no replicas, no threads, no decode hints), "mis-tuned" (that graph with the
+#   graph-level `queue_size: 2` and tar_split's `prefetch: 0`) and "hand-tuned" (decode {defer_jpeg: true,
+#   replicas: N}, augment {replicas: N}: the float32 region-decode graph above), with the ratios
+#   user / hand-tuned, user / N x tjbench, hand-tuned / N x tjbench and mis-tuned / hand-tuned, each the
+#   median over the rounds of the ratio within a round.
 #   bench/imagenet.sh [--runs N] [--samples N]
 # SF_BUILD names the build directory (default build-release). The photographs are made once (PIL) under
 # data/bench/imagenet-q90-N: pieces cut from Debian's mate-backgrounds, 500 px long side, JPEG quality 90.
@@ -68,42 +76,55 @@ fi
 run=$(mktemp -d)
 trap 'rm -rf "$run"' EXIT
 last=$(printf '%06d' $(( (samples + per_shard - 1) / per_shard - 1 )))
-for defer in false true; do
-  for dtype in uint8 float32; do
-    layout=hwc norm=""
-    [ $dtype = float32 ] && layout=chw norm="mean: [0.485, 0.456, 0.406]
+ncpu=$(nproc)
+# graph PREFIX DECODE_OPTIONS AUGMENT_OPTIONS DTYPE [TAR_SPLIT_OPTIONS]: the pipeline, with the options
+# given (each a YAML block at a stage's indentation, or empty) and nothing else written.
+graph() {
+  local layout=hwc norm=""
+  [ "$4" = float32 ] && layout=chw norm="
+    mean: [0.485, 0.456, 0.406]
     std: [0.229, 0.224, 0.225]"
-    cat > "$run/$dtype-$defer.yaml" <<YAML
+  cat <<YAML
 seed: 0
-epochs: 1
-threads: 2
+epochs: 1$1
 stages:
   - type: shard_source
     urls: $data/imagenet-{000000..$last}.tar
-  - type: tar_split
-  - type: decode
-    replicas: 2
-    defer_jpeg: $defer
-  - type: augment
-    replicas: 2
+  - type: tar_split${5-}
+  - type: decode$2
+  - type: augment$3
     crop: random_resized
     size: 224
-    flip: 0.5
-    $norm
+    flip: 0.5$norm
     layout: $layout
-    dtype: $dtype
+    dtype: $4
   - type: batch
     batch_size: 64
   - type: device_sink
 YAML
+}
+for defer in false true; do
+  for dtype in uint8 float32; do
+    graph "" "
+    replicas: $ncpu
+    defer_jpeg: $defer" "
+    replicas: $ncpu" $dtype > "$run/$dtype-$defer.yaml"
   done
 done
+# As a user writes it: whatever the engine picks by itself (replicas, threads, JPEG deferral) is measured.
+graph "" "" "" float32 > "$run/user.yaml"
+# Mis-tuned: small queues, one shard at a time (prefetch counts for remote shards only: local files are
+# read as split), nothing else pinned.
+graph "
+queue_size: 2" "" "" float32 "
+    prefetch: 0" > "$run/mistuned.yaml"
 cat "$data"/*.tar > /dev/null # warm the page cache
 
-/usr/bin/python3 - "$build/shardflow" "$run" "$data/jpg" "$samples" "$runs" <<'PY'
+/usr/bin/python3 - "$build/shardflow" "$run" "$data/jpg" "$samples" "$runs" "$ncpu" <<'PY'
 import glob, os, re, resource, statistics, subprocess, sys, time
-sf, run, jpg, n, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-configs = [f"{d}-{x}" for d in ("uint8", "float32") for x in ("false", "true")]
+sf, run, jpg, n, runs, ncpu = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), \
+    int(sys.argv[6])
+configs = [f"{d}-{x}" for d in ("uint8", "float32") for x in ("false", "true")] + ["user", "mistuned"]
 files = sorted(glob.glob(os.path.join(jpg, "*.jpg")))[:16]
 
 def tjbench():
@@ -137,16 +158,36 @@ for r in range(runs):  # interleaved, the order rotated every round
     for c in order:
         rates[c].append(tjbench() if c == "tjbench" else shardflow(c))
 med = {c: statistics.median(v) for c, v in rates.items()}
-ref = 2 * med["tjbench"]
+ref = ncpu * med["tjbench"]
+tj = f"{ncpu} x tjbench"
 spread = lambda v: (max(v) - min(v)) / statistics.median(v)
 print(f"{n} samples (500 px long side, quality 90), rrc 224, medians of {runs} interleaved runs, "
       f"load {os.getloadavg()[0]:.1f}; spread = (max - min) / median of the runs")
-print(f"tjbench, one core: {med['tjbench']:8.0f} images/s   2 x tjbench: {ref:8.0f}   "
+print(f"tjbench, one core: {med['tjbench']:8.0f} images/s   {tj}: {ref:8.0f}   "
       f"(spread {spread(rates['tjbench']):.0%})")
-for c in configs:
-    dtype, defer = c.split("-")
-    name = f"{dtype} {'HWC' if dtype == 'uint8' else 'CHW'}, {'region decode' if defer == 'true' else 'full decode'}"
+
+def line(c, name):
     ms = statistics.median(cpu_per_sample[c]) * 1e3
-    print(f"{name:32s} {med[c]:8.0f} samples/s  {med[c] / ref:.2f} of 2 x tjbench  (spread {spread(rates[c]):.0%})  "
+    print(f"{name:37s} {med[c]:8.0f} samples/s  {med[c] / ref:.2f} of {tj}  (spread {spread(rates[c]):.0%})  "
           f"CPU {ms:.2f} ms/sample = {1e3 / ms / med['tjbench']:.2f} of tjbench per core")
+
+print(f"hand-tuned (decode and augment at replicas: {ncpu}):")
+for c in configs[:4]:
+    dtype, defer = c.split("-")
+    line(c, f"{dtype} {'HWC' if dtype == 'uint8' else 'CHW'}, {'region decode' if defer == 'true' else 'full decode'}")
+hand = "float32-true"
+print(f"float32 CHW as written (hand-tuned = decode {{defer_jpeg: true, replicas: {ncpu}}}, "
+      f"augment {{replicas: {ncpu}}}):")
+line("user", "as a user writes it")
+line("mistuned", "mis-tuned (queue_size 2, prefetch 0)")
+line(hand, "hand-tuned")
+# Each ratio within a round (the two runs a few seconds apart), then the median over the rounds: steadier
+# than a ratio of medians when the machine's speed drifts between rounds.
+within = lambda a, b, k=1: statistics.median(x / (k * y) for x, y in zip(rates[a], rates[b]))
+print("ratios, medians over the rounds of the ratio within a round:")
+for name, value in ((f"as written / hand-tuned", within("user", hand)),
+                    (f"as written / {tj}", within("user", "tjbench", ncpu)),
+                    (f"hand-tuned / {tj}", within(hand, "tjbench", ncpu)),
+                    (f"mis-tuned / hand-tuned", within("mistuned", hand))):
+    print(f"  {name:35s} {value:.2f}")
 PY
