@@ -73,6 +73,7 @@ struct sf_node {
   int replica, replicas;
   bool replicas_planned;   /* the plan chose replicas (the graph file does not pin them): see graph_plan.h */
   bool may_defer;          /* the plan lets its output carry deferred fields (sf_node_may_defer) */
+  const sf_graph_node *graph_node; /* its node in the pipeline's graph (owned there), or NULL (test harness) */
   sf_context *ctx;
   sf_port in, out;
   /* Input ports after the first (fan-in, e.g. mix): more_in[p - 1] is port p; n_inputs counts all connected ports. */

@@ -356,6 +356,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
       n->replicas = replicas;
       n->replicas_planned = gn->replicas_planned;
       n->may_defer = gn->may_defer;
+      n->graph_node = gn;
       snprintf(n->name, sizeof n->name, "%s", gn->name);
       if (branches && scope[gi] >= 0) n->branch_closed = &p->branch_closed[scope[gi]];
       /* inputs: one queue per replica, or all of a producer's queues in round-robin order for a single consumer */

@@ -203,6 +203,13 @@ SF_API const char *sf_node_name(const sf_node *node);
  */
 SF_API bool sf_node_may_defer(const sf_node *node);
 
+/**
+ * True when the graph file, a --set override or the API wrote `option` for this node; false when it has
+ * its default (and always under the test harness). A stage that tunes an option while it runs (autotune)
+ * leaves a written value as it is: a value written pins it.
+ */
+SF_API bool sf_node_option_written(const sf_node *node, const char *option);
+
 /** This replica's index in [0, replicas) and the replica count. */
 SF_API int sf_node_replica(const sf_node *node);
 SF_API int sf_node_replicas(const sf_node *node);
