@@ -2,7 +2,7 @@
 
 Runs graphs/cifar10_train.yaml, cifar10_val.yaml and fashion_mnist_train.yaml on shards written from
 the real data (../shared's CIFAR-10, Debian's Fashion-MNIST), plus the training graph with decode and
-augment replicated and in a group of two worker processes, and compares the SHA-256 of every dumped
+augment replicated (2, and 1 without deferral: the plan undone) and in a group of two worker processes, and compares the SHA-256 of every dumped
 batch (fields and keys) with tests/golden/NAME.txt. Any change in what the trainer gets fails here;
 a deliberate one is regenerated with SF_GOLDEN_UPDATE=1 and reviewed in the diff.
 """
@@ -72,9 +72,11 @@ def grouped(text):
     return text
 
 
-def replicated(text):
+def replicated(text, n=2, decode=""):
+    """decode and augment with `replicas: n` written (and decode's extra option lines)."""
     for stage in ("decode", "augment"):
-        text = re.sub(rf"(  - type: {stage}\b[^\n]*\n)", rf"\1    replicas: 2\n", text, count=1)
+        extra = decode if stage == "decode" else ""
+        text = re.sub(rf"(  - type: {stage}\b[^\n]*\n)", rf"\1    replicas: {n}\n{extra}", text, count=1)
     return text
 
 
@@ -92,6 +94,9 @@ def main():
         text = read("cifar10_train.yaml")
         compare("cifar10_train", run_graph(tmp, "cifar10_train", text, train, 2))
         compare("cifar10_train replicas 2", run_graph(tmp, "replicas", replicated(text), train, 2), "cifar10_train")
+        # The plan undone: one replica each and no deferral, as the graph ran before there was a plan.
+        compare("cifar10_train replicas 1, defer_jpeg false",
+                run_graph(tmp, "unplanned", replicated(text, 1, "    defer_jpeg: false\n"), train, 2), "cifar10_train")
         compare("cifar10_train in a group", run_graph(tmp, "group", grouped(text), train, 2), "cifar10_train")
         val = os.path.join(test_dir, "cifar-test-{000000..000004}.tar")
         compare("cifar10_val", run_graph(tmp, "cifar10_val", read("cifar10_val.yaml"), val, 1))
