@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cpu_budget.h"
 #include "graph.h"
+#include "graph_plan.h"
 #include "shardflow/shardflow.h"
 
 extern char **environ;
@@ -164,6 +166,8 @@ static void put_node(FILE *out, const sf_graph *g, int i, const char *indent, js
   if (record && node_busy(record, &g->nodes[i], &share, &replicas, &workers)) {
     fprintf(out, "\\nbusy %.0f%% of %d replica(s)", share * 100, replicas);
     if (workers) fprintf(out, " x %d worker(s)", workers);
+  } else if (g->nodes[i].replicas > 1 || g->nodes[i].replicas_planned) { /* the plan's, without stats */
+    fprintf(out, "\\nreplicas %lld%s", (long long)g->nodes[i].replicas, g->nodes[i].replicas_planned ? " (planned)" : "");
   }
   const char *culprit = bottleneck_node(record);
   bool marked = culprit && strcmp(culprit, sf_graph_node_name(g, i)) == 0;
@@ -220,9 +224,11 @@ static void put_graph(FILE *out, const sf_graph *g, const char *path, json_t *re
       put_quoted(out, sf_graph_node_name(g, i));
       double items, mib;
       bool rated = record && node_rates(record, from, &items, &mib);
-      if (ports > 1 || rated) { /* a merge's port, and what the producer sends (its mean over the run) */
+      bool deferred = g->nodes[sf_graph_node_input(g, i, p)].may_defer; /* the plan's field form on this edge */
+      if (ports > 1 || rated || deferred) { /* a merge's port, what the producer sends (its mean over the run) */
         fprintf(out, " [label=\"");
-        if (ports > 1) fprintf(out, "in%d%s", p, rated ? "\\n" : "");
+        if (ports > 1) fprintf(out, "in%d%s", p, rated || deferred ? "\\n" : "");
+        if (deferred) fprintf(out, "deferred fields%s", rated ? "\\n" : "");
         if (rated) fprintf(out, "%.1f items/s\\n%.2f MiB/s", items, mib);
         fprintf(out, "\"]");
       }
@@ -276,6 +282,18 @@ static int render(const char *text, size_t len, const char *format, const char *
   return 0;
 }
 
+/* The plan drawn: planned replicas on nodes, edges that may carry deferred fields (a JPEG left undecoded). A graph whose links do not resolve
+ * is drawn as written (a run would say why). */
+static void plan(sf_graph *g) {
+  int *order = NULL, *inputs = NULL;
+  const sf_stage_def **defs = NULL;
+  sf_error e;
+  if (sf_graph_resolve_links(g, &order, &defs, &inputs, &e) == 0) sf_graph_plan(g, defs, inputs, sf_cpu_budget_get().cpus);
+  free(order);
+  free(defs);
+  free(inputs);
+}
+
 static int dot_main(int argc, char **argv) {
   dot_args a = {.render = -1};
   int first, status;
@@ -288,6 +306,7 @@ static int dot_main(int argc, char **argv) {
     char line[1200];
     return sf_cli_fail(&sf_cli_dot, "%s", sf_error_format(&err, line, sizeof line));
   }
+  plan(g);
   json_t *record = NULL;
   if (a.stats && !(record = load_stats(a.stats))) {
     sf_graph_destroy(&g);

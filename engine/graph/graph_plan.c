@@ -16,6 +16,11 @@ static void consumers(const sf_graph *g, const int *inputs, int *consumer) {
 
 static bool merges(const int *inputs, int i) { return inputs[i * SF_GRAPH_MAX_INPUTS + 1] >= 0; }
 
+/* Both on the head, or both in one group (a whole graph, as `shardflow dot` plans it, still has its groups). */
+static bool same_process(const sf_graph_node *a, const sf_graph_node *b) {
+  return a->group == b->group || (a->group && b->group && strcmp(a->group, b->group) == 0);
+}
+
 /* Gives a planned node next to a written one the written count, until adjacent replicated nodes agree. */
 static void agree_with_written(sf_graph *g, const int *consumer) {
   for (bool changed = true; changed;) {
@@ -46,7 +51,7 @@ void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, in
   for (int i = 0; i < g->n_nodes; i++) {
     int c = consumer[i];
     g->nodes[i].may_defer = (defs[i]->flags & SF_STAGE_MAKES_DEFERRED) && c >= 0 &&
-                            (defs[c]->flags & SF_STAGE_TAKES_DEFERRED);
+                            (defs[c]->flags & SF_STAGE_TAKES_DEFERRED) && same_process(&g->nodes[i], &g->nodes[c]);
   }
   free(consumer);
 }

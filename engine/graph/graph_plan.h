@@ -13,7 +13,8 @@
 
 /*
  * Plans graph g, one process's graph (the head's with its groups split off, or a worker's), for a process
- * with `cpus` CPUs. links: sf_graph_resolve_links' defs and inputs for g. Map stages (SF_STAGE_MAP) whose
+ * with `cpus` CPUs; a whole graph with its groups (`shardflow dot`) is planned as if each group's workers had
+ * as many, and no deferred field crosses from one group (or the head) to another. links: sf_graph_resolve_links' defs and inputs for g. Map stages (SF_STAGE_MAP) whose
  * `replicas` nothing wrote and that merge no inputs get `cpus` replicas, or the count of a neighbour whose
  * replicas are written where that differs (adjacent replicated nodes must agree); a node whose stage makes
  * deferred fields (SF_STAGE_MAKES_DEFERRED) may, when its one consumer takes them (SF_STAGE_TAKES_DEFERRED).

@@ -156,11 +156,14 @@ check(clusters[0]["label"] == f"group decoders\\nprocesses: 2\\nlive workers: {l
 chain = ["shard_source", "tar_split", "decode", "augment", "batch", "device_sink"]
 edges = {(by_id[e["tail"]]["name"], by_id[e["head"]]["name"]): e.get("label") for e in gv["edges"]}
 check(set(edges) == set(zip(chain, chain[1:])), f"the graph file's edges: {sorted(edges)}")
-for (tail, _), label in edges.items():
-    check(label == rates(tail), f"edge from {tail}: label {label!r}, the record says {rates(tail)!r}")
-check_nodes(gv, last, {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": 1, "batch": 1, "device_sink": 1})
+for (tail, _), label in edges.items():  # decode -> augment, in one group's workers, may carry deferred fields (the plan)
+    want = ("deferred fields\\n" if tail == "decode" else "") + rates(tail)
+    check(label == want, f"edge from {tail}: label {label!r}, the record says {rates(tail)!r}")
+cpus = len(os.sched_getaffinity(0))  # the group's workers plan one replica per CPU for decode and augment
+check_nodes(gv, last, {"shard_source": 1, "tar_split": 1, "decode": cpus, "augment": cpus, "batch": 1, "device_sink": 1})
 plain = run(["dot", graph]).stdout
-check("label=" not in plain.split("cluster_decoders")[1].split("}")[1], "no rates without --stats")
+check("items/s" not in plain and plain.split("cluster_decoders")[1].split("}")[1].count("label=") == 1,
+      "no rates without --stats (the one label: the plan's deferred edge)")
 
 # 3. A decode-bound chain: 1280x960 noisy JPEGs take libjpeg-turbo ~15 ms each with one decode replica, while
 # augment (two replicas) only crops 16 pixels out of each (decode's defer_jpeg false: else augment would decode
@@ -191,12 +194,16 @@ check(all("busy" not in o.get("label", "") and "color" not in o for o in bare["o
 
 # The same decode in a group of one worker: the group is the bottleneck, its cluster marked.
 grouped, _ = group_graph(tmp, "heavy-group", big, group={"processes": 1}, batch_size=4, epochs=1)
+with open(grouped) as f:  # one decode replica that decodes whole images, as above: else the worker keeps up
+    text = f.read().replace("  - type: decode\n", "  - type: decode\n    replicas: 1\n    defer_jpeg: false\n", 1)
+with open(grouped, "w") as f:
+    f.write(text)
 grouped_stats = os.path.join(tmp, "heavy-group.jsonl")
 run(["run", grouped, "--log-steps", "0", "--stats-json", grouped_stats], timeout=120)
 grouped_last = [json.loads(line) for line in open(grouped_stats)][-1]
 check(bottleneck_name(grouped_last) == "decoders", f"the group is the bottleneck: {grouped_last['bottleneck']}")
 check_nodes(gv_json(run(["dot", grouped, "--stats", grouped_stats]).stdout), grouped_last,
-            {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": 1, "batch": 1, "device_sink": 1})
+            {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": cpus, "batch": 1, "device_sink": 1})
 
 # 4. Rendering: an SVG Graphviz drew, with the cluster; without Graphviz a clear message.
 svg = os.path.join(tmp, "g.svg")

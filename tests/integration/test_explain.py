@@ -75,6 +75,9 @@ try:
           f"tar_split keeps one: {node_line(text, 'tar_split')!r}")
     check("-> augment: may carry deferred fields" in text, f"decode -> augment deferred:\n{text}")
     check(first_record(plain) == "augment", "deferred: the corrupt JPEG is augment's record")
+    drawn = run(["dot", plain]).stdout
+    check('"decode" -> "augment" [label="deferred fields"]' in drawn and f"replicas {cpus} (planned)" in drawn,
+          f"shardflow dot draws the plan:\n{drawn}")
     check(first_record(plain, "--set", "decode.defer_jpeg=false") == "decode",
           "defer_jpeg false: decode's record")
 
@@ -95,6 +98,7 @@ try:
     check("may carry deferred" not in text and "does not take deferred fields" in text,
           f"group boundary: decoded in the worker:\n{text}")
     check(first_record(grouped) == "decode", "group boundary: decode's record")
+    check("deferred fields" not in run(["dot", grouped]).stdout, "shardflow dot: no deferred edge into the head")
     # ... nor with a plugin stage between decode and augment.
     if PLUGIN:
         between = graph("between", broken, error_policy="skip", between=("scale", dict(field="jpg", factor=1)))
