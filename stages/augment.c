@@ -35,6 +35,7 @@ typedef struct augment {
   int layout;
   int dtype;
   bool dct_scaling;
+  bool exact;             /* option: false = DCT scaling, fast IDCT and plain upsampling for deferred JPEGs */
   /* from init */
   char names[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
   int n_names;            /* 0: every decoded uint8 [H,W,C] field */
@@ -97,6 +98,11 @@ static const sf_option options[] = {
      "output type: uint8 (pixel values kept), float32 (x/255, then normalised) or bfloat16 (the "
      "float32 rounded to nearest even)",
      dtype_names},
+    {"exact", SF_OPT_BOOL, offsetof(augment, exact), "true", 0, 0,
+     "true: a JPEG decode left undecoded gets the full decode's pixels (PIL's, bit for bit); false: its crop "
+     "is decoded at the smallest DCT scale that covers the output (dct_scaling), with libjpeg's fast integer "
+     "IDCT and plain chroma upsampling: less CPU, pixels a few levels off (docs/data.md says how far)",
+     NULL},
     {"dct_scaling", SF_OPT_BOOL, offsetof(augment, dct_scaling), "false", 0, 0,
      "for a JPEG decode left undecoded (its defer_jpeg): false decodes the crop's region at full size, so "
      "pixels equal the full decode's (PIL's) bit for bit; true decodes it at the smallest DCT scale (1/8, "
@@ -525,10 +531,10 @@ static int64_t scaled_edge(int64_t v, int m, int64_t limit) {
 }
 
 /* Decodes rect of f's JPEG at scale m/8 into *region; a corrupt JPEG is the field's error. */
-static int decode_region(const sf_jpeg_source *jpeg, int m, const int64_t rect[4], const sf_field *f,
+static int decode_region(const sf_jpeg_source *jpeg, int m, bool fast, const int64_t rect[4], const sf_field *f,
                          sf_tensor *region, int64_t *x0, field_error *e) {
   sf_error err = {.code = 0};
-  int r = sf_jpeg_decode_region(jpeg, m, rect, region, x0, &err);
+  int r = sf_jpeg_decode_region(jpeg, m, fast, rect, region, x0, &err);
   if (r == SF_ENOMEM || r == 0) return r;
   return FAIL(e, r, "field '%s': %.200s", f->name, err.message);
 }
@@ -544,7 +550,7 @@ static int decode_whole(sf_field *f, field_error *e) {
   const int64_t rect[4] = {0, 0, jpeg->height, jpeg->width};
   sf_tensor pixels;
   int64_t x0;
-  int r = decode_region(jpeg, 8, rect, f, &pixels, &x0, e);
+  int r = decode_region(jpeg, 8, false, rect, f, &pixels, &x0, e);
   if (r < 0) return r;
   f->recipe->destroy(f->recipe);
   f->recipe = NULL;
@@ -628,13 +634,13 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     random_resized_box(a, &rng, h, w, box);
     if (jpeg) {
       /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
-      int m = a->dct_scaling ? sf_jpeg_dct_scale(box[2], box[3], oh, ow) : 8;
+      int m = a->dct_scaling || !a->exact ? sf_jpeg_dct_scale(box[2], box[3], oh, ow) : 8;
       int64_t sh = sf_jpeg_scaled(h, m), sw = sf_jpeg_scaled(w, m), x0;
       int64_t rect[4] = {scaled_edge(box[0], m, sh - 1), scaled_edge(box[1], m, sw - 1),
                          scaled_edge(box[0] + box[2], m, sh), scaled_edge(box[1] + box[3], m, sw)};
       if (rect[2] <= rect[0]) rect[2] = rect[0] + 1;
       if (rect[3] <= rect[1]) rect[3] = rect[1] + 1;
-      if ((r = decode_region(jpeg, m, rect, f, &pixels, &x0, e)) < 0) return r;
+      if ((r = decode_region(jpeg, m, !a->exact, rect, f, &pixels, &x0, e)) < 0) return r;
       ay = (axis){0, rect[2] - rect[0], oh, 0, oh};
       ax = (axis){x0, rect[3] - rect[1], ow, 0, ow};
       break;
@@ -652,14 +658,14 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
      * Resize from the smallest DCT scale that still covers it: the image at that scale is the
      * source, of which only the rows and columns the window's resize reads are decoded.
      */
-    int m = a->resize > 0 && a->dct_scaling ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
+    int m = a->resize > 0 && (a->dct_scaling || !a->exact) ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
     int64_t rect[4], x0;
     ay.span = sf_jpeg_scaled(h, m);
     ax.span = sf_jpeg_scaled(w, m);
     sf_resize_axis ry = resize_axis(&ay), rx = resize_axis(&ax);
     sf_resize_reads(&ry, &rect[0], &rect[2]);
     sf_resize_reads(&rx, &rect[1], &rect[3]);
-    if ((r = decode_region(jpeg, m, rect, f, &pixels, &x0, e)) < 0) return r;
+    if ((r = decode_region(jpeg, m, !a->exact, rect, f, &pixels, &x0, e)) < 0) return r;
     ay.origin = -rect[0];
     ax.origin = x0 - rect[1];
   }

@@ -114,8 +114,8 @@ int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w) {
 
 int64_t sf_jpeg_scaled(int64_t v, int m) { return (v * m + 7) / 8; }
 
-int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4], sf_tensor *out, int64_t *x0,
-                          sf_error *error) {
+int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int64_t rect[4], sf_tensor *out,
+                          int64_t *x0, sf_error *error) {
   memset(out, 0, sizeof *out);
   struct jpeg_decompress_struct cinfo;
   jpeg_errors e;
@@ -132,7 +132,8 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4
   cinfo.scale_denom = 8;
   /* Accurate integer IDCT and fancy upsampling: TurboJPEG's defaults, so M = 8 gives its pixels.
      JDCT_IFAST (TJFLAG_FASTDCT) is not used: it is less accurate and no faster on AVX2. */
-  cinfo.dct_method = JDCT_ISLOW;
+  cinfo.dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
+  cinfo.do_fancy_upsampling = fast ? FALSE : TRUE;
   jpeg_start_decompress(&cinfo);
   int64_t sw = cinfo.output_width, sh = cinfo.output_height;
   if (rect[0] < 0 || rect[2] > sh || rect[0] >= rect[2] || rect[1] < 0 || rect[3] > sw || rect[1] >= rect[3])

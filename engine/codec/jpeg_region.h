@@ -2,6 +2,7 @@
 #ifndef SF_ENGINE_JPEG_REGION_H
 #define SF_ENGINE_JPEG_REGION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "image.h"
@@ -47,12 +48,13 @@ int64_t sf_jpeg_scaled(int64_t v, int m);
  * Decodes rows [rect[0], rect[2]) and columns [rect[1], rect[3]) of the image decoded at scale m/8
  * (libjpeg's jpeg_skip_scanlines and jpeg_crop_scanline: only the iMCU columns the rectangle
  * touches are decoded, and rows below it not at all). Accurate integer IDCT and fancy upsampling,
- * as TurboJPEG's defaults: at m = 8 the pixels equal sf_image_decode()'s. *out gets a new uint8
+ * as TurboJPEG's defaults: at m = 8 the pixels equal sf_image_decode()'s; fast instead takes libjpeg's fast
+ * integer IDCT (JDCT_IFAST) and plain chroma upsampling (do_fancy_upsampling off): less CPU, other pixels. *out gets a new uint8
  * [rows, cols, channels] image (caller owns) whose column *x0 is the rectangle's column rect[1];
  * libjpeg widens the columns to whole iMCUs. Returns 0, SF_ENOMEM, or SF_EFORMAT for corrupt data
  * met in the rows read (data outside them is not checked) with libjpeg's message in *error.
  */
-int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, const int64_t rect[4], sf_tensor *out, int64_t *x0,
-                          sf_error *error);
+int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int64_t rect[4], sf_tensor *out,
+                          int64_t *x0, sf_error *error);
 
 #endif

@@ -119,6 +119,13 @@ try:
     check(len(full64) > 0 and same(full64, exact64), "rrc 64, dct_scaling false: region decode equals full decode")
     plain64, _ = batches("plain64", "auto", 64)
     check(same(full64, plain64), "rrc 64, nothing written: equals full decode")
+    # 2b. exact: false adds the fast IDCT and plain chroma upsampling to the DCT scaling: further off, still close.
+    fast64, _ = batches("fast64", "auto", 0, aug=dict(crop="random_resized", size=64, scale=[0.08, 1.0],
+                                                      ratio=[0.75, 1.3333333], exact=False))
+    e_fast = mae(images(full64), images(fast64))
+    print(f"     rrc 64, exact false: mean absolute error vs full decode {e_fast:.3f} levels (DCT scaling alone {e:.3f})")
+    check(0 < e_fast < 3.0 and [b[2] for b in fast64] == [b[2] for b in full64],
+          f"rrc 64, exact false: same samples, mean absolute error {e_fast:.3f} levels (bound 3)")
 
     # 2b. Center and random (padded) crops without resize decode their window at 8/8: the same pixels;
     #     resize 72 + center crop 64 (the evaluation transform) resizes from the smallest DCT scale.
