@@ -10,11 +10,12 @@
 
 /* One node as the rule sees it, summed over its replicas. */
 typedef struct sf_bottleneck_node {
-  const char *name;      /* the node's name (borrowed) */
-  const char *stage;     /* its stage's name (borrowed) */
+  const char *name;  /* the node's name (borrowed) */
+  const char *stage; /* its stage's name (borrowed) */
   int replicas;
   bool replicas_planned; /* the plan chose its replicas (sf_node.replicas_planned) */
   bool replicable;       /* the engine accepts `replicas: N` for it: a map stage (SF_STAGE_MAP) with one input */
+  int inputs;            /* input ports connected (more than one: it merges them, e.g. mix) */
   bool source;           /* it reads no input (shard_source) */
   double busy;           /* busy seconds over every replica */
   double read;           /* of busy, seconds spent waiting for shard bytes in reads (sf_node_extra.read_ns) */
