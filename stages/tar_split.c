@@ -41,6 +41,7 @@ typedef struct tar_split {
   int key_rule;           /* option: sf_key_rule */
   char *key_regex;        /* option */
   bool mmap;              /* option */
+  atomic_uint_fast64_t read_ns; /* time the shard reads took (sf_shard_reader_options.read_ns), for describe() */
   regex_t regex;          /* key_regex compiled, when compiled is set */
   bool compiled;
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
@@ -295,6 +296,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
       .cancelled = cancelled,
       .cancel_opaque = node,
       .mmap = t->mmap,
+      .read_ns = &t->read_ns,
   };
   a->fetch = NULL; /* the readers own them now */
   a->cache_fd = -1;
@@ -488,9 +490,11 @@ static int compile_key_regex(sf_node *node, tar_split *t) {
   return 0;
 }
 
-/* The reader's network counters for /metrics and the bottleneck report (sf_node_extra); any thread. */
+/* The reader's read time and network counters for /metrics and the bottleneck report (sf_node_extra); any thread. */
 static void describe(sf_node *node, sf_node_extra *x) {
   tar_split *t = sf_node_priv(node);
+  x->reads = true;
+  x->read_ns = atomic_load_explicit(&t->read_ns, memory_order_relaxed);
   sf_prefetch *downloads = __atomic_load_n(&t->downloads, __ATOMIC_ACQUIRE);
   if (!downloads) return;
   sf_prefetch_stats s;

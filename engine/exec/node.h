@@ -64,6 +64,9 @@ typedef struct sf_node_extra {
   uint64_t retries;            /* download attempts after a failure */
   uint64_t cache_hits;         /* shards served from the shard cache */
   uint64_t prefetch;           /* the reader's `prefetch` option (downloads ahead), for the remedy */
+  bool reads;                  /* a shard reader (tar_split), remote or not: read_ns is set */
+  uint64_t read_ns;            /* wall time its steps spent in reads of shard bytes (read() of a file or pipe,
+                                * the page faults of a mapped shard's next window): storage, not its CPU */
 } sf_node_extra;
 
 struct sf_node {

@@ -44,6 +44,7 @@ struct sf_shard_reader {
   int fd;
   uint8_t *chunk;
   sf_buffer *mapping; /* a mapped local file (options.mmap), read from instead of fd */
+  atomic_uint_fast64_t *read_ns; /* options.read_ns (borrowed), or NULL */
   /* pipe */
   pid_t pid;
   const char *command; /* points into url */
@@ -221,11 +222,34 @@ static int open_file(sf_shard_reader *r, const char *path, bool map, sf_error *e
   return 0;
 }
 
+/* Kernels before 5.14 lack MADV_POPULATE_READ: asked once, then the pages fault in where they are touched. */
+static atomic_bool populate_unsupported;
+
+/*
+ * Maps the pages of the next chunk of a mapped file in one call (MADV_POPULATE_READ), waiting for those not in
+ * the page cache: their faults are then taken here, timed as the read they stand for, and not one by one in
+ * whichever stage touches them first (tar_split's headers, decode's pixels). A page it cannot map (the file
+ * shrank) is left to fault where it is touched, as without it.
+ */
+static void populate(const uint8_t *data, size_t n) {
+#ifdef MADV_POPULATE_READ
+  if (n == 0 || atomic_load_explicit(&populate_unsupported, memory_order_relaxed)) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)data & ~(page - 1);
+  if (madvise((void *)start, (uintptr_t)data + n - start, MADV_POPULATE_READ) != 0 &&
+      (errno == EINVAL || errno == ENOSYS))
+    atomic_store_explicit(&populate_unsupported, true, memory_order_relaxed);
+#else
+  (void)data;
+  (void)n;
+#endif
+}
+
 static ssize_t read_fd(sf_shard_reader *r, const void **data, sf_error *error) {
   if (r->mapping) {
     size_t size = sf_buffer_size(r->mapping), at = (size_t)r->offset;
     size_t n = size - at < FILE_CHUNK ? size - at : FILE_CHUNK;
     *data = sf_buffer_data(r->mapping) + at;
+    populate(*data, n);
     return (ssize_t)n;
   }
   for (;;) {
@@ -415,6 +439,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
   if (options) {
     r->cancelled = options->cancelled;
     r->cancel_opaque = options->cancel_opaque;
+    r->read_ns = options->read_ns;
     r->retries = options->retries > 0 ? options->retries : 0;
     if (options->retry_wait > 0) r->retry_wait = options->retry_wait;
     if (options->retry_max_wait > 0) r->retry_max_wait = options->retry_max_wait;
@@ -482,7 +507,14 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
     if (n > 0) sf_shard_cache_write(r->entry, *data, (size_t)n);
     if (n == 0) sf_shard_cache_end(r->cache, &r->entry, true); /* the whole shard: publish it */
   } else {
+    struct timespec t0, t1;
+    if (r->read_ns) clock_gettime(CLOCK_MONOTONIC, &t0);
     n = read_fd(r, data, error);
+    if (r->read_ns) {
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+      if (ns > 0) atomic_fetch_add_explicit(r->read_ns, (uint64_t)ns, memory_order_relaxed);
+    }
     if (n == 0 && r->kind == KIND_PIPE) {
       r->at_end = true; /* reaped once, whatever the command's status */
       int rc = reap_pipe(r, error);

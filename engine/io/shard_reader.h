@@ -2,6 +2,7 @@
 #ifndef SF_ENGINE_SHARD_READER_H
 #define SF_ENGINE_SHARD_READER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -41,6 +42,10 @@ typedef struct sf_shard_reader_options {
   /* Local regular files: map the file (copy-on-write) instead of reading it, so that the tar reader
    * can hand out members as views of the mapping (sf_shard_reader_mapping) with no copy. */
   bool mmap;
+  /* Where to add the wall time, in nanoseconds, that reads of a local file or a pipe: take (read(), a
+   * pipe's poll, and a mapped file's page faults, taken at once as each chunk is handed out), so that
+   * the bottleneck report tells waiting for storage from the caller's CPU (borrowed; NULL: not timed). */
+  atomic_uint_fast64_t *read_ns;
 } sf_shard_reader_options;
 
 /*

@@ -1,8 +1,12 @@
 """The bottleneck report (docs/bottleneck.md) names the stage whose limit a graph was built to have:
-decode-bound (large JPEGs made with PIL, one decode replica; then in a group of one worker), consumer-bound (a trainer sleeping per batch),
-network-bound (shards behind nginx's per-connection `limit_rate`). The line comes at the end of
-`shardflow run`, on SIGUSR1 mid-run, and from Python's Pipeline.bottleneck()."""
+decode-bound (large JPEGs made with PIL, one decode replica; then in a group of one worker; then on a budget of one
+CPU), consumer-bound (a trainer sleeping per batch), network-bound (shards behind nginx's per-connection
+`limit_rate`), storage-bound (a shard read from a named pipe a writer fills slowly) and tar_split CPU-bound (a gzip
+shard to inflate), and advises only what the engine accepts: no replicas for tar_split, no group after a run of
+well under 5 s, no more replicas than the CPU budget. The line comes at the end of `shardflow run`, on SIGUSR1
+mid-run, and from Python's Pipeline.bottleneck(). tests/unit/test_bottleneck_rule.c judges made-up counters."""
 import atexit
+import base64
 import io
 import os
 import re
@@ -10,7 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -53,7 +59,8 @@ write_shard(os.path.join(tmp, "big-000000.tar"), jpegs)
 graph = write_graph(os.path.join(tmp, "decode.yaml"), chain(os.path.join(tmp, "big-000000.tar")), epochs=1)
 line = final_line(graph)
 check(line.startswith("bottleneck: decode (decode, busy") and "CPU-bound" in line
-      and ("decode.replicas:" in line or "group" in line), f"decode-bound graph: {line}")
+      and ("decode.replicas:" in line or "already runs one replica per CPU" in line), f"decode-bound graph: {line}")
+check("group" not in line, f"decode-bound graph: no group after a run well under 5 s: {line}")
 
 # The same decode in a group of one local worker process: the group is named, with more workers.
 graph, _ = group_graph(tmp, "group", os.path.join(tmp, "big-000000.tar"), group={"processes": 1}, batch_size=4,
@@ -86,6 +93,67 @@ with nginx(net, "location / { limit_rate 200k; }") as base:
     line = final_line(graph)
 check(line.startswith("bottleneck: tar_split (tar_split, network-bound") and "tar_split.prefetch" in line,
       f"network-bound graph: {line}")
+
+# Storage-bound: the shard is a named pipe a writer fills 4 KiB every 10 ms, as slow storage would: tar_split spends
+# the run blocked in read(). That wait is the storage's, not tar_split's CPU, and tar_split takes no replicas.
+fifo_dir = os.path.join(tmp, "fifo")
+os.mkdir(fifo_dir)
+make_dataset(fifo_dir, 1, 30, size=40)
+with open(os.path.join(fifo_dir, "shard-000000.tar"), "rb") as f:
+    tar_bytes = f.read()
+fifo = os.path.join(fifo_dir, "slow.tar")
+os.mkfifo(fifo)
+
+
+def trickle():
+    with open(fifo, "wb", buffering=0) as f:
+        for at in range(0, len(tar_bytes), 4096):
+            f.write(tar_bytes[at:at + 4096])
+            time.sleep(0.01)
+
+
+writer = threading.Thread(target=trickle, daemon=True)
+writer.start()
+graph = write_graph(os.path.join(tmp, "fifo.yaml"), chain(fifo), epochs=1)
+line = final_line(graph)
+writer.join(timeout=30)
+check(line.startswith("bottleneck: tar_split (tar_split, busy") and "I/O-bound" in line and "in reads" in line
+      and "storage" in line, f"storage-bound reader: its read waits are I/O: {line}")
+check(".replicas:" not in line and "group" not in line and "CPU-bound" not in line,
+      f"storage-bound reader: no replicas for tar_split, not CPU-bound: {line}")
+
+# CPU-bound tar_split: a gzip shard of 8 members of 1.5 MiB of base64 text, which tar_split inflates on its one thread
+# (a literal per byte) while rename drops them. tar_split keeps state between samples: no replicas for it.
+gz = os.path.join(tmp, "text.tar.gz")
+with tarfile.open(gz, "w:gz", compresslevel=1) as tf:
+    for i in range(8):
+        for name, data in ((f"{i:07d}.txt", base64.b64encode(rng.bytes(3 << 19))), (f"{i:07d}.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+stages = chain(gz)
+stages.insert(2, ("rename", dict(names="cls")))
+graph = write_graph(os.path.join(tmp, "inflate.yaml"), stages, epochs=1)
+line = final_line(graph)
+check(line.startswith("bottleneck: tar_split (tar_split, busy") and "of its one thread" in line
+      and "CPU-bound" in line and "cannot run as replicas" in line, f"CPU-bound tar_split: {line}")
+check("replicas:" not in line and "group" not in line, f"CPU-bound tar_split: no replicas, no group: {line}")
+
+
+def budget_one():
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+
+# The decode-bound graph again, on one CPU (affinity): its one decode replica is already one per CPU of the budget,
+# and the run (well under a second) is too short to judge decode workers elsewhere: neither is advised.
+p = run(["run", os.path.join(tmp, "decode.yaml"), "--log-steps", "0"], timeout=60, preexec_fn=budget_one)
+lines = bottleneck_lines(p.stderr)
+print("decode.yaml on one CPU ->", lines)
+check(len(lines) == 1 and lines[0].startswith("bottleneck: decode (decode, busy") and "CPU-bound" in lines[0]
+      and "already runs one replica per CPU" in lines[0] and "too short" in lines[0],
+      f"decode-bound on a budget of one CPU: {lines}")
+check(lines and "decode.replicas:" not in lines[0] and "group" not in lines[0],
+      f"decode-bound on one CPU, a short run: no replicas, no group: {lines}")
 
 # Python: the same line from Pipeline.bottleneck() while a slow consumer iterates.
 if os.environ.get("SF_SANITIZE", "none") == "none":  # Debian's python cannot host a sanitizer runtime
