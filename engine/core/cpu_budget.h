@@ -18,4 +18,7 @@ typedef struct sf_cpu_budget {
  */
 sf_cpu_budget sf_cpu_budget_get(void);
 
+/* sf_cpu_budget_get() with the cgroup filesystem at cgroup_root instead of /sys/fs/cgroup (tests). */
+sf_cpu_budget sf_cpu_budget_at(const char *cgroup_root);
+
 #endif
