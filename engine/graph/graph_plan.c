@@ -21,18 +21,32 @@ static bool same_process(const sf_graph_node *a, const sf_graph_node *b) {
   return a->group == b->group || (a->group && b->group && strcmp(a->group, b->group) == 0);
 }
 
-/* Gives a planned node next to a written one the written count, until adjacent replicated nodes agree. */
+/*
+ * Gives a planned node next to a written one the written count, until adjacent replicated nodes agree. Planned
+ * nodes between two different written counts would trade them back and forth: after as many passes as there are
+ * nodes, a planned node on an edge that still disagrees gets one replica, which agrees with anything.
+ */
 static void agree_with_written(sf_graph *g, const int *consumer) {
-  for (bool changed = true; changed;) {
-    changed = false;
+  for (int pass = 0;; pass++) {
+    bool changed = false;
     for (int a = 0; a < g->n_nodes; a++) {
       int b = consumer[a];
       if (b < 0) continue;
       sf_graph_node *x = &g->nodes[a], *y = &g->nodes[b];
       if (x->replicas <= 1 || y->replicas <= 1 || x->replicas == y->replicas) continue;
-      if (x->replicas_planned && !y->replicas_planned) x->replicas = y->replicas, changed = true;
-      else if (y->replicas_planned && !x->replicas_planned) y->replicas = x->replicas, changed = true;
+      if (pass > g->n_nodes) {
+        if (x->replicas_planned) x->replicas = 1, changed = true;
+        if (y->replicas_planned) y->replicas = 1, changed = true;
+      } else if (x->replicas_planned && !y->replicas_planned) {
+        x->replicas = y->replicas, changed = true;
+      } else if (y->replicas_planned && !x->replicas_planned) {
+        y->replicas = x->replicas, changed = true;
+      } else if (x->replicas_planned && y->replicas_planned) { /* two planned runs met: the larger count spreads */
+        (x->replicas < y->replicas ? x : y)->replicas = x->replicas > y->replicas ? x->replicas : y->replicas;
+        changed = true;
+      }
     }
+    if (!changed) return;
   }
 }
 
@@ -57,10 +71,14 @@ void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, in
 }
 
 /* Why node n runs as many replicas as it does. */
-static const char *replicas_why(const sf_graph_node *n, const sf_stage_def *def, bool merging) {
+static const char *replicas_why(const sf_graph_node *n, const sf_stage_def *def, bool merging, int cpus) {
   if (n->replicas_line > 0) return "written in the graph file";
   if (n->replicas_line == 0) return "set by an override";
-  if (n->replicas_planned) return "planned: one per CPU of the budget (write `replicas:` to pin a count)";
+  if (n->replicas_planned && n->replicas == (cpus > 1 ? cpus : 1))
+    return "planned: one per CPU of the budget (write `replicas:` to pin a count)";
+  if (n->replicas_planned && n->replicas == 1)
+    return "planned: one, between stages whose written replicas differ";
+  if (n->replicas_planned) return "planned: as many as the next stage's written replicas (adjacent ones must agree)";
   if (merging) return "merges several inputs: one replica";
   if (!(def->flags & SF_STAGE_MAP)) return "keeps state between samples: one replica";
   return "";
@@ -90,7 +108,7 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
       continue;
     }
     fprintf(out, "%s%-16s %-12s replicas %-3lld %s\n", indent, n->name, defs[i]->name, (long long)n->replicas,
-            replicas_why(n, defs[i], merges(inputs, i)));
+            replicas_why(n, defs[i], merges(inputs, i), cpus));
     int c = -1;
     for (int j = 0; j < g->n_nodes * SF_GRAPH_MAX_INPUTS && c < 0; j++)
       if (inputs[j] == i) c = j / SF_GRAPH_MAX_INPUTS;

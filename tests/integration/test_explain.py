@@ -89,6 +89,18 @@ try:
           f"--set replicas kept: {node_line(pinned, 'decode')!r}")
     check("replicas 3 " in node_line(pinned, "augment") or cpus == 1,
           f"the planned neighbour agrees: {node_line(pinned, 'augment')!r}")
+    # Planned stages between two written counts (3 and 4) cannot take both: one of them gets one replica, and the
+    # plan ends (it traded the counts back and forth for ever before).
+    between_written = write_graph(os.path.join(tmp, "between.yaml"), [
+        ("shard_source", dict(urls=clean)), ("tar_split", {}), ("decode", dict(replicas=3)),
+        ("rename", dict(names="a=jpg,b=cls")), ("augment", dict(fields=["a"])),
+        ("rename", dict(name="r2", names="x=a,y=b")), ("rename", dict(name="r3", names="x=x,y=y", replicas=4)),
+        ("batch", dict(batch_size=2, partial=True)), ("device_sink", {})], epochs=1)
+    text = explain(between_written)
+    counts = [int(node_line(text, n).split("replicas")[1].split()[0]) for n in ("decode", "rename", "augment", "r2", "r3")]
+    check(counts[0] == 3 and counts[4] == 4 and all(a == b or 1 in (a, b) for a, b in zip(counts, counts[1:])),
+          f"planned between written 3 and 4: adjacent counts agree {counts}")
+    run(["run", between_written, "--quiet", "--no-summary"], timeout=60)
     written = graph("written", broken, decode=dict(replicas=1))
     check("written in the graph file" in node_line(explain(written), "decode"), "replicas written: kept")
 
