@@ -269,6 +269,9 @@ void sf_pipeline_destroy(sf_pipeline **pp) {
   *pp = NULL;
 }
 
+/* Items each queue of a replicated edge holds at least, however many replicas share the edge's queue_size. */
+enum { EDGE_QUEUE_MIN = 4 };
+
 static size_t capacity_for(sf_port_kind kind, int64_t queue_size) {
   switch (kind) {
   case SF_PORT_SHARD: return 4;
@@ -324,6 +327,13 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
       out_n = replicas > next ? replicas : next;
     }
     bool replicated = out_n > 1;
+    /* An edge's budget is split over its queues, so that replicas (the plan gives one per CPU) add
+       parallelism, not memory: at least EDGE_QUEUE_MIN items each, and always one item whatever its bytes. */
+    size_t bytes = (size_t)g->queue_bytes;
+    if (replicated) {
+      cap = cap / (size_t)out_n > EDGE_QUEUE_MIN ? cap / (size_t)out_n : EDGE_QUEUE_MIN;
+      bytes = bytes ? (bytes / (size_t)out_n ? bytes / (size_t)out_n : 1) : 0;
+    }
     for (int i = 0; i < out_n && r == 0; i++) {
       size_t wake = consumer[gi] < 0 || replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16);
       r = sf_queue_init(&p->queues[q + i], cap, wake, 1);
@@ -331,7 +341,7 @@ static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, co
         r = sf_graph_error(error, r, g, -1, "out of memory");
         break;
       }
-      sf_queue_set_max_bytes(&p->queues[q + i], (size_t)g->queue_bytes);
+      sf_queue_set_max_bytes(&p->queues[q + i], bytes);
       p->n_queues++;
     }
     if (r < 0) break;

@@ -2,7 +2,8 @@
 (queue_bytes) as well as items, so large images held between stages stay within the stated budget
 however many a shard has. Measures the peak RSS of `shardflow run` (wait4) on 4-megapixel PNGs with
 replicas: 2 and a slow consumer (VmHWM), against the budget computed from the documented formula plus the
-RSS of the same run on tiny images (code, libraries, allocator)."""
+RSS of the same run on tiny images (code, libraries, allocator); and with 8 replicas, whose queues share an
+edge's budget."""
 import io
 import os
 import subprocess
@@ -38,12 +39,12 @@ def dataset(name, side):
     return write_shard(os.path.join(tmp, name + ".tar"), samples), len(blob)
 
 
-def peak_rss(name, shard, batch_size, step_time, **settings):
+def peak_rss(name, shard, batch_size, step_time, replicas=REPLICAS, **settings):
     out = os.path.join(tmp, "out-" + name)
     graph = write_graph(os.path.join(tmp, name + ".yaml"), [
         ("shard_source", dict(urls=shard, shuffle=False)),
         ("tar_split", {}),
-        ("decode", dict(replicas=REPLICAS)),
+        ("decode", dict(replicas=replicas)),
         ("batch", dict(batch_size=batch_size, partial=True)),
         ("device_sink", dict(npy_dir=out) if name == "small" else {}),
     ], epochs=1, threads=4, **settings)
@@ -65,18 +66,20 @@ def peak_rss(name, shard, batch_size, step_time, **settings):
     return hwm, out
 
 
-def budget(s_enc, s_dec, batch_size, queue_bytes, queue_size=64):
+def budget(s_enc, s_dec, batch_size, queue_bytes, queue_size=64, replicas=REPLICAS):
     """docs/graph-files.md, "Memory": the tensor bytes a pipeline holds at most, from its settings and the
-    largest sample (the allocator adds up to about a quarter)."""
+    largest sample (the allocator adds up to about a quarter). An edge's N queues (one per replica) share its
+    queue_size (at least 4 items each) and queue_bytes."""
     b = batch_size * s_dec
 
     def edge(queues, item, items):  # a queue takes an item while it holds fewer than items and < queue_bytes
-        return queues * min(items * item, queue_bytes + item)
+        each_items = max(items // queues, 4) if queues > 1 else items
+        return queues * min(each_items * item, queue_bytes // queues + item)
 
-    return (edge(REPLICAS, s_enc, queue_size)      # tar_split -> decode (one queue per replica)
-            + edge(REPLICAS, s_dec, queue_size)    # decode -> batch
+    return (edge(replicas, s_enc, queue_size)      # tar_split -> decode (one queue per replica)
+            + edge(replicas, s_dec, queue_size)    # decode -> batch
             + 2 * edge(1, b, 4)                     # batch -> device_sink, and the output to the trainer
-            + REPLICAS * (s_enc + s_dec)            # the sample each replica has in hand
+            + replicas * (s_enc + s_dec)            # the sample each replica has in hand
             + b + batch_size * s_dec                # the batch being filled and its samples
             + b                                     # the batch the trainer holds
             + s_enc)                                # the member tar_split is reading
@@ -100,5 +103,14 @@ for queue_bytes in (None, 16 * MiB):
         if not sanitized:  # ASan's shadow memory and quarantine are not the engine's
             check(rss <= base + 1.25 * (allowed - base),
                   f"peak RSS {rss / MiB:.0f} MiB within the stated budget {allowed / MiB:.0f} MiB (+25% allocator)")
+
+# Replicas add parallelism, not memory: 8 decode replicas (as the plan gives a stage on an 8-CPU machine) share
+# each edge's queue_bytes; before, every replica's queue had the whole of it (8 x 64 MiB an edge).
+rss, _ = peak_rss("big-replicas-8", big, 1, 0.1, replicas=8)
+allowed = base + budget(s_enc, s_dec, 1, 64 * MiB, replicas=8)
+print(f"replicas 8, batch 1: peak RSS {rss / MiB:.0f} MiB, budget {allowed / MiB:.0f} MiB")
+if not sanitized:
+    check(rss <= base + 1.25 * (allowed - base),
+          f"replicas 8: peak RSS {rss / MiB:.0f} MiB within the stated budget {allowed / MiB:.0f} MiB (+25% allocator)")
 
 check.done("memory_budget")
