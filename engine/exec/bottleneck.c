@@ -112,11 +112,21 @@ int sf_pipeline_bottleneck_named(sf_pipeline *p, char *buf, size_t size, const c
   } else if (reader) {
     const sf_node *nd = culprit = reader->node;
     double rate = (double)reader->extra.downloaded_bytes / elapsed / 1048576.0;
-    len = snprintf(buf, size,
-                   "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
-                   "input): raise %s.prefetch (now %llu) for more downloads in parallel, or cache shards nearer "
-                   "(cache_dir)",
-                   nd->name, nd->def->name, rate, nd->name, (unsigned long long)reader->extra.prefetch);
+    const sf_node_extra *x = &reader->extra;
+    const sf_node_tuned *tuned = x->n_tuned > 0 && !x->tuned[0].pinned ? &x->tuned[0] : NULL;
+    if (tuned) /* the tuner already raises prefetch while the reader and the trainer wait: its bound is the budget */
+      len = snprintf(buf, size,
+                     "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
+                     "input): %s.prefetch is tuned while running (now %lld, from %lld) within %s.prefetch_bytes; "
+                     "raise prefetch_bytes for more downloads ahead, or cache shards nearer (cache_dir)",
+                     nd->name, nd->def->name, rate, nd->name, (long long)tuned->value, (long long)tuned->initial,
+                     nd->name);
+    else
+      len = snprintf(buf, size,
+                     "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
+                     "input): raise %s.prefetch (now %llu) for more downloads in parallel, or cache shards nearer "
+                     "(cache_dir)",
+                     nd->name, nd->def->name, rate, nd->name, (unsigned long long)reader->extra.prefetch);
   } else if (cpu) {
     len = snprintf(buf, size,
                    "bottleneck: none saturated (busiest: %s, busy %.0f%%; the trainer waited %.0f%% of the run): the "
