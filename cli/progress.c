@@ -63,7 +63,7 @@ static void put_rates(json_t *o, uint64_t items, uint64_t bytes, double seconds)
   json_object_set_new(o, "mib_per_second", json_real(s ? (double)bytes / 1048576.0 / s : 0));
 }
 
-static json_t *node_record(const sf_node_stats *s, double seconds) {
+static json_t *node_record(sf_pipeline *p, const sf_node_stats *s, double seconds) {
   json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:I, s:f, s:f, s:I, s:I, s:I}", "name", s->name, "type", s->type,
                         "replicas", s->replicas, "items", (json_int_t)s->items, "bytes", (json_int_t)s->bytes,
                         "busy_seconds", s->busy_seconds, "wait_seconds", s->wait_seconds, "errors",
@@ -75,6 +75,17 @@ static json_t *node_record(const sf_node_stats *s, double seconds) {
     for (int j = 0; j < s->n_inputs && j < 8; j++)
       json_object_set_new(in, s->input_names[j], json_integer((json_int_t)s->input_items[j]));
     json_object_set_new(o, "inputs", in);
+  }
+  sf_node_tuned tuned[SF_NODE_TUNED_MAX];
+  int n_tuned = sf_pipeline_node_tuned(p, s->name, tuned, SF_NODE_TUNED_MAX);
+  if (n_tuned > 0) { /* what the tuner chose, and when */
+    json_t *t = json_object();
+    for (int j = 0; j < n_tuned; j++)
+      json_object_set_new(t, tuned[j].option,
+                          json_pack("{s:I, s:I, s:b, s:I, s:f}", "value", (json_int_t)tuned[j].value, "initial",
+                                    (json_int_t)tuned[j].initial, "pinned", tuned[j].pinned, "changes",
+                                    (json_int_t)tuned[j].changes, "changed_at", tuned[j].changed_at));
+    json_object_set_new(o, "tuned", t);
   }
   return o;
 }
@@ -107,7 +118,7 @@ int sf_cli_stats_record(FILE *out, sf_pipeline *p, const sf_cli_progress *pr, bo
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
   json_t *nodes = json_array(), *groups = json_array();
-  for (int i = 0; i < n; i++) json_array_append_new(nodes, node_record(&stats[i], pr->run_seconds));
+  for (int i = 0; i < n; i++) json_array_append_new(nodes, node_record(p, &stats[i], pr->run_seconds));
   sf_node *group = sf_pipeline_find_node(p, &sf_stage_remote);
   if (group) json_array_append_new(groups, group_record(group, pr->run_seconds));
   char bottleneck[512];

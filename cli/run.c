@@ -114,6 +114,18 @@ static void print_summary(sf_pipeline *p) {
             (unsigned long long)s->errors, (unsigned long long)s->skipped, (unsigned long long)s->filtered);
     for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < 8; j++) /* a mix: what each input gave */
       fprintf(stderr, "  <- %-25s %12llu\n", s->input_names[j], (unsigned long long)s->input_items[j]);
+    sf_node_tuned tuned[SF_NODE_TUNED_MAX];
+    int n_tuned = sf_pipeline_node_tuned(p, s->name, tuned, SF_NODE_TUNED_MAX);
+    for (int j = 0; j < n_tuned; j++) { /* what the tuner chose, and when */
+      const sf_node_tuned *u = &tuned[j];
+      if (u->pinned)
+        fprintf(stderr, "  %s %lld (written: not tuned)\n", u->option, (long long)u->value);
+      else if (u->changes == 0)
+        fprintf(stderr, "  %s %lld (tuned: kept)\n", u->option, (long long)u->value);
+      else
+        fprintf(stderr, "  %s %lld (tuned from %lld: %llu change(s), the last at %.1f s)\n", u->option,
+                (long long)u->value, (long long)u->initial, (unsigned long long)u->changes, u->changed_at);
+    }
   }
   sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
   if (!node) return;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -16,6 +17,20 @@
 
 /* Most shards read ahead. */
 enum { LOOKAHEAD_MAX = 64 };
+
+/*
+ * The prefetch tuner (when the graph does not write `prefetch`): every WINDOW seconds it compares the share of
+ * the window the reader waited for the bytes of the shard it splits (its download was not far enough ahead)
+ * with the share the trainer waited for batches. Both above RAISE_SHARE: one more shard ahead, while the
+ * shards the memory budget holds allow it. Downloads ahead found complete and unread at every shard change
+ * (two or more: one fewer would still have been in time) with no wait, for lower_after windows in a row: one
+ * fewer, never under 1; a lowering that a raise undoes doubles lower_after (hysteresis). The first window is
+ * the start-up's (every pipeline waits for its first shard) and only sets the clocks.
+ */
+static const double WINDOW = 0.5;
+static const double RAISE_SHARE = 0.10;
+static const double QUIET_SHARE = 0.02;
+enum { LOWER_AFTER = 4, LOWER_AFTER_MAX = 64, CLOCK_EVERY = 64 };
 
 /* An input item taken ahead of its turn, with the download started for it. */
 typedef struct ahead {
@@ -62,6 +77,24 @@ typedef struct tar_split {
   /* The fields of the last sample emitted: a sample the damage follows must have them all (see whole_enough). */
   char ref_fields[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
   int n_ref_fields;       /* -1 until a sample was emitted */
+  /* The prefetch tuner (see WINDOW), run from the steps. prefetch, changes and changed_ms are also read by
+   * describe() on other threads: written with atomic stores. */
+  bool tune;              /* prefetch is not written: tuned while running */
+  int64_t prefetch_initial;
+  uint64_t changes;       /* times the tuner changed prefetch */
+  int64_t changed_ms;     /* milliseconds since the pipeline started at the last change */
+  double window_start;    /* monotonic seconds; 0 until the first remote shard is opened */
+  double waited;          /* seconds of this window spent waiting for a download's bytes */
+  double waiting_since;   /* such a wait began then (monotonic seconds), or 0 */
+  double trainer_start;   /* the trainer's wait (sf_pipeline_trainer_wait) at the window's start */
+  int complete_min;       /* fewest downloads ahead found complete at a shard change this window; -1: no change */
+  int quiet;              /* windows in a row without waits and with downloads ahead to spare */
+  double quiet_seconds;   /* their length */
+  int lower_after;        /* such windows before one shard fewer */
+  bool lowered;           /* the last change was a lowering */
+  bool warm;              /* the start-up window has passed */
+  bool capped_said;       /* the memory budget stopped a raise, and the log said so */
+  unsigned clock_steps;   /* steps since the clock was last read */
 } tar_split;
 
 static const char *const key_rule_names[] = {"first_dot", "last_dot", "regex", NULL};
@@ -74,7 +107,9 @@ static const sf_option options[] = {
      "retried, resuming at the byte reached), in seconds", NULL},
     {"prefetch", SF_OPT_COUNT, offsetof(tar_split, prefetch), "2", 0, LOOKAHEAD_MAX,
      "remote shards (http, https, s3, gs) downloaded ahead while one is split, all on one "
-     "thread and connection pool; 0 = one at a time", NULL},
+     "thread and connection pool; 0 = one at a time. Default: tuned while running from 2 (raised while the "
+     "reader and the trainer wait for downloads, within prefetch_bytes; lowered while downloads ahead sit "
+     "unread); a written value pins it", NULL},
     {"prefetch_bytes", SF_OPT_SIZE, offsetof(tar_split, prefetch_bytes), "64MiB", 1 << 20,
      (double)(1LL << 40), "most bytes the downloads ahead may hold before they pause, in bytes", NULL},
     {"retries", SF_OPT_INT, offsetof(tar_split, retries), "5", 0, 1000,
@@ -210,6 +245,138 @@ static int fill_ahead(sf_node *node, tar_split *t) {
   return taken;
 }
 
+/* ---- the prefetch tuner ---- */
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double trainer_wait(sf_node *node) { return node->pipeline ? sf_pipeline_trainer_wait(node->pipeline) : 0; }
+
+static void set_prefetch(sf_node *node, tar_split *t, int64_t value) {
+  __atomic_store_n(&t->prefetch, value, __ATOMIC_RELAXED);
+  sf_prefetch_set_max_transfers(t->downloads, (int)value + 1);
+  __atomic_store_n(&t->changes, t->changes + 1, __ATOMIC_RELAXED);
+  int64_t ms = node->pipeline ? (int64_t)(sf_pipeline_elapsed(node->pipeline) * 1000) : 1;
+  __atomic_store_n(&t->changed_ms, ms > 0 ? ms : 1, __ATOMIC_RELAXED);
+}
+
+/*
+ * One shard more ahead, when the memory budget holds it: prefetch_bytes must hold the complete downloads of
+ * prefetch + 1 shards (their blocks: sf_prefetch_footprint of the mean shard so far) and, beside what the
+ * downloads hold now, one shard more. Returns true when it raised.
+ */
+static bool raise_prefetch(sf_node *node, tar_split *t, double waited, double trainer, double window) {
+  if (t->prefetch >= LOOKAHEAD_MAX) return false;
+  sf_prefetch_stats s;
+  sf_prefetch_stats_get(t->downloads, &s);
+  if (s.completed == 0) return false; /* no shard's size known yet */
+  int64_t shard = (int64_t)(s.completed_bytes / s.completed), footprint = sf_prefetch_footprint(shard);
+  int64_t holds = t->prefetch_bytes / footprint;
+  if (t->prefetch + 1 > holds || (int64_t)s.held_bytes + footprint > t->prefetch_bytes) {
+    if (!t->capped_said)
+      sf_log(SF_LOG_INFO, sf_node_name(node),
+             "prefetch stays %lld although the reader waited for downloads %.0f%% of the last %.1f s: "
+             "prefetch_bytes (%.1f MiB) holds %lld shard(s) of %.1f MiB in blocks; raise prefetch_bytes for more "
+             "downloads ahead", (long long)t->prefetch, waited * 100, window, (double)t->prefetch_bytes / 1048576.0,
+             (long long)(holds > 0 ? holds : 0), (double)footprint / 1048576.0);
+    t->capped_said = true;
+    return false;
+  }
+  sf_log(SF_LOG_INFO, sf_node_name(node),
+         "prefetch %lld -> %lld (waited for downloads %.0f%% of the last %.1f s, the trainer for batches %.0f%%)",
+         (long long)t->prefetch, (long long)t->prefetch + 1, waited * 100, window, trainer * 100);
+  set_prefetch(node, t, t->prefetch + 1);
+  return true;
+}
+
+/* Judges the window that ends at `at` (see WINDOW) and starts the next one. */
+static void tune_window(sf_node *node, tar_split *t, double at) {
+  double len = at - t->window_start;
+  if (t->waiting_since > 0) { /* a wait still going on: its part so far belongs to this window */
+    t->waited += at - t->waiting_since;
+    t->waiting_since = at;
+  }
+  double trainer_now = trainer_wait(node);
+  double waited = t->waited / len;
+  /* Under the test harness there is no trainer: the reader's own wait decides. */
+  double trainer = node->pipeline ? (trainer_now - t->trainer_start) / len : waited;
+  if (trainer > 1) trainer = 1; /* a wait that began in the window before is counted when it ends */
+  int complete_min = t->complete_min;
+  t->window_start = at;
+  t->waited = 0;
+  t->trainer_start = trainer_now;
+  t->complete_min = -1;
+  if (!t->warm) {
+    t->warm = true;
+    return;
+  }
+  if (waited >= RAISE_SHARE && trainer >= RAISE_SHARE) {
+    t->quiet = 0;
+    t->quiet_seconds = 0;
+    if (raise_prefetch(node, t, waited, trainer, len) && t->lowered) {
+      t->lowered = false; /* the lowering was one too many: wait longer before the next */
+      t->lower_after = t->lower_after * 2 < LOWER_AFTER_MAX ? t->lower_after * 2 : LOWER_AFTER_MAX;
+    }
+    return;
+  }
+  if (waited >= QUIET_SHARE || complete_min == 0 || complete_min == 1) {
+    t->quiet = 0;
+    t->quiet_seconds = 0;
+    return;
+  }
+  if (complete_min < 0) return; /* no shard change in this window (large shards): nothing learnt */
+  t->quiet_seconds += len;
+  if (++t->quiet < t->lower_after || t->prefetch <= 1) return;
+  sf_log(SF_LOG_INFO, sf_node_name(node),
+         "prefetch %lld -> %lld (no wait for downloads in the last %.1f s, and at every shard change 2 or more "
+         "downloads ahead were complete and unread)", (long long)t->prefetch, (long long)t->prefetch - 1,
+         t->quiet_seconds);
+  set_prefetch(node, t, t->prefetch - 1);
+  t->quiet = 0;
+  t->quiet_seconds = 0;
+  t->lowered = true;
+}
+
+static bool tuning(const tar_split *t) { return t->tune && t->downloads && t->window_start > 0; }
+
+/* The step cannot go on until a download's bytes arrive. */
+static void download_wait(sf_node *node, tar_split *t) {
+  if (!tuning(t)) return;
+  double at = now();
+  if (t->waiting_since == 0) t->waiting_since = at;
+  if (at - t->window_start >= WINDOW) tune_window(node, t, at);
+}
+
+/*
+ * The step goes on (bytes there, or nothing remote to wait for): ends a wait, and reads the clock now and then,
+ * and at every shard change (shard_change).
+ */
+static void download_go(sf_node *node, tar_split *t, bool shard_change) {
+  if (!tuning(t)) return;
+  if (t->waiting_since == 0 && !shard_change && ++t->clock_steps < CLOCK_EVERY) return;
+  t->clock_steps = 0;
+  double at = now();
+  if (t->waiting_since > 0) {
+    t->waited += at - t->waiting_since;
+    t->waiting_since = 0;
+  }
+  if (at - t->window_start >= WINDOW) tune_window(node, t, at);
+}
+
+/* At a shard change: how many of the shards taken ahead have their download complete (the tuner's "to spare"). */
+static void count_complete(tar_split *t) {
+  if (!tuning(t)) return;
+  int complete = 0;
+  for (int i = 0; i < t->q_len; i++) {
+    ahead *a = q_at(t, i);
+    if (a->item.kind == SF_ITEM_SHARD && a->fetch && sf_fetch_done(a->fetch)) complete++;
+  }
+  if (t->complete_min < 0 || complete < t->complete_min) t->complete_min = complete;
+}
+
 /* Takes the next item in input order. Returns 0, SF_EAGAIN or SF_EOF. */
 static int next_item(sf_node *node, tar_split *t, ahead *out) {
   fill_ahead(node, t);
@@ -280,7 +447,14 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     t->pass = shard->pass;
     t->pass_samples = 0;
   }
-  if (sf_url_is_remote(shard->url)) (void)ensure_downloads(node, t, shard->url); /* counts retries */
+  if (sf_url_is_remote(shard->url)) {
+    (void)ensure_downloads(node, t, shard->url); /* counts retries */
+    if (t->tune && t->window_start == 0) { /* the tuner's clock starts with the first remote shard */
+      t->window_start = now();
+      t->trainer_start = trainer_wait(node);
+      t->complete_min = -1;
+    }
+  }
   sf_shard_reader_options o = {
       .allow_pipe = shard->allow_pipe,
       .connect_timeout = t->connect_timeout,
@@ -445,11 +619,22 @@ static int step(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   if (t->tar) {
     int taken = t->prefetch > 0 ? fill_ahead(node, t) : 0; /* the next shards download while this one is split */
-    if (!sf_tar_reader_ready(t->tar)) return taken ? 0 : SF_EAGAIN;
+    if (!sf_tar_reader_ready(t->tar)) {
+      download_wait(node, t);
+      return taken ? 0 : SF_EAGAIN;
+    }
+    download_go(node, t, false);
     return read_sample(node, t);
   }
   int taken = fill_ahead(node, t);
-  if (t->q_len > 0 && q_at(t, 0)->fetch && !sf_fetch_ready(q_at(t, 0)->fetch, 1)) return taken ? 0 : SF_EAGAIN;
+  if (t->q_len > 0 && q_at(t, 0)->fetch && !sf_fetch_ready(q_at(t, 0)->fetch, 1)) {
+    download_wait(node, t);
+    return taken ? 0 : SF_EAGAIN;
+  }
+  if (t->q_len > 0 && q_at(t, 0)->item.kind == SF_ITEM_SHARD) {
+    count_complete(t);
+    download_go(node, t, true);
+  }
   ahead a;
   int rc = next_item(node, t, &a);
   if (rc < 0) return rc; /* SF_EAGAIN, or SF_EOF: no shard is open */
@@ -503,7 +688,12 @@ static void describe(sf_node *node, sf_node_extra *x) {
   x->downloaded_bytes = s.bytes;
   x->refetched_bytes = s.refetched_bytes;
   x->retries = s.retries;
-  x->prefetch = (uint64_t)t->prefetch;
+  x->prefetch = (uint64_t)__atomic_load_n(&t->prefetch, __ATOMIC_RELAXED);
+  int64_t ms = __atomic_load_n(&t->changed_ms, __ATOMIC_RELAXED);
+  x->tuned[0] = (sf_node_tuned){.option = "prefetch", .value = (int64_t)x->prefetch, .initial = t->prefetch_initial,
+                                .pinned = !t->tune, .changes = __atomic_load_n(&t->changes, __ATOMIC_RELAXED),
+                                .changed_at = (double)ms / 1000.0};
+  x->n_tuned = 1;
   if (t->cache) {
     sf_shard_cache_stats c;
     sf_shard_cache_stats_get(t->cache, &c);
@@ -515,6 +705,11 @@ static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   node->extra = describe;
   t->n_ref_fields = -1;
+  /* A written prefetch (0 included) pins it; the default is where the tuner starts. */
+  t->tune = !sf_node_option_written(node, "prefetch") && t->prefetch > 0;
+  t->prefetch_initial = t->prefetch;
+  t->complete_min = -1;
+  t->lower_after = LOWER_AFTER;
   int krc = compile_key_regex(node, t);
   if (krc < 0) return krc;
   if (t->ca_file && t->ca_file[0] && access(t->ca_file, R_OK) != 0) {

@@ -134,11 +134,21 @@ int sf_bottleneck_judge(const sf_bottleneck_run *run, char *buf, size_t size, in
   } else if (reader) {
     culprit = reader;
     double rate = (double)reader->extra.downloaded_bytes / elapsed / 1048576.0;
-    len = snprintf(buf, size,
-                   "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
-                   "input): raise %s.prefetch (now %llu) for more downloads in parallel, or cache shards nearer "
-                   "(cache_dir)",
-                   reader->name, reader->stage, rate, reader->name, (unsigned long long)reader->extra.prefetch);
+    const sf_node_extra *x = &reader->extra;
+    const sf_node_tuned *tuned = x->n_tuned > 0 && !x->tuned[0].pinned ? &x->tuned[0] : NULL;
+    if (tuned) /* the tuner already raises prefetch while the reader and the trainer wait: its bound is the budget */
+      len = snprintf(buf, size,
+                     "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
+                     "input): %s.prefetch is tuned while running (now %lld, from %lld) within %s.prefetch_bytes; "
+                     "raise prefetch_bytes for more downloads ahead, or cache shards nearer (cache_dir)",
+                     reader->name, reader->stage, rate, reader->name, (long long)tuned->value,
+                     (long long)tuned->initial, reader->name);
+    else
+      len = snprintf(buf, size,
+                     "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
+                     "input): raise %s.prefetch (now %llu) for more downloads in parallel, or cache shards nearer "
+                     "(cache_dir)",
+                     reader->name, reader->stage, rate, reader->name, (unsigned long long)reader->extra.prefetch);
   } else if (cpu) {
     char in_reads[96] = "";
     if (reads && read_seconds(reads) / elapsed >= 0.01)

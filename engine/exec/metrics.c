@@ -165,6 +165,26 @@ int sf_metrics_format(sf_pipeline *p, sf_strbuf *out) {
       if (extra_value(f, &extras[i], &v)) node_sample(out, &extra_families[f], nodes[i], v);
     }
   }
+  /* What the stages tune while running (tar_split's prefetch): one series per node and option. */
+  static const family tuned_families[2] = {
+      {"shardflow_stage_tuned_value", "gauge",
+       "An option's value in force now, as the stage's tuner chose it (or as written, when written)."},
+      {"shardflow_stage_tuned_changes_total", "counter", "Times the stage's tuner changed the option."},
+  };
+  for (int f = 0; f < 2; f++) {
+    header(out, &tuned_families[f]);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < extras[i].n_tuned && j < SF_NODE_TUNED_MAX; j++) {
+        const sf_node_tuned *u = &extras[i].tuned[j];
+        sf_strbuf_appendf(out, "%s{stage=\"", tuned_families[f].name);
+        label_value(out, nodes[i]->name);
+        sf_strbuf_add(out, "\",type=\"");
+        label_value(out, nodes[i]->def->name);
+        sf_strbuf_appendf(out, "\",replica=\"%d\",option=\"", nodes[i]->replica);
+        label_value(out, u->option);
+        sf_strbuf_appendf(out, "\"} %.10g\n", f == 0 ? (double)u->value : (double)u->changes);
+      }
+  }
   free(extras);
   static const family errors = {"shardflow_pipeline_errors_total", "counter", "Error records of the whole pipeline."};
   header(out, &errors);

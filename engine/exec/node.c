@@ -455,3 +455,19 @@ int sf_node_step(sf_node *n) {
   }
   return r;
 }
+
+int sf_pipeline_node_tuned(sf_pipeline *p, const char *name, sf_node_tuned *out, int max) {
+  int n;
+  sf_node *const *nodes = sf_pipeline_nodes(p, &n);
+  for (int i = 0; i < n; i++) {
+    sf_node *node = nodes[i];
+    if (node->replica != 0 || strcmp(node->name, name) != 0) continue;
+    if (!node->extra) return 0;
+    sf_node_extra x = {0};
+    node->extra(node, &x);
+    int k = x.n_tuned < max ? x.n_tuned : max;
+    for (int j = 0; j < k; j++) out[j] = x.tuned[j];
+    return k;
+  }
+  return 0;
+}

@@ -48,6 +48,21 @@ typedef struct sf_port {
 } sf_port;
 
 /*
+ * An option a stage tunes while it runs (autotune: tar_split's prefetch), as sf_node_extra reports it for the
+ * stage table, --stats-json (docs/stats-json.md) and /metrics.
+ */
+typedef struct sf_node_tuned {
+  const char *option;      /* the option's name, static storage ("prefetch") */
+  int64_t value;           /* in force now */
+  int64_t initial;         /* what the run started with: the default, or the value written */
+  bool pinned;             /* the graph (or --set, or the API) wrote it: the stage leaves it as it is */
+  uint64_t changes;        /* times the stage changed it */
+  double changed_at;       /* seconds since the pipeline started at the last change; 0 when it never changed */
+} sf_node_tuned;
+
+enum { SF_NODE_TUNED_MAX = 4 };
+
+/*
  * Counters a stage keeps beyond the common ones, for /metrics (engine/exec/metrics.c) and the bottleneck
  * report (engine/exec/bottleneck.c). A stage that has them sets sf_node.extra in its init; the function
  * is then called from other threads (the metrics server's, the trainer's) while the node runs, so it
@@ -63,10 +78,12 @@ typedef struct sf_node_extra {
   uint64_t refetched_bytes;    /* of which were received a second time and discarded */
   uint64_t retries;            /* download attempts after a failure */
   uint64_t cache_hits;         /* shards served from the shard cache */
-  uint64_t prefetch;           /* the reader's `prefetch` option (downloads ahead), for the remedy */
+  uint64_t prefetch;           /* the reader's `prefetch` (downloads ahead) in force now, for the remedy */
   bool reads;                  /* a shard reader (tar_split), remote or not: read_ns is set */
   uint64_t read_ns;            /* wall time its steps spent in reads of shard bytes (read() of a file or pipe,
                                 * the page faults of a mapped shard's next window): storage, not its CPU */
+  int n_tuned;                 /* entries of tuned[] set */
+  sf_node_tuned tuned[SF_NODE_TUNED_MAX]; /* the options the stage tunes while it runs, pinned ones included */
 } sf_node_extra;
 
 struct sf_node {
@@ -144,6 +161,9 @@ sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
 /* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */
 double sf_pipeline_elapsed(const sf_pipeline *pipeline);
+/* The options the node called name (replica 0) tunes while it runs, up to max of them into out (see
+ * sf_node_tuned: option names are static). Returns how many; 0 for an unknown name. Any thread. */
+int sf_pipeline_node_tuned(sf_pipeline *pipeline, const char *name, sf_node_tuned *out, int max);
 /* The CPUs this process may use (engine/core/cpu_budget.h), read when the pipeline was made: the pool's
  * threads unless the graph's `threads` sets them, and what the plan spreads replicas over. */
 int sf_pipeline_cpu_budget(const sf_pipeline *pipeline);

@@ -827,6 +827,10 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
     f->state = F_DONE;
     f->code = 0;
     if (f->not_modified) p->stats.not_modified++;
+    else {
+      p->stats.completed++;
+      p->stats.completed_bytes += (uint64_t)f->received;
+    }
     changed(p);
   } else if (f->server && f->server->dead) {
     give_up(p, f, SF_EHOSTDOWN, "%s", f->server->text); /* no retry: the server is dead */
@@ -1092,7 +1096,28 @@ void sf_prefetch_destroy(sf_prefetch **prefetch) {
 void sf_prefetch_stats_get(sf_prefetch *p, sf_prefetch_stats *stats) {
   pthread_mutex_lock(&p->lock);
   *stats = p->stats;
+  stats->held_bytes = (uint64_t)p->buffered;
   pthread_mutex_unlock(&p->lock);
+}
+
+void sf_prefetch_set_max_transfers(sf_prefetch *p, int max_transfers) {
+  if (max_transfers < 1) max_transfers = 1;
+  pthread_mutex_lock(&p->lock); /* the fetcher reads it under the lock when it decides what to start */
+  p->o.max_transfers = max_transfers;
+  pthread_mutex_unlock(&p->lock);
+  curl_multi_wakeup(p->multi); /* a queued download may start now */
+}
+
+int64_t sf_prefetch_footprint(int64_t bytes) {
+  if (bytes <= 0) return BLOCK; /* an empty body still takes a block while it is being received */
+  return (bytes + BLOCK - 1) / BLOCK * BLOCK;
+}
+
+bool sf_fetch_done(sf_fetch *f) {
+  pthread_mutex_lock(&f->p->lock);
+  bool done = f->state == F_DONE;
+  pthread_mutex_unlock(&f->p->lock);
+  return done;
 }
 
 int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *cached, sf_fetch **fetch,

@@ -78,6 +78,9 @@ typedef struct sf_prefetch_stats {
   uint64_t resumes;         /* of which asked for a Range from a byte > 0 */
   uint64_t failed;          /* downloads that failed for good */
   uint64_t not_modified;    /* of the shards, revalidations answered 304: the cached copy is current */
+  uint64_t completed;       /* downloads that received their whole body (not the 304s) */
+  uint64_t completed_bytes; /* the body bytes of those: their mean is a shard's size */
+  uint64_t held_bytes;      /* bytes the blocks of every download hold now (a gauge, not a counter) */
 } sf_prefetch_stats;
 
 /*
@@ -97,6 +100,22 @@ void sf_prefetch_destroy(sf_prefetch **prefetch);
 
 /* Copies the counters into *stats.  Thread-safe. */
 void sf_prefetch_stats_get(sf_prefetch *prefetch, sf_prefetch_stats *stats);
+
+/*
+ * Changes how many downloads run at once (options' max_transfers; < 1 is
+ * taken as 1) while the prefetcher runs: a tuner raising or lowering the
+ * shards read ahead.  Downloads already running beyond a lowered count finish;
+ * no new one starts until fewer run.  Thread-safe (the fetcher thread reads it
+ * under the prefetcher's lock).
+ */
+void sf_prefetch_set_max_transfers(sf_prefetch *prefetch, int max_transfers);
+
+/*
+ * The bytes a download of `bytes` body bytes holds against max_bytes once it
+ * is complete and unread: data moves in blocks of 512 KiB, so a 20 KB shard
+ * holds one whole block.  A tuner counts how many shards the budget holds with it.
+ */
+int64_t sf_prefetch_footprint(int64_t bytes);
 
 /*
  * Queues a download of url (sf_url_is_remote(): http, https, s3 or gs; s3/gs requests are signed
@@ -142,6 +161,14 @@ int sf_fetch_wait(sf_fetch *fetch, bool (*cancelled)(void *), void *cancel_opaqu
  * hook is called once something changes.  Thread-safe.
  */
 bool sf_fetch_ready(sf_fetch *fetch, int64_t bytes);
+
+/*
+ * True when the download has ended: every byte is received (or the server
+ * answered 304), or it failed for good.  Unlike sf_fetch_ready() it does not
+ * mark fetch as the one being read: a tuner may ask it of the downloads ahead.
+ * Thread-safe.
+ */
+bool sf_fetch_done(sf_fetch *fetch);
 
 /*
  * Returns the next bytes of the shard: > 0 with *data pointing at them
