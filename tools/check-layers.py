@@ -6,7 +6,7 @@ Usage: tools/check-layers.py BUILD_DIR. Reads the layer archives with `nm`; exit
 reference goes the wrong way. Includes are checked by the build itself (include paths per layer);
 this checks what a prototype written by hand could hide.
 
-Circles are listed, not refused: files A and B are in one when A depends on B and B, through any
+Circles are refused too, but for those ALLOWED_CIRCLES names (with why): files A and B are in one when A depends on B and B, through any
 chain, on A. A file depends on a header it includes, and a .c file on the .c file that defines a
 symbol it uses (functions and data, read with `nm` from the objects of the engine's layers, the
 stages and the CLI). Each circle is printed with the edges that make it.
@@ -22,6 +22,14 @@ LAYERS = ["core", "store", "io", "codec", "graph", "exec", "group", "stages"]
 # The one reference allowed upward: the table of built-in stages, data the stages layer provides to the
 # graph layer's registry (engine/graph/registry.h says why).
 ALLOWED = {"sf_builtin_stages"}
+# The circles that stay, and why. A new one fails the check: make the lower file not use the upper one
+# (move what both need below them, or hand the lower one what it needs as a value or a callback).
+ALLOWED_CIRCLES = {
+    # The command table (main.c) lists `help`, and `help` prints the table.
+    ("cli/help.c", "cli/main.c"),
+    # A node's error verdict counts the items of its stage's replicas, which the pipeline holds.
+    ("engine/exec/node.c", "engine/exec/pipeline.c"),
+}
 
 
 def symbols(archive):
@@ -153,14 +161,16 @@ def print_circles(build):
     for key, why in call_edges(build, root).items():
         edges.setdefault(key, set()).update(why)
     found = circles(edges)
+    wrong = [c for c in found if tuple(c) not in ALLOWED_CIRCLES]
     for component in found:
-        print("circle: " + " <-> ".join(component))
+        print(("circle (allowed): " if component not in wrong else "circle: ") + " <-> ".join(component))
         for a in component:
             for b in component:
                 if (a, b) in edges:
                     print(f"  {a} -> {b}: {'; '.join(sorted(edges[(a, b)]))}")
     if not found:
         print("no circle between the tree's files (includes and symbol uses)")
+    return wrong
 
 
 build = sys.argv[1]
@@ -184,5 +194,5 @@ for i, layer in enumerate(LAYERS[:-1]):
             if up and LAYERS.index(up) > i and sym not in ALLOWED:
                 wrong.append(f"{layer}/{obj} uses {sym} from {up}")
 print("\n".join(wrong) or "no reference goes upward")
-print_circles(build)
-sys.exit(1 if wrong else 0)
+wrong_circles = print_circles(build)
+sys.exit(1 if wrong or wrong_circles else 0)
