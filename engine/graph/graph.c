@@ -7,6 +7,7 @@
 #include "graph.h"
 #include "plugin_loader.h"
 #include "options.h"
+#include "registry.h"
 
 int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const char *fmt, ...) {
   va_list ap;
@@ -330,7 +331,7 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
   sf_graph_node *n = sf_graph_find_node(g, node_name);
   sf_graph_node *group = n ? NULL : sf_graph_find_group(g, node_name);
   if (group) {
-    const sf_stage_def *remote = sf_stage_find("_remote");
+    const sf_stage_def *remote = sf_registry_group_head();
     if (!sf_option_find(remote->options, key)) {
       char names[1024];
       sf_options_names(remote->options, names, sizeof names);
@@ -653,7 +654,7 @@ int sf_graph_node_input(const sf_graph *g, int i, int port) {
   return from;
 }
 
-int sf_graph_validate(const sf_graph *g, sf_error *e) {
+int sf_graph_check_nodes(const sf_graph *g, sf_error *e) {
   int *order;
   const sf_stage_def **defs;
   int r = sf_graph_resolve(g, &order, &defs, e);
@@ -668,6 +669,5 @@ int sf_graph_validate(const sf_graph *g, sf_error *e) {
   }
   free(order);
   free(defs);
-  if (r == 0) r = sf_graph_check_groups(g, e);
   return r;
 }
