@@ -403,6 +403,13 @@ done:
   return r;
 }
 
+/* A scrape of /metrics (on the server's thread): the server gets the nodes and totals from here, and never calls
+ * this file itself. */
+static int metrics_text(void *opaque, sf_strbuf *out) {
+  sf_pipeline *p = opaque;
+  return sf_metrics_format(p->nodes, p->n_nodes, sf_pipeline_error_count(p), sf_pipeline_trainer_wait(p), out);
+}
+
 int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
   *pp = NULL;
   sf_pipeline_options defaults;
@@ -518,7 +525,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     p->n_threads++;
   }
   p->started = now_seconds();
-  if (p->graph->metrics[0] && (r = sf_metrics_server_new(&p->metrics, p, p->graph->metrics, error)) < 0) {
+  if (p->graph->metrics[0] && (r = sf_metrics_server_new(&p->metrics, metrics_text, p, p->graph->metrics, error)) < 0) {
     sf_pipeline_destroy(&p);
     return r;
   }
