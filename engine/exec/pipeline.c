@@ -106,8 +106,10 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
 
 /*
  * Scheduling: a pool of workers runs the step functions of every node
- * (STYLE 9). A worker scans the nodes from the sink back to
- * the source (draining first keeps memory low), takes a node nobody runs,
+ * (a step takes what input there is, produces only when downstream has
+ * room, and otherwise returns "not ready": it never blocks, so a few
+ * threads run any number of nodes). A worker scans the nodes from the
+ * sink back to the source (draining first keeps memory low), takes a node nobody runs,
  * steps it while it makes progress and its output has room, and moves on.
  * A worker that finds nothing to do sleeps until some node made progress.
  */

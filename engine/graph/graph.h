@@ -144,6 +144,14 @@ int sf_graph_node_apply(const sf_graph *graph, const sf_graph_node *node, const 
                         void **priv, sf_error *error);
 
 /*
+ * The graph settings (top-level keys of a graph file besides stages, edges, groups and plugins), rows
+ * into sf_graph: they parse the file and `--set KEY=VALUE`, give sf_graph_new_empty its defaults and print
+ * `shardflow help settings` and docs/stages.md.  The metrics row is for help only: the setting is stored
+ * by sf_graph_set_setting itself (a fixed array).
+ */
+extern const sf_option sf_graph_settings[];
+
+/*
  * The checks of sf_graph_validate before the groups' (engine/graph/graph_groups.c, which calls this):
  * the links resolve and every node's options apply.  Returns 0 or the error, with the graph file and line.
  */

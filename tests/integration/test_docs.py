@@ -110,7 +110,7 @@ if listing.returncode != 0:
     problems.append(f"shardflow help settings failed ({listing.returncode}): {listing.stderr.strip()}")
 section = re.search(r"^## Graph settings\n(.*?)(?=^## |\Z)", open(os.path.join(root, "docs", "stages.md")).read(),
                     re.M | re.S)
-generated = [] if not section else re.findall(r"^\| `(\w+)` \| [^|]* \| `([^`]*)` \|", section.group(1), re.M)
+generated = [] if not section else re.findall(r"^\| `(\w+)` \| .*? \| `([^`]*)` \|", section.group(1), re.M)
 if not generated:
     problems.append("docs/stages.md has no `## Graph settings` table (shardflow help --markdown writes it)")
 written = re.findall(r"^\| `(\w+)` \| [^|]* \| ([^|]*?) \|", open(os.path.join(root, "docs", "graph-files.md")).read(),
