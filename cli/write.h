@@ -12,7 +12,7 @@
 #include "shardflow/buffer.h"
 #include "shardflow/tensor.h"
 
-/* The command's name, in its messages. */
+/* The command's name, in its parts' messages (sf_write_fail): sf_cli_write's .name. */
 #define SF_WRITE_COMMAND "write"
 
 enum sf_write_format { SF_WRITE_PPM, SF_WRITE_PNG, SF_WRITE_JPG, SF_WRITE_ORIG };
