@@ -3,6 +3,7 @@
 #ifndef SF_CLI_H
 #define SF_CLI_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -68,6 +69,8 @@ int sf_cli_usage_error(const sf_cli_command *command, const char *fmt, ...) __at
 
 /* Prints "shardflow NAME: message" on stderr; returns 1, the status of a run-time failure. */
 int sf_cli_fail(const sf_cli_command *command, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for the command named name, from a va_list: for a command's parts, which do not see its definition. */
+int sf_cli_vfail(const char *name, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /* The command's --help, generated from its definition. */
 void sf_cli_print_help(FILE *out, const sf_cli_command *command);

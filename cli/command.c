@@ -28,14 +28,19 @@ int sf_cli_usage_error(const sf_cli_command *c, const char *fmt, ...) {
   return 2;
 }
 
+int sf_cli_vfail(const char *name, const char *fmt, va_list ap) {
+  fprintf(stderr, "shardflow %s: ", name);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  return 1;
+}
+
 int sf_cli_fail(const sf_cli_command *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "shardflow %s: ", c->name);
-  vfprintf(stderr, fmt, ap);
+  int r = sf_cli_vfail(c->name, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
-  return 1;
+  return r;
 }
 
 /* Stores one value of row o into args; on a bad value prints the usage error and returns 2. */

@@ -13,10 +13,7 @@
 #include "tar_writer.h"
 #include "shardflow/stage.h"
 
-const char *const sf_write_format_names[] = {
-    [SF_WRITE_PPM] = "ppm", [SF_WRITE_PNG] = "png", [SF_WRITE_JPG] = "jpg", [SF_WRITE_ORIG] = "orig", NULL};
-
-const char *const sf_write_layout_names[] = {[SF_WRITE_IMAGEFOLDER] = "imagefolder", [SF_WRITE_FILES] = "files", NULL};
+static const char *const layout_names[] = {[SF_WRITE_IMAGEFOLDER] = "imagefolder", [SF_WRITE_FILES] = "files", NULL};
 
 static const sf_cli_option write_table[] = {
     {.row = {"format", SF_OPT_ENUM, offsetof(sf_write_options, format), "ppm",
@@ -44,7 +41,7 @@ static const sf_cli_option write_table[] = {
     {.row = {"layout", SF_OPT_ENUM, offsetof(sf_write_options, layout), "imagefolder",
              .help = "what a directory INPUT holds: imagefolder (DIR/<class>/<image>, written as <format> + cls) or "
                      "files (DIR/KEY.EXT: the files of one KEY form one sample, written as they are)",
-             .enum_names = sf_write_layout_names},
+             .enum_names = layout_names},
      .value = "LAYOUT"},
     {.row = {"root", SF_OPT_STRING, offsetof(sf_write_options, root),
              .help = "a manifest's paths and --layout files' entries must resolve (symlinks and .. followed) to "
@@ -59,21 +56,6 @@ static const sf_cli_option write_table[] = {
     {.row = {"quiet", SF_OPT_BOOL, offsetof(sf_write_options, quiet), .help = "no summary"}, .short_name = 'q'},
     {.row = {NULL}},
 };
-
-void sf_write_order(size_t *order, size_t n, const sf_write_options *o, int64_t rep) {
-  for (size_t i = 0; i < n; i++)
-    order[i] = i;
-  if (o->no_shuffle) return;
-  /* A fresh order per repeat, from the seed alone: the same command writes the same shards. */
-  sf_rng rng;
-  sf_rng_seed(&rng, sf_seed_mix(o->seed, (uint64_t)rep));
-  for (size_t i = n; i > 1; i--) {
-    size_t j = (size_t)sf_rng_below(&rng, i);
-    size_t t = order[i - 1];
-    order[i - 1] = order[j];
-    order[j] = t;
-  }
-}
 
 /* Writes every repeat of the list, each in its own seeded order, as samples KEY.<format> and KEY.cls. */
 static int write_shards(const sf_write_list *l, const sf_write_options *o, sf_tar_writer *w, sf_error *err) {
@@ -216,7 +198,7 @@ static int write_main(int argc, char **argv) {
 }
 
 const sf_cli_command sf_cli_write = {
-    .name = "write",
+    .name = "write", /* SF_WRITE_COMMAND, written out: test_cli finds the commands by their literal names */
     .run = write_main,
     .args = "[OPTIONS] INPUT OUTPUT_PATTERN",
     .summary = "create WebDataset shards",

@@ -1,5 +1,6 @@
-/* `shardflow write`'s parts: the inputs it reads (write_input.c), encoding (write_encode.c), the command (write.c);
- * the shards themselves are written by engine/io/tar_writer.c. */
+/* `shardflow write`'s parts: the inputs it reads (write_input.c, write_fields.c), encoding (write_encode.c), and the
+ * command (write.c), which uses them and is used by none of them; the shards themselves are written by
+ * engine/io/tar_writer.c. */
 #ifndef SF_CLI_WRITE_H
 #define SF_CLI_WRITE_H
 
@@ -11,11 +12,13 @@
 #include "shardflow/buffer.h"
 #include "shardflow/tensor.h"
 
+/* The command's name, in its parts' messages (sf_write_fail): sf_cli_write's .name. */
+#define SF_WRITE_COMMAND "write"
+
 enum sf_write_format { SF_WRITE_PPM, SF_WRITE_PNG, SF_WRITE_JPG, SF_WRITE_ORIG };
 /* What a directory INPUT holds: an ImageFolder tree, or KEY.EXT files written as they are (write_fields.c). */
 enum sf_write_layout { SF_WRITE_IMAGEFOLDER, SF_WRITE_FILES };
-extern const char *const sf_write_layout_names[];
-/* Their names, as --format takes them; ppm, png and jpg are also the members' extensions. */
+/* The formats' names, as --format takes them (write_encode.c); ppm, png and jpg are also the members' extensions. */
 extern const char *const sf_write_format_names[];
 
 /* The command's options (rows of its table point here) and operands. */
@@ -78,11 +81,15 @@ void sf_write_list_free(sf_write_list *list);
  * failed (and what to do) and returns 1. */
 int sf_write_encode_all(sf_write_list *list, const sf_write_options *options);
 
+/* Prints "shardflow write: message" on stderr (sf_cli_fail for the parts); returns 1. */
+int sf_write_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Reads the whole file at path into a new buffer (*out, caller owns). Returns 0 or -errno. */
 int sf_write_read_file(const char *path, sf_buffer **out);
 
 /* The sample order of repeat rep: input order with --no-shuffle, else a seeded permutation (the same
- * command writes the same shards). order holds n indices. */
+ * command writes the same shards). order holds n indices. Both writers' (write.c's images, write_fields.c's
+ * samples); defined in write_input.c with sf_write_read_file and sf_write_fail. */
 void sf_write_order(size_t *order, size_t n, const sf_write_options *options, int64_t rep);
 
 /* ---- arbitrary fields (write_fields.c) ---- */

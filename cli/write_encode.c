@@ -10,6 +10,9 @@
 #include "image.h"
 #include "shardflow/error.h"
 
+const char *const sf_write_format_names[] = {
+    [SF_WRITE_PPM] = "ppm", [SF_WRITE_PNG] = "png", [SF_WRITE_JPG] = "jpg", [SF_WRITE_ORIG] = "orig", NULL};
+
 typedef struct encode_job {
   sf_write_list *list;
   const sf_write_options *opt;
@@ -88,5 +91,5 @@ int sf_write_encode_all(sf_write_list *l, const sf_write_options *opt) {
     pthread_join(threads[i], NULL);
   free(threads);
   pthread_mutex_destroy(&job.lock);
-  return atomic_load(&job.failed) ? sf_cli_fail(&sf_cli_write, "%s", job.message) : 0;
+  return atomic_load(&job.failed) ? sf_write_fail("%s", job.message) : 0;
 }

@@ -65,13 +65,13 @@ static int resolve_under_root(const char *root, const char *path, char *resolved
   char shown[PATH_MAX];
   sf_cli_escape(path, shown, sizeof shown);
   if (!realpath(path, resolved))
-    return sf_cli_fail(&sf_cli_write, "%s: cannot resolve %s: %s", where, shown, strerror(errno));
+    return sf_write_fail("%s: cannot resolve %s: %s", where, shown, strerror(errno));
   size_t len = strlen(root);
   bool under = strncmp(resolved, root, len) == 0 && (resolved[len] == '/' || (len == 1 && root[0] == '/'));
   if (under) return 0;
   char real[PATH_MAX];
   sf_cli_escape(resolved, real, sizeof real);
-  return sf_cli_fail(&sf_cli_write,
+  return sf_write_fail(
                      "%s: %s resolves to %s, outside --root %s (an input may only name files under --root, "
                      "also through symlinks and '..')",
                      where, shown, real, root);
@@ -119,7 +119,7 @@ static int cmp_member(const void *a, const void *b) {
 static int collect_files(sf_write_samples *s, const char *dir, const char *root) {
   DIR *d = opendir(dir);
   if (!d)
-    return sf_cli_fail(&sf_cli_write, "cannot read directory %s: %s (--layout files reads DIR/KEY.EXT)", dir,
+    return sf_write_fail("cannot read directory %s: %s (--layout files reads DIR/KEY.EXT)", dir,
                        strerror(errno));
   char **names = NULL;
   size_t n = 0, cap = 0;
@@ -139,18 +139,18 @@ static int collect_files(sf_write_samples *s, const char *dir, const char *root)
     if (text_problem(de->d_name, why, sizeof why)) {
       char shown[PATH_MAX];
       sf_cli_escape(path, shown, sizeof shown);
-      r = sf_cli_fail(&sf_cli_write, "%s: the name %s (it becomes the member's name); rename the file", shown, why);
+      r = sf_write_fail("%s: the name %s (it becomes the member's name); rename the file", shown, why);
       break;
     }
     if (n == cap) {
       char **v = realloc(names, (cap = cap ? 2 * cap : 256) * sizeof *v);
       if (!v)
-        r = sf_cli_fail(&sf_cli_write, "out of memory");
+        r = sf_write_fail("out of memory");
       else
         names = v;
     }
     /* The dot becomes NUL: sorting "KEY\0EXT" sorts by key, then field. */
-    if (r == 0 && !(names[n++] = strdup(de->d_name))) r = sf_cli_fail(&sf_cli_write, "out of memory");
+    if (r == 0 && !(names[n++] = strdup(de->d_name))) r = sf_write_fail("out of memory");
     if (r == 0) *strchr(names[n - 1], '.') = '\0';
   }
   closedir(d);
@@ -163,12 +163,12 @@ static int collect_files(sf_write_samples *s, const char *dir, const char *root)
     if (root) memcpy(path, resolved, sizeof path);
     sf_write_sample *sample = sample_for(s, names[i], klen, true);
     if (!sample || !add_member(sample, names[i] + klen + 1, path, NULL))
-      r = sf_cli_fail(&sf_cli_write, "out of memory");
+      r = sf_write_fail("out of memory");
   }
   for (size_t i = 0; i < n; i++)
     free(names[i]);
   free(names);
-  if (r == 0 && s->n == 0) r = sf_cli_fail(&sf_cli_write, "%s has no KEY.EXT files", dir);
+  if (r == 0 && s->n == 0) r = sf_write_fail("%s has no KEY.EXT files", dir);
   return r;
 }
 
@@ -182,16 +182,16 @@ static int manifest_member(sf_write_sample *sample, const char *field, json_t *v
     sf_cli_escape(path, shown, sizeof shown);
     struct stat st;
     if (access(path, R_OK) < 0 || stat(path, &st) < 0)
-      return sf_cli_fail(&sf_cli_write, "%s: field %s: cannot read %s: %s (paths are relative to the manifest)", where,
+      return sf_write_fail("%s: field %s: cannot read %s: %s (paths are relative to the manifest)", where,
                          field, shown, strerror(errno));
     if (!S_ISREG(st.st_mode))
-      return sf_cli_fail(&sf_cli_write, "%s: field %s: %s is not a regular file", where, field, shown);
+      return sf_write_fail("%s: field %s: %s is not a regular file", where, field, shown);
     if (root && resolve_under_root(root, path, resolved, where) != 0) return 1;
-    return add_member(sample, field, root ? resolved : path, NULL) ? 0 : sf_cli_fail(&sf_cli_write, "out of memory");
+    return add_member(sample, field, root ? resolved : path, NULL) ? 0 : sf_write_fail("out of memory");
   }
   json_t *in = json_is_object(v) && json_object_size(v) == 1 ? json_object_get(v, "inline") : NULL;
   if (!in)
-    return sf_cli_fail(&sf_cli_write, "%s: field %s: give a file path (a string) or {\"inline\": VALUE}", where, field);
+    return sf_write_fail("%s: field %s: give a file path (a string) or {\"inline\": VALUE}", where, field);
   char *text = json_is_string(in) ? NULL : json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY);
   const char *data = json_is_string(in) ? json_string_value(in) : text;
   size_t len = json_is_string(in) ? json_string_length(in) : text ? strlen(text) : 0;
@@ -200,14 +200,14 @@ static int manifest_member(sf_write_sample *sample, const char *field, json_t *v
   free(text);
   if (!b || !add_member(sample, field, NULL, &b)) {
     sf_buffer_unref(&b);
-    return sf_cli_fail(&sf_cli_write, "out of memory");
+    return sf_write_fail("out of memory");
   }
   return 0;
 }
 
 static int collect_manifest(sf_write_samples *s, const char *manifest, const char *root) {
   FILE *f = fopen(manifest, "r");
-  if (!f) return sf_cli_fail(&sf_cli_write, "cannot open manifest %s: %s", manifest, strerror(errno));
+  if (!f) return sf_write_fail("cannot open manifest %s: %s", manifest, strerror(errno));
   char base[PATH_MAX];
   const char *slash = strrchr(manifest, '/');
   snprintf(base, sizeof base, "%.*s", slash ? (int)(slash - manifest + 1) : 0, manifest);
@@ -224,13 +224,13 @@ static int collect_manifest(sf_write_samples *s, const char *manifest, const cha
     char why[96];
     const char *problem = key ? key_problem(key, why, sizeof why) : NULL;
     if (!o)
-      r = sf_cli_fail(&sf_cli_write, "%s: column %d: %s", where, je.column, je.text);
+      r = sf_write_fail("%s: column %d: %s", where, je.column, je.text);
     else if (!key)
-      r = sf_cli_fail(&sf_cli_write, "%s: give \"__key__\" as a non-empty string without dots", where);
+      r = sf_write_fail("%s: give \"__key__\" as a non-empty string without dots", where);
     else if (problem)
-      r = sf_cli_fail(&sf_cli_write, "%s: \"__key__\" %s; a key becomes the member names' path", where, problem);
+      r = sf_write_fail("%s: \"__key__\" %s; a key becomes the member names' path", where, problem);
     sf_write_sample *sample = r == 0 ? sample_for(s, key, strlen(key), false) : NULL;
-    if (r == 0 && !sample) r = sf_cli_fail(&sf_cli_write, "out of memory");
+    if (r == 0 && !sample) r = sf_write_fail("out of memory");
     const char *field;
     json_t *v;
     json_object_foreach(o, field, v) {
@@ -238,40 +238,40 @@ static int collect_manifest(sf_write_samples *s, const char *manifest, const cha
       char shown[512];
       sf_cli_escape(field, shown, sizeof shown);
       if (!field[0] || field[0] == '_' || strchr(field, '/'))
-        r = sf_cli_fail(&sf_cli_write, "%s: field name '%s' is not a member extension (e.g. jpg, txt, seg.png)", where,
+        r = sf_write_fail("%s: field name '%s' is not a member extension (e.g. jpg, txt, seg.png)", where,
                         shown);
       else if ((problem = text_problem(field, why, sizeof why)))
-        r = sf_cli_fail(&sf_cli_write, "%s: field name '%s' %s; a field name becomes part of a member name", where,
+        r = sf_write_fail("%s: field name '%s' %s; a field name becomes part of a member name", where,
                         shown, problem);
       else
         r = manifest_member(sample, field, v, base, where, root);
     }
-    if (r == 0 && sample->n == 0) r = sf_cli_fail(&sf_cli_write, "%s: sample %s has no fields", where, key);
+    if (r == 0 && sample->n == 0) r = sf_write_fail("%s: sample %s has no fields", where, key);
     if (r == 0) qsort(sample->members, sample->n, sizeof sample->members[0], cmp_member);
     json_decref(o);
   }
   free(line);
   fclose(f);
-  if (r == 0 && s->n == 0) r = sf_cli_fail(&sf_cli_write, "manifest %s has no samples", manifest);
+  if (r == 0 && s->n == 0) r = sf_write_fail("manifest %s has no samples", manifest);
   /* tar_split joins consecutive members of one key: a key given twice would merge or split samples. */
   char **keys = r == 0 ? malloc(s->n * sizeof *keys) : NULL;
-  if (r == 0 && !keys) r = sf_cli_fail(&sf_cli_write, "out of memory");
+  if (r == 0 && !keys) r = sf_write_fail("out of memory");
   for (size_t i = 0; keys && i < s->n; i++)
     keys[i] = s->v[i].key;
   if (keys) qsort(keys, s->n, sizeof *keys, cmp_name);
   for (size_t i = 1; keys && r == 0 && i < s->n; i++)
     if (strcmp(keys[i - 1], keys[i]) == 0)
-      r = sf_cli_fail(&sf_cli_write, "manifest %s: key %s appears on more than one line", manifest, keys[i]);
+      r = sf_write_fail("manifest %s: key %s appears on more than one line", manifest, keys[i]);
   free(keys);
   return r;
 }
 
 int sf_write_collect_samples(sf_write_samples *s, const sf_write_options *o) {
   struct stat st;
-  if (stat(o->input, &st) < 0) return sf_cli_fail(&sf_cli_write, "cannot open INPUT %s: %s", o->input, strerror(errno));
-  if (o->subdir) return sf_cli_fail(&sf_cli_write, "--subdir applies to ImageFolder inputs, not to %s", o->input);
+  if (stat(o->input, &st) < 0) return sf_write_fail("cannot open INPUT %s: %s", o->input, strerror(errno));
+  if (o->subdir) return sf_write_fail("--subdir applies to ImageFolder inputs, not to %s", o->input);
   if (o->layout == SF_WRITE_FILES && !S_ISDIR(st.st_mode))
-    return sf_cli_fail(&sf_cli_write, "--layout files reads a directory of KEY.EXT files; %s is not one", o->input);
+    return sf_write_fail("--layout files reads a directory of KEY.EXT files; %s is not one", o->input);
   char root[PATH_MAX];
   struct stat rst;
   const char *bad = NULL;
@@ -280,7 +280,7 @@ int sf_write_collect_samples(sf_write_samples *s, const sf_write_options *o) {
   else if (o->root && (stat(root, &rst) < 0 || !S_ISDIR(rst.st_mode)))
     bad = "not a directory";
   if (bad)
-    return sf_cli_fail(&sf_cli_write, "--root %s: %s (give the directory every input file must lie under)", o->root,
+    return sf_write_fail("--root %s: %s (give the directory every input file must lie under)", o->root,
                        bad);
   return S_ISDIR(st.st_mode) ? collect_files(s, o->input, o->root ? root : NULL)
                              : collect_manifest(s, o->input, o->root ? root : NULL);

@@ -99,6 +99,29 @@ int sf_write_assign_classes(sf_write_list *l) {
   return 0;
 }
 
+int sf_write_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int r = sf_cli_vfail(SF_WRITE_COMMAND, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+void sf_write_order(size_t *order, size_t n, const sf_write_options *o, int64_t rep) {
+  for (size_t i = 0; i < n; i++)
+    order[i] = i;
+  if (o->no_shuffle) return;
+  /* A fresh order per repeat, from the seed alone: the same command writes the same shards. */
+  sf_rng rng;
+  sf_rng_seed(&rng, sf_seed_mix(o->seed, (uint64_t)rep));
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)sf_rng_below(&rng, i);
+    size_t t = order[i - 1];
+    order[i - 1] = order[j];
+    order[j] = t;
+  }
+}
+
 int sf_write_read_file(const char *path, sf_buffer **out) {
   FILE *f = fopen(path, "rb");
   if (!f) return -errno;
@@ -127,7 +150,7 @@ int sf_write_read_file(const char *path, sf_buffer **out) {
 /* Adds every image below dir (recursively, as torchvision's os.walk does); rel is "CLASS/...". */
 static int walk_class(sf_write_list *l, const char *dir, const char *rel, size_t class_len) {
   DIR *d = opendir(dir);
-  if (!d) return sf_cli_fail(&sf_cli_write, "cannot read directory %s: %s", dir, strerror(errno));
+  if (!d) return sf_write_fail("cannot read directory %s: %s", dir, strerror(errno));
   struct dirent *de;
   int r = 0;
   while (r == 0 && (de = readdir(d))) {
@@ -135,12 +158,12 @@ static int walk_class(sf_write_list *l, const char *dir, const char *rel, size_t
     char path[PATH_MAX], sub[PATH_MAX];
     if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path ||
         snprintf(sub, sizeof sub, "%s/%s", rel, de->d_name) >= (int)sizeof sub) {
-      r = sf_cli_fail(&sf_cli_write, "path too long: %s/%s", dir, de->d_name);
+      r = sf_write_fail("path too long: %s/%s", dir, de->d_name);
       break;
     }
     struct stat st;
     if (stat(path, &st) < 0) {
-      r = sf_cli_fail(&sf_cli_write, "cannot stat %s: %s", path, strerror(errno));
+      r = sf_write_fail("cannot stat %s: %s", path, strerror(errno));
       break;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -154,13 +177,13 @@ static int walk_class(sf_write_list *l, const char *dir, const char *rel, size_t
     }
     sf_write_item *it;
     if (list_push(l, &it) < 0 || !(it->name = strdup(sub))) {
-      r = sf_cli_fail(&sf_cli_write, "out of memory reading %s", dir);
+      r = sf_write_fail("out of memory reading %s", dir);
       break;
     }
     it->class_len = class_len;
     memcpy(it->ext, ext, sizeof ext);
     int e = sf_write_read_file(path, &it->src);
-    if (e < 0) r = sf_cli_fail(&sf_cli_write, "cannot read %s: %s (check permissions)", path, strerror(-e));
+    if (e < 0) r = sf_write_fail("cannot read %s: %s (check permissions)", path, strerror(-e));
   }
   closedir(d);
   return r;
@@ -168,7 +191,7 @@ static int walk_class(sf_write_list *l, const char *dir, const char *rel, size_t
 
 int sf_write_collect_tree(sf_write_list *l, const char *root) {
   DIR *d = opendir(root);
-  if (!d) return sf_cli_fail(&sf_cli_write, "cannot open input directory %s: %s", root, strerror(errno));
+  if (!d) return sf_write_fail("cannot open input directory %s: %s", root, strerror(errno));
   struct dirent *de;
   char **names = NULL;
   size_t n = 0, cap = 0;
@@ -184,13 +207,13 @@ int sf_write_collect_tree(sf_write_list *l, const char *root) {
       cap = cap ? cap * 2 : 64;
       char **v = realloc(names, cap * sizeof *v);
       if (!v) {
-        r = sf_cli_fail(&sf_cli_write, "out of memory");
+        r = sf_write_fail("out of memory");
         break;
       }
       names = v;
     }
     if (!(names[n] = strdup(de->d_name))) {
-      r = sf_cli_fail(&sf_cli_write, "out of memory");
+      r = sf_write_fail("out of memory");
       break;
     }
     n++;
@@ -199,10 +222,10 @@ int sf_write_collect_tree(sf_write_list *l, const char *root) {
   if (r == 0) qsort(names, n, sizeof *names, cmp_str);
   for (size_t i = 0; i < n; i++) {
     /* Empty class directories still take an index, as in torchvision's class_to_idx. */
-    if (r == 0 && class_push(l, names[i], strlen(names[i])) < 0) r = sf_cli_fail(&sf_cli_write, "out of memory");
+    if (r == 0 && class_push(l, names[i], strlen(names[i])) < 0) r = sf_write_fail("out of memory");
     char path[PATH_MAX];
     if (r == 0 && snprintf(path, sizeof path, "%s/%s", root, names[i]) >= (int)sizeof path)
-      r = sf_cli_fail(&sf_cli_write, "path too long: %s/%s", root, names[i]);
+      r = sf_write_fail("path too long: %s/%s", root, names[i]);
     if (r == 0) r = walk_class(l, path, names[i], strlen(names[i]));
     free(names[i]);
   }
@@ -226,13 +249,13 @@ static void note_top(char *tops, size_t size, const char *path) {
 
 int sf_write_collect_archive(sf_write_list *l, const char *file, const char *subdir) {
   struct archive *a = archive_read_new();
-  if (!a) return sf_cli_fail(&sf_cli_write, "out of memory");
+  if (!a) return sf_write_fail("out of memory");
   archive_read_support_format_tar(a);
   archive_read_support_filter_gzip(a);
   archive_read_support_filter_zstd(a);
   int r = 0;
   if (archive_read_open_filename(a, file, 1 << 20) != ARCHIVE_OK) {
-    r = sf_cli_fail(&sf_cli_write,
+    r = sf_write_fail(
                     "cannot read %s: %s (INPUT must be a directory, a .tar/.tar.gz/.tar.zst, or "
                     "idx:IMAGES,LABELS)",
                     file, archive_error_string(a));
@@ -260,7 +283,7 @@ int sf_write_collect_archive(sf_write_list *l, const char *file, const char *sub
     size_t class_len = (size_t)(slash - p);
     if (archive_entry_filetype(e) == AE_IFDIR) {
       if (p[0] != '.' && class_push(l, p, class_len) < 0) {
-        r = sf_cli_fail(&sf_cli_write, "out of memory");
+        r = sf_write_fail("out of memory");
         break;
       }
       continue;
@@ -273,32 +296,32 @@ int sf_write_collect_archive(sf_write_list *l, const char *file, const char *sub
     }
     int64_t size = archive_entry_size(e);
     if (size < 0 || size > (1 << 30)) {
-      r = sf_cli_fail(&sf_cli_write, "%s: member %s has an unreasonable size (%lld bytes)", file,
+      r = sf_write_fail("%s: member %s has an unreasonable size (%lld bytes)", file,
                       archive_entry_pathname(e), (long long)size);
       break;
     }
     sf_write_item *it;
     if (list_push(l, &it) < 0 || !(it->name = strdup(p)) || !(it->src = sf_buffer_new((size_t)size))) {
-      r = sf_cli_fail(&sf_cli_write, "out of memory reading %s", file);
+      r = sf_write_fail("out of memory reading %s", file);
       break;
     }
     it->class_len = class_len;
     memcpy(it->ext, ext, sizeof ext);
     la_ssize_t got = size ? archive_read_data(a, sf_buffer_data(it->src), (size_t)size) : 0;
     if (got != size) {
-      r = sf_cli_fail(&sf_cli_write, "%s: cannot read member %s: %s (the archive is corrupt or truncated)", file,
+      r = sf_write_fail("%s: cannot read member %s: %s (the archive is corrupt or truncated)", file,
                       archive_entry_pathname(e), got < 0 ? archive_error_string(a) : "short read");
       break;
     }
   }
   if (r == 0 && ar != ARCHIVE_EOF)
-    r = sf_cli_fail(&sf_cli_write, "%s: %s (the archive is corrupt or truncated)", file, archive_error_string(a));
+    r = sf_write_fail("%s: %s (the archive is corrupt or truncated)", file, archive_error_string(a));
   archive_read_free(a);
   if (r == 0 && l->n == 0 && subdir)
-    r = sf_cli_fail(&sf_cli_write, "%s has no images under %s/CLASS/; its top-level entries are:%s", file, subdir,
+    r = sf_write_fail("%s has no images under %s/CLASS/; its top-level entries are:%s", file, subdir,
                     tops);
   else if (r == 0 && l->n == 0)
-    r = sf_cli_fail(&sf_cli_write,
+    r = sf_write_fail(
                     "%s has no images as CLASS/IMAGE; its top-level entries are:%s (pass --subdir NAME to "
                     "read the tree under NAME/)",
                     file, tops);
@@ -310,16 +333,16 @@ static void free_data(void *opaque, uint8_t *data) { free(data); }
 /* Reads a whole (optionally gzip'd) file; zlib's gzread passes plain files through. */
 static int read_gz(const char *path, sf_buffer **out) {
   gzFile g = gzopen(path, "rb");
-  if (!g) return sf_cli_fail(&sf_cli_write, "cannot open %s: %s", path, strerror(errno ? errno : ENOMEM));
+  if (!g) return sf_write_fail("cannot open %s: %s", path, strerror(errno ? errno : ENOMEM));
   gzbuffer(g, 1 << 20);
   size_t cap = 1 << 20, len = 0;
   uint8_t *data = malloc(cap);
-  int r = data ? 0 : sf_cli_fail(&sf_cli_write, "out of memory");
+  int r = data ? 0 : sf_write_fail("out of memory");
   while (r == 0) {
     if (len == cap) {
       uint8_t *v = cap < ((size_t)1 << 34) ? realloc(data, cap * 2) : NULL;
       if (!v) {
-        r = sf_cli_fail(&sf_cli_write, "%s: out of memory (or larger than 16 GiB)", path);
+        r = sf_write_fail("%s: out of memory (or larger than 16 GiB)", path);
         break;
       }
       data = v;
@@ -329,7 +352,7 @@ static int read_gz(const char *path, sf_buffer **out) {
     if (got < 0) {
       int zerr;
       const char *msg = gzerror(g, &zerr);
-      r = sf_cli_fail(&sf_cli_write, "cannot read %s: %s (the file is corrupt or truncated)", path, msg);
+      r = sf_write_fail("cannot read %s: %s (the file is corrupt or truncated)", path, msg);
     } else if (got == 0) {
       break;
     }
@@ -343,7 +366,7 @@ static int read_gz(const char *path, sf_buffer **out) {
   *out = sf_buffer_wrap(data, len, free_data, NULL);
   if (!*out) {
     free(data);
-    return sf_cli_fail(&sf_cli_write, "out of memory");
+    return sf_write_fail("out of memory");
   }
   return 0;
 }
@@ -358,20 +381,20 @@ static int idx_header(const char *path, sf_buffer *b, int want_ndim, uint32_t di
   size_t size = sf_buffer_size(b);
   const char *what = want_ndim == 3 ? "images" : "labels";
   if (size < 4 || p[0] || p[1] || p[2] != 0x08 || p[3] != want_ndim)
-    return sf_cli_fail(&sf_cli_write,
+    return sf_write_fail(
                        "%s is not an IDX %s file (magic %02x%02x%02x%02x, expected 000008%02x); pass "
                        "idx:IMAGES,LABELS with the images file first",
                        path, what, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0, size > 3 ? p[3] : 0,
                        want_ndim);
-  if (size < 4 + 4 * (size_t)want_ndim) return sf_cli_fail(&sf_cli_write, "%s: truncated IDX header", path);
+  if (size < 4 + 4 * (size_t)want_ndim) return sf_write_fail("%s: truncated IDX header", path);
   uint64_t need = 1;
   for (int i = 0; i < want_ndim; i++) {
     dims[i] = be32(p + 4 + 4 * i);
     need *= dims[i];
-    if (need > ((uint64_t)1 << 40)) return sf_cli_fail(&sf_cli_write, "%s: IDX dimensions are implausibly large", path);
+    if (need > ((uint64_t)1 << 40)) return sf_write_fail("%s: IDX dimensions are implausibly large", path);
   }
   if (size - 4 - 4 * (size_t)want_ndim < need)
-    return sf_cli_fail(&sf_cli_write, "%s: IDX file is truncated (%zu bytes of data, header promises %llu)", path,
+    return sf_write_fail("%s: IDX file is truncated (%zu bytes of data, header promises %llu)", path,
                        size - 4 - 4 * (size_t)want_ndim, (unsigned long long)need);
   return 0;
 }
@@ -385,14 +408,14 @@ int sf_write_collect_idx(sf_write_list *l, const char *images_path, const char *
   if (r == 0) r = read_gz(labels_path, &labels);
   if (r == 0) r = idx_header(labels_path, labels, 1, ldims);
   if (r == 0 && idims[0] != ldims[0])
-    r = sf_cli_fail(&sf_cli_write, "%s has %u images but %s has %u labels; pass matching files", images_path, idims[0],
+    r = sf_write_fail("%s has %u images but %s has %u labels; pass matching files", images_path, idims[0],
                     labels_path, ldims[0]);
   for (uint32_t i = 0; r == 0 && i < idims[0]; i++) {
     sf_write_item *it;
     char name[PATH_MAX + 32];
     snprintf(name, sizeof name, "%s[%u]", images_path, i);
     if (list_push(l, &it) < 0 || !(it->name = strdup(name))) {
-      r = sf_cli_fail(&sf_cli_write, "out of memory");
+      r = sf_write_fail("out of memory");
       break;
     }
     it->cls = sf_buffer_data(labels)[8 + i];
@@ -400,7 +423,7 @@ int sf_write_collect_idx(sf_write_list *l, const char *images_path, const char *
     int64_t shape[3] = {idims[1], idims[2], 1};
     size_t off = 16 + (size_t)i * idims[1] * idims[2];
     if (sf_tensor_view(&it->pixels, SF_DTYPE_UINT8, 3, shape, sf_buffer_ref(images), off) < 0)
-      r = sf_cli_fail(&sf_cli_write, "%s: image %u lies outside the file", images_path, i);
+      r = sf_write_fail("%s: image %u lies outside the file", images_path, i);
   }
   sf_buffer_unref(&images);
   sf_buffer_unref(&labels);

@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
-"""Lists the engine layers' symbol references that point upward (a layer calling one above it).
+"""Lists the engine layers' symbol references that point upward (a layer calling one above it), and the
+circles between the tree's own files.
 
 Usage: tools/check-layers.py BUILD_DIR. Reads the layer archives with `nm`; exits 1 when a
 reference goes the wrong way. Includes are checked by the build itself (include paths per layer);
 this checks what a prototype written by hand could hide.
+
+Circles are refused too (the edges ALLOWED_EDGES names, with why, left out): files A and B are in one when A depends on B and B, through any
+chain, on A. A file depends on a header it includes, and a .c file on the .c file that defines a
+symbol it uses (functions and data, read with `nm` from the objects of the engine's layers, the
+stages and the CLI). Each circle is printed with the edges that make it.
 """
 import collections
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +22,15 @@ LAYERS = ["core", "store", "io", "codec", "graph", "exec", "group", "stages"]
 # The one reference allowed upward: the table of built-in stages, data the stages layer provides to the
 # graph layer's registry (engine/graph/registry.h says why).
 ALLOWED = {"sf_builtin_stages"}
+# The uses that close a circle and stay, and why: the circles are looked for without them. A new circle
+# fails the check: make the lower file not use the upper one (move what both need below them, or hand the
+# lower one what it needs as a value or a callback).
+ALLOWED_EDGES = {
+    # The command table lists `help`, and `help` prints the table.
+    ("cli/main.c", "cli/help.c"): "the command table names sf_cli_help",
+    # A node's error verdict counts the items of its stage's replicas, which the pipeline holds.
+    ("engine/exec/node.c", "engine/exec/pipeline.c"): "stage_items reads sf_pipeline_nodes",
+}
 
 
 def symbols(archive):
@@ -29,6 +45,135 @@ def symbols(archive):
         elif len(parts) == 2 and parts[0] == "U":
             used[obj].add(parts[1])
     return defined, used
+
+
+def own_sources(root):
+    """The tree's C sources and headers (relative paths): engine, stages, cli, plugins, include."""
+    found = []
+    for top in ("engine", "stages", "cli", "plugins", "include"):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            found += [os.path.relpath(os.path.join(dirpath, f), root) for f in files if f.endswith((".c", ".h"))]
+    return sorted(found)
+
+
+def include_edges(root, sources):
+    """{(file, header): {'includes'}} from the quoted #includes that name one of the tree's headers."""
+    headers = [p for p in sources if p.endswith(".h")]
+    by_name = collections.defaultdict(list)
+    for h in headers:
+        if not h.startswith("include/"):
+            by_name[os.path.basename(h)].append(h)
+    edges = {}
+    for src in sources:
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', open(os.path.join(root, src)).read(), re.M):
+            same_dir = os.path.normpath(os.path.join(os.path.dirname(src), name))
+            if same_dir in headers:
+                target = same_dir
+            elif name in headers or "include/" + name in headers:
+                target = name if name in headers else "include/" + name
+            elif len(by_name.get(name, [])) == 1:
+                target = by_name[name][0]
+            else:
+                continue  # generated (wire.pb-c.h, sf_config.h) or not the tree's
+            edges.setdefault((src, target), set()).add("includes")
+    return edges
+
+
+def object_sources(build, root):
+    """{object file: its source (relative)} for the engine's layers, the stages and the CLI: meson names an
+    object after its source's path below the target's directory, with / as _."""
+    found = {}
+    targets = glob.glob(os.path.join(build, "engine", "*", "libsf_*.a.p")) + \
+        [os.path.join(build, "libshardflow_internal.a.p"), os.path.join(build, "shardflow.p")]
+    for target in targets:
+        src_dir = os.path.join(root, os.path.relpath(os.path.dirname(target), build))
+        flat = {}
+        for dirpath, _, files in os.walk(src_dir):
+            for f in files:
+                if f.endswith(".c"):
+                    path = os.path.join(dirpath, f)
+                    flat[os.path.relpath(path, src_dir).replace("/", "_")] = os.path.relpath(path, root)
+        for obj in glob.glob(os.path.join(target, "*.o")):
+            src = flat.get(os.path.basename(obj)[:-2])
+            if src:
+                found[obj] = src
+    return found
+
+
+def call_edges(build, root):
+    """{(file, file): {'uses f, g'}}: a .c file's object uses symbols another's defines."""
+    objects = object_sources(build, root)
+    defined, used = {}, collections.defaultdict(set)
+    for obj, src in objects.items():
+        out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1] in "TDBRC":
+                defined.setdefault(parts[2], src)
+            elif len(parts) == 2 and parts[0] == "U":
+                used[src].add(parts[1])
+    edges = {}
+    for mod, syms in used.items():
+        for sym in syms:
+            to = defined.get(sym)
+            if to and to != mod:
+                edges.setdefault((mod, to), set()).add(sym)
+    return {k: {"uses " + ", ".join(sorted(v))} for k, v in edges.items()}
+
+
+def circles(edges):
+    """The strongly connected components of more than one file (Tarjan's algorithm), each sorted."""
+    graph = collections.defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def print_circles(build):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    edges = include_edges(root, own_sources(root))
+    for key, why in call_edges(build, root).items():
+        edges.setdefault(key, set()).update(why)
+    for (a, b), why in sorted(ALLOWED_EDGES.items()):
+        if (a, b) in edges:
+            print(f"allowed back edge: {a} -> {b}: {why} ({'; '.join(sorted(edges[(a, b)]))})")
+    found = circles({k: v for k, v in edges.items() if k not in ALLOWED_EDGES})
+    for component in found:
+        print("circle: " + " <-> ".join(component))
+        for a in component:
+            for b in component:
+                if (a, b) in edges:
+                    print(f"  {a} -> {b}: {'; '.join(sorted(edges[(a, b)]))}")
+    if not found:
+        print("no other circle between the tree's files (includes and symbol uses)")
+    return found
 
 
 build = sys.argv[1]
@@ -52,4 +197,5 @@ for i, layer in enumerate(LAYERS[:-1]):
             if up and LAYERS.index(up) > i and sym not in ALLOWED:
                 wrong.append(f"{layer}/{obj} uses {sym} from {up}")
 print("\n".join(wrong) or "no reference goes upward")
-sys.exit(1 if wrong else 0)
+wrong_circles = print_circles(build)
+sys.exit(1 if wrong or wrong_circles else 0)

@@ -15,11 +15,11 @@
 #include "files.h"
 #include "log.h"
 #include "metrics.h"
-#include "node.h"
 
 struct sf_metrics_server {
   struct MHD_Daemon *daemon;
-  sf_pipeline *pipeline;
+  sf_metrics_text text;
+  void *opaque;
   int port;
   pthread_t starter;          /* the thread in MHD_start_daemon */
   atomic_bool started;        /* MHD_start_daemon returned: its messages go to the log, rate-limited */
@@ -144,9 +144,7 @@ static bool extra_value(int f, const sf_node_extra *x, double *v) {
   return x->reader;
 }
 
-int sf_metrics_format(sf_pipeline *p, sf_strbuf *out) {
-  int n;
-  sf_node *const *nodes = sf_pipeline_nodes(p, &n);
+int sf_metrics_format(sf_node *const *nodes, int n, uint64_t error_count, double trainer_wait, sf_strbuf *out) {
   for (int f = 0; f < F_NODE_END; f++) {
     header(out, &node_families[f]);
     for (int i = 0; i < n; i++) node_sample(out, &node_families[f], nodes[i], node_value(f, nodes[i]));
@@ -188,11 +186,11 @@ int sf_metrics_format(sf_pipeline *p, sf_strbuf *out) {
   free(extras);
   static const family errors = {"shardflow_pipeline_errors_total", "counter", "Error records of the whole pipeline."};
   header(out, &errors);
-  sf_strbuf_appendf(out, "%s %llu\n", errors.name, (unsigned long long)sf_pipeline_error_count(p));
+  sf_strbuf_appendf(out, "%s %llu\n", errors.name, (unsigned long long)error_count);
   static const family wait = {"shardflow_trainer_wait_seconds_total", "counter",
                               "Seconds the trainer waited for a batch inside sf_pipeline_next()."};
   header(out, &wait);
-  return sf_strbuf_appendf(out, "%s %.10g\n", wait.name, sf_pipeline_trainer_wait(p));
+  return sf_strbuf_appendf(out, "%s %.10g\n", wait.name, trainer_wait);
 }
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *connection, const char *url, const char *method,
@@ -211,7 +209,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *connection, cons
     status = MHD_HTTP_NOT_FOUND;
   } else {
     sf_strbuf b = {0};
-    sf_metrics_format(s->pipeline, &b);
+    s->text(s->opaque, &b);
     size_t len;
     char *text = sf_strbuf_take(&b, &len);
     if (!text) return MHD_NO; /* out of memory: drop the connection */
@@ -320,7 +318,8 @@ static void listen_failure(const struct addrinfo *ai, const char *host, int mhd_
     snprintf(why, size, "libmicrohttpd: %s", mhd_said[0] ? mhd_said : "the server did not start");
 }
 
-int sf_metrics_server_new(sf_metrics_server **server, sf_pipeline *p, const char *address, sf_error *error) {
+int sf_metrics_server_new(sf_metrics_server **server, sf_metrics_text text, void *opaque, const char *address,
+                          sf_error *error) {
   *server = NULL;
   struct addrinfo *ai;
   char host[256];
@@ -331,7 +330,8 @@ int sf_metrics_server_new(sf_metrics_server **server, sf_pipeline *p, const char
     freeaddrinfo(ai);
     return sf_error_set(error, SF_ENOMEM, SF_AT(), "out of memory");
   }
-  s->pipeline = p;
+  s->text = text;
+  s->opaque = opaque;
   s->starter = pthread_self();
   /* epoll (or poll) where there is one, never select(): a trainer may hold descriptors above FD_SETSIZE.
    * An event fd to stop the thread: at the connection limit the listen socket is not watched, and shutting

@@ -106,8 +106,10 @@ static void fail(sf_pipeline *p, sf_node *n, int code, uint64_t errors_before) {
 
 /*
  * Scheduling: a pool of workers runs the step functions of every node
- * (STYLE 9). A worker scans the nodes from the sink back to
- * the source (draining first keeps memory low), takes a node nobody runs,
+ * (a step takes what input there is, produces only when downstream has
+ * room, and otherwise returns "not ready": it never blocks, so a few
+ * threads run any number of nodes). A worker scans the nodes from the
+ * sink back to the source (draining first keeps memory low), takes a node nobody runs,
  * steps it while it makes progress and its output has room, and moves on.
  * A worker that finds nothing to do sleeps until some node made progress.
  */
@@ -413,6 +415,13 @@ done:
   return r;
 }
 
+/* A scrape of /metrics (on the server's thread): the server gets the nodes and totals from here, and never calls
+ * this file itself. */
+static int metrics_text(void *opaque, sf_strbuf *out) {
+  sf_pipeline *p = opaque;
+  return sf_metrics_format(p->nodes, p->n_nodes, sf_pipeline_error_count(p), sf_pipeline_trainer_wait(p), out);
+}
+
 int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
   *pp = NULL;
   sf_pipeline_options defaults;
@@ -528,7 +537,7 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     p->n_threads++;
   }
   p->started = now_seconds();
-  if (p->graph->metrics[0] && (r = sf_metrics_server_new(&p->metrics, p, p->graph->metrics, error)) < 0) {
+  if (p->graph->metrics[0] && (r = sf_metrics_server_new(&p->metrics, metrics_text, p, p->graph->metrics, error)) < 0) {
     sf_pipeline_destroy(&p);
     return r;
   }

@@ -7,6 +7,7 @@
 #include "graph.h"
 #include "plugin_loader.h"
 #include "options.h"
+#include "registry.h"
 
 int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const char *fmt, ...) {
   va_list ap;
@@ -16,15 +17,37 @@ int sf_graph_error(sf_error *e, int code, const sf_graph *g, int64_t line, const
   return code;
 }
 
+static const char *const policies[] = {"skip", "fail", NULL};
+
+const sf_option sf_graph_settings[] = {
+    {"seed", SF_OPT_SEED, offsetof(sf_graph, seed), "0", 0, 0,
+     "every random choice derives from it: shard order, crops and flips, the shuffle buffer", NULL},
+    {"epochs", SF_OPT_COUNT, offsetof(sf_graph, epochs), "1", 0, 1e12, "epochs a run makes (0 = until stopped)", NULL},
+    {"error_policy", SF_OPT_ENUM, offsetof(sf_graph, error_policy), "skip", 0, 0,
+     "skip counts and reports bad input and goes on; fail stops with the error record", policies},
+    {"max_errors", SF_OPT_COUNT, offsetof(sf_graph, max_errors), "0", 0, 1e15,
+     "error records after which the run stops (0 = no limit)", NULL},
+    {"max_error_rate", SF_OPT_FLOAT, offsetof(sf_graph, max_error_rate), "0.5", 0, 1,
+     "the run stops once more than this fraction of the samples read were skipped (1 = never)", NULL},
+    {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), "64", 2, 1e6, "items a sample edge holds", NULL},
+    {"queue_bytes", SF_OPT_SIZE, offsetof(sf_graph, queue_bytes), "64MiB", 0, 1e15,
+     "tensor bytes a sample or batch queue holds (a queue always takes one item; 0 = items only)", NULL},
+    {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), "0", 0, 1024,
+     "pool workers that run the stages (0 = the CPU budget: the process's CPUs)", NULL},
+    /* A fixed array, not an owned string: sf_graph_set_setting stores it itself, never through this row. */
+    {"metrics", SF_OPT_STRING, offsetof(sf_graph, metrics), NULL, 0, 0,
+     "serve Prometheus metrics on http://HOST:PORT/metrics while the pipeline runs (a PORT alone: 127.0.0.1; "
+     "port 0 picks a free one)", NULL},
+    {NULL},
+};
+
 sf_graph *sf_graph_new_empty(const char *path) {
   sf_graph *g = calloc(1, sizeof *g);
   if (!g) return NULL;
   g->path = strdup(path ? path : "<graph>");
-  g->epochs = 1;
-  g->queue_size = 64;
-  g->queue_bytes = 64 << 20;
-  g->error_policy = SF_POLICY_SKIP;
-  g->max_error_rate = 0.5;
+  char why[256];
+  for (const sf_option *o = sf_graph_settings; o->name; o++) /* the defaults, as help and the docs state them */
+    if (o->type != SF_OPT_STRING && o->default_value) (void)sf_option_parse(o, o->default_value, g, why, sizeof why);
   if (!g->path) {
     free(g);
     return NULL;
@@ -274,22 +297,9 @@ static void node_names(const sf_graph *g, char *buf, size_t size) {
   }
 }
 
-static const char *const settings_help =
-    "seed, epochs, error_policy, max_errors, max_error_rate, queue_size, queue_bytes, threads, metrics";
-
 int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_t line, sf_error *e) {
-  static const char *const policies[] = {"skip", "fail", NULL};
-  static const sf_option settings[] = {
-      {"seed", SF_OPT_SEED, offsetof(sf_graph, seed), NULL, 0, 0, "graph seed", NULL},
-      {"epochs", SF_OPT_COUNT, offsetof(sf_graph, epochs), NULL, 0, 1e12, "epochs (0 = forever)", NULL},
-      {"error_policy", SF_OPT_ENUM, offsetof(sf_graph, error_policy), NULL, 0, 0, "skip|fail", policies},
-      {"max_errors", SF_OPT_COUNT, offsetof(sf_graph, max_errors), NULL, 0, 1e15, "error records (0 = no limit)", NULL},
-      {"max_error_rate", SF_OPT_FLOAT, offsetof(sf_graph, max_error_rate), NULL, 0, 1, "skipped/read", NULL},
-      {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), NULL, 2, 1e6, "items per edge", NULL},
-      {"queue_bytes", SF_OPT_SIZE, offsetof(sf_graph, queue_bytes), NULL, 0, 1e15, "bytes per queue (0 = items only)", NULL},
-      {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), NULL, 0, 1024, "pool workers (0 = CPUs)", NULL},
-      {NULL},
-  };
+  char settings_help[256];
+  sf_options_names(sf_graph_settings, settings_help, sizeof settings_help);
   if (strcmp(key, "metrics") == 0) { /* [HOST]:PORT or PORT, checked when the server binds (sf_metrics_server_new) */
     bool port_only = value[0] && strspn(value, "0123456789") == strlen(value);
     if (strlen(value) >= sizeof g->metrics || (!strchr(value, ':') && !port_only))
@@ -297,7 +307,7 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
     snprintf(g->metrics, sizeof g->metrics, "%s", value);
     return 0;
   }
-  const sf_option *o = sf_option_find(settings, key);
+  const sf_option *o = sf_option_find(sf_graph_settings, key);
   if (!o)
     return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups, plugins",
                           key, settings_help);
@@ -313,8 +323,9 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
   if (!dot) {
     int r = sf_graph_set_setting(g, target, value, -1, e);
     if (r == SF_EGRAPH) {
-      char names[512];
+      char names[512], settings_help[256];
       node_names(g, names, sizeof names);
+      sf_options_names(sf_graph_settings, settings_help, sizeof settings_help);
       return sf_graph_error(e, SF_EOPTION, g, -1,
                             "cannot set '%s': use NODE.OPTION (nodes: %s) or a graph setting (%s)", target,
                             names, settings_help);
@@ -330,7 +341,7 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
   sf_graph_node *n = sf_graph_find_node(g, node_name);
   sf_graph_node *group = n ? NULL : sf_graph_find_group(g, node_name);
   if (group) {
-    const sf_stage_def *remote = sf_stage_find("_remote");
+    const sf_stage_def *remote = sf_registry_group_head();
     if (!sf_option_find(remote->options, key)) {
       char names[1024];
       sf_options_names(remote->options, names, sizeof names);
@@ -653,7 +664,7 @@ int sf_graph_node_input(const sf_graph *g, int i, int port) {
   return from;
 }
 
-int sf_graph_validate(const sf_graph *g, sf_error *e) {
+int sf_graph_check_nodes(const sf_graph *g, sf_error *e) {
   int *order;
   const sf_stage_def **defs;
   int r = sf_graph_resolve(g, &order, &defs, e);
@@ -668,6 +679,5 @@ int sf_graph_validate(const sf_graph *g, sf_error *e) {
   }
   free(order);
   free(defs);
-  if (r == 0) r = sf_graph_check_groups(g, e);
   return r;
 }

@@ -144,12 +144,18 @@ int sf_graph_node_apply(const sf_graph *graph, const sf_graph_node *node, const 
                         void **priv, sf_error *error);
 
 /*
- * Checks `groups:` and `group:` (engine/graph/graph_groups.c): every group named by a node
- * exists and has a valid configuration, and each group is a contiguous run of
- * sample-to-sample map stages of the chain.  Returns 0 or SF_EGRAPH/SF_EOPTION
- * with the graph file and line.
+ * The graph settings (top-level keys of a graph file besides stages, edges, groups and plugins), rows
+ * into sf_graph: they parse the file and `--set KEY=VALUE`, give sf_graph_new_empty its defaults and print
+ * `shardflow help settings` and docs/stages.md.  The metrics row is for help only: the setting is stored
+ * by sf_graph_set_setting itself (a fixed array).
  */
-int sf_graph_check_groups(const sf_graph *graph, sf_error *error);
+extern const sf_option sf_graph_settings[];
+
+/*
+ * The checks of sf_graph_validate before the groups' (engine/graph/graph_groups.c, which calls this):
+ * the links resolve and every node's options apply.  Returns 0 or the error, with the graph file and line.
+ */
+int sf_graph_check_nodes(const sf_graph *graph, sf_error *error);
 /* Fills an error record (graph path, line, message). Returns code. */
 int sf_graph_error(sf_error *error, int code, const sf_graph *graph, int64_t line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

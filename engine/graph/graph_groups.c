@@ -1,4 +1,5 @@
-/* Groups: checking them, cutting the head's graph at them, and rebuilding a worker's part. */
+/* Groups: checking them (and so the whole graph: sf_graph_validate), cutting the head's graph at them, and rebuilding a
+ * worker's part. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,10 +9,12 @@
 #include "plugin_loader.h"
 #include "registry.h"
 
-/* The group options table lives with the _remote stage that parses it. */
-static const sf_stage_def *remote_def(void) { return sf_stage_find("_remote"); }
-
-int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
+/*
+ * Checks `groups:` and `group:`: every group named by a node exists and has a valid configuration (the group
+ * head's options table, engine/graph/registry.h), and each group is a contiguous run of sample-to-sample map
+ * stages of the chain.  Returns 0 or SF_EGRAPH/SF_EOPTION with the graph file and line.
+ */
+static int check_groups(const sf_graph *g, sf_error *e) {
   if (g->n_groups == 0) {
     for (int i = 0; i < g->n_nodes; i++)
       if (g->nodes[i].group)
@@ -24,7 +27,7 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
   size_t len = 0;
   for (int i = 0; i < g->n_groups && len < sizeof names; i++)
     len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", g->groups[i].name);
-  const sf_stage_def *remote = remote_def();
+  const sf_stage_def *remote = sf_registry_group_head();
   for (int i = 0; i < g->n_groups; i++) {
     void *priv;
     int r = sf_graph_node_apply(g, &g->groups[i], remote, &priv, e);
@@ -82,7 +85,13 @@ int sf_graph_check_groups(const sf_graph *g, sf_error *e) {
   return r;
 }
 
-/* The group's stages, chain positions [from, to), as a graph of their own: what its workers run. */
+/* The whole graph's check: the nodes' (engine/graph/graph.c), then the groups'. Here, above graph.c, so that
+ * graph.c never calls this file. */
+int sf_graph_validate(const sf_graph *g, sf_error *e) {
+  int r = sf_graph_check_nodes(g, e);
+  return r < 0 ? r : check_groups(g, e);
+}
+
 /* True when a stage of sub comes from plugin. */
 static bool uses_plugin(const sf_graph *sub, const sf_plugin *plugin) {
   for (int i = 0; i < sub->n_nodes; i++) {
@@ -92,6 +101,7 @@ static bool uses_plugin(const sf_graph *sub, const sf_plugin *plugin) {
   return false;
 }
 
+/* The group's stages, chain positions [from, to), as a graph of their own: what its workers run. */
 static sf_graph *group_stages(const sf_graph *g, const int *order, int from, int to) {
   sf_graph *sub = sf_graph_new_empty(g->path);
   for (int k = from; sub && k < to; k++) {
@@ -145,7 +155,7 @@ static void copy_settings(sf_graph *dst, const sf_graph *src) {
 
 int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
   *head = NULL;
-  int r = sf_graph_check_groups(g, e);
+  int r = check_groups(g, e);
   if (r < 0) return r;
   int *order;
   const sf_stage_def **defs;
@@ -169,7 +179,7 @@ int sf_graph_split_groups(const sf_graph *g, sf_graph **head, sf_error *e) {
     int end = k;
     while (end < g->n_nodes && g->nodes[order[end]].group && strcmp(g->nodes[order[end]].group, n->group) == 0) end++;
     const sf_graph_node *grp = sf_graph_find_group(g, n->group);
-    sf_graph_node *c = sf_graph_add_node(h, grp->name, "_remote", grp->line);
+    sf_graph_node *c = sf_graph_add_node(h, grp->name, SF_GROUP_HEAD_STAGE, grp->line);
     if (!c || !(c->group_stages = group_stages(g, order, k, end))) r = SF_ENOMEM;
     /* On a branch: the group reads what its first stage read, and is read as its last stage was. */
     if (r == 0 && n->inputs && !(c->inputs = strdup(n->inputs))) r = SF_ENOMEM;

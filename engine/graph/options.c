@@ -198,7 +198,11 @@ void sf_stage_print_help(FILE *out, const sf_stage_def *def) {
   const sf_plugin *plugin = sf_registry_stage_plugin(def);
   if (plugin) fprintf(out, "  from plugin %s (build %s): write `plugins: [%s]` in the graph\n", plugin->name,
                       plugin->build_id, plugin->name);
-  for (const sf_option *o = def->options; o && o->name; o++) {
+  sf_options_print_help(out, def->options);
+}
+
+void sf_options_print_help(FILE *out, const sf_option *table) {
+  for (const sf_option *o = table; o && o->name; o++) {
     char tbuf[256];
     fprintf(out, "  %-18s %-12s default %-10s", o->name, sf_option_type_text(o, tbuf, sizeof tbuf),
             o->default_value && o->default_value[0] ? o->default_value : "\"\"");
@@ -213,12 +217,16 @@ void sf_stage_print_markdown(FILE *out, const sf_stage_def *def) {
   const sf_plugin *plugin = sf_registry_stage_plugin(def);
   if (plugin) fprintf(out, "From plugin `%s` (build %s): the graph names it in `plugins:`.\n\n", plugin->name,
                       plugin->build_id);
-  if (!def->options || !def->options->name) {
+  sf_options_print_markdown(out, def->options, "option");
+}
+
+void sf_options_print_markdown(FILE *out, const sf_option *table, const char *what) {
+  if (!table || !table->name) {
     fprintf(out, "No options.\n\n");
     return;
   }
-  fprintf(out, "| option | type | default | range | meaning |\n|---|---|---|---|---|\n");
-  for (const sf_option *o = def->options; o->name; o++) {
+  fprintf(out, "| %s | type | default | range | meaning |\n|---|---|---|---|---|\n", what);
+  for (const sf_option *o = table; o->name; o++) {
     char tbuf[256], range[64] = "";
     if (has_range(o)) snprintf(range, sizeof range, "%g..%g", o->min, o->max);
     fprintf(out, "| `%s` | %s | `%s` | %s | %s |\n", o->name, sf_option_type_text(o, tbuf, sizeof tbuf),

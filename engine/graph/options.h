@@ -37,4 +37,11 @@ void sf_stage_print_help(FILE *out, const sf_stage_def *def);
 /* The same as a Markdown section (docs/stages.md is generated from it). */
 void sf_stage_print_markdown(FILE *out, const sf_stage_def *def);
 
+/* A table's rows as sf_stage_print_help prints a stage's options (the graph settings use it too). */
+void sf_options_print_help(FILE *out, const sf_option *table);
+
+/* A table's rows as a Markdown table, its first column headed what ("option", "setting"); "No options." when
+ * it has none. */
+void sf_options_print_markdown(FILE *out, const sf_option *table, const char *what);
+
 #endif

@@ -63,6 +63,8 @@ const sf_stage_def *sf_stage_find(const char *name) {
   return def;
 }
 
+const sf_stage_def *sf_registry_group_head(void) { return sf_stage_find(SF_GROUP_HEAD_STAGE); }
+
 static const char *path_of(const sf_plugin *plugin) {
   for (const loaded *p = plugins; p; p = p->next)
     if (p->plugin == plugin) return p->path;

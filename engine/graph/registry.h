@@ -29,4 +29,13 @@ const sf_plugin *sf_registry_plugin_at(const char *path);
 /* The plugin that brought the stage def, or NULL for a built-in stage. Borrowed. */
 const sf_plugin *sf_registry_stage_plugin(const sf_stage_def *def);
 
+/*
+ * The internal stage that runs a group's head side (stages/remote.c): the type of the node that replaces a
+ * group's stages in the head's graph, and the options table of a `groups:` entry. It lives in the stages
+ * layer, above this one, so the graph layer finds it by this name, here only.
+ */
+#define SF_GROUP_HEAD_STAGE "_remote"
+/* Its definition (a built-in: always there). Borrowed. */
+const sf_stage_def *sf_registry_group_head(void);
+
 #endif

@@ -100,6 +100,49 @@ if [line.split()[0] for line in first] != ["tools/main-job.sh", "tools/run-tests
 for script in ("tools/main-job.sh", "tools/run-tests.sh"):
     if not os.access(os.path.join(root, script), os.X_OK):
         problems.append(f"{script}, README's first command, is not an executable file")
+# The graph settings are one table (engine/graph/graph.c): `shardflow help settings` prints it, docs/stages.md
+# (generated) holds it, and the hand-written table of docs/graph-files.md names the same settings, in the same
+# order, with the same defaults. `shardflow help` names every one of them.
+shardflow = os.environ["SHARDFLOW"]
+env = dict(os.environ, SHARDFLOW_PLUGIN_PATH="")
+listing = subprocess.run([shardflow, "help", "settings"], capture_output=True, text=True, env=env)
+if listing.returncode != 0:
+    problems.append(f"shardflow help settings failed ({listing.returncode}): {listing.stderr.strip()}")
+section = re.search(r"^## Graph settings\n(.*?)(?=^## |\Z)", open(os.path.join(root, "docs", "stages.md")).read(),
+                    re.M | re.S)
+generated = [] if not section else re.findall(r"^\| `(\w+)` \| .*? \| `([^`]*)` \|", section.group(1), re.M)
+if not generated:
+    problems.append("docs/stages.md has no `## Graph settings` table (shardflow help --markdown writes it)")
+written = re.findall(r"^\| `(\w+)` \| [^|]* \| ([^|]*?) \|", open(os.path.join(root, "docs", "graph-files.md")).read(),
+                     re.M)
+written = [(key, default.strip("`").replace("none", '""')) for key, default in written
+           if key not in ("stages", "edges", "groups", "plugins")]
+if generated and written != generated:
+    problems.append(f"docs/graph-files.md's settings (key, default) {written} differ from the settings table's "
+                    f"{generated} (shardflow help settings)")
+for key, default in generated:
+    if listing.returncode == 0 and not re.search(rf"^  {key} ", listing.stdout, re.M):
+        problems.append(f"shardflow help settings does not list {key}")
+overview = subprocess.run([shardflow, "help"], capture_output=True, text=True, check=True, env=env).stdout
+missing = [key for key, _ in generated if not re.search(rf"\b{key}\b", overview)]
+if missing:
+    problems.append(f"shardflow help's paragraph of graph settings misses {', '.join(missing)}")
+# The tree cites only what it holds: a Markdown file name that no file of the tree has, or a numbered section of a
+# style or design document, points a reader at nothing.
+names = set()
+for dirpath, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+    names.update(files)
+for dirpath, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+    for f in files:
+        if not f.endswith((".c", ".h", ".cc", ".in", ".py", ".md", ".build", ".txt", ".sh", ".yaml", ".toml", ".proto")):
+            continue
+        path = os.path.join(dirpath, f)
+        for n, line in enumerate(open(path, errors="replace"), 1):
+            for m in re.finditer(r"\b([A-Z][A-Z_]*\.md)\b|\b((?:STYLE|DESIGN)(?: §| section)? ?\d+)", line):
+                if m.group(2) or m.group(1) not in names:
+                    problems.append(f"{os.path.relpath(path, root)}:{n}: cites {m.group(0)}, which is not in the tree")
 for problem in problems:
     print(problem)
 if problems:

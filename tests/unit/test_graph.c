@@ -69,6 +69,30 @@ static void test_load_good(void **state) {
   assert_null(g);
 }
 
+/* The settings' defaults come from their table (the one help and the docs print): the values a graph without
+ * settings has, written out here. An unknown setting's error names every setting. */
+static void test_setting_defaults(void **state) {
+  sf_graph *g;
+  sf_error e;
+  assert_int_equal(sf_graph_load_string(&g, "stages: [{type: shard_source, urls: a.tar}, {type: tar_split}, "
+                                            "{type: batch, batch_size: 2}, {type: device_sink}]\n",
+                                        "plain.yaml", &e),
+                   0);
+  assert_int_equal(g->seed, 0);
+  assert_int_equal(g->epochs, 1);
+  assert_int_equal(g->error_policy, SF_POLICY_SKIP);
+  assert_int_equal(g->max_errors, 0);
+  assert_true(g->max_error_rate == 0.5);
+  assert_int_equal(g->queue_size, 64);
+  assert_int_equal(g->queue_bytes, 64 * 1024 * 1024);
+  assert_int_equal(g->threads, 0);
+  assert_string_equal(g->metrics, "");
+  assert_int_equal(sf_graph_set(g, "nosuch", "1", &e), SF_EOPTION);
+  assert_non_null(strstr(e.message, "seed, epochs, error_policy, max_errors, max_error_rate, queue_size, queue_bytes, "
+                                    "threads, metrics"));
+  sf_graph_destroy(&g);
+}
+
 typedef struct bad_case {
   const char *text;
   int code;
@@ -320,6 +344,7 @@ static void test_order_fingerprint(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_load_good),
+      cmocka_unit_test(test_setting_defaults),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_deep_nesting),
       cmocka_unit_test(test_edges_reorder),
