@@ -76,6 +76,12 @@ static json_t *node_record(const sf_node_stats *s, double seconds) {
       json_object_set_new(in, s->input_names[j], json_integer((json_int_t)s->input_items[j]));
     json_object_set_new(o, "inputs", in);
   }
+  if (s->n_counters > 0) { /* the stage's own counters (sf_node_counter_add), as the table's lines under its row */
+    json_t *counters = json_object();
+    for (int j = 0; j < s->n_counters; j++)
+      json_object_set_new(counters, s->counter_names[j], json_integer((json_int_t)s->counters[j]));
+    json_object_set_new(o, "counters", counters);
+  }
   return o;
 }
 

@@ -114,6 +114,8 @@ static void print_summary(sf_pipeline *p) {
             (unsigned long long)s->errors, (unsigned long long)s->skipped, (unsigned long long)s->filtered);
     for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < 8; j++) /* a mix: what each input gave */
       fprintf(stderr, "  <- %-25s %12llu\n", s->input_names[j], (unsigned long long)s->input_items[j]);
+    for (int j = 0; j < s->n_counters; j++) /* the stage's own counters (sf_node_counter_add) */
+      fprintf(stderr, "     %-25s %12llu\n", s->counter_names[j], (unsigned long long)s->counters[j]);
   }
   sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
   if (!node) return;
