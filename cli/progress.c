@@ -87,6 +87,12 @@ static json_t *node_record(sf_pipeline *p, const sf_node_stats *s, double second
                                     (json_int_t)tuned[j].changes, "changed_at", tuned[j].changed_at));
     json_object_set_new(o, "tuned", t);
   }
+  if (s->n_counters > 0) { /* the stage's own counters (sf_node_counter_add), as the table's lines under its row */
+    json_t *counters = json_object();
+    for (int j = 0; j < s->n_counters; j++)
+      json_object_set_new(counters, s->counter_names[j], json_integer((json_int_t)s->counters[j]));
+    json_object_set_new(o, "counters", counters);
+  }
   return o;
 }
 

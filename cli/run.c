@@ -126,6 +126,8 @@ static void print_summary(sf_pipeline *p) {
         fprintf(stderr, "  %s %lld (tuned from %lld: %llu change(s), the last at %.1f s)\n", u->option,
                 (long long)u->value, (long long)u->initial, (unsigned long long)u->changes, u->changed_at);
     }
+    for (int j = 0; j < s->n_counters; j++) /* the stage's own counters (sf_node_counter_add) */
+      fprintf(stderr, "     %-25s %12llu\n", s->counter_names[j], (unsigned long long)s->counters[j]);
   }
   sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
   if (!node) return;

@@ -1,6 +1,5 @@
 /* augment: resize, crops (padded random, center, random resized), flip, normalize, layout and dtype in one pass. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -22,7 +21,7 @@ enum { MAX_CHANNELS = 16 };
 
 typedef struct augment {
   /* options */
-  char *fields;
+  sf_name_list fields;
   int crop;
   int64_t size;
   int64_t padding;
@@ -62,7 +61,7 @@ static const char *const layout_names[] = {"hwc", "chw", NULL};
 static const char *const dtype_names[] = {"uint8", "float32", "bfloat16", NULL};
 
 static const sf_option options[] = {
-    {"fields", SF_OPT_STRING, offsetof(augment, fields), "", 0, 0,
+    {"fields", SF_OPT_NAME_LIST, offsetof(augment, fields), "", 0, 0,
      "comma-separated image fields to transform (\"\" = every decoded uint8 [H,W,C] field, and a uint16 one "
      "from decode's depth 16 is an error record; a listed "
      "field missing from a sample is an error); all fields of a sample get the same random draws, so "
@@ -119,34 +118,15 @@ static inline uint16_t to_bf16(float v) {
   return (uint16_t)(bits >> 16);
 }
 
-/* Records an option mistake found in init; init fails whatever the error policy. */
-static int option_error(sf_node *node, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int option_error(sf_node *node, const char *fmt, ...) {
-  char message[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(message, sizeof message, fmt, ap);
-  va_end(ap);
-  sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "%s", message);
-  return SF_EOPTION;
-}
-
-/* Splits `fields` into names; blanks around commas are ignored. */
+/* Copies `fields` into names: at most 16 names of at most 31 bytes. */
 static int parse_fields(sf_node *node, augment *a) {
-  const char *s = a->fields ? a->fields : "";
-  while (*s) {
-    while (*s == ' ' || *s == ',') s++;
-    size_t n = strcspn(s, ",");
-    while (n > 0 && s[n - 1] == ' ') n--;
-    if (n == 0) break;
-    if (n >= SF_FIELD_NAME_MAX || a->n_names >= SF_MAX_FIELDS)
-      return option_error(node, "fields '%s' lists too many or too long names (at most 16 "
-                                "names of at most 31 characters)", a->fields);
-    memcpy(a->names[a->n_names], s, n);
-    a->names[a->n_names++][n] = '\0';
-    s += n;
-    while (*s == ' ') s++;
+  for (int i = 0; i < a->fields.n; i++) {
+    if (strlen(a->fields.v[i]) >= SF_FIELD_NAME_MAX || i >= SF_MAX_FIELDS)
+      return sf_node_option_error(node, "fields", "lists too many or too long names (at most %d names of at most "
+                                                  "%d characters)", SF_MAX_FIELDS, SF_FIELD_NAME_MAX - 1);
+    snprintf(a->names[i], sizeof a->names[i], "%s", a->fields.v[i]);
   }
+  a->n_names = a->fields.n;
   return 0;
 }
 
@@ -159,27 +139,27 @@ static int init(sf_node *node) {
   int r = parse_fields(node, a);
   if (r < 0) return r;
   if (a->mean.n != a->std.n)
-    return option_error(node, "mean and std must have the same length (one value per channel)");
+    return sf_node_option_error(node, NULL, "mean and std must have the same length (one value per channel)");
   for (int i = 0; i < a->std.n; i++)
     if (!(a->std.v[i] > 0))
-      return option_error(node, "std values must be positive");
+      return sf_node_option_error(node, NULL, "std values must be positive");
   /* decode gives 1 (gray), 3 (rgb) or 4 (keep, with alpha) channels: another count matches no image. */
   if (a->mean.n && a->mean.n != 1 && a->mean.n != 3 && a->mean.n != 4)
-    return option_error(node, "mean and std have %d values, but decoded images have 1 (gray), 3 (rgb) or 4 "
-                              "(rgba) channels: give one value per channel", a->mean.n);
+    return sf_node_option_error(node, NULL, "mean and std have %d values, but decoded images have 1 (gray), 3 "
+                                            "(rgb) or 4 (rgba) channels: give one value per channel", a->mean.n);
   if (a->mean.n > 0 && a->dtype == OUT_UINT8)
-    return option_error(node, "mean/std need a float output: use dtype float32 or bfloat16, "
-                              "or drop mean and std for dtype uint8");
+    return sf_node_option_error(node, NULL, "mean/std need a float output: use dtype float32 or bfloat16, "
+                                            "or drop mean and std for dtype uint8");
   if (a->crop == CROP_RANDOM_RESIZED) {
     if (a->scale.n != 2 || !(a->scale.v[0] > 0) || a->scale.v[0] > a->scale.v[1])
-      return option_error(node, "scale must be two area fractions min,max with 0 < min <= max, "
-                                "e.g. 0.08,1.0");
+      return sf_node_option_error(node, NULL, "scale must be two area fractions min,max with 0 < min <= max, "
+                                              "e.g. 0.08,1.0");
     if (a->ratio.n != 2 || !(a->ratio.v[0] > 0) || a->ratio.v[0] > a->ratio.v[1])
-      return option_error(node, "ratio must be two aspect ratios min,max with 0 < min <= "
-                                "max, e.g. 0.75,1.3333333");
+      return sf_node_option_error(node, NULL, "ratio must be two aspect ratios min,max with 0 < min <= "
+                                              "max, e.g. 0.75,1.3333333");
     if (a->padding > 0)
-      return option_error(node, "padding applies to crop random or center, not "
-                                "random_resized; set padding 0");
+      return sf_node_option_error(node, NULL, "padding applies to crop random or center, not "
+                                              "random_resized; set padding 0");
     a->log_ratio[0] = log(a->ratio.v[0]);
     a->log_ratio[1] = log(a->ratio.v[1]);
   }

@@ -65,8 +65,8 @@ typedef struct filling {
 typedef struct batch {
   int64_t batch_size;   /* option */
   bool partial;         /* option */
-  char *ragged;         /* option: comma-separated field names */
-  char *pad;            /* option: comma-separated NAME=VALUE */
+  sf_name_list ragged;  /* option: field names */
+  sf_name_list pad;     /* option: NAME=VALUE items */
   char *bucket_field;   /* option */
   int bucket_key;       /* option: index into bucket_key_names */
   sf_float_list bucket_bounds; /* option */
@@ -93,12 +93,12 @@ static const sf_option options[] = {
      "emit the short last batch of an epoch (or of the input; with buckets, of every bucket); false drops it "
      "and counts its samples as skipped",
      NULL},
-    {"ragged", SF_OPT_STRING, offsetof(batch, ragged), "", 0, 0,
+    {"ragged", SF_OPT_NAME_LIST, offsetof(batch, ragged), "", 0, 0,
      "comma-separated fields of any length collated as NAME (every sample's values concatenated, 1-D) plus "
      "NAME.offsets (int64 [B+1]; sample i is values[offsets[i]:offsets[i+1]]): encoded members (bytes: txt, "
      "json...) or 1-D decoded fields (e.g. ragged: txt,json,ids)",
      NULL},
-    {"pad", SF_OPT_STRING, offsetof(batch, pad), "", 0, 0,
+    {"pad", SF_OPT_NAME_LIST, offsetof(batch, pad), "", 0, 0,
      "comma-separated NAME=VALUE: 1-D decoded fields padded with VALUE to the batch's longest, as NAME [B,L] "
      "plus NAME.length (int32 [B]) (e.g. pad: ids=0,audio=0.0)",
      NULL},
@@ -124,19 +124,17 @@ static const sf_option options[] = {
     {NULL},
 };
 
-/* Finds name in a comma-separated list of NAME or NAME=VALUE; stores VALUE's text start in *value. */
-static bool listed(const char *list, const char *name, const char **value) {
+/* Finds name among a list's NAME or NAME=VALUE items (blanks before '=' ignored); stores VALUE's text start in *value. */
+static bool listed(const sf_name_list *list, const char *name, const char **value) {
   size_t n = strlen(name);
-  for (const char *p = list; p && *p;) {
-    p += strspn(p, " ");
-    size_t len = strcspn(p, ",= ");
+  for (int i = 0; i < list->n; i++) {
+    const char *p = list->v[i];
+    size_t len = strcspn(p, "= ");
     if (len == n && memcmp(p, name, n) == 0) {
       len += strspn(p + len, " ");
       if (value) *value = p[len] == '=' ? p + len + 1 : NULL;
       return true;
     }
-    p += strcspn(p, ",");
-    if (*p == ',') p++;
   }
   return false;
 }
@@ -168,7 +166,7 @@ static int layout_of(const batch *b, const sf_sample *s, layout *lay, char *why,
   for (int i = 0; i < s->n_fields; i++) {
     const sf_field *f = &s->fields[i];
     const char *value = NULL;
-    int mode = listed(b->ragged, f->name, NULL) ? RAGGED : listed(b->pad, f->name, &value) ? PAD : FIXED;
+    int mode = listed(&b->ragged, f->name, NULL) ? RAGGED : listed(&b->pad, f->name, &value) ? PAD : FIXED;
     if (mode == FIXED && (f->encoded || (!f->tensor.buffer && !f->recipe))) continue;
     slots += mode == FIXED ? 1 : 2;
     if (mode != FIXED && (strlen(f->name) + sizeof ".offsets" > SF_FIELD_NAME_MAX || slots > SF_MAX_FIELDS)) {
@@ -739,26 +737,18 @@ static int step(sf_node *node) {
 
 /* Checks the pad, ragged and bucket options (their syntax is the stage's own). */
 static int check_options(sf_node *node, batch *b) {
-  for (const char *p = b->pad; p && *p;) {
-    size_t len = strcspn(p, ",");
-    const char *eq = memchr(p, '=', len);
+  for (int i = 0; i < b->pad.n; i++) {
+    const char *p = b->pad.v[i], *eq = strchr(p, '=');
     char *end = NULL;
     if (eq) strtod(eq + 1, &end);
-    if (!eq || eq == p || end != p + len) {
-      sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                    "batch option pad: '%.*s' is not NAME=VALUE; write e.g. pad: ids=0,audio=0.0", (int)len, p);
-      return SF_EOPTION;
-    }
-    p += len + (p[len] == ',');
+    if (!eq || eq == p || *end)
+      return sf_node_option_error(node, "pad", "'%s' is not NAME=VALUE; write e.g. pad: ids=0,audio=0.0", p);
   }
   b->n_buckets = b->bucket_field && *b->bucket_field ? b->bucket_bounds.n + 1 : 1;
   for (int i = 1; i < b->bucket_bounds.n; i++)
-    if (!(b->bucket_bounds.v[i] > b->bucket_bounds.v[i - 1])) {
-      sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                    "batch option bucket_bounds: %g follows %g; give the boundaries in ascending order",
-                    b->bucket_bounds.v[i], b->bucket_bounds.v[i - 1]);
-      return SF_EOPTION;
-    }
+    if (!(b->bucket_bounds.v[i] > b->bucket_bounds.v[i - 1]))
+      return sf_node_option_error(node, "bucket_bounds", "%g follows %g; give the boundaries in ascending order",
+                                  b->bucket_bounds.v[i], b->bucket_bounds.v[i - 1]);
   /* A bucket holds at most batch_size - 1 samples in its batch, or WAIT_MAX waiting for its shape: a bound
      above all of them together is never reached, so it never forces a short batch. */
   int64_t most = b->batch_size - 1 > WAIT_MAX ? b->batch_size - 1 : WAIT_MAX;

@@ -43,36 +43,27 @@ static int init(sf_node *node) {
   mix *m = sf_node_priv(node);
   m->n = sf_node_input_count(node);
   if (m->n < 1 || m->n > MAX_INPUTS)
-    return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                         "mix has %d inputs: name 1..%d stages in its `inputs:`, e.g. inputs: [cifar, fmnist]", m->n,
-                         MAX_INPUTS),
-           SF_EOPTION;
+    return sf_node_option_error(node, NULL,
+                                "mix has %d inputs: name 1..%d stages in its `inputs:`, e.g. inputs: [cifar, fmnist]",
+                                m->n, MAX_INPUTS);
   if (m->weights.n != 0 && m->weights.n != m->n)
-    return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                         "weights has %d values for %d inputs: give one weight per name of `inputs:`", m->weights.n,
-                         m->n),
-           SF_EOPTION;
+    return sf_node_option_error(node, "weights", "%d values for %d inputs: give one weight per name of `inputs:`",
+                                m->weights.n, m->n);
   double largest = 0, total = 0;
   for (int i = 0; i < m->n; i++) {
     m->w[i] = m->weights.n ? m->weights.v[i] : 1.0;
     if (!(m->w[i] >= 0 && isfinite(m->w[i])))
-      return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                           "mix option weights: %g is not a finite number >= 0; give each input a weight >= 0",
-                           m->w[i]),
-             SF_EOPTION;
+      return sf_node_option_error(node, "weights", "%g is not a finite number >= 0; give each input a weight >= 0",
+                                  m->w[i]);
     if (m->w[i] > largest) largest = m->w[i];
   }
   if (!(largest > 0))
-    return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                         "mix option weights: all are 0; give at least one input a weight above 0"),
-           SF_EOPTION;
+    return sf_node_option_error(node, "weights", "all are 0; give at least one input a weight above 0");
   /* Scaled by the largest first: weights near DBL_MAX would sum to infinity and normalise to 0. */
   for (int i = 0; i < m->n; i++) total += m->w[i] /= largest;
   for (int i = 0; i < m->n; i++) m->w[i] /= total;
   if (m->stop == STOP_NEVER && m->samples_per_epoch == 0)
-    return sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                         "stop: never mixes without end: set samples_per_epoch to cut each epoch"),
-           SF_EOPTION;
+    return sf_node_option_error(node, "stop", "never mixes without end: set samples_per_epoch to cut each epoch");
   m->epoch = sf_node_first_epoch(node);
   m->end = sf_node_epochs(node) ? sf_node_epochs(node) : UINT64_MAX;
   m->pending = -1;

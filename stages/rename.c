@@ -1,6 +1,5 @@
 /* rename: keeps, drops, renames and orders a sample's fields with `;`-alternatives (WebDataset's rename, to_tuple). */
 #include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stddef.h>
 #include <string.h>
@@ -19,14 +18,14 @@ typedef struct entry {
 } entry;
 
 typedef struct renamer {
-  char *names; /* option */
-  bool keep;   /* option */
+  sf_name_list names; /* option */
+  bool keep;          /* option */
   entry entries[SF_MAX_FIELDS];
   int n_entries;
 } renamer;
 
 static const sf_option options[] = {
-    {"names", SF_OPT_STRING, offsetof(renamer, names), "", 0, 0,
+    {"names", SF_OPT_NAME_LIST, offsetof(renamer, names), "", 0, 0,
      "comma-separated fields to output, in this order: NEW=ALT;ALT;... takes the first of the "
      "alternatives the sample has and calls it NEW (\"image=jpg;jpeg;png;ppm,label=cls\"); a bare "
      "NAME keeps a field as it is; a sample with none of an entry's alternatives is an error record; "
@@ -38,18 +37,6 @@ static const sf_option options[] = {
      NULL},
     {NULL},
 };
-
-/* Records a problem with the `names` option; returns SF_EOPTION (whatever the error policy: a graph error). */
-static int names_error(sf_node *node, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int names_error(sf_node *node, const char *fmt, ...) {
-  char why[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(why, sizeof why, fmt, ap);
-  va_end(ap);
-  sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "option names: %s", why);
-  return SF_EOPTION;
-}
 
 /* Copies the token [a, b) trimmed of spaces into out (lower-cased when lower); false when empty or too long. */
 static bool token(const char *a, const char *b, char out[SF_FIELD_NAME_MAX], bool lower) {
@@ -73,28 +60,30 @@ static int parse_entry(sf_node *node, renamer *r, const char *a, const char *b) 
     const char *end = memchr(p, ';', (size_t)(b - p));
     if (!end) end = b;
     if (e->n_alts == MAX_ALTS)
-      return names_error(node, "\"%.*s\" lists more than %d alternatives", (int)(b - a), a, MAX_ALTS);
+      return sf_node_option_error(node, "names", "\"%.*s\" lists more than %d alternatives", (int)(b - a), a,
+                                  MAX_ALTS);
     if (!token(p, end, e->alts[e->n_alts++], true))
-      return names_error(node,
-                         "\"%.*s\" has an empty or over-%d-byte field name; write "
-                         "NEW=ALT;ALT or NAME, separated by commas",
-                         (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
+      return sf_node_option_error(node, "names",
+                                  "\"%.*s\" has an empty or over-%d-byte field name; write "
+                                  "NEW=ALT;ALT or NAME, separated by commas",
+                                  (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
     p = end + 1;
   }
   if (eq ? !token(a, eq, e->name, false) : !token(a, b, e->name, true) || e->n_alts > 1)
-    return names_error(node,
-                       "\"%.*s\" needs a new name before '=' (NEW=ALT;ALT) when it lists "
-                       "alternatives, of at most %d bytes",
-                       (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
+    return sf_node_option_error(node, "names",
+                                "\"%.*s\" needs a new name before '=' (NEW=ALT;ALT) when it lists "
+                                "alternatives, of at most %d bytes",
+                                (int)(b - a), a, SF_FIELD_NAME_MAX - 1);
   for (int i = 0; i < r->n_entries; i++) {
-    if (strcmp(r->entries[i].name, e->name) == 0) return names_error(node, "field '%s' is named twice", e->name);
+    if (strcmp(r->entries[i].name, e->name) == 0)
+      return sf_node_option_error(node, "names", "field '%s' is named twice", e->name);
     for (int j = 0; j < r->entries[i].n_alts; j++)
       for (int k = 0; k < e->n_alts; k++)
         if (strcmp(r->entries[i].alts[j], e->alts[k]) == 0)
-          return names_error(node,
-                             "field '%s' is a source of both '%s' and '%s'; give each "
-                             "source field to one name",
-                             e->alts[k], r->entries[i].name, e->name);
+          return sf_node_option_error(node, "names",
+                                      "field '%s' is a source of both '%s' and '%s'; give each "
+                                      "source field to one name",
+                                      e->alts[k], r->entries[i].name, e->name);
   }
   r->n_entries++;
   return 0;
@@ -102,15 +91,15 @@ static int parse_entry(sf_node *node, renamer *r, const char *a, const char *b) 
 
 static int init(sf_node *node) {
   renamer *r = sf_node_priv(node);
-  const char *s = r->names ? r->names : "";
-  if (!*s) return names_error(node, "empty: list the fields to output, e.g. names: \"image=jpg;png,label=cls\"");
-  for (const char *p = s; *p;) {
-    const char *end = strchr(p, ',');
-    if (!end) end = p + strlen(p);
-    if (r->n_entries == SF_MAX_FIELDS) return names_error(node, "lists more than %d fields", SF_MAX_FIELDS);
-    int rc = parse_entry(node, r, p, end);
+  if (r->names.n == 0)
+    return sf_node_option_error(node, "names",
+                                "empty: list the fields to output, e.g. names: \"image=jpg;png,label=cls\"");
+  for (int i = 0; i < r->names.n; i++) {
+    if (r->n_entries == SF_MAX_FIELDS)
+      return sf_node_option_error(node, "names", "lists more than %d fields", SF_MAX_FIELDS);
+    const char *item = r->names.v[i];
+    int rc = parse_entry(node, r, item, item + strlen(item));
     if (rc < 0) return rc;
-    p = *end ? end + 1 : end;
   }
   return 0;
 }

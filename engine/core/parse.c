@@ -175,3 +175,43 @@ int sf_parse_float_list(const char *text, sf_float_list *out) {
   *out = list;
   return 0;
 }
+
+int sf_parse_name_list(const char *text, sf_name_list *out) {
+  const char *s = skip_space(text), *end = s + strlen(s);
+  while (end > s && isspace((unsigned char)end[-1])) end--;
+  if (end - s >= 2 && *s == '[' && end[-1] == ']') s++, end--; /* brackets only as a pair: "[a, b]" */
+  int n = 0;
+  size_t bytes = 0;
+  for (int pass = 0; pass < 2; pass++) { /* count, then copy into one block: pointers, then the strings */
+    char **v = NULL, *text_at = NULL;
+    if (pass == 1) {
+      if (n == 0) {
+        *out = (sf_name_list){0};
+        return 0;
+      }
+      v = malloc((size_t)n * sizeof *v + bytes);
+      if (!v) return SF_ENOMEM;
+      text_at = (char *)(v + n);
+    }
+    n = 0;
+    for (const char *p = s; p < end;) {
+      const char *comma = memchr(p, ',', (size_t)(end - p)), *a = p, *b = comma ? comma : end;
+      p = comma ? comma + 1 : end;
+      while (a < b && isspace((unsigned char)*a)) a++;
+      while (b > a && isspace((unsigned char)b[-1])) b--;
+      if (a == b) continue;
+      if (pass == 0) {
+        if (n == SF_NAME_LIST_MAX) return SF_ETOOBIG;
+        bytes += (size_t)(b - a) + 1;
+      } else {
+        v[n] = text_at;
+        memcpy(text_at, a, (size_t)(b - a));
+        text_at[b - a] = '\0';
+        text_at += b - a + 1;
+      }
+      n++;
+    }
+    if (pass == 1) *out = (sf_name_list){.n = n, .v = (const char *const *)v};
+  }
+  return 0;
+}

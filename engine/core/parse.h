@@ -31,4 +31,12 @@ int sf_parse_float(const char *text, double *value);
 /* Up to 8 numbers, "0.1,0.2,0.3" or "[0.1, 0.2, 0.3]". Returns 0 or SF_EOPTION. */
 int sf_parse_float_list(const char *text, sf_float_list *out);
 
+/*
+ * Items separated by commas, "a,b" or "[a, b]" (a YAML list reaches here joined as "a, b"), each trimmed of
+ * blanks; empty ones are left out. On success *out holds them in one allocation the caller frees with
+ * free((void *)out->v) (NULL for no items). Returns 0, SF_ETOOBIG (more than SF_NAME_LIST_MAX items) or
+ * SF_ENOMEM; *out is unchanged on failure.
+ */
+int sf_parse_name_list(const char *text, sf_name_list *out);
+
 #endif

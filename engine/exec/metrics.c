@@ -184,6 +184,21 @@ int sf_metrics_format(sf_node *const *nodes, int n, uint64_t error_count, double
       }
   }
   free(extras);
+  /* The stages' own counters: one family, the counter's name a label (names are checked: a-z, 0-9, _). */
+  static const family counter = {"shardflow_stage_counter_total", "counter",
+                                 "A count a stage keeps of its own (sf_node_counter_add), by its name."};
+  header(out, &counter);
+  for (int i = 0; i < n; i++) {
+    int k = atomic_load_explicit(&nodes[i]->n_counters, memory_order_acquire);
+    for (int c = 0; c < k; c++) {
+      sf_strbuf_add(out, "shardflow_stage_counter_total{stage=\"");
+      label_value(out, nodes[i]->name);
+      sf_strbuf_add(out, "\",type=\"");
+      label_value(out, nodes[i]->def->name);
+      sf_strbuf_appendf(out, "\",replica=\"%d\",counter=\"%s\"} %llu\n", nodes[i]->replica, nodes[i]->counter_names[c],
+                        (unsigned long long)atomic_load_explicit(&nodes[i]->counters[c], memory_order_relaxed));
+    }
+  }
   static const family errors = {"shardflow_pipeline_errors_total", "counter", "Error records of the whole pipeline."};
   header(out, &errors);
   sf_strbuf_appendf(out, "%s %llu\n", errors.name, (unsigned long long)error_count);

@@ -232,6 +232,65 @@ int sf_node_error(sf_node *n, int code, const char *url, const char *key, int64_
   return sf_node_error_record(n, &e);
 }
 
+int sf_node_option_error(sf_node *n, const char *option, const char *fmt, ...) {
+  char text[sizeof ((sf_error *)0)->message];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  if (option)
+    sf_node_error(n, SF_EOPTION, NULL, NULL, -1, "option %s: %s", option, text);
+  else
+    sf_node_error(n, SF_EOPTION, NULL, NULL, -1, "%s", text);
+  return SF_EOPTION; /* whatever the policy: a node cannot run with options it refuses */
+}
+
+void sf_node_log(const sf_node *n, sf_log_level level, const char *fmt, ...) {
+  char text[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  if (level != SF_LOG_ERROR && level != SF_LOG_WARNING && level != SF_LOG_INFO) level = SF_LOG_WARNING;
+  sf_log(level, n->name, "%s", text);
+}
+
+/* A counter name: 1..31 bytes of a-z, 0-9 and _, a letter first (a /metrics label value, a JSON key, one word of the table). */
+static bool counter_name_ok(const char *name) {
+  size_t len = name ? strlen(name) : 0;
+  if (len == 0 || len >= SF_COUNTER_NAME_MAX || name[0] < 'a' || name[0] > 'z') return false;
+  for (size_t i = 0; i < len; i++)
+    if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') || name[i] == '_')) return false;
+  return true;
+}
+
+/* New names are rare (a node's first calls): one lock for every node keeps the node small. */
+static pthread_mutex_t counter_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int sf_node_counter_add(sf_node *n, const char *name, uint64_t delta) {
+  if (!name) return SF_EINVAL;
+  int count = atomic_load_explicit(&n->n_counters, memory_order_acquire);
+  for (int i = 0; i < count; i++)
+    if (strcmp(n->counter_names[i], name) == 0) {
+      atomic_fetch_add_explicit(&n->counters[i], delta, memory_order_relaxed);
+      return 0;
+    }
+  if (!counter_name_ok(name)) return SF_EINVAL;
+  pthread_mutex_lock(&counter_lock);
+  count = atomic_load_explicit(&n->n_counters, memory_order_relaxed);
+  int i = 0;
+  while (i < count && strcmp(n->counter_names[i], name) != 0) i++; /* another thread may have added it */
+  if (i == count && count < SF_NODE_COUNTERS) {
+    snprintf(n->counter_names[i], sizeof n->counter_names[i], "%s", name);
+    atomic_store_explicit(&n->counters[i], 0, memory_order_relaxed);
+    atomic_store_explicit(&n->n_counters, count + 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&counter_lock);
+  if (i == SF_NODE_COUNTERS) return SF_ETOOBIG;
+  atomic_fetch_add_explicit(&n->counters[i], delta, memory_order_relaxed);
+  return 0;
+}
+
 int sf_node_error_record(sf_node *n, const sf_error *e) {
   atomic_fetch_add_explicit(&n->errors, 1, memory_order_relaxed);
   record(n->ctx, e, n);

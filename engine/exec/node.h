@@ -113,6 +113,11 @@ struct sf_node {
   /* metrics */
   atomic_uint_fast64_t items, bytes, errors, skipped;
   atomic_uint_fast64_t filtered; /* samples a stage dropped on purpose (not errors, outside the error budget) */
+  /* The stage's own counters (sf_node_counter_add): counter_names[0 .. n_counters) are written before the
+   * count that publishes them (release; readers acquire) and never change after, so readers take no lock. */
+  char counter_names[SF_NODE_COUNTERS][SF_COUNTER_NAME_MAX];
+  atomic_uint_fast64_t counters[SF_NODE_COUNTERS];
+  atomic_int n_counters;
   atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */

@@ -672,6 +672,15 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
       snprintf(s->input_names[j], sizeof s->input_names[j], "%s", n->input_names[j]);
       s->input_items[j] += atomic_load_explicit(&n->input_items[j], memory_order_relaxed);
     }
+    /* Replicas may have added their counters in another order: summed by name. */
+    int counters = atomic_load_explicit(&n->n_counters, memory_order_acquire);
+    for (int c = 0; c < counters; c++) {
+      int k = 0;
+      while (k < s->n_counters && strcmp(s->counter_names[k], n->counter_names[c]) != 0) k++;
+      if (k == SF_NODE_COUNTERS) continue; /* cannot be: every replica has at most these names */
+      if (k == s->n_counters) snprintf(s->counter_names[s->n_counters++], SF_COUNTER_NAME_MAX, "%s", n->counter_names[c]);
+      s->counters[k] += atomic_load_explicit(&n->counters[c], memory_order_relaxed);
+    }
   }
   return count;
 }

@@ -108,8 +108,23 @@ static void option_text(const sf_option *o, const void *priv, char *buf, size_t 
   }
 }
 
-/* The value of option o in priv, as hashed (a string option as itself, it may be longer than buf). */
-static const char *hashed_value(const sf_option *o, const void *priv, char *buf, size_t size) {
+/*
+ * The value of option o in priv, as hashed: a string option as itself, a name list as its items joined by ","
+ * (what the same option gave as a comma-separated string before it was a list: saved fingerprints still
+ * match), both of any length: a name list's text is allocated in *heap (free it; NULL when it fails).
+ */
+static const char *hashed_value(const sf_option *o, const void *priv, char *buf, size_t size, char **heap) {
+  *heap = NULL;
+  if (o->type == SF_OPT_NAME_LIST) {
+    const sf_name_list *l = (const sf_name_list *)((const char *)priv + o->offset);
+    size_t len = 1;
+    for (int i = 0; i < l->n; i++) len += strlen(l->v[i]) + 1;
+    if (!(*heap = malloc(len))) return NULL;
+    char *at = *heap;
+    *at = '\0';
+    for (int i = 0; i < l->n; i++) at += sprintf(at, "%s%s", i ? "," : "", l->v[i]);
+    return *heap;
+  }
   if (o->type != SF_OPT_STRING) {
     option_text(o, priv, buf, size);
     return buf;
@@ -139,11 +154,15 @@ static int hash_node(EVP_MD_CTX *md, const sf_graph *g, int i, const sf_stage_de
   r = sf_graph_node_apply(g, &blank, def, &defaults, e);
   for (const sf_option *o = def->options; o && o->name && r == 0; o++) {
     if (!counts(def->name, o->name)) continue;
-    char text[512], default_text[512];
-    const char *value = hashed_value(o, priv, text, sizeof text);
-    if (strcmp(value, hashed_value(o, defaults, default_text, sizeof default_text)) == 0) continue;
-    if (!put(md, "option", o->name) || !put(md, "value", value))
+    char text[512], default_text[512], *heap, *default_heap;
+    const char *value = hashed_value(o, priv, text, sizeof text, &heap);
+    const char *default_value = hashed_value(o, defaults, default_text, sizeof default_text, &default_heap);
+    if (!value || !default_value)
+      r = sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+    else if (strcmp(value, default_value) != 0 && (!put(md, "option", o->name) || !put(md, "value", value)))
       r = sf_graph_error(e, SF_ENOMEM, g, -1, "SHA-256 failed");
+    free(heap);
+    free(default_heap);
   }
   sf_options_free(def->options, priv);
   free(priv);

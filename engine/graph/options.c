@@ -44,7 +44,7 @@ const char *sf_option_type_text(const sf_option *o, char *buf, size_t size) {
       [SF_OPT_BOOL] = "bool",     [SF_OPT_INT] = "int",         [SF_OPT_COUNT] = "count",
       [SF_OPT_FLOAT] = "float",   [SF_OPT_STRING] = "string",   [SF_OPT_ENUM] = "enum",
       [SF_OPT_SIZE] = "size",     [SF_OPT_DURATION] = "duration", [SF_OPT_SEED] = "seed",
-      [SF_OPT_FLOAT_LIST] = "float list",
+      [SF_OPT_FLOAT_LIST] = "float list", [SF_OPT_NAME_LIST] = "name list",
   };
   if (o->type == SF_OPT_ENUM)
     enum_names(o, buf, size);
@@ -157,6 +157,18 @@ int sf_option_parse(const sf_option *o, const char *text, void *priv, char *why,
       *(sf_float_list *)p = v;
     break;
   }
+  case SF_OPT_NAME_LIST: {
+    sf_name_list v;
+    if ((r = sf_parse_name_list(text, &v)) == 0) {
+      free((void *)((sf_name_list *)p)->v);
+      *(sf_name_list *)p = v;
+    } else if (r == SF_ETOOBIG) {
+      snprintf(why, n, "%s lists more than %d items: give at most %d, separated by commas", o->name,
+               SF_NAME_LIST_MAX, SF_NAME_LIST_MAX);
+      r = SF_EOPTION;
+    }
+    break;
+  }
   default:
     snprintf(why, n, "option %s has an unknown type", o->name);
     r = SF_EINTERNAL;
@@ -176,6 +188,11 @@ int sf_options_set_defaults(const sf_option *table, void *priv, char *why, size_
 
 void sf_options_free(const sf_option *table, void *priv) {
   for (const sf_option *o = table; o && o->name; o++) {
+    if (o->type == SF_OPT_NAME_LIST) {
+      sf_name_list *l = (sf_name_list *)((char *)priv + o->offset);
+      free((void *)l->v);
+      *l = (sf_name_list){0};
+    }
     if (o->type != SF_OPT_STRING) continue;
     char **p = (char **)((char *)priv + o->offset);
     free(*p);

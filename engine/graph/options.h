@@ -22,7 +22,7 @@ int sf_option_parse(const sf_option *option, const char *text, void *priv, char 
 /* Applies every row's default. Returns 0, or SF_EINTERNAL when a default does not parse. */
 int sf_options_set_defaults(const sf_option *table, void *priv, char *why, size_t why_size);
 
-/* Frees the strings the table's SF_OPT_STRING rows own in priv. */
+/* Frees what the table's SF_OPT_STRING and SF_OPT_NAME_LIST rows own in priv. */
 void sf_options_free(const sf_option *table, void *priv);
 
 /* Writes the valid option names as "a, b, c" into buf. */

@@ -9,6 +9,7 @@
 #include "shardflow/error.h"
 #include "shardflow/log.h"
 #include "shardflow/sample.h"
+#include "shardflow/stage.h" /* SF_NODE_COUNTERS, SF_COUNTER_NAME_MAX */
 #include "shardflow/tensor.h"
 
 #ifdef __cplusplus
@@ -250,6 +251,9 @@ typedef struct sf_node_stats {
   int n_inputs;           /**< connected input ports (fan-in: several) */
   char input_names[8][32];   /**< the node feeding each input port */
   uint64_t input_items[8];   /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
+  int n_counters;            /**< the stage's own counters (sf_node_counter_add), in the order they were first added */
+  char counter_names[SF_NODE_COUNTERS][SF_COUNTER_NAME_MAX]; /**< their names */
+  uint64_t counters[SF_NODE_COUNTERS]; /**< their values, summed over the replicas */
 } sf_node_stats;
 
 /**

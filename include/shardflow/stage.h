@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shardflow/log.h"
 #include "shardflow/sample.h"
 
 #ifdef __cplusplus
@@ -92,6 +93,7 @@ typedef enum sf_option_type {
   SF_OPT_DURATION,   /**< double seconds: 250ms, 30s, 5m, 1h, plain number = seconds */
   SF_OPT_SEED,       /**< uint64_t */
   SF_OPT_FLOAT_LIST, /**< sf_float_list: "0.1,0.2,0.3" or a YAML list */
+  SF_OPT_NAME_LIST,  /**< sf_name_list: "jpg,png", "[jpg, png]" or a YAML list (engine-owned, freed after uninit) */
 } sf_option_type;
 
 /** Storage of an SF_OPT_FLOAT_LIST option. */
@@ -99,6 +101,21 @@ typedef struct sf_float_list {
   int n;
   double v[8];
 } sf_float_list;
+
+/** Most items an SF_OPT_NAME_LIST option holds. */
+#define SF_NAME_LIST_MAX 64
+
+/**
+ * Storage of an SF_OPT_NAME_LIST option: the items of a list written as "a,b,c", "[a, b, c]" or a YAML list
+ * (flow or block), in order, each without the blanks around it; empty items ("a,,b", a trailing comma) are
+ * left out.  An item is any text without a comma ("image=jpg;png", "ids=0"): what it means is the stage's
+ * to check.  At most SF_NAME_LIST_MAX items.  The engine owns v (one allocation with the strings) and frees it
+ * after uninit; n is 0 and v NULL for an empty list.
+ */
+typedef struct sf_name_list {
+  int n;               /**< number of items */
+  const char *const *v; /**< the items: v[0] .. v[n - 1], NUL-terminated */
+} sf_name_list;
 
 /**
  * One row of a stage's options table.  The same row parses the graph file,
@@ -292,6 +309,52 @@ SF_API bool sf_node_output_ready(const sf_node *node);
 SF_API int sf_node_error(sf_node *node, int code, const char *url, const char *key,
                          int64_t offset, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+
+/**
+ * Records a mistake in the node's options, found in init (a value its own parser does not take, two options that
+ * contradict each other), and returns SF_EOPTION whatever the graph's error policy: a stage cannot run with
+ * options it refuses, so `return sf_node_option_error(node, "mean", "...")` ends init.  The record (SF_EOPTION,
+ * the node's name as its stage) is counted and printed as sf_node_error()'s are; its message is "option
+ * OPTION: " and fmt's text, or fmt's text alone when option is NULL (a problem of several options, or of the
+ * node's wiring).  Say what to write instead.  Returns SF_EOPTION.
+ */
+SF_API int sf_node_option_error(sf_node *node, const char *option, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/**
+ * Writes one log line about this node through the library's log handler (shardflow/log.h), as the engine
+ * writes its own lines about a node: the default handler prints "shardflow: NAME: message" to stderr
+ * ("shardflow: error: NAME: ..." for SF_LOG_ERROR), and a handler set with sf_log_set_handler() receives the
+ * node's name as its stage.  level: an sf_log_level (another value is logged as SF_LOG_WARNING); fmt:
+ * printf-style, one line without a trailing newline (cut at 4 KiB).  A line is neither counted nor limited:
+ * log a condition once (e.g. the first time), not per sample, and report a bad sample or option with
+ * sf_node_error() / sf_node_option_error() instead, which count it and apply the error policy.
+ * Any thread (the handler runs on it).
+ */
+SF_API void sf_node_log(const sf_node *node, sf_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/** Most counters of its own a node may keep (sf_node_counter_add). */
+#define SF_NODE_COUNTERS 4
+/** Size of a counter name with its NUL: names have at most 31 bytes. */
+#define SF_COUNTER_NAME_MAX 32
+
+/**
+ * Adds delta to the node's own counter `name` (something the stage counts beyond items, bytes, errors,
+ * skipped and filtered: values clamped, tokens cut, retries), creating it at its first call: call it with
+ * delta 0 in init to show the counter as 0 from the start.  Counters are shown with the node's other
+ * counts, summed over its replicas: in `shardflow run`'s stage table (a line "NAME VALUE" under the node's
+ * row), in sf_node_stats' counter_names / counters (`--stats-json` and Python's stats() as "counters":
+ * {NAME: VALUE}), and per replica in /metrics as shardflow_stage_counter_total{stage, type, replica,
+ * counter="NAME"}.  A node in a group's worker keeps its counters in the worker: the head shows only its own
+ * nodes'.
+ *
+ * name: 1..31 bytes of a-z, 0-9 and _, starting with a letter; copied.  A node has at most SF_NODE_COUNTERS
+ * names.  Returns 0; SF_EINVAL for a name not of that form, SF_ETOOBIG for a name beyond the first
+ * SF_NODE_COUNTERS (nothing is counted either way: check the result in init).  Any thread; cheap (an atomic
+ * add once the name is known).
+ */
+SF_API int sf_node_counter_add(sf_node *node, const char *name, uint64_t delta);
 
 /**
  * Counts samples dropped because of an error (reported at the end; they count

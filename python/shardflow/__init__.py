@@ -83,7 +83,8 @@ class _NodeStats(ctypes.Structure):
                 ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
                 ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
                 ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 8),
-                ("input_items", ctypes.c_uint64 * 8)]
+                ("input_items", ctypes.c_uint64 * 8), ("n_counters", ctypes.c_int),
+                ("counter_names", (ctypes.c_char * 32) * 4), ("counters", ctypes.c_uint64 * 4)]
 
 
 # sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
@@ -549,7 +550,8 @@ class Pipeline:
         name, type (stage), replicas, items (produced), bytes (payload produced, as the stage counts
         it), busy_seconds (wall-clock inside its steps), wait_seconds (waiting for input), errors
         (records raised), skipped (samples dropped under the skip policy), filtered (dropped on
-        purpose by a filter stage), and the rates over the
+        purpose by a filter stage), counters (the stage's own counts by name, for a stage that
+        keeps some: sf_node_counter_add), and the rates over the
         pipeline's life so far: items_per_second and mib_per_second (per wall-clock second since
         the pipeline started; set_epoch and load_state_dict start a new one, from zero). The
         numbers are those `shardflow run` prints at its end."""
@@ -562,8 +564,11 @@ class Pipeline:
             node = {name: getattr(s, name) for name, _ in _NodeStats._fields_}
             node["name"], node["type"] = s.name.decode(), s.type.decode()
             del node["n_inputs"], node["input_names"], node["input_items"]
+            del node["n_counters"], node["counter_names"], node["counters"]
             if s.n_inputs > 1:  # a mix: what each input gave, by the name of the node feeding it
                 node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 8))}
+            if s.n_counters > 0:  # the stage's own counters (sf_node_counter_add), by name
+                node["counters"] = {s.counter_names[j].value.decode(): s.counters[j] for j in range(min(s.n_counters, 4))}
             node["items_per_second"] = s.items / elapsed
             node["mib_per_second"] = s.bytes / 1048576.0 / elapsed
             nodes.append(node)

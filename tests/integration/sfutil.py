@@ -210,8 +210,9 @@ STAGE_TABLE_COLUMNS = ("node", "stage", "reps", "items", "mib", "busy", "wait", 
 def stage_table(stderr):
     """The head's end-of-run table of `shardflow run` (cli/run.c print_summary) as
     {node: {column: value}}, columns STAGE_TABLE_COLUMNS (numbers parsed); a mix's
-    "  <- INPUT N" lines under its row become its "inputs" {INPUT: N}, and a tuned option's
-    "  OPTION VALUE (...)" lines its "tuned" {OPTION: VALUE}."""
+    "  <- INPUT N" lines under its row become its "inputs" {INPUT: N}, a tuned option's
+    "  OPTION VALUE (...)" lines its "tuned" {OPTION: VALUE}, and a stage's own counters'
+    "     NAME N" lines its "counters" {NAME: N}."""
     rows, row, lines = {}, None, stderr.splitlines()
     start = next((i for i, line in enumerate(lines) if line.split()[:2] == ["node", "stage"]), None)
     if start is None:
@@ -225,6 +226,9 @@ def stage_table(stderr):
             continue
         if line.startswith("  ") and len(parts) >= 3 and parts[2].startswith("(") and row is not None:
             row.setdefault("tuned", {})[parts[0]] = int(parts[1])
+            continue
+        if len(parts) == 2 and parts[1].isdigit() and row is not None:  # a counter of the stage's own
+            row.setdefault("counters", {})[parts[0]] = int(parts[1])
             continue
         if len(parts) != len(STAGE_TABLE_COLUMNS):
             break

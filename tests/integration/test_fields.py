@@ -112,6 +112,14 @@ check(missing == ["s009"], f"the reference has one sample without an image ({mis
 check("s009" in err and "'image'" in err and "png;ppm" in err and "cls, txt" in err,
       f"the missing field's error names key, name, alternatives and the sample's fields:\n{err}")
 check("1 error record(s), 1 sample(s) skipped" in err, f"the sample is counted as skipped:\n{err}")
+# `names` is a list option: written as a YAML flow list, a block list, or the text "[a, b]" that --set and
+# Python's keyword arguments (a list) give, with blanks around the items, it names what the comma string names.
+for how, value in (("flow", "[label=cls, image=png;ppm]"), ("block", "\n      - label=cls\n      - image=png;ppm"),
+                   ("text", '"[ label=cls , image=png;ppm ]"')):
+    k2, g2, e2 = run_graph(f"select-{how}", shard, [("decode", {}), ("rename", dict(names=value))],
+                           error_policy="skip")
+    check(k2 == keys and sorted(g2) == sorted(got) and all(np.array_equal(g2[n], got[n]) for n in got),
+          f"names as a {how} list: keys {k2}, fields {sorted(g2)}, expected {keys}, {sorted(got)}\n{e2}")
 # The same inside a group (two worker processes): rename is a map stage, so it runs there too, and the
 # missing field's error record travels to the head.
 out = os.path.join(tmp, "select-group")

@@ -55,6 +55,14 @@ expect_error(GOOD.replace("    batch_size: 2\n", "    batch_size: 2\n    replica
 expect_error("stages:\n  - type: shard_source\n    urls: [unclosed\n", 4, "YAML")
 expect_error(GOOD, None, "no option 'shufle'", "shuffle", extra=["--set", "shard_source.shufle=false"])
 expect_error(GOOD, None, "no node named 'sauce'", "shard_source, tar_split", extra=["--set", "sauce.urls=x"])
+# List options (SF_OPT_NAME_LIST): more items than a list holds is the line's error; a stage's own limit on a
+# list is an option error that stops the run under error_policy skip too.
+many = "[" + ", ".join(f"f{i}" for i in range(65)) + "]"
+expect_error(GOOD.replace("  - type: batch\n", f"  - type: augment\n    fields: {many}\n  - type: batch\n"), 8,
+             "node 'augment': fields lists more than 64 items")
+expect_error(GOOD.replace("seed: 1", "seed: 1\nerror_policy: skip").replace(
+    "  - type: batch\n", "  - type: augment\n    fields: [" + ", ".join(f"f{i}" for i in range(17)) + "]\n  - type: batch\n"),
+    8, "node 'augment' (augment) cannot start: option fields: lists too many or too long names (at most 16 names")
 p = run(["run", os.path.join(tmp, "missing.yaml")], check=False)
 check(p.returncode == 1 and "missing.yaml" in p.stderr and "cannot open" in p.stderr, f"missing file: {p.stderr}")
 p = run(["run"], check=False)

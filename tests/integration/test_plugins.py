@@ -2,18 +2,21 @@
 a wrong ABI version, a missing entry point, name clashes, a plugin not found and a non-ELF file are refused
 with the graph's file:line, the plugin's file and what to do."""
 import ctypes
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, make_dataset, read_batches, run  # noqa: E402
+from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, stage_table  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-plugins-")
@@ -106,6 +109,58 @@ for factor in (0.7, 1.9, 2.5):
         check(got[k].dtype == np.uint8 and np.array_equal(got[k], want),
               f"factor {factor}, sample {k}: scale matches numpy (max diff "
               f"{np.abs(got[k].astype(int) - want.astype(int)).max()})")
+
+# A plugin's own counter and log line (sf_node_counter_add, sf_node_log): scale counts the uint8 values it clamps.
+# One run with 3 replicas and a slow consumer: /metrics (per replica, summed here) while it runs, then the stage
+# table and --stats-json's final record, all equal to numpy's count; the warning names the node as the engine's
+# own lines do, once per replica at most.
+factor = 1.9
+want = sum(int(((np.rint(img.astype(np.float64) * factor) > 255) | (np.rint(img.astype(np.float64) * factor) < 0))
+               .sum()) for img, _ in truth.values())
+check(want > 0, f"the dataset has values factor {factor} clamps: {want}")
+path, out = graph("counted", [scale_so], f"  - type: scale\n    factor: {factor}\n    replicas: 3\n")
+stats_path = os.path.join(tmp, "counted.jsonl")
+proc = subprocess.Popen([SHARDFLOW, "run", path, "--quiet", "--stats-json", stats_path, "--metrics", "127.0.0.1:0",
+                         "--step-time", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+first, port = "", None
+while not port:  # the server logs its port from its own thread: scale's warnings may come first
+    line = proc.stderr.readline()
+    first += line
+    port = re.search(r"serving metrics on http://127\.0\.0\.1:(\d+)/metrics", line)
+    if not line:
+        break
+rest = []
+drain = threading.Thread(target=lambda: rest.append(proc.stderr.read()))
+drain.start()
+scraped, series = None, ""
+deadline = time.monotonic() + 30
+while port and scraped != want and time.monotonic() < deadline:
+    try:
+        series = urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=5).read().decode()
+    except OSError:
+        break  # the run ended
+    found = re.findall(r'^shardflow_stage_counter_total\{stage="scale",type="scale",replica="(\d)",'
+                       r'counter="clamped"\} (\d+)$', series, re.M)
+    scraped = sum(int(v) for _, v in found) if len(found) == 3 else None
+    time.sleep(0.05)
+proc.wait(timeout=120)
+drain.join()
+err = first + "".join(rest)
+check(proc.returncode == 0, f"the counted run: exit {proc.returncode}: {err}")
+check(scraped == want and "# TYPE shardflow_stage_counter_total counter" in series,
+      f"/metrics: clamped summed over the 3 replicas is {scraped}, numpy counts {want}:\n{series[-1500:]}\n{first}")
+got = stage_table(err).get("scale", {})
+check(got.get("reps") == 3 and got.get("counters") == {"clamped": want},
+      f"the stage table's line under scale: {got}, numpy counts {want}:\n{err}")
+final = [json.loads(line) for line in open(stats_path)][-1]
+node = next((n for n in final["nodes"] if n["name"] == "scale"), {})
+check(final["final"] and node.get("counters") == {"clamped": want}, f"--stats-json: {node}, numpy counts {want}")
+others = [n["name"] for n in final["nodes"] if "counters" in n and n["name"] != "scale"]
+check(not others, f"nodes without counters of their own have no `counters`: {others}")
+warned = [line for line in err.splitlines() if "takes uint8 values" in line]
+check(1 <= len(warned) <= 3 and all(line.startswith(f"shardflow: scale: factor {factor} takes uint8 values of 'ppm' "
+                                                    "out of 0..255 (first in sample ") for line in warned),
+      f"scale's warning, prefixed with its node's name like the engine's lines: {warned}")
 
 # float32 (after augment), by name through SHARDFLOW_PLUGIN_PATH; the same file twice is loaded once.
 aug = "  - type: augment\n    layout: hwc\n"

@@ -507,11 +507,20 @@ with shardflow.Pipeline(scaled, output="dict", metrics="127.0.0.1:0", epochs=1) 
     check_metrics(isinstance(port, int) and port > 0, f"metrics_port is the bound port: {port}")
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     items = {n["name"]: n["items"] for n in p.stats()}
+    counters = {n["name"]: n.get("counters") for n in p.stats()}
 lines = [ln for ln in text.splitlines() if ln.startswith("shardflow_stage_items_total{") and 'stage="scale"' in ln]
 check_metrics(lines and sum(float(ln.rsplit(" ", 1)[1]) for ln in lines) == items["scale"]
               == sum(len(b["__key__"]) for b in batches),
               f"/metrics counts the scale stage's items (summed over its replicas) as stats() does "
               f"({items.get('scale')}): {lines}")
+# scale's own counter (sf_node_counter_add in its init): factor 0.5 clamps nothing, so stats() and /metrics say 0;
+# stages without counters of their own have no "counters".
+clamped = sum(int((np.rint(truth[k][0].astype(np.float64) * 0.5) > 255).sum()) for b in batches for k in b["__key__"])
+check_metrics(counters.get("scale") == {"clamped": clamped} and counters.get("decode") is None,
+              f"stats() has scale's own counter (numpy: {clamped} clamped): {counters}")
+lines = [ln for ln in text.splitlines() if ln.startswith('shardflow_stage_counter_total{stage="scale"')]
+check_metrics(lines and all('counter="clamped"}' in ln for ln in lines)
+              and sum(int(ln.rsplit(" ", 1)[1]) for ln in lines) == clamped, f"/metrics has it: {lines}")
 with shardflow.Pipeline(scaled, output="dict") as p:
     check_metrics(p.metrics_port is None, "no metrics setting: metrics_port is None")
 check_metrics.done("python metrics")

@@ -18,6 +18,7 @@ typedef struct opts {
   int e;
   uint64_t seed;
   sf_float_list list;
+  sf_name_list names;
 } opts;
 
 static const char *const colors[] = {"red", "green", "blue", NULL};
@@ -32,6 +33,7 @@ static const sf_option table[] = {
     {"e", SF_OPT_ENUM, offsetof(opts, e), "green", 0, 0, "an enum", colors},
     {"seed", SF_OPT_SEED, offsetof(opts, seed), "42", 0, 0, "a seed", NULL},
     {"list", SF_OPT_FLOAT_LIST, offsetof(opts, list), "[0.1, 0.2, 0.3]", 0, 0, "a list", NULL},
+    {"names", SF_OPT_NAME_LIST, offsetof(opts, names), "jpg,png", 0, 0, "a name list", NULL},
     {NULL},
 };
 
@@ -50,8 +52,12 @@ static void test_defaults(void **state) {
   assert_int_equal(o.seed, 42);
   assert_int_equal(o.list.n, 3);
   assert_true(o.list.v[2] == 0.3);
+  assert_int_equal(o.names.n, 2);
+  assert_string_equal(o.names.v[1], "png");
   sf_options_free(table, &o);
   assert_null(o.s);
+  assert_int_equal(o.names.n, 0);
+  assert_null(o.names.v);
 }
 
 static int parse(opts *o, const char *name, const char *text, char *why) {
@@ -137,12 +143,58 @@ static void test_stage_tables_parse(void **state) {
   assert_int_equal(n, SF_BUILTIN_STAGE_COUNT); /* meson.build's builtin_stages */
 }
 
+/* Checks that names holds the items of want (a NULL-terminated list). */
+static void assert_names(const sf_name_list *names, const char *const *want) {
+  int n = 0;
+  while (want[n]) n++;
+  assert_int_equal(names->n, n);
+  for (int i = 0; i < n; i++) assert_string_equal(names->v[i], want[i]);
+}
+
+/* A name list takes what the comma-separated strings it replaced took, and what lists are written as. */
+static void test_name_list(void **state) {
+  opts o = {0};
+  char why[256], text[2048];
+  assert_int_equal(parse(&o, "names", "image=jpg;png,label=cls", why), 0);
+  assert_names(&o.names, (const char *[]){"image=jpg;png", "label=cls", NULL});
+  /* a YAML list reaches options joined with ", "; --set and Python keyword arguments write "[a, b]" */
+  assert_int_equal(parse(&o, "names", "a, b c , d", why), 0);
+  assert_names(&o.names, (const char *[]){"a", "b c", "d", NULL});
+  assert_int_equal(parse(&o, "names", " [ ids=0, audio = 1.5 ] ", why), 0);
+  assert_names(&o.names, (const char *[]){"ids=0", "audio = 1.5", NULL});
+  /* empty items are left out, as augment's and batch's own parsers did */
+  assert_int_equal(parse(&o, "names", ",a,, b,", why), 0);
+  assert_names(&o.names, (const char *[]){"a", "b", NULL});
+  assert_int_equal(parse(&o, "names", "[]", why), 0);
+  assert_names(&o.names, (const char *[]){NULL});
+  assert_null(o.names.v);
+  assert_int_equal(parse(&o, "names", "", why), 0);
+  assert_int_equal(o.names.n, 0);
+  /* a bracket that is not one of a pair is text */
+  assert_int_equal(parse(&o, "names", "[a,b", why), 0);
+  assert_names(&o.names, (const char *[]){"[a", "b", NULL});
+  /* at most SF_NAME_LIST_MAX items; a refused value leaves the old one */
+  size_t len = 0;
+  for (int i = 0; i <= SF_NAME_LIST_MAX; i++) len += (size_t)snprintf(text + len, sizeof text - len, "f%d,", i);
+  assert_int_equal(parse(&o, "names", text, why), SF_EOPTION);
+  assert_non_null(strstr(why, "names lists more than 64 items"));
+  assert_names(&o.names, (const char *[]){"[a", "b", NULL});
+  text[len - 4] = '\0'; /* drop ",64," */
+  assert_int_equal(parse(&o, "names", text, why), 0);
+  assert_int_equal(o.names.n, SF_NAME_LIST_MAX);
+  assert_string_equal(o.names.v[63], "f63");
+  char type[64];
+  assert_string_equal(sf_option_type_text(sf_option_find(table, "names"), type, sizeof type), "name list");
+  sf_options_free(table, &o);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_units),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_stage_tables_parse),
+      cmocka_unit_test(test_name_list),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
