@@ -342,6 +342,7 @@ static void store(sf_dtype dtype, void *p, double v) {
   case SF_DTYPE_INT32: *(int32_t *)p = (int32_t)v; break;
   case SF_DTYPE_INT64: *(int64_t *)p = (int64_t)v; break;
   case SF_DTYPE_FLOAT32: memcpy(p, &(float){(float)v}, 4); break;
+  case SF_DTYPE_FLOAT64: memcpy(p, &v, 8); break;
   default: { /* bfloat16: the float's top half */
     float f = (float)v;
     uint32_t u;

@@ -10,10 +10,12 @@ packages=(
   libmicrohttpd-dev                            # the /metrics endpoint
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
+  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev  # the video plugin (FFmpeg 5.1)
   python3-mesonpy python3-venv                 # pyproject.toml: pip install --no-build-isolation .
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz
   sentencepiece python3-sentencepiece  # spm_train and the tokenize plugin's reference
+  ffmpeg python3-av                    # test_video: test videos made by the CLI, PyAV's decode as the reference
   prometheus python3-prometheus-client  # test_metrics: a real scraper, and a strict text-format parser
   slurmctld slurmd slurm-client munge  # test_slurm: a single-host Slurm runs the examples/slurm job
   # data and benchmarks

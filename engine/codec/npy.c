@@ -23,6 +23,7 @@ static const char *descr(sf_dtype dtype) {
   case SF_DTYPE_FLOAT32: return ENDIAN "f4";
   case SF_DTYPE_BFLOAT16: return ENDIAN "u2";
   case SF_DTYPE_UINT16: return ENDIAN "u2";
+  case SF_DTYPE_FLOAT64: return ENDIAN "f8";
   default: return NULL;
   }
 }
@@ -119,7 +120,8 @@ static bool dtype_of(const char *d, sf_dtype *out) {
     const char *descr;
     sf_dtype dtype;
   } known[] = {{"|u1", SF_DTYPE_UINT8}, {"<u1", SF_DTYPE_UINT8}, {"<u2", SF_DTYPE_UINT16},
-               {"<i4", SF_DTYPE_INT32}, {"<i8", SF_DTYPE_INT64}, {"<f4", SF_DTYPE_FLOAT32}};
+               {"<i4", SF_DTYPE_INT32}, {"<i8", SF_DTYPE_INT64}, {"<f4", SF_DTYPE_FLOAT32},
+               {"<f8", SF_DTYPE_FLOAT64}};
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
     if (strcmp(d, known[i].descr) == 0) return *out = known[i].dtype, true;
   return false;

@@ -21,6 +21,7 @@ static bool dl_type(sf_dtype dtype, DLDataType *out) {
       [SF_DTYPE_UINT8] = {kDLUInt, 8, 1},     [SF_DTYPE_INT32] = {kDLInt, 32, 1},
       [SF_DTYPE_INT64] = {kDLInt, 64, 1},     [SF_DTYPE_FLOAT32] = {kDLFloat, 32, 1},
       [SF_DTYPE_BFLOAT16] = {kDLBfloat, 16, 1}, [SF_DTYPE_UINT16] = {kDLUInt, 16, 1},
+      [SF_DTYPE_FLOAT64] = {kDLFloat, 64, 1},
   };
   if ((unsigned)dtype >= SF_DTYPE_COUNT_) return false;
   *out = types[dtype];

@@ -11,6 +11,7 @@ static const struct {
     [SF_DTYPE_UINT8] = {"uint8", 1},     [SF_DTYPE_INT32] = {"int32", 4},
     [SF_DTYPE_INT64] = {"int64", 8},     [SF_DTYPE_FLOAT32] = {"float32", 4},
     [SF_DTYPE_BFLOAT16] = {"bfloat16", 2}, [SF_DTYPE_UINT16] = {"uint16", 2},
+    [SF_DTYPE_FLOAT64] = {"float64", 8},
 };
 
 size_t sf_dtype_size(sf_dtype d) { return (unsigned)d < SF_DTYPE_COUNT_ ? dtypes[d].size : 0; }

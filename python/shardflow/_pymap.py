@@ -38,7 +38,7 @@ SF_EINVAL, SF_ECANCELED = -4, -16  # include/shardflow/error.h
 _PASS, _DROP = 0, 1  # SF_HANDOFF_PASS, SF_HANDOFF_DROP
 _MAX_DIMS = 6
 # sf_dtype (include/shardflow/tensor.h) <-> NumPy; bfloat16 has no NumPy dtype: its bits as uint16.
-_DTYPES = {0: np.uint8, 1: np.int32, 2: np.int64, 3: np.float32, 4: np.uint16}
+_DTYPES = {0: np.uint8, 1: np.int32, 2: np.int64, 3: np.float32, 4: np.uint16, 6: np.float64}
 _CODES = {np.dtype(np.uint8): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2, np.dtype(np.float32): 3}
 
 

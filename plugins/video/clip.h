@@ -1,0 +1,60 @@
+/* The video plugin's member reader: one video held in memory, demuxed and decoded with libavformat/libavcodec,
+ * frames converted to RGB with libswscale. Knows nothing of shardflow's stages (the fuzz target uses it alone). */
+#ifndef SF_VIDEO_CLIP_H
+#define SF_VIDEO_CLIP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/** Results of the reader's functions. */
+enum {
+  VIDEO_OK = 0,
+  VIDEO_FORMAT = -1, /* damaged, truncated, unsupported container or codec: the message says which */
+  VIDEO_TOO_BIG = -2, /* the clip would exceed the memory bound */
+  VIDEO_NOMEM = -3,
+};
+
+/** Limits of one reader, from the stage's options. */
+typedef struct video_limits {
+  int threads;              /* decoder threads (libavcodec's thread_count), >= 1 */
+  int64_t max_clip_bytes;   /* largest T x H x W x 3 accepted; also bounds one decoded frame's pixels */
+  const char *containers;   /* libavformat demuxer names allowed, comma-separated (format_whitelist) */
+} video_limits;
+
+typedef struct video_reader video_reader;
+
+/** What the index pass learnt of the video stream. Borrowed from the reader. */
+typedef struct video_info {
+  const char *codec;   /* libavcodec's name of the stream's codec ("h264", "vp9") */
+  int width, height;   /* the stream's size: every output frame is converted to it */
+  int64_t frames;      /* frames in presentation order (distinct timestamps of the stream's packets) */
+} video_info;
+
+/**
+ * Opens the size bytes at data (borrowed: they must outlive the reader) through an in-memory AVIOContext,
+ * finds the best video stream and demuxes it once to index its frames (timestamps and keyframes; no decoding).
+ * Returns VIDEO_OK with *out set (free with video_close), or a VIDEO_* error with why filled in (nothing to
+ * free). The codec's name, when known, is in why.
+ */
+int video_open(video_reader **out, const uint8_t *data, size_t size, const video_limits *limits, char *why,
+               size_t why_len);
+
+/** The stream's codec, size and frame count. */
+const video_info *video_get_info(const video_reader *r);
+
+/** Presentation time of frame i (0 <= i < frames) in seconds, as PyAV's frame.time. */
+double video_frame_time(const video_reader *r, int64_t i);
+
+/**
+ * Decodes frames idx[0..n-1] (ascending, repeats allowed, each in 0..frames-1) into rgb (n x height x width x 3
+ * bytes, row-major) and their times (seconds) into pts. For each run of wanted frames it seeks to the keyframe
+ * at or before the first, and decodes only from there. *decoded (may be NULL) gets the frames the decoder
+ * produced, wanted or not. Returns VIDEO_OK or a VIDEO_* error with why filled in (rgb then undefined).
+ */
+int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, double *pts, int64_t *decoded,
+                 char *why, size_t why_len);
+
+/** Frees the reader and sets *r to NULL. NULL-safe. */
+void video_close(video_reader **r);
+
+#endif

@@ -1,0 +1,248 @@
+#!/usr/bin/python3
+"""Integration test of the video plugin's `video` stage, run by the CLI in a graph (`plugins: [video]`, found on
+SHARDFLOW_PLUGIN_PATH): shard_source, tar_split, video, batch of 1, device_sink's .npy dumps.
+
+Videos are made by Debian's `ffmpeg` from a photograph (a window panning over it, so every frame differs): H.264
+in MP4 (B-frames, a keyframe every 12 frames), VP9 and VP8 in WebM, MPEG-4 Part 2 in MKV. The reference is PyAV
+(python3-av, the same libavcodec and libswscale) decoding every frame in order, frame.to_ndarray(format="rgb24")
+and frame.time: clips must equal its frames at the indices the documented rule picks, bit for bit, and FIELD.pts
+its times. Checked: uniform, random_clip (starts between keyframes, deterministic across runs and replica counts),
+fps, short videos (edge, zeros, skip: counted), decoding from the keyframe before the clip (frames_decoded), and
+a truncated MP4, a truncated WebM, an MP4 cut after its header and a garbage member as error records that name
+the shard, the key and the codec (error_policy skip: counted).
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import av
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, read_batches, run, write_shard  # noqa: E402
+
+PLUGIN_PATH = os.path.join(os.environ.get("SF_BUILD_ROOT", "build-test"), "plugins", "video")
+TMP = tempfile.mkdtemp(prefix="sf_test_video_")
+check = Checks()
+PHOTOS = "/usr/share/backgrounds/mate/nature"
+
+
+def photo():
+    """A photograph (Debian's mate-backgrounds) or, without it, ffmpeg's own test picture."""
+    if os.path.isdir(PHOTOS):
+        names = sorted(n for n in os.listdir(PHOTOS) if n.endswith(".jpg"))
+        if names:
+            return ["-loop", "1", "-framerate", "25", "-i", os.path.join(PHOTOS, names[0])]
+    return ["-f", "lavfi", "-i", "testsrc2=size=640x480:rate=25"]
+
+
+def make_video(name, frames, codec_args, size="96x64", faststart=False):
+    """Encodes `frames` frames (25 fps) of a window panning over the photograph; returns the file's bytes."""
+    w, h = size.split("x")
+    path = os.path.join(TMP, name)
+    pan = f"scale=480:-2,crop={w}:{h}:'mod(n*7,200)':'mod(n*3,100)'"
+    cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-y"] + photo() + ["-vf", pan, "-frames:v", str(frames)]
+    cmd += codec_args + (["-movflags", "+faststart"] if faststart else []) + [path]
+    subprocess.run(cmd, check=True, timeout=120)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def reference(data):
+    """Every frame PyAV decodes from the bytes, in order: (uint8 [N,H,W,3], times [N], keyframe flags [N])."""
+    import io
+    with av.open(io.BytesIO(data)) as c:
+        frames = list(c.decode(video=0))
+        return (np.stack([f.to_ndarray(format="rgb24") for f in frames]), np.array([f.time for f in frames]),
+                np.array([f.key_frame for f in frames]))
+
+
+def run_stage(name, samples, *options, replicas=1, policy="skip"):
+    """Writes a shard and runs it through `video` (options "name=value") with the CLI. Returns (a "samples N errors
+    N skipped N" line then the CLI's stderr, {key.field: array of one sample}, the video node's --stats-json
+    record)."""
+    shard = write_shard(os.path.join(TMP, name + ".tar"), samples)
+    out = os.path.join(TMP, name)
+    graph = os.path.join(TMP, name + ".yaml")
+    stats = os.path.join(TMP, name + ".jsonl")
+    opts = "".join(f"    {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in options)
+    with open(graph, "w") as f:
+        f.write(f"plugins: [video]\nseed: 7\nepochs: 1\nerror_policy: {policy}\nmax_error_rate: 1\nstages:\n"
+                f"  - type: shard_source\n    urls: {shard}\n    shuffle: false\n  - type: tar_split\n"
+                f"  - type: video\n    replicas: {replicas}\n{opts}"
+                f"  - type: batch\n    batch_size: 1\n  - type: device_sink\n    npy_dir: {out}\n")
+    p = run(["run", graph, "--quiet", "--no-summary", "--stats-json", stats], check=policy == "skip",
+            env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
+    if policy != "skip":
+        return f"exit {p.returncode}\n{p.stderr}", {}, {}
+    arrays = {f"{keys[0]}.{field}": a[0] for _, _, keys, fields in read_batches(out) for field, a in fields.items()}
+    counted = re.search(r"(\d+) error record\(s\), (\d+) sample\(s\) skipped", p.stderr)
+    errors, skipped = counted.groups() if counted else ("0", "0")
+    final = [json.loads(line) for line in open(stats)][-1]
+    node = next(n for n in final["nodes"] if n["name"] == "video")
+    return f"samples {len(read_batches(out))} errors {errors} skipped {skipped}\n{p.stderr}", arrays, node
+
+
+X264 = ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-g", "12", "-keyint_min", "12", "-sc_threshold", "0", "-bf", "2"]
+VIDEOS = {
+    "h264": ("mp4", make_video("h264.mp4", 50, X264)),
+    "vp9": ("webm", make_video("vp9.webm", 40, ["-c:v", "libvpx-vp9", "-g", "10", "-deadline", "realtime",
+                                                "-cpu-used", "8", "-b:v", "200k"])),
+    "vp8": ("webm", make_video("vp8.webm", 30, ["-c:v", "libvpx", "-g", "10", "-deadline", "realtime",
+                                                "-b:v", "200k"])),
+    "mpeg4": ("mkv", make_video("mpeg4.mkv", 30, ["-c:v", "mpeg4", "-g", "10", "-bf", "1", "-q:v", "4"])),
+}
+REFS = {k: reference(data) for k, (_, data) in VIDEOS.items()}
+
+
+def uniform_indices(n, t):
+    """The documented rule: frame floor((2k+1) n / 2t) for k < t, every frame when the video is shorter."""
+    return list(range(n)) if n < t else [(2 * k + 1) * n // (2 * t) for k in range(t)]
+
+
+def check_clip(label, clip, pts, ref, idx):
+    frames, times, _ = ref
+    check(clip.dtype == np.uint8 and clip.shape == (len(idx),) + frames.shape[1:],
+          f"{label}: clip {clip.dtype} {clip.shape}, want uint8 {(len(idx),) + frames.shape[1:]}")
+    for k, i in enumerate(idx):
+        diff = np.abs(clip[k].astype(int) - frames[i].astype(int)).max()
+        check(diff == 0, f"{label}: clip frame {k} equals PyAV's frame {i} bit for bit (max diff {diff})")
+    check(pts.dtype == np.float64 and np.allclose(pts, times[idx], rtol=0, atol=1e-9),
+          f"{label}: pts {pts} are PyAV's times {times[idx]}")
+
+
+def test_uniform():
+    out, got, node = run_stage("uniform", [(k, {f: d}) for k, (f, d) in VIDEOS.items()], "frames=8",
+                               "fields=[mp4, webm, mkv]")
+    check("samples 4 errors 0 skipped 0" in out, f"all four decode: {out}")
+    for key, (field, _) in VIDEOS.items():
+        ref = REFS[key]
+        check_clip(f"{key} uniform", got[f"{key}.{field}"], got[f"{key}.{field}.pts"], ref,
+                   uniform_indices(len(ref[0]), 8))
+    check(node["counters"]["frames_decoded"] > 0, f"frames_decoded counted: {node}")
+
+
+def random_starts(name, key, replicas, *extra):
+    """Runs 12 copies of one video through random_clip (4 frames, stride 3); returns {sample key: start}."""
+    field, data = VIDEOS[key]
+    frames = REFS[key][0]
+    out, got, _ = run_stage(name, [(f"s{i:02d}", {field: data}) for i in range(12)], "frames=4", "stride=3",
+                            "sampling=random_clip", *extra, replicas=replicas)
+    check("samples 12 errors 0" in out, f"{name}: all decode: {out}")
+    starts = {}
+    for i in range(12):
+        clip = got[f"s{i:02d}.{field}"]
+        hits = [s for s in range(len(frames) - 9) if np.array_equal(clip, frames[s:s + 10:3])]
+        check(len(hits) == 1, f"{name} s{i:02d}: the clip is 4 frames 3 apart of the reference (found {hits})")
+        check_clip(f"{name} s{i:02d}", clip, got[f"s{i:02d}.{field}.pts"], REFS[key], list(range(hits[0], hits[0] + 10, 3)))
+        starts[f"s{i:02d}"] = hits[0]
+    return starts
+
+
+def test_random_clip():
+    for key in ("h264", "vp9"):
+        one = random_starts(f"random_{key}", key, 1)
+        again = random_starts(f"random_{key}_again", key, 1)
+        three = random_starts(f"random_{key}_3", key, 3)
+        check(one == again, f"{key}: random_clip is the same in two runs: {one} vs {again}")
+        check(one == three, f"{key}: random_clip is the same with 3 replicas: {one} vs {three}")
+        check(len(set(one.values())) > 3, f"{key}: starts differ between samples: {one}")
+        keys = REFS[key][2]
+        check(any(not keys[s] for s in one.values()), f"{key}: some clips start between keyframes: {one}")
+    field, data = VIDEOS["h264"]
+    frames = REFS["h264"][0]
+    _, got, _ = run_stage("random_other_seed", [(f"s{i:02d}", {field: data}) for i in range(12)], "frames=4",
+                          "stride=3", "sampling=random_clip", "start=first")
+    check(all(np.array_equal(got[f"s{i:02d}.mp4"], frames[0:10:3]) for i in range(12)), "start=first: frames 0,3,6,9")
+
+
+def test_keyframe_seek():
+    """A 2-frame clip in the middle of a 50-frame H.264 video decodes from the keyframe before it, not from 0."""
+    field, data = VIDEOS["h264"]
+    ref = REFS["h264"]
+    n = len(ref[0])
+    _, got, node = run_stage("seek", [("mid", {field: data})], "frames=2", "sampling=random_clip", "start=center")
+    start = (n - 2) // 2
+    check_clip("center clip", got["mid.mp4"], got["mid.mp4.pts"], ref, [start, start + 1])
+    key_before = max(i for i in range(start + 1) if ref[2][i])
+    decoded = node["counters"]["frames_decoded"]
+    check(decoded < start, f"decoding started near keyframe {key_before}, not at 0: {decoded} frames decoded for "
+                           f"frames {start}, {start + 1}")
+
+
+def test_fps():
+    field, data = VIDEOS["h264"]
+    ref = REFS["h264"]
+    times = ref[1]
+
+    def shown(t):  # the last frame whose time is <= t
+        return int(np.searchsorted(times, t + 1e-9, side="right") - 1)
+
+    rate = 10.0
+    points = int(math.floor((times[-1] - times[0]) * rate + 1e-6)) + 1
+    for start, first in (("first", 0), ("center", (points - 6) // 2)):
+        _, got, _ = run_stage(f"fps_{start}", [("v", {field: data})], "sampling=fps", f"fps={rate}", "frames=6",
+                              f"start={start}")
+        idx = [shown(times[0] + (first + j) / rate) for j in range(6)]
+        check_clip(f"fps start={start}", got["v.mp4"], got["v.mp4.pts"], ref, idx)
+    p = run(["run", os.path.join(TMP, "fps_first.yaml"), "--quiet", "--set", "video.fps=0"], check=False,
+            env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
+    check(p.returncode != 0 and "fps" in p.stderr, f"sampling: fps without a rate is refused: {p.stderr}")
+
+
+def test_short():
+    short = make_video("short.mp4", 5, X264)
+    ref = reference(short)
+    samples = [("short", {"mp4": short}), ("long", {"mp4": VIDEOS["h264"][1]})]
+    out, got, node = run_stage("short_edge", samples, "frames=8")
+    check_clip("edge", got["short.mp4"], got["short.mp4.pts"], ref, [0, 1, 2, 3, 4, 4, 4, 4])
+    check(node["counters"]["short_padded"] == 1, f"short_padded counts the padded video: {node}")
+    out, got, node = run_stage("short_zeros", samples, "frames=8", "short=zeros")
+    clip, pts = got["short.mp4"], got["short.mp4.pts"]
+    check_clip("zeros", clip[:5], pts[:5], ref, [0, 1, 2, 3, 4])
+    check(not clip[5:].any() and np.isnan(pts[5:]).all(), f"zeros: black frames, pts NaN: {pts}")
+    out, got, node = run_stage("short_skip", samples, "frames=8", "short=skip")
+    check("samples 1 errors 0" in out and "long.mp4" in got and "short.mp4" not in got, f"skip drops it: {out}")
+    check(node["counters"]["short_skipped"] == 1 and node.get("filtered") == 1,
+          f"short_skipped and filtered count it: {node}")
+    _, got, _ = run_stage("short_random", samples, "frames=4", "stride=2", "sampling=random_clip")
+    check_clip("random_clip short", got["short.mp4"], got["short.mp4.pts"], ref, [0, 2, 4, 4])
+
+
+def test_damaged():
+    mp4 = VIDEOS["h264"][1]
+    fast = make_video("fast.mp4", 50, X264, faststart=True)
+    webm = VIDEOS["vp9"][1]
+    samples = [("good", {"mp4": mp4}), ("cut_mp4", {"mp4": mp4[:len(mp4) * 6 // 10]}),
+               ("cut_fast", {"mp4": fast[:len(fast) * 6 // 10]}), ("cut_webm", {"webm": webm[:len(webm) * 6 // 10]}),
+               ("garbage", {"mp4": bytes(np.random.default_rng(3).integers(0, 256, 5000, dtype=np.uint8))}),
+               ("empty", {"webm": b""}), ("good2", {"webm": webm})]
+    out, got, node = run_stage("damaged", samples, "frames=4")
+    check("samples 2 errors 5 skipped 5" in out, f"five damaged members are skipped and counted: {out}")
+    check("good.mp4" in got and "good2.webm" in got, "the whole ones decode")
+    for key in ("cut_mp4", "cut_fast", "cut_webm", "garbage", "empty"):
+        line = next((ln for ln in out.splitlines() if f"{key}" in ln), "")
+        check(re.search(r"damaged\.tar", line) and "codec " in line, f"{key}: the error names shard, key, codec: {line}")
+    check(re.search(r"cut_fast.*codec h264", out) and re.search(r"cut_webm.*codec vp9", out),
+          f"the codec is named where the stream was found: {out}")
+    out, _, _ = run_stage("damaged_fail", samples[1:2], "frames=4", policy="fail")
+    check(not out.startswith("exit 0") and re.search(r"damaged_fail\.tar.*cut_mp4.*moov atom not found", out),
+          f"under error_policy fail the run stops with the record: {out}")
+
+
+def test_too_big():
+    small = make_video("small.mp4", 10, X264, size="48x32")  # 8 frames: 36864 bytes
+    out, got, _ = run_stage("too_big", [("v", {"mp4": VIDEOS["h264"][1]}), ("small", {"mp4": small})], "frames=8",
+                            "max_clip_bytes=100k")
+    check("samples 1 errors 1 skipped 1" in out and re.search(r"key v\).*147456 bytes.*max_clip_bytes", out)
+          and got["small.mp4"].shape == (8, 32, 48, 3),
+          f"a clip over max_clip_bytes (8 x 96x64x3 = 147456 bytes) is refused, a smaller one passes: {out}")
+
+
+for test in (test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short, test_damaged, test_too_big):
+    test()
+check.done("video")
