@@ -433,15 +433,20 @@ static int decode_frames(video_reader *r, const int64_t *idx, int n, uint8_t *rg
   bool positioned = false;   /* the last seek was for the run that idx[pos] belongs to */
   bool rewound = false;      /* a seek that landed after its frame was retried from the start once */
   bool fresh = false;        /* no frame decoded since the last seek */
+  int64_t sought = INT64_MIN; /* the keyframe the last seek was for */
   while (pos < n) {
     int64_t want = idx[pos];
     if (want < 0 || want >= r->n_pts)
       return fail(r, why, why_len, VIDEO_FORMAT, "frame %lld is outside the video", (long long)want);
-    int64_t key = r->keys[frame_at(r->keys, r->n_keys, r->pts[want]) < 0 ? 0 : frame_at(r->keys, r->n_keys, r->pts[want])];
-    /* Seek when a keyframe lies between what was decoded and the frame wanted: decoding up to it is waste. */
-    if (!positioned || (cur >= 0 && key > r->pts[cur] && cur < want)) {
+    int64_t k = frame_at(r->keys, r->n_keys, r->pts[want]);
+    int64_t key = r->keys[k < 0 ? 0 : k];
+    /* Seek when a keyframe lies between what was decoded and the frame wanted: decoding up to it is waste. Once
+     * per keyframe: a demuxer whose index is coarser (WebM cues on some keyframes only) lands before it, and
+     * decoding on from there is right. */
+    if (!positioned || (key > sought && cur >= 0 && key > r->pts[cur] && cur < want)) {
       if ((ret = seek_to(r, r->pts[want], false, why, why_len)) < 0) return ret;
       positioned = fresh = true;
+      sought = key;
       cur = -1;
     }
     int64_t ts = AV_NOPTS_VALUE;

@@ -124,6 +124,11 @@ def test_uniform():
         check_clip(f"{key} uniform", got[f"{key}.{field}"], got[f"{key}.{field}.pts"], ref,
                    uniform_indices(len(ref[0]), 8))
     check(node["counters"]["frames_decoded"] > 0, f"frames_decoded counted: {node}")
+    out, got, _ = run_stage("uniform_threads", [(k, {f: d}) for k, (f, d) in VIDEOS.items()], "frames=8",
+                            "fields=[mp4, webm, mkv]", "threads=3")
+    for key, (field, _) in VIDEOS.items():  # frame threads: the same frames
+        check_clip(f"{key} threads=3", got[f"{key}.{field}"], got[f"{key}.{field}.pts"], REFS[key],
+                   uniform_indices(len(REFS[key][0]), 8))
 
 
 def random_starts(name, key, replicas, *extra):
