@@ -266,7 +266,8 @@ static int open_all(video_reader *r, char *why, size_t why_len) {
   if (ret < 0) return ret;
   char e[AV_ERROR_MAX_STRING_SIZE];
   /* Containers without a header (MPEG-TS) name their streams only while read. */
-  if (r->fmt->nb_streams == 0 || (r->fmt->ctx_flags & AVFMTCTX_NOHEADER)) {
+  bool probed = r->fmt->nb_streams == 0 || (r->fmt->ctx_flags & AVFMTCTX_NOHEADER);
+  if (probed) {
     if ((ret = avformat_find_stream_info(r->fmt, NULL)) < 0)
       return fail(r, why, why_len, VIDEO_FORMAT, "no stream information: %s", av_text(ret, e, sizeof e));
   }
@@ -288,8 +289,8 @@ static int open_all(video_reader *r, char *why, size_t why_len) {
   r->stream = ret;
   AVStream *st = r->fmt->streams[ret];
   r->time_base = st->time_base;
-  if (st->codecpar->width <= 0 || st->codecpar->height <= 0) {
-    if ((ret = avformat_find_stream_info(r->fmt, NULL)) < 0 || st->codecpar->width <= 0 || st->codecpar->height <= 0)
+  if (st->codecpar->width <= 0 || st->codecpar->height <= 0) { /* once only: a second call crashes libavformat */
+    if (probed || (ret = avformat_find_stream_info(r->fmt, NULL)) < 0 || st->codecpar->width <= 0 || st->codecpar->height <= 0)
       return fail(r, why, why_len, VIDEO_FORMAT, "the stream's frame size is unknown");
   }
   if (r->time_base.num <= 0 || r->time_base.den <= 0)

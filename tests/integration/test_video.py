@@ -248,6 +248,27 @@ def test_too_big():
           f"a clip over max_clip_bytes (8 x 96x64x3 = 147456 bytes) is refused, a smaller one passes: {out}")
 
 
-for test in (test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short, test_damaged, test_too_big):
+def test_example_graph():
+    """graphs/video_example.yaml runs as written but for its shards: clips of 8 frames 2 apart, batched with labels."""
+    field, data = VIDEOS["h264"]
+    shard = write_shard(os.path.join(TMP, "example.tar"), [(f"v{i}", {"mp4": data, "cls": str(i).encode()})
+                                                            for i in range(3)])
+    out = os.path.join(TMP, "example")
+    graph = os.path.join(os.environ.get("SF_SOURCE_ROOT", "."), "graphs", "video_example.yaml")
+    run(["run", graph, "--quiet", "--no-summary", "--set", f"shard_source.urls={shard}", "--set",
+         f"device_sink.npy_dir={out}"], env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
+    batches = read_batches(out)
+    check(len(batches) == 1, f"one partial batch of 3: {len(batches)}")
+    _, _, keys, fields = batches[0]
+    frames = REFS["h264"][0]
+    check(fields["mp4"].shape == (3, 8) + frames.shape[1:] and fields["mp4.pts"].shape == (3, 8)
+          and list(fields["cls"]) == [int(k[1:]) for k in keys], f"batch shapes and labels: {fields.keys()} {keys}")
+    for j in range(3):
+        clip = fields["mp4"][j]
+        check(any(np.array_equal(clip, frames[s:s + 15:2]) for s in range(len(frames) - 14)),
+              f"{keys[j]}: 8 frames 2 apart of the reference")
+
+
+for test in (test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short, test_damaged, test_too_big):
     test()
 check.done("video")
