@@ -269,6 +269,35 @@ def test_example_graph():
               f"{keys[j]}: 8 frames 2 apart of the reference")
 
 
-for test in (test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short, test_damaged, test_too_big):
+def test_python():
+    """Through the Python binding (DLPack): the clip as torch uint8 [B,T,H,W,3], pts as torch float64 [B,T]."""
+    if os.environ.get("SF_SANITIZE", "none") != "none":
+        return  # Debian's python cannot host a sanitizer runtime
+    sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
+    os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
+    os.environ["SHARDFLOW_PLUGIN_PATH"] = PLUGIN_PATH
+    import shardflow
+    import torch
+    field, data = VIDEOS["h264"]
+    shard = write_shard(os.path.join(TMP, "python.tar"), [(f"v{i}", {"mp4": data}) for i in range(2)])
+    graph = os.path.join(TMP, "python.yaml")
+    with open(graph, "w") as f:
+        f.write(f"plugins: [video]\nseed: 0\nstages:\n  - type: shard_source\n    urls: {shard}\n"
+                f"    shuffle: false\n  - type: tar_split\n  - type: video\n    frames: 4\n"
+                f"  - type: batch\n    batch_size: 2\n  - type: device_sink\n")
+    ref = REFS["h264"]
+    idx = uniform_indices(len(ref[0]), 4)
+    with shardflow.Pipeline(graph, epochs=1, output="torch_dict") as p:
+        batches = list(p)
+    check(len(batches) == 1, f"one batch: {len(batches)}")
+    clip, pts = batches[0]["mp4"], batches[0]["mp4.pts"]
+    check(clip.dtype == torch.uint8 and tuple(clip.shape) == (2, 4) + ref[0].shape[1:]
+          and pts.dtype == torch.float64 and tuple(pts.shape) == (2, 4), f"torch {clip.dtype} {clip.shape}, "
+          f"{pts.dtype} {pts.shape}")
+    check(np.array_equal(clip[1].numpy(), ref[0][idx]) and np.allclose(pts[1].numpy(), ref[1][idx], atol=1e-9),
+          "torch sees PyAV's frames and times")
+
+
+for test in (test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short, test_damaged, test_too_big):
     test()
 check.done("video")
