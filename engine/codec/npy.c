@@ -120,8 +120,7 @@ static bool dtype_of(const char *d, sf_dtype *out) {
     const char *descr;
     sf_dtype dtype;
   } known[] = {{"|u1", SF_DTYPE_UINT8}, {"<u1", SF_DTYPE_UINT8}, {"<u2", SF_DTYPE_UINT16},
-               {"<i4", SF_DTYPE_INT32}, {"<i8", SF_DTYPE_INT64}, {"<f4", SF_DTYPE_FLOAT32},
-               {"<f8", SF_DTYPE_FLOAT64}};
+               {"<i4", SF_DTYPE_INT32}, {"<i8", SF_DTYPE_INT64}, {"<f4", SF_DTYPE_FLOAT32}};
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
     if (strcmp(d, known[i].descr) == 0) return *out = known[i].dtype, true;
   return false;

@@ -20,7 +20,7 @@ typedef enum sf_dtype {
   SF_DTYPE_FLOAT32,
   SF_DTYPE_BFLOAT16,
   SF_DTYPE_UINT16,  /**< 16-bit images (PNG, PGM) and .npy '<u2' */
-  SF_DTYPE_FLOAT64, /**< timestamps in seconds (the video plugin's FIELD.pts) and .npy '<f8' */
+  SF_DTYPE_FLOAT64, /**< timestamps in seconds (the video plugin's FIELD.pts); device_sink writes it as .npy '<f8' */
   SF_DTYPE_COUNT_ /**< number of dtypes, not a dtype */
 } sf_dtype;
 
