@@ -41,7 +41,7 @@ struct video_reader {
   bool draining;         /* the demuxer ended and the decoder was told so */
   video_info info;
   char codec_name[32];
-  char last_error[160];  /* libav's last error line logged on this thread, for the error record */
+  char last_error[160]; /* libav's last error line logged on this thread, for the error record */
 };
 
 /* ---- libav's log: its error lines go into the reader's error record, not to stderr --------------------------- */
@@ -59,7 +59,8 @@ static void log_line(void *avcl, int level, const char *fmt, va_list ap) {
   char line[160];
   vsnprintf(line, sizeof line, fmt, ap);
   size_t n = strlen(line);
-  while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == '.')) line[--n] = '\0';
+  while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == '.'))
+    line[--n] = '\0';
   if (n) snprintf(to, 160, "%s", line);
 }
 
@@ -103,7 +104,10 @@ static int64_t mem_seek(void *opaque, int64_t offset, int whence) {
   mem_io *m = opaque;
   whence &= ~AVSEEK_FORCE;
   if (whence == AVSEEK_SIZE) return (int64_t)m->size;
-  int64_t base = whence == SEEK_SET ? 0 : whence == SEEK_CUR ? (int64_t)m->pos : whence == SEEK_END ? (int64_t)m->size : -1;
+  int64_t base = whence == SEEK_SET   ? 0
+                 : whence == SEEK_CUR ? (int64_t)m->pos
+                 : whence == SEEK_END ? (int64_t)m->size
+                                      : -1;
   if (base < 0) return AVERROR(EINVAL);
   if ((offset > 0 && offset > INT64_MAX - base) || base + offset < 0 || base + offset > (int64_t)m->size)
     return AVERROR(EINVAL);
@@ -139,8 +143,7 @@ static int open_format(video_reader *r, char *why, size_t why_len) {
   fmt->pb = r->avio;
   fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
   fmt->io_open = refuse_open;
-  if (r->limits.containers && *r->limits.containers &&
-      !(fmt->format_whitelist = av_strdup(r->limits.containers))) {
+  if (r->limits.containers && *r->limits.containers && !(fmt->format_whitelist = av_strdup(r->limits.containers))) {
     avformat_free_context(fmt);
     return fail(r, why, why_len, VIDEO_NOMEM, "out of memory for the demuxer");
   }
@@ -281,7 +284,8 @@ static int open_all(video_reader *r, char *why, size_t why_len) {
   if (ret >= 0 || ret == AVERROR_DECODER_NOT_FOUND) {
     /* The stream is known from here on, decodable or not: its codec names the error records. */
     int s = ret >= 0 ? ret : av_find_best_stream(r->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, NULL, 0);
-    if (s >= 0) snprintf(r->codec_name, sizeof r->codec_name, "%s", avcodec_get_name(r->fmt->streams[s]->codecpar->codec_id));
+    if (s >= 0)
+      snprintf(r->codec_name, sizeof r->codec_name, "%s", avcodec_get_name(r->fmt->streams[s]->codecpar->codec_id));
   }
   if (ret == AVERROR_DECODER_NOT_FOUND || (ret >= 0 && !r->codec))
     return fail(r, why, why_len, VIDEO_FORMAT, "this libavcodec has no decoder for it");
@@ -290,7 +294,8 @@ static int open_all(video_reader *r, char *why, size_t why_len) {
   AVStream *st = r->fmt->streams[ret];
   r->time_base = st->time_base;
   if (st->codecpar->width <= 0 || st->codecpar->height <= 0) { /* once only: a second call crashes libavformat */
-    if (probed || (ret = avformat_find_stream_info(r->fmt, NULL)) < 0 || st->codecpar->width <= 0 || st->codecpar->height <= 0)
+    if (probed || (ret = avformat_find_stream_info(r->fmt, NULL)) < 0 || st->codecpar->width <= 0 ||
+        st->codecpar->height <= 0)
       return fail(r, why, why_len, VIDEO_FORMAT, "the stream's frame size is unknown");
   }
   if (r->time_base.num <= 0 || r->time_base.den <= 0)
@@ -377,7 +382,8 @@ static int next_frame(video_reader *r, int64_t *ts, char *why, size_t why_len) {
       return 1;
     }
     if (ret == AVERROR_EOF) return 0;
-    if (ret != AVERROR(EAGAIN)) return fail(r, why, why_len, VIDEO_FORMAT, "damaged stream: %s", av_text(ret, e, sizeof e));
+    if (ret != AVERROR(EAGAIN))
+      return fail(r, why, why_len, VIDEO_FORMAT, "damaged stream: %s", av_text(ret, e, sizeof e));
     if (r->draining) return 0;
     ret = av_read_frame(r->fmt, r->pkt);
     if (ret == AVERROR_EOF) {
@@ -410,9 +416,11 @@ static int convert(video_reader *r, uint8_t *dst, char *why, size_t why_len) {
                 av_get_pix_fmt_name(f->format) ? av_get_pix_fmt_name(f->format) : "?", f->width, f->height);
   /* The frame's own matrix and range where it says them; untagged frames keep libswscale's defaults (BT.601,
    * the range of the pixel format), as PyAV and the ffmpeg CLI convert them. */
-  if ((f->colorspace != AVCOL_SPC_UNSPECIFIED && f->colorspace != AVCOL_SPC_RGB) || f->color_range == AVCOL_RANGE_JPEG) {
+  if ((f->colorspace != AVCOL_SPC_UNSPECIFIED && f->colorspace != AVCOL_SPC_RGB) ||
+      f->color_range == AVCOL_RANGE_JPEG) {
     int *inv, *table, src_range, dst_range, brightness, contrast, saturation;
-    if (sws_getColorspaceDetails(r->sws, &inv, &src_range, &table, &dst_range, &brightness, &contrast, &saturation) >= 0) {
+    if (sws_getColorspaceDetails(r->sws, &inv, &src_range, &table, &dst_range, &brightness, &contrast, &saturation) >=
+        0) {
       const int *coefficients = f->colorspace != AVCOL_SPC_UNSPECIFIED ? sws_getCoefficients(f->colorspace) : inv;
       sws_setColorspaceDetails(r->sws, coefficients, f->color_range == AVCOL_RANGE_JPEG ? 1 : src_range, table,
                                dst_range, brightness, contrast, saturation);
@@ -430,10 +438,10 @@ static int decode_frames(video_reader *r, const int64_t *idx, int n, uint8_t *rg
                          char *why, size_t why_len) {
   size_t frame_bytes = (size_t)r->info.width * (size_t)r->info.height * 3;
   int pos = 0, ret;
-  int64_t cur = -1;          /* index of the last frame the decoder gave since the last seek */
-  bool positioned = false;   /* the last seek was for the run that idx[pos] belongs to */
-  bool rewound = false;      /* a seek that landed after its frame was retried from the start once */
-  bool fresh = false;        /* no frame decoded since the last seek */
+  int64_t cur = -1;           /* index of the last frame the decoder gave since the last seek */
+  bool positioned = false;    /* the last seek was for the run that idx[pos] belongs to */
+  bool rewound = false;       /* a seek that landed after its frame was retried from the start once */
+  bool fresh = false;         /* no frame decoded since the last seek */
   int64_t sought = INT64_MIN; /* the keyframe the last seek was for */
   while (pos < n) {
     int64_t want = idx[pos];
@@ -471,8 +479,8 @@ static int decode_frames(video_reader *r, const int64_t *idx, int n, uint8_t *rg
         cur = -1;
         continue;
       }
-      return fail(r, why, why_len, VIDEO_FORMAT, "damaged stream: frame %lld (%.3fs) is missing",
-                  (long long)want, video_frame_time(r, want));
+      return fail(r, why, why_len, VIDEO_FORMAT, "damaged stream: frame %lld (%.3fs) is missing", (long long)want,
+                  video_frame_time(r, want));
     }
     for (; pos < n && idx[pos] == fi; pos++) {
       if ((ret = convert(r, rgb + (size_t)pos * frame_bytes, why, why_len)) < 0) return ret;
@@ -482,8 +490,8 @@ static int decode_frames(video_reader *r, const int64_t *idx, int n, uint8_t *rg
   return VIDEO_OK;
 }
 
-int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, double *pts, int64_t *decoded,
-                 char *why, size_t why_len) {
+int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, double *pts, int64_t *decoded, char *why,
+                 size_t why_len) {
   for (int i = 1; i < n; i++)
     if (idx[i] < idx[i - 1]) return fail(r, why, why_len, VIDEO_FORMAT, "frames asked for out of order");
   if (decoded) *decoded = 0;

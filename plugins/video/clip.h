@@ -9,25 +9,25 @@
 /** Results of the reader's functions. */
 enum {
   VIDEO_OK = 0,
-  VIDEO_FORMAT = -1, /* damaged, truncated, unsupported container or codec: the message says which */
+  VIDEO_FORMAT = -1,  /* damaged, truncated, unsupported container or codec: the message says which */
   VIDEO_TOO_BIG = -2, /* the clip would exceed the memory bound */
   VIDEO_NOMEM = -3,
 };
 
 /** Limits of one reader, from the stage's options. */
 typedef struct video_limits {
-  int threads;              /* decoder threads (libavcodec's thread_count), >= 1 */
-  int64_t max_clip_bytes;   /* largest T x H x W x 3 accepted; also bounds one decoded frame's pixels */
-  const char *containers;   /* libavformat demuxer names allowed, comma-separated (format_whitelist) */
+  int threads;            /* decoder threads (libavcodec's thread_count), >= 1 */
+  int64_t max_clip_bytes; /* largest T x H x W x 3 accepted; also bounds one decoded frame's pixels */
+  const char *containers; /* libavformat demuxer names allowed, comma-separated (format_whitelist) */
 } video_limits;
 
 typedef struct video_reader video_reader;
 
 /** What the index pass learnt of the video stream. Borrowed from the reader. */
 typedef struct video_info {
-  const char *codec;   /* libavcodec's name of the stream's codec ("h264", "vp9") */
-  int width, height;   /* the stream's size: every output frame is converted to it */
-  int64_t frames;      /* frames in presentation order (distinct timestamps of the stream's packets) */
+  const char *codec; /* libavcodec's name of the stream's codec ("h264", "vp9") */
+  int width, height; /* the stream's size: every output frame is converted to it */
+  int64_t frames;    /* frames in presentation order (distinct timestamps of the stream's packets) */
 } video_info;
 
 /**
@@ -51,8 +51,8 @@ double video_frame_time(const video_reader *r, int64_t i);
  * at or before the first, and decodes only from there. *decoded (may be NULL) gets the frames the decoder
  * produced, wanted or not. Returns VIDEO_OK or a VIDEO_* error with why filled in (rgb then undefined).
  */
-int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, double *pts, int64_t *decoded,
-                 char *why, size_t why_len);
+int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, double *pts, int64_t *decoded, char *why,
+                 size_t why_len);
 
 /** Frees the reader and sets *r to NULL. NULL-safe. */
 void video_close(video_reader **r);

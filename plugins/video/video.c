@@ -62,8 +62,7 @@ static const sf_option options[] = {
      "record before its memory is allocated",
      NULL},
     {"containers", SF_OPT_NAME_LIST, offsetof(video, containers), "mov,matroska,avi,mpegts,ogg,flv,ivf", 0, 0,
-     "libavformat demuxers allowed to read a member (`ffmpeg -demuxers` names; mov covers MP4, matroska WebM)",
-     NULL},
+     "libavformat demuxers allowed to read a member (`ffmpeg -demuxers` names; mov covers MP4, matroska WebM)", NULL},
     {NULL},
 };
 
@@ -73,7 +72,8 @@ static int init(sf_node *node) {
     return sf_node_option_error(node, "fps", "sampling: fps needs a rate: give fps > 0 (frames per second)");
   if (v->fields.n == 0) return sf_node_option_error(node, "fields", "names no field: give e.g. [mp4, webm]");
   size_t len = 1;
-  for (int i = 0; i < v->containers.n; i++) len += strlen(v->containers.v[i]) + 1;
+  for (int i = 0; i < v->containers.n; i++)
+    len += strlen(v->containers.v[i]) + 1;
   if (!(v->whitelist = calloc(1, len))) return SF_ENOMEM;
   for (int i = 0; i < v->containers.n; i++) {
     if (i) strcat(v->whitelist, ",");
@@ -81,7 +81,8 @@ static int init(sf_node *node) {
   }
   int r = 0;
   const char *const counters[] = {"frames_decoded", "short_padded", "short_skipped"};
-  for (size_t i = 0; i < sizeof counters / sizeof counters[0] && r == 0; i++) r = sf_node_counter_add(node, counters[i], 0);
+  for (size_t i = 0; i < sizeof counters / sizeof counters[0] && r == 0; i++)
+    r = sf_node_counter_add(node, counters[i], 0);
   return r;
 }
 
@@ -129,15 +130,18 @@ static int pick_frames(const video *v, sf_node *node, const sf_sample *s, const 
   switch (v->sampling) {
   case SAMPLING_UNIFORM:
     if (n < t) {
-      for (; k < n; k++) idx[k] = k;
+      for (; k < n; k++)
+        idx[k] = k;
     } else {
-      for (; k < t; k++) idx[k] = (int64_t)(((__int128)(2 * k + 1) * n) / (2 * t));
+      for (; k < t; k++)
+        idx[k] = (int64_t)(((__int128)(2 * k + 1) * n) / (2 * t));
     }
     break;
   case SAMPLING_RANDOM_CLIP: {
     int64_t span = (t - 1) * v->stride + 1;
     int64_t from = n >= span ? window_start(v, node, s, n, span) : 0;
-    for (; k < t && from + k * v->stride < n; k++) idx[k] = from + k * v->stride;
+    for (; k < t && from + k * v->stride < n; k++)
+      idx[k] = from + k * v->stride;
     break;
   }
   default: { /* fps: grid points t0 + j / fps up to the last frame's time */
@@ -145,7 +149,8 @@ static int pick_frames(const video *v, sf_node *node, const sf_sample *s, const 
     double span = (t1 - t0) * v->fps;
     int64_t points = span > 1e15 ? (int64_t)1e15 : (int64_t)floor(span + 1e-6) + 1;
     int64_t from = points >= t ? window_start(v, node, s, points, t) : 0;
-    for (; k < t && from + k < points; k++) idx[k] = frame_shown(r, n, t0 + (double)(from + k) / v->fps);
+    for (; k < t && from + k < points; k++)
+      idx[k] = frame_shown(r, n, t0 + (double)(from + k) / v->fps);
     break;
   }
   }
@@ -167,9 +172,7 @@ static int fail(failure *why, int code, const char *fmt, ...) {
   return why->code = code;
 }
 
-static int reader_code(int r) {
-  return r == VIDEO_TOO_BIG ? SF_ETOOBIG : r == VIDEO_NOMEM ? SF_ENOMEM : SF_EFORMAT;
-}
+static int reader_code(int r) { return r == VIDEO_TOO_BIG ? SF_ETOOBIG : r == VIDEO_NOMEM ? SF_ENOMEM : SF_EFORMAT; }
 
 /* Decodes field f of sample s into uint8 [T,H,W,3] and appends "<name>.pts"; *skip set when the video is short
  * and `short: skip` drops the sample. */
@@ -200,7 +203,8 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, fa
   int64_t *idx = malloc((size_t)T * sizeof *idx);
   sf_tensor out = {0}, pts = {0};
   const int64_t shape[4] = {T, info->height, info->width, 3};
-  if (!idx || sf_tensor_alloc(&out, SF_DTYPE_UINT8, 4, shape) < 0 || sf_tensor_alloc(&pts, SF_DTYPE_FLOAT64, 1, &T) < 0) {
+  if (!idx || sf_tensor_alloc(&out, SF_DTYPE_UINT8, 4, shape) < 0 ||
+      sf_tensor_alloc(&pts, SF_DTYPE_FLOAT64, 1, &T) < 0) {
     free(idx);
     sf_tensor_clear(&out);
     video_close(&r);
@@ -218,7 +222,8 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, fa
   }
   int n = have;
   if (have < T && v->short_mode == SHORT_EDGE)
-    for (; n < T; n++) idx[n] = idx[have - 1];
+    for (; n < T; n++)
+      idx[n] = idx[have - 1];
   uint8_t *rgb = sf_tensor_data(&out);
   double *times = sf_tensor_data(&pts);
   int64_t decoded = 0;
@@ -233,7 +238,8 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, fa
   }
   if (n < T) { /* zeros */
     memset(rgb + (size_t)n * (size_t)frame_bytes, 0, (size_t)(T - n) * (size_t)frame_bytes);
-    for (int64_t i = n; i < T; i++) times[i] = NAN;
+    for (int64_t i = n; i < T; i++)
+      times[i] = NAN;
   }
   if (have < T) sf_node_counter_add(node, "short_padded", 1);
   sf_tensor_clear(t);

@@ -12,8 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* The stage's default containers; a small clip bound keeps one input's memory in the fuzzer's limits. */
-  const video_limits limits = {.threads = 1, .max_clip_bytes = 16 << 20,
-                               .containers = "mov,matroska,avi,mpegts,ogg,flv,ivf"};
+  const video_limits limits = {
+      .threads = 1, .max_clip_bytes = 16 << 20, .containers = "mov,matroska,avi,mpegts,ogg,flv,ivf"};
   /* libavformat sizes some tables from counts a header declares (an MP4's sample tables: 1.8 GB asked for by
    * 2.7 KB of input) and fails cleanly when refused; refuse early so the fuzzer's memory limit tests the rest. */
   av_max_alloc(256 << 20);

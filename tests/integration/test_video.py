@@ -143,7 +143,8 @@ def random_starts(name, key, replicas, *extra):
         clip = got[f"s{i:02d}.{field}"]
         hits = [s for s in range(len(frames) - 9) if np.array_equal(clip, frames[s:s + 10:3])]
         check(len(hits) == 1, f"{name} s{i:02d}: the clip is 4 frames 3 apart of the reference (found {hits})")
-        check_clip(f"{name} s{i:02d}", clip, got[f"s{i:02d}.{field}.pts"], REFS[key], list(range(hits[0], hits[0] + 10, 3)))
+        check_clip(f"{name} s{i:02d}", clip, got[f"s{i:02d}.{field}.pts"], REFS[key],
+                   list(range(hits[0], hits[0] + 10, 3)))
         starts[f"s{i:02d}"] = hits[0]
     return starts
 
@@ -231,12 +232,30 @@ def test_damaged():
     check("good.mp4" in got and "good2.webm" in got, "the whole ones decode")
     for key in ("cut_mp4", "cut_fast", "cut_webm", "garbage", "empty"):
         line = next((ln for ln in out.splitlines() if f"{key}" in ln), "")
-        check(re.search(r"damaged\.tar", line) and "codec " in line, f"{key}: the error names shard, key, codec: {line}")
+        check(re.search(r"damaged\.tar", line) and "codec " in line,
+              f"{key}: the error names shard, key, codec: {line}")
     check(re.search(r"cut_fast.*codec h264", out) and re.search(r"cut_webm.*codec vp9", out),
           f"the codec is named where the stream was found: {out}")
     out, _, _ = run_stage("damaged_fail", samples[1:2], "frames=4", policy="fail")
     check(not out.startswith("exit 0") and re.search(r"damaged_fail\.tar.*cut_mp4.*moov atom not found", out),
           f"under error_policy fail the run stops with the record: {out}")
+
+
+def test_containers():
+    """A container outside `containers` is refused naming the allowed ones, and decodes once allowed; a file
+    without a video stream names its container."""
+    nut = make_video("h264.nut", 20, X264)
+    ref = reference(nut)
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-y", "-f", "lavfi", "-i", "sine=duration=0.5",
+                    "-c:a", "aac", os.path.join(TMP, "sound.m4a")], check=True, timeout=60)
+    with open(os.path.join(TMP, "sound.m4a"), "rb") as f:
+        sound = f.read()
+    samples = [("nut", {"mp4": nut}), ("sound", {"mp4": sound}), ("good", {"mp4": VIDEOS["h264"][1]})]
+    out, got, _ = run_stage("containers", samples, "frames=4")
+    check("samples 1 errors 2" in out and re.search(r"key nut\).*no container this reader takes \(allowed: mov,", out)
+          and re.search(r"key sound\).*no video stream in the mov", out), f"nut refused, audio-only named: {out}")
+    out, got, _ = run_stage("containers_nut", samples[:1], "frames=4", "containers=[nut, mov]")
+    check_clip("nut allowed", got["nut.mp4"], got["nut.mp4.pts"], ref, uniform_indices(len(ref[0]), 4))
 
 
 def test_too_big():
@@ -298,6 +317,7 @@ def test_python():
           "torch sees PyAV's frames and times")
 
 
-for test in (test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short, test_damaged, test_too_big):
+for test in (test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short,
+             test_damaged, test_containers, test_too_big):
     test()
 check.done("video")
