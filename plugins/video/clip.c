@@ -116,7 +116,7 @@ static int64_t mem_seek(void *opaque, int64_t offset, int whence) {
 }
 
 /* A member is one file: a playlist or reference inside it (HLS, concat, mov's external data references) must
- * not make libavformat open other files or URLs. */
+ * not make libavformat open other files or URLs (with the protocol whitelist below). */
 static int refuse_open(AVFormatContext *s, AVIOContext **pb, const char *url, int flags, AVDictionary **options) {
   return AVERROR(EPERM);
 }
@@ -143,6 +143,12 @@ static int open_format(video_reader *r, char *why, size_t why_len) {
   fmt->pb = r->avio;
   fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
   fmt->io_open = refuse_open;
+  /* Demuxers that open nested files in contexts of their own (concat) copy this list into them: no protocol is
+   * named "none", so they open nothing either. The member itself is read through avio, no protocol. */
+  if (!(fmt->protocol_whitelist = av_strdup("none"))) {
+    avformat_free_context(fmt);
+    return fail(r, why, why_len, VIDEO_NOMEM, "out of memory for the demuxer");
+  }
   if (r->limits.containers && *r->limits.containers && !(fmt->format_whitelist = av_strdup(r->limits.containers))) {
     avformat_free_context(fmt);
     return fail(r, why, why_len, VIDEO_NOMEM, "out of memory for the demuxer");

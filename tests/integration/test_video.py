@@ -61,7 +61,7 @@ def reference(data):
                 np.array([f.key_frame for f in frames]))
 
 
-def run_stage(name, samples, *options, replicas=1, policy="skip"):
+def run_stage(name, samples, *options, replicas=1, policy="skip", cwd=None):
     """Writes a shard and runs it through `video` (options "name=value") with the CLI. Returns (a "samples N errors
     N skipped N" line then the CLI's stderr, {key.field: array of one sample}, the video node's --stats-json
     record)."""
@@ -75,7 +75,7 @@ def run_stage(name, samples, *options, replicas=1, policy="skip"):
                 f"  - type: shard_source\n    urls: {shard}\n    shuffle: false\n  - type: tar_split\n"
                 f"  - type: video\n    replicas: {replicas}\n{opts}"
                 f"  - type: batch\n    batch_size: 1\n  - type: device_sink\n    npy_dir: {out}\n")
-    p = run(["run", graph, "--quiet", "--no-summary", "--stats-json", stats], check=policy == "skip",
+    p = run(["run", graph, "--quiet", "--no-summary", "--stats-json", stats], check=policy == "skip", cwd=cwd,
             env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
     if policy != "skip":
         return f"exit {p.returncode}\n{p.stderr}", {}, {}
@@ -256,6 +256,15 @@ def test_containers():
           and re.search(r"key sound\).*no video stream in the mov", out), f"nut refused, audio-only named: {out}")
     out, got, _ = run_stage("containers_nut", samples[:1], "frames=4", "containers=[nut, mov]")
     check_clip("nut allowed", got["nut.mp4"], got["nut.mp4.pts"], ref, uniform_indices(len(ref[0]), 4))
+    # A concat list naming a file of this machine (beside the shard, where the CLI runs): with concat allowed,
+    # libavformat would read that file in a context of its own; the reader opens nothing but the member.
+    with open(os.path.join(TMP, "local.mp4"), "wb") as f:
+        f.write(VIDEOS["h264"][1])
+    listing = b"ffconcat version 1.0\nfile local.mp4\n"
+    out, got, _ = run_stage("concat", [("list", {"mp4": listing}), ("good", {"mp4": VIDEOS["h264"][1]})],
+                            "frames=4", "containers=[concat, mov]", cwd=TMP)
+    check("samples 1 errors 1" in out and "list.mp4" not in got and re.search(r"key list\).*local\.mp4", out),
+          f"a concat list's reference to a local file is not opened: {out}")
 
 
 def test_too_big():
