@@ -62,7 +62,9 @@ static const sf_option options[] = {
      "record before its memory is allocated",
      NULL},
     {"containers", SF_OPT_NAME_LIST, offsetof(video, containers), "mov,matroska,avi,mpegts,ogg,flv,ivf", 0, 0,
-     "libavformat demuxers allowed to read a member (`ffmpeg -demuxers` names; mov covers MP4, matroska WebM)", NULL},
+     "libavformat demuxers allowed to read a member (`ffmpeg -demuxers` names; mov covers MP4, matroska WebM); "
+     "an empty list allows every one",
+     NULL},
     {NULL},
 };
 
