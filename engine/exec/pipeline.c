@@ -444,7 +444,10 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   /* Groups: the head runs its own part of the chain, with one _remote node per group. */
   if (graph->n_groups > 0) {
     int split = sf_graph_split_groups(graph, &p->graph, error);
+    /* The plan of what each group sends: its stages as its workers get them, and a node added on the head */
+    if (split == 0) split = sf_graph_plan_groups(p->graph, error);
     if (split < 0) {
+      sf_graph_destroy(&p->graph);
       if (p->event_fd >= 0) close(p->event_fd);
       sf_context_destroy(&p->ctx);
       free(p);
