@@ -309,7 +309,7 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
     int i = order[k];
     const sf_graph_node *n = &g->nodes[i];
     if (n->group_stages) {
-      fprintf(out, "%s%-16s group: its stages run in worker processes, each planning for its own CPUs; on a "
+      fprintf(out, "%s%-18s group: its stages run in worker processes, each planning for its own CPUs; on a "
                    "worker of %d CPU(s):\n", indent, n->name, cpus);
       sf_graph *stages = NULL;
       int *sub_order = NULL, *sub_inputs = NULL;
@@ -327,7 +327,7 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
       explain_wire(out, g, inputs, i, indent);
       continue;
     }
-    fprintf(out, "%s%-16s %-12s replicas %-3lld %s\n", indent, n->name, defs[i]->name, (long long)n->replicas,
+    fprintf(out, "%s%-18s %-12s replicas %-3lld %s\n", indent, n->name, defs[i]->name, (long long)n->replicas,
             replicas_why(n, defs[i], merges(inputs, i), cpus));
     int c = -1;
     for (int j = 0; j < g->n_nodes * SF_GRAPH_MAX_INPUTS && c < 0; j++)
