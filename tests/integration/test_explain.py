@@ -201,6 +201,44 @@ try:
     text = explain(not_last)
     check("as the group's last stage makes them" in text and "_normalize" not in text,
           f"augment not the group's last stage: nothing added:\n{text}")
+
+    # 6. The pool spends the budget where the work is: as written (replicas planned for decode and augment), a
+    #    decode-bound graph (large PNGs, a small crop) keeps decode the busiest, an augment-bound one (tiny PNGs
+    #    resized up, float32) augment; the stages' busy seconds together never exceed the pool's threads x the
+    #    run's time, also with one CPU by taskset.
+    import json
+
+    def png(side):
+        b = io.BytesIO()
+        Image.fromarray((rng.random((side, side, 3)) * 255).astype(np.uint8)).save(b, "PNG", compress_level=1)
+        return b.getvalue()
+
+    big_png, tiny_png = png(900), png(16)
+    for bound, blob, aug in [("decode", big_png, dict(crop="center", size=16, dtype="uint8", layout="hwc")),
+                             ("augment", tiny_png, dict(crop="center", size=448, resize=448, dtype="float32",
+                                                        layout="chw", mean=[0.5] * 3, std=[0.25] * 3))]:
+        shard = write_shard(os.path.join(tmp, f"{bound}-bound.tar"), [(f"{i:04d}", {"png": blob, "cls": b"1"})
+                                                                       for i in range(24 if bound == "decode" else 200)])
+        path = write_graph(os.path.join(tmp, f"{bound}-bound.yaml"), [
+            ("shard_source", dict(urls=shard, shuffle=False)), ("tar_split", {}), ("decode", {}),
+            ("augment", aug), ("batch", dict(batch_size=4, partial=True)), ("device_sink", {})], epochs=1)
+        for cpus_arg in (None, "0"):
+            stats = os.path.join(tmp, f"{bound}-{cpus_arg}.jsonl")
+            cmd = ([] if cpus_arg is None else ["taskset", "-c", cpus_arg]) + [
+                os.environ["SHARDFLOW"], "run", path, "--quiet", "--no-summary", "--stats-json", stats]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            check(p.returncode == 0, f"{bound}-bound run: {p.stderr[-500:]}")
+            last = [json.loads(line) for line in open(stats)][-1]
+            nodes = {n["name"]: n for n in last["nodes"]}
+            threads = 1 if cpus_arg else cpus
+            other = "augment" if bound == "decode" else "decode"
+            check(nodes[bound]["busy_seconds"] > 2 * nodes[other]["busy_seconds"] and nodes["decode"]["replicas"]
+                  == threads, f"{bound}-bound ({threads} CPU(s)): {bound} busiest, replicas planned: "
+                  f"{[(n, nodes[n]['busy_seconds'], nodes[n]['replicas']) for n in ('decode', 'augment')]}")
+            busy = sum(n["busy_seconds"] for n in last["nodes"])
+            check(busy <= threads * last["elapsed_seconds"] * 1.05 + 0.05,
+                  f"{bound}-bound ({threads} CPU(s)): stages busy {busy:.2f} s within {threads} thread(s) x "
+                  f"{last['elapsed_seconds']:.2f} s")
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 check.done("explain")
