@@ -2,7 +2,7 @@
 Every output sample (tokens, segment_ids, positions, cu_seqlens, key) equals an independent numpy model of the
 documented rule (a buffer of `buffer` pieces, first-fit-decreasing, bins in opening order, pieces in arrival
 order); split and truncate counted; pad_id; the fill ratio on 10,000 documents; the same output in two runs and
-with replicas on decode; resumption at (epoch, step) equals the tail of the full run; after a mix of two sources
+with replicas on decode; resumption at 8 positions (epoch, step) equals the tail of the full run; after a mix of two sources
 (the mix's order read from the same graph without pack); a FIELD.length scalar cuts documents; bad documents are
 error records naming shard and key; bad options are refused with file:line."""
 import atexit
@@ -232,7 +232,9 @@ per_epoch = max(b for (e, b) in full if e == 0) + 1
 check(per_epoch >= 6 and any(e == 1 for e, _ in full), f"the full run: {per_epoch} batches in epoch 0, and epoch 1")
 check([full[k][0] for k in sorted(full) if k[0] == 0] != [full[k][0] for k in sorted(full) if k[0] == 1],
       "the two epochs differ (shuffled)")
-for epoch, step in ((0, per_epoch // 2), (1, 1), (0, per_epoch)):
+last = max(b for (e, b) in full if e == 1) + 1
+for epoch, step in ((0, 1), (0, 2), (0, per_epoch // 2), (0, per_epoch - 1), (0, per_epoch), (1, 0), (1, 1),
+                    (1, last // 2)):
     shutil.rmtree(out)
     run_graph(path, "--start-epoch", str(epoch), "--start-step", str(step))
     resumed = {(e, b): (keys, f) for e, b, keys, f in read_batches(out)}
