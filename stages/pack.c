@@ -3,6 +3,7 @@
  * first-fit-decreasing within it, and per-token segment ids and positions (docs/data.md, "Packing documents").
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +26,8 @@ static const char *const suffixes[F_COUNT] = {"", ".segment_ids", ".positions", 
  */
 typedef struct doc {
   int refs;
-  char *key;        /* owned */
-  sf_buffer *url;   /* owned reference, or NULL */
+  char *key;      /* owned */
+  sf_buffer *url; /* owned reference, or NULL */
   uint64_t shard_index, index, pass;
   int64_t offset;
   sf_tensor tokens; /* owned reference: 1-D int32, int64 or uint16 */
@@ -44,28 +45,28 @@ typedef struct piece {
  */
 typedef struct packed {
   struct packed *next_packed;
-  piece *pieces; /* owned; a piece's reference is dropped when its bin leaves */
+  piece *pieces;  /* owned; a piece's reference is dropped when its bin leaves */
   int64_t *first; /* owned: nbins + 1 */
   int64_t nbins, next;
   uint64_t epoch;
 } packed;
 
 typedef struct pack {
-  char *field;        /* option */
-  int64_t length;     /* option */
-  int64_t pad_id;     /* option */
-  int64_t buffer;     /* option: pieces held before they are packed */
-  int overflow;       /* option: OVERFLOW_* */
-  bool cu_seqlens;    /* option */
-  int dtype;          /* option: OUT_* */
+  char *field;     /* option */
+  int64_t length;  /* option */
+  int64_t pad_id;  /* option */
+  int64_t buffer;  /* option: pieces held before they are packed */
+  int overflow;    /* option: OVERFLOW_* */
+  bool cu_seqlens; /* option */
+  int dtype;       /* option: OUT_* */
   char names[F_COUNT][SF_FIELD_NAME_MAX];
   char length_name[SF_FIELD_NAME_MAX]; /* FIELD.length: the count of real tokens, as tokenize writes it */
-  piece *held;        /* the buffer: `count` pieces in arrival order */
+  piece *held;                         /* the buffer: `count` pieces in arrival order */
   int64_t count;
-  uint64_t epoch;     /* epoch of the pieces held (and of the statistics below) */
-  bool in_epoch;      /* documents of `epoch` came, and its statistics are not logged yet */
+  uint64_t epoch;      /* epoch of the pieces held (and of the statistics below) */
+  bool in_epoch;       /* documents of `epoch` came, and its statistics are not logged yet */
   packed *head, *tail; /* packed buffers, oldest first */
-  sf_item held_item;  /* an epoch end, or a sample of the next epoch, that waits for the buffer to leave */
+  sf_item held_item;   /* an epoch end, or a sample of the next epoch, that waits for the buffer to leave */
   bool eof;
   /* this epoch's account, logged at its end */
   uint64_t ep_documents, ep_overflowed, ep_samples, ep_tokens;
@@ -101,10 +102,10 @@ static const sf_option options[] = {
 
 /* Counter names (sf_node_counter_add): shown in the stage table, --stats-json and /metrics. */
 #define C_DOCUMENTS "documents"
-#define C_SPLIT "split_documents"
+#define C_SPLIT     "split_documents"
 #define C_TRUNCATED "truncated_documents"
-#define C_TOKENS "tokens"
-#define C_SLOTS "slots"
+#define C_TOKENS    "tokens"
+#define C_SLOTS     "slots"
 
 static const char *overflow_counter(const pack *p) { return p->overflow == OVERFLOW_SPLIT ? C_SPLIT : C_TRUNCATED; }
 
@@ -114,17 +115,20 @@ static int init(sf_node *node) {
     return sf_node_option_error(node, "field", "is empty; name the token field, e.g. field: npy or field: tokens");
   /* The longest output name is FIELD.segment_ids. */
   if (strlen(p->field) + strlen(".segment_ids") >= SF_FIELD_NAME_MAX)
-    return sf_node_option_error(node, "field", "'%s' is too long: its output FIELD.segment_ids must fit %d bytes; "
+    return sf_node_option_error(node, "field",
+                                "'%s' is too long: its output FIELD.segment_ids must fit %d bytes; "
                                 "rename it to at most %zu bytes first (stage rename)",
                                 p->field, SF_FIELD_NAME_MAX - 1, SF_FIELD_NAME_MAX - 1 - strlen(".segment_ids"));
-  for (int i = 0; i < F_COUNT; i++) snprintf(p->names[i], sizeof p->names[i], "%s%s", p->field, suffixes[i]);
+  for (int i = 0; i < F_COUNT; i++)
+    snprintf(p->names[i], sizeof p->names[i], "%s%s", p->field, suffixes[i]);
   snprintf(p->length_name, sizeof p->length_name, "%s.length", p->field);
   p->held = calloc((size_t)p->buffer, sizeof *p->held);
   if (!p->held) return SF_ENOMEM;
   /* The counters show as 0 from the start; a failure here is a bug in the names, not the user's. */
   int r = 0;
   const char *names[] = {C_DOCUMENTS, overflow_counter(p), C_TOKENS, C_SLOTS};
-  for (int i = 0; i < 4 && r == 0; i++) r = sf_node_counter_add(node, names[i], 0);
+  for (int i = 0; i < 4 && r == 0; i++)
+    r = sf_node_counter_add(node, names[i], 0);
   return r;
 }
 
@@ -182,7 +186,8 @@ static int pack_buffer(pack *p) {
   int64_t n = p->count;
   if (n == 0) return 0;
   size_t leaves = 1;
-  while (leaves < (size_t)n) leaves <<= 1;
+  while (leaves < (size_t)n)
+    leaves <<= 1;
   by_length *order = malloc((size_t)n * sizeof *order);
   int64_t *tree = malloc(2 * leaves * sizeof *tree), *bin_of = malloc((size_t)n * sizeof *bin_of);
   packed *out = calloc(1, sizeof *out);
@@ -195,31 +200,41 @@ static int pack_buffer(pack *p) {
     if (out) free(out->pieces), free(out->first), free(out);
     return SF_ENOMEM;
   }
-  for (int64_t i = 0; i < n; i++) order[i] = (by_length){p->held[i].len, i};
+  for (int64_t i = 0; i < n; i++)
+    order[i] = (by_length){p->held[i].len, i};
   qsort(order, (size_t)n, sizeof *order, longer_first);
-  for (size_t i = 0; i < 2 * leaves; i++) tree[i] = p->length; /* every bin, opened or not, has room */
+  for (size_t i = 0; i < 2 * leaves; i++)
+    tree[i] = p->length; /* every bin, opened or not, has room */
   int64_t nbins = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t len = order[i].len;
     size_t at = 1;
-    while (at < leaves) at = tree[2 * at] >= len ? 2 * at : 2 * at + 1; /* the leftmost bin with room */
+    while (at < leaves)
+      at = tree[2 * at] >= len ? 2 * at : 2 * at + 1; /* the leftmost bin with room */
     int64_t bin = (int64_t)(at - leaves);
     bin_of[order[i].arrival] = bin;
     if (bin + 1 > nbins) nbins = bin + 1;
     tree[at] -= len;
-    for (at >>= 1; at >= 1; at >>= 1) tree[at] = tree[2 * at] > tree[2 * at + 1] ? tree[2 * at] : tree[2 * at + 1];
+    for (at >>= 1; at >= 1; at >>= 1)
+      tree[at] = tree[2 * at] > tree[2 * at + 1] ? tree[2 * at] : tree[2 * at + 1];
   }
   /* Bin by bin, each bin's pieces in arrival order (a counting sort by bin, stable). */
-  for (int64_t i = 0; i < n; i++) out->first[bin_of[i] + 1]++;
-  for (int64_t b = 0; b < nbins; b++) out->first[b + 1] += out->first[b];
-  for (int64_t i = 0; i < n; i++) out->pieces[out->first[bin_of[i]]++] = p->held[i];
-  for (int64_t b = nbins; b > 0; b--) out->first[b] = out->first[b - 1]; /* each `first` moved to its bin's end */
+  for (int64_t i = 0; i < n; i++)
+    out->first[bin_of[i] + 1]++;
+  for (int64_t b = 0; b < nbins; b++)
+    out->first[b + 1] += out->first[b];
+  for (int64_t i = 0; i < n; i++)
+    out->pieces[out->first[bin_of[i]]++] = p->held[i];
+  for (int64_t b = nbins; b > 0; b--)
+    out->first[b] = out->first[b - 1]; /* each `first` moved to its bin's end */
   out->first[0] = 0;
   out->nbins = nbins;
   out->epoch = p->epoch;
   free(order), free(tree), free(bin_of);
-  if (p->tail) p->tail->next_packed = out;
-  else p->head = out;
+  if (p->tail)
+    p->tail->next_packed = out;
+  else
+    p->head = out;
   p->tail = out;
   p->ep_samples += (uint64_t)nbins;
   p->count = 0;
@@ -251,8 +266,10 @@ static int emit_one(sf_node *node, pack *p) {
     for (int64_t j = 0; j < k; j++) {
       for (int64_t i = 0; i < pcs[j].len; i++, at++) {
         int64_t v = token_at(&pcs[j].d->tokens, pcs[j].start + i); /* checked to fit the output when it came */
-        if (out32) out32[at] = (int32_t)v;
-        else out64[at] = v;
+        if (out32)
+          out32[at] = (int32_t)v;
+        else
+          out64[at] = v;
         seg[at] = (int32_t)(j + 1);
         pos[at] = (int32_t)i;
       }
@@ -262,8 +279,10 @@ static int emit_one(sf_node *node, pack *p) {
     sf_node_counter_add(node, C_TOKENS, (uint64_t)at);
     sf_node_counter_add(node, C_SLOTS, (uint64_t)len);
     for (; at < len; at++) {
-      if (out32) out32[at] = (int32_t)p->pad_id;
-      else out64[at] = p->pad_id;
+      if (out32)
+        out32[at] = (int32_t)p->pad_id;
+      else
+        out64[at] = p->pad_id;
       seg[at] = 0;
       pos[at] = 0;
     }
@@ -276,8 +295,10 @@ static int emit_one(sf_node *node, pack *p) {
     for (int i = 0; i < nfields; i++)
       if (!sf_sample_add_field(s, p->names[i], false, &t[i])) r = SF_ENOMEM; /* names fit: checked in init */
   }
-  for (int i = 0; i < F_COUNT; i++) sf_tensor_clear(&t[i]);
-  for (int64_t j = 0; j < k; j++) doc_unref(&pcs[j].d);
+  for (int i = 0; i < F_COUNT; i++)
+    sf_tensor_clear(&t[i]);
+  for (int64_t j = 0; j < k; j++)
+    doc_unref(&pcs[j].d);
   if (q->next == q->nbins) {
     p->head = q->next_packed;
     if (!p->head) p->tail = NULL;
@@ -294,10 +315,14 @@ static int emit_one(sf_node *node, pack *p) {
 }
 
 /* Reports sample *ps as bad input and frees it. Returns 0, or the code when the error policy stops the run. */
-static int reject(sf_node *node, sf_sample **ps, int code, const char *fmt, const char *a, const char *b) {
+static int reject(sf_node *node, sf_sample **ps, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int reject(sf_node *node, sf_sample **ps, int code, const char *fmt, ...) {
   sf_sample *s = *ps;
   char why[400];
-  snprintf(why, sizeof why, fmt, a, b);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
   int r = sf_node_error(node, code, sf_sample_url(s), s->key, s->offset, "%s", why);
   sf_sample_destroy(ps);
   if (r < 0) return r;
@@ -306,7 +331,7 @@ static int reject(sf_node *node, sf_sample **ps, int code, const char *fmt, cons
 }
 
 /* The number of real tokens of document s: its field's length, cut to FIELD.length where it has one; -1 with
-   *why set when FIELD.length is not a non-negative integer scalar. */
+ *why set when FIELD.length is not a non-negative integer scalar. */
 static int64_t real_length(const pack *p, sf_sample *s, const sf_tensor *t, const char **why) {
   int64_t n = t->shape[0];
   sf_field *lf = sf_sample_field(s, p->length_name);
@@ -316,9 +341,10 @@ static int64_t real_length(const pack *p, sf_sample *s, const sf_tensor *t, cons
     *why = "is not an int32 or int64 scalar";
     return -1;
   }
-  int64_t v = token_at(&(sf_tensor){.dtype = l->dtype, .ndim = 1, .shape = {1}, .strides = {1},
-                                    .offset = l->offset, .buffer = l->buffer},
-                       0);
+  int64_t v = token_at(
+      &(sf_tensor){
+          .dtype = l->dtype, .ndim = 1, .shape = {1}, .strides = {1}, .offset = l->offset, .buffer = l->buffer},
+      0);
   if (v < 0) {
     *why = "is negative";
     return -1;
@@ -332,26 +358,23 @@ static int add_document(sf_node *node, pack *p, sf_sample **ps) {
   sf_field *f = sf_sample_field(s, p->field);
   if (!f)
     return reject(node, ps, SF_ESHAPE,
-                  "has no field '%s' (pack's option field)%s: name the token field, e.g. field: npy after a decode "
+                  "has no field '%s' (pack's option field): name the token field, e.g. field: npy after a decode "
                   "stage, or tokenize's output",
-                  p->field, "");
+                  p->field);
   if (f->encoded)
     return reject(node, ps, SF_ESHAPE,
-                  "field '%s' is still encoded bytes%s: pack takes decoded token arrays; put a decode stage before "
+                  "field '%s' is still encoded bytes: pack takes decoded token arrays; put a decode stage before "
                   "pack (a .npy member becomes an array)",
-                  p->field, "");
+                  p->field);
   int r = sf_field_materialize(f);
   if (r < 0) {
     sf_sample_destroy(ps);
     return r;
   }
   const sf_tensor *t = &f->tensor;
-  char what[64];
-  if (t->ndim != 1) {
-    snprintf(what, sizeof what, "a %d-D array", t->ndim);
-    return reject(node, ps, SF_ESHAPE,
-                  "field '%s' is %s: pack takes one 1-D array of token ids per document", p->field, what);
-  }
+  if (t->ndim != 1)
+    return reject(node, ps, SF_ESHAPE, "field '%s' is a %d-D array: pack takes one 1-D array of token ids per document",
+                  p->field, t->ndim);
   if (t->dtype != SF_DTYPE_INT32 && t->dtype != SF_DTYPE_INT64 && t->dtype != SF_DTYPE_UINT16)
     return reject(node, ps, SF_ESHAPE,
                   "field '%s' is %s: pack takes integer token ids (int32, int64 or uint16); write the documents' "
@@ -359,7 +382,8 @@ static int add_document(sf_node *node, pack *p, sf_sample **ps) {
                   p->field, sf_dtype_name(t->dtype));
   const char *why = NULL;
   int64_t n = real_length(p, s, t, &why);
-  if (n < 0) return reject(node, ps, SF_ESHAPE, "field '%s' %s: it must say how many tokens are real", p->length_name, why);
+  if (n < 0)
+    return reject(node, ps, SF_ESHAPE, "field '%s' %s: it must say how many tokens are real", p->length_name, why);
   if (n == 0) { /* nothing to pack: dropped on purpose, and counted */
     sf_sample_destroy(ps);
     sf_node_count_filtered(node, 1);
@@ -370,12 +394,11 @@ static int add_document(sf_node *node, pack *p, sf_sample **ps) {
   if (p->dtype == OUT_INT32 && t->dtype == SF_DTYPE_INT64)
     for (int64_t i = 0; i < n; i++) {
       int64_t v = token_at(t, i);
-      if (v < INT32_MIN || v > INT32_MAX) {
-        snprintf(what, sizeof what, "%" PRId64 " at position %" PRId64, v, i);
+      if (v < INT32_MIN || v > INT32_MAX)
         return reject(node, ps, SF_ESHAPE,
-                      "field '%s' holds token id %s, which does not fit the output's int32: set pack's dtype: int64",
-                      p->field, what);
-      }
+                      "field '%s' holds token id %" PRId64 " at position %" PRId64 ", which does not fit the output's "
+                      "int32: set pack's dtype: int64",
+                      p->field, v, i);
     }
   doc *d = calloc(1, sizeof *d);
   if (d && !(d->key = sf_sample_take_key(s))) d->key = strdup(""); /* a sample without a key */
@@ -408,8 +431,8 @@ static void end_epoch(sf_node *node, pack *p) {
   p->in_epoch = false;
   double slots = (double)p->ep_samples * (double)p->length;
   sf_node_log(node, SF_LOG_INFO,
-              "epoch %" PRIu64 ": %" PRIu64 " documents (%" PRIu64 " %s) packed into %" PRIu64
-              " samples of %" PRId64 " tokens, fill ratio %.4f (tokens / slots)",
+              "epoch %" PRIu64 ": %" PRIu64 " documents (%" PRIu64 " %s) packed into %" PRIu64 " samples of %" PRId64
+              " tokens, fill ratio %.4f (tokens / slots)",
               p->epoch, p->ep_documents, p->ep_overflowed, p->overflow == OVERFLOW_SPLIT ? "split" : "truncated",
               p->ep_samples, p->length, slots > 0 ? (double)p->ep_tokens / slots : 0.0);
   p->ep_documents = p->ep_overflowed = p->ep_samples = p->ep_tokens = 0;
@@ -449,27 +472,25 @@ static int step(sf_node *node) {
     end_epoch(node, p);
   }
   switch (item.kind) {
-  case SF_ITEM_EPOCH_END:
-    sf_node_push(node, &item);
-    return 0;
+  case SF_ITEM_EPOCH_END: sf_node_push(node, &item); return 0;
   case SF_ITEM_SAMPLE:
     p->epoch = item.epoch;
     p->in_epoch = true;
     item.u.sample->epoch = item.epoch;
     return add_document(node, p, &item.u.sample);
-  default: /* nothing else belongs on a sample edge */
-    sf_item_clear(&item);
-    return 0;
+  default: /* nothing else belongs on a sample edge */ sf_item_clear(&item); return 0;
   }
 }
 
 static void uninit(sf_node *node) {
   pack *p = sf_node_priv(node);
-  for (int64_t i = 0; i < p->count; i++) doc_unref(&p->held[i].d);
+  for (int64_t i = 0; i < p->count; i++)
+    doc_unref(&p->held[i].d);
   free(p->held);
   while (p->head) {
     packed *q = p->head;
-    for (int64_t i = q->first[q->next]; i < q->first[q->nbins]; i++) doc_unref(&q->pieces[i].d);
+    for (int64_t i = q->first[q->next]; i < q->first[q->nbins]; i++)
+      doc_unref(&q->pieces[i].d);
     p->head = q->next_packed;
     free(q->pieces), free(q->first), free(q);
   }

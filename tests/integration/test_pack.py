@@ -2,8 +2,8 @@
 Every output sample (tokens, segment_ids, positions, cu_seqlens, key) equals an independent numpy model of the
 documented rule (a buffer of `buffer` pieces, first-fit-decreasing, bins in opening order, pieces in arrival
 order); split and truncate counted; pad_id; the fill ratio on 10,000 documents; the same output in two runs and
-with replicas on decode; resumption at 8 positions (epoch, step) equals the tail of the full run; after a mix of two sources
-(the mix's order read from the same graph without pack); a FIELD.length scalar cuts documents; bad documents are
+with replicas on decode; resumption at 8 positions (epoch, step) equals the tail of the full run; after a mix of two
+sources (the mix's order read from the same graph without pack); a FIELD.length scalar cuts documents; bad documents are
 error records naming shard and key; bad options are refused with file:line."""
 import atexit
 import io
@@ -255,8 +255,10 @@ def mix_graph(name, pack):
     tail = (["  - {type: pack, field: npy, length: 256, buffer: 23}", "  - {type: batch, batch_size: 4}"] if pack
             else ["  - {type: batch, batch_size: 4, ragged: npy}"])
     lines = ["seed: 9", "epochs: 1", "stages:",
-             f"  - {{name: src_a, type: shard_source, urls: \"{SMALL}\", shuffle: false}}", "  - {name: split_a, type: tar_split}",
-             f"  - {{name: src_b, type: shard_source, urls: \"{OTHER}\", shuffle: false}}", "  - {name: split_b, type: tar_split}",
+             f"  - {{name: src_a, type: shard_source, urls: \"{SMALL}\", shuffle: false}}",
+             "  - {name: split_a, type: tar_split}",
+             f"  - {{name: src_b, type: shard_source, urls: \"{OTHER}\", shuffle: false}}",
+             "  - {name: split_b, type: tar_split}",
              "  - {name: mix, type: mix, inputs: [split_a, split_b], weights: [0.6, 0.4], stop: longest}",
              "  - {type: decode}", *tail, f"  - {{type: device_sink, npy_dir: {out}}}"]
     path = os.path.join(tmp, name + ".yaml")
@@ -327,13 +329,15 @@ check(p.returncode != 0 and "Sanitizer" not in p.stderr and f"{bad_shard} " in p
 
 # 8. Options: refused with the graph file's line, the option named and what to write.
 def refused(option_line, line, *needles):
-    text = (f"stages:\n  - type: shard_source\n    urls: {bad_shard}\n    shuffle: false\n  - type: tar_split\n  - type: decode\n"
-            f"  - type: pack\n{'' if 'field:' in option_line else '    field: npy' + chr(10)}{option_line}\n  - type: batch\n  - type: device_sink\n")
+    field = "" if "field:" in option_line else "    field: npy\n"
+    text = (f"stages:\n  - type: shard_source\n    urls: {bad_shard}\n    shuffle: false\n  - type: tar_split\n"
+            f"  - type: decode\n  - type: pack\n{field}{option_line}\n  - type: batch\n  - type: device_sink\n")
     path = os.path.join(tmp, "opt.yaml")
     with open(path, "w") as f:
         f.write(text)
     p = run(["run", path, "--quiet", "--no-summary"], check=False)
-    check(p.returncode != 0 and "Sanitizer" not in p.stderr and all(n in p.stderr for n in needles) and (line is None or f"{path}:{line}" in p.stderr),
+    named = all(n in p.stderr for n in needles) and (line is None or f"{path}:{line}" in p.stderr)
+    check(p.returncode != 0 and "Sanitizer" not in p.stderr and named,
           f"{option_line.strip()}: refused with {needles}, line {line}: {p.returncode} {p.stderr}")
 
 
