@@ -60,8 +60,8 @@ static void prefetch_lines(const void *p, size_t size) {
 /*
  * Brings into the cache, one level a step, what the emissions drawn ahead will touch: the sample drawn
  * last its header, the one before its fields' recipes (or buffers), the one before that the rest of
- * their descriptions (the lazy module's kinds), the next one the bytes its deferred fields will read (a full buffer's samples are
- * otherwise cache misses one after another inside the batch's recipe->write()). Hints only: a sample
+ * their descriptions (the lazy module's kinds), the next one the bytes its deferred fields will read (a
+ * full buffer's samples are otherwise cache misses one after another inside the batch's recipe->write()). Hints only: a sample
  * may have moved since its index was drawn, and slot `count` is empty now (its pointer stale, perhaps
  * the sample just handed on), so it is never read.
  */

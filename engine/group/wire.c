@@ -713,20 +713,15 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
     zmq_msg_init(m);
     return 0;
   }
-  if (f->recipe) {
+  if (!f->recipe && sf_tensor_is_contiguous(t)) {
+    b = sf_buffer_ref(t->buffer);
+    data = sf_tensor_data(t);
+  } else { /* a deferred field written by its recipe, or a strided one copied (counted) */
     b = sf_buffer_new(bytes);
     if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
     sf_lazy_write_field(f, sf_buffer_data(b));
     data = sf_buffer_data(b);
-  } else if (sf_tensor_is_contiguous(t)) {
-    b = sf_buffer_ref(t->buffer);
-    data = sf_tensor_data(t);
-  } else {
-    b = sf_buffer_new(bytes);
-    if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
-    sf_tensor_copy_to(t, sf_buffer_data(b));
-    data = sf_buffer_data(b);
-    atomic_fetch_add(&copied_sent, bytes);
+    if (!f->recipe) atomic_fetch_add(&copied_sent, bytes);
   }
   if (zmq_msg_init_data(m, data, bytes, release_frame, b) != 0) {
     sf_buffer_unref(&b); /* libzmq does not call the free function when init fails */
