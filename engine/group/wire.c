@@ -8,6 +8,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <zmq.h>
 
+#include "lazy.h"
 #include "wire.h"
 #include "wire.pb-c.h"
 
@@ -712,33 +713,21 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
     zmq_msg_init(m);
     return 0;
   }
-  if (f->recipe) {
-    b = sf_buffer_new(bytes);
-    if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
-    f->recipe->write(f->recipe, sf_buffer_data(b));
-    data = sf_buffer_data(b);
-  } else if (sf_tensor_is_contiguous(t)) {
+  if (!f->recipe && sf_tensor_is_contiguous(t)) {
     b = sf_buffer_ref(t->buffer);
     data = sf_tensor_data(t);
-  } else {
+  } else { /* a deferred field written by its recipe, or a strided one copied (counted) */
     b = sf_buffer_new(bytes);
     if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
-    sf_tensor_copy_to(t, sf_buffer_data(b));
+    sf_lazy_write_field(f, sf_buffer_data(b));
     data = sf_buffer_data(b);
-    atomic_fetch_add(&copied_sent, bytes);
+    if (!f->recipe) atomic_fetch_add(&copied_sent, bytes);
   }
   if (zmq_msg_init_data(m, data, bytes, release_frame, b) != 0) {
     sf_buffer_unref(&b); /* libzmq does not call the free function when init fails */
     return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
   }
   return 0;
-}
-
-/* Writes field f's values, C-contiguous, to dst (its recipe, a copy, or a strided copy). */
-static void write_field(const sf_field *f, uint8_t *dst) {
-  if (f->recipe) f->recipe->write(f->recipe, dst);
-  else if (sf_tensor_is_contiguous(&f->tensor)) memcpy(dst, sf_tensor_data(&f->tensor), sf_tensor_nbytes(&f->tensor));
-  else sf_tensor_copy_to(&f->tensor, dst);
 }
 
 /* Checks what a message to send carries against the limits a receiver enforces. */
@@ -963,7 +952,7 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
       uint64_t position;
       uint8_t *dst = ring && bytes >= SF_SHM_MIN_BYTES ? sf_shm_ring_reserve(ring, bytes, &position) : NULL;
       if (dst) { /* numbered after the socket's frames below */
-        write_field(f, dst);
+        sf_lazy_write_field(f, dst);
         sf_wire__shm_extent__init(&extents[n_extents]);
         extents[n_extents].position = position;
         extents[n_extents].length = bytes;
