@@ -249,15 +249,8 @@ static int decode_whole(sf_field *f, field_error *e) {
   return field_result(sf_lazy_decode_jpeg(f, &err), &err, f, e);
 }
 
-/*
- * Transforms one field in place of its tensor. rng is this sample's stream,
- * restarted for every field so same-sized fields get the same crop and flip.
- * The random draws and the geometry happen here; the lazy module applies the
- * description, usually deferring its last pass: batch writes it straight into
- * its slot, saving an allocation and a copy.
- * Returns 0, SF_ENOMEM, or a data error with *e filled.
- */
-static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
+/* Returns 0 when f is a uint8 [H,W,C] image augment can transform with a's mean/std, else the data error. */
+static int check_image(const augment *a, const sf_field *f, field_error *e) {
   const sf_tensor *in = &f->tensor;
   if (is_uint16_image(f))
     return FAIL(e, SF_EINVAL, "field '%s' is a uint16 image (decode's depth 16 or native); augment transforms "
@@ -274,10 +267,83 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   if (a->mean.n && a->mean.n != c)
     return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
                 "per channel", f->name, (long long)c, a->mean.n);
+  return 0;
+}
+
+/* The sizes a field's plan is made of: the source (h, w), after `resize` (rh, rw) and out (oh, ow). */
+typedef struct geometry {
+  int64_t h, w, rh, rw, oh, ow;
+} geometry;
+
+/*
+ * A random resized crop's box, in t's source (a JPEG at DCT scale t->m, whose rect is the box's pixels, when
+ * t->jpeg is set).
+ */
+static void plan_random_resized(const augment *a, sf_rng *rng, const geometry *g, sf_lazy_transform *t) {
+  int64_t box[4];
+  random_resized_box(a, rng, g->h, g->w, box);
+  if (!t->jpeg) {
+    t->y = (sf_lazy_axis){box[0], box[2], g->oh, 0, g->oh};
+    t->x = (sf_lazy_axis){box[1], box[3], g->ow, 0, g->ow};
+    return;
+  }
+  /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
+  int m = a->dct_scaling || !a->exact ? sf_jpeg_dct_scale(box[2], box[3], g->oh, g->ow) : 8;
+  int64_t sh = sf_jpeg_scaled(g->h, m), sw = sf_jpeg_scaled(g->w, m);
+  int64_t *rect = t->rect;
+  rect[0] = scaled_edge(box[0], m, sh - 1), rect[1] = scaled_edge(box[1], m, sw - 1);
+  rect[2] = scaled_edge(box[0] + box[2], m, sh), rect[3] = scaled_edge(box[1] + box[3], m, sw);
+  if (rect[2] <= rect[0]) rect[2] = rect[0] + 1;
+  if (rect[3] <= rect[1]) rect[3] = rect[1] + 1;
+  t->m = m;
+  t->y = (sf_lazy_axis){rect[0], rect[2] - rect[0], g->oh, 0, g->oh};
+  t->x = (sf_lazy_axis){rect[1], rect[3] - rect[1], g->ow, 0, g->ow};
+}
+
+/* The crop's window (t->y, t->x already span the resized image) and its random draws. 0 or a data error. */
+static int plan_crop(const augment *a, const sf_field *f, sf_rng *rng, const geometry *g, sf_lazy_transform *t,
+                     field_error *e) {
+  switch (a->crop) {
+  case CROP_RANDOM: {
+    int64_t ph = g->rh + 2 * a->padding, pw = g->rw + 2 * a->padding;
+    if (ph < g->oh || pw < g->ow)
+      return FAIL(e, SF_ESHAPE, "field '%s' is %lldx%lld pixels (with padding %lld) but the random crop "
+                  "is %lldx%lld; raise `padding` or `resize`, or lower `size`", f->name, (long long)g->rh,
+                  (long long)g->rw, (long long)a->padding, (long long)g->oh, (long long)g->ow);
+    t->y.pos = (int64_t)sf_rng_below(rng, (uint64_t)(ph - g->oh + 1)) - a->padding;
+    t->x.pos = (int64_t)sf_rng_below(rng, (uint64_t)(pw - g->ow + 1)) - a->padding;
+    t->y.n = g->oh;
+    t->x.n = g->ow;
+    return 0;
+  }
+  case CROP_CENTER:
+    t->y.pos = center_offset(g->rh + 2 * a->padding, g->oh) - a->padding;
+    t->x.pos = center_offset(g->rw + 2 * a->padding, g->ow) - a->padding;
+    t->y.n = g->oh;
+    t->x.n = g->ow;
+    return 0;
+  case CROP_RANDOM_RESIZED: plan_random_resized(a, rng, g, t); return 0;
+  default: return 0;
+  }
+}
+
+/*
+ * Transforms one field in place of its tensor. rng is this sample's stream,
+ * restarted for every field so same-sized fields get the same crop and flip.
+ * The random draws and the geometry happen here, into a plan (sf_lazy_transform);
+ * the lazy module applies it, usually deferring its last pass: batch writes it
+ * straight into its slot, saving an allocation and a copy.
+ * Returns 0, SF_ENOMEM, or a data error with *e filled.
+ */
+static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
+  int r = check_image(a, f, e);
+  if (r < 0) return r;
+  const sf_tensor *in = &f->tensor;
+  int64_t h = in->shape[0], w = in->shape[1], c = in->shape[2];
   /* A JPEG that decode left undecoded (defer_jpeg): decode only what the crop or resize reads. */
   bool regional = a->crop == CROP_RANDOM_RESIZED ? a->resize == 0 : a->crop != CROP_NONE || a->resize > 0;
   const sf_jpeg_source *jpeg = regional ? sf_lazy_jpeg_of(f) : NULL;
-  int r = jpeg ? 0 : decode_whole(f, e);
+  r = jpeg ? 0 : decode_whole(f, e);
   if (r == 0 && !jpeg) r = sf_field_materialize(f); /* a deferred input: an earlier augment's output */
   if (r < 0) return r;
 
@@ -286,65 +352,26 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
   sf_lazy_transform t = {.src = *in, .jpeg = jpeg, .tables = a->luts, .dtype = out_dtype[a->dtype],
                          .layout = a->layout == LAYOUT_CHW ? SF_LAZY_CHW : SF_LAZY_HWC, .channels = (int)c};
-  sf_tensor resized = {0}; /* the source when a random resized crop follows a resize */
   /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
-  int64_t rh = h, rw = w;
-  if (a->resize > 0) resized_dims(h, w, a->resize, &rh, &rw);
-  if (rh < 1 || rw < 1)
+  geometry g = {.h = h, .w = w, .rh = h, .rw = w};
+  if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
+  if (g.rh < 1 || g.rw < 1)
     return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
-                "`resize`", f->name, (long long)h, (long long)w, (long long)rh, (long long)rw);
-  sf_lazy_axis ay = {0, h, rh, 0, rh}, ax = {0, w, rw, 0, rw};
+                "`resize`", f->name, (long long)h, (long long)w, (long long)g.rh, (long long)g.rw);
+  g.oh = a->size ? a->size : g.rh, g.ow = a->size ? a->size : g.rw;
+  t.y = (sf_lazy_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_lazy_axis){0, w, g.rw, 0, g.rw};
 
-  if (a->crop == CROP_RANDOM_RESIZED && (rh != h || rw != w)) {
+  sf_tensor resized = {0}; /* the source when a random resized crop follows a resize */
+  if (a->crop == CROP_RANDOM_RESIZED && (g.rh != h || g.rw != w)) {
     /* A box of the resized image is resampled again: materialise the resize (uint8, as torchvision). */
-    if ((r = sf_lazy_resize(in, rh, rw, &resized)) < 0) return r;
+    if ((r = sf_lazy_resize(in, g.rh, g.rw, &resized)) < 0) return r;
     t.src = resized;
-    h = rh, w = rw;
+    g.h = g.rh, g.w = g.rw;
   }
-
-  int64_t oh = a->size ? a->size : rh, ow = a->size ? a->size : rw;
-  switch (a->crop) {
-  case CROP_RANDOM: {
-    int64_t ph = rh + 2 * a->padding, pw = rw + 2 * a->padding;
-    if (ph < oh || pw < ow)
-      return FAIL(e, SF_ESHAPE, "field '%s' is %lldx%lld pixels (with padding %lld) but the random crop "
-                  "is %lldx%lld; raise `padding` or `resize`, or lower `size`", f->name, (long long)rh,
-                  (long long)rw, (long long)a->padding, (long long)oh, (long long)ow);
-    ay.pos = (int64_t)sf_rng_below(&rng, (uint64_t)(ph - oh + 1)) - a->padding;
-    ax.pos = (int64_t)sf_rng_below(&rng, (uint64_t)(pw - ow + 1)) - a->padding;
-    ay.n = oh;
-    ax.n = ow;
-    break;
-  }
-  case CROP_CENTER:
-    ay.pos = center_offset(rh + 2 * a->padding, oh) - a->padding;
-    ax.pos = center_offset(rw + 2 * a->padding, ow) - a->padding;
-    ay.n = oh;
-    ax.n = ow;
-    break;
-  case CROP_RANDOM_RESIZED: {
-    int64_t box[4];
-    random_resized_box(a, &rng, h, w, box);
-    if (jpeg) {
-      /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
-      int m = a->dct_scaling || !a->exact ? sf_jpeg_dct_scale(box[2], box[3], oh, ow) : 8;
-      int64_t sh = sf_jpeg_scaled(h, m), sw = sf_jpeg_scaled(w, m);
-      int64_t *rect = t.rect;
-      rect[0] = scaled_edge(box[0], m, sh - 1), rect[1] = scaled_edge(box[1], m, sw - 1);
-      rect[2] = scaled_edge(box[0] + box[2], m, sh), rect[3] = scaled_edge(box[1] + box[3], m, sw);
-      if (rect[2] <= rect[0]) rect[2] = rect[0] + 1;
-      if (rect[3] <= rect[1]) rect[3] = rect[1] + 1;
-      t.m = m;
-      ay = (sf_lazy_axis){rect[0], rect[2] - rect[0], oh, 0, oh};
-      ax = (sf_lazy_axis){rect[1], rect[3] - rect[1], ow, 0, ow};
-      break;
-    }
-    ay = (sf_lazy_axis){box[0], box[2], oh, 0, oh};
-    ax = (sf_lazy_axis){box[1], box[3], ow, 0, ow};
-    break;
-  }
-  default:
-    break;
+  r = plan_crop(a, f, &rng, &g, &t, e);
+  if (r < 0) {
+    sf_tensor_clear(&resized);
+    return r;
   }
   t.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
   if (jpeg && a->crop != CROP_RANDOM_RESIZED) {
@@ -352,15 +379,13 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
      * Resize from the smallest DCT scale that still covers it: the image at that scale is the
      * source, of which only the rows and columns the window's resize reads are decoded.
      */
-    t.m = a->resize > 0 && (a->dct_scaling || !a->exact) ? sf_jpeg_dct_scale(h, w, rh, rw) : 8;
-    ay.span = sf_jpeg_scaled(h, t.m);
-    ax.span = sf_jpeg_scaled(w, t.m);
-    sf_lazy_reads(&ay, &t.rect[0], &t.rect[2]);
-    sf_lazy_reads(&ax, &t.rect[1], &t.rect[3]);
+    t.m = a->resize > 0 && (a->dct_scaling || !a->exact) ? sf_jpeg_dct_scale(h, w, g.rh, g.rw) : 8;
+    t.y.span = sf_jpeg_scaled(h, t.m);
+    t.x.span = sf_jpeg_scaled(w, t.m);
+    sf_lazy_reads(&t.y, &t.rect[0], &t.rect[2]);
+    sf_lazy_reads(&t.x, &t.rect[1], &t.rect[3]);
   }
   t.fast = !a->exact;
-  t.y = ay;
-  t.x = ax;
   int64_t shape[3];
   sf_lazy_shape(&t, shape);
   *bytes += (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(t.dtype);
