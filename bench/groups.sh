@@ -4,25 +4,30 @@
 # group of 2 local worker processes (ipc://, results in shared-memory rings), (c) in a group served over
 # tcp://127.0.0.1 with CURVE to two `shardflow worker` processes; samples/s (medians of interleaved runs), the ratio to (a), CPU per sample.
 # decode has `replicas: 2` everywhere (in (a) it is what lets decoding use both cores).
-#   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--unit-samples N] [--perf]
+#   bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--wire-form auto|as_written|both]
+#                   [--unit-samples N] [--perf]
 # --dtype uint8 keeps augment's output as uint8 HWC (4x fewer bytes between processes);
 # --dtype split: the group's augment crops to uint8 HWC, a second augment on the head normalises to float32 CHW
 #   (written straight into the batch): the trainer gets what float32 gives, the sockets carry uint8;
+# --wire-form: the groups' `wire_form` (auto: the plan may send the float32 augment's output as uint8 HWC crops
+#   and normalise on the head, see docs/groups.md; as_written: float32 crosses the wire); both: (b) and (c) each way
+#   in the same interleaved run, (b') and (c') with as_written;
 # --perf records one run of each configuration with `perf record -g` (reports under data/bench/perf-groups).
 # SF_BUILD names the build directory (default build-release), SF_PORT the tcp port (default: a free one).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-runs=5 samples=5120 per_shard=256 dtype=float32 unit_samples="" perf=0
+runs=5 samples=5120 per_shard=256 dtype=float32 unit_samples="" perf=0 wire_form=auto
 port=${SF_PORT:-} build=${SF_BUILD:-build-release}
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
     --samples) samples=$2; shift 2 ;;
     --dtype) dtype=$2; shift 2 ;;
+    --wire-form) wire_form=$2; shift 2 ;;
     --unit-samples) unit_samples=$2; shift 2 ;;
     --perf) perf=1; shift ;;
-    *) echo "usage: bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--unit-samples N] [--perf]" >&2
+    *) echo "usage: bench/groups.sh [--runs N] [--samples N] [--dtype float32|uint8|split] [--wire-form auto|as_written|both] [--unit-samples N] [--perf]" >&2
        exit 2 ;;
   esac
 done
@@ -144,19 +149,35 @@ $normalize
   - type: device_sink
 YAML
 }
+wf=""
+[ "$wire_form" = as_written ] && wf=", wire_form: as_written"
+cfgs="a b c"
 graph a ""
-graph b "processes: 2"
-graph c "listen: 'tcp://127.0.0.1:$port', secret_key: '$run/keys/head.key', allowed_keys: '$run/keys/allowed'"
+graph b "processes: 2$wf"
+graph c "listen: 'tcp://127.0.0.1:$port', secret_key: '$run/keys/head.key', allowed_keys: '$run/keys/allowed'$wf"
+if [ "$wire_form" = both ]; then # (b') and (c'): the same groups with the augment's float32 sent as written
+  cfgs="a b c bw cw"
+  graph bw "processes: 2, wire_form: as_written"
+  graph cw "listen: 'tcp://127.0.0.1:$port', secret_key: '$run/keys/head.key', allowed_keys: '$run/keys/allowed', wire_form: as_written"
+fi
+cmd_of() { # cmd_of CFG: the command line of a configuration, into the array cmd
+  case $1 in
+    c|cw) cmd=("$run/c.sh" "$run/$1.yaml") ;;
+    *) cmd=("$sf" run "$run/$1.yaml" --quiet --no-summary) ;;
+  esac
+}
 cat > "$run/c.sh" <<SH
 #!/usr/bin/env bash
-# (c): two workers connect over tcp:// with CURVE; the head's run ends them (BYE).
+# (c): two workers connect over tcp:// with CURVE; the head's run ends them (BYE). c.sh GRAPH [RUN-OPTIONS]
+graph=\$1
+shift
 pids=()
 for w in w1 w2; do
   "$sf" worker --connect tcp://127.0.0.1:$port --key "$run/keys/\$w.key" --server-key "$run/keys/head.pub" \
     --name "\$w" --quiet --connect-timeout 20 &
   pids+=(\$!)
 done
-if ! "$sf" run "$run/c.yaml" --quiet --no-summary "\$@"; then
+if ! "$sf" run "\$graph" --quiet --no-summary "\$@"; then
   kill "\${pids[@]}" 2>/dev/null
   wait
   exit 1
@@ -166,15 +187,15 @@ SH
 chmod +x "$run/c.sh"
 
 # One checked run each first: every sample arrives, and the first batches are the same in all three.
-for cfg in a b c; do
-  if [ $cfg = c ]; then cmd=("$run/c.sh"); else cmd=("$sf" run "$run/$cfg.yaml" --quiet --no-summary); fi
+for cfg in $cfgs; do
+  cmd_of $cfg
   mkdir -p "$run/npy-$cfg"
   "${cmd[@]}" --set device_sink.npy_dir="$run/npy-$cfg" --set device_sink.npy_batches=3 > "$run/$cfg.log" 2>&1 ||
     { cat "$run/$cfg.log" >&2; echo "groups.sh: configuration ($cfg) failed" >&2; exit 1; }
   grep -q "Replica Train Samples=$samples " "$run/$cfg.log" ||
     { cat "$run/$cfg.log" >&2; echo "groups.sh: ($cfg) did not report $samples samples" >&2; exit 1; }
 done
-for cfg in b c; do
+for cfg in ${cfgs#a }; do
   diff -rq "$run/npy-a" "$run/npy-$cfg" >&2 ||
     { echo "groups.sh: the batches of ($cfg) differ from (a)'s" >&2; exit 1; }
 done
@@ -186,15 +207,14 @@ cat "$data"/*.tar > /dev/null # the page cache holds the shards for every run
 # Timed runs, interleaved (a b c, b c a, c a b, ...) so that load from anything else on the machine falls on
 # every configuration alike; one round first as warm-up. Wall time and the CPU time of the whole process
 # tree (wait4 of the command; the workers are its descendants) per run.
-/usr/bin/python3 - "$run/times.json" "$runs" "$sf" "$run" <<'PY' >&2
+/usr/bin/python3 - "$run/times.json" "$runs" "$sf" "$run" $cfgs <<'PY' >&2
 import json, os, resource, subprocess, sys, time
-out, runs, sf, run = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-cmds = {"a": [sf, "run", f"{run}/a.yaml", "--quiet", "--no-summary"],
-        "b": [sf, "run", f"{run}/b.yaml", "--quiet", "--no-summary"],
-        "c": [f"{run}/c.sh"]}
+out, runs, sf, run, cfgs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+cmds = {k: [f"{run}/c.sh", f"{run}/{k}.yaml"] if k in ("c", "cw") else
+        [sf, "run", f"{run}/{k}.yaml", "--quiet", "--no-summary"] for k in cfgs}
 res = {k: {"times": [], "cpu": []} for k in cmds}
 for r in range(runs + 1):
-    order = "abc"[r % 3:] + "abc"[:r % 3]
+    order = cfgs[r % len(cfgs):] + cfgs[:r % len(cfgs)]
     for k in order:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.monotonic()
@@ -212,29 +232,31 @@ PY
 if [ "$perf" = 1 ]; then
   out=$top/data/bench/perf-groups
   mkdir -p "$out"
-  for cfg in a b c; do
-    if [ $cfg = c ]; then cmd=("$run/c.sh"); else cmd=("$sf" run "$run/$cfg.yaml" --quiet --no-summary); fi
+  for cfg in $cfgs; do
+    cmd_of $cfg
     perf record -q -g -o "$out/$cfg.data" -- "${cmd[@]}" >/dev/null 2>&1
     perf report -i "$out/$cfg.data" --no-children --sort comm,dso,sym --stdio 2>/dev/null | head -80 > "$out/$cfg.txt"
   done
-  echo "perf reports: $out/{a,b,c}.txt" >&2
+  echo "perf reports: $out/{${cfgs// /,}}.txt" >&2
 fi
 
-/usr/bin/python3 - "$run/times.json" "$samples" "$dtype" "$(nproc)" <<'PY'
+/usr/bin/python3 - "$run/times.json" "$samples" "$dtype" "$(nproc)" "$wire_form" <<'PY'
 import json, statistics, sys
 res = json.load(open(sys.argv[1]))
-n, dtype, cpus = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+n, dtype, cpus, wire_form = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 wall = {k: statistics.median(v["times"]) for k, v in res.items()}
 cpu = {k: statistics.median(v["cpu"]) for k, v in res.items()}
 names = {"a": "(a) one process, 2 threads",
          "b": "(b) group: 2 local processes, ipc://",
-         "c": "(c) group: 2 workers, tcp:// + CURVE"}
+         "c": "(c) group: 2 workers, tcp:// + CURVE",
+         "bw": "(b') (b), wire_form: as_written",
+         "cw": "(c') (c), wire_form: as_written"}
 out = {"float32": "float32 CHW normalised", "uint8": "uint8 HWC",
        "split": "uint8 HWC in the group, normalised to float32 CHW on the head"}[dtype]
 print(f"{n} JPEG photographs (~500x416, q95) -> random_resized 224, {out}, batches of 64; "
-      f"{cpus} CPUs; medians of {len(res['a']['times'])} interleaved runs")
+      f"{cpus} CPUs; medians of {len(res['a']['times'])} interleaved runs; groups' wire_form {wire_form}")
 print(f"{'configuration':40} {'samples/s':>10} {'of (a)':>7} {'CPU ms/sample':>14} {'cores busy':>11}")
-for k in "abc":
+for k in res:
     rate = n / wall[k]
     print(f"{names[k]:40} {rate:10,.0f} {rate / (n / wall['a']):7.3f} {1000 * cpu[k] / n:14.2f} {cpu[k] / wall[k]:11.2f}")
 PY

@@ -113,6 +113,9 @@ for defer in false true; do
 done
 # As a user writes it: whatever the engine picks by itself (replicas, threads, JPEG deferral) is measured.
 graph "" "" "" float32 > "$run/user.yaml"
+# The same with augment's opt-in `exact: false` (DCT scaling, fast IDCT, plain chroma upsampling).
+graph "" "" "
+    exact: false" float32 > "$run/user-inexact.yaml"
 # Mis-tuned: small queues, one shard at a time (prefetch counts for remote shards only: local files are
 # read as split), nothing else pinned.
 graph "
@@ -124,7 +127,8 @@ cat "$data"/*.tar > /dev/null # warm the page cache
 import glob, os, re, resource, statistics, subprocess, sys, time
 sf, run, jpg, n, runs, ncpu = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), \
     int(sys.argv[6])
-configs = [f"{d}-{x}" for d in ("uint8", "float32") for x in ("false", "true")] + ["user", "mistuned"]
+configs = [f"{d}-{x}" for d in ("uint8", "float32") for x in ("false", "true")] + ["user", "user-inexact",
+                                                                                    "mistuned"]
 files = sorted(glob.glob(os.path.join(jpg, "*.jpg")))[:16]
 
 def tjbench():
@@ -179,6 +183,7 @@ hand = "float32-true"
 print(f"float32 CHW as written (hand-tuned = decode {{defer_jpeg: true, replicas: {ncpu}}}, "
       f"augment {{replicas: {ncpu}}}):")
 line("user", "as a user writes it")
+line("user-inexact", "as written + augment exact: false")
 line("mistuned", "mis-tuned (queue_size 2, prefetch 0)")
 line(hand, "hand-tuned")
 # Each ratio within a round (the two runs a few seconds apart), then the median over the rounds: steadier
@@ -187,6 +192,7 @@ within = lambda a, b, k=1: statistics.median(x / (k * y) for x, y in zip(rates[a
 print("ratios, medians over the rounds of the ratio within a round:")
 for name, value in ((f"as written / hand-tuned", within("user", hand)),
                     (f"as written / {tj}", within("user", "tjbench", ncpu)),
+                    (f"as written, exact: false / {tj}", within("user-inexact", "tjbench", ncpu)),
                     (f"hand-tuned / {tj}", within(hand, "tjbench", ncpu)),
                     (f"mis-tuned / hand-tuned", within("mistuned", hand))):
     print(f"  {name:35s} {value:.2f}")

@@ -169,6 +169,7 @@ static void put_node(FILE *out, const sf_graph *g, int i, const char *indent, js
   } else if (g->nodes[i].replicas > 1 || g->nodes[i].replicas_planned) { /* the plan's, without stats */
     fprintf(out, "\\nreplicas %lld%s", (long long)g->nodes[i].replicas, g->nodes[i].replicas_planned ? " (planned)" : "");
   }
+  if (g->nodes[i].wire_normalize) fprintf(out, "\\nplanned: normalises the group's crops");
   const char *culprit = bottleneck_node(record);
   bool marked = culprit && strcmp(culprit, sf_graph_node_name(g, i)) == 0;
   fprintf(out, "%s\"%s];\n", marked ? "\\nbottleneck" : "", marked ? ", color=\"red\", penwidth=3" : "");
@@ -222,13 +223,15 @@ static void put_graph(FILE *out, const sf_graph *g, const char *path, json_t *re
       put_quoted(out, from);
       fprintf(out, " -> ");
       put_quoted(out, sf_graph_node_name(g, i));
-      double items, mib;
+      double items = 0, mib = 0;
       bool rated = record && node_rates(record, from, &items, &mib);
       bool deferred = g->nodes[sf_graph_node_input(g, i, p)].may_defer; /* the plan's field form on this edge */
-      if (ports > 1 || rated || deferred) { /* a merge's port, what the producer sends (its mean over the run) */
+      bool crops = g->nodes[i].wire_normalize;                           /* a group's results, sent as uint8 */
+      if (ports > 1 || rated || deferred || crops) { /* a merge's port, what the producer sends (its mean over the run) */
         fprintf(out, " [label=\"");
-        if (ports > 1) fprintf(out, "in%d%s", p, rated || deferred ? "\\n" : "");
+        if (ports > 1) fprintf(out, "in%d%s", p, rated || deferred || crops ? "\\n" : "");
         if (deferred) fprintf(out, "deferred fields%s", rated ? "\\n" : "");
+        if (crops) fprintf(out, "uint8 HWC crops (planned)%s", rated ? "\\n" : "");
         if (rated) fprintf(out, "%.1f items/s\\n%.2f MiB/s", items, mib);
         fprintf(out, "\"]");
       }
@@ -282,12 +285,14 @@ static int render(const char *text, size_t len, const char *format, const char *
   return 0;
 }
 
-/* The plan drawn: planned replicas on nodes, edges that may carry deferred fields (a JPEG left undecoded). A graph whose links do not resolve
+/* The plan drawn: planned replicas on nodes, edges that may carry deferred fields (a JPEG left undecoded), the augment
+ * it adds on the head where a group sends uint8 HWC crops (the edge into it says so). A graph whose links do not resolve
  * is drawn as written (a run would say why). */
 static void plan(sf_graph *g) {
   int *order = NULL, *inputs = NULL;
   const sf_stage_def **defs = NULL;
   sf_error e;
+  if (g->n_groups > 0 && sf_graph_plan_groups(g, &e) < 0) return; /* out of memory: drawn as far as planned */
   if (sf_graph_resolve_links(g, &order, &defs, &inputs, &e) == 0) sf_graph_plan(g, defs, inputs, sf_cpu_budget_get().cpus);
   free(order);
   free(defs);
@@ -345,7 +350,9 @@ const sf_cli_command sf_cli_dot = {
              "what its producer sent (mean items/s and MiB/s over the run, from the last record), each node with\n"
              "its busy share (busy seconds over elapsed x replicas, and x workers in a group) and replicas, each\n"
              "group with its live workers, and the node or group the bottleneck report names is drawn red with\n"
-             "\"bottleneck\" in its label (the report's line stands under the graph). -T svg|png renders with\n"
+             "\"bottleneck\" in its label (the report's line stands under the graph). The plan is drawn too: planned\n"
+             "replicas, edges that may carry deferred fields, and the augment it adds on the head where a group sends\n"
+             "uint8 HWC crops (the edge into it says so). -T svg|png renders with\n"
              "Graphviz's `dot` (e.g. `shardflow dot g.yaml -T svg -o g.svg`), the same as\n"
              "`shardflow dot g.yaml | dot -Tsvg > g.svg`.",
     .options = dot_options,

@@ -160,6 +160,187 @@ static void print_bottleneck(sf_pipeline *p) {
   fprintf(stderr, "%s\n", line);
 }
 
+/* Applies the --set overrides in order. 0, or the exit status once it said which one is wrong. */
+static int apply_sets(sf_graph *graph, const sf_cli_list *sets) {
+  sf_error err;
+  char line[2048];
+  for (int i = 0; i < sets->n; i++) {
+    const char *set = sets->v[i];
+    char target[256];
+    const char *eq = strchr(set, '=');
+    if (!eq || (size_t)(eq - set) >= sizeof target) {
+      fprintf(stderr, "shardflow run: --set takes NODE.OPTION=VALUE, got '%s'\n", set);
+      return 2;
+    }
+    memcpy(target, set, (size_t)(eq - set));
+    target[eq - set] = '\0';
+    if (sf_graph_set(graph, target, eq + 1, &err) < 0) {
+      /* the engine's message is the front end's to place: here, the --set that gave it */
+      fprintf(stderr, "shardflow run: --set %s: %s\n", set, sf_error_format(&err, line, sizeof line));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Checks that --start-epoch is inside the run and that --start-fingerprint (want, or NULL) is this graph's.
+ * 0; 2 once it said why not; or a negative error in *err when the fingerprint cannot be computed. */
+static int check_resume(const sf_graph *graph, const sf_pipeline_options *options, const char *want, sf_error *err) {
+  int64_t epochs = options->epochs >= 0 ? options->epochs : graph->epochs;
+  if (epochs > 0 && options->first_epoch >= (uint64_t)epochs) {
+    fprintf(stderr, "shardflow run: --start-epoch %llu is past the run's %lld epochs (0..%lld); give --epochs N to "
+            "run more\n", (unsigned long long)options->first_epoch, (long long)epochs, (long long)epochs - 1);
+    return 2;
+  }
+  if (!want) return 0;
+  char fingerprint[SF_ORDER_FINGERPRINT_SIZE];
+  int r = sf_graph_order_fingerprint(graph, fingerprint, sizeof fingerprint, err);
+  if (r < 0) return r;
+  if (strcasecmp(want, fingerprint) != 0) {
+    fprintf(stderr, "shardflow run: --start-fingerprint %s is not this graph's order fingerprint %s: the position was "
+            "saved by a graph whose seed, shard list, batch_size or another option that decides the order differs "
+            "(docs/resume.md), and resuming it here would repeat or skip samples; run the graph and --set options it "
+            "was saved with, or start the next epoch\n", want, fingerprint);
+    return 2;
+  }
+  return 0;
+}
+
+/* What the run loop counts and prints: rate lines, or a progress bar on a terminal, and --stats-json records. */
+typedef struct run_loop {
+  sf_pipeline *p;
+  FILE *stats; /* --stats-json, or NULL */
+  int64_t log_steps;
+  double step_time;
+  bool quiet, tty, bar_shown; /* tty: a progress bar instead of the rate lines */
+  int rank;
+  double epoch_start, last_time, rate, run_start, last_draw;
+  uint64_t samples, last_samples, step, epoch_seen;
+  sf_cli_progress pr;
+} run_loop;
+
+/* Counts a batch (and frees it), sleeps --step-time, then prints the rate line, bar or stats record when due. */
+static void loop_batch(run_loop *l, sf_batch *batch) {
+  sf_pipeline *p = l->p;
+  int size = batch->size;
+  l->samples += (uint64_t)size;
+  l->step = sf_pipeline_step(p);
+  sf_batch_destroy(&batch);
+  if (l->step_time > 0) {
+    struct timespec ts = {.tv_sec = (time_t)l->step_time,
+                          .tv_nsec = (long)((l->step_time - (double)(time_t)l->step_time) * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+  double t = now_seconds();
+  bool log_now = l->log_steps > 0 && l->step % (uint64_t)l->log_steps == 0, draw = l->tty && t - l->last_draw >= 0.2;
+  if (log_now || draw) {
+    double instant = (double)(l->samples - l->last_samples) / (t - l->last_time > 1e-9 ? t - l->last_time : 1e-9);
+    l->rate = l->rate == 0 ? instant : l->rate * 0.4 + instant * 0.6;
+    l->last_time = t;
+    l->last_samples = l->samples;
+  }
+  l->pr = (sf_cli_progress){sf_pipeline_epoch(p) + 1, l->step, l->samples, l->pr.total_samples + (uint64_t)size,
+                            l->pr.epoch_length, l->rate, t - l->epoch_start, t - l->run_start};
+  if (draw) {
+    sf_cli_progress_bar(stdout, p, &l->pr);
+    l->last_draw = t;
+    l->bar_shown = true;
+  }
+  if (log_now && l->stats) sf_cli_stats_record(l->stats, p, &l->pr, false);
+  if (log_now && !l->quiet && !l->tty) {
+    char clk[16];
+    printf("| Training Rank=%d Epoch=%llu Step=%llu Rate=%.2f GlobalRate=%.2f Time=%s", l->rank,
+           (unsigned long long)sf_pipeline_epoch(p) + 1, (unsigned long long)l->step, l->rate,
+           (double)l->samples / (t - l->epoch_start), clock_text(clk, sizeof clk));
+    print_workers(p);
+    printf("\n");
+    fflush(stdout);
+  }
+}
+
+/* SF_EOF from the pipeline: an epoch ended, so print its line and count the next from zero. false when no epoch
+ * ended: the last one is done. */
+static bool loop_epoch_end(run_loop *l) {
+  if (sf_pipeline_epoch(l->p) == l->epoch_seen) return false;
+  l->epoch_seen = sf_pipeline_epoch(l->p);
+  double t = now_seconds();
+  unsigned long long epoch = (unsigned long long)l->epoch_seen; /* already advanced: 1-based */
+  if (l->bar_shown) printf("\r\033[K"); /* the epoch line replaces the bar */
+  l->bar_shown = false;
+  if (!l->pr.epoch_length) l->pr.epoch_length = l->samples; /* the next epoch is as long, unless the graph said */
+  printf("| Epoch=%llu Rank=%d Replica Train Samples=%llu Steps=%llu Epoch Time=%.2fs GlobalRate=%.2f\n", epoch,
+         l->rank, (unsigned long long)l->samples, (unsigned long long)l->step, t - l->epoch_start,
+         (double)l->samples / (t - l->epoch_start > 1e-9 ? t - l->epoch_start : 1e-9));
+  fflush(stdout);
+  l->samples = l->last_samples = l->step = 0;
+  l->rate = 0;
+  l->epoch_start = l->last_time = now_seconds();
+  return true;
+}
+
+/* Says what stopped the run (r: what sf_pipeline_next returned). */
+static void report_stop(sf_pipeline *p, int r, const sf_pipeline_options *options) {
+  sf_error err;
+  char line[2048];
+  bool has = sf_pipeline_last_error(p, &err);
+  if (sf_pipeline_last_error_printed(p)) /* the record that stopped the run was printed above: not again */
+    fprintf(stderr, "shardflow: stopped by the error above");
+  else
+    fprintf(stderr, "shardflow: stopped: %s", has ? sf_error_format(&err, line, sizeof line) : sf_strerror(r));
+  /* The engine's text is the same for every front end; what the CLI was told is for the CLI to add. */
+  if (has && err.code == SF_EOPTION && options->first_step > 0)
+    fprintf(stderr, " (resumed with --start-epoch %llu --start-step %llu)", (unsigned long long)options->first_epoch,
+            (unsigned long long)options->first_step);
+  fprintf(stderr, "\n");
+}
+
+/* Takes batches until the last epoch ends (0) or an error stops the run (1). */
+static int loop_run(run_loop *l, const sf_pipeline_options *options) {
+  struct sigaction usr1 = {.sa_handler = ask_bottleneck};
+  sigaction(SIGUSR1, &usr1, NULL);
+  for (;;) {
+    sf_batch *batch;
+    /* A timeout, so that SIGUSR1 is answered while the pipeline is stuck too. */
+    int r = sf_pipeline_next(l->p, &batch, 0.2);
+    if (bottleneck_asked) {
+      bottleneck_asked = 0;
+      print_bottleneck(l->p);
+    }
+    if (r == SF_ETIMEDOUT && !sf_pipeline_failed(l->p)) continue; /* not the error that stopped the run */
+    if (r == 0) {
+      loop_batch(l, batch);
+      continue;
+    }
+    if (r == SF_EOF) {
+      if (loop_epoch_end(l)) continue;
+      return 0;
+    }
+    report_stop(l->p, r, options);
+    return 1;
+  }
+}
+
+/* The end of a run: the last --stats-json record, the per-stage table and the count of errors and skips. */
+static int finish_run(run_loop *l, const char *stats_path, bool summary, int status) {
+  sf_pipeline *p = l->p;
+  if (l->bar_shown) printf("\r\033[K");
+  if (l->stats) {
+    l->pr.run_seconds = now_seconds() - l->run_start;
+    int w = sf_cli_stats_record(l->stats, p, &l->pr, true);
+    if (fclose(l->stats) != 0 || w < 0) {
+      fprintf(stderr, "shardflow run: --stats-json %s: %s\n", stats_path, strerror(errno));
+      status = 1;
+    }
+  }
+  uint64_t errors = sf_pipeline_error_count(p), skipped = sf_pipeline_skipped(p);
+  if (summary) print_summary(p);
+  if (summary) print_bottleneck(p);
+  if (errors || skipped)
+    fprintf(stderr, "shardflow: %llu error record(s), %llu sample(s) skipped\n", (unsigned long long)errors,
+            (unsigned long long)skipped);
+  return status;
+}
+
 static int run_main(int argc, char **argv) {
   run_args a = {.epochs = -1, .rank = -1, .world_size = -1};
   int first, status;
@@ -172,7 +353,6 @@ static int run_main(int argc, char **argv) {
     if (argc == first) return sf_cli_usage_error(&sf_cli_run, "give a GRAPH file");
     return sf_cli_usage_error(&sf_cli_run, "takes one GRAPH (got %d operands)", argc - first);
   }
-  const char *path = argv[first];
   sf_pipeline_options options;
   sf_pipeline_options_init(&options);
   options.epochs = a.epochs;
@@ -180,38 +360,20 @@ static int run_main(int argc, char **argv) {
   options.world_size = (int)a.world_size;
   options.first_epoch = (uint64_t)a.start_epoch;
   options.first_step = (uint64_t)a.start_step;
-  const char **sets = a.sets.v;
-  int n_sets = a.sets.n;
-  int64_t log_steps = a.log_steps;
-  double step_time = a.step_time;
-  bool quiet = a.quiet, summary = !a.no_summary;
+  run_loop l = {.log_steps = a.log_steps, .step_time = a.step_time, .quiet = a.quiet};
+  bool summary = !a.no_summary, explain = a.explain;
   const char *stats_path = a.stats_json; /* points into argv */
   const char *want_fingerprint = a.start_fingerprint; /* points into argv */
   sf_error err;
   char line[2048];
   sf_graph *graph = NULL;
-  int r = sf_graph_load_file(&graph, path, &err);
-  for (int i = 0; r == 0 && i < n_sets; i++) {
-    char target[256];
-    const char *eq = strchr(sets[i], '=');
-    if (!eq || (size_t)(eq - sets[i]) >= sizeof target) {
-      fprintf(stderr, "shardflow run: --set takes NODE.OPTION=VALUE, got '%s'\n", sets[i]);
-      sf_graph_destroy(&graph);
-      sf_cli_free(&sf_cli_run, &a);
-      return 2;
-    }
-    memcpy(target, sets[i], (size_t)(eq - sets[i]));
-    target[eq - sets[i]] = '\0';
-    r = sf_graph_set(graph, target, eq + 1, &err);
-    if (r < 0) { /* the engine's message is the front end's to place: here, the --set that gave it */
-      fprintf(stderr, "shardflow run: --set %s: %s\n", sets[i], sf_error_format(&err, line, sizeof line));
-      sf_graph_destroy(&graph);
-      sf_cli_free(&sf_cli_run, &a);
-      return 1;
-    }
+  int r = sf_graph_load_file(&graph, argv[first], &err);
+  if (r == 0 && (status = apply_sets(graph, &a.sets)) != 0) {
+    sf_graph_destroy(&graph);
+    sf_cli_free(&sf_cli_run, &a);
+    return status;
   }
   if (r == 0 && a.metrics) r = sf_graph_set(graph, "metrics", a.metrics, &err);
-  bool explain = a.explain;
   sf_cli_free(&sf_cli_run, &a);
   if (r == 0 && explain) {
     r = sf_graph_explain(graph, stdout, &err);
@@ -220,136 +382,31 @@ static int run_main(int argc, char **argv) {
     fprintf(stderr, "shardflow: error: %s\n", sf_error_format(&err, line, sizeof line));
     return 1;
   }
-  int64_t epochs = options.epochs >= 0 ? options.epochs : graph ? graph->epochs : 0;
-  if (r == 0 && epochs > 0 && options.first_epoch >= (uint64_t)epochs) {
-    fprintf(stderr, "shardflow run: --start-epoch %llu is past the run's %lld epochs (0..%lld); give --epochs N to "
-            "run more\n", (unsigned long long)options.first_epoch, (long long)epochs, (long long)epochs - 1);
+  if (r == 0 && (r = check_resume(graph, &options, want_fingerprint, &err)) > 0) {
     sf_graph_destroy(&graph);
-    return 2;
+    return r;
   }
-  char fingerprint[SF_ORDER_FINGERPRINT_SIZE];
-  if (r == 0 && want_fingerprint) r = sf_graph_order_fingerprint(graph, fingerprint, sizeof fingerprint, &err);
-  if (r == 0 && want_fingerprint && strcasecmp(want_fingerprint, fingerprint) != 0) {
-    fprintf(stderr, "shardflow run: --start-fingerprint %s is not this graph's order fingerprint %s: the position was "
-            "saved by a graph whose seed, shard list, batch_size or another option that decides the order differs "
-            "(docs/resume.md), and resuming it here would repeat or skip samples; run the graph and --set options it "
-            "was saved with, or start the next epoch\n", want_fingerprint, fingerprint);
-    sf_graph_destroy(&graph);
-    return 2;
-  }
-  sf_cli_progress pr = {.epoch_length = r == 0 ? sf_cli_epoch_length(graph) : 0};
-  sf_pipeline *p = NULL;
-  if (r == 0) r = sf_pipeline_new(&p, graph, &options, &err);
+  l.pr.epoch_length = r == 0 ? sf_cli_epoch_length(graph) : 0;
+  if (r == 0) r = sf_pipeline_new(&l.p, graph, &options, &err);
   sf_graph_destroy(&graph);
   if (r < 0) {
     fprintf(stderr, "shardflow: error: %s\n", sf_error_format(&err, line, sizeof line));
     return 1;
   }
-  FILE *stats = stats_path ? fopen(stats_path, "w") : NULL;
-  if (stats_path && !stats) {
+  l.stats = stats_path ? fopen(stats_path, "w") : NULL;
+  if (stats_path && !l.stats) {
     fprintf(stderr, "shardflow run: --stats-json %s: %s; give a file in a writable directory\n", stats_path,
             strerror(errno));
-    sf_pipeline_destroy(&p);
+    sf_pipeline_destroy(&l.p);
     return 2;
   }
-  bool tty = !quiet && isatty(STDOUT_FILENO), bar_shown = false; /* a progress bar instead of the rate lines */
-  int rank = sf_pipeline_rank(p);
-  char clk[16];
-  double epoch_start = now_seconds(), last_time = epoch_start, rate = 0, run_start = epoch_start, last_draw = 0;
-  uint64_t samples = 0, last_samples = 0, step = sf_pipeline_step(p);
-  uint64_t epoch_seen = sf_pipeline_epoch(p);
-  struct sigaction usr1 = {.sa_handler = ask_bottleneck};
-  sigaction(SIGUSR1, &usr1, NULL);
-  for (;;) {
-    sf_batch *batch;
-    /* A timeout, so that SIGUSR1 is answered while the pipeline is stuck too. */
-    r = sf_pipeline_next(p, &batch, 0.2);
-    if (bottleneck_asked) {
-      bottleneck_asked = 0;
-      print_bottleneck(p);
-    }
-    if (r == SF_ETIMEDOUT && !sf_pipeline_failed(p)) continue; /* not the error that stopped the run */
-    if (r == 0) {
-      int size = batch->size;
-      samples += (uint64_t)size;
-      step = sf_pipeline_step(p);
-      sf_batch_destroy(&batch);
-      if (step_time > 0) {
-        struct timespec ts = {.tv_sec = (time_t)step_time, .tv_nsec = (long)((step_time - (double)(time_t)step_time) * 1e9)};
-        nanosleep(&ts, NULL);
-      }
-      double t = now_seconds();
-      bool log_now = log_steps > 0 && step % (uint64_t)log_steps == 0, draw = tty && t - last_draw >= 0.2;
-      if (log_now || draw) {
-        double instant = (double)(samples - last_samples) / (t - last_time > 1e-9 ? t - last_time : 1e-9);
-        rate = rate == 0 ? instant : rate * 0.4 + instant * 0.6;
-        last_time = t;
-        last_samples = samples;
-      }
-      pr = (sf_cli_progress){sf_pipeline_epoch(p) + 1, step, samples, pr.total_samples + (uint64_t)size,
-                             pr.epoch_length, rate, t - epoch_start, t - run_start};
-      if (draw) {
-        sf_cli_progress_bar(stdout, p, &pr);
-        last_draw = t;
-        bar_shown = true;
-      }
-      if (log_now && stats) sf_cli_stats_record(stats, p, &pr, false);
-      if (log_now && !quiet && !tty) {
-        printf("| Training Rank=%d Epoch=%llu Step=%llu Rate=%.2f GlobalRate=%.2f Time=%s", rank,
-               (unsigned long long)sf_pipeline_epoch(p) + 1, (unsigned long long)step, rate,
-               (double)samples / (t - epoch_start), clock_text(clk, sizeof clk));
-        print_workers(p);
-        printf("\n");
-        fflush(stdout);
-      }
-      continue;
-    }
-    if (r == SF_EOF) {
-      if (sf_pipeline_epoch(p) == epoch_seen) break; /* no epoch ended: the last one is done */
-      epoch_seen = sf_pipeline_epoch(p);
-      double t = now_seconds();
-      unsigned long long epoch = (unsigned long long)epoch_seen; /* already advanced: 1-based */
-      if (bar_shown) printf("\r\033[K"); /* the epoch line replaces the bar */
-      bar_shown = false;
-      if (!pr.epoch_length) pr.epoch_length = samples; /* the next epoch is as long, unless the graph said */
-      printf("| Epoch=%llu Rank=%d Replica Train Samples=%llu Steps=%llu Epoch Time=%.2fs GlobalRate=%.2f\n",
-             epoch, rank, (unsigned long long)samples, (unsigned long long)step, t - epoch_start,
-             (double)samples / (t - epoch_start > 1e-9 ? t - epoch_start : 1e-9));
-      fflush(stdout);
-      samples = last_samples = step = 0;
-      rate = 0;
-      epoch_start = last_time = now_seconds();
-      continue;
-    }
-    status = 1;
-    bool has = sf_pipeline_last_error(p, &err);
-    if (sf_pipeline_last_error_printed(p)) /* the record that stopped the run was printed above: not again */
-      fprintf(stderr, "shardflow: stopped by the error above");
-    else
-      fprintf(stderr, "shardflow: stopped: %s", has ? sf_error_format(&err, line, sizeof line) : sf_strerror(r));
-    /* The engine's text is the same for every front end; what the CLI was told is for the CLI to add. */
-    if (has && err.code == SF_EOPTION && options.first_step > 0)
-      fprintf(stderr, " (resumed with --start-epoch %llu --start-step %llu)", (unsigned long long)options.first_epoch,
-              (unsigned long long)options.first_step);
-    fprintf(stderr, "\n");
-    break;
-  }
-  if (bar_shown) printf("\r\033[K");
-  if (stats) {
-    pr.run_seconds = now_seconds() - run_start;
-    int w = sf_cli_stats_record(stats, p, &pr, true);
-    if (fclose(stats) != 0 || w < 0) {
-      fprintf(stderr, "shardflow run: --stats-json %s: %s\n", stats_path, strerror(errno));
-      status = 1;
-    }
-  }
-  uint64_t errors = sf_pipeline_error_count(p), skipped = sf_pipeline_skipped(p);
-  if (summary) print_summary(p);
-  if (summary) print_bottleneck(p);
-  if (errors || skipped)
-    fprintf(stderr, "shardflow: %llu error record(s), %llu sample(s) skipped\n",
-            (unsigned long long)errors, (unsigned long long)skipped);
-  sf_pipeline_destroy(&p);
+  l.tty = !l.quiet && isatty(STDOUT_FILENO);
+  l.rank = sf_pipeline_rank(l.p);
+  l.epoch_start = l.last_time = l.run_start = now_seconds();
+  l.step = sf_pipeline_step(l.p);
+  l.epoch_seen = sf_pipeline_epoch(l.p);
+  status = finish_run(&l, stats_path, summary, loop_run(&l, &options));
+  sf_pipeline_destroy(&l.p);
   return status;
 }
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lazy.h"
 #include "pin.h"
 #include "shardflow/pool.h"
 #include "shardflow/stage.h"
@@ -521,10 +522,7 @@ static int put(sf_node *node, batch *b, filling *fl, sf_sample **ps) {
     if (!t->buffer && extend_run(b, fl, i, f, slot)) continue;
     if (!t->buffer && (r = fill_slots(b, fl, i)) < 0) break;
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)fl->count;
-    if (f->recipe) /* deferred (augment's output): computed straight into the slot, no copy */
-      f->recipe->write(f->recipe, dst);
-    else
-      sf_tensor_copy_to(&f->tensor, dst);
+    sf_lazy_write_field(f, dst); /* a deferred one (augment's output) computed straight into the slot */
   }
   out->keys[fl->count] = sf_sample_take_key(s);
   out->origins[2 * fl->count] = s->shard_index;

@@ -82,6 +82,7 @@ typedef struct remote {
   int64_t max_message;
   int64_t io_threads;
   int64_t shm_ring;
+  int wire_form; /* read by the plan (engine/graph/graph_plan.c), which rewrites the stages before this node exists */
   const sf_graph *stages; /* the group's stages (the head's graph nodes), sent to workers in WELCOME */
 
   sf_node *node;
@@ -115,6 +116,8 @@ typedef struct remote {
   uint64_t ring_bytes, socket_bytes; /* result payload bytes taken through the rings / the sockets */
   double last_wait_log;
 } remote;
+
+static const char *const wire_form_names[] = {"auto", "as_written", NULL};
 
 static const sf_option options[] = {
     {"processes", SF_OPT_COUNT, offsetof(remote, processes), "0", 0, 256,
@@ -159,6 +162,11 @@ static const sf_option options[] = {
      "shared memory each local process writes its results into (the socket then carries only headers); a result "
      "that does not fit goes through the socket; 0 = off",
      NULL},
+    {"wire_form", SF_OPT_ENUM, offsetof(remote, wire_form), "auto", 0, 0,
+     "the form results travel in to the head: auto lets the plan send a last augment's float32/bfloat16 output as "
+     "uint8 HWC crops, normalised by an augment it adds on the head (same batches, 4x/2x fewer bytes); as_written "
+     "sends what the group's stages make",
+     wire_form_names},
     {NULL},
 };
 

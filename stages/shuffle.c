@@ -3,11 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe_source.h"
+#include "lazy.h"
 #include "shardflow/stage.h"
 
-/* Emissions drawn ahead: a step each to bring in a sample's header, its fields' recipes, the recipes
- * those wrap, and the bytes they read. */
+/* Emissions drawn ahead: a step each to bring in a sample's header, its fields' recipes (the start,
+ * then the rest of a lazy field's description), and the bytes they read. */
 enum { AHEAD = 4 };
 
 typedef struct shuffle {
@@ -59,9 +59,9 @@ static void prefetch_lines(const void *p, size_t size) {
 
 /*
  * Brings into the cache, one level a step, what the emissions drawn ahead will touch: the sample drawn
- * last its header, the one before its fields' recipes (or buffers), the one before that the recipes
- * those wrap, the next one the bytes its deferred fields will read (a full buffer's samples are
- * otherwise cache misses one after another inside the batch's recipe->write()). Hints only: a sample
+ * last its header, the one before its fields' recipes (or buffers), the one before that the rest of
+ * their descriptions (the lazy module's kinds), the next one the bytes its deferred fields will read (a
+ * full buffer's samples are otherwise cache misses one after another inside the batch's recipe->write()). Hints only: a sample
  * may have moved since its index was drawn, and slot `count` is empty now (its pointer stale, perhaps
  * the sample just handed on), so it is never read.
  */
@@ -76,12 +76,12 @@ static void prefetch_ahead(shuffle *s) {
     else __builtin_prefetch(field->tensor.buffer);
   }
   for (int f = 0; at[1] && f < at[1]->n_fields && f < SF_MAX_FIELDS; f++) {
-    const sf_field_recipe *inner = at[1]->fields[f].recipe ? sf_recipe_inner(at[1]->fields[f].recipe) : NULL;
-    if (inner) prefetch_lines(inner, 256);
+    const sf_lazy_transform *t = sf_lazy_transform_of(&at[1]->fields[f]);
+    if (t) prefetch_lines(t, sizeof *t);
   }
   for (int f = 0; at[0] && f < at[0]->n_fields && f < SF_MAX_FIELDS; f++) {
     size_t size;
-    const void *source = at[0]->fields[f].recipe ? sf_recipe_source(at[0]->fields[f].recipe, &size) : NULL;
+    const void *source = sf_lazy_source(&at[0]->fields[f], &size);
     if (source) prefetch_lines(source, size < 8192 ? size : 8192);
   }
 }

@@ -7,7 +7,6 @@
 #include <jpeglib.h>
 
 #include "jpeg_region.h"
-#include "log.h"
 #include "pixels.h"
 
 /* libjpeg reports errors by calling error_exit: jump back with its message instead of exit(). */
@@ -37,34 +36,7 @@ static void create_decompress(struct jpeg_decompress_struct *cinfo, jpeg_errors 
   jpeg_create_decompress(cinfo);
 }
 
-static void source_write(const sf_field_recipe *base, void *dst) {
-  const sf_jpeg_source *s = (const sf_jpeg_source *)base;
-  sf_tensor image;
-  sf_error error = {.code = 0};
-  size_t n = (size_t)s->height * (size_t)s->width * (size_t)s->channels;
-  /* write() cannot fail: a JPEG corrupt past its header (found only now) becomes black pixels and a
-     log line. augment, the consumer this path is for, reports it as an error record instead. */
-  if (sf_image_decode("jpg", s->bytes.buffer, s->bytes.offset, (size_t)s->bytes.shape[0], s->mode, &s->limits,
-                      &image, &error) < 0 ||
-      sf_tensor_nbytes(&image) != n) {
-    sf_log(SF_LOG_WARNING, "decode", "deferred JPEG could not be decoded (%s); wrote black pixels",
-           error.code ? error.message : "size changed");
-    memset(dst, 0, n);
-    sf_tensor_clear(&image);
-    return;
-  }
-  memcpy(dst, sf_tensor_data(&image), n);
-  sf_tensor_clear(&image);
-}
-
-static void source_destroy(sf_field_recipe *base) {
-  sf_jpeg_source *s = (sf_jpeg_source *)base;
-  sf_tensor_clear(&s->bytes);
-  free(s);
-}
-
-int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits) {
-  const sf_tensor *t = &f->tensor;
+int sf_jpeg_probe(const sf_tensor *t, sf_image_mode mode, const sf_image_limits *limits, sf_jpeg_source *out) {
   const uint8_t *p = sf_tensor_data(t);
   size_t n = (size_t)t->shape[0];
   if (mode == SF_IMAGE_KEEP || (limits && (limits->min_size > 0 || limits->depth != 8)) || n < 3 ||
@@ -86,22 +58,10 @@ int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits
              cinfo.jpeg_color_space == JCS_RGB);
   jpeg_destroy_decompress(&cinfo);
   if (!ok) return 0;
-  sf_jpeg_source *s = calloc(1, sizeof *s);
-  if (!s) return SF_ENOMEM;
-  s->base.write = source_write;
-  s->base.destroy = source_destroy;
-  sf_tensor_ref(&s->bytes, t);
-  s->mode = mode;
-  if (limits) s->limits = *limits;
-  s->width = (int)w;
-  s->height = (int)h;
-  s->channels = mode == SF_IMAGE_GRAY ? 1 : 3;
-  const int64_t shape[3] = {h, w, s->channels};
-  return sf_field_defer(f, SF_DTYPE_UINT8, 3, shape, &s->base) < 0 ? SF_ENOMEM : 1;
-}
-
-const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f) {
-  return f->recipe && f->recipe->write == source_write ? (const sf_jpeg_source *)f->recipe : NULL;
+  *out = (sf_jpeg_source){.mode = mode, .width = (int)w, .height = (int)h, .channels = mode == SF_IMAGE_GRAY ? 1 : 3};
+  if (limits) out->limits = *limits;
+  sf_tensor_ref(&out->bytes, t);
+  return 1;
 }
 
 int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w) {

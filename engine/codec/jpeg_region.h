@@ -9,13 +9,10 @@
 #include "shardflow/sample.h"
 
 /*
- * The recipe of a deferred JPEG field (see sf_field): the encoded bytes and how decode would have
- * decoded them. The field's header is uint8 [height, width, channels], as sf_image_decode would
- * give. Its write() decodes the whole image (the fallback when no crop comes); augment instead
- * asks for a region with sf_jpeg_decode_region().
+ * An undecoded JPEG and how decode would have decoded it (the lazy module's JPEG kind holds one): the
+ * decoded image is uint8 [height, width, channels], as sf_image_decode would give.
  */
 typedef struct sf_jpeg_source {
-  sf_field_recipe base;
   sf_tensor bytes;          /* owned reference: uint8 [n], the encoded member */
   sf_image_mode mode;
   sf_image_limits limits;
@@ -23,16 +20,12 @@ typedef struct sf_jpeg_source {
 } sf_jpeg_source;
 
 /*
- * Makes field f (encoded JPEG bytes in f->tensor) a deferred field whose recipe is an
- * sf_jpeg_source, when the region path applies: a baseline (not progressive) 8-bit JPEG in gray
- * or YCbCr/RGB (not CMYK/YCCK), mode rgb or gray, depth 8, no DCT downscaling (min_size 0),
- * within max_pixels. Returns 1 when deferred, 0 when not (f untouched: decode it as before; a
- * corrupt header is left to sf_image_decode, which reports it), SF_ENOMEM.
+ * Fills *out (taking a reference to bytes) when the region path applies to the encoded JPEG in bytes
+ * (uint8 [n]): a baseline (not progressive) 8-bit JPEG in gray or YCbCr/RGB (not CMYK/YCCK), mode rgb
+ * or gray, depth 8, no DCT downscaling (min_size 0), within max_pixels. Returns 1 when it applies, 0
+ * when not (*out untouched; a corrupt header is left to sf_image_decode, which reports it).
  */
-int sf_jpeg_defer(sf_field *f, sf_image_mode mode, const sf_image_limits *limits);
-
-/* The field's JPEG recipe when f is a deferred JPEG made by sf_jpeg_defer(), else NULL (borrowed). */
-const sf_jpeg_source *sf_jpeg_source_of(const sf_field *f);
+int sf_jpeg_probe(const sf_tensor *bytes, sf_image_mode mode, const sf_image_limits *limits, sf_jpeg_source *out);
 
 /*
  * Smallest DCT scale M/8 (M = 1, 2, 4 or 8; libjpeg's scale_num/scale_denom) at which an h x w extent

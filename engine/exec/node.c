@@ -6,10 +6,9 @@
 #include <time.h>
 
 #include "graph.h"
-#include "jpeg_region.h"
+#include "lazy.h"
 #include "log.h"
 #include "node.h"
-#include "recipe_source.h"
 #include "registry.h"
 
 enum { MAX_PRINTED_ERRORS = 20 };
@@ -380,22 +379,12 @@ void sf_node_count_input(sf_node *n, int port, uint64_t items) {
     atomic_fetch_add_explicit(&n->input_items[port], items, memory_order_relaxed);
 }
 
-/* Shared by a node and the recipes it made, which may outlive it in queues. */
-typedef struct sf_deferred_clock {
-  atomic_uint_fast64_t refs, ns;
-} sf_deferred_clock;
-
+/* A plugin's recipe, wrapped so that its writes are charged to the node that made it. */
 typedef struct timed_recipe {
   sf_field_recipe base;
   sf_field_recipe *inner;
-  sf_deferred_clock *clock;
+  sf_lazy_clock *clock;
 } timed_recipe;
-
-static _Thread_local uint64_t thread_deferred_ns;
-
-static void clock_unref(sf_deferred_clock *c) {
-  if (c && atomic_fetch_sub(&c->refs, 1) == 1) free(c);
-}
 
 static void timed_write(const sf_field_recipe *recipe, void *dst) {
   const timed_recipe *t = (const timed_recipe *)recipe;
@@ -403,51 +392,43 @@ static void timed_write(const sf_field_recipe *recipe, void *dst) {
   clock_gettime(CLOCK_MONOTONIC, &a);
   t->inner->write(t->inner, dst);
   clock_gettime(CLOCK_MONOTONIC, &b);
-  uint64_t ns = (uint64_t)((b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec));
-  atomic_fetch_add_explicit(&t->clock->ns, ns, memory_order_relaxed);
-  thread_deferred_ns += ns;
+  sf_lazy_clock_charge(t->clock, (uint64_t)((b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec)));
 }
 
 static void timed_destroy(sf_field_recipe *recipe) {
   timed_recipe *t = (timed_recipe *)recipe;
   t->inner->destroy(t->inner);
-  clock_unref(t->clock);
+  sf_lazy_clock_unref(t->clock);
   free(t);
 }
 
-static const sf_field_recipe *timed_inner(const sf_field_recipe *recipe) {
-  return ((const timed_recipe *)recipe)->inner;
-}
-
-/* Wraps the sample's new recipes so their time is charged here. Only metrics: out of memory leaves them as they are. */
+/*
+ * Charges the time the sample's new deferred fields take to write to this node: the lazy module's own
+ * kinds get the node's clock in their description; a plugin's recipe is wrapped. Only metrics: out of
+ * memory leaves them as they are.
+ */
 static void time_deferred(sf_node *n, sf_sample *s) {
+  if (!n->deferred) return;
   for (int i = 0; i < s->n_fields; i++) {
     sf_field *f = &s->fields[i];
-    /* decode's deferred JPEGs stay as they are: augment knows them by their write function and
-       decodes their crop itself (the time is augment's). */
-    if (!f->recipe || f->recipe->write == timed_write || sf_jpeg_source_of(f)) continue;
-    timed_recipe *t = n->deferred ? malloc(sizeof *t) : NULL;
+    if (!f->recipe || f->recipe->write == timed_write || sf_lazy_adopt(f, n->deferred)) continue;
+    timed_recipe *t = malloc(sizeof *t);
     if (!t) return;
-    *t = (timed_recipe){.base = {.write = timed_write, .destroy = timed_destroy}, .inner = f->recipe, .clock = n->deferred};
-    atomic_fetch_add(&n->deferred->refs, 1);
+    *t = (timed_recipe){.base = {.write = timed_write, .destroy = timed_destroy}, .inner = f->recipe,
+                        .clock = sf_lazy_clock_ref(n->deferred)};
     f->recipe = &t->base;
   }
 }
 
-int sf_node_new_deferred(sf_node *n) {
-  if (!(n->deferred = calloc(1, sizeof *n->deferred))) return SF_ENOMEM;
-  sf_recipe_source_register(timed_write, NULL, timed_inner); /* a prefetch sees through the wrapper */
-  atomic_init(&n->deferred->refs, 1);
-  return 0;
-}
+int sf_node_new_deferred(sf_node *n) { return (n->deferred = sf_lazy_clock_new()) ? 0 : SF_ENOMEM; }
 
 const sf_graph *sf_node_group_stages(const sf_node *n) { return n->group_stages; }
 
-uint64_t sf_node_deferred_ns(const sf_node *n) { return n->deferred ? atomic_load(&n->deferred->ns) : 0; }
-uint64_t sf_thread_deferred_ns(void) { return thread_deferred_ns; }
+uint64_t sf_node_deferred_ns(const sf_node *n) { return sf_lazy_clock_ns(n->deferred); }
+uint64_t sf_thread_deferred_ns(void) { return sf_lazy_thread_ns(); }
 
 void sf_node_release_deferred(sf_node *n) {
-  clock_unref(n->deferred);
+  sf_lazy_clock_unref(n->deferred);
   n->deferred = NULL;
 }
 

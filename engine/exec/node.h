@@ -121,7 +121,7 @@ struct sf_node {
   atomic_uint_fast64_t busy_ns;  /* wall time inside step(), added by whichever worker ran it */
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */
-  struct sf_deferred_clock *deferred; /* time other nodes spent writing this node's deferred fields */
+  struct sf_lazy_clock *deferred;    /* time other nodes spent writing this node's deferred fields */
   void (*extra)(sf_node *node, sf_node_extra *out); /* set by a stage's init, or NULL (sf_node_extra) */
 };
 

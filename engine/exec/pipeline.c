@@ -282,136 +282,167 @@ static size_t capacity_for(sf_port_kind kind, int64_t queue_size) {
   }
 }
 
-/* Builds the replicas of every node and the queues between them (inputs: sf_graph_resolve_links). */
-static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, const int *inputs, sf_error *error) {
+/* What build knows of each graph node while it wires them, indexed by graph node. */
+typedef struct wiring {
+  int *consumer;         /* the node this one feeds; -1 for the last, which feeds the output queue */
+  int *out_count;        /* how many queues leave the node */
+  sf_queue **out_queues; /* the first of them */
+  /* A branch is a source and the chain after it up to a mix; scope[i] is its source, -1 after the mix. */
+  int *scope;
+} wiring;
+
+static void wiring_free(wiring *w) {
+  free(w->scope);
+  free(w->consumer);
+  free(w->out_count);
+  free(w->out_queues);
+}
+
+/* Allocates the pipeline's nodes and queues (every node feeds one consumer through max(replicas) queues, the last
+ * the output queue) and the wiring's tables. */
+static int wiring_new(sf_pipeline *p, const int *inputs, wiring *w, sf_error *error) {
   sf_graph *g = p->graph;
   int total = 0;
   for (int i = 0; i < g->n_nodes; i++) total += (int)g->nodes[i].replicas;
   p->nodes = calloc((size_t)total, sizeof *p->nodes);
-  /* Every node feeds one consumer through max(replicas) queues; the last feeds the output queue. */
-  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer), *out_count = calloc((size_t)g->n_nodes, sizeof *out_count);
-  sf_queue **out_queues = calloc((size_t)g->n_nodes, sizeof *out_queues);
-  /* A branch is a source and the chain after it up to a mix; scope[i] is its source, -1 after the mix. */
-  int *scope = malloc((size_t)g->n_nodes * sizeof *scope);
+  w->consumer = malloc((size_t)g->n_nodes * sizeof *w->consumer);
+  w->out_count = calloc((size_t)g->n_nodes, sizeof *w->out_count);
+  w->out_queues = calloc((size_t)g->n_nodes, sizeof *w->out_queues);
+  w->scope = malloc((size_t)g->n_nodes * sizeof *w->scope);
   bool branches = sf_graph_has_branches(g);
   if (branches && (p->branch_closed = calloc((size_t)g->n_nodes, sizeof *p->branch_closed)))
     for (int i = 0; i < g->n_nodes; i++) atomic_init(&p->branch_closed[i], p->ctx.first_epoch);
-  if (consumer)
-    for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
-  for (int i = 0; consumer && i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++)
-    if (inputs[i] >= 0) consumer[inputs[i]] = i / SF_GRAPH_MAX_INPUTS;
+  if (w->consumer)
+    for (int i = 0; i < g->n_nodes; i++) w->consumer[i] = -1;
+  for (int i = 0; w->consumer && i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++)
+    if (inputs[i] >= 0) w->consumer[inputs[i]] = i / SF_GRAPH_MAX_INPUTS;
   int n_queues = 1;
-  for (int i = 0; consumer && i < g->n_nodes; i++) {
-    if (consumer[i] < 0) continue;
-    int a = (int)g->nodes[i].replicas, b = (int)g->nodes[consumer[i]].replicas;
+  for (int i = 0; w->consumer && i < g->n_nodes; i++) {
+    if (w->consumer[i] < 0) continue;
+    int a = (int)g->nodes[i].replicas, b = (int)g->nodes[w->consumer[i]].replicas;
     n_queues += a > b ? a : b;
   }
   p->queues = calloc((size_t)n_queues, sizeof *p->queues);
-  int r = 0;
-  if (!p->nodes || !p->queues || !consumer || !out_count || !out_queues || !scope || (branches && !p->branch_closed)) {
-    r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
-    goto done;
-  }
+  if (!p->nodes || !p->queues || !w->consumer || !w->out_count || !w->out_queues || !w->scope ||
+      (branches && !p->branch_closed))
+    return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  return 0;
+}
 
+/* Initialises the queues of the edge out of graph node gi, from p->queues[q] on. Returns how many (max(replicas)
+ * of the edge's two ends, 1 to the trainer) or a negative error. */
+static int build_edge_queues(sf_pipeline *p, const wiring *w, int gi, const sf_stage_def *def, int q,
+                             sf_error *error) {
+  sf_graph *g = p->graph;
+  int replicas = (int)g->nodes[gi].replicas;
+  int out_n = 1;
+  size_t cap = capacity_for(sf_port_first_kind(def->outputs), g->queue_size);
+  if (w->consumer[gi] >= 0) {
+    int next = (int)g->nodes[w->consumer[gi]].replicas;
+    out_n = replicas > next ? replicas : next;
+  }
+  bool replicated = out_n > 1;
+  /* An edge's budget is split over its queues, so that replicas (the plan gives one per CPU) add
+     parallelism, not memory: at least EDGE_QUEUE_MIN items each, and always one item whatever its bytes. */
+  size_t bytes = (size_t)g->queue_bytes;
+  if (replicated) {
+    cap = cap / (size_t)out_n > EDGE_QUEUE_MIN ? cap / (size_t)out_n : EDGE_QUEUE_MIN;
+    bytes = bytes ? (bytes / (size_t)out_n ? bytes / (size_t)out_n : 1) : 0;
+  }
+  for (int i = 0; i < out_n; i++) {
+    size_t wake = w->consumer[gi] < 0 || replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16);
+    int r = sf_queue_init(&p->queues[q + i], cap, wake, 1);
+    if (r < 0) return sf_graph_error(error, r, g, -1, "out of memory");
+    sf_queue_set_max_bytes(&p->queues[q + i], bytes);
+    p->n_queues++;
+  }
+  return out_n;
+}
+
+/* Points replica rep's ports at its queues: one queue per replica, or all of a producer's queues in round-robin
+ * order for a single consumer. out is the first of the node's out_n output queues. */
+static int connect_replica(sf_pipeline *p, const wiring *w, sf_node *n, const int *in, sf_queue *out, int out_n,
+                           sf_error *error) {
+  sf_graph *g = p->graph;
+  int rep = n->replica, replicas = n->replicas;
+  while (n->n_inputs < SF_GRAPH_MAX_INPUTS && in[n->n_inputs] >= 0) n->n_inputs++;
+  if (n->n_inputs > 1 && !(n->more_in = calloc((size_t)n->n_inputs - 1, sizeof *n->more_in)))
+    return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  for (int port = 0; port < n->n_inputs; port++) {
+    sf_port *pt = port == 0 ? &n->in : &n->more_in[port - 1];
+    n->input_names[port] = g->nodes[in[port]].name;
+    pt->n = replicas > 1 ? 1 : w->out_count[in[port]];
+    pt->queues = calloc((size_t)pt->n, sizeof *pt->queues);
+    if (!pt->queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+    for (int i = 0; i < pt->n; i++) pt->queues[i] = &w->out_queues[in[port]][replicas > 1 ? rep : i];
+  }
+  n->out.n = replicas > 1 ? 1 : out_n;
+  n->out.queues = calloc((size_t)n->out.n, sizeof *n->out.queues);
+  if (!n->out.queues) return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  for (int i = 0; i < n->out.n; i++) n->out.queues[i] = &out[replicas > 1 ? rep : i];
+  return 0;
+}
+
+/* Makes replica rep of graph node gi into *slot (owned by p from then on, also on failure), wires it and runs the
+ * stage's init. */
+static int build_replica(sf_pipeline *p, const wiring *w, int gi, const sf_stage_def *def, const int *in,
+                         sf_queue *out, int out_n, int rep, sf_node **slot, sf_error *error) {
+  sf_graph *g = p->graph;
+  const sf_graph_node *gn = &g->nodes[gi];
+  sf_node *n = calloc(1, sizeof *n);
+  if (!n || sf_node_new_deferred(n) < 0) {
+    free(n);
+    return sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
+  }
+  *slot = n;
+  p->n_nodes++;
+  n->def = def;
+  n->group_stages = gn->group_stages;
+  n->ctx = &p->ctx;
+  n->pipeline = p;
+  n->replica = rep;
+  n->replicas = (int)gn->replicas;
+  n->replicas_planned = gn->replicas_planned;
+  n->may_defer = gn->may_defer;
+  n->graph_node = gn;
+  snprintf(n->name, sizeof n->name, "%s", gn->name);
+  if (p->branch_closed && w->scope[gi] >= 0) n->branch_closed = &p->branch_closed[w->scope[gi]];
+  int r = connect_replica(p, w, n, in, out, out_n, error);
+  if (r < 0) return r;
+  r = sf_graph_node_apply(g, gn, def, &n->priv, error);
+  if (r < 0) return r;
+  r = def->init ? def->init(n) : 0;
+  if (r < 0) /* The stage's own record says what is wrong; the graph file and line say where. */
+    sf_graph_error(error, r, g, gn->line, "node '%s' (%s) cannot start: %s", gn->name, def->name,
+                   p->ctx.has_error ? p->ctx.last_error.message : sf_strerror(r));
+  return r;
+}
+
+/* Builds the replicas of every node and the queues between them (inputs: sf_graph_resolve_links). */
+static int build(sf_pipeline *p, const int *order, const sf_stage_def **defs, const int *inputs, sf_error *error) {
+  sf_graph *g = p->graph;
+  wiring w = {0};
+  int r = wiring_new(p, inputs, &w, error);
   int first_node = 0, q = 0;
   for (int k = 0; k < g->n_nodes && r == 0; k++) {
     int gi = order[k];
-    const sf_graph_node *gn = &g->nodes[gi];
-    const sf_stage_def *def = defs[gi];
-    int replicas = (int)gn->replicas;
+    int replicas = (int)g->nodes[gi].replicas;
     const int *in = &inputs[gi * SF_GRAPH_MAX_INPUTS];
-    scope[gi] = in[0] < 0 ? gi : in[1] >= 0 ? -1 : scope[in[0]];
-    /* queues out of this node */
-    int out_n = 1;
-    size_t cap = capacity_for(sf_port_first_kind(def->outputs), g->queue_size);
-    if (consumer[gi] >= 0) {
-      int next = (int)g->nodes[consumer[gi]].replicas;
-      out_n = replicas > next ? replicas : next;
+    w.scope[gi] = in[0] < 0 ? gi : in[1] >= 0 ? -1 : w.scope[in[0]];
+    int out_n = build_edge_queues(p, &w, gi, defs[gi], q, error);
+    if (out_n < 0) {
+      r = out_n;
+      break;
     }
-    bool replicated = out_n > 1;
-    /* An edge's budget is split over its queues, so that replicas (the plan gives one per CPU) add
-       parallelism, not memory: at least EDGE_QUEUE_MIN items each, and always one item whatever its bytes. */
-    size_t bytes = (size_t)g->queue_bytes;
-    if (replicated) {
-      cap = cap / (size_t)out_n > EDGE_QUEUE_MIN ? cap / (size_t)out_n : EDGE_QUEUE_MIN;
-      bytes = bytes ? (bytes / (size_t)out_n ? bytes / (size_t)out_n : 1) : 0;
-    }
-    for (int i = 0; i < out_n && r == 0; i++) {
-      size_t wake = consumer[gi] < 0 || replicated ? 1 : (cap / 4 < 16 ? (cap / 4 ? cap / 4 : 1) : 16);
-      r = sf_queue_init(&p->queues[q + i], cap, wake, 1);
-      if (r < 0) {
-        r = sf_graph_error(error, r, g, -1, "out of memory");
-        break;
-      }
-      sf_queue_set_max_bytes(&p->queues[q + i], bytes);
-      p->n_queues++;
-    }
-    if (r < 0) break;
-    sf_queue *out = out_queues[gi] = &p->queues[q];
-    out_count[gi] = out_n;
-    if (consumer[gi] < 0) p->output = out;
+    sf_queue *out = w.out_queues[gi] = &p->queues[q];
+    w.out_count[gi] = out_n;
+    if (w.consumer[gi] < 0) p->output = out;
     q += out_n;
-    for (int rep = 0; rep < replicas; rep++) {
-      sf_node *n = calloc(1, sizeof *n);
-      if (!n || sf_node_new_deferred(n) < 0) {
-        free(n);
-        r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
-        goto done;
-      }
-      p->nodes[first_node + rep] = n;
-      p->n_nodes++;
-      n->def = def;
-      n->group_stages = gn->group_stages;
-      n->ctx = &p->ctx;
-      n->pipeline = p;
-      n->replica = rep;
-      n->replicas = replicas;
-      n->replicas_planned = gn->replicas_planned;
-      n->may_defer = gn->may_defer;
-      n->graph_node = gn;
-      snprintf(n->name, sizeof n->name, "%s", gn->name);
-      if (branches && scope[gi] >= 0) n->branch_closed = &p->branch_closed[scope[gi]];
-      /* inputs: one queue per replica, or all of a producer's queues in round-robin order for a single consumer */
-      while (n->n_inputs < SF_GRAPH_MAX_INPUTS && in[n->n_inputs] >= 0) n->n_inputs++;
-      if (n->n_inputs > 1 && !(n->more_in = calloc((size_t)n->n_inputs - 1, sizeof *n->more_in))) {
-        r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
-        goto done;
-      }
-      for (int port = 0; port < n->n_inputs; port++) {
-        sf_port *pt = port == 0 ? &n->in : &n->more_in[port - 1];
-        n->input_names[port] = g->nodes[in[port]].name;
-        pt->n = replicas > 1 ? 1 : out_count[in[port]];
-        pt->queues = calloc((size_t)pt->n, sizeof *pt->queues);
-        if (!pt->queues) {
-          r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
-          goto done;
-        }
-        for (int i = 0; i < pt->n; i++) pt->queues[i] = &out_queues[in[port]][replicas > 1 ? rep : i];
-      }
-      n->out.n = replicas > 1 ? 1 : out_n;
-      n->out.queues = calloc((size_t)n->out.n, sizeof *n->out.queues);
-      if (!n->out.queues) {
-        r = sf_graph_error(error, SF_ENOMEM, g, -1, "out of memory");
-        goto done;
-      }
-      for (int i = 0; i < n->out.n; i++) n->out.queues[i] = &out[replicas > 1 ? rep : i];
-      r = sf_graph_node_apply(g, gn, def, &n->priv, error);
-      if (r < 0) goto done;
-      r = def->init ? def->init(n) : 0;
-      if (r < 0) {
-        /* The stage's own record says what is wrong; the graph file and line say where. */
-        sf_graph_error(error, r, g, gn->line, "node '%s' (%s) cannot start: %s", gn->name, def->name,
-                       p->ctx.has_error ? p->ctx.last_error.message : sf_strerror(r));
-        goto done;
-      }
-    }
+    for (int rep = 0; rep < replicas && r == 0; rep++)
+      r = build_replica(p, &w, gi, defs[gi], in, out, out_n, rep, &p->nodes[first_node + rep], error);
     first_node += replicas;
   }
-done:
-  free(scope);
-  free(consumer);
-  free(out_count);
-  free(out_queues);
+  wiring_free(&w);
   return r;
 }
 
@@ -422,15 +453,11 @@ static int metrics_text(void *opaque, sf_strbuf *out) {
   return sf_metrics_format(p->nodes, p->n_nodes, sf_pipeline_error_count(p), sf_pipeline_trainer_wait(p), out);
 }
 
-int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
-  *pp = NULL;
-  sf_pipeline_options defaults;
-  if (!options) {
-    sf_pipeline_options_init(&defaults);
-    options = &defaults;
-  }
+/* A pipeline with its context, event fd and scheduler's lock and clock set up, and nothing else; NULL when out
+ * of memory. */
+static sf_pipeline *pipeline_alloc(void) {
   sf_pipeline *p = calloc(1, sizeof *p);
-  if (!p) return SF_ENOMEM;
+  if (!p) return NULL;
   p->cpu_budget = sf_cpu_budget_get().cpus;
   sf_context_init(&p->ctx);
   atomic_init(&p->failed, 0);
@@ -441,23 +468,24 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   pthread_cond_init(&p->sched_cond, &attr);
   pthread_condattr_destroy(&attr);
-  /* Groups: the head runs its own part of the chain, with one _remote node per group. */
-  if (graph->n_groups > 0) {
-    int split = sf_graph_split_groups(graph, &p->graph, error);
-    if (split < 0) {
-      if (p->event_fd >= 0) close(p->event_fd);
-      sf_context_destroy(&p->ctx);
-      free(p);
-      return split;
-    }
-  } else {
+  return p;
+}
+
+/* The pipeline's own graph: a copy, or with groups the head's part of the chain, with one _remote node per group
+ * and the plan of what each group sends (its stages as its workers get them, and a node added on the head). */
+static int take_graph(sf_pipeline *p, const sf_graph *graph, sf_error *error) {
+  if (graph->n_groups == 0) {
     p->graph = sf_graph_copy(graph);
+    return p->graph ? 0 : SF_ENOMEM;
   }
-  if (!p->graph) {
-    sf_context_destroy(&p->ctx);
-    free(p);
-    return SF_ENOMEM;
-  }
+  int r = sf_graph_split_groups(graph, &p->graph, error);
+  if (r == 0) r = sf_graph_plan_groups(p->graph, error);
+  if (r < 0) sf_graph_destroy(&p->graph);
+  return r;
+}
+
+/* Seed, epochs, error budget, and rank and world size (options first, then RANK/WORLD_SIZE or SLURM's). */
+static int set_run_context(sf_pipeline *p, const sf_pipeline_options *options, sf_error *error) {
   sf_context *c = &p->ctx;
   c->seed = p->graph->seed;
   c->epochs = options->epochs >= 0 ? (uint64_t)options->epochs : (uint64_t)p->graph->epochs;
@@ -476,68 +504,80 @@ int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_o
     c->world_size = options->world_size;
   else if (r == 0)
     r = env_int("WORLD_SIZE", "SLURM_NTASKS", 1, &c->world_size, error);
-  if (r < 0) {
-    sf_pipeline_destroy(&p);
-    return r;
-  }
+  if (r < 0) return r;
   if (c->world_size < 1) c->world_size = 1;
   atomic_init(&c->epochs_closed, c->first_epoch);
   p->epoch = c->first_epoch;
-  if (c->rank >= c->world_size) {
-    r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
-                       "rank %d is not below world size %d: check RANK/WORLD_SIZE or the rank options", c->rank,
-                       c->world_size);
-    sf_pipeline_destroy(&p);
-    return r;
-  }
-  if (c->epochs > 0 && c->first_epoch >= c->epochs) {
-    r = sf_graph_error(error, SF_EOPTION, p->graph, -1,
-                       "cannot start at epoch %llu: the run has %llu epochs (0..%llu); resume from an earlier "
-                       "state or raise epochs",
-                       (unsigned long long)c->first_epoch, (unsigned long long)c->epochs,
-                       (unsigned long long)c->epochs - 1);
-    sf_pipeline_destroy(&p);
-    return r;
-  }
+  if (c->rank >= c->world_size)
+    return sf_graph_error(error, SF_EOPTION, p->graph, -1,
+                          "rank %d is not below world size %d: check RANK/WORLD_SIZE or the rank options", c->rank,
+                          c->world_size);
+  if (c->epochs > 0 && c->first_epoch >= c->epochs)
+    return sf_graph_error(error, SF_EOPTION, p->graph, -1,
+                          "cannot start at epoch %llu: the run has %llu epochs (0..%llu); resume from an earlier "
+                          "state or raise epochs",
+                          (unsigned long long)c->first_epoch, (unsigned long long)c->epochs,
+                          (unsigned long long)c->epochs - 1);
+  return 0;
+}
+
+/* Resolves the graph's links, plans replicas and builds the nodes and queues; the output queue wakes event_fd. */
+static int build_graph(sf_pipeline *p, const sf_graph *graph, sf_error *error) {
   int *order, *inputs;
   const sf_stage_def **defs;
-  r = sf_graph_resolve_links(p->graph, &order, &defs, &inputs, error);
-  if (r < 0) {
-    sf_pipeline_destroy(&p);
-    return r;
-  }
+  int r = sf_graph_resolve_links(p->graph, &order, &defs, &inputs, error);
+  if (r < 0) return r;
   sf_graph_plan(p->graph, defs, inputs, p->cpu_budget);
-  c->quiet = true; /* init errors are returned to the caller, not printed */
+  p->ctx.quiet = true; /* init errors are returned to the caller, not printed */
   r = build(p, order, defs, inputs, error);
-  c->quiet = false;
+  p->ctx.quiet = false;
   if (r == 0) r = sf_graph_order_fingerprint(graph, p->fingerprint, sizeof p->fingerprint, error);
   if (r == 0 && p->event_fd < 0) r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "eventfd: %m");
   if (r == 0) sf_queue_set_notify_fd(p->output, p->event_fd);
   free(order);
   free(defs);
   free(inputs);
-  if (r < 0) {
-    sf_pipeline_destroy(&p);
-    return r;
-  }
+  return r;
+}
+
+/* Starts the pool's worker threads: the graph's threads setting, else one per CPU of the budget. */
+static int start_pool(sf_pipeline *p, sf_error *error) {
   int workers = (int)p->graph->threads;
   if (workers <= 0) workers = p->cpu_budget;
   atomic_store(&p->live_nodes, p->n_nodes);
   p->threads = calloc((size_t)workers, sizeof *p->threads);
-  if (!p->threads) {
-    sf_pipeline_destroy(&p);
-    return SF_ENOMEM;
-  }
+  if (!p->threads) return SF_ENOMEM;
   for (int i = 0; i < workers; i++) {
-    if (pthread_create(&p->threads[p->n_threads], NULL, pool_worker, p) != 0) {
-      r = sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread");
-      sf_pipeline_destroy(&p);
-      return r;
-    }
+    if (pthread_create(&p->threads[p->n_threads], NULL, pool_worker, p) != 0)
+      return sf_graph_error(error, SF_ENOMEM, p->graph, -1, "cannot start a thread");
     p->n_threads++;
   }
-  p->started = now_seconds();
-  if (p->graph->metrics[0] && (r = sf_metrics_server_new(&p->metrics, metrics_text, p, p->graph->metrics, error)) < 0) {
+  return 0;
+}
+
+int sf_pipeline_new(sf_pipeline **pp, const sf_graph *graph, const sf_pipeline_options *options, sf_error *error) {
+  *pp = NULL;
+  sf_pipeline_options defaults;
+  if (!options) {
+    sf_pipeline_options_init(&defaults);
+    options = &defaults;
+  }
+  sf_pipeline *p = pipeline_alloc();
+  if (!p) return SF_ENOMEM;
+  int r = take_graph(p, graph, error);
+  if (r < 0) { /* nothing else was made yet */
+    if (p->event_fd >= 0) close(p->event_fd);
+    sf_context_destroy(&p->ctx);
+    free(p);
+    return r;
+  }
+  r = set_run_context(p, options, error);
+  if (r == 0) r = build_graph(p, graph, error);
+  if (r == 0) r = start_pool(p, error);
+  if (r == 0) p->started = now_seconds();
+  if (r == 0 && p->graph->metrics[0])
+    r = sf_metrics_server_new(&p->metrics, metrics_text, p, p->graph->metrics, error);
+  if (r < 0) {
     sf_pipeline_destroy(&p);
     return r;
   }

@@ -29,9 +29,10 @@ const sf_option sf_graph_settings[] = {
      "error records after which the run stops (0 = no limit)", NULL},
     {"max_error_rate", SF_OPT_FLOAT, offsetof(sf_graph, max_error_rate), "0.5", 0, 1,
      "the run stops once more than this fraction of the samples read were skipped (1 = never)", NULL},
-    {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), "64", 2, 1e6, "items a sample edge holds", NULL},
+    {"queue_size", SF_OPT_COUNT, offsetof(sf_graph, queue_size), "64", 2, 1e6, "items a sample edge holds (its queues share them between replicated stages, at least 4 each)", NULL},
     {"queue_bytes", SF_OPT_SIZE, offsetof(sf_graph, queue_bytes), "64MiB", 0, 1e15,
-     "tensor bytes a sample or batch queue holds (a queue always takes one item; 0 = items only)", NULL},
+     "tensor bytes a sample or batch edge holds (shared by its queues between replicated stages; a queue always "
+     "takes one item; 0 = items only)", NULL},
     {"threads", SF_OPT_COUNT, offsetof(sf_graph, threads), "0", 0, 1024,
      "pool workers that run the stages (0 = the CPU budget: the process's CPUs)", NULL},
     /* A fixed array, not an owned string: sf_graph_set_setting stores it itself, never through this row. */
@@ -241,6 +242,8 @@ sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
   n->replicas_line = s->replicas_line;
   n->replicas_planned = s->replicas_planned;
   n->may_defer = s->may_defer;
+  n->wire_plan = s->wire_plan;
+  n->wire_normalize = s->wire_normalize;
   if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) return NULL;
   for (int j = 0; j < s->n_values; j++)
     if (sf_graph_node_set(n, s->values[j].key, s->values[j].value, s->values[j].line) < 0) return NULL;

@@ -22,6 +22,10 @@ typedef struct sf_graph_node {
   int64_t replicas_line; /* the line that writes `replicas`, 0 when --set or the API did, -1 when nothing did */
   bool replicas_planned; /* sf_graph_plan chose replicas (nothing wrote them) */
   bool may_defer;        /* sf_graph_plan lets the node's output carry deferred fields (sf_node_may_defer) */
+  /* sf_graph_plan_groups: on a group's _remote node (or its `groups:` entry) the form its results travel in
+   * (sf_wire_plan, engine/graph/graph_plan.h); true on the augment it added on the head to normalise them. */
+  int wire_plan;
+  bool wire_normalize;
   sf_graph_value *values;
   int n_values;
   char *group;          /* the group the node runs in (`group:`), or NULL for the head process */

@@ -1,4 +1,4 @@
-/* The plan: replicas where the graph file leaves them unset, and the edges that may carry deferred fields. */
+/* The plan: replicas where the graph file leaves them unset, the edges that may carry deferred fields, what groups send. */
 #include "graph_plan.h"
 
 #include <stdlib.h>
@@ -6,6 +6,8 @@
 
 #include "cpu_budget.h"
 #include "graph_groups.h"
+#include "options.h"
+#include "registry.h"
 
 /* consumer[i]: the node graph node i feeds, -1 for the last; from the links' inputs. */
 static void consumers(const sf_graph *g, const int *inputs, int *consumer) {
@@ -70,6 +72,188 @@ void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, in
   free(consumer);
 }
 
+/* ---- the form a group's results travel in ---------------------------------------------------------------- */
+
+/* An enum option of def as applied to priv (sf_graph_node_apply): its value's index, or -1. */
+static int enum_value(const sf_stage_def *def, const void *priv, const char *name) {
+  const sf_option *o = sf_option_find(def->options, name);
+  return o && o->type == SF_OPT_ENUM ? *(const int *)((const char *)priv + o->offset) : -1;
+}
+
+/* The value node n writes for key, or NULL. */
+static const sf_graph_value *written(const sf_graph_node *n, const char *key) {
+  for (int i = 0; i < n->n_values; i++)
+    if (strcmp(n->values[i].key, key) == 0) return &n->values[i];
+  return NULL;
+}
+
+/* Removes key from n's values (nothing when n does not write it). */
+static void unset(sf_graph_node *n, const char *key) {
+  for (int i = 0; i < n->n_values; i++)
+    if (strcmp(n->values[i].key, key) == 0) {
+      free(n->values[i].key);
+      free(n->values[i].value);
+      memmove(&n->values[i], &n->values[i + 1], (size_t)(n->n_values - i - 1) * sizeof *n->values);
+      n->n_values--;
+      return;
+    }
+}
+
+/* True when name is free in g and in every group's stages of g (a worker's graph keeps the names). */
+static bool name_free(const sf_graph *g, const char *name) {
+  if (sf_graph_find_node(g, name)) return false;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].group_stages && sf_graph_find_node(g->nodes[i].group_stages, name)) return false;
+  return true;
+}
+
+/* In a ", "-joined `inputs:` list, the name from replaced by to. Returns 0 or SF_ENOMEM. */
+static int rename_input(sf_graph_node *n, const char *from, const char *to) {
+  char list[1024], out[1024] = "";
+  snprintf(list, sizeof list, "%s", n->inputs);
+  size_t len = 0;
+  for (char *save = NULL, *name = strtok_r(list, ", ", &save); name && len < sizeof out;
+       name = strtok_r(NULL, ", ", &save))
+    len += (size_t)snprintf(out + len, sizeof out - len, "%s%s", len ? ", " : "", strcmp(name, from) == 0 ? to : name);
+  char *copy = len < sizeof out ? strdup(out) : NULL;
+  if (!copy) return SF_ENOMEM;
+  free(n->inputs);
+  n->inputs = copy;
+  return 0;
+}
+
+/*
+ * Where one group's results go and what its last stage makes: g's node x sends them to node c (the _remote
+ * node of a head's graph, or the group's last node of a whole graph); aug is the group's last stage (in
+ * aug_graph: the _remote node's stages, or g) and grp its options (the _remote node, or the `groups:` entry).
+ * Returns the plan (SF_WIRE_*).
+ */
+static int wire_choice(const sf_graph *g, int c, const sf_graph *aug_graph, const sf_graph_node *aug,
+                       const sf_graph_node *grp) {
+  if (c < 0) return SF_WIRE_AS_MADE;
+  if (g->nodes[c].group_stages || g->nodes[c].group) return SF_WIRE_INTO_GROUP;
+  const sf_stage_def *def = sf_stage_find(aug->type), *remote = sf_stage_find("_remote");
+  if (!def || strcmp(def->name, "augment") != 0 || !remote) return SF_WIRE_AS_MADE;
+  void *priv = NULL, *group_priv = NULL;
+  sf_error ignored;
+  /* Options that do not parse: no plan, the run reports them as written. */
+  if (sf_graph_node_apply(aug_graph, aug, def, &priv, &ignored) < 0) return SF_WIRE_AS_MADE;
+  const sf_option *dtype = sf_option_find(def->options, "dtype"), *form = sf_option_find(remote->options, "wire_form");
+  int out = enum_value(def, priv, "dtype"), plan = SF_WIRE_AS_MADE;
+  if (out >= 0 && strcmp(dtype->enum_names[out], "uint8") != 0 && form &&
+      sf_graph_node_apply(g, grp, remote, &group_priv, &ignored) == 0) {
+    bool pinned = strcmp(form->enum_names[enum_value(remote, group_priv, "wire_form")], "as_written") == 0;
+    plan = pinned ? SF_WIRE_PINNED : SF_WIRE_UINT8;
+    sf_options_free(remote->options, group_priv);
+    free(group_priv);
+  } else if (out >= 0 && strcmp(dtype->enum_names[out], "uint8") == 0) {
+    plan = SF_WIRE_WRITTEN_UINT8;
+  }
+  sf_options_free(def->options, priv);
+  free(priv);
+  return plan;
+}
+
+/*
+ * The rewrite: aug (the group's augment) makes uint8 HWC crops, and a new augment inserted into g right after
+ * node x (the _remote node, or the group's last node) applies aug's normalisation, layout and dtype; the
+ * node c read from x now reads the new node. Returns 0 or SF_ENOMEM.
+ */
+static int send_uint8(sf_graph *g, int x, int c, sf_graph_node *aug) {
+  char name[256];
+  snprintf(name, sizeof name, "%s_normalize", aug->name);
+  for (int k = 2; !name_free(g, name) && k < 1000; k++) snprintf(name, sizeof name, "%s_normalize%d", aug->name, k);
+  /* What the new node takes from aug, copied before g's nodes move (aug may be one of them). */
+  static const char *const moved[] = {"fields", "mean", "std", "layout", "dtype"};
+  sf_graph_value values[5];
+  int n_values = 0;
+  for (size_t i = 0; i < sizeof moved / sizeof *moved; i++) {
+    const sf_graph_value *v = written(aug, moved[i]);
+    if (v) values[n_values++] = (sf_graph_value){(char *)moved[i], strdup(v->value), v->line};
+  }
+  char *from = strdup(g->nodes[x].name);
+  int64_t line = aug->line, dtype_line = written(aug, "dtype") ? written(aug, "dtype")->line : aug->line;
+  int r = from ? 0 : SF_ENOMEM;
+  for (int i = 0; i < n_values; i++)
+    if (!values[i].value) r = SF_ENOMEM;
+  /* The group's augment: the same crop, resize and flip, pixels as they are. */
+  if (r == 0) {
+    unset(aug, "mean");
+    unset(aug, "std");
+    if ((r = sf_graph_node_set(aug, "dtype", "uint8", dtype_line)) == 0)
+      r = sf_graph_node_set(aug, "layout", "hwc", dtype_line);
+  }
+  sf_graph_node *n = r == 0 ? sf_graph_add_node(g, name, "augment", line) : NULL;
+  if (r == 0 && !n) r = SF_ENOMEM;
+  if (r == 0) { /* right after x, so that a consumer that read x by file order now reads it */
+    sf_graph_node added = *n;
+    memmove(&g->nodes[x + 2], &g->nodes[x + 1], (size_t)(g->n_nodes - x - 2) * sizeof *g->nodes);
+    g->nodes[x + 1] = added;
+    n = &g->nodes[x + 1];
+    n->wire_normalize = true;
+    for (int i = 0; i < n_values && r == 0; i++) r = sf_graph_node_set(n, values[i].key, values[i].value, values[i].line);
+    if (c > x) c++;
+    if (r == 0 && g->nodes[c].inputs) r = rename_input(&g->nodes[c], from, name);
+    for (int i = 0; i < g->n_edges && r == 0; i++) /* a chain written as `edges:` */
+      if (strcmp(g->edges[i].from, from) == 0 && strcmp(g->edges[i].to, g->nodes[c].name) == 0) {
+        char *to = strdup(name);
+        if (!to || (r = sf_graph_add_edge(g, name, g->nodes[c].name, g->edges[i].line)) < 0) {
+          free(to);
+          r = SF_ENOMEM;
+          break;
+        }
+        free(g->edges[i].to);
+        g->edges[i].to = to;
+        break;
+      }
+  }
+  for (int i = 0; i < n_values; i++) free(values[i].value);
+  free(from);
+  return r;
+}
+
+int sf_graph_plan_groups(sf_graph *g, sf_error *error) {
+  int units = g->n_groups;
+  for (int i = 0; i < g->n_nodes; i++) units += g->nodes[i].group_stages != NULL;
+  int r = 0;
+  for (int u = 0; u < units && r == 0; u++) {
+    int *order = NULL, *inputs = NULL, *consumer = NULL;
+    const sf_stage_def **defs = NULL;
+    if (sf_graph_resolve_links(g, &order, &defs, &inputs, &(sf_error){0}) < 0) {
+      free(order), free(defs), free(inputs);
+      return 0; /* a graph that does not link: run as written, the run says why */
+    }
+    /* The u-th group: a _remote node's stages (a head's graph), else the u-th `groups:` entry (a whole graph). */
+    int x = -1;
+    sf_graph_node *grp = NULL, *aug = NULL;
+    sf_graph *aug_graph = g;
+    for (int i = 0, seen = 0; i < g->n_nodes && !grp; i++)
+      if (g->nodes[i].group_stages && seen++ == u && g->nodes[i].group_stages->n_nodes > 0) {
+        x = i;
+        grp = &g->nodes[i];
+        aug_graph = grp->group_stages;
+        aug = &aug_graph->nodes[aug_graph->n_nodes - 1]; /* the stages are one chain, in order */
+      }
+    if (!grp && u < g->n_groups) {
+      grp = &g->groups[u];
+      for (int k = 0; k < g->n_nodes; k++)
+        if (g->nodes[order[k]].group && strcmp(g->nodes[order[k]].group, grp->name) == 0) x = order[k];
+      aug = x >= 0 ? &g->nodes[x] : NULL;
+    }
+    consumer = malloc((size_t)g->n_nodes * sizeof *consumer);
+    if (!consumer) r = SF_ENOMEM;
+    if (r == 0 && grp && aug) {
+      consumers(g, inputs, consumer);
+      grp->wire_plan = wire_choice(g, consumer[x], aug_graph, aug, grp);
+      if (grp->wire_plan == SF_WIRE_UINT8) r = send_uint8(g, x, consumer[x], aug);
+    }
+    free(order), free(defs), free(inputs), free(consumer);
+  }
+  return r < 0 ? sf_error_set(error, r, SF_NOWHERE, "out of memory") : 0;
+}
+
+/* ---- --explain ------------------------------------------------------------------------------------------- */
+
 /* Why node n runs as many replicas as it does. */
 static const char *replicas_why(const sf_graph_node *n, const sf_stage_def *def, bool merging, int cpus) {
   if (n->replicas_line > 0) return "written in the graph file";
@@ -84,13 +268,48 @@ static const char *replicas_why(const sf_graph_node *n, const sf_stage_def *def,
   return "";
 }
 
+/* The line of a group's _remote node i (after sf_graph_plan_groups): what its results travel to the head as. */
+static void explain_wire(FILE *out, const sf_graph *g, const int *inputs, int i, const char *indent) {
+  const sf_graph_node *n = &g->nodes[i];
+  const char *as_made = "as the group's last stage makes them";
+  int c = -1;
+  for (int j = 0; j < g->n_nodes * SF_GRAPH_MAX_INPUTS && c < 0; j++)
+    if (inputs[j] == i) c = j / SF_GRAPH_MAX_INPUTS;
+  if (c < 0) return;
+  const sf_graph_node *to = &g->nodes[c];
+  switch (n->wire_plan) {
+  case SF_WIRE_UINT8: {
+    const sf_graph_value *v = written(to, "dtype");
+    const char *dtype = v ? v->value : "float32";
+    fprintf(out, "%s  %s -> head: uint8 HWC crops over the wire (%dx fewer bytes than %s), normalised on the head by %s "
+            "(group option `wire_form: as_written` sends %s)\n", indent, n->name, strcmp(dtype, "bfloat16") == 0 ? 2 : 4,
+            dtype, to->name, dtype);
+    break;
+  }
+  case SF_WIRE_PINNED:
+    fprintf(out, "%s  %s -> head: %s, written so (`wire_form: as_written`): the augment's float output crosses the "
+            "wire\n", indent, n->name, as_made);
+    break;
+  case SF_WIRE_WRITTEN_UINT8:
+    fprintf(out, "%s  %s -> head: uint8, as the group's augment writes it\n", indent, n->name);
+    break;
+  case SF_WIRE_INTO_GROUP:
+    fprintf(out, "%s  %s -> %s: %s: the next stages run in another group's workers\n", indent, n->name, to->name,
+            as_made);
+    break;
+  default:
+    fprintf(out, "%s  %s -> head: %s (the plan sends uint8 only for a last augment with float output)\n", indent,
+            n->name, as_made);
+  }
+}
+
 static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **defs, const int *inputs, const int *order,
                           int cpus, const char *indent) {
   for (int k = 0; k < g->n_nodes; k++) {
     int i = order[k];
     const sf_graph_node *n = &g->nodes[i];
     if (n->group_stages) {
-      fprintf(out, "%s%-16s group: its stages run in worker processes, each planning for its own CPUs; on a "
+      fprintf(out, "%s%-18s group: its stages run in worker processes, each planning for its own CPUs; on a "
                    "worker of %d CPU(s):\n", indent, n->name, cpus);
       sf_graph *stages = NULL;
       int *sub_order = NULL, *sub_inputs = NULL;
@@ -105,9 +324,10 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
       free(sub_defs);
       free(sub_inputs);
       sf_graph_destroy(&stages);
+      explain_wire(out, g, inputs, i, indent);
       continue;
     }
-    fprintf(out, "%s%-16s %-12s replicas %-3lld %s\n", indent, n->name, defs[i]->name, (long long)n->replicas,
+    fprintf(out, "%s%-18s %-12s replicas %-3lld %s\n", indent, n->name, defs[i]->name, (long long)n->replicas,
             replicas_why(n, defs[i], merges(inputs, i), cpus));
     int c = -1;
     for (int j = 0; j < g->n_nodes * SF_GRAPH_MAX_INPUTS && c < 0; j++)
@@ -135,6 +355,11 @@ int sf_graph_explain(const sf_graph *graph, FILE *out, sf_error *error) {
   sf_graph *g = NULL;
   int r = graph->n_groups > 0 ? sf_graph_split_groups(graph, &g, error) : 0;
   if (r < 0) return r;
+  if (r == 0 && g) r = sf_graph_plan_groups(g, error);
+  if (r < 0) {
+    sf_graph_destroy(&g);
+    return r;
+  }
   if (!g && !(g = sf_graph_copy(graph))) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory");
   int *order = NULL, *inputs = NULL;
   const sf_stage_def **defs = NULL;

@@ -1,8 +1,8 @@
 /*
  * The plan: what the engine decides between reading a graph and running it, so that a graph written
- * without tuning runs as a tuned one would. Replicas for map stages the graph file leaves unset, and which
- * edges may carry deferred fields (a JPEG left undecoded for a cropping augment). A value the graph file
- * writes is kept as written. `shardflow run --explain` prints the plan.
+ * without tuning runs as a tuned one would. Replicas for map stages the graph file leaves unset, which
+ * edges may carry deferred fields (a JPEG left undecoded for a cropping augment), and the form a group's
+ * results travel in. A value the graph file writes is kept as written. `shardflow run --explain` prints the plan.
  */
 #ifndef SF_ENGINE_GRAPH_PLAN_H
 #define SF_ENGINE_GRAPH_PLAN_H
@@ -21,6 +21,31 @@
  * Sets replicas, replicas_planned and may_defer on g's nodes. Never fails; planning again gives the same.
  */
 void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, int cpus);
+
+/* What a group's results travel to the head as (sf_graph_node.wire_plan of its _remote node or `groups:` entry). */
+enum sf_wire_plan {
+  SF_WIRE_AS_MADE = 0,   /* as the group's last stage makes them: it is not an augment (or its options do not parse) */
+  SF_WIRE_UINT8,         /* planned: uint8 HWC crops, normalised on the head by an augment the plan added */
+  SF_WIRE_PINNED,        /* the group's `wire_form: as_written` keeps the augment's float output */
+  SF_WIRE_WRITTEN_UINT8, /* the group's augment already makes uint8 (written so) */
+  SF_WIRE_INTO_GROUP,    /* the results go on to another group's workers, not to a stage of the head */
+};
+
+/*
+ * The form a group's results travel in (group option `wire_form`, default auto). Where a group's last stage is
+ * an augment whose output is float32 or bfloat16 and its results go to a stage of the head (not on to another
+ * group), the group's augment makes uint8 HWC crops instead (same crop, resize and flip; no mean/std) and a new
+ * augment "<name>_normalize" on the head right after the group applies the normalisation, layout and dtype (no
+ * crop, no flip): the same batches bit for bit (augment resamples to uint8 before it normalises) with 4x
+ * (float32) or 2x (bfloat16) fewer bytes on the wire. For every group, local processes included: the head writes
+ * each float into the batch either way (out of the ring, or normalising), so the workers' writing 4x the bytes
+ * is extra work (bench/groups.sh, docs/groups.md). An augment already written as uint8, or `wire_form:
+ * as_written`, is kept. g: a head's graph (sf_graph_split_groups: the _remote nodes' stages are
+ * rewritten, which its workers receive) or a whole graph with `groups:` (`shardflow dot`). Sets wire_plan on
+ * each group's _remote node or `groups:` entry and wire_normalize on each node added. A graph that does not
+ * link is left as written. Returns 0 or SF_ENOMEM (error filled; g may be partly planned: destroy it).
+ */
+int sf_graph_plan_groups(sf_graph *g, sf_error *error);
 
 /*
  * Writes the plan of g (after sf_graph_plan) to out for `run --explain`: a node a line in chain order

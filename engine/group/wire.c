@@ -8,6 +8,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <zmq.h>
 
+#include "lazy.h"
 #include "wire.h"
 #include "wire.pb-c.h"
 
@@ -712,33 +713,21 @@ static int frame_for_field(zmq_msg_t *m, const sf_field *f, const char *key, sf_
     zmq_msg_init(m);
     return 0;
   }
-  if (f->recipe) {
-    b = sf_buffer_new(bytes);
-    if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
-    f->recipe->write(f->recipe, sf_buffer_data(b));
-    data = sf_buffer_data(b);
-  } else if (sf_tensor_is_contiguous(t)) {
+  if (!f->recipe && sf_tensor_is_contiguous(t)) {
     b = sf_buffer_ref(t->buffer);
     data = sf_tensor_data(t);
-  } else {
+  } else { /* a deferred field written by its recipe, or a strided one copied (counted) */
     b = sf_buffer_new(bytes);
     if (!b) return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
-    sf_tensor_copy_to(t, sf_buffer_data(b));
+    sf_lazy_write_field(f, sf_buffer_data(b));
     data = sf_buffer_data(b);
-    atomic_fetch_add(&copied_sent, bytes);
+    if (!f->recipe) atomic_fetch_add(&copied_sent, bytes);
   }
   if (zmq_msg_init_data(m, data, bytes, release_frame, b) != 0) {
     sf_buffer_unref(&b); /* libzmq does not call the free function when init fails */
     return sf_error_set(error, SF_ENOMEM, SF_AT(.key = key), "wire: out of memory for field '%s'", f->name);
   }
   return 0;
-}
-
-/* Writes field f's values, C-contiguous, to dst (its recipe, a copy, or a strided copy). */
-static void write_field(const sf_field *f, uint8_t *dst) {
-  if (f->recipe) f->recipe->write(f->recipe, dst);
-  else if (sf_tensor_is_contiguous(&f->tensor)) memcpy(dst, sf_tensor_data(&f->tensor), sf_tensor_nbytes(&f->tensor));
-  else sf_tensor_copy_to(&f->tensor, dst);
 }
 
 /* Checks what a message to send carries against the limits a receiver enforces. */
@@ -851,88 +840,142 @@ static int pack_stages(const sf_graph *g, SfWire__Welcome *w, packed_stages *p) 
   return 0;
 }
 
-int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *error) {
-  size_t n_frames = 0;
-  int r = check_outgoing(msg, &n_frames, error);
+/* Every allocation one outgoing message needs, made before the first byte goes out so that a failure
+ * never leaves a half-sent multipart message on the socket. */
+typedef struct outgoing {
+  SfWire__SampleMeta *samples;
+  SfWire__SampleMeta **sample_ptrs;
+  SfWire__FieldMeta *fields;
+  SfWire__FieldMeta **field_ptrs;
+  SfWire__ErrorRecord *errors;
+  SfWire__ErrorRecord **error_ptrs;
+  SfWire__StageStats *stats;
+  SfWire__StageStats **stat_ptrs;
+  zmq_msg_t *parts; /* routing id, header, payload frames */
+  size_t n_parts;
+  sf_shm_ring *ring; /* RESULT payloads of SF_SHM_MIN_BYTES or more go here when set */
+  SfWire__ShmExtent *extents;
+  SfWire__ShmExtent **extent_ptrs;
+  size_t n_extents;
+  uint8_t *in_ring; /* per field: 1 when its payload went to the ring rather than a frame */
+  packed_stages stages;
+} outgoing;
+
+static bool outgoing_alloc(outgoing *o, const sf_wire_message *msg, size_t n_frames, size_t n_meta) {
+  o->samples = calloc((size_t)msg->n_samples + 1, sizeof *o->samples);
+  o->sample_ptrs = calloc((size_t)msg->n_samples + 1, sizeof *o->sample_ptrs);
+  o->fields = calloc(n_meta + 1, sizeof *o->fields);
+  o->field_ptrs = calloc(n_meta + 1, sizeof *o->field_ptrs);
+  o->errors = calloc((size_t)msg->n_errors + 1, sizeof *o->errors);
+  o->error_ptrs = calloc((size_t)msg->n_errors + 1, sizeof *o->error_ptrs);
+  o->stats = calloc((size_t)msg->n_stats + 1, sizeof *o->stats);
+  o->stat_ptrs = calloc((size_t)msg->n_stats + 1, sizeof *o->stat_ptrs);
+  o->parts = calloc(n_frames + 2, sizeof *o->parts);
+  o->extents = o->ring ? calloc(n_frames + 1, sizeof *o->extents) : NULL;
+  o->extent_ptrs = o->ring ? calloc(n_frames + 1, sizeof *o->extent_ptrs) : NULL;
+  o->in_ring = o->ring ? calloc(n_meta + 1, 1) : NULL;
+  return o->samples && o->sample_ptrs && o->fields && o->field_ptrs && o->errors && o->error_ptrs && o->stats &&
+         o->stat_ptrs && o->parts && (!o->ring || (o->extents && o->extent_ptrs && o->in_ring));
+}
+
+static void outgoing_free(outgoing *o) {
+  if (o->parts)
+    for (size_t i = 0; i < o->n_parts; i++) zmq_msg_close(&o->parts[i]);
+  free(o->parts);
+  free(o->extents);
+  free(o->extent_ptrs);
+  free(o->in_ring);
+  free(o->samples);
+  free(o->sample_ptrs);
+  free(o->fields);
+  free(o->field_ptrs);
+  free(o->errors);
+  free(o->error_ptrs);
+  free(o->stats);
+  free(o->stat_ptrs);
+  free_stages(&o->stages);
+}
+
+static void encode_header_scalars(SfWire__Header *h, const sf_wire_message *msg) {
+  h->version = SF_WIRE_VERSION;
+  h->type = (SfWire__MessageType)msg->type;
+  h->unit = msg->unit;
+  h->epoch = msg->epoch;
+  h->credits = msg->credits;
+  h->sequence = msg->sequence;
+  h->text = msg->text ? msg->text : (char *)"";
+  h->pid = msg->pid;
+  h->threads = msg->threads;
+  h->samples_in = msg->samples_in;
+  h->skipped = msg->skipped;
+  h->filtered = msg->filtered;
+  h->shm_freed = msg->shm_freed;
+}
+
+static int encode_welcome(SfWire__Header *h, SfWire__Welcome *welcome, const sf_wire_message *msg,
+                          packed_stages *stages, sf_error *error) {
+  welcome->seed = msg->seed;
+  welcome->epochs = msg->epochs;
+  welcome->rank = msg->rank;
+  welcome->world_size = msg->world_size;
+  welcome->error_policy = msg->error_policy;
+  welcome->heartbeat_interval = msg->heartbeat_interval;
+  welcome->heartbeat_timeout = msg->heartbeat_timeout;
+  h->welcome = welcome;
+  if (pack_stages(msg->stages, welcome, stages) < 0)
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a WELCOME message");
+  return 0;
+}
+
+/* One field's metadata; its payload goes to the shm ring when there is room there, else to a frame of its
+ * own. Ring extents are numbered from 0 here and shifted past the socket's frames once all are known. */
+static int encode_field(outgoing *o, size_t fi, const sf_field *f, const char *key, uint32_t *frame,
+                        sf_error *error) {
+  SfWire__FieldMeta *fm = &o->fields[fi];
+  sf_wire__field_meta__init(fm);
+  o->field_ptrs[fi] = fm;
+  fm->name = (char *)f->name;
+  fm->encoded = f->encoded;
+  fm->dtype = (uint32_t)f->tensor.dtype;
+  fm->n_shape = (size_t)f->tensor.ndim;
+  fm->shape = (int64_t *)f->tensor.shape;
+  if (!f->tensor.buffer && !f->recipe) {
+    fm->no_data = true;
+    return 0;
+  }
+  size_t bytes = sf_tensor_nbytes(&f->tensor);
+  uint64_t position;
+  uint8_t *dst = o->ring && bytes >= SF_SHM_MIN_BYTES ? sf_shm_ring_reserve(o->ring, bytes, &position) : NULL;
+  if (dst) {
+    sf_lazy_write_field(f, dst);
+    SfWire__ShmExtent *x = &o->extents[o->n_extents];
+    sf_wire__shm_extent__init(x);
+    x->position = position;
+    x->length = bytes;
+    o->extent_ptrs[o->n_extents] = x;
+    fm->frame = (uint32_t)o->n_extents++;
+    o->in_ring[fi] = 1;
+    return 0;
+  }
+  fm->frame = (*frame)++;
+  int r = frame_for_field(&o->parts[o->n_parts], f, key, error);
   if (r < 0) return r;
-  size_t n_meta = 0;
-  for (int i = 0; i < msg->n_samples; i++) n_meta += (size_t)msg->samples[i]->n_fields;
+  o->n_parts++;
+  return 0;
+}
 
-  SfWire__Header h = SF_WIRE__HEADER__INIT;
-  SfWire__Welcome welcome = SF_WIRE__WELCOME__INIT;
-  packed_stages stages = {0};
-  h.version = SF_WIRE_VERSION;
-  h.type = (SfWire__MessageType)msg->type;
-  h.unit = msg->unit;
-  h.epoch = msg->epoch;
-  h.credits = msg->credits;
-  h.sequence = msg->sequence;
-  h.text = msg->text ? msg->text : (char *)"";
-  h.pid = msg->pid;
-  h.threads = msg->threads;
-  h.samples_in = msg->samples_in;
-  h.skipped = msg->skipped;
-  h.filtered = msg->filtered;
-  h.shm_freed = msg->shm_freed;
-  sf_shm_ring *ring = msg->type == SF_WIRE_RESULT ? msg->shm : NULL;
-  uint64_t ring_mark = ring ? sf_shm_ring_mark(ring) : 0;
-  if (msg->type == SF_WIRE_WELCOME) {
-    welcome.seed = msg->seed;
-    welcome.epochs = msg->epochs;
-    welcome.rank = msg->rank;
-    welcome.world_size = msg->world_size;
-    welcome.error_policy = msg->error_policy;
-    welcome.heartbeat_interval = msg->heartbeat_interval;
-    welcome.heartbeat_timeout = msg->heartbeat_timeout;
-    h.welcome = &welcome;
-    if (pack_stages(msg->stages, &welcome, &stages) < 0) {
-      free_stages(&stages);
-      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a WELCOME message");
-    }
-  }
-
-  /* Everything is allocated and every frame prepared before the first byte goes out. */
-  SfWire__SampleMeta *samples = calloc((size_t)msg->n_samples + 1, sizeof *samples);
-  SfWire__SampleMeta **sample_ptrs = calloc((size_t)msg->n_samples + 1, sizeof *sample_ptrs);
-  SfWire__FieldMeta *fields = calloc(n_meta + 1, sizeof *fields);
-  SfWire__FieldMeta **field_ptrs = calloc(n_meta + 1, sizeof *field_ptrs);
-  SfWire__ErrorRecord *errors = calloc((size_t)msg->n_errors + 1, sizeof *errors);
-  SfWire__ErrorRecord **error_ptrs = calloc((size_t)msg->n_errors + 1, sizeof *error_ptrs);
-  SfWire__StageStats *stats = calloc((size_t)msg->n_stats + 1, sizeof *stats);
-  SfWire__StageStats **stat_ptrs = calloc((size_t)msg->n_stats + 1, sizeof *stat_ptrs);
-  zmq_msg_t *parts = calloc(n_frames + 2, sizeof *parts); /* routing id, header, payload frames */
-  SfWire__ShmExtent *extents = ring ? calloc(n_frames + 1, sizeof *extents) : NULL;
-  SfWire__ShmExtent **extent_ptrs = ring ? calloc(n_frames + 1, sizeof *extent_ptrs) : NULL;
-  uint8_t *in_ring = ring ? calloc(n_meta + 1, 1) : NULL;
-  size_t n_parts = 0, n_extents = 0;
-  if (!samples || !sample_ptrs || !fields || !field_ptrs || !errors || !error_ptrs || !stats || !stat_ptrs || !parts ||
-      (ring && (!extents || !extent_ptrs || !in_ring))) {
-    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a %s message",
-                     sf_wire_type_name(msg->type));
-    goto done;
-  }
-  if (msg->peer.len) {
-    if (zmq_msg_init_size(&parts[0], msg->peer.len) != 0) {
-      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
-      goto done;
-    }
-    memcpy(zmq_msg_data(&parts[0]), msg->peer.id, msg->peer.len);
-    n_parts = 1;
-  }
-  size_t header_part = n_parts++;
-  zmq_msg_init(&parts[header_part]); /* filled in once packed */
-
+static int encode_samples(outgoing *o, SfWire__Header *h, const sf_wire_message *msg, sf_error *error) {
   size_t fi = 0;
   uint32_t frame = 0;
   const char *prev_url = NULL;
   for (int i = 0; i < msg->n_samples; i++) {
     const sf_sample *s = msg->samples[i];
-    SfWire__SampleMeta *sm = &samples[i];
+    SfWire__SampleMeta *sm = &o->samples[i];
     sf_wire__sample_meta__init(sm);
-    sample_ptrs[i] = sm;
+    o->sample_ptrs[i] = sm;
     sm->key = (char *)s->key;
     const char *url = sf_sample_url(s);
-    if (prev_url && strcmp(prev_url, url) == 0) {
+    if (prev_url && strcmp(prev_url, url) == 0) { /* consecutive samples mostly share a shard */
       sm->same_url = true;
     } else {
       sm->url = (char *)url;
@@ -943,52 +986,28 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
     sm->index = s->index;
     sm->pass = s->pass;
     sm->offset = s->offset;
-    sm->fields = &field_ptrs[fi];
+    sm->fields = &o->field_ptrs[fi];
     sm->n_fields = (size_t)s->n_fields;
     for (int j = 0; j < s->n_fields; j++, fi++) {
-      const sf_field *f = &s->fields[j];
-      SfWire__FieldMeta *fm = &fields[fi];
-      sf_wire__field_meta__init(fm);
-      field_ptrs[fi] = fm;
-      fm->name = (char *)f->name;
-      fm->encoded = f->encoded;
-      fm->dtype = (uint32_t)f->tensor.dtype;
-      fm->n_shape = (size_t)f->tensor.ndim;
-      fm->shape = (int64_t *)f->tensor.shape;
-      if (!f->tensor.buffer && !f->recipe) {
-        fm->no_data = true;
-        continue;
-      }
-      size_t bytes = sf_tensor_nbytes(&f->tensor);
-      uint64_t position;
-      uint8_t *dst = ring && bytes >= SF_SHM_MIN_BYTES ? sf_shm_ring_reserve(ring, bytes, &position) : NULL;
-      if (dst) { /* numbered after the socket's frames below */
-        write_field(f, dst);
-        sf_wire__shm_extent__init(&extents[n_extents]);
-        extents[n_extents].position = position;
-        extents[n_extents].length = bytes;
-        extent_ptrs[n_extents] = &extents[n_extents];
-        fm->frame = (uint32_t)n_extents++;
-        in_ring[fi] = 1;
-        continue;
-      }
-      fm->frame = frame++;
-      r = frame_for_field(&parts[n_parts], f, s->key, error);
-      if (r < 0) goto done;
-      n_parts++;
+      int r = encode_field(o, fi, &s->fields[j], s->key, &frame, error);
+      if (r < 0) return r;
     }
   }
-  for (size_t i = 0; n_extents && i < fi; i++)
-    if (in_ring[i]) fields[i].frame += frame;
-  h.shm = extent_ptrs;
-  h.n_shm = n_extents;
-  h.samples = sample_ptrs;
-  h.n_samples = (size_t)msg->n_samples;
+  for (size_t i = 0; o->n_extents && i < fi; i++)
+    if (o->in_ring[i]) o->fields[i].frame += frame;
+  h->shm = o->extent_ptrs;
+  h->n_shm = o->n_extents;
+  h->samples = o->sample_ptrs;
+  h->n_samples = (size_t)msg->n_samples;
+  return 0;
+}
+
+static void encode_errors(outgoing *o, SfWire__Header *h, const sf_wire_message *msg) {
   for (int i = 0; i < msg->n_errors; i++) {
     const sf_error *e = &msg->errors[i];
-    SfWire__ErrorRecord *er = &errors[i];
+    SfWire__ErrorRecord *er = &o->errors[i];
     sf_wire__error_record__init(er);
-    error_ptrs[i] = er;
+    o->error_ptrs[i] = er;
     er->code = e->code;
     er->stage = (char *)e->stage;
     er->url = (char *)e->url;
@@ -997,13 +1016,16 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
     er->line = e->line;
     er->message = (char *)e->message;
   }
-  h.errors = error_ptrs;
-  h.n_errors = (size_t)msg->n_errors;
+  h->errors = o->error_ptrs;
+  h->n_errors = (size_t)msg->n_errors;
+}
+
+static void encode_stats(outgoing *o, SfWire__Header *h, const sf_wire_message *msg) {
   for (int i = 0; i < msg->n_stats; i++) {
     const sf_wire_stage_stats *st = &msg->stats[i];
-    SfWire__StageStats *ss = &stats[i];
+    SfWire__StageStats *ss = &o->stats[i];
     sf_wire__stage_stats__init(ss);
-    stat_ptrs[i] = ss;
+    o->stat_ptrs[i] = ss;
     ss->name = (char *)st->name;
     ss->items = st->items;
     ss->bytes = st->bytes;
@@ -1011,59 +1033,90 @@ int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *
     ss->wait_ns = st->wait_ns;
     ss->errors = st->errors;
   }
-  h.stats = stat_ptrs;
-  h.n_stats = (size_t)msg->n_stats;
+  h->stats = o->stat_ptrs;
+  h->n_stats = (size_t)msg->n_stats;
+}
 
-  size_t packed = sf_wire__header__get_packed_size(&h);
-  if (packed > SF_WIRE_MAX_HEADER) {
-    r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s header of %zu bytes; at most %d",
-                     sf_wire_type_name(msg->type), packed, SF_WIRE_MAX_HEADER);
-    goto done;
+/* Packs the header into its part, which was left empty so that the payload frames could be made first. */
+static int pack_header(zmq_msg_t *part, const SfWire__Header *h, sf_wire_type type, sf_error *error) {
+  size_t packed = sf_wire__header__get_packed_size(h);
+  if (packed > SF_WIRE_MAX_HEADER)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s header of %zu bytes; at most %d",
+                        sf_wire_type_name(type), packed, SF_WIRE_MAX_HEADER);
+  zmq_msg_close(part);
+  if (zmq_msg_init_size(part, packed) != 0) {
+    zmq_msg_init(part);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
   }
-  zmq_msg_close(&parts[header_part]);
-  if (zmq_msg_init_size(&parts[header_part], packed) != 0) {
-    zmq_msg_init(&parts[header_part]);
-    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
-    goto done;
-  }
-  sf_wire__header__pack(&h, zmq_msg_data(&parts[header_part]));
+  sf_wire__header__pack(h, zmq_msg_data(part));
+  return 0;
+}
 
-  size_t sent = 0;
-  for (; sent < n_parts; sent++) {
+/* The frame writer: sends the parts as one multipart message. SF_EAGAIN only when nothing went out (a
+ * non-blocking send to a full peer), so the caller may retry the whole message; any later failure is SF_ENET. */
+static int write_frames(void *socket, zmq_msg_t *parts, size_t n_parts, int flags, sf_wire_type type,
+                        sf_error *error) {
+  for (size_t sent = 0; sent < n_parts; sent++) {
     int part_flags = flags | (sent + 1 < n_parts ? ZMQ_SNDMORE : 0);
     if (zmq_msg_send(&parts[sent], socket, part_flags) < 0) {
       int e = zmq_errno();
-      if (sent == 0 && e == EAGAIN) {
-        r = SF_EAGAIN;
-      } else {
-        char endpoint[256];
-        socket_endpoint(socket, endpoint, sizeof endpoint);
-        r = sf_error_set(error, SF_ENET, SF_AT(.url = endpoint),
-                         "wire: sending a %s message (part %zu of %zu) "
-                         "failed: %s%s",
-                         sf_wire_type_name(msg->type), sent + 1, n_parts, zmq_strerror(e),
-                         e == EHOSTUNREACH ? " (no peer with that routing id: it left)" : "");
-      }
-      break;
+      if (sent == 0 && e == EAGAIN) return SF_EAGAIN;
+      char endpoint[256];
+      socket_endpoint(socket, endpoint, sizeof endpoint);
+      return sf_error_set(error, SF_ENET, SF_AT(.url = endpoint),
+                          "wire: sending a %s message (part %zu of %zu) "
+                          "failed: %s%s",
+                          sf_wire_type_name(type), sent + 1, n_parts, zmq_strerror(e),
+                          e == EHOSTUNREACH ? " (no peer with that routing id: it left)" : "");
     }
   }
+  return 0;
+}
+
+int sf_wire_send(void *socket, const sf_wire_message *msg, int flags, sf_error *error) {
+  size_t n_frames = 0;
+  int r = check_outgoing(msg, &n_frames, error);
+  if (r < 0) return r;
+  size_t n_meta = 0;
+  for (int i = 0; i < msg->n_samples; i++) n_meta += (size_t)msg->samples[i]->n_fields;
+
+  SfWire__Header h = SF_WIRE__HEADER__INIT;
+  SfWire__Welcome welcome = SF_WIRE__WELCOME__INIT;
+  outgoing o = {.ring = msg->type == SF_WIRE_RESULT ? msg->shm : NULL};
+  uint64_t ring_mark = o.ring ? sf_shm_ring_mark(o.ring) : 0;
+  encode_header_scalars(&h, msg);
+  if (msg->type == SF_WIRE_WELCOME) {
+    r = encode_welcome(&h, &welcome, msg, &o.stages, error);
+    if (r < 0) {
+      free_stages(&o.stages);
+      return r;
+    }
+  }
+  if (!outgoing_alloc(&o, msg, n_frames, n_meta)) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory sending a %s message",
+                     sf_wire_type_name(msg->type));
+    goto done;
+  }
+  if (msg->peer.len) {
+    if (zmq_msg_init_size(&o.parts[0], msg->peer.len) != 0) {
+      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory");
+      goto done;
+    }
+    memcpy(zmq_msg_data(&o.parts[0]), msg->peer.id, msg->peer.len);
+    o.n_parts = 1;
+  }
+  size_t header_part = o.n_parts++;
+  zmq_msg_init(&o.parts[header_part]); /* filled in once packed */
+  r = encode_samples(&o, &h, msg, error);
+  if (r < 0) goto done;
+  encode_errors(&o, &h, msg);
+  encode_stats(&o, &h, msg);
+  r = pack_header(&o.parts[header_part], &h, msg->type, error);
+  if (r < 0) goto done;
+  r = write_frames(socket, o.parts, o.n_parts, flags, msg->type, error);
   /* zmq_msg_send left the sent parts empty; closing them is a no-op, the others drop their references. */
 done:
-  if (parts)
-    for (size_t i = 0; i < n_parts; i++) zmq_msg_close(&parts[i]);
-  if (ring && r < 0) sf_shm_ring_rollback(ring, ring_mark); /* the head never heard of those extents */
-  free(parts);
-  free(extents);
-  free(extent_ptrs);
-  free(in_ring);
-  free(samples);
-  free(sample_ptrs);
-  free(fields);
-  free(field_ptrs);
-  free(errors);
-  free(error_ptrs);
-  free(stats);
-  free(stat_ptrs);
-  free_stages(&stages);
+  if (o.ring && r < 0) sf_shm_ring_rollback(o.ring, ring_mark); /* the head never heard of those extents */
+  outgoing_free(&o);
   return r;
 }

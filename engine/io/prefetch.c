@@ -508,65 +508,62 @@ static int new_easy(sf_prefetch *p, sf_fetch *f) {
   return bad ? SF_EINVAL : 0;
 }
 
+/* Size of the text that explains why an attempt could not start. */
+enum { ATTEMPT_TEXT = 480 };
+
 /*
- * Starts one attempt of f: from byte 0, or from the byte reached with a Range
- * pinned to the first response's version.  Returns false when f failed for
- * good instead (reported in f).
+ * Points f's handle (made on its first attempt) at its URL: for an object store a freshly signed request, whose
+ * headers f keeps. name gets the server's host:port. Returns 0 or an error explained in text.
  */
-static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
-  pthread_mutex_lock(&p->lock);
-  int64_t from = f->received;
-  pthread_mutex_unlock(&p->lock);
+static int aim_request(sf_prefetch *p, sf_fetch *f, char *name, size_t name_size, char *text) {
   int code = 0;
-  char text[480] = "";
   if (!f->easy) {
     code = new_easy(p, f);
     if (code == SF_ENOMEM)
-      snprintf(text, sizeof text, "out of memory starting the download");
+      snprintf(text, ATTEMPT_TEXT, "out of memory starting the download");
     else if (code < 0)
-      snprintf(text, sizeof text, "libcurl refused the transfer options (is libcurl older than 7.85?)");
+      snprintf(text, ATTEMPT_TEXT, "libcurl refused the transfer options (is libcurl older than 7.85?)");
   }
   curl_slist_free_all(f->headers);
   f->headers = NULL;
-  char range[32], name[280] = "";
-  if (!code && f->is_store) {
-    sf_object_request request = {0};
-    sf_error error;
-    int rc = sf_object_request_prepare(f->url, "GET", NULL, NULL, &request, &error);
-    if (rc < 0) {
-      code = rc;
-      snprintf(text, sizeof text, "%.400s", error.message);
-    } else {
-      curl_easy_setopt(f->easy, CURLOPT_URL, request.url);
-      server_name(request.url, name, sizeof name);
-      f->headers = request.headers;
-      request.headers = NULL;
-      free(f->credentials);
-      f->credentials = request.credentials;
-      request.credentials = NULL;
-    }
-    sf_object_request_clear(&request);
-  } else if (!code) {
+  if (code) return code;
+  if (!f->is_store) {
     curl_easy_setopt(f->easy, CURLOPT_URL, f->url);
-    server_name(f->url, name, sizeof name);
+    server_name(f->url, name, name_size);
+    return 0;
   }
-  if (!code) {
-    /* A dead server is not asked again: the download fails as the others from it did. */
-    pthread_mutex_lock(&p->lock);
-    f->server = find_server(p, name);
-    if (f->server && f->server->dead) {
-      code = SF_EHOSTDOWN;
-      snprintf(text, sizeof text, "%s", f->server->text);
-    }
-    pthread_mutex_unlock(&p->lock);
+  sf_object_request request = {0};
+  sf_error error;
+  int rc = sf_object_request_prepare(f->url, "GET", NULL, NULL, &request, &error);
+  if (rc < 0) {
+    code = rc;
+    snprintf(text, ATTEMPT_TEXT, "%.400s", error.message);
+  } else {
+    curl_easy_setopt(f->easy, CURLOPT_URL, request.url);
+    server_name(request.url, name, name_size);
+    f->headers = request.headers;
+    request.headers = NULL;
+    free(f->credentials);
+    f->credentials = request.credentials;
+    request.credentials = NULL;
   }
-  /* Only a whole-object request asks whether the caller's copy is still current. */
+  sf_object_request_clear(&request);
+  return code;
+}
+
+/*
+ * The conditions of a request from byte from: a whole-object one asks whether the caller's copy is still
+ * current; a resumed one is pinned to the first response's version, with its Range in range. Returns 0 or an
+ * error (explained in text when it is not SF_ENOMEM).
+ */
+static int add_conditions(sf_fetch *f, int64_t from, char range[32], char *text) {
+  int code = 0;
   char condition[280] = "";
   if (from == 0 && f->cached.etag[0])
     snprintf(condition, sizeof condition, "If-None-Match: %s", f->cached.etag);
   else if (from == 0 && f->cached.last_modified[0])
     snprintf(condition, sizeof condition, "If-Modified-Since: %s", f->cached.last_modified);
-  if (!code && condition[0]) {
+  if (condition[0]) {
     struct curl_slist *h = curl_slist_append(f->headers, condition);
     if (h)
       f->headers = h;
@@ -581,7 +578,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
       snprintf(pin, sizeof pin, "If-Unmodified-Since: %s", f->pin_modified);
     } else {
       code = SF_ENET;
-      snprintf(text, sizeof text,
+      snprintf(text, ATTEMPT_TEXT,
                "the connection broke at byte %lld and the server sent neither an ETag nor a "
                "Last-Modified date, so a resumed download could mix two versions of the object — "
                "fix the server, or retry the run",
@@ -590,29 +587,57 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     struct curl_slist *h = code ? NULL : curl_slist_append(f->headers, pin);
     if (!code && !h) code = SF_ENOMEM;
     if (h) f->headers = h;
-    snprintf(range, sizeof range, "%lld-", (long long)from);
+    snprintf(range, 32, "%lld-", (long long)from);
   }
+  return code;
+}
+
+/* Clears what the last attempt saw and hands the transfer to the multi handle. Returns 0 or an error in text. */
+static int launch_attempt(sf_prefetch *p, sf_fetch *f, int64_t from, const char *range, char *text) {
+  curl_easy_setopt(f->easy, CURLOPT_RANGE, from > 0 ? range : NULL);
+  curl_easy_setopt(f->easy, CURLOPT_HTTPHEADER, f->headers);
+  f->attempt_from = from;
+  f->mode = BODY_UNCHECKED;
+  f->skip = 0;
+  f->verdict = 0;
+  sf_strbuf_truncate(&f->error_body.text, 0);
+  f->curl_text[0] = '\0';
+  f->socket_errno = 0;
+  f->etag[0] = f->last_modified[0] = '\0';
+  f->range_start = -1;
+  f->retry_after = -1;
+  f->last_progress = now();
+  if (curl_multi_add_handle(p->multi, f->easy) != CURLM_OK) {
+    snprintf(text, ATTEMPT_TEXT, "libcurl could not add the transfer");
+    return SF_ENOMEM;
+  }
+  f->in_multi = true;
+  return 0;
+}
+
+/*
+ * Starts one attempt of f: from byte 0, or from the byte reached with a Range
+ * pinned to the first response's version.  Returns false when f failed for
+ * good instead (reported in f).
+ */
+static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
+  pthread_mutex_lock(&p->lock);
+  int64_t from = f->received;
+  pthread_mutex_unlock(&p->lock);
+  char text[ATTEMPT_TEXT] = "", range[32], name[280] = "";
+  int code = aim_request(p, f, name, sizeof name, text);
   if (!code) {
-    curl_easy_setopt(f->easy, CURLOPT_RANGE, from > 0 ? range : NULL);
-    curl_easy_setopt(f->easy, CURLOPT_HTTPHEADER, f->headers);
-    f->attempt_from = from;
-    f->mode = BODY_UNCHECKED;
-    f->skip = 0;
-    f->verdict = 0;
-    sf_strbuf_truncate(&f->error_body.text, 0);
-    f->curl_text[0] = '\0';
-    f->socket_errno = 0;
-    f->etag[0] = f->last_modified[0] = '\0';
-    f->range_start = -1;
-    f->retry_after = -1;
-    f->last_progress = now();
-    if (curl_multi_add_handle(p->multi, f->easy) != CURLM_OK) {
-      code = SF_ENOMEM;
-      snprintf(text, sizeof text, "libcurl could not add the transfer");
-    } else {
-      f->in_multi = true;
+    /* A dead server is not asked again: the download fails as the others from it did. */
+    pthread_mutex_lock(&p->lock);
+    f->server = find_server(p, name);
+    if (f->server && f->server->dead) {
+      code = SF_EHOSTDOWN;
+      snprintf(text, sizeof text, "%s", f->server->text);
     }
+    pthread_mutex_unlock(&p->lock);
   }
+  if (!code) code = add_conditions(f, from, range, text);
+  if (!code) code = launch_attempt(p, f, from, range, text);
   pthread_mutex_lock(&p->lock);
   if (code) {
     give_up(p, f, code, "%s", text);
@@ -669,161 +694,227 @@ static void note_server(sf_prefetch *p, sf_fetch *f, int code, long status, hard
     if (g != f && g->server == s && !g->closed && g->state == F_BACKOFF) give_up(p, g, SF_EHOSTDOWN, "%s", s->text);
 }
 
+/* What a finished attempt says: its error code (0: done), whether a wait may fix it, and whether it is one
+ * no wait fixes that a dead or misconfigured server gives for every shard (hard, with detail). */
+typedef struct attempt_verdict {
+  int code;
+  bool retry;
+  hard_cause hard;
+  int detail;
+  char text[480];
+} attempt_verdict;
+
+/* An HTTP status the download cannot use (status >= 400, or not 2xx on a finished transfer). */
+static void judge_http_status(const sf_fetch *f, long status, const char *name, attempt_verdict *v) {
+  if (status == 404 || status == 410) {
+    v->code = SF_ENOENT;
+    snprintf(v->text, sizeof v->text, "HTTP %ld: the server has no such shard — check the URL and the shard list",
+             status);
+  } else if (status == 412) {
+    v->code = SF_EIO;
+    snprintf(v->text, sizeof v->text,
+             "HTTP 412: the object changed since the download began (If-Match %s failed on resuming at "
+             "byte %lld); the shard is not spliced from two versions — rerun once the upload is complete",
+             f->pin_etag[0] ? f->pin_etag : f->pin_modified, (long long)f->attempt_from);
+  } else if (status == 408 || status == 429 || status >= 500) {
+    v->code = SF_ENET;
+    v->retry = true;
+    snprintf(v->text, sizeof v->text, "HTTP %ld from the server — it is overloaded or failing; check its logs",
+             status);
+  } else if (status == 401) {
+    v->code = SF_ENET;
+    v->hard = HARD_401;
+    snprintf(v->text, sizeof v->text,
+             "HTTP 401 from %.100s: it wants credentials — give them in the URL (https://USER:PASSWORD@host/...) "
+             "or check them", name);
+  } else if (status == 403) {
+    v->code = SF_ENET;
+    v->hard = HARD_403;
+    snprintf(v->text, sizeof v->text, "HTTP 403 from %.100s: access denied — check access rights and the server's logs",
+             name);
+  } else {
+    v->code = SF_ENET;
+    snprintf(v->text, sizeof v->text, "HTTP %ld from the server — check access rights and the server's logs",
+             status);
+  }
+  if (f->is_store && status != 412) {
+    /* The store's error code and the credentials' source, worded as listings and uploads word them. */
+    sf_object_request used = {.credentials = f->credentials};
+    sf_error store_error;
+    int store_code = sf_object_http_error(f->shown, "download", status, f->error_body.text.data,
+                                          f->error_body.text.len, &used, &store_error);
+    if (!v->retry) v->code = store_code;
+    snprintf(v->text, sizeof v->text, "%.470s", store_error.message);
+  }
+}
+
+/* No connection to the server: retried, and a hard cause whose detail is the system's errno. */
+static void judge_no_connection(sf_fetch *f, const char *curl_text, const char *name, attempt_verdict *v) {
+  long os_errno = 0;
+  curl_easy_getinfo(f->easy, CURLINFO_OS_ERRNO, &os_errno);
+  v->code = SF_ENET;
+  v->retry = true;
+  v->hard = HARD_CONNECT;
+  v->detail = (int)os_errno;
+  bool example = strcmp(name, "127.0.0.1:8750") == 0 || strcmp(name, "localhost:8750") == 0;
+  snprintf(v->text, sizeof v->text, "download failed: %.200s (%s) — is the server running and listening on %.100s?%s",
+           curl_text, os_errno ? strerror((int)os_errno) : "no detail", name,
+           example ? " tools/nginx.sh serves the example shards on :8750" : "");
+}
+
+/* A transfer libcurl ended with an error (result); curl_text says which. */
+static void judge_curl_result(sf_fetch *f, CURLcode result, const char *curl_text, const char *name,
+                              attempt_verdict *v) {
+  switch (result) {
+  case CURLE_OPERATION_TIMEDOUT:
+    v->code = SF_ETIMEDOUT;
+    v->retry = true;
+    snprintf(v->text, sizeof v->text,
+             "timed out (%s) — the server is unreachable or stalled; raise connect_timeout / "
+             "stall_timeout / retries on tar_split if it is just slow",
+             curl_text);
+    break;
+  case CURLE_COULDNT_CONNECT: judge_no_connection(f, curl_text, name, v); break;
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_RESOLVE_PROXY:
+    v->code = SF_ENET;
+    v->hard = HARD_DNS;
+    snprintf(v->text, sizeof v->text,
+             "download failed: %s — check the host name in the shard list and that it resolves here", curl_text);
+    break;
+  case CURLE_PEER_FAILED_VERIFICATION:
+    v->code = SF_ENET;
+    v->hard = HARD_TLS;
+    snprintf(v->text, sizeof v->text,
+             "the TLS certificate of %.100s could not be verified (%.200s) — if a private CA signed it, set "
+             "tar_split's ca_file (or the SSL_CERT_FILE variable) to that CA's PEM certificate",
+             name, curl_text);
+    break;
+  case CURLE_SSL_CACERT_BADFILE:
+  case CURLE_SSL_CRL_BADFILE:
+    v->code = SF_ENET;
+    v->hard = HARD_TLS;
+    snprintf(v->text, sizeof v->text,
+             "cannot use the trusted CA certificates (%s) — check the file in tar_split's ca_file or the "
+             "SSL_CERT_FILE variable: PEM certificates, readable", curl_text);
+    break;
+  case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_SSL_CERTPROBLEM:
+  case CURLE_SSL_CIPHER:
+  case CURLE_SSL_ISSUER_ERROR:
+  case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+  case CURLE_SSL_INVALIDCERTSTATUS:
+    v->code = SF_ENET;
+    v->hard = HARD_TLS;
+    snprintf(v->text, sizeof v->text,
+             "TLS with %.100s failed (%.200s) — check that it serves https on that port and its TLS set-up", name,
+             curl_text);
+    break;
+  case CURLE_RECV_ERROR:
+  case CURLE_SEND_ERROR:
+  case CURLE_PARTIAL_FILE:
+  case CURLE_GOT_NOTHING:
+  case CURLE_HTTP2:
+  case CURLE_HTTP2_STREAM:
+    v->code = SF_ENET;
+    v->retry = true;
+    snprintf(v->text, sizeof v->text,
+             "download failed: %s — check that the server is running and reachable", curl_text);
+    break;
+  case CURLE_OUT_OF_MEMORY:
+    v->code = SF_ENOMEM;
+    snprintf(v->text, sizeof v->text, "out of memory while downloading (%s)", curl_text);
+    break;
+  case CURLE_UNSUPPORTED_PROTOCOL:
+    v->code = SF_EDENIED;
+    snprintf(v->text, sizeof v->text,
+             "refused to follow (%s): only http and https URLs are fetched, redirects included", curl_text);
+    break;
+  default:
+    v->code = SF_ENET;
+    snprintf(v->text, sizeof v->text,
+             "download failed: %s — check that the host name resolves and the server is running and "
+             "reachable",
+             curl_text);
+    break;
+  }
+}
+
+/* Judges f's finished attempt from its status, libcurl's result and what was seen on the way. */
+static void judge_attempt(sf_fetch *f, CURLcode result, long status, attempt_verdict *v) {
+  const char *curl_text = f->curl_text[0] ? f->curl_text : curl_easy_strerror(result);
+  const char *name = f->server ? f->server->name : "the server"; /* the record lives as long as p */
+  bool conditional = f->attempt_from == 0 && (f->cached.etag[0] || f->cached.last_modified[0]);
+  if (f->verdict) {
+    v->code = f->verdict;
+    snprintf(v->text, sizeof v->text, "%s", f->verdict_text);
+  } else if (status == 304 && conditional && result == CURLE_OK) {
+    f->not_modified = true; /* the caller's copy is current: done, with no body */
+  } else if (status >= 400 || (result == CURLE_OK && (status < 200 || status >= 300))) {
+    judge_http_status(f, status, name, v);
+  } else if (result != CURLE_OK && sf_errno_is_fd_limit(f->socket_errno)) {
+    v->code = SF_EMFILE; /* the server was never asked; others' descriptors may be closed by the retry */
+    v->retry = true;
+    char limit[200];
+    snprintf(v->text, sizeof v->text, "cannot open a connection: %s",
+             sf_fd_limit_text(f->socket_errno, limit, sizeof limit));
+  } else if (result != CURLE_OK) {
+    judge_curl_result(f, result, curl_text, name, v);
+  }
+}
+
+/* A failed attempt (lock held): a retry after a wait while the budget lasts, else a failure for good, or parked
+ * with the other shards of its server when it may prove the server dead. */
+static void retry_or_fail(sf_prefetch *p, sf_fetch *f, const attempt_verdict *v) {
+  int code = v->code;
+  bool retry = v->retry;
+  const char *text = v->text;
+  if (f->received > f->attempt_from) f->failures = 0; /* progress: the budget starts again */
+  bool too_long = retry && f->retry_after > p->o.retry_max_wait;
+  if (retry && !too_long && f->failures < p->o.retries) {
+    f->failures++;
+    double wait = backoff(p, f->failures);
+    if (f->retry_after > wait) wait = f->retry_after;
+    f->retry_at = now() + wait;
+    f->state = F_BACKOFF;
+    p->stats.retries++;
+    changed(p); /* the reader may take the bytes so far */
+    return;
+  }
+  char final[480];
+  if (too_long)
+    snprintf(final, sizeof final,
+             "%.300s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
+             "retry_max_wait on tar_split or retry later",
+             text, f->retry_after, p->o.retry_max_wait);
+  else if (code == SF_EMFILE && p->o.retries > 0)
+    snprintf(final, sizeof final, "%.400s; still so after %d retries", text, f->failures);
+  else if (retry && p->o.retries > 0)
+    snprintf(final, sizeof final,
+             "%.350s (gave up after %d retries without progress; raise `retries` on tar_split)", text,
+             f->failures);
+  else
+    snprintf(final, sizeof final, "%s", text);
+  /* A hard failure while the other shards from the server may still show it dead: report it with them. */
+  server *s = f->server;
+  if (v->hard != HARD_NONE && s && !s->served && !s->dead && f->counted == s->streak && p->o.dead_host_shards > 0 &&
+      server_pending(p, f))
+    park(f, code, final);
+  else
+    give_up(p, f, code, "%s", final);
+}
+
 /* Classifies a finished attempt: done, retry after a wait, or failed for good. */
 static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
   long status = 0;
   curl_easy_getinfo(f->easy, CURLINFO_RESPONSE_CODE, &status);
-  const char *curl_text = f->curl_text[0] ? f->curl_text : curl_easy_strerror(result);
-  const char *name = f->server ? f->server->name : "the server"; /* the record lives as long as p */
-  hard_cause hard = HARD_NONE;
-  int detail = 0;
-  int code = 0;
-  bool retry = false;
-  char text[480] = "";
-  bool conditional = f->attempt_from == 0 && (f->cached.etag[0] || f->cached.last_modified[0]);
-  if (f->verdict) {
-    code = f->verdict;
-    snprintf(text, sizeof text, "%s", f->verdict_text);
-  } else if (status == 304 && conditional && result == CURLE_OK) {
-    f->not_modified = true; /* the caller's copy is current: done, with no body */
-  } else if (status >= 400 || (result == CURLE_OK && (status < 200 || status >= 300))) {
-    if (status == 404 || status == 410) {
-      code = SF_ENOENT;
-      snprintf(text, sizeof text, "HTTP %ld: the server has no such shard — check the URL and the shard list",
-               status);
-    } else if (status == 412) {
-      code = SF_EIO;
-      snprintf(text, sizeof text,
-               "HTTP 412: the object changed since the download began (If-Match %s failed on resuming at "
-               "byte %lld); the shard is not spliced from two versions — rerun once the upload is complete",
-               f->pin_etag[0] ? f->pin_etag : f->pin_modified, (long long)f->attempt_from);
-    } else if (status == 408 || status == 429 || status >= 500) {
-      code = SF_ENET;
-      retry = true;
-      snprintf(text, sizeof text, "HTTP %ld from the server — it is overloaded or failing; check its logs",
-               status);
-    } else if (status == 401) {
-      code = SF_ENET;
-      hard = HARD_401;
-      snprintf(text, sizeof text,
-               "HTTP 401 from %.100s: it wants credentials — give them in the URL (https://USER:PASSWORD@host/...) "
-               "or check them", name);
-    } else if (status == 403) {
-      code = SF_ENET;
-      hard = HARD_403;
-      snprintf(text, sizeof text, "HTTP 403 from %.100s: access denied — check access rights and the server's logs",
-               name);
-    } else {
-      code = SF_ENET;
-      snprintf(text, sizeof text, "HTTP %ld from the server — check access rights and the server's logs",
-               status);
-    }
-    if (f->is_store && status != 412) {
-      /* The store's error code and the credentials' source, worded as listings and uploads word them. */
-      sf_object_request used = {.credentials = f->credentials};
-      sf_error store_error;
-      int store_code = sf_object_http_error(f->shown, "download", status, f->error_body.text.data,
-                                            f->error_body.text.len, &used, &store_error);
-      if (!retry) code = store_code;
-      snprintf(text, sizeof text, "%.470s", store_error.message);
-    }
-  } else if (result != CURLE_OK && sf_errno_is_fd_limit(f->socket_errno)) {
-    code = SF_EMFILE; /* the server was never asked; others' descriptors may be closed by the retry */
-    retry = true;
-    char limit[200];
-    snprintf(text, sizeof text, "cannot open a connection: %s", sf_fd_limit_text(f->socket_errno, limit, sizeof limit));
-  } else if (result != CURLE_OK) {
-    switch (result) {
-    case CURLE_OPERATION_TIMEDOUT:
-      code = SF_ETIMEDOUT;
-      retry = true;
-      snprintf(text, sizeof text,
-               "timed out (%s) — the server is unreachable or stalled; raise connect_timeout / "
-               "stall_timeout / retries on tar_split if it is just slow",
-               curl_text);
-      break;
-    case CURLE_COULDNT_CONNECT: {
-      long os_errno = 0;
-      curl_easy_getinfo(f->easy, CURLINFO_OS_ERRNO, &os_errno);
-      code = SF_ENET;
-      retry = true;
-      hard = HARD_CONNECT;
-      detail = (int)os_errno;
-      bool example = strcmp(name, "127.0.0.1:8750") == 0 || strcmp(name, "localhost:8750") == 0;
-      snprintf(text, sizeof text, "download failed: %.200s (%s) — is the server running and listening on %.100s?%s",
-               curl_text, os_errno ? strerror((int)os_errno) : "no detail", name,
-               example ? " tools/nginx.sh serves the example shards on :8750" : "");
-      break;
-    }
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY:
-      code = SF_ENET;
-      hard = HARD_DNS;
-      snprintf(text, sizeof text,
-               "download failed: %s — check the host name in the shard list and that it resolves here", curl_text);
-      break;
-    case CURLE_PEER_FAILED_VERIFICATION:
-      code = SF_ENET;
-      hard = HARD_TLS;
-      snprintf(text, sizeof text,
-               "the TLS certificate of %.100s could not be verified (%.200s) — if a private CA signed it, set "
-               "tar_split's ca_file (or the SSL_CERT_FILE variable) to that CA's PEM certificate",
-               name, curl_text);
-      break;
-    case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_SSL_CRL_BADFILE:
-      code = SF_ENET;
-      hard = HARD_TLS;
-      snprintf(text, sizeof text,
-               "cannot use the trusted CA certificates (%s) — check the file in tar_split's ca_file or the "
-               "SSL_CERT_FILE variable: PEM certificates, readable", curl_text);
-      break;
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_CIPHER:
-    case CURLE_SSL_ISSUER_ERROR:
-    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
-    case CURLE_SSL_INVALIDCERTSTATUS:
-      code = SF_ENET;
-      hard = HARD_TLS;
-      snprintf(text, sizeof text,
-               "TLS with %.100s failed (%.200s) — check that it serves https on that port and its TLS set-up", name,
-               curl_text);
-      break;
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_GOT_NOTHING:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-      code = SF_ENET;
-      retry = true;
-      snprintf(text, sizeof text,
-               "download failed: %s — check that the server is running and reachable", curl_text);
-      break;
-    case CURLE_OUT_OF_MEMORY:
-      code = SF_ENOMEM;
-      snprintf(text, sizeof text, "out of memory while downloading (%s)", curl_text);
-      break;
-    case CURLE_UNSUPPORTED_PROTOCOL:
-      code = SF_EDENIED;
-      snprintf(text, sizeof text,
-               "refused to follow (%s): only http and https URLs are fetched, redirects included", curl_text);
-      break;
-    default:
-      code = SF_ENET;
-      snprintf(text, sizeof text,
-               "download failed: %s — check that the host name resolves and the server is running and "
-               "reachable",
-               curl_text);
-      break;
-    }
-  }
+  attempt_verdict v = {.hard = HARD_NONE};
+  judge_attempt(f, result, status, &v);
   pthread_mutex_lock(&p->lock);
-  if (f->server && !f->closed) note_server(p, f, code, status, hard, detail, text);
+  if (f->server && !f->closed) note_server(p, f, v.code, status, v.hard, v.detail, v.text);
   if (f->closed) {
     f->state = F_DONE;
-  } else if (code == 0) {
+  } else if (v.code == 0) {
     f->state = F_DONE;
     f->code = 0;
     if (f->not_modified) p->stats.not_modified++;
@@ -835,39 +926,7 @@ static void on_done(sf_prefetch *p, sf_fetch *f, CURLcode result) {
   } else if (f->server && f->server->dead) {
     give_up(p, f, SF_EHOSTDOWN, "%s", f->server->text); /* no retry: the server is dead */
   } else {
-    if (f->received > f->attempt_from) f->failures = 0; /* progress: the budget starts again */
-    bool too_long = retry && f->retry_after > p->o.retry_max_wait;
-    if (retry && !too_long && f->failures < p->o.retries) {
-      f->failures++;
-      double wait = backoff(p, f->failures);
-      if (f->retry_after > wait) wait = f->retry_after;
-      f->retry_at = now() + wait;
-      f->state = F_BACKOFF;
-      p->stats.retries++;
-      changed(p); /* the reader may take the bytes so far */
-    } else {
-      char final[480];
-      if (too_long)
-        snprintf(final, sizeof final,
-                 "%.300s; it asked to retry after %.0f s, longer than retry_max_wait (%.0f s) — raise "
-                 "retry_max_wait on tar_split or retry later",
-                 text, f->retry_after, p->o.retry_max_wait);
-      else if (code == SF_EMFILE && p->o.retries > 0)
-        snprintf(final, sizeof final, "%.400s; still so after %d retries", text, f->failures);
-      else if (retry && p->o.retries > 0)
-        snprintf(final, sizeof final,
-                 "%.350s (gave up after %d retries without progress; raise `retries` on tar_split)", text,
-                 f->failures);
-      else
-        snprintf(final, sizeof final, "%s", text);
-      /* A hard failure while the other shards from the server may still show it dead: report it with them. */
-      server *s = f->server;
-      if (hard != HARD_NONE && s && !s->served && !s->dead && f->counted == s->streak && p->o.dead_host_shards > 0 &&
-          server_pending(p, f))
-        park(f, code, final);
-      else
-        give_up(p, f, code, "%s", final);
-    }
+    retry_or_fail(p, f, &v);
   }
   pthread_mutex_unlock(&p->lock);
 }
@@ -890,6 +949,100 @@ static void free_fetch(sf_fetch *f) {
   free(f);
 }
 
+/* What the fetcher does with a download this round, decided under the lock and done after it. */
+typedef enum fetch_todo { TODO_NOTHING, TODO_START, TODO_UNPAUSE, TODO_STALLED } fetch_todo;
+
+/* Unlinks the closed downloads (lock held) and returns them, linked by next; their curl handles are freed
+ * unlocked. */
+static sf_fetch *unlink_closed(sf_prefetch *p) {
+  sf_fetch *dead = NULL;
+  for (sf_fetch **pp = &p->list; *pp;) {
+    sf_fetch *f = *pp;
+    if (f->closed) {
+      *pp = f->next;
+      f->next = dead;
+      dead = f;
+    } else {
+      pp = &f->next;
+    }
+  }
+  return dead;
+}
+
+/*
+ * Decides what to do with each of the first n downloads from first (lock held): start queued ones while fewer
+ * than max_transfers run, retry those whose wait is over, resume paused ones that have room again, drop stalled
+ * ones. Lowers *wait to when the next of them is due.
+ */
+static void decide_todo(sf_prefetch *p, sf_fetch *first, int n, int active, fetch_todo *todo, double *wait) {
+  double t = now();
+  int i = 0;
+  for (sf_fetch *f = first; i < n; f = f->next, i++) {
+    if (f->parked) {
+      if (!server_pending(p, f)) unpark(p, f); /* no other shard from its server to judge it by */
+      if (*wait > 0.1) *wait = 0.1;
+    } else if (f->state == F_QUEUED && active < p->o.max_transfers) {
+      todo[i] = TODO_START;
+      active++;
+    } else if (f->state == F_BACKOFF) {
+      if (f->retry_at <= t)
+        todo[i] = TODO_START;
+      else if (f->retry_at - t < *wait)
+        *wait = f->retry_at - t;
+    } else if (f->state == F_RUNNING && f->paused && has_room(p, f, BLOCK)) {
+      f->paused = false;
+      f->last_progress = t; /* a pause is the reader's doing, not the server's */
+      todo[i] = TODO_UNPAUSE;
+    } else if (f->state == F_RUNNING && !f->paused) {
+      /* Our own stall clock: libcurl's low-speed check averages over ~5 s of history. */
+      if (t - f->last_progress > p->o.stall_timeout) todo[i] = TODO_STALLED;
+      if (*wait > 0.1) *wait = 0.1;
+    }
+  }
+}
+
+/* Does what decide_todo decided, unlocked: the first n entries stay (only this thread unlinks) and their links
+ * before the last are fixed; the last one's link may change as downloads are appended, so it is not read. */
+static void do_todo(sf_prefetch *p, sf_fetch *first, int n, const fetch_todo *todo) {
+  sf_fetch *f = first;
+  for (int i = 0; i < n; i++, f = i < n ? f->next : NULL) {
+    if (todo[i] == TODO_START) {
+      if (f->in_multi) {
+        curl_multi_remove_handle(p->multi, f->easy);
+        f->in_multi = false;
+      }
+      start_attempt(p, f);
+    } else if (todo[i] == TODO_UNPAUSE) {
+      curl_easy_pause(f->easy, CURLPAUSE_CONT); /* may deliver the held data at once */
+    } else if (todo[i] == TODO_STALLED && f->in_multi) {
+      curl_multi_remove_handle(p->multi, f->easy); /* closes its connection */
+      f->in_multi = false;
+      snprintf(f->curl_text, sizeof f->curl_text, "no byte from the server for %.1f s (stall_timeout)",
+               p->o.stall_timeout);
+      on_done(p, f, CURLE_OPERATION_TIMEDOUT);
+    }
+  }
+}
+
+/* Drives the transfers once and judges those that finished. */
+static void perform_transfers(sf_prefetch *p) {
+  int running = 0;
+  curl_multi_perform(p->multi, &running);
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(p->multi, &left))) {
+    if (msg->msg != CURLMSG_DONE) continue;
+    sf_fetch *f = NULL;
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
+    CURLcode result = msg->data.result;
+    curl_multi_remove_handle(p->multi, msg->easy_handle);
+    if (f) {
+      f->in_multi = false;
+      on_done(p, f, result);
+    }
+  }
+}
+
 /*
  * The fetcher: starts downloads in order (at most max_transfers at once),
  * retries when their wait is over, resumes paused ones that have room again,
@@ -903,50 +1056,16 @@ static void *fetcher(void *arg) {
       pthread_mutex_unlock(&p->lock);
       break;
     }
-    /* Closed downloads leave the list here; their curl handles are freed below, unlocked. */
-    sf_fetch *dead = NULL;
-    for (sf_fetch **pp = &p->list; *pp;) {
-      sf_fetch *f = *pp;
-      if (f->closed) {
-        *pp = f->next;
-        f->next = dead;
-        dead = f;
-      } else {
-        pp = &f->next;
-      }
-    }
-    /* What to do with each download: decided under the lock, done after it. */
+    sf_fetch *dead = unlink_closed(p);
     sf_fetch *first = p->list;
     int n = 0, active = 0;
     for (sf_fetch *f = p->list; f; f = f->next) {
       n++;
       if ((f->state == F_RUNNING || f->state == F_BACKOFF) && !f->parked) active++;
     }
-    double t = now(), wait = 1.0;
-    enum { NOTHING, START, UNPAUSE, STALLED } *todo = calloc((size_t)(n ? n : 1), sizeof *todo);
-    int i = 0;
-    for (sf_fetch *f = first; todo && i < n; f = f->next, i++) {
-      if (f->parked) {
-        if (!server_pending(p, f)) unpark(p, f); /* no other shard from its server to judge it by */
-        if (wait > 0.1) wait = 0.1;
-      } else if (f->state == F_QUEUED && active < p->o.max_transfers) {
-        todo[i] = START;
-        active++;
-      } else if (f->state == F_BACKOFF) {
-        if (f->retry_at <= t)
-          todo[i] = START;
-        else if (f->retry_at - t < wait)
-          wait = f->retry_at - t;
-      } else if (f->state == F_RUNNING && f->paused && has_room(p, f, BLOCK)) {
-        f->paused = false;
-        f->last_progress = t; /* a pause is the reader's doing, not the server's */
-        todo[i] = UNPAUSE;
-      } else if (f->state == F_RUNNING && !f->paused) {
-        /* Our own stall clock: libcurl's low-speed check averages over ~5 s of history. */
-        if (t - f->last_progress > p->o.stall_timeout) todo[i] = STALLED;
-        if (wait > 0.1) wait = 0.1;
-      }
-    }
+    double wait = 1.0;
+    fetch_todo *todo = calloc((size_t)(n ? n : 1), sizeof *todo);
+    if (todo) decide_todo(p, first, n, active, todo, &wait);
     pthread_mutex_unlock(&p->lock);
     while (dead) {
       sf_fetch *f = dead;
@@ -958,42 +1077,9 @@ static void *fetcher(void *arg) {
       curl_multi_poll(p->multi, NULL, 0, 100, NULL);
       continue;
     }
-    /* Unlocked: the first n entries stay (only this thread unlinks) and their links before the last
-     * are fixed; the last one's link may change as downloads are appended, so it is not read. */
-    sf_fetch *f = first;
-    for (i = 0; i < n; i++, f = i < n ? f->next : NULL) {
-      if (todo[i] == START) {
-        if (f->in_multi) {
-          curl_multi_remove_handle(p->multi, f->easy);
-          f->in_multi = false;
-        }
-        start_attempt(p, f);
-      } else if (todo[i] == UNPAUSE) {
-        curl_easy_pause(f->easy, CURLPAUSE_CONT); /* may deliver the held data at once */
-      } else if (todo[i] == STALLED && f->in_multi) {
-        curl_multi_remove_handle(p->multi, f->easy); /* closes its connection */
-        f->in_multi = false;
-        snprintf(f->curl_text, sizeof f->curl_text, "no byte from the server for %.1f s (stall_timeout)",
-                 p->o.stall_timeout);
-        on_done(p, f, CURLE_OPERATION_TIMEDOUT);
-      }
-    }
+    do_todo(p, first, n, todo);
     free(todo);
-    int running = 0;
-    curl_multi_perform(p->multi, &running);
-    CURLMsg *msg;
-    int left;
-    while ((msg = curl_multi_info_read(p->multi, &left))) {
-      if (msg->msg != CURLMSG_DONE) continue;
-      f = NULL;
-      curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&f);
-      CURLcode result = msg->data.result;
-      curl_multi_remove_handle(p->multi, msg->easy_handle);
-      if (f) {
-        f->in_multi = false;
-        on_done(p, f, result);
-      }
-    }
+    perform_transfers(p);
     pthread_mutex_lock(&p->lock);
     bool wake = p->wake_pending && p->o.wake;
     p->wake_pending = false;

@@ -22,7 +22,11 @@ extern "C" {
  * knows how to compute a field embeds this struct first in its own and fills
  * both callbacks; the recipe keeps references to everything write() reads
  * (source tensors, tables), never pointers into a node's private data, since
- * the field may outlive the node that made it.
+ * the field may outlive the node that made it.  Plugins make recipes this
+ * way; the engine's own kinds (an undecoded JPEG, augment's pending
+ * transform) are engine-internal structs behind the same two callbacks, so a
+ * stage must never look inside a recipe it did not make: materialise it.
+ * The engine charges write()'s time to the node that deferred the field.
  */
 typedef struct sf_field_recipe sf_field_recipe;
 struct sf_field_recipe {

@@ -150,7 +150,10 @@ enum {
   /**
    * The stage takes deferred fields and turns every one it receives into data itself (a corrupt one
    * becomes its error record, not black pixels), so a producer just before it in the same process may
-   * defer (see SF_STAGE_MAKES_DEFERRED). augment is one: it decodes only what its crop keeps.
+   * defer (see SF_STAGE_MAKES_DEFERRED). augment is one: it decodes only what its crop keeps. A plugin
+   * stage can only materialise what it receives (sf_field_materialize): the engine's kinds are opaque
+   * to it, so a corrupt JPEG it materialises becomes black pixels and a log line; set this flag only
+   * where that is acceptable.
    */
   SF_STAGE_TAKES_DEFERRED = 1u << 2,
 };

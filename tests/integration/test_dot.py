@@ -113,6 +113,8 @@ def check_nodes(gv, record, replicas):
     for o in drawn:
         name = o["name"]
         want = f"{name}\\n({types.get(name, name)})\\n{busy_label(record, name, replicas[name])}"
+        if name.endswith("_normalize"):  # the augment the plan added on the head (a group sends uint8 crops)
+            want += "\\nplanned: normalises the group's crops"
         marked = name == named
         check(o["label"] == want + ("\\nbottleneck" if marked else ""), f"{name}'s label {o['label']!r}, want {want!r}"
               + (" + bottleneck" if marked else ""))
@@ -153,17 +155,19 @@ check(sorted(by_id[i]["name"] for i in clusters[0].get("nodes", [])) == ["augmen
 named = bottleneck_name(last)
 check(clusters[0]["label"] == f"group decoders\\nprocesses: 2\\nlive workers: {live}"
       + ("\\nbottleneck" if named == "decoders" else ""), f"label: {clusters[0]['label']}")
-chain = ["shard_source", "tar_split", "decode", "augment", "batch", "device_sink"]
+# The group's augment makes float32: the plan sends uint8 crops and normalises them on the head (augment_normalize).
+chain = ["shard_source", "tar_split", "decode", "augment", "augment_normalize", "batch", "device_sink"]
 edges = {(by_id[e["tail"]]["name"], by_id[e["head"]]["name"]): e.get("label") for e in gv["edges"]}
 check(set(edges) == set(zip(chain, chain[1:])), f"the graph file's edges: {sorted(edges)}")
 for (tail, _), label in edges.items():  # decode -> augment, in one group's workers, may carry deferred fields (the plan)
-    want = ("deferred fields\\n" if tail == "decode" else "") + rates(tail)
+    want = {"decode": "deferred fields\\n", "augment": "uint8 HWC crops (planned)\\n"}.get(tail, "") + rates(tail)
     check(label == want, f"edge from {tail}: label {label!r}, the record says {rates(tail)!r}")
 cpus = len(os.sched_getaffinity(0))  # the group's workers plan one replica per CPU for decode and augment
-check_nodes(gv, last, {"shard_source": 1, "tar_split": 1, "decode": cpus, "augment": cpus, "batch": 1, "device_sink": 1})
+check_nodes(gv, last, {"shard_source": 1, "tar_split": 1, "decode": cpus, "augment": cpus, "augment_normalize": cpus,
+                       "batch": 1, "device_sink": 1})
 plain = run(["dot", graph]).stdout
-check("items/s" not in plain and plain.split("cluster_decoders")[1].split("}")[1].count("label=") == 1,
-      "no rates without --stats (the one label: the plan's deferred edge)")
+check("items/s" not in plain and plain.split("cluster_decoders")[1].split("}")[1].count("label=") == 2,
+      "no rates without --stats (the two labels: the plan's deferred edge and uint8 crops)")
 
 # 3. A decode-bound chain: 1280x960 noisy JPEGs take libjpeg-turbo ~15 ms each with one decode replica, while
 # augment (two replicas) only crops 16 pixels out of each (decode's defer_jpeg false: else augment would decode
@@ -203,7 +207,8 @@ run(["run", grouped, "--log-steps", "0", "--stats-json", grouped_stats], timeout
 grouped_last = [json.loads(line) for line in open(grouped_stats)][-1]
 check(bottleneck_name(grouped_last) == "decoders", f"the group is the bottleneck: {grouped_last['bottleneck']}")
 check_nodes(gv_json(run(["dot", grouped, "--stats", grouped_stats]).stdout), grouped_last,
-            {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": cpus, "batch": 1, "device_sink": 1})
+            {"shard_source": 1, "tar_split": 1, "decode": 1, "augment": cpus, "augment_normalize": cpus, "batch": 1,
+             "device_sink": 1})
 
 # 4. Rendering: an SVG Graphviz drew, with the cluster; without Graphviz a clear message.
 svg = os.path.join(tmp, "g.svg")

@@ -138,6 +138,107 @@ try:
     check(same(left_out, reference), "a JPEG augment's fields leave out: augment decodes it as decode would")
     check(all(b[3]["jpg"].dtype == np.uint8 and b[3]["jpg"].ndim == 4 for b in left_out),
           "the left-out JPEG reaches the batch decoded (uint8 [B,H,W,3])")
+
+    # 5. What a group sends (group option wire_form): a group whose results cross a socket (listen:) and whose last
+    #    stage is an augment with float output sends uint8 HWC crops and a planned augment on the head normalises
+    #    them: batches equal to one process's and to wire_form: as_written, for float32 CHW with mean/std and for
+    #    bfloat16 HWC with padding; kept as written when the augment already makes uint8, when it is not the group's
+    #    last stage, and when as_written pins it. The group starts its one worker itself and listens too.
+    from sfutil import free_port, stage_table  # noqa: E402
+
+    def wire_graph(name, augment, group=None, after=None, grouped=True):
+        g = {"group": "decoders"} if grouped else {}
+        stages = [("shard_source", dict(urls=clean, shuffle=False)), ("tar_split", {}), ("decode", dict(g)),
+                  ("augment", dict(augment, **g))]
+        if after:
+            stages.append((after[0], dict(after[1], **g)))
+        stages += [("batch", dict(batch_size=2, partial=True)), ("device_sink", dict(npy_dir=os.path.join(tmp, name)))]
+        opts = dict({"processes": 1, "listen": f"tcp://127.0.0.1:{free_port()}", "plaintext": True}, **(group or {}))
+        return write_graph(os.path.join(tmp, name + ".yaml"), stages, groups={"decoders": opts} if grouped else None,
+                           seed=4, epochs=1)
+
+    normalised = dict(crop="random_resized", size=24, scale=[0.3, 1], flip=0.5, mean=[0.4, 0.5, 0.6],
+                      std=[0.2, 0.25, 0.3], layout="chw", dtype="float32")
+    padded = dict(crop="random", size=100, padding=8, flip=0.5, layout="hwc", dtype="bfloat16")
+    for label, aug, factor in (("float32 CHW, mean/std", normalised, "4x fewer bytes than float32"),
+                               ("bfloat16 HWC, padding", padded, "2x fewer bytes than bfloat16")):
+        tag = aug["dtype"]
+        path = wire_graph(f"wire_{tag}", aug)
+        text = explain(path)
+        check(f"decoders -> head: uint8 HWC crops over the wire ({factor})" in text and
+              "augment_normalize" in node_line(text, "augment_normalize"), f"{label}: planned uint8 crops:\n{text}")
+        # What crossed from the worker: the head counts result bytes (the two image fields of 7 samples; cls, 8
+        # bytes, goes by the socket), uint8 crops planned, the float output as written.
+        crop = 7 * 2 * 3 * (24 * 24 if tag == "float32" else 100 * 100)
+
+        def sent(stderr):
+            line = next((ln for ln in stderr.splitlines() if "bytes through shared memory" in ln), "")
+            return int(line.split("results: ")[1].split()[0]) if line else -1
+
+        p = run(["run", path, "--log-steps", "0"], check=False)
+        table = stage_table(p.stderr)
+        check(p.returncode == 0 and table.get("augment_normalize", {}).get("items") == 7,
+              f"{label}: the stage table has the head's augment_normalize (7 samples): {sorted(table)}\n{p.stderr[-600:]}")
+        check(sent(p.stderr) == crop, f"{label}: {crop} bytes of uint8 crops sent, not {sent(p.stderr)}")
+        planned = read_batches(os.path.join(tmp, f"wire_{tag}"))
+        pinned_path = wire_graph(f"pinned_{tag}", aug, group={"wire_form": "as_written"})
+        check("wire_form: as_written" in explain(pinned_path) and
+              "augment_normalize" not in explain(pinned_path), f"{label}: as_written keeps the float output")
+        p = run(["run", pinned_path, "--no-summary", "--log-steps", "0"])
+        check(sent(p.stderr) == crop * (4 if tag == "float32" else 2), f"{label}: as written, {tag} sent")
+        run(["run", wire_graph(f"alone_{tag}", aug, grouped=False), "--quiet", "--no-summary"])
+        alone = read_batches(os.path.join(tmp, f"alone_{tag}"))
+        check(same(planned, alone) and same(read_batches(os.path.join(tmp, f"pinned_{tag}")), alone),
+              f"{label}: batches of the planned wire form = as_written = one process")
+        want = (np.float32, (3, 24, 24)) if tag == "float32" else (np.uint16, (100, 100, 3))  # bfloat16's bits
+        check(all(b[3]["jpg"].dtype == want[0] and b[3]["jpg"].shape[1:] == want[1] for b in planned),
+              f"{label}: the trainer gets {tag} {want[1]}, not the uint8 crops")
+    uint8 = wire_graph("wire_uint8", dict(crop="center", size=24, layout="hwc", dtype="uint8"))
+    text = explain(uint8)
+    check("uint8, as the group's augment writes it" in text and "_normalize" not in text,
+          f"augment already uint8: nothing added:\n{text}")
+    not_last = wire_graph("wire_not_last", normalised, after=("rename", dict(names="image=jpg,label=cls")))
+    text = explain(not_last)
+    check("as the group's last stage makes them" in text and "_normalize" not in text,
+          f"augment not the group's last stage: nothing added:\n{text}")
+
+    # 6. The pool spends the budget where the work is: as written (replicas planned for decode and augment), a
+    #    decode-bound graph (large PNGs, a small crop) keeps decode the busiest, an augment-bound one (tiny PNGs
+    #    resized up, float32) augment; the stages' busy seconds together never exceed the pool's threads x the
+    #    run's time, also with one CPU by taskset.
+    import json
+
+    def png(side):
+        b = io.BytesIO()
+        Image.fromarray((rng.random((side, side, 3)) * 255).astype(np.uint8)).save(b, "PNG", compress_level=1)
+        return b.getvalue()
+
+    big_png, tiny_png = png(900), png(16)
+    for bound, blob, aug in [("decode", big_png, dict(crop="center", size=16, dtype="uint8", layout="hwc")),
+                             ("augment", tiny_png, dict(crop="center", size=448, resize=448, dtype="float32",
+                                                        layout="chw", mean=[0.5] * 3, std=[0.25] * 3))]:
+        shard = write_shard(os.path.join(tmp, f"{bound}-bound.tar"), [(f"{i:04d}", {"png": blob, "cls": b"1"})
+                                                                       for i in range(24 if bound == "decode" else 200)])
+        path = write_graph(os.path.join(tmp, f"{bound}-bound.yaml"), [
+            ("shard_source", dict(urls=shard, shuffle=False)), ("tar_split", {}), ("decode", {}),
+            ("augment", aug), ("batch", dict(batch_size=4, partial=True)), ("device_sink", {})], epochs=1)
+        for cpus_arg in (None, "0"):
+            stats = os.path.join(tmp, f"{bound}-{cpus_arg}.jsonl")
+            cmd = ([] if cpus_arg is None else ["taskset", "-c", cpus_arg]) + [
+                os.environ["SHARDFLOW"], "run", path, "--quiet", "--no-summary", "--stats-json", stats]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            check(p.returncode == 0, f"{bound}-bound run: {p.stderr[-500:]}")
+            last = [json.loads(line) for line in open(stats)][-1]
+            nodes = {n["name"]: n for n in last["nodes"]}
+            threads = 1 if cpus_arg else cpus
+            other = "augment" if bound == "decode" else "decode"
+            check(nodes[bound]["busy_seconds"] > 2 * nodes[other]["busy_seconds"] and nodes["decode"]["replicas"]
+                  == threads, f"{bound}-bound ({threads} CPU(s)): {bound} busiest, replicas planned: "
+                  f"{[(n, nodes[n]['busy_seconds'], nodes[n]['replicas']) for n in ('decode', 'augment')]}")
+            busy = sum(n["busy_seconds"] for n in last["nodes"])
+            check(busy <= threads * last["elapsed_seconds"] * 1.05 + 0.05,
+                  f"{bound}-bound ({threads} CPU(s)): stages busy {busy:.2f} s within {threads} thread(s) x "
+                  f"{last['elapsed_seconds']:.2f} s")
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 check.done("explain")

@@ -296,7 +296,7 @@ gp = os.path.join(tmp, "worker-err.yaml")
 with open(gp, "w") as f:
     f.write(f"groups:\n  decoders:\n    processes: 1\nstages:\n  - type: shard_source\n    urls: {urls}\n"
             "  - type: tar_split\n  - type: decode\n    group: decoders\n  - type: augment\n    group: decoders\n"
-            "    mean: [0.5, 0.5]\n  - type: batch\n  - type: device_sink\n")
+            "    crop: random_resized\n    size: 8\n    padding: 2\n  - type: batch\n  - type: device_sink\n")
 p = run(["run", gp, "--log-steps", "0"], check=False, timeout=60)
 check(p.returncode != 0 and f"{gp}:10: worker decoders-local-0: node 'augment'" in p.stderr,
       f"a worker's graph error names the head's file and line 10: {p.stderr}")

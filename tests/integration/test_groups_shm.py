@@ -25,7 +25,9 @@ check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-groups-shm-")
 SIZE = 64
 urls, truth = make_dataset(tmp, shards=6, per_shard=100, size=SIZE)
-TENSOR = SIZE * SIZE * 3 * 4  # one float32 CHW image: 48 KiB
+# The group's augment makes float32 CHW; the plan sends it as uint8 HWC crops, normalised on the head
+# (docs/groups.md): what crosses the ring is one uint8 image of 12 KiB a sample.
+TENSOR = SIZE * SIZE * 3
 EXPECTED = len(truth) * TENSOR
 
 
@@ -62,14 +64,14 @@ shm, sock = ring_counts(p.stderr, "default ring")
 check(shm >= 0.8 * EXPECTED and shm + sock >= EXPECTED,
       f"default ring: {shm} of {EXPECTED} bytes through shared memory ({sock} through the socket), want most")
 
-# Rings of 2 MiB (42 tensors) for 14 MiB per process: their space is released and written again, several times.
-path, out = graph("reuse", {"processes": 2, "unit_samples": 8, "window": 4, "shm_ring": "2MiB"})
+# Rings of 512 KiB (42 tensors) for 3.5 MiB per process: their space is released and written again, several times.
+path, out = graph("reuse", {"processes": 2, "unit_samples": 8, "window": 4, "shm_ring": "512KiB"})
 p = run(["run", path, "--no-summary"])
 same_batches(read_batches(out), reference, "rings reused")
 shm, sock = ring_counts(p.stderr, "rings reused")
 # How much fits depends on how soon the head's releases reach the worker (scheduling): the test asks for
 # reuse, more than twice what the two rings hold at once, not for a share.
-RINGS = 2 * (2 << 20)
+RINGS = 2 * (512 << 10)
 print(f"rings reused: {shm} bytes through shared memory, {sock} through the socket")
 check(shm > 2 * RINGS and shm + sock >= EXPECTED,
       f"rings reused: {shm} bytes through shared memory ({sock} through the socket), want over {2 * RINGS}: "
@@ -83,7 +85,7 @@ shm, sock = ring_counts(p.stderr, "tiny ring")
 check(shm == 0 and sock >= EXPECTED, f"tiny ring: {shm} bytes through shared memory, {sock} through the socket")
 
 # A ring of 5 tensors and a slow trainer: the ring fills up, the rest goes through the socket.
-path, out = graph("full", {"processes": 2, "unit_samples": 8, "shm_ring": "240KiB"})
+path, out = graph("full", {"processes": 2, "unit_samples": 8, "shm_ring": "60KiB"})
 p = run(["run", path, "--no-summary", "--step-time", "0.005"])
 same_batches(read_batches(out), reference, "a ring that fills up")
 shm, sock = ring_counts(p.stderr, "full ring")

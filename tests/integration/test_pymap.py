@@ -271,6 +271,29 @@ p.close()
             check(len(lines) == 2 and BAD in lines[1] and "GeneratorExit" in lines[1],
                   f"{policy}: the error names the key and the exception: {lines}")
 
+# 8. Token documents made by a map (int64 arrays of any length) packed by pack: the segments of the packed
+# sequences are exactly the documents NumPy makes from the tarfile data, each once, at positions 0.. .
+def doc_of(img, label):
+    return img.reshape(-1)[:5 + 9 * label].astype(np.int64) + 1
+
+
+packed_graph = write_graph(os.path.join(tmp, "packed.yaml"), [
+    ("shard_source", dict(urls=urls)), ("tar_split", {}), ("decode", {}), ("python", {}),
+    ("pack", dict(field="tokens", length=100, buffer=16, dtype="int64")),
+    ("batch", dict(batch_size=4, partial=True)), ("device_sink", {})], seed=3, epochs=1)
+with shardflow.Pipeline(packed_graph, map={"python": lambda s: {"tokens": doc_of(s["ppm"], int(s["cls"]))}},
+                        output="dict", epochs=1) as p:
+    segments = []
+    for b in p:
+        tokens, seg, pos = (np.asarray(b[k]) for k in ("tokens", "tokens.segment_ids", "tokens.positions"))
+        check(tokens.shape[1:] == (100,) and tokens.dtype == np.int64, f"packed rows: {tokens.shape} {tokens.dtype}")
+        for j in range(len(tokens)):
+            for k in range(1, int(seg[j].max()) + 1):
+                check(list(pos[j][seg[j] == k]) == list(range(int((seg[j] == k).sum()))), "positions 0.. per document")
+                segments.append(tuple(tokens[j][seg[j] == k]))
+want = [tuple(doc_of(ppm_array(f["ppm"]), int(f["cls"]))) for f in raw.values()]
+check(sorted(segments) == sorted(want), f"packed segments are the map's documents: {len(segments)} of {len(want)}")
+
 shutil.rmtree(tmp)
 print("thread proof:", progress)
 check.done("pymap")

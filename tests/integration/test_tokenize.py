@@ -155,6 +155,36 @@ def main():
                 if list(ids[row]) != list(want):
                     failures.append(f"graph: {key}: {list(ids[row])[:12]} != sentencepiece {list(want)[:12]}")
 
+        # graphs/pretrain_packed.yaml: tokenize -> pack -> shuffle -> batch, sequences of 32 tokens. The segments of
+        # all sequences are exactly sentencepiece's ids of the texts (bos/eos added; the empty text too: 2 ids),
+        # each cut into pieces of 32 (overflow: split); segment ids, positions and cu_seqlens agree with them.
+        out = os.path.join(tmp, "packed-out")
+        p = subprocess.run([os.environ.get("SHARDFLOW", "build-test/shardflow"), "run",
+                            os.path.join(os.environ.get("SF_SOURCE_ROOT", "."), "graphs", "pretrain_packed.yaml"),
+                            "--quiet", "--no-summary", "--set", f"shard_source.urls={clean}",
+                            "--set", f"tokenize.model={models['bpe']}", "--set", "pack.length=32",
+                            "--set", f"device_sink.npy_dir={out}"], capture_output=True, text=True, env=env, timeout=120)
+        if p.returncode != 0:
+            failures.append(f"graphs/pretrain_packed.yaml: exit {p.returncode}: {p.stderr[-2000:]}")
+        else:
+            want, got = [], []
+            for text in TEXTS.values():
+                ids = [sp.bos_id()] + sp.encode(text.decode()) + [sp.eos_id()]
+                want += [tuple(ids[i:i + 32]) for i in range(0, len(ids), 32)]
+            for _, _, keys, f in read_batches(out):
+                for j in range(len(keys)):
+                    tokens, seg, pos = f["tokens"][j], f["tokens.segment_ids"][j], f["tokens.positions"][j]
+                    cu = f["tokens.cu_seqlens"][f["tokens.cu_seqlens.offsets"][j]:f["tokens.cu_seqlens.offsets"][j + 1]]
+                    if tokens.shape != (32,) or list(cu) != [0] + [int((seg <= k).sum() - (seg == 0).sum())
+                                                                   for k in range(1, seg.max() + 1)]:
+                        failures.append(f"packed: sample {keys[j]}: shape {tokens.shape}, cu_seqlens {cu}, seg {seg}")
+                    for k in range(1, seg.max() + 1):
+                        if list(pos[seg == k]) != list(range((seg == k).sum())):
+                            failures.append(f"packed: sample {keys[j]} segment {k}: positions {pos[seg == k]}")
+                        got.append(tuple(int(t) for t in tokens[seg == k]))
+            if sorted(got) != sorted(want) or len(want) <= len(TEXTS):
+                failures.append(f"packed: segments {sorted(got)} != sentencepiece's pieces {sorted(want)}")
+
         # A model that cannot be loaded fails init with a message naming the path.
         missing = os.path.join(tmp, "nope.model")
         p, got, summary = run_stage(shard, f"model={missing}", check=False)
