@@ -97,7 +97,8 @@ static const sf_option options[] = {
     {"ragged", SF_OPT_NAME_LIST, offsetof(batch, ragged), "", 0, 0,
      "comma-separated fields of any length collated as NAME (every sample's values concatenated, 1-D) plus "
      "NAME.offsets (int64 [B+1]; sample i is values[offsets[i]:offsets[i+1]]): encoded members (bytes: txt, "
-     "json...) or 1-D decoded fields (e.g. ragged: txt,json,ids)",
+     "json...) or 1-D decoded fields (e.g. ragged: txt,json,ids). Text fields (last extension txt, text, "
+     "transcript, json or jsn, still bytes) are ragged without being listed, unless pad names them",
      NULL},
     {"pad", SF_OPT_NAME_LIST, offsetof(batch, pad), "", 0, 0,
      "comma-separated NAME=VALUE: 1-D decoded fields padded with VALUE to the batch's longest, as NAME [B,L] "
@@ -160,20 +161,38 @@ static bool same_layout(const sf_tensor *a, const sf_tensor *b) {
   return true;
 }
 
-/* The layout a batch of sample s would have: its decoded fields, and the pad/ragged ones. */
+/*
+ * Whether field f is text that batches as a list when the options do not name it, as WebDataset's default
+ * collation makes lists of its decoder's strings and objects: NAME's last extension (after its last '.') one
+ * of WebDataset's text and JSON extensions, and the field still the member's bytes (encoded, or checked
+ * by decode: 1-D uint8). A text field some stage turned into something else (token ids) is not.
+ */
+static bool text_field(const sf_field *f) {
+  static const char *const text_exts[] = {"txt", "text", "transcript", "json", "jsn"};
+  const char *dot = strrchr(f->name, '.'), *ext = dot ? dot + 1 : f->name;
+  if (!f->tensor.buffer && !f->recipe) return false;
+  if (!f->encoded && (f->tensor.dtype != SF_DTYPE_UINT8 || f->tensor.ndim != 1)) return false;
+  for (size_t i = 0; i < sizeof text_exts / sizeof text_exts[0]; i++)
+    if (strcmp(ext, text_exts[i]) == 0) return true;
+  return false;
+}
+
+/* The layout a batch of sample s would have: its decoded fields, the pad/ragged ones and text fields (ragged). */
 static int layout_of(const batch *b, const sf_sample *s, layout *lay, char *why, size_t why_size) {
   lay->n = 0;
   int slots = 0; /* fields plus the NAME.offsets / NAME.length made at flush */
   for (int i = 0; i < s->n_fields; i++) {
     const sf_field *f = &s->fields[i];
     const char *value = NULL;
-    int mode = listed(&b->ragged, f->name, NULL) ? RAGGED : listed(&b->pad, f->name, &value) ? PAD : FIXED;
+    bool in_ragged = listed(&b->ragged, f->name, NULL), in_pad = !in_ragged && listed(&b->pad, f->name, &value);
+    bool named = in_ragged || in_pad;
+    int mode = in_ragged ? RAGGED : in_pad ? PAD : text_field(f) ? RAGGED : FIXED;
     if (mode == FIXED && (f->encoded || (!f->tensor.buffer && !f->recipe))) continue;
     slots += mode == FIXED ? 1 : 2;
     if (mode != FIXED && (strlen(f->name) + sizeof ".offsets" > SF_FIELD_NAME_MAX || slots > SF_MAX_FIELDS)) {
-      snprintf(why, why_size, "field '%s' of batch option %s: a batch holds at most %d fields with names of up "
-               "to %d characters, NAME.%s included", f->name, mode == PAD ? "pad" : "ragged", SF_MAX_FIELDS,
-               SF_FIELD_NAME_MAX - 1, mode == PAD ? "length" : "offsets");
+      snprintf(why, why_size, "field '%s' %s: a batch holds at most %d fields with names of up to %d characters, "
+               "NAME.%s included", f->name, !named ? "(text, a list by default)" : mode == PAD ? "of batch option pad"
+               : "of batch option ragged", SF_MAX_FIELDS, SF_FIELD_NAME_MAX - 1, mode == PAD ? "length" : "offsets");
       return SF_ESHAPE;
     }
     if (mode == FIXED && (f->tensor.ndim >= SF_TENSOR_MAX_DIMS || slots > SF_MAX_FIELDS)) {

@@ -718,8 +718,9 @@ class Pipeline:
 
 
 def _unpack_ragged(fields):
-    """Ragged batch fields (NAME + NAME.offsets, batch's `ragged` option) become one list entry per sample:
-    `txt` (and NAME.txt) -> list[str] (UTF-8), `json` (and NAME.json) -> list of json.loads() objects, other
+    """Ragged batch fields (NAME + NAME.offsets: batch's `ragged` option, and text fields by default) become one
+    list entry per sample: `txt` (and NAME.txt, text, transcript) -> list[str] (UTF-8), `json` (and NAME.json,
+    jsn) -> list of json.loads() objects, other
     uint8 fields -> list[bytes], other dtypes -> list of 1-D arrays or tensors (views of the values, no copy).
     Padded fields (NAME [B,L] + NAME.length int32 [B], the `pad` option) stay as they are."""
     import json
@@ -731,9 +732,9 @@ def _unpack_ragged(fields):
         if str(values.dtype) in ("uint8", "torch.uint8"):
             parts = [bytes(p.numpy() if hasattr(p, "numpy") else p) for p in parts]
             kind = name.rsplit(".", 1)[-1]
-            if kind in ("txt", "__key__"):  # __key__: rename's key field
+            if kind in ("txt", "text", "transcript", "__key__"):  # __key__: rename's key field
                 parts = [p.decode("utf-8") for p in parts]
-            elif kind == "json":
+            elif kind in ("json", "jsn"):
                 parts = [json.loads(p) for p in parts]
         fields[name] = parts
 

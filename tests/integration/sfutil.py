@@ -139,6 +139,18 @@ def tar_whole_samples(path):
     return done, half
 
 
+def batch_row(fields, i):
+    """Sample i of a dumped batch's {field: array}: row i of a fixed field, values[offsets[i]:offsets[i+1]] of a
+    ragged one (NAME plus NAME.offsets: batch's ragged option, and text fields by default)."""
+    row = {}
+    for f, a in fields.items():
+        if f.endswith(".offsets") and f[:-len(".offsets")] in fields:
+            continue
+        off = fields.get(f + ".offsets")
+        row[f] = a[off[i]:off[i + 1]] if off is not None else a[i]
+    return row
+
+
 def read_batches(npy_dir):
     """Reads the device sink's dumps: list of (epoch, batch, keys, {field: array}) in order."""
     out = {}

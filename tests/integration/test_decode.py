@@ -24,6 +24,9 @@ import tempfile
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import batch_row  # noqa: E402
+
 SHARDFLOW = os.environ.get("SHARDFLOW", "shardflow")
 TMP = tempfile.mkdtemp(prefix="sf_test_decode_")
 failures = []
@@ -137,7 +140,7 @@ def run(graph):
 
 
 def read_output(out_dir):
-    """{key: {field: array}} from the device sink's .npy dumps (batch_size 1)."""
+    """{key: {field: array}} from the device sink's .npy dumps (batch_size 1; a ragged field's own values)."""
     result = {}
     if not os.path.isdir(out_dir):
         return result
@@ -152,7 +155,7 @@ def read_output(out_dir):
             if other.startswith(prefix) and other.endswith(".npy"):
                 fields[other[len(prefix) : -4]] = np.load(os.path.join(out_dir, other))
         for i, key in enumerate(keys):
-            result[key] = {f: a[i] for f, a in fields.items()}
+            result[key] = batch_row(fields, i)  # txt: ragged by default
     return result
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sfutil import Checks, read_batches, run, write_graph, write_shard  # noqa: E402
+from sfutil import Checks, batch_row, read_batches, run, write_graph, write_shard  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="sf_test_decoders_")
 check = Checks()
@@ -43,7 +43,7 @@ def decode(name, samples, policy="fail", **opts):
         ("batch", dict(batch_size=1)), ("device_sink", dict(npy_dir=out))], seed=1, epochs=1, error_policy=policy,
         max_error_rate=1)
     p = run(["run", graph, "--quiet"], check=False)
-    got = {keys[0]: {f: a[0] for f, a in fields.items()} for _, _, keys, fields in read_batches(out)}
+    got = {keys[0]: batch_row(fields, 0) for _, _, keys, fields in read_batches(out)}
     return got, p.stderr, p.returncode
 
 

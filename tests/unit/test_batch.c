@@ -28,7 +28,7 @@ static void add_image(sf_sample *s, const char *name, int id, int h, int w) {
   assert_non_null(sf_sample_add_field(s, name, false, &t));
 }
 
-/* A sample with an image `png` [H,W,C], a label `cls` int64 scalar = id and encoded bytes `txt`. */
+/* A sample with an image `png` [H,W,C], a label `cls` int64 scalar = id and encoded bytes `bin` (not text). */
 static sf_sample *make_sample(int id, uint64_t epoch, int h, int w) {
   sf_sample *s = sf_sample_new();
   assert_non_null(s);
@@ -48,7 +48,7 @@ static sf_sample *make_sample(int id, uint64_t epoch, int h, int w) {
   assert_non_null(sf_sample_add_field(s, "cls", false, &t));
   assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, (int64_t[]){3}), 0);
   memcpy(sf_tensor_data(&t), "abc", 3);
-  assert_non_null(sf_sample_add_field(s, "txt", true, &t));
+  assert_non_null(sf_sample_add_field(s, "bin", true, &t));
   return s;
 }
 
@@ -91,8 +91,8 @@ static void expect_batch_ids(sf_harness *h, uint64_t epoch, uint64_t index, cons
   assert_int_equal(b->epoch, epoch);
   assert_int_equal(b->index, index);
   assert_int_equal(b->size, size);
-  assert_int_equal(b->n_fields, 2); /* the encoded field stays out */
-  assert_null(sf_batch_field(b, "txt"));
+  assert_int_equal(b->n_fields, 2); /* the encoded field (not text) stays out */
+  assert_null(sf_batch_field(b, "bin"));
 
   const sf_field *img = sf_batch_field(b, "png");
   assert_non_null(img);
@@ -622,7 +622,7 @@ static void test_bad_options(void **state) {
 /* Sample id with txt (encoded) of id bytes 'a'+k and ids int32 [id] of id*10+k. */
 static sf_sample *make_varlen_sample(int id) {
   sf_sample *s = make_sample(id, 0, H, W);
-  sf_sample_remove_field(s, 2); /* make_sample's fixed-length txt */
+  sf_sample_remove_field(s, 2); /* make_sample's bin */
   sf_tensor t;
   assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, (int64_t[]){id}), 0);
   for (int k = 0; k < id; k++) ((uint8_t *)sf_tensor_data(&t))[k] = (uint8_t)('a' + k);
@@ -677,6 +677,51 @@ static void test_ragged_and_padded(void **state) {
   sf_harness_destroy(&h);
 }
 
+/*
+ * A plain batch (no ragged or pad): text fields are lists as in WebDataset's default collation. Sample id
+ * has an encoded txt of id bytes, a checked (decoded, 1-D uint8) meta.json of id + 1 bytes, a tok.txt
+ * that some stage made int32 [2] (stays fixed) and make_sample's png, cls and undecoded bin (left out).
+ */
+static void test_text_ragged_by_default(void **state) {
+  (void)state;
+  sf_harness *h = new_batch("4", "true");
+  for (int i = 0; i < 4; i++) {
+    sf_sample *s = make_varlen_sample(i);
+    sf_sample_remove_field(s, 3); /* ids */
+    sf_tensor t;
+    assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_UINT8, 1, (int64_t[]){i + 1}), 0);
+    memset(sf_tensor_data(&t), '0' + i, (size_t)i + 1);
+    assert_non_null(sf_sample_add_field(s, "meta.json", false, &t));
+    assert_int_equal(sf_tensor_alloc(&t, SF_DTYPE_INT32, 1, (int64_t[]){2}), 0);
+    ((int32_t *)sf_tensor_data(&t))[0] = i;
+    ((int32_t *)sf_tensor_data(&t))[1] = -i;
+    assert_non_null(sf_sample_add_field(s, "tok.txt", false, &t));
+    push_sample(h, s);
+  }
+  assert_int_equal(sf_harness_run(h, 0), SF_EAGAIN);
+  assert_int_equal(sf_harness_error_count(h), 0);
+  sf_item item;
+  assert_int_equal(sf_harness_pop(h, &item), 0);
+  sf_batch *b = item.u.batch;
+  assert_int_equal(b->size, 4);
+  assert_int_equal(b->n_fields, 7); /* png, cls, txt, txt.offsets, meta.json, meta.json.offsets, tok.txt */
+  assert_null(sf_batch_field(b, "bin"));
+  const sf_field *txt = sf_batch_field(b, "txt"), *off = sf_batch_field(b, "txt.offsets");
+  assert_true(txt && off && txt->tensor.dtype == SF_DTYPE_UINT8 && txt->tensor.ndim == 1);
+  assert_int_equal(txt->tensor.shape[0], 0 + 1 + 2 + 3);
+  assert_memory_equal(sf_tensor_data(&txt->tensor), "aababc", 6);
+  assert_memory_equal(sf_tensor_data(&off->tensor), ((int64_t[]){0, 0, 1, 3, 6}), 5 * sizeof(int64_t));
+  const sf_field *meta = sf_batch_field(b, "meta.json"), *moff = sf_batch_field(b, "meta.json.offsets");
+  assert_true(meta && moff && meta->tensor.ndim == 1 && meta->tensor.shape[0] == 10);
+  assert_memory_equal(sf_tensor_data(&meta->tensor), "0112223333", 10);
+  assert_memory_equal(sf_tensor_data(&moff->tensor), ((int64_t[]){0, 1, 3, 6, 10}), 5 * sizeof(int64_t));
+  const sf_field *tok = sf_batch_field(b, "tok.txt");
+  assert_true(tok && tok->tensor.dtype == SF_DTYPE_INT32 && tok->tensor.ndim == 2 && tok->tensor.shape[1] == 2);
+  assert_memory_equal(sf_tensor_data(&tok->tensor), ((int32_t[]){0, 0, 1, -1, 2, -2, 3, -3}), 8 * sizeof(int32_t));
+  sf_item_clear(&item);
+  sf_harness_destroy(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_and_partial),   cmocka_unit_test(test_partial_false_drops),
@@ -687,6 +732,7 @@ int main(void) {
       cmocka_unit_test(test_deferred_contents_and_drops), cmocka_unit_test(test_materialize_and_defer),
       cmocka_unit_test(test_ragged_and_padded), cmocka_unit_test(test_adjacent_rows_become_a_view),
       cmocka_unit_test(test_odd_sample_skipped), cmocka_unit_test(test_shape_settles),
+      cmocka_unit_test(test_text_ragged_by_default),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
