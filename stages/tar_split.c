@@ -1,4 +1,4 @@
-/* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive and emits its samples one per step, downloading the next shards meanwhile. */
+/* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive (or as TFRecord records) and emits its samples one per step, downloading the next shards meanwhile. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -55,6 +55,7 @@ typedef struct tar_split {
   int64_t max_sample_size; /* option, bytes */
   int key_rule;           /* option: sf_key_rule */
   char *key_regex;        /* option */
+  char *tfrecord_key;     /* option, or NULL */
   bool mmap;              /* option */
   atomic_uint_fast64_t read_ns; /* time the shard reads took (sf_shard_reader_options.read_ns), for describe() */
   regex_t regex;          /* key_regex compiled, when compiled is set */
@@ -152,6 +153,10 @@ static const sf_option options[] = {
      "with key_rule: regex, a POSIX extended regular expression matched against the member path as stored (case kept): "
      "group 1, starting the path, is the key, and a dot and the field name follow it (\"^([^.]*[.][0-9]+)[.](.+)$\" splits "
      "\"Track 2.0.json.gz\" into Track 2.0 and json.gz); members it does not match are skipped", NULL},
+    {"tfrecord_key", SF_OPT_STRING, offsetof(tar_split, tfrecord_key), NULL, 0, 0,
+     "TFRecord shards (.tfrecord, .tfrecord.gz, .tfrecord.zst): the tf.train.Example feature (one bytes or "
+     "int64 value) whose value keys each sample, and is no field; a record without it gets an error record "
+     "and is skipped; empty = the record's index in its shard", NULL},
     {"mmap", SF_OPT_BOOL, offsetof(tar_split, mmap), "true", 0, 0,
      "memory-map local uncompressed shards and hand out their members as views of the page cache (no copy); "
      "a shard truncated in place while mapped then kills the process with SIGBUS (replace shards by renaming a "
@@ -484,6 +489,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
+  sf_tar_reader_set_tfrecord_key(t->tar, t->tfrecord_key);
   t->shard = shard;
   return 0;
 }
@@ -764,7 +770,7 @@ const sf_stage_def sf_stage_tar_split = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "tar_split",
     .summary = "streams tar shards (path, file://, http(s)://, pipe:) and groups members into "
-               "samples by key",
+               "samples by key; .tfrecord shards give one sample per tf.train.Example",
     .inputs = SF_PORTS({"in", SF_PORT_SHARD}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .priv_size = sizeof(tar_split),
