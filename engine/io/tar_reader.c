@@ -83,7 +83,7 @@ struct sf_tar_reader {
   uint8_t header[512];      /* the header being parsed, gathered across chunks */
   /* A TFRecord shard (named .tfrecord, see is_tfrecord): records read with the fast path's byte reader. */
   bool tfrecord;
-  const char *tfrecord_key; /* borrowed: the feature that keys samples, or NULL (see sf_tar_reader_set_tfrecord_key) */
+  sf_tfrecord_options tfrecord_options; /* see sf_tar_reader_set_tfrecord */
 };
 
 /* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
@@ -760,7 +760,7 @@ static int tfrecord_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   if (sf_tfrecord_masked_crc(data, (size_t)length) != le32(data + length))
     rc = SF_EFORMAT, snprintf(why, sizeof why, "record %llu's data fails its CRC32C — the record is damaged and "
                               "skipped; re-create or re-download the shard", (unsigned long long)index);
-  else if ((rc = sf_tfrecord_parse_example(data, (size_t)length, t->tfrecord_key, sample, why, sizeof why)) < 0) {
+  else if ((rc = sf_tfrecord_parse_example(data, (size_t)length, &t->tfrecord_options, sample, why, sizeof why)) < 0) {
     /* Fields before the failure go: the record is skipped whole. */
     sf_sample_destroy(&sample);
     sample = sf_sample_new();
@@ -849,8 +849,8 @@ void sf_tar_reader_set_key_rule(sf_tar_reader *t, sf_key_rule rule, const regex_
   t->key_regex = regex;
 }
 
-void sf_tar_reader_set_tfrecord_key(sf_tar_reader *t, const char *feature) {
-  t->tfrecord_key = feature && feature[0] ? feature : NULL;
+void sf_tar_reader_set_tfrecord(sf_tar_reader *t, const sf_tfrecord_options *options) {
+  t->tfrecord_options = *options;
 }
 
 void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t max_sample_size) {

@@ -5,6 +5,7 @@
 #include <regex.h>
 
 #include "shard_reader.h"
+#include "tfrecord.h"
 #include "shardflow/sample.h"
 
 typedef struct sf_tar_reader sf_tar_reader;
@@ -105,7 +106,7 @@ void sf_tar_reader_set_key_rule(sf_tar_reader *reader, sf_key_rule rule, const r
  * .tfrecords, optionally followed by .gz or .zst (any case). Such a shard is read as TFRecord records, one
  * tf.train.Example each, instead of tar members: each record is one sample whose fields are its features
  * (see sf_tfrecord_parse_example), keyed by its index in the shard (decimal) or the feature set with
- * sf_tar_reader_set_tfrecord_key; index and offset are the record's, offsets counting the decompressed
+ * sf_tar_reader_set_tfrecord; index and offset are the record's, offsets counting the decompressed
  * stream. sf_tar_reader_next then returns, besides the errors above: SF_EFORMAT with an empty *sample for
  * a record whose data fails its CRC32C or is no Example, SF_ETOOBIG likewise for one over the smaller of
  * the two limits (passed over, never held), SF_EUNSUPPORTED, SF_EDUP or SF_ENOENT likewise for features
@@ -115,11 +116,10 @@ void sf_tar_reader_set_key_rule(sf_tar_reader *reader, sf_key_rule rule, const r
 bool sf_tar_reader_is_tfrecord(const char *url);
 
 /*
- * Names the feature whose value (one bytes or one int64 value) keys each TFRecord sample instead of the
- * record's index; NULL or "" for the index. feature is borrowed and must outlive the reader. Tar shards
- * ignore it.
+ * How a TFRecord shard's features become fields (see sf_tfrecord_options): the key feature and renames.
+ * Copied, but the strings it points to are borrowed and must outlive the reader. Tar shards ignore it.
  */
-void sf_tar_reader_set_tfrecord_key(sf_tar_reader *reader, const char *feature);
+void sf_tar_reader_set_tfrecord(sf_tar_reader *reader, const sf_tfrecord_options *options);
 
 /* Closes and sets *reader to NULL. */
 void sf_tar_reader_close(sf_tar_reader **reader);

@@ -103,8 +103,22 @@ static int add_feature(sf_sample *sample, const char *name, const Sftf__Feature 
   return 0;
 }
 
-int sf_tfrecord_parse_example(const uint8_t *data, size_t n, const char *key_feature, sf_sample *sample,
+/* The field a feature becomes: FIELD of an item "FIELD=FEATURE", else the feature's own name. */
+static const char *field_name(const sf_tfrecord_options *o, const char *feature, char *buf, size_t size) {
+  for (int i = 0; o && i < o->n_fields; i++) {
+    const char *eq = strchr(o->fields[i], '=');
+    if (eq && strcmp(eq + 1, feature) == 0 && (size_t)(eq - o->fields[i]) < size) {
+      memcpy(buf, o->fields[i], (size_t)(eq - o->fields[i]));
+      buf[eq - o->fields[i]] = '\0';
+      return buf;
+    }
+  }
+  return feature;
+}
+
+int sf_tfrecord_parse_example(const uint8_t *data, size_t n, const sf_tfrecord_options *options, sf_sample *sample,
                               char *message, size_t size) {
+  const char *key_feature = options ? options->key_feature : NULL;
   Sftf__Example *example = sftf__example__unpack(NULL, n, data);
   if (!example)
     return say(message, size, SF_EFORMAT, "the record is not a tf.train.Example (protobuf-c cannot parse its %zu bytes)",
@@ -127,6 +141,8 @@ int sf_tfrecord_parse_example(const uint8_t *data, size_t n, const char *key_fea
       keyed = true;
       continue;
     }
+    char buf[SF_FIELD_NAME_MAX];
+    name = field_name(options, name, buf, sizeof buf);
     if (name[0] == '\0') rc = say(message, size, SF_EFORMAT, "a feature has an empty name");
     else if (strlen(name) >= SF_FIELD_NAME_MAX)
       rc = say(message, size, SF_ETOOBIG, "feature name \"%.40s...\" is longer than %d bytes, the longest field name",

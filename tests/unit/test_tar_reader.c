@@ -1033,15 +1033,17 @@ static void test_tfrecord_records(void **state) {
   sf_tar_reader_close(&t);
   /* Keyed by a feature: label's value, and label is no field. */
   t = open_tfrecord(shard, n, "mem.tfrecord");
-  sf_tar_reader_set_tfrecord_key(t, "label");
+  const char *fields[] = {"jpg=image/encoded"};
+  sf_tar_reader_set_tfrecord(t, &(sf_tfrecord_options){.key_feature = "label", .fields = fields, .n_fields = 1});
   assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
   assert_string_equal(s->key, "10");
   assert_null(sf_sample_field(s, "label"));
   assert_int_equal(s->n_fields, 2);
+  assert_true(sf_sample_field(s, "jpg")->encoded);
   sf_sample_destroy(&s);
   sf_tar_reader_close(&t);
   t = open_tfrecord(shard, n, "mem.tfrecord");
-  sf_tar_reader_set_tfrecord_key(t, "id");
+  sf_tar_reader_set_tfrecord(t, &(sf_tfrecord_options){.key_feature = "id"});
   assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ENOENT);
   assert_non_null(s);
   assert_int_equal(s->n_fields, 0);
