@@ -725,7 +725,7 @@ static int tfrecord_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   int64_t limit = t->max_member_size < t->max_sample_size ? t->max_member_size : t->max_sample_size;
   if (length > (uint64_t)limit) {
     /* The length is checked: the record can be passed over, never held. */
-    int64_t skip = (int64_t)length + SF_TFRECORD_FOOTER;
+    int64_t skip = length > (uint64_t)INT64_MAX - SF_TFRECORD_FOOTER ? INT64_MAX : (int64_t)length + SF_TFRECORD_FOOTER;
     if (fast_copy(t, NULL, skip) < skip) {
       sf_sample_destroy(&sample);
       fail(t, SF_EFORMAT, key, offset, "the shard ends inside record %llu — it is truncated; re-create or "

@@ -2,7 +2,10 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "example.pb-c.h"
@@ -103,6 +106,155 @@ static int add_feature(sf_sample *sample, const char *name, const Sftf__Feature 
   return 0;
 }
 
+/* Reads a varint at *p (before end) into *v. Returns false when it runs past end or over 10 bytes. */
+static bool varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  *v = 0;
+  for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+    uint8_t b = *(*p)++;
+    *v |= (uint64_t)(b & 0x7f) << (shift < 64 ? shift : 0);
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+/*
+ * Counts the length-delimited fields numbered `field` in the message at [p, end), calling inner on each
+ * (when not NULL) to count what it holds; the most any one inner call found goes to *deepest. Returns
+ * false on wire damage (protobuf-c then says so).
+ */
+static bool count_fields(const uint8_t *p, const uint8_t *end, uint32_t field, size_t *count,
+                         bool (*inner)(const uint8_t *, const uint8_t *, size_t *), size_t *deepest) {
+  while (p < end) {
+    uint64_t tag, len;
+    if (!varint(&p, end, &tag)) return false;
+    switch (tag & 7) {
+    case 0:
+      if (!varint(&p, end, &len)) return false;
+      break;
+    case 1:
+      if (end - p < 8) return false;
+      p += 8;
+      break;
+    case 5:
+      if (end - p < 4) return false;
+      p += 4;
+      break;
+    case 2:
+      if (!varint(&p, end, &len) || len > (uint64_t)(end - p)) return false;
+      if (tag >> 3 == field) {
+        (*count)++;
+        size_t n = 0;
+        if (inner && !inner(p, p + len, &n)) return false;
+        if (inner && n > *deepest) *deepest = n;
+      }
+      p += len;
+      break;
+    default: return false;
+    }
+  }
+  return true;
+}
+
+/* BytesList (field 1 of a Feature): its values. */
+static bool feature_values(const uint8_t *p, const uint8_t *end, size_t *n) {
+  size_t values = 0;
+  const uint8_t *q = p;
+  /* Values of every bytes_list field of the Feature (protobuf merges repeated ones). */
+  while (q < end) {
+    uint64_t tag, len;
+    if (!varint(&q, end, &tag) || (tag & 7) != 2 || !varint(&q, end, &len) || len > (uint64_t)(end - q)) return true;
+    if (tag >> 3 == 1) {
+      size_t none = 0;
+      if (!count_fields(q, q + len, 1, &values, NULL, &none)) return true;
+    }
+    q += len;
+  }
+  *n = values;
+  return true;
+}
+
+/* A FeatureEntry: the most values a bytes_list of its Feature (field 2) holds. */
+static bool entry_values(const uint8_t *p, const uint8_t *end, size_t *n) {
+  size_t features = 0;
+  return count_fields(p, end, 2, &features, feature_values, n);
+}
+
+/* Features: its entries (field 1), or SIZE_MAX when one holds a bytes_list of several values. */
+static bool features_entries(const uint8_t *p, const uint8_t *end, size_t *n) {
+  size_t values = 0;
+  if (!count_fields(p, end, 1, n, entry_values, &values)) return false;
+  if (values > 1) *n = SIZE_MAX; /* refused anyway */
+  return true;
+}
+
+/*
+ * protobuf-c allocates a struct per map entry and 16 bytes per bytes value, 8 to 20 times the bytes
+ * that encode them: a record of empty entries would cost gigabytes before being refused. The wire is
+ * walked first, and a record with more entries than a sample holds fields, or a bytes_list of several
+ * values, is refused without unpacking it.
+ */
+static int precheck(const uint8_t *data, size_t n, size_t most, char *message, size_t size) {
+  size_t messages = 0, entries = 0;
+  /* Several features fields of the Example merge into one: their entries add up. */
+  const uint8_t *p = data, *end = data + n;
+  while (p < end) {
+    uint64_t tag, len;
+    if (!varint(&p, end, &tag)) return 0; /* protobuf-c reports the damage */
+    if ((tag & 7) != 2) break;            /* Example has only length-delimited fields: protobuf-c's to judge */
+    if (!varint(&p, end, &len) || len > (uint64_t)(end - p)) return 0;
+    size_t k = 0;
+    if (tag >> 3 == 1) {
+      messages++;
+      if (!features_entries(p, p + len, &k)) return 0;
+      entries = k == SIZE_MAX || entries > SIZE_MAX - k ? SIZE_MAX : entries + k;
+    }
+    p += len;
+  }
+  if (entries == SIZE_MAX)
+    return say(message, size, SF_EUNSUPPORTED, "a feature is a bytes_list of several values — only one value "
+               "per bytes feature is read (an encoded field)");
+  if (entries > most)
+    return say(message, size, SF_ETOOBIG, "the Example has %zu features, over the %d fields a sample may hold",
+               entries, SF_MAX_FIELDS);
+  return 0;
+}
+
+/*
+ * What protobuf-c may allocate to unpack one record: the values it holds need at most 8 bytes per byte
+ * of wire (a packed int64 of one byte); anything more (unknown fields by the million, empty entries) is a
+ * hostile record, refused before it costs more.
+ */
+typedef struct budget {
+  size_t used, limit;
+  bool refused; /* an allocation went over the limit */
+} budget;
+
+typedef struct {
+  size_t size;
+  max_align_t align;
+} block;
+
+static void *budget_alloc(void *opaque, size_t size) {
+  budget *b = opaque;
+  if (size > b->limit - b->used) {
+    b->refused = true;
+    return NULL;
+  }
+  block *k = malloc(offsetof(block, align) + size);
+  if (!k) return NULL;
+  k->size = size;
+  b->used += size;
+  return &k->align;
+}
+
+static void budget_free(void *opaque, void *pointer) {
+  if (!pointer) return;
+  budget *b = opaque;
+  block *k = (block *)((char *)pointer - offsetof(block, align));
+  b->used -= k->size;
+  free(k);
+}
+
 /* The field a feature becomes: FIELD of an item "FIELD=FEATURE", else the feature's own name. */
 static const char *field_name(const sf_tfrecord_options *o, const char *feature, char *buf, size_t size) {
   for (int i = 0; o && i < o->n_fields; i++) {
@@ -119,10 +271,14 @@ static const char *field_name(const sf_tfrecord_options *o, const char *feature,
 int sf_tfrecord_parse_example(const uint8_t *data, size_t n, const sf_tfrecord_options *options, sf_sample *sample,
                               char *message, size_t size) {
   const char *key_feature = options ? options->key_feature : NULL;
-  Sftf__Example *example = sftf__example__unpack(NULL, n, data);
+  int pre = precheck(data, n, (size_t)SF_MAX_FIELDS + (key_feature && key_feature[0]), message, size);
+  if (pre < 0) return pre;
+  budget b = {.limit = n > SIZE_MAX / 16 ? SIZE_MAX / 2 : 8 * n + 4096};
+  ProtobufCAllocator allocator = {.alloc = budget_alloc, .free = budget_free, .allocator_data = &b};
+  Sftf__Example *example = sftf__example__unpack(&allocator, n, data);
   if (!example)
-    return say(message, size, SF_EFORMAT, "the record is not a tf.train.Example (protobuf-c cannot parse its %zu bytes)",
-               n);
+    return say(message, size, SF_EFORMAT, "the record is not a tf.train.Example (protobuf-c cannot parse its %zu bytes%s)",
+               n, b.refused ? ": it needs over 8 times their size in memory" : "");
   int rc = 0;
   bool keyed = false;
   bool want_key = key_feature && key_feature[0];
@@ -152,6 +308,6 @@ int sf_tfrecord_parse_example(const uint8_t *data, size_t n, const sf_tfrecord_o
   if (rc == 0 && want_key && !keyed)
     rc = say(message, size, SF_ENOENT, "the Example has no feature \"%s\" (tfrecord_key) to key the sample by",
              key_feature);
-  sftf__example__free_unpacked(example, NULL);
+  sftf__example__free_unpacked(example, &allocator);
   return rc;
 }

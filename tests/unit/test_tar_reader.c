@@ -1138,6 +1138,34 @@ static void test_tfrecord_damage(void **state) {
   assert_string_equal(s->key, "1");
   sf_sample_destroy(&s);
   sf_tar_reader_close(&t);
+  /* Hostile Examples refused before protobuf-c unpacks them, or within 8 bytes of memory per byte. */
+  /* Four features fields of 10 entries each: protobuf merges them into 40, over the 16 a sample holds. */
+  pb ten = {0}, empty = {0}, features = {0};
+  for (int i = 0; i < 10; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "f%d", i);
+    pb_entry(&ten, name, 3, &empty);
+  }
+  for (int i = 0; i < 4; i++) pb_bytes(&features, 1, ten.d, ten.n);
+  sf_sample *x = sf_sample_new();
+  char why[256];
+  assert_int_equal(sf_tfrecord_parse_example(features.d, features.n, NULL, x, why, sizeof why), SF_ETOOBIG);
+  assert_non_null(strstr(why, "features"));
+  pb pair = {0}, entry = {0};
+  pb_bytes(&pair, 1, "a", 1);
+  pb_bytes(&pair, 1, "b", 1);
+  pb_entry(&entry, "k", 1, &pair);
+  memset(&features, 0, sizeof features);
+  pb_bytes(&features, 1, entry.d, entry.n);
+  assert_int_equal(sf_tfrecord_parse_example(features.d, features.n, NULL, x, why, sizeof why), SF_EUNSUPPORTED);
+  size_t big = 200000;
+  uint8_t *unknown = malloc(big);
+  for (size_t i = 0; i < big; i += 2) unknown[i] = 5 << 3, unknown[i + 1] = 0; /* field 5, varint 0 */
+  assert_int_equal(sf_tfrecord_parse_example(unknown, big, NULL, x, why, sizeof why), SF_EFORMAT);
+  assert_non_null(strstr(why, "8 times"));
+  free(unknown);
+  assert_int_equal(x->n_fields, 0);
+  sf_sample_destroy(&x);
   /* Over the limits: passed over. */
   t = open_tfrecord(shard, n, "big.tfrecord");
   sf_tar_reader_set_limits(t, 8, 1 << 20);
