@@ -679,6 +679,53 @@ static uint64_t le64(const uint8_t *p) {
 
 static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
+/* An empty sample for record index at offset, keyed by key (its fields come later, if any). NULL when out of memory. */
+static sf_sample *record_sample(const sf_tar_reader *t, uint64_t index, int64_t offset, const char *key) {
+  sf_sample *sample = sf_sample_new();
+  if (!sample || sf_sample_set_key(sample, key, strlen(key)) < 0) {
+    sf_sample_destroy(&sample);
+    return NULL;
+  }
+  sample->url = sf_buffer_ref(t->url);
+  sample->index = index;
+  sample->offset = offset;
+  return sample;
+}
+
+/*
+ * Reads the data and CRC of a record whose frame said length (within the limits) into *sample. Returns 0;
+ * an error of this record alone (why says what, *sample is emptied); or the reader's failure (t->failed).
+ */
+static int read_record(sf_tar_reader *t, uint64_t length, sf_sample **sample, char *why, size_t why_size) {
+  const sf_sample *s = *sample;
+  uint8_t *data = malloc((size_t)length + SF_TFRECORD_FOOTER);
+  if (!data)
+    return fail(t, SF_ENOMEM, s->key, s->offset, "out of memory for the %llu-byte record %llu",
+                (unsigned long long)length, (unsigned long long)s->index);
+  int64_t want = (int64_t)length + SF_TFRECORD_FOOTER, got = fast_copy(t, data, want);
+  if (got < want) {
+    free(data);
+    return fail(t, SF_EFORMAT, s->key, s->offset, "the shard ends inside record %llu (%lld of its %lld bytes and "
+                "CRC) — the record is lost and the shard is truncated; re-create or re-download it",
+                (unsigned long long)s->index, (long long)got, (long long)want);
+  }
+  int rc = 0;
+  if (sf_tfrecord_masked_crc(data, (size_t)length) != le32(data + length))
+    rc = SF_EFORMAT, snprintf(why, why_size, "record %llu's data fails its CRC32C — the record is damaged and "
+                              "skipped; re-create or re-download the shard", (unsigned long long)s->index);
+  else
+    rc = sf_tfrecord_parse_example(data, (size_t)length, &t->tfrecord_options, *sample, why, why_size);
+  free(data);
+  if (rc < 0 && (*sample)->n_fields > 0) {
+    /* Fields before the failure go: the record is skipped whole. */
+    sf_sample *empty = record_sample(t, s->index, s->offset, s->key);
+    if (!empty) return fail(t, SF_ENOMEM, s->key, s->offset, "out of memory for a sample");
+    sf_sample_destroy(sample);
+    *sample = empty;
+  }
+  return rc;
+}
+
 /*
  * sf_tar_reader_next() for a TFRecord shard: one record, framed as uint64 length, masked CRC32C of
  * those 8 bytes, the data, masked CRC32C of the data (all little-endian), parsed as a tf.train.Example.
@@ -696,8 +743,6 @@ static int tfrecord_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
     if (drain_source(t) < 0) goto failed;
     return SF_EOF;
   }
-  char key[24];
-  snprintf(key, sizeof key, "%llu", (unsigned long long)index);
   if (got < (int64_t)sizeof frame) {
     fail(t, SF_EFORMAT, NULL, offset, "the shard ends inside the frame of record %llu (%lld of %d bytes) — it is "
          "truncated; re-create or re-download it", (unsigned long long)index, (long long)got, SF_TFRECORD_HEADER);
@@ -713,76 +758,37 @@ static int tfrecord_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   t->index++;
   int64_t span = SF_TFRECORD_HEADER + SF_TFRECORD_FOOTER + (int64_t)(length < (uint64_t)1 << 62 ? length : 0);
   if (span > t->largest_span) t->largest_span = span;
-  sf_sample *sample = sf_sample_new();
-  if (!sample || sf_sample_set_key(sample, key, strlen(key)) < 0) {
-    sf_sample_destroy(&sample);
+  char key[24];
+  snprintf(key, sizeof key, "%llu", (unsigned long long)index);
+  sf_sample *sample = record_sample(t, index, offset, key);
+  if (!sample) {
     fail(t, SF_ENOMEM, NULL, offset, "out of memory for a sample");
     goto failed;
   }
-  sample->url = sf_buffer_ref(t->url);
-  sample->index = index;
-  sample->offset = offset;
+  char why[200];
+  int rc;
   int64_t limit = t->max_member_size < t->max_sample_size ? t->max_member_size : t->max_sample_size;
   if (length > (uint64_t)limit) {
     /* The length is checked: the record can be passed over, never held. */
     int64_t skip = length > (uint64_t)INT64_MAX - SF_TFRECORD_FOOTER ? INT64_MAX : (int64_t)length + SF_TFRECORD_FOOTER;
-    if (fast_copy(t, NULL, skip) < skip) {
-      sf_sample_destroy(&sample);
-      fail(t, SF_EFORMAT, key, offset, "the shard ends inside record %llu — it is truncated; re-create or "
-           "re-download it", (unsigned long long)index);
-      goto failed;
-    }
-    sf_error_set(error, SF_ETOOBIG, SF_AT(.url = t->url_text, .key = key, .offset = offset),
-                 "record %llu is %llu bytes, over tar_split's max_member_size or max_sample_size (%lld) — it is "
-                 "skipped; raise them if records this large are expected%s", (unsigned long long)index,
-                 (unsigned long long)length, (long long)limit, offset_note(t));
-    *out = sample;
-    return SF_ETOOBIG;
+    if (fast_copy(t, NULL, skip) < skip)
+      rc = fail(t, SF_EFORMAT, key, offset, "the shard ends inside record %llu — it is truncated; re-create or "
+                "re-download it", (unsigned long long)index);
+    else
+      rc = SF_ETOOBIG, snprintf(why, sizeof why, "record %llu is %llu bytes, over tar_split's max_member_size or "
+                                "max_sample_size (%lld) — it is skipped; raise them if records this large are "
+                                "expected", (unsigned long long)index, (unsigned long long)length, (long long)limit);
+  } else {
+    rc = read_record(t, length, &sample, why, sizeof why);
   }
-  uint8_t *data = malloc((size_t)length + SF_TFRECORD_FOOTER);
-  if (!data) {
+  if (t->failed) {
     sf_sample_destroy(&sample);
-    fail(t, SF_ENOMEM, key, offset, "out of memory for the %llu-byte record %llu", (unsigned long long)length,
-         (unsigned long long)index);
     goto failed;
   }
-  int64_t want = (int64_t)length + SF_TFRECORD_FOOTER;
-  if ((got = fast_copy(t, data, want)) < want) {
-    free(data);
-    sf_sample_destroy(&sample);
-    fail(t, SF_EFORMAT, key, offset, "the shard ends inside record %llu (%lld of its %lld bytes and CRC) — the "
-         "record is lost and the shard is truncated; re-create or re-download it", (unsigned long long)index,
-         (long long)got, (long long)want);
-    goto failed;
-  }
-  char why[200];
-  int rc = 0;
-  if (sf_tfrecord_masked_crc(data, (size_t)length) != le32(data + length))
-    rc = SF_EFORMAT, snprintf(why, sizeof why, "record %llu's data fails its CRC32C — the record is damaged and "
-                              "skipped; re-create or re-download the shard", (unsigned long long)index);
-  else if ((rc = sf_tfrecord_parse_example(data, (size_t)length, &t->tfrecord_options, sample, why, sizeof why)) < 0) {
-    /* Fields before the failure go: the record is skipped whole. */
-    sf_sample_destroy(&sample);
-    sample = sf_sample_new();
-    if (sample) {
-      sample->url = sf_buffer_ref(t->url);
-      sample->index = index;
-      sample->offset = offset;
-      (void)sf_sample_set_key(sample, key, strlen(key));
-    }
-  }
-  free(data);
-  if (rc < 0) {
-    if (!sample) {
-      fail(t, SF_ENOMEM, key, offset, "out of memory for a sample");
-      goto failed;
-    }
+  if (rc < 0)
     sf_error_set(error, rc, SF_AT(.url = t->url_text, .key = key, .offset = offset), "%s%s", why, offset_note(t));
-    *out = sample;
-    return rc;
-  }
   *out = sample;
-  return 0;
+  return rc;
 
 failed:
   if (error) *error = t->fatal;
