@@ -10,7 +10,6 @@
 
 #include "example.pb-c.h"
 #include "tfrecord.h"
-#include "shardflow/handoff.h"
 
 /*
  * Slicing-by-8 tables of the reflected Castagnoli polynomial 0x82f63b78, built once. Every record's bytes
@@ -74,10 +73,16 @@ static int set_key(sf_sample *sample, const char *name, const Sftf__Feature *f, 
   return rc < 0 ? say(message, size, rc, "out of memory for the key") : 0;
 }
 
-/* Empty values come from protobuf-c as NULL, which memcpy must not see even for 0 bytes. */
-static const void *or_empty(const void *data) {
-  static const int64_t none;
-  return data ? data : &none;
+/* Appends a field holding a copy of data (the engine's own sf_sample_add_field_copy sits in a higher layer). */
+static int add_copy(sf_sample *sample, const char *name, bool encoded, sf_dtype dtype, int ndim, const int64_t *shape,
+                    const void *data) {
+  if (sf_sample_field(sample, name)) return SF_EDUP;
+  sf_tensor t = {0};
+  int rc = sf_tensor_alloc(&t, dtype, ndim, shape);
+  if (rc < 0) return rc;
+  size_t bytes = sf_tensor_nbytes(&t);
+  if (bytes > 0) memcpy(sf_tensor_data(&t), data, bytes); /* empty values may be NULL, which memcpy must not see */
+  return sf_sample_add_field(sample, name, encoded, &t) ? 0 : SF_EINVAL;
 }
 
 static int add_feature(sf_sample *sample, const char *name, const Sftf__Feature *f, char *message, size_t size) {
@@ -90,19 +95,19 @@ static int add_feature(sf_sample *sample, const char *name, const Sftf__Feature 
                  "feature \"%s\" is a bytes_list of %zu values — only one value per bytes feature is read "
                  "(an encoded field)", name, l->n_value);
     int64_t shape[1] = {(int64_t)l->value[0].len};
-    rc = sf_sample_add_field_copy(sample, name, true, SF_DTYPE_UINT8, 1, shape, or_empty(l->value[0].data));
+    rc = add_copy(sample, name, true, SF_DTYPE_UINT8, 1, shape, l->value[0].data);
     break;
   }
   case SFTF__FEATURE__KIND_INT64_LIST: {
     int64_t shape[1] = {(int64_t)f->int64_list->n_value};
-    rc = sf_sample_add_field_copy(sample, name, false, SF_DTYPE_INT64, shape[0] == 1 ? 0 : 1, shape,
-                                  or_empty(f->int64_list->value));
+    rc = add_copy(sample, name, false, SF_DTYPE_INT64, shape[0] == 1 ? 0 : 1, shape,
+                                  f->int64_list->value);
     break;
   }
   case SFTF__FEATURE__KIND_FLOAT_LIST: {
     int64_t shape[1] = {(int64_t)f->float_list->n_value};
-    rc = sf_sample_add_field_copy(sample, name, false, SF_DTYPE_FLOAT32, shape[0] == 1 ? 0 : 1, shape,
-                                  or_empty(f->float_list->value));
+    rc = add_copy(sample, name, false, SF_DTYPE_FLOAT32, shape[0] == 1 ? 0 : 1, shape,
+                                  f->float_list->value);
     break;
   }
   default: return 0; /* no kind: no value to give */
