@@ -173,7 +173,7 @@ const sf_cli_command sf_cli_ls = {
     .run = ls_main,
     .args = "[--json] [--allow-pipe] [--shards] URL...",
     .summary = "list the samples of shards",
-    .about = "Lists the samples of tar shards, grouped as tar_split groups them: one line\n"
+    .about = "Lists the samples of tar shards (and TFRecord shards' records), grouped as tar_split groups them: one line\n"
              "per sample with its key, a TAB and its field names in member order\n"
              "(escaped: a backslash as \\\\, TAB, newline and CR as \\t \\n \\r, other\n"
              "control characters and bytes that are not UTF-8 as \\xNN, C1 controls and\n"

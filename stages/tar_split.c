@@ -1,4 +1,4 @@
-/* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive and emits its samples one per step, downloading the next shards meanwhile. */
+/* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive (or as TFRecord records) and emits its samples one per step, downloading the next shards meanwhile. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -55,6 +55,8 @@ typedef struct tar_split {
   int64_t max_sample_size; /* option, bytes */
   int key_rule;           /* option: sf_key_rule */
   char *key_regex;        /* option */
+  char *tfrecord_key;     /* option, or NULL */
+  sf_name_list tfrecord_fields; /* option: FIELD=FEATURE items */
   bool mmap;              /* option */
   atomic_uint_fast64_t read_ns; /* time the shard reads took (sf_shard_reader_options.read_ns), for describe() */
   regex_t regex;          /* key_regex compiled, when compiled is set */
@@ -152,6 +154,13 @@ static const sf_option options[] = {
      "with key_rule: regex, a POSIX extended regular expression matched against the member path as stored (case kept): "
      "group 1, starting the path, is the key, and a dot and the field name follow it (\"^([^.]*[.][0-9]+)[.](.+)$\" splits "
      "\"Track 2.0.json.gz\" into Track 2.0 and json.gz); members it does not match are skipped", NULL},
+    {"tfrecord_key", SF_OPT_STRING, offsetof(tar_split, tfrecord_key), NULL, 0, 0,
+     "TFRecord shards (.tfrecord, .tfrecord.gz, .tfrecord.zst): the tf.train.Example feature (one bytes or "
+     "int64 value) whose value keys each sample, and is no field; a record without it gets an error record "
+     "and is skipped; empty = the record's index in its shard", NULL},
+    {"tfrecord_fields", SF_OPT_NAME_LIST, offsetof(tar_split, tfrecord_fields), "", 0, 0,
+     "TFRecord shards: FIELD=FEATURE items naming the field a feature becomes (\"jpg=image/encoded\": decode "
+     "picks the decoder by a field's extension); features not listed keep their key as field name", NULL},
     {"mmap", SF_OPT_BOOL, offsetof(tar_split, mmap), "true", 0, 0,
      "memory-map local uncompressed shards and hand out their members as views of the page cache (no copy); "
      "a shard truncated in place while mapped then kills the process with SIGBUS (replace shards by renaming a "
@@ -484,6 +493,9 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
+  sf_tar_reader_set_tfrecord(t->tar, &(sf_tfrecord_options){.key_feature = t->tfrecord_key,
+                                                             .fields = t->tfrecord_fields.v,
+                                                             .n_fields = t->tfrecord_fields.n});
   t->shard = shard;
   return 0;
 }
@@ -712,6 +724,15 @@ static int init(sf_node *node) {
   t->lower_after = LOWER_AFTER;
   int krc = compile_key_regex(node, t);
   if (krc < 0) return krc;
+  for (int i = 0; i < t->tfrecord_fields.n; i++) {
+    const char *item = t->tfrecord_fields.v[i], *eq = strchr(item, '=');
+    if (!eq || eq == item || !eq[1] || eq - item >= SF_FIELD_NAME_MAX) {
+      sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "option tfrecord_fields: \"%s\" is not FIELD=FEATURE with a "
+                    "FIELD of 1 to %d bytes; write e.g. \"jpg=image/encoded,cls=image/class/label\"", item,
+                    SF_FIELD_NAME_MAX - 1);
+      return SF_EOPTION;
+    }
+  }
   if (t->ca_file && t->ca_file[0] && access(t->ca_file, R_OK) != 0) {
     sf_node_error(node, SF_EOPTION, NULL, NULL, -1, "option ca_file: cannot read %s: %s — give the PEM file of "
                   "the CA that signed the servers' certificates", t->ca_file, strerror(errno));
@@ -764,7 +785,7 @@ const sf_stage_def sf_stage_tar_split = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "tar_split",
     .summary = "streams tar shards (path, file://, http(s)://, pipe:) and groups members into "
-               "samples by key",
+               "samples by key; .tfrecord shards give one sample per tf.train.Example",
     .inputs = SF_PORTS({"in", SF_PORT_SHARD}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .priv_size = sizeof(tar_split),

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -12,6 +13,7 @@
 
 #include "parse.h"
 #include "tar_reader.h"
+#include "tfrecord.h"
 
 /* Most bytes read after the end-of-archive blocks to reach the source's end. */
 #define DRAIN_MAX ((int64_t)4 << 20)
@@ -79,10 +81,14 @@ struct sf_tar_reader {
   int64_t base;             /* stream offset of libarchive's first byte: its offsets count from here */
   bool give_header;         /* libarchive reads header[] first, then the rest of chunk */
   uint8_t header[512];      /* the header being parsed, gathered across chunks */
+  /* A TFRecord shard (named .tfrecord, see is_tfrecord): records read with the fast path's byte reader. */
+  bool tfrecord;
+  sf_tfrecord_options tfrecord_options; /* see sf_tar_reader_set_tfrecord */
 };
 
 /* Offsets count bytes of the tar stream; for a .tar.gz or .tar.zst that is not a position in the file. */
 static const char *offset_note(const sf_tar_reader *t) {
+  if (t->tfrecord && (t->gzip || t->zstd)) return " (byte offsets count the decompressed TFRecord stream)";
   bool compressed = t->gzip || (t->archive && archive_filter_count(t->archive) > 1);
   return compressed ? " (byte offsets count the decompressed tar stream)" : "";
 }
@@ -664,12 +670,138 @@ static int drain_source(sf_tar_reader *t) {
   }
 }
 
+/* Little-endian integers of a TFRecord frame. */
+static uint64_t le64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* An empty sample for record index at offset, keyed by key (its fields come later, if any). NULL when out of memory. */
+static sf_sample *record_sample(const sf_tar_reader *t, uint64_t index, int64_t offset, const char *key) {
+  sf_sample *sample = sf_sample_new();
+  if (!sample || sf_sample_set_key(sample, key, strlen(key)) < 0) {
+    sf_sample_destroy(&sample);
+    return NULL;
+  }
+  sample->url = sf_buffer_ref(t->url);
+  sample->index = index;
+  sample->offset = offset;
+  return sample;
+}
+
+/*
+ * Reads the data and CRC of a record whose frame said length (within the limits) into *sample. Returns 0;
+ * an error of this record alone (why says what, *sample is emptied); or the reader's failure (t->failed).
+ */
+static int read_record(sf_tar_reader *t, uint64_t length, sf_sample **sample, char *why, size_t why_size) {
+  const sf_sample *s = *sample;
+  uint8_t *data = malloc((size_t)length + SF_TFRECORD_FOOTER);
+  if (!data)
+    return fail(t, SF_ENOMEM, s->key, s->offset, "out of memory for the %llu-byte record %llu",
+                (unsigned long long)length, (unsigned long long)s->index);
+  int64_t want = (int64_t)length + SF_TFRECORD_FOOTER, got = fast_copy(t, data, want);
+  if (got < want) {
+    free(data);
+    return fail(t, SF_EFORMAT, s->key, s->offset, "the shard ends inside record %llu (%lld of its %lld bytes and "
+                "CRC) — the record is lost and the shard is truncated; re-create or re-download it",
+                (unsigned long long)s->index, (long long)got, (long long)want);
+  }
+  int rc = 0;
+  if (sf_tfrecord_masked_crc(data, (size_t)length) != le32(data + length))
+    rc = SF_EFORMAT, snprintf(why, why_size, "record %llu's data fails its CRC32C — the record is damaged and "
+                              "skipped; re-create or re-download the shard", (unsigned long long)s->index);
+  else
+    rc = sf_tfrecord_parse_example(data, (size_t)length, &t->tfrecord_options, *sample, why, why_size);
+  free(data);
+  if (rc < 0 && (*sample)->n_fields > 0) {
+    /* Fields before the failure go: the record is skipped whole. */
+    sf_sample *empty = record_sample(t, s->index, s->offset, s->key);
+    if (!empty) return fail(t, SF_ENOMEM, s->key, s->offset, "out of memory for a sample");
+    sf_sample_destroy(sample);
+    *sample = empty;
+  }
+  return rc;
+}
+
+/*
+ * sf_tar_reader_next() for a TFRecord shard: one record, framed as uint64 length, masked CRC32C of
+ * those 8 bytes, the data, masked CRC32C of the data (all little-endian), parsed as a tf.train.Example.
+ * A length whose CRC fails, or a shard cut inside a record, stops the shard (the next frame cannot be
+ * found); a record whose data CRC fails, one that is no Example, or one over the limits is only that
+ * record's loss: an empty sample comes back with the error, and reading goes on.
+ */
+static int tfrecord_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
+  int64_t offset = t->pos;
+  uint64_t index = t->index;
+  uint8_t frame[SF_TFRECORD_HEADER];
+  int64_t got = fast_copy(t, frame, sizeof frame);
+  if (got == 0 && t->source_code == 0) {
+    t->eof = true;
+    if (drain_source(t) < 0) goto failed;
+    return SF_EOF;
+  }
+  if (got < (int64_t)sizeof frame) {
+    fail(t, SF_EFORMAT, NULL, offset, "the shard ends inside the frame of record %llu (%lld of %d bytes) — it is "
+         "truncated; re-create or re-download it", (unsigned long long)index, (long long)got, SF_TFRECORD_HEADER);
+    goto failed;
+  }
+  if (sf_tfrecord_masked_crc(frame, 8) != le32(frame + 8)) {
+    fail(t, SF_EFORMAT, NULL, offset, "record %llu's length fails its CRC32C (length field 0x%016llx) — the shard is "
+         "damaged and the records after it cannot be found; re-create or re-download it",
+         (unsigned long long)index, (unsigned long long)le64(frame));
+    goto failed;
+  }
+  uint64_t length = le64(frame);
+  t->index++;
+  int64_t span = SF_TFRECORD_HEADER + SF_TFRECORD_FOOTER + (int64_t)(length < (uint64_t)1 << 62 ? length : 0);
+  if (span > t->largest_span) t->largest_span = span;
+  char key[24];
+  snprintf(key, sizeof key, "%llu", (unsigned long long)index);
+  sf_sample *sample = record_sample(t, index, offset, key);
+  if (!sample) {
+    fail(t, SF_ENOMEM, NULL, offset, "out of memory for a sample");
+    goto failed;
+  }
+  char why[200];
+  int rc;
+  int64_t limit = t->max_member_size < t->max_sample_size ? t->max_member_size : t->max_sample_size;
+  if (length > (uint64_t)limit) {
+    /* The length is checked: the record can be passed over, never held. */
+    int64_t skip = length > (uint64_t)INT64_MAX - SF_TFRECORD_FOOTER ? INT64_MAX : (int64_t)length + SF_TFRECORD_FOOTER;
+    if (fast_copy(t, NULL, skip) < skip)
+      rc = fail(t, SF_EFORMAT, key, offset, "the shard ends inside record %llu — it is truncated; re-create or "
+                "re-download it", (unsigned long long)index);
+    else
+      rc = SF_ETOOBIG, snprintf(why, sizeof why, "record %llu is %llu bytes, over tar_split's max_member_size or "
+                                "max_sample_size (%lld) — it is skipped; raise them if records this large are "
+                                "expected", (unsigned long long)index, (unsigned long long)length, (long long)limit);
+  } else {
+    rc = read_record(t, length, &sample, why, sizeof why);
+  }
+  if (t->failed) {
+    sf_sample_destroy(&sample);
+    goto failed;
+  }
+  if (rc < 0)
+    sf_error_set(error, rc, SF_AT(.url = t->url_text, .key = key, .offset = offset), "%s%s", why, offset_note(t));
+  *out = sample;
+  return rc;
+
+failed:
+  if (error) *error = t->fatal;
+  return t->failed;
+}
+
 int sf_tar_reader_next(sf_tar_reader *t, sf_sample **out, sf_error *error) {
   *out = NULL;
   if (t->failed) {
     if (error) *error = t->fatal;
     return t->failed;
   }
+  if (t->tfrecord) return tfrecord_next(t, out, error);
   if (!t->pending && !t->eof && advance(t) < 0) goto failed;
   if (t->eof) {
     if (drain_source(t) < 0) goto failed;
@@ -723,6 +855,10 @@ void sf_tar_reader_set_key_rule(sf_tar_reader *t, sf_key_rule rule, const regex_
   t->key_regex = regex;
 }
 
+void sf_tar_reader_set_tfrecord(sf_tar_reader *t, const sf_tfrecord_options *options) {
+  t->tfrecord_options = *options;
+}
+
 void sf_tar_reader_set_limits(sf_tar_reader *t, int64_t max_member_size, int64_t max_sample_size) {
   t->max_member_size = max_member_size;
   t->max_sample_size = max_sample_size;
@@ -760,6 +896,18 @@ static int open_codec(sf_tar_reader *t) {
   return 0;
 }
 
+bool sf_tar_reader_is_tfrecord(const char *url) {
+  /* The name ends at an http(s) URL's query or fragment. */
+  size_t len = strncmp(url, "http", 4) == 0 ? strcspn(url, "?#") : strlen(url);
+  static const char *const suffixes[] = {".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz",
+                                         ".tfrecord.zst", ".tfrecords.zst", NULL};
+  for (const char *const *s = suffixes; *s; s++) {
+    size_t n = strlen(*s);
+    if (len >= n && strncasecmp(url + len - n, *s, n) == 0) return true;
+  }
+  return false;
+}
+
 static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
   (void)sf_parse_size(SF_TAR_MAX_MEMBER_SIZE, &t->max_member_size);
   (void)sf_parse_size(SF_TAR_MAX_SAMPLE_SIZE, &t->max_sample_size);
@@ -776,6 +924,7 @@ static int open_archive(sf_tar_reader *t, const char *url, sf_error *error) {
     if (error) *error = t->source_error;
     return rc;
   }
+  if ((t->tfrecord = sf_tar_reader_is_tfrecord(url))) return 0; /* records are read with fast_copy from the start */
   /* An uncompressed shard that starts with a plain member starts on the fast path. */
   char path[257];
   int64_t size;

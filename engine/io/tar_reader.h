@@ -1,10 +1,11 @@
-/* WebDataset samples from a tar stream: plain ustar members parsed here, the rest by libarchive's tar reader; .tar.gz and .tar.zst decompressed here, their checks verified. */
+/* WebDataset samples from a tar stream: plain ustar members parsed here, the rest by libarchive's tar reader; .tar.gz and .tar.zst decompressed here, their checks verified. TFRecord shards (.tfrecord) read as records of tf.train.Example. */
 #ifndef SF_ENGINE_TAR_READER_H
 #define SF_ENGINE_TAR_READER_H
 
 #include <regex.h>
 
 #include "shard_reader.h"
+#include "tfrecord.h"
 #include "shardflow/sample.h"
 
 typedef struct sf_tar_reader sf_tar_reader;
@@ -99,6 +100,26 @@ typedef enum sf_key_rule {
  * under every rule.
  */
 void sf_tar_reader_set_key_rule(sf_tar_reader *reader, sf_key_rule rule, const regex_t *regex);
+
+/*
+ * True when url names a TFRecord shard: its name (an http(s) URL's up to its query) ends in .tfrecord or
+ * .tfrecords, optionally followed by .gz or .zst (any case). Such a shard is read as TFRecord records, one
+ * tf.train.Example each, instead of tar members: each record is one sample whose fields are its features
+ * (see sf_tfrecord_parse_example), keyed by its index in the shard (decimal) or the feature set with
+ * sf_tar_reader_set_tfrecord; index and offset are the record's, offsets counting the decompressed
+ * stream. sf_tar_reader_next then returns, besides the errors above: SF_EFORMAT with an empty *sample for
+ * a record whose data fails its CRC32C or is no Example, SF_ETOOBIG likewise for one over the smaller of
+ * the two limits (passed over, never held), SF_EUNSUPPORTED, SF_EDUP or SF_ENOENT likewise for features
+ * it cannot give (reading goes on after all these); SF_EFORMAT without a sample for a length whose CRC32C
+ * fails or a shard cut inside a record (reading cannot go on).
+ */
+bool sf_tar_reader_is_tfrecord(const char *url);
+
+/*
+ * How a TFRecord shard's features become fields (see sf_tfrecord_options): the key feature and renames.
+ * Copied, but the strings it points to are borrowed and must outlive the reader. Tar shards ignore it.
+ */
+void sf_tar_reader_set_tfrecord(sf_tar_reader *reader, const sf_tfrecord_options *options);
 
 /* Closes and sets *reader to NULL. */
 void sf_tar_reader_close(sf_tar_reader **reader);

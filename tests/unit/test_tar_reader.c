@@ -22,6 +22,7 @@
 #include "harness.h"
 #include "prefetch.h"
 #include "tar_reader.h"
+#include "tfrecord.h"
 #include "shardflow/stage.h"
 
 typedef struct member {
@@ -896,6 +897,284 @@ static void test_out_of_descriptors(void **state) {
   unlink(path);
 }
 
+/* ---- TFRecord ---- */
+
+/* RFC 3720 B.4's CRC32C vectors, and TFRecord's mask, from its definition. */
+static void test_crc32c_vectors(void **state) {
+  (void)state;
+  uint8_t b[32];
+  memset(b, 0, sizeof b);
+  assert_int_equal(sf_crc32c(0, b, 32), 0x8A9136AAu);
+  memset(b, 0xff, sizeof b);
+  assert_int_equal(sf_crc32c(0, b, 32), 0x62A8AB43u);
+  for (int i = 0; i < 32; i++) b[i] = (uint8_t)i;
+  assert_int_equal(sf_crc32c(0, b, 32), 0x46DD794Eu);
+  for (int i = 0; i < 32; i++) b[i] = (uint8_t)(31 - i);
+  assert_int_equal(sf_crc32c(0, b, 32), 0x113FDB5Cu);
+  /* Continued in pieces (the slicing loop and the byte loop both) equals one pass. */
+  for (int i = 0; i < 32; i++) b[i] = (uint8_t)i;
+  assert_int_equal(sf_crc32c(sf_crc32c(0, b, 13), b + 13, 19), 0x46DD794Eu);
+  uint32_t c = 0x46DD794Eu;
+  assert_int_equal(sf_tfrecord_masked_crc(b, 32), ((c >> 15) | (c << 17)) + 0xa282ead8u);
+}
+
+/* Protobuf wire bytes, written by hand. */
+typedef struct pb { uint8_t d[4096]; size_t n; } pb;
+
+static void pb_varint(pb *p, uint64_t v) {
+  do {
+    p->d[p->n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    v >>= 7;
+  } while (v);
+}
+
+static void pb_bytes(pb *p, int field, const void *data, size_t n) {
+  pb_varint(p, (uint64_t)field << 3 | 2);
+  pb_varint(p, n);
+  memcpy(p->d + p->n, data, n);
+  p->n += n;
+}
+
+/* A Features entry: key and a Feature (kind 1 bytes_list, 2 float_list, 3 int64_list) holding list bytes. */
+static void pb_entry(pb *features, const char *key, int kind, const pb *list) {
+  pb feature = {0}, entry = {0};
+  pb_bytes(&feature, kind, list->d, list->n);
+  pb_bytes(&entry, 1, key, strlen(key));
+  pb_bytes(&entry, 2, feature.d, feature.n);
+  pb_bytes(features, 1, entry.d, entry.n);
+}
+
+/* An Example: image/encoded (bytes), label (int64 scalar), bbox (3 floats, packed). */
+static void example(pb *out, const char *image, int64_t label) {
+  pb bytes = {0}, ints = {0}, floats = {0}, packed = {0}, features = {0};
+  pb_bytes(&bytes, 1, image, strlen(image));
+  pb_varint(&ints, 1 << 3 | 0);
+  pb_varint(&ints, (uint64_t)label);
+  float f[3] = {0.25f, -1.5f, 3.0f};
+  pb_bytes(&packed, 1, f, sizeof f);
+  memcpy(floats.d, packed.d, packed.n);
+  floats.n = packed.n;
+  pb_entry(&features, "image/encoded", 1, &bytes);
+  pb_entry(&features, "label", 3, &ints);
+  pb_entry(&features, "bbox", 2, &floats);
+  memset(out, 0, sizeof *out);
+  pb_bytes(out, 1, features.d, features.n);
+}
+
+/* Appends one TFRecord frame around data. */
+static void frame(uint8_t *shard, size_t *n, const void *data, size_t len) {
+  uint8_t h[12];
+  for (int i = 0; i < 8; i++) h[i] = (uint8_t)((uint64_t)len >> (8 * i));
+  uint32_t c = sf_tfrecord_masked_crc(h, 8);
+  for (int i = 0; i < 4; i++) h[8 + i] = (uint8_t)(c >> (8 * i));
+  memcpy(shard + *n, h, 12);
+  memcpy(shard + *n + 12, data, len);
+  c = sf_tfrecord_masked_crc(data, len);
+  for (int i = 0; i < 4; i++) shard[*n + 12 + len + i] = (uint8_t)(c >> (8 * i));
+  *n += 12 + len + 4;
+}
+
+static sf_tar_reader *open_tfrecord(const uint8_t *data, size_t size, const char *url) {
+  sf_tar_reader *t = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_open_memory(&t, data, size, url, &e), 0);
+  return t;
+}
+
+/* Three records become samples keyed 0, 1, 2 with the features as fields; then the end. */
+static void test_tfrecord_records(void **state) {
+  (void)state;
+  static uint8_t shard[1 << 14];
+  size_t n = 0, offsets[3];
+  const char *images[3] = {"JPEGBYTES-0", "jpeg-one", ""};
+  for (int i = 0; i < 3; i++) {
+    pb ex;
+    example(&ex, images[i], 10 + i);
+    offsets[i] = n;
+    frame(shard, &n, ex.d, ex.n);
+  }
+  assert_true(sf_tar_reader_is_tfrecord("s3://b/train-00001.tfrecord"));
+  assert_true(sf_tar_reader_is_tfrecord("https://h/x.TFRecord.gz?sig=1"));
+  assert_true(sf_tar_reader_is_tfrecord("a.tfrecords.zst"));
+  assert_false(sf_tar_reader_is_tfrecord("a.tfrecord.tar"));
+  assert_false(sf_tar_reader_is_tfrecord("https://h/a.tar?x=.tfrecord"));
+  sf_tar_reader *t = open_tfrecord(shard, n, "mem.tfrecord");
+  for (int i = 0; i < 3; i++) {
+    sf_sample *s = NULL;
+    sf_error e;
+    assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+    char key[8];
+    snprintf(key, sizeof key, "%d", i);
+    assert_string_equal(s->key, key);
+    assert_int_equal(s->index, i);
+    assert_int_equal(s->offset, offsets[i]);
+    assert_string_equal(sf_sample_url(s), "mem.tfrecord");
+    assert_int_equal(s->n_fields, 3);
+    sf_field *img = sf_sample_field(s, "image/encoded");
+    assert_non_null(img);
+    assert_true(img->encoded);
+    assert_int_equal(img->tensor.shape[0], strlen(images[i]));
+    assert_memory_equal(sf_tensor_data(&img->tensor), images[i], strlen(images[i]));
+    sf_field *label = sf_sample_field(s, "label");
+    assert_false(label->encoded);
+    assert_int_equal(label->tensor.dtype, SF_DTYPE_INT64);
+    assert_int_equal(label->tensor.ndim, 0);
+    assert_int_equal(*(int64_t *)sf_tensor_data(&label->tensor), 10 + i);
+    sf_field *bbox = sf_sample_field(s, "bbox");
+    assert_int_equal(bbox->tensor.dtype, SF_DTYPE_FLOAT32);
+    assert_int_equal(bbox->tensor.ndim, 1);
+    assert_int_equal(bbox->tensor.shape[0], 3);
+    assert_true(((float *)sf_tensor_data(&bbox->tensor))[1] == -1.5f);
+    sf_sample_destroy(&s);
+  }
+  sf_sample *s = NULL;
+  sf_error e;
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EOF);
+  sf_tar_reader_close(&t);
+  /* Keyed by a feature: label's value, and label is no field. */
+  t = open_tfrecord(shard, n, "mem.tfrecord");
+  const char *fields[] = {"jpg=image/encoded"};
+  sf_tar_reader_set_tfrecord(t, &(sf_tfrecord_options){.key_feature = "label", .fields = fields, .n_fields = 1});
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  assert_string_equal(s->key, "10");
+  assert_null(sf_sample_field(s, "label"));
+  assert_int_equal(s->n_fields, 2);
+  assert_true(sf_sample_field(s, "jpg")->encoded);
+  sf_sample_destroy(&s);
+  sf_tar_reader_close(&t);
+  t = open_tfrecord(shard, n, "mem.tfrecord");
+  sf_tar_reader_set_tfrecord(t, &(sf_tfrecord_options){.key_feature = "id"});
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ENOENT);
+  assert_non_null(s);
+  assert_int_equal(s->n_fields, 0);
+  assert_non_null(strstr(e.message, "\"id\""));
+  sf_sample_destroy(&s);
+  sf_tar_reader_close(&t);
+}
+
+/* Damage: a data CRC (the record skipped, reading goes on), a length CRC and a cut (the shard stops), with offsets. */
+static void test_tfrecord_damage(void **state) {
+  (void)state;
+  static uint8_t shard[1 << 14], bad[1 << 14];
+  size_t n = 0, offsets[3];
+  for (int i = 0; i < 3; i++) {
+    pb ex;
+    example(&ex, "img", i);
+    offsets[i] = n;
+    frame(shard, &n, ex.d, ex.n);
+  }
+  sf_sample *s = NULL;
+  sf_error e;
+  /* One byte of record 1's data flipped. */
+  memcpy(bad, shard, n);
+  bad[offsets[1] + 12 + 3] ^= 0x40;
+  sf_tar_reader *t = open_tfrecord(bad, n, "bad.tfrecord");
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_non_null(s); /* only this record is lost */
+  assert_int_equal(e.offset, offsets[1]);
+  assert_string_equal(e.url, "bad.tfrecord");
+  assert_non_null(strstr(e.message, "data fails its CRC32C"));
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  assert_string_equal(s->key, "2");
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EOF);
+  sf_tar_reader_close(&t);
+  /* Record 2's data CRC itself flipped: the same. */
+  memcpy(bad, shard, n);
+  bad[n - 1] ^= 1;
+  t = open_tfrecord(bad, n, "bad.tfrecord");
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+    sf_sample_destroy(&s);
+  }
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_non_null(s);
+  assert_int_equal(e.offset, offsets[2]);
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EOF);
+  sf_tar_reader_close(&t);
+  /* Record 1's length changed: its CRC fails, and the shard stops there. */
+  memcpy(bad, shard, n);
+  bad[offsets[1]] ^= 2;
+  t = open_tfrecord(bad, n, "bad.tfrecord");
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_null(s);
+  assert_int_equal(e.offset, offsets[1]);
+  assert_non_null(strstr(e.message, "length fails its CRC32C"));
+  assert_true(sf_tar_reader_failed(t));
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT); /* sticky */
+  sf_tar_reader_close(&t);
+  /* Cut inside record 2's data, then inside its frame. */
+  size_t cuts[2] = {n - 5, offsets[2] + 7};
+  for (int c = 0; c < 2; c++) {
+    t = open_tfrecord(shard, cuts[c], "cut.tfrecord");
+    for (int i = 0; i < 2; i++) {
+      assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+      sf_sample_destroy(&s);
+    }
+    assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+    assert_null(s);
+    assert_int_equal(e.offset, offsets[2]);
+    assert_non_null(strstr(e.message, "truncated"));
+    sf_tar_reader_close(&t);
+  }
+  /* A record that is not an Example (CRCs good): skipped alone. */
+  size_t m = 0;
+  uint8_t junk[] = {0xff, 0xff, 0xff};
+  frame(bad, &m, junk, sizeof junk);
+  memcpy(bad + m, shard, n);
+  t = open_tfrecord(bad, m + n, "junk.tfrecord");
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_EFORMAT);
+  assert_non_null(s);
+  assert_int_equal(e.offset, 0);
+  assert_non_null(strstr(e.message, "not a tf.train.Example"));
+  sf_sample_destroy(&s);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), 0);
+  assert_string_equal(s->key, "1");
+  sf_sample_destroy(&s);
+  sf_tar_reader_close(&t);
+  /* Hostile Examples refused before protobuf-c unpacks them, or within 8 bytes of memory per byte. */
+  /* Four features fields of 10 entries each: protobuf merges them into 40, over the 16 a sample holds. */
+  pb ten = {0}, empty = {0}, features = {0};
+  for (int i = 0; i < 10; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "f%d", i);
+    pb_entry(&ten, name, 3, &empty);
+  }
+  for (int i = 0; i < 4; i++) pb_bytes(&features, 1, ten.d, ten.n);
+  sf_sample *x = sf_sample_new();
+  char why[256];
+  assert_int_equal(sf_tfrecord_parse_example(features.d, features.n, NULL, x, why, sizeof why), SF_ETOOBIG);
+  assert_non_null(strstr(why, "features"));
+  pb pair = {0}, entry = {0};
+  pb_bytes(&pair, 1, "a", 1);
+  pb_bytes(&pair, 1, "b", 1);
+  pb_entry(&entry, "k", 1, &pair);
+  memset(&features, 0, sizeof features);
+  pb_bytes(&features, 1, entry.d, entry.n);
+  assert_int_equal(sf_tfrecord_parse_example(features.d, features.n, NULL, x, why, sizeof why), SF_EUNSUPPORTED);
+  size_t big = 200000;
+  uint8_t *unknown = malloc(big);
+  for (size_t i = 0; i < big; i += 2) unknown[i] = 5 << 3, unknown[i + 1] = 0; /* field 5, varint 0 */
+  assert_int_equal(sf_tfrecord_parse_example(unknown, big, NULL, x, why, sizeof why), SF_EFORMAT);
+  assert_non_null(strstr(why, "8 times"));
+  free(unknown);
+  assert_int_equal(x->n_fields, 0);
+  sf_sample_destroy(&x);
+  /* Over the limits: passed over. */
+  t = open_tfrecord(shard, n, "big.tfrecord");
+  sf_tar_reader_set_limits(t, 8, 1 << 20);
+  assert_int_equal(sf_tar_reader_next(t, &s, &e), SF_ETOOBIG);
+  assert_non_null(s);
+  sf_sample_destroy(&s);
+  sf_tar_reader_close(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grouping),
@@ -916,6 +1195,9 @@ int main(void) {
       cmocka_unit_test(test_stage_samples_per_epoch),
       cmocka_unit_test(test_stage_errors),
       cmocka_unit_test(test_out_of_descriptors),
+      cmocka_unit_test(test_crc32c_vectors),
+      cmocka_unit_test(test_tfrecord_records),
+      cmocka_unit_test(test_tfrecord_damage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
