@@ -1,4 +1,5 @@
-/* Image codecs: JPEG (TurboJPEG), PNG (libspng) and binary PPM/PGM to uint8 [H,W,C] tensors and back. */
+/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp) and binary PPM/PGM to uint8 [H,W,C] tensors and
+   back (encoding: JPEG, PNG, PPM/PGM). */
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -10,6 +11,7 @@
 
 #include <spng.h>
 #include <turbojpeg.h>
+#include <webp/decode.h>
 
 #include "image.h"
 #include "pixels.h"
@@ -390,6 +392,51 @@ done:
   return r;
 }
 
+/* ---- WebP ---------------------------------------------------------------------------------- */
+
+static bool is_webp(const uint8_t *p, size_t n) {
+  return n >= 12 && memcmp(p, "RIFF", 4) == 0 && memcmp(p + 8, "WEBP", 4) == 0;
+}
+
+/*
+ * A still WebP (lossy or lossless) through libwebp's simple decoder, RGB or RGBA as the mode asks:
+ * the first frame's pixels as Pillow reads them (its WebPAnimDecoder decodes a key frame straight into
+ * a cleared canvas, non-premultiplied). Gray is Pillow's luma of the RGB. Animated files are refused.
+ */
+static int decode_webp(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                       sf_tensor *out, sf_error *error) {
+  WebPBitstreamFeatures features;
+  VP8StatusCode status = WebPGetFeatures(p, n, &features);
+  if (status != VP8_STATUS_OK)
+    return sf_error_set(error, status == VP8_STATUS_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                        "corrupt WebP header (libwebp status %d)", (int)status);
+  if (features.has_animation)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "animated WebP is not supported (still images only)");
+  int r = check_pixels(features.width, features.height, limits, "WebP", error);
+  if (r < 0) return r;
+  int channels = channels_for(mode, features.has_alpha ? 4 : 3);
+  int decoded = channels == 1 ? 3 : channels;
+  size_t pixels = (size_t)features.width * (size_t)features.height;
+  uint8_t *rgb = NULL;
+  if ((r = alloc_image(out, features.height, features.width, channels, error)) < 0) return r;
+  uint8_t *dst = sf_tensor_data(out);
+  if (channels == 1 && !(dst = rgb = malloc(pixels * 3))) {
+    sf_tensor_clear(out);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a WebP", pixels * 3);
+  }
+  size_t stride = (size_t)features.width * (size_t)decoded;
+  uint8_t *done = decoded == 4 ? WebPDecodeRGBAInto(p, n, dst, pixels * 4, (int)stride)
+                               : WebPDecodeRGBInto(p, n, dst, pixels * 3, (int)stride);
+  if (!done) {
+    free(rgb);
+    sf_tensor_clear(out);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt or truncated WebP");
+  }
+  if (rgb) rgb_to_gray(rgb, 3, sf_tensor_data(out), pixels);
+  free(rgb);
+  return 0;
+}
+
 /* ---- PPM / PGM ----------------------------------------------------------------------------- */
 
 /* Skips whitespace and '#' comments (to end of line), as netpbm allows between header tokens. */
@@ -492,20 +539,24 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     r = decode_jpeg(p, size, mode, limits, out, error);
   else if (size >= sizeof png_signature && memcmp(p, png_signature, sizeof png_signature) == 0)
     r = decode_png(p, size, mode, limits, out, error);
+  else if (is_webp(p, size))
+    r = decode_webp(p, size, mode, limits, out, error);
   else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                      "not a JPEG, PNG or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      "not a JPEG, PNG, WebP or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
                       size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
-  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", NULL};
+  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", NULL};
   /* Asked for every field of every sample: most names (cls, txt, json) fail on the first letter. */
-  if (!format || ((format[0] | 0x20) != 'j' && (format[0] | 0x20) != 'p')) return 0;
+  if (!format) return 0;
+  int first = format[0] | 0x20;
+  if (first != 'j' && first != 'p' && first != 'w') return 0;
   for (int i = 0; known[i]; i++)
     if (strcasecmp(format, known[i]) == 0) return 1;
   return 0;

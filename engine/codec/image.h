@@ -28,7 +28,8 @@ typedef struct sf_image_limits {
  * `buffer` holds the encoded bytes at [offset, offset+size); for binary
  * PPM/PGM in the requested mode the result is a view of that buffer (no copy,
  * a new reference is taken). Formats: JPEG (TurboJPEG; a warning is an error,
- * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), PPM (P6)
+ * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), WebP
+ * (libwebp, still images, lossy or lossless, alpha kept in mode keep; animated ones are SF_EUNSUPPORTED), PPM (P6)
  * and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian samples kept as stored, not rescaled) when
  * depth asks for 16 bits. CMYK/YCCK JPEGs are taken as Adobe-inverted (as libjpeg writes them and
  * Pillow reads them) and converted to RGB with Pillow's formula (Convert.c cmyk2rgb).

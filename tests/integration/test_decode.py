@@ -3,10 +3,10 @@
 run through `shardflow run`, and compared with what PIL decodes from the same bytes.
 
 Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) within +-1 of PIL;
-PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM and a
-.ppm.gz exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM, a
+.ppm.gz and WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
-max_pixels, a bad label, corrupt gzip) under error_policy skip (sample missing, message naming
+max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels) under error_policy skip (sample missing, message naming
 shard URL, key and byte offset) and fail (non-zero exit, same message); JPEGs on which libjpeg only
 warns ("2 extraneous bytes before marker 0xd9", common in ImageNet) decode to PIL's pixels, while a
 truncated JPEG stays corrupt even when such a warning comes first.
@@ -78,6 +78,12 @@ def good_images():
         out.append(("ppm", encode(rgb, "PPM")))
         out.append(("pgm", encode(Image.fromarray(picture(h, w, 1)), "PPM")))
         out.append(("ppm.gz", gzip.compress(encode(rgb, "PPM"))))
+        # WebP: lossless and lossy (PIL decodes with the same libwebp, so exact), with and without alpha.
+        rgba = Image.fromarray(picture(h, w, 4))
+        out.append(("webp", encode(rgb, "WEBP", lossless=True)))
+        out.append(("webp", encode(rgba, "WEBP", lossless=True)))
+        out.append(("webp", encode(rgb, "WEBP", quality=80)))
+        out.append(("webp", encode(rgba, "WEBP", quality=70)))
     out.append(("seg.png", encode(Image.fromarray(picture(9, 11, 3)), "PNG")))
     # Content decides, as in PIL: a PNG stored under .jpg decodes as the PNG it is.
     out.append(("jpg", encode(Image.fromarray(picture(6, 5, 3)), "PNG")))
@@ -274,6 +280,7 @@ def bad_cases():
     length = int.from_bytes(png[i - 4 : i], "big")
     png[i + 4 + length] ^= 0xFF  # first byte of the IDAT chunk's CRC
     big = encode(Image.fromarray(picture(400, 300, 3)), "PNG")  # 120,000 pixels > max_pixels 100000
+    webp = encode(Image.fromarray(picture(40, 30, 3)), "WEBP", quality=80)
     return [
         ("not a JPEG", [("jpg", b"this is not a JPEG at all\n")]),
         ("truncated JPEG", [("jpg", jpg[: len(jpg) // 2])]),
@@ -281,6 +288,9 @@ def bad_cases():
         ("JPEG cut before its first scan", [("jpg", jpg[: jpg.index(b"\xff\xda")])]),
         ("PNG with a bad CRC", [("png", bytes(png))]),
         ("image over max_pixels", [("png", big)]),
+        ("truncated WebP", [("webp", webp[: len(webp) // 2])]),
+        ("WebP with a bad RIFF size", [("webp", webp[:4] + b"\xff\xff\xff\x7f" + webp[8:])]),
+        ("WebP over max_pixels", [("webp", encode(Image.fromarray(picture(400, 300, 3)), "WEBP", lossless=True))]),
         ("bad class label", [("ppm", encode(Image.fromarray(picture(4, 4, 3)), "PPM")), ("cls", b"seven")]),
         ("corrupt gzip", [("ppm.gz", gzip.compress(b"P6 4 4 255\n" + bytes(48))[:-9] + b"garbage!!")]),
     ]
