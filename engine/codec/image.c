@@ -1,4 +1,4 @@
-/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp) and binary PPM/PGM to uint8 [H,W,C] tensors and
+/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff) and binary PPM/PGM to uint8 [H,W,C] tensors and
    back (encoding: JPEG, PNG, PPM/PGM). */
 #include <limits.h>
 #include <pthread.h>
@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include <spng.h>
+#include <tiffio.h>
 #include <turbojpeg.h>
 #include <webp/decode.h>
 
@@ -437,6 +438,261 @@ static int decode_webp(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   return 0;
 }
 
+/* ---- TIFF ---------------------------------------------------------------------------------- */
+
+/* Largest single allocation libtiff may make (strip, tile, tag arrays): a damaged header cannot ask for more. */
+#define TIFF_ALLOC_LIMIT ((tmsize_t)256 << 20)
+
+/* The encoded bytes libtiff reads through its client I/O, and its first error message. */
+typedef struct tiff_source {
+  const uint8_t *data;
+  size_t size, pos;
+  char message[160];
+} tiff_source;
+
+static tmsize_t tiff_read(thandle_t h, void *buf, tmsize_t n) {
+  tiff_source *s = h;
+  size_t left = s->pos < s->size ? s->size - s->pos : 0, take = n < 0 ? 0 : (size_t)n;
+  if (take > left) take = left;
+  memcpy(buf, s->data + s->pos, take);
+  s->pos += take;
+  return (tmsize_t)take;
+}
+
+static tmsize_t tiff_write(thandle_t h, void *buf, tmsize_t n) { return -1; }
+
+static toff_t tiff_seek(thandle_t h, toff_t off, int whence) {
+  tiff_source *s = h;
+  uint64_t base = whence == SEEK_CUR ? s->pos : whence == SEEK_END ? s->size : 0;
+  if (off > UINT64_MAX - base) return (toff_t)-1;
+  s->pos = base + off > s->size ? s->size : (size_t)(base + off);
+  return base + off;
+}
+
+static int tiff_close(thandle_t h) { return 0; }
+
+static toff_t tiff_size(thandle_t h) { return ((tiff_source *)h)->size; }
+
+static int tiff_map(thandle_t h, void **base, toff_t *size) {
+  tiff_source *s = h;
+  *base = (void *)s->data;
+  *size = s->size;
+  return 1;
+}
+
+static void tiff_unmap(thandle_t h, void *base, toff_t size) {}
+
+/* Keeps the first error for our message instead of libtiff's default of printing to stderr. */
+static int tiff_error(TIFF *tif, void *user, const char *module, const char *fmt, va_list ap) {
+  tiff_source *s = user;
+  if (!s->message[0]) vsnprintf(s->message, sizeof s->message, fmt, ap);
+  return 1;
+}
+
+static int tiff_warning(TIFF *tif, void *user, const char *module, const char *fmt, va_list ap) { return 1; }
+
+/*
+ * Reads the image's samples as stored (contiguous planes; `bytes` per sample) into dst, packed rows of
+ * width * spp samples, from strips by scanline or from tiles. Returns 0 or -1 (libtiff said why).
+ */
+static int tiff_read_samples(TIFF *tif, uint32_t width, uint32_t height, int spp, int bytes, uint8_t *dst) {
+  size_t row = (size_t)width * (size_t)spp * (size_t)bytes;
+  if (!TIFFIsTiled(tif)) {
+    if ((size_t)TIFFScanlineSize64(tif) != row) return -1;
+    for (uint32_t y = 0; y < height; y++)
+      if (TIFFReadScanline(tif, dst + y * row, y, 0) < 0) return -1;
+    return 0;
+  }
+  uint32_t tw = 0, th = 0;
+  if (!TIFFGetField(tif, TIFFTAG_TILEWIDTH, &tw) || !TIFFGetField(tif, TIFFTAG_TILELENGTH, &th) || !tw || !th)
+    return -1;
+  tmsize_t tile_size = TIFFTileSize(tif);
+  size_t tile_row = (size_t)tw * (size_t)spp * (size_t)bytes;
+  if (tile_size <= 0 || (uint64_t)tile_size != (uint64_t)tile_row * th) return -1;
+  uint8_t *tile = _TIFFmalloc(tile_size);
+  if (!tile) return -1;
+  int r = 0;
+  for (uint32_t y0 = 0; y0 < height && r == 0; y0 += th)
+    for (uint32_t x0 = 0; x0 < width && r == 0; x0 += tw) {
+      if (TIFFReadTile(tif, tile, x0, y0, 0, 0) < 0) {
+        r = -1;
+        break;
+      }
+      uint32_t cw = width - x0 < tw ? width - x0 : tw, ch = height - y0 < th ? height - y0 : th;
+      for (uint32_t y = 0; y < ch; y++)
+        memcpy(dst + (size_t)(y0 + y) * row + (size_t)x0 * (size_t)spp * (size_t)bytes, tile + (size_t)y * tile_row,
+               (size_t)cw * (size_t)spp * (size_t)bytes);
+    }
+  _TIFFfree(tile);
+  return r;
+}
+
+/* 8-bit CMYK to RGB (or its luma) with Pillow's cmyk2rgb, which libtiff's RGBA reader rounds differently. */
+static int decode_tiff_cmyk(TIFF *tif, tiff_source *src, uint32_t width, uint32_t height, sf_image_mode mode,
+                            sf_tensor *out, sf_error *error) {
+  size_t pixels = (size_t)width * height;
+  uint8_t *cmyk = malloc(pixels * 4);
+  if (!cmyk) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u CMYK TIFF", width, height);
+  int channels = mode == SF_IMAGE_GRAY ? 1 : 3, r;
+  if (tiff_read_samples(tif, width, height, 4, 1, cmyk) < 0) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src->message[0] ? src->message : "cannot read its samples");
+  } else if ((r = alloc_image(out, height, width, channels, error)) == 0) {
+    /* cmyk_to_rgb takes Adobe-inverted samples (as JPEG's CMYK comes): invert TIFF's plain ones. */
+    uint8_t *dst = sf_tensor_data(out);
+    for (size_t i = 0; i < pixels; i++) {
+      uint8_t inverted[4], rgb[3];
+      for (int c = 0; c < 4; c++) inverted[c] = (uint8_t)(255 - cmyk[i * 4 + c]);
+      cmyk_to_rgb(inverted, channels == 3 ? dst + i * 3 : rgb, 1);
+      if (channels == 1) dst[i] = luma(rgb);
+    }
+  }
+  free(cmyk);
+  return r;
+}
+
+/*
+ * The first page of a TIFF as Pillow decodes it. Gray, gray+alpha, RGB and RGBA with 8- or 16-bit
+ * unsigned samples in one plane (JPEG-compressed YCbCr read as RGB by libjpeg, as Pillow asks libtiff)
+ * are read as stored: 16-bit samples as uint16 at depth 16/native, their high byte at depth 8 (16-bit
+ * gray is refused there, as for PNG). Everything else (palette, bilevel, 2/4-bit, CMYK, separate planes)
+ * goes through libtiff's RGBA reader, 8-bit; associated (premultiplied) alpha is kept as stored. 8-bit CMYK
+ * is converted with Pillow's formula.
+ */
+static int decode_tiff(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                       sf_tensor *out, sf_error *error) {
+  tiff_source src = {.data = p, .size = n};
+  TIFFOpenOptions *opts = TIFFOpenOptionsAlloc();
+  if (!opts) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a TIFF decoder");
+  TIFFOpenOptionsSetMaxSingleMemAlloc(opts, TIFF_ALLOC_LIMIT);
+  TIFFOpenOptionsSetErrorHandlerExtR(opts, tiff_error, &src);
+  TIFFOpenOptionsSetWarningHandlerExtR(opts, tiff_warning, &src);
+  TIFF *tif = TIFFClientOpenExt("tiff", "rm", &src, tiff_read, tiff_write, tiff_seek, tiff_close, tiff_size,
+                                tiff_map, tiff_unmap, opts);
+  TIFFOpenOptionsFree(opts);
+  if (!tif)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF header: %s",
+                        src.message[0] ? src.message : "libtiff cannot open it");
+  uint8_t *raw = NULL;
+  uint32_t width = 0, height = 0;
+  uint16_t bits = 1, spp = 1, photometric = 0, planar = PLANARCONFIG_CONTIG, format = SAMPLEFORMAT_UINT,
+           compression = COMPRESSION_NONE, extra_count = 0, *extra = NULL;
+  int r;
+  TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
+  TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &height);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &bits);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &spp);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &planar);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &format);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &compression);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &extra_count, &extra);
+  if (!TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &photometric)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: no PhotometricInterpretation");
+    goto done;
+  }
+  if ((r = check_pixels(width, height, limits, "TIFF", error)) < 0) goto done;
+  if (photometric == PHOTOMETRIC_YCBCR && compression == COMPRESSION_JPEG) {
+    TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
+    photometric = PHOTOMETRIC_RGB;
+  }
+  uint16_t inkset = INKSET_CMYK;
+  TIFFGetFieldDefaulted(tif, TIFFTAG_INKSET, &inkset);
+  if (photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp == 4 && bits == 8 &&
+      planar == PLANARCONFIG_CONTIG && format == SAMPLEFORMAT_UINT) {
+    r = decode_tiff_cmyk(tif, &src, width, height, mode, out, error);
+    goto done;
+  }
+  int color = photometric == PHOTOMETRIC_RGB ? 3 : 1;
+  bool unassociated = extra_count == 1 && extra && extra[0] != EXTRASAMPLE_ASSOCALPHA;
+  bool direct = (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK) &&
+                (planar == PLANARCONFIG_CONTIG || spp == 1) && format == SAMPLEFORMAT_UINT &&
+                (bits == 8 || bits == 16) && (spp == color || (spp == color + 1 && unassociated));
+  size_t pixels = (size_t)width * height;
+  if (direct) {
+    bool alpha = spp == color + 1, gray = color == 1 && !alpha;
+    bool wide = bits == 16 && wants_16(limits);
+    int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3), bytes = bits / 8;
+    if (bits == 16 && color == 1 && !alpha && !wide) {
+      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                       "16-bit grayscale TIFF needs decode's depth 16 or native (depth 8 makes 8-bit images)");
+      goto done;
+    }
+    if (wide && channels == 1 && !gray) {
+      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                       "a 16-bit color TIFF cannot be decoded to gray at depth 16; use mode rgb or keep");
+      goto done;
+    }
+    if (!(raw = malloc(pixels * spp * (size_t)bytes))) {
+      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
+      goto done;
+    }
+    if (tiff_read_samples(tif, width, height, spp, bytes, raw) < 0) {
+      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                       src.message[0] ? src.message : "cannot read its samples");
+      goto done;
+    }
+    if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
+      goto done;
+    /* Source sample k of pixel i for output channel c: gray repeats its one sample, alpha is the last. */
+    for (size_t i = 0; i < pixels; i++) {
+      const uint8_t *px = raw + i * spp * (size_t)bytes;
+      uint32_t v[4];
+      for (int c = 0; c < 4; c++) {
+        int k = c == 3 ? (alpha ? spp - 1 : -1) : color == 1 ? 0 : c;
+        uint32_t sample = k < 0 ? 0 : bytes == 1 ? px[k] : ((const uint16_t *)(const void *)px)[k];
+        v[c] = wide || bytes == 1 ? sample : sample >> 8;
+      }
+      if (channels == 1 && !gray) {
+        uint8_t rgb[3] = {(uint8_t)v[0], (uint8_t)v[1], (uint8_t)v[2]};
+        v[0] = luma(rgb);
+      }
+      for (int c = 0; c < channels; c++) {
+        if (wide)
+          ((uint16_t *)sf_tensor_data(out))[i * channels + c] = (uint16_t)v[c];
+        else
+          ((uint8_t *)sf_tensor_data(out))[i * channels + c] = (uint8_t)v[c];
+      }
+    }
+    r = 0;
+    goto done;
+  }
+  char why[1024] = "";
+  if (!TIFFRGBAImageOK(tif, why)) {
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "TIFF not supported: %s", why);
+    goto done;
+  }
+  bool alpha = extra_count >= 1 && (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK);
+  bool gray = !alpha && (photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE);
+  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if (!(raw = malloc(pixels * 4))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
+    goto done;
+  }
+  /* stop on error: a damaged strip is an error, not a gray band. */
+  if (!TIFFReadRGBAImageOriented(tif, width, height, (uint32_t *)(void *)raw, ORIENTATION_TOPLEFT, 1)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src.message[0] ? src.message : "cannot read its pixels");
+    goto done;
+  }
+  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
+  uint8_t *dst = sf_tensor_data(out);
+  for (size_t i = 0; i < pixels; i++) {
+    uint32_t abgr = ((const uint32_t *)(const void *)raw)[i];
+    uint8_t rgba[4] = {(uint8_t)TIFFGetR(abgr), (uint8_t)TIFFGetG(abgr), (uint8_t)TIFFGetB(abgr),
+                       (uint8_t)TIFFGetA(abgr)};
+    if (channels == 1)
+      dst[i] = gray ? rgba[0] : luma(rgba);
+    else
+      memcpy(dst + i * channels, rgba, (size_t)channels);
+  }
+  r = 0;
+done:
+  if (r < 0) sf_tensor_clear(out);
+  free(raw);
+  TIFFClose(tif);
+  return r;
+}
+
 /* ---- PPM / PGM ----------------------------------------------------------------------------- */
 
 /* Skips whitespace and '#' comments (to end of line), as netpbm allows between header tokens. */
@@ -541,22 +797,25 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     r = decode_png(p, size, mode, limits, out, error);
   else if (is_webp(p, size))
     r = decode_webp(p, size, mode, limits, out, error);
+  else if (size >= 4 && (memcmp(p, "II*\0", 4) == 0 || memcmp(p, "MM\0*", 4) == 0 ||
+                         memcmp(p, "II+\0", 4) == 0 || memcmp(p, "MM\0+", 4) == 0))
+    r = decode_tiff(p, size, mode, limits, out, error);
   else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                      "not a JPEG, PNG, WebP or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      "not a JPEG, PNG, WebP, TIFF or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
                       size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
-  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", NULL};
+  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", NULL};
   /* Asked for every field of every sample: most names (cls, txt, json) fail on the first letter. */
   if (!format) return 0;
   int first = format[0] | 0x20;
-  if (first != 'j' && first != 'p' && first != 'w') return 0;
+  if (first != 'j' && first != 'p' && first != 'w' && first != 't') return 0;
   for (int i = 0; known[i]; i++)
     if (strcasecmp(format, known[i]) == 0) return 1;
   return 0;

@@ -4,9 +4,11 @@ run through `shardflow run`, and compared with what PIL decodes from the same by
 
 Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) within +-1 of PIL;
 PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM, a
-.ppm.gz and WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+.ppm.gz, WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) and TIFF (raw, LZW,
+deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
-max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels) under error_policy skip (sample missing, message naming
+max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels,
+truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels) under error_policy skip (sample missing, message naming
 shard URL, key and byte offset) and fail (non-zero exit, same message); JPEGs on which libjpeg only
 warns ("2 extraneous bytes before marker 0xd9", common in ImageNet) decode to PIL's pixels, while a
 truncated JPEG stays corrupt even when such a warning comes first.
@@ -84,6 +86,18 @@ def good_images():
         out.append(("webp", encode(rgba, "WEBP", lossless=True)))
         out.append(("webp", encode(rgb, "WEBP", quality=80)))
         out.append(("webp", encode(rgba, "WEBP", quality=70)))
+        # TIFF: the compressions PIL writes (through libtiff), gray, RGBA, palette, 1-bit, CMYK.
+        gray = Image.fromarray(picture(h, w, 1))
+        for comp in ("raw", "tiff_lzw", "tiff_adobe_deflate", "packbits"):
+            out.append(("tif", encode(rgb, "TIFF", compression=comp)))
+        out.append(("tiff", encode(rgba, "TIFF", compression="tiff_lzw")))
+        out.append(("tif", encode(gray, "TIFF")))
+        out.append(("tif", encode(gray, "TIFF", compression="tiff_deflate")))
+        out.append(("tif", encode(Image.fromarray(picture(h, w, 1) > 128), "TIFF", compression="group4")))
+        out.append(("tif", encode(Image.fromarray(picture(h, w, 1) > 128), "TIFF")))
+        out.append(("tif", encode(pal, "TIFF")))
+        out.append(("tif", encode(rgb, "TIFF", compression="jpeg", quality=90)))
+        out.append(("tif", encode(rgb.convert("CMYK"), "TIFF", compression="tiff_lzw")))
     out.append(("seg.png", encode(Image.fromarray(picture(9, 11, 3)), "PNG")))
     # Content decides, as in PIL: a PNG stored under .jpg decodes as the PNG it is.
     out.append(("jpg", encode(Image.fromarray(picture(6, 5, 3)), "PNG")))
@@ -281,6 +295,8 @@ def bad_cases():
     png[i + 4 + length] ^= 0xFF  # first byte of the IDAT chunk's CRC
     big = encode(Image.fromarray(picture(400, 300, 3)), "PNG")  # 120,000 pixels > max_pixels 100000
     webp = encode(Image.fromarray(picture(40, 30, 3)), "WEBP", quality=80)
+    tif = encode(Image.fromarray(picture(40, 30, 3)), "TIFF", compression="tiff_lzw")
+    tif_raw = encode(Image.fromarray(picture(40, 30, 3)), "TIFF")
     return [
         ("not a JPEG", [("jpg", b"this is not a JPEG at all\n")]),
         ("truncated JPEG", [("jpg", jpg[: len(jpg) // 2])]),
@@ -291,6 +307,11 @@ def bad_cases():
         ("truncated WebP", [("webp", webp[: len(webp) // 2])]),
         ("WebP with a bad RIFF size", [("webp", webp[:4] + b"\xff\xff\xff\x7f" + webp[8:])]),
         ("WebP over max_pixels", [("webp", encode(Image.fromarray(picture(400, 300, 3)), "WEBP", lossless=True))]),
+        ("truncated TIFF", [("tif", tif[: len(tif) * 2 // 3])]),
+        # PIL's own writer puts the IFD first: this one is cut inside its pixels.
+        ("TIFF cut in its pixels", [("tif", tif_raw[: len(tif_raw) * 2 // 3])]),
+        ("TIFF with a bad first IFD offset", [("tif", tif[:4] + b"\xff\xff\xff\x7f" + tif[8:])]),
+        ("TIFF over max_pixels", [("tif", encode(Image.fromarray(picture(400, 300, 1)), "TIFF", compression="tiff_lzw"))]),
         ("bad class label", [("ppm", encode(Image.fromarray(picture(4, 4, 3)), "PPM")), ("cls", b"seven")]),
         ("corrupt gzip", [("ppm.gz", gzip.compress(b"P6 4 4 255\n" + bytes(48))[:-9] + b"garbage!!")]),
     ]
