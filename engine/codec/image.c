@@ -1,4 +1,4 @@
-/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff) and binary PPM/PGM to uint8 [H,W,C] tensors and
+/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff), GIF (giflib) and binary PPM/PGM to uint8 [H,W,C] tensors and
    back (encoding: JPEG, PNG, PPM/PGM). */
 #include <limits.h>
 #include <pthread.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <gif_lib.h>
 #include <spng.h>
 #include <tiffio.h>
 #include <turbojpeg.h>
@@ -693,6 +694,114 @@ done:
   return r;
 }
 
+/* ---- GIF ----------------------------------------------------------------------------------- */
+
+typedef struct gif_source {
+  const uint8_t *data;
+  size_t size, pos;
+} gif_source;
+
+static int gif_read(GifFileType *gif, GifByteType *buf, int n) {
+  gif_source *s = gif->UserData;
+  size_t left = s->size - s->pos, take = n < 0 ? 0 : (size_t)n;
+  if (take > left) take = left;
+  memcpy(buf, s->data + s->pos, take);
+  s->pos += take;
+  return (int)take;
+}
+
+/* Pillow's test for a palette that is only the gray ramp 0, 1, 2, ... (such a GIF opens as "L"). */
+static bool gif_palette_needed(const ColorMapObject *map) {
+  for (int i = 0; map && i < map->ColorCount; i++)
+    if (map->Colors[i].Red != i || map->Colors[i].Green != i || map->Colors[i].Blue != i) return true;
+  return false;
+}
+
+/*
+ * The first frame of a GIF as Pillow 9 decodes it: a canvas of the screen size (grown to the frame if
+ * that sticks out) filled with the transparent index, or 0, the frame's indices written into it
+ * (interlaced rows put in place), then through the frame's palette (or the global one; indices past
+ * its end and palette-less files are gray, as Pillow's ramp). A transparent index gives RGBA in mode keep.
+ */
+static int decode_gif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                      sf_tensor *out, sf_error *error) {
+  gif_source src = {.data = p, .size = n};
+  int code = 0, r = 0, transparent = -1;
+  GifFileType *gif = DGifOpen(&src, gif_read, &code);
+  if (!gif) return sf_error_set(error, code == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                                "corrupt GIF header: %s", GifErrorString(code));
+  uint8_t *canvas = NULL;
+  for (;;) {
+    GifRecordType type;
+    if (DGifGetRecordType(gif, &type) == GIF_ERROR) goto gif_error;
+    if (type == TERMINATE_RECORD_TYPE) {
+      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt GIF: no image in it");
+      goto done;
+    }
+    if (type == EXTENSION_RECORD_TYPE) {
+      int ext_code;
+      GifByteType *ext;
+      if (DGifGetExtension(gif, &ext_code, &ext) == GIF_ERROR) goto gif_error;
+      /* Graphics control before the first image: byte 1 bit 0 says byte 4 is the transparent index. */
+      if (ext_code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4) transparent = (ext[1] & 1) ? ext[4] : -1;
+      while (ext)
+        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) goto gif_error;
+      continue;
+    }
+    if (type != IMAGE_DESC_RECORD_TYPE) continue;
+    if (DGifGetImageDesc(gif) == GIF_ERROR) goto gif_error;
+    break;
+  }
+  GifImageDesc *desc = &gif->Image;
+  int64_t left = desc->Left, top = desc->Top, fw = desc->Width, fh = desc->Height;
+  int64_t width = gif->SWidth > left + fw ? gif->SWidth : left + fw;
+  int64_t height = gif->SHeight > top + fh ? gif->SHeight : top + fh;
+  if ((r = check_pixels(width, height, limits, "GIF", error)) < 0) goto done;
+  size_t pixels = (size_t)width * (size_t)height;
+  if (!(canvas = malloc(pixels))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%lld GIF", (long long)width,
+                     (long long)height);
+    goto done;
+  }
+  memset(canvas, transparent >= 0 ? transparent : 0, pixels);
+  if (fw > 0 && fh > 0) {
+    /* Interlaced rows come in four passes: every 8th from 0, every 8th from 4, every 4th from 2, every 2nd from 1. */
+    static const int start[4] = {0, 4, 2, 1}, step[4] = {8, 8, 4, 2};
+    for (int pass = desc->Interlace ? 0 : 3; pass < 4; pass++)
+      for (int64_t y = desc->Interlace ? start[pass] : 0; y < fh; y += desc->Interlace ? step[pass] : 1)
+        if (DGifGetLine(gif, canvas + (size_t)(top + y) * (size_t)width + (size_t)left, (int)fw) == GIF_ERROR)
+          goto gif_error;
+  }
+  const ColorMapObject *map = desc->ColorMap ? desc->ColorMap : gif->SColorMap;
+  bool gray = !gif_palette_needed(map), alpha = transparent >= 0;
+  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
+  uint8_t *dst = sf_tensor_data(out);
+  for (size_t i = 0; i < pixels; i++, dst += channels) {
+    int index = canvas[i];
+    uint8_t rgba[4] = {(uint8_t)index, (uint8_t)index, (uint8_t)index, index == transparent ? 0 : 255};
+    if (!gray && index < map->ColorCount) {
+      rgba[0] = map->Colors[index].Red;
+      rgba[1] = map->Colors[index].Green;
+      rgba[2] = map->Colors[index].Blue;
+    }
+    if (channels == 1)
+      dst[0] = gray ? (uint8_t)index : luma(rgba);
+    else
+      memcpy(dst, rgba, (size_t)channels);
+  }
+  r = 0;
+  goto done;
+gif_error:
+  r = sf_error_set(error, gif->Error == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                   "corrupt GIF: %s", GifErrorString(gif->Error));
+done:
+  if (r < 0) sf_tensor_clear(out);
+  free(canvas);
+  DGifCloseFile(gif, &code);
+  return r;
+}
+
 /* ---- PPM / PGM ----------------------------------------------------------------------------- */
 
 /* Skips whitespace and '#' comments (to end of line), as netpbm allows between header tokens. */
@@ -800,22 +909,24 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
   else if (size >= 4 && (memcmp(p, "II*\0", 4) == 0 || memcmp(p, "MM\0*", 4) == 0 ||
                          memcmp(p, "II+\0", 4) == 0 || memcmp(p, "MM\0+", 4) == 0))
     r = decode_tiff(p, size, mode, limits, out, error);
+  else if (size >= 6 && (memcmp(p, "GIF87a", 6) == 0 || memcmp(p, "GIF89a", 6) == 0))
+    r = decode_gif(p, size, mode, limits, out, error);
   else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                      "not a JPEG, PNG, WebP, TIFF or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      "not a JPEG, PNG, WebP, TIFF, GIF or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
                       size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
-  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", NULL};
+  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", "gif", NULL};
   /* Asked for every field of every sample: most names (cls, txt, json) fail on the first letter. */
   if (!format) return 0;
   int first = format[0] | 0x20;
-  if (first != 'j' && first != 'p' && first != 'w' && first != 't') return 0;
+  if (first != 'j' && first != 'p' && first != 'w' && first != 't' && first != 'g') return 0;
   for (int i = 0; known[i]; i++)
     if (strcasecmp(format, known[i]) == 0) return 1;
   return 0;

@@ -30,7 +30,8 @@ typedef struct sf_image_limits {
  * a new reference is taken). Formats: JPEG (TurboJPEG; a warning is an error,
  * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), WebP
  * (libwebp, still images, lossy or lossless, alpha kept in mode keep; animated ones are SF_EUNSUPPORTED), TIFF
- * (libtiff, first page; 16-bit gray/RGB/RGBA as uint16 when depth asks, like PNG), PPM (P6)
+ * (libtiff, first page; 16-bit gray/RGB/RGBA as uint16 when depth asks, like PNG), GIF (giflib, first frame on
+ * its screen-sized canvas, as Pillow), PPM (P6)
  * and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian samples kept as stored, not rescaled) when
  * depth asks for 16 bits. CMYK/YCCK JPEGs are taken as Adobe-inverted (as libjpeg writes them and
  * Pillow reads them) and converted to RGB with Pillow's formula (Convert.c cmyk2rgb).

@@ -5,10 +5,11 @@ run through `shardflow run`, and compared with what PIL decodes from the same by
 Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) within +-1 of PIL;
 PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM, a
 .ppm.gz, WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) and TIFF (raw, LZW,
-deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) and GIF (first frame: palette, transparent index, gray,
+interlaced, animated, a frame smaller than the screen) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
 max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels,
-truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels) under error_policy skip (sample missing, message naming
+truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels, truncated GIF, GIF over max_pixels) under error_policy skip (sample missing, message naming
 shard URL, key and byte offset) and fail (non-zero exit, same message); JPEGs on which libjpeg only
 warns ("2 extraneous bytes before marker 0xd9", common in ImageNet) decode to PIL's pixels, while a
 truncated JPEG stays corrupt even when such a warning comes first.
@@ -98,6 +99,21 @@ def good_images():
         out.append(("tif", encode(pal, "TIFF")))
         out.append(("tif", encode(rgb, "TIFF", compression="jpeg", quality=90)))
         out.append(("tif", encode(rgb.convert("CMYK"), "TIFF", compression="tiff_lzw")))
+        # GIF, first frame: palette, palette with a transparent index, gray, interlaced.
+        out.append(("gif", encode(pal, "GIF")))
+        out.append(("gif", encode(pal, "GIF", transparency=3)))
+        out.append(("gif", encode(gray, "GIF")))
+        out.append(("gif", encode(rgb.quantize(200), "GIF", interlace=True)))
+    # An animated GIF: the first frame only (PIL's first frame).
+    frames = [Image.fromarray(picture(20, 24, 3)).quantize(32) for _ in range(3)]
+    out.append(("gif", encode(frames[0], "GIF", save_all=True, append_images=frames[1:])))
+    # A frame smaller than the screen, placed at (2, 1): the rest is the transparent index (or 0).
+    for kw in ({}, {"transparency": 5}):
+        small = bytearray(encode(Image.fromarray(picture(3, 4, 3)).quantize(8), "GIF", **kw))
+        at = small.index(b",\0\0\0\0\x04\0\x03\0")
+        small[6:10] = b"\x0a\0\x08\0"  # screen 10x8
+        small[at + 1 : at + 5] = b"\x02\0\x01\0"
+        out.append(("gif", bytes(small)))
     out.append(("seg.png", encode(Image.fromarray(picture(9, 11, 3)), "PNG")))
     # Content decides, as in PIL: a PNG stored under .jpg decodes as the PNG it is.
     out.append(("jpg", encode(Image.fromarray(picture(6, 5, 3)), "PNG")))
@@ -297,6 +313,7 @@ def bad_cases():
     webp = encode(Image.fromarray(picture(40, 30, 3)), "WEBP", quality=80)
     tif = encode(Image.fromarray(picture(40, 30, 3)), "TIFF", compression="tiff_lzw")
     tif_raw = encode(Image.fromarray(picture(40, 30, 3)), "TIFF")
+    gif = encode(Image.fromarray(picture(40, 30, 3)).quantize(64), "GIF")
     return [
         ("not a JPEG", [("jpg", b"this is not a JPEG at all\n")]),
         ("truncated JPEG", [("jpg", jpg[: len(jpg) // 2])]),
@@ -310,6 +327,8 @@ def bad_cases():
         ("truncated TIFF", [("tif", tif[: len(tif) * 2 // 3])]),
         # PIL's own writer puts the IFD first: this one is cut inside its pixels.
         ("TIFF cut in its pixels", [("tif", tif_raw[: len(tif_raw) * 2 // 3])]),
+        ("truncated GIF", [("gif", gif[: len(gif) // 2])]),
+        ("GIF over max_pixels", [("gif", encode(Image.fromarray(picture(400, 300, 1)), "GIF"))]),
         ("TIFF with a bad first IFD offset", [("tif", tif[:4] + b"\xff\xff\xff\x7f" + tif[8:])]),
         ("TIFF over max_pixels", [("tif", encode(Image.fromarray(picture(400, 300, 1)), "TIFF", compression="tiff_lzw"))]),
         ("bad class label", [("ppm", encode(Image.fromarray(picture(4, 4, 3)), "PPM")), ("cls", b"seven")]),
