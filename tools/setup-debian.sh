@@ -7,7 +7,7 @@ packages=(
   libcurl4-openssl-dev libarchive-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   libyaml-dev zlib1g-dev libzstd-dev libmimalloc-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev libssl-dev libxml2-dev libdlpack-dev
   libzip-dev libjansson-dev                   # .npz fields, json validation (decode)
-  libwebp-dev libtiff-dev libgif-dev           # .webp, .tif, .gif fields (decode)
+  libwebp-dev libtiff-dev libgif-dev libopenjp2-7-dev  # .webp, .tif, .gif, .jp2 fields (decode)
   libmicrohttpd-dev                            # the /metrics endpoint
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)

@@ -6,10 +6,11 @@ Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) w
 PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM, a
 .ppm.gz, WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) and TIFF (raw, LZW,
 deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) and GIF (first frame: palette, transparent index, gray,
-interlaced, animated, a frame smaller than the screen) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+interlaced, animated, a frame smaller than the screen) and JPEG 2000 (.j2k codestream and .jp2, lossless, lossy, tiled;
+RGB, RGBA, gray: PIL uses openjpeg too) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
 max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels,
-truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels, truncated GIF, GIF over max_pixels) under error_policy skip (sample missing, message naming
+truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels, truncated GIF, GIF over max_pixels, truncated JPEG 2000, JPEG 2000 over max_pixels) under error_policy skip (sample missing, message naming
 shard URL, key and byte offset) and fail (non-zero exit, same message); JPEGs on which libjpeg only
 warns ("2 extraneous bytes before marker 0xd9", common in ImageNet) decode to PIL's pixels, while a
 truncated JPEG stays corrupt even when such a warning comes first.
@@ -104,6 +105,14 @@ def good_images():
         out.append(("gif", encode(pal, "GIF", transparency=3)))
         out.append(("gif", encode(gray, "GIF")))
         out.append(("gif", encode(rgb.quantize(200), "GIF", interlace=True)))
+    # JPEG 2000, codestream (.j2k) and JP2 (.jp2), lossless and lossy: PIL uses openjpeg too.
+    for h, w in [(32, 32), (17, 33), (1, 1)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        out.append(("j2k", encode(rgb, "JPEG2000", no_jp2=True)))
+        out.append(("jp2", encode(rgb, "JPEG2000", quality_mode="rates", quality_layers=[20], irreversible=True)))
+        out.append(("jp2", encode(Image.fromarray(picture(h, w, 4)), "JPEG2000")))
+        out.append(("j2k", encode(Image.fromarray(picture(h, w, 1)), "JPEG2000", no_jp2=True)))
+    out.append(("jp2", encode(Image.fromarray(picture(64, 80, 3)), "JPEG2000", tile_size=(32, 32))))
     # An animated GIF: the first frame only (PIL's first frame).
     frames = [Image.fromarray(picture(20, 24, 3)).quantize(32) for _ in range(3)]
     out.append(("gif", encode(frames[0], "GIF", save_all=True, append_images=frames[1:])))
@@ -314,6 +323,7 @@ def bad_cases():
     tif = encode(Image.fromarray(picture(40, 30, 3)), "TIFF", compression="tiff_lzw")
     tif_raw = encode(Image.fromarray(picture(40, 30, 3)), "TIFF")
     gif = encode(Image.fromarray(picture(40, 30, 3)).quantize(64), "GIF")
+    jp2 = encode(Image.fromarray(picture(40, 30, 3)), "JPEG2000")
     return [
         ("not a JPEG", [("jpg", b"this is not a JPEG at all\n")]),
         ("truncated JPEG", [("jpg", jpg[: len(jpg) // 2])]),
@@ -329,6 +339,8 @@ def bad_cases():
         ("TIFF cut in its pixels", [("tif", tif_raw[: len(tif_raw) * 2 // 3])]),
         ("truncated GIF", [("gif", gif[: len(gif) // 2])]),
         ("GIF over max_pixels", [("gif", encode(Image.fromarray(picture(400, 300, 1)), "GIF"))]),
+        ("truncated JPEG 2000", [("jp2", jp2[: len(jp2) * 2 // 3])]),
+        ("JPEG 2000 over max_pixels", [("j2k", encode(Image.fromarray(picture(400, 300, 1)), "JPEG2000", no_jp2=True))]),
         ("TIFF with a bad first IFD offset", [("tif", tif[:4] + b"\xff\xff\xff\x7f" + tif[8:])]),
         ("TIFF over max_pixels", [("tif", encode(Image.fromarray(picture(400, 300, 1)), "TIFF", compression="tiff_lzw"))]),
         ("bad class label", [("ppm", encode(Image.fromarray(picture(4, 4, 3)), "PPM")), ("cls", b"seven")]),

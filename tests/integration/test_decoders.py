@@ -4,7 +4,7 @@
 .npy/.npz: arrays written by numpy (np.save with format versions 1.0/2.0/3.0, Fortran order, a
 hand-made header that misaligns the data, np.savez and np.savez_compressed) must come out of the
 device sink equal to numpy.load of the same bytes; float64 and big-endian arrays are refused with a
-message naming the key, the field and the dtype. 16-bit PNG, PGM and TIFF at depth 16/native: equal to
+message naming the key, the field and the dtype. 16-bit PNG, PGM, TIFF and JPEG 2000 at depth 16/native: equal to
 PIL (mode I) or to numpy reading the raw big-endian samples ('>u2'), and a 16-bit RGB PNG made here
 with zlib (not libspng); depth 16 on an 8-bit image is PIL's pixels times 257. CMYK JPEG (written by
 PIL) within +-1 of PIL's convert('RGB') (0 seen: the formula is Pillow's; YCCK is not tested, PIL
@@ -221,6 +221,9 @@ def test_16bit():
     b = io.BytesIO()
     Image.fromarray(gray).save(b, "TIFF")  # mode I;16
     samples.append(("tifgray", {"tif": b.getvalue()}))
+    b = io.BytesIO()
+    Image.fromarray(gray).save(b, "JPEG2000", no_jp2=True)  # mode I;16, lossless
+    samples.append(("j2kgray", {"j2k": b.getvalue()}))
     pil = lambda data: np.asarray(Image.open(io.BytesIO(data))).astype(np.uint16)[..., None]  # mode I
     for depth in ("16", "native"):
         got, err, code = decode("d" + depth, samples, mode="keep", depth=depth)
@@ -232,8 +235,10 @@ def test_16bit():
         check(same(got["pgm1000"]["pgm"], np.frombuffer(pgm1000[12:], ">u2").reshape(6, 7, 1).astype(np.uint16)),
               f"depth {depth}: PGM maxval 1000 equals its stored samples")
         check(same(got["ppm"]["ppm"], rgb), f"depth {depth}: PPM maxval 65535 equals its samples")
-        check(same(got["tifgray"]["tif"], pil(samples[-1][1]["tif"])), f"depth {depth}: 16-bit gray TIFF equals PIL (mode I;16)")
+        check(same(got["tifgray"]["tif"], pil(dict(samples)["tifgray"]["tif"])), f"depth {depth}: 16-bit gray TIFF equals PIL (mode I;16)")
         check(same(got["tifrgb"]["tif"], rgb), f"depth {depth}: 16-bit RGB TIFF equals its samples")
+        check(same(got["j2kgray"]["j2k"], pil(dict(samples)["j2kgray"]["j2k"])) and same(got["j2kgray"]["j2k"], gray[..., None]),
+              f"depth {depth}: 16-bit gray JPEG 2000 equals PIL (mode I;16) and the image")
         check(same(got["tifrgba"]["tif"], rgba), f"depth {depth}: 16-bit RGBA TIFF equals its samples")
         want = eight.astype(np.uint16) * 257 if depth == "16" else eight
         check(same(got["eight"]["png"], want), f"depth {depth}: an 8-bit PNG is {want.dtype}")
