@@ -1,5 +1,5 @@
-/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff), GIF (giflib), JPEG 2000 (openjpeg)
-   and binary PPM/PGM to uint8 [H,W,C] tensors and
+/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff), GIF (giflib), JPEG 2000 (openjpeg),
+   AVIF (libavif with dav1d) and binary PPM/PGM to uint8 [H,W,C] tensors and
    back (encoding: JPEG, PNG, PPM/PGM). */
 #include <limits.h>
 #include <pthread.h>
@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <avif/avif.h>
 #include <gif_lib.h>
 #include <openjpeg.h>
 #include <spng.h>
@@ -948,6 +949,90 @@ done:
   return r;
 }
 
+/* ---- AVIF ---------------------------------------------------------------------------------- */
+
+/* An ISO-BMFF file whose ftyp box names an AVIF brand (major or compatible): HEIC and MP4 are not ours. */
+static bool is_avif(const uint8_t *p, size_t n) {
+  if (n < 16 || memcmp(p + 4, "ftyp", 4) != 0) return false;
+  size_t box = (size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
+  if (box < 16 || box > n) box = n < 64 ? n : 64;
+  for (size_t at = 8; at + 4 <= box; at += at == 8 ? 8 : 4)
+    if (memcmp(p + at, "avif", 4) == 0 || memcmp(p + at, "avis", 4) == 0) return true;
+  return false;
+}
+
+/*
+ * The first (or only) image of an AVIF through libavif with dav1d, converted to 8-bit RGB(A) with
+ * libavif's defaults (automatic chroma upsampling), as its avifdec does; deeper samples are scaled to 8
+ * bits by libavif. Gray is Pillow's luma of that RGB. libavif's own size limit is set to max_pixels too.
+ */
+static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                       sf_tensor *out, sf_error *error) {
+  avifDecoder *decoder = avifDecoderCreate();
+  if (!decoder) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create an AVIF decoder");
+  int64_t max = max_pixels_of(limits);
+  decoder->codecChoice = AVIF_CODEC_CHOICE_DAV1D;
+  decoder->imageSizeLimit = max < AVIF_DEFAULT_IMAGE_SIZE_LIMIT ? (uint32_t)max : AVIF_DEFAULT_IMAGE_SIZE_LIMIT;
+  decoder->ignoreExif = AVIF_TRUE;
+  decoder->ignoreXMP = AVIF_TRUE;
+  uint8_t *rgb_pixels = NULL;
+  int r = 0;
+  avifResult result = avifDecoderSetIOMemory(decoder, p, n);
+  if (result == AVIF_RESULT_OK) result = avifDecoderParse(decoder);
+  if (result != AVIF_RESULT_OK) {
+    /* libavif refuses images over imageSizeLimit (our max_pixels) while parsing, before any allocation. */
+    if (strstr(decoder->diag.error, "too large"))
+      r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "AVIF over max_pixels %lld (%s); raise max_pixels if it is genuine",
+                       (long long)max, decoder->diag.error);
+    else
+      r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                       "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                       decoder->diag.error);
+    goto done;
+  }
+  avifImage *image = decoder->image;
+  if ((r = check_pixels(image->width, image->height, limits, "AVIF", error)) < 0) goto done;
+  if ((result = avifDecoderNextImage(decoder)) != AVIF_RESULT_OK) {
+    r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                     "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                     decoder->diag.error);
+    goto done;
+  }
+  image = decoder->image;
+  if ((r = check_pixels(image->width, image->height, limits, "AVIF", error)) < 0) goto done;
+  /* An image with alpha is converted as RGBA, then cut: libavif's RGB output of it is not avifdec's pixels. */
+  bool alpha = image->alphaPlane != NULL;
+  int channels = channels_for(mode, alpha ? 4 : 3), decoded = alpha ? 4 : 3;
+  if ((r = alloc_image(out, image->height, image->width, channels, error)) < 0) goto done;
+  avifRGBImage rgb;
+  avifRGBImageSetDefaults(&rgb, image);
+  rgb.depth = 8;
+  rgb.format = decoded == 4 ? AVIF_RGB_FORMAT_RGBA : AVIF_RGB_FORMAT_RGB;
+  rgb.rowBytes = image->width * (uint32_t)decoded;
+  size_t pixels = (size_t)image->width * image->height;
+  if (channels != decoded && !(rgb_pixels = malloc(pixels * (size_t)decoded))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for an AVIF", pixels * (size_t)decoded);
+    goto done;
+  }
+  rgb.pixels = rgb_pixels ? rgb_pixels : sf_tensor_data(out);
+  if ((result = avifImageYUVToRGB(image, &rgb)) != AVIF_RESULT_OK) {
+    r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                     "AVIF to RGB: %s", avifResultToString(result));
+    goto done;
+  }
+  uint8_t *dst = sf_tensor_data(out);
+  if (channels == 1)
+    rgb_to_gray(rgb_pixels, decoded, dst, pixels);
+  else if (channels != decoded)
+    for (size_t i = 0; i < pixels; i++) memcpy(dst + i * 3, rgb_pixels + i * (size_t)decoded, 3);
+  r = 0;
+done:
+  if (r < 0) sf_tensor_clear(out);
+  free(rgb_pixels);
+  avifDecoderDestroy(decoder);
+  return r;
+}
+
 /* ---- PPM / PGM ----------------------------------------------------------------------------- */
 
 /* Skips whitespace and '#' comments (to end of line), as netpbm allows between header tokens. */
@@ -1061,22 +1146,24 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     r = decode_j2k(p, size, true, mode, limits, out, error);
   else if (size >= 4 && p[0] == 0xFF && p[1] == 0x4F && p[2] == 0xFF && p[3] == 0x51)
     r = decode_j2k(p, size, false, mode, limits, out, error);
+  else if (is_avif(p, size))
+    r = decode_avif(p, size, mode, limits, out, error);
   else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                      "not a JPEG, PNG, WebP, TIFF, GIF, JPEG 2000 or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      "not a JPEG, PNG, WebP, TIFF, GIF, JPEG 2000, AVIF or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
                       size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
-  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", "gif", "jp2", "j2k", "j2c", "jpc", "jpf", "jpx", NULL};
+  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", "gif", "jp2", "j2k", "j2c", "jpc", "jpf", "jpx", "avif", NULL};
   /* Asked for every field of every sample: most names (cls, txt, json) fail on the first letter. */
   if (!format) return 0;
   int first = format[0] | 0x20;
-  if (first != 'j' && first != 'p' && first != 'w' && first != 't' && first != 'g') return 0;
+  if (first != 'j' && first != 'p' && first != 'w' && first != 't' && first != 'g' && first != 'a') return 0;
   for (int i = 0; known[i]; i++)
     if (strcasecmp(format, known[i]) == 0) return 1;
   return 0;

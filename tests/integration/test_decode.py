@@ -7,7 +7,8 @@ PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS)
 .ppm.gz, WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) and TIFF (raw, LZW,
 deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) and GIF (first frame: palette, transparent index, gray,
 interlaced, animated, a frame smaller than the screen) and JPEG 2000 (.j2k codestream and .jp2, lossless, lossy, tiled;
-RGB, RGBA, gray: PIL uses openjpeg too) exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+RGB, RGBA, gray: PIL uses openjpeg too) exactly; AVIF (lossy 4:4:4 and 4:2:0, lossless, alpha, 10-bit;
+made by avifenc) exactly equal to avifdec's decode with dav1d, truncated and oversized AVIF reported; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
 max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels,
 truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels, truncated GIF, GIF over max_pixels, truncated JPEG 2000, JPEG 2000 over max_pixels) under error_policy skip (sample missing, message naming
@@ -394,6 +395,59 @@ def test_bad_input_fail():
         check(line is not None, f"fail: {what} message names URL, key and offset {offsets['0000001']}: {line}")
 
 
+def avif_encode(im, *args):
+    """An AVIF made by libavif's own avifenc from a PNG of im (PIL does not write AVIF)."""
+    src, dst = os.path.join(TMP, "avif_in.png"), os.path.join(TMP, "avif_out.avif")
+    im.save(src)
+    subprocess.run(["avifenc", "-s", "10", *args, src, dst], check=True, capture_output=True)
+    with open(dst, "rb") as f:
+        return f.read()
+
+
+def avif_reference(data, mode):
+    """What libavif's avifdec (dav1d, 8-bit PNG out) makes of these bytes, in our mode."""
+    src, dst = os.path.join(TMP, "ref_in.avif"), os.path.join(TMP, "ref_out.png")
+    with open(src, "wb") as f:
+        f.write(data)
+    subprocess.run(["avifdec", "-c", "dav1d", "-d", "8", src, dst], check=True, capture_output=True)
+    im = Image.open(dst)
+    target = {"keep": im.mode if im.mode in ("RGB", "RGBA") else "RGB", "rgb": "RGB", "gray": "L"}[mode]
+    a = np.array(im.convert(target))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def test_avif():
+    """AVIF (libavif with dav1d) equals avifdec's decode exactly; damaged and oversized ones are error records."""
+    images = []
+    for h, w in [(32, 32), (17, 33), (1, 1)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        images.append(avif_encode(rgb))                          # lossy 4:4:4
+        images.append(avif_encode(rgb, "-y", "420"))             # lossy 4:2:0: chroma upsampled
+        images.append(avif_encode(rgb, "-l"))                    # lossless
+        images.append(avif_encode(Image.fromarray(picture(h, w, 4)), "-y", "420"))
+        images.append(avif_encode(rgb, "-d", "10"))              # 10-bit, decoded to 8
+    samples = [(f"{i:07d}", [("avif", data)]) for i, data in enumerate(images)]
+    good = avif_encode(Image.fromarray(picture(40, 30, 3)))
+    bad = {"0000900": ("truncated AVIF", good[: len(good) * 2 // 3]),
+           "0000901": ("AVIF over max_pixels", avif_encode(Image.fromarray(picture(400, 300, 3))))}
+    samples += [(k, [("avif", data)]) for k, (_, data) in bad.items()]
+    shard = os.path.join(TMP, "avif-000.tar")
+    offsets = write_shard(shard, samples)
+    for mode in ("keep", "rgb", "gray"):
+        out = os.path.join(TMP, f"avif_{mode}")
+        code, _, err = run(write_graph(shard, out, mode=mode, policy="skip", extra={"max_pixels": 100000}))
+        check(code == 0, f"avif {mode}: run succeeds (exit {code})")
+        got = read_output(out)
+        check(sorted(got) == [f"{i:07d}" for i in range(len(images))], f"avif {mode}: the good samples arrive")
+        for i, data in enumerate(images):
+            a = got.get(f"{i:07d}", {}).get("avif")
+            if check(a is not None, f"avif {mode} {i}: decoded"):
+                compare(a, avif_reference(data, mode), 0, f"avif {mode} {i} vs avifdec")
+        for key, (what, _) in bad.items():
+            line = message_line(err, shard, key, offsets[key])
+            check(line is not None, f"avif {mode}: {what} reported with URL, key and offset: {line}")
+
+
 def with_slack(jpeg, at):
     """The JPEG with 16 extraneous bytes at `at` (just before a marker): libjpeg warns "Corrupt JPEG
     data: N extraneous bytes before marker" (N < 16 before EOI, where the Huffman decoder's bit
@@ -454,6 +508,7 @@ def main():
     test_bad_input_skip()
     test_bad_input_fail()
     test_jpeg_warnings()
+    test_avif()
     if failures:
         print(f"{len(failures)} failure(s); temp files kept in {TMP}")
         return 1
