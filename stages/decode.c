@@ -359,7 +359,7 @@ static int map(sf_node *node, sf_sample **ps) {
 const sf_stage_def sf_stage_decode = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "decode",
-    .summary = "decodes JPEG/PNG/WebP/TIFF/GIF/JPEG 2000/AVIF/PPM/PGM images to uint8 (or uint16) [H,W,C], cls to int64, npy/npz to tensors; "
+    .summary = "decodes JPEG/PNG/WebP/TIFF/GIF/JPEG 2000/AVIF/JPEG XL/PPM/PGM images to uint8 (or uint16) [H,W,C], cls to int64, npy/npz to tensors; "
                "checks txt (UTF-8) and json; inflates .gz fields",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),

@@ -1,5 +1,6 @@
 /* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff), GIF (giflib), JPEG 2000 (openjpeg),
-   AVIF (libavif with dav1d) and binary PPM/PGM to uint8 [H,W,C] tensors and
+   AVIF (libavif with dav1d), JPEG XL (libjxl)
+   and binary PPM/PGM to uint8 [H,W,C] tensors and
    back (encoding: JPEG, PNG, PPM/PGM). */
 #include <limits.h>
 #include <pthread.h>
@@ -12,6 +13,7 @@
 
 #include <avif/avif.h>
 #include <gif_lib.h>
+#include <jxl/decode.h>
 #include <openjpeg.h>
 #include <spng.h>
 #include <tiffio.h>
@@ -1033,6 +1035,84 @@ done:
   return r;
 }
 
+/* ---- JPEG XL ------------------------------------------------------------------------------- */
+
+static bool is_jxl(const uint8_t *p, size_t n) {
+  JxlSignature sig = JxlSignatureCheck(p, n);
+  return sig == JXL_SIG_CODESTREAM || sig == JXL_SIG_CONTAINER;
+}
+
+/*
+ * The first frame of a JPEG XL (codestream or container) through libjxl, as 8-bit samples in the
+ * image's own channels (gray, gray+alpha, RGB, RGBA), as djxl writes them to PNG; XYB (lossy) images
+ * come out in their original color space, libjxl's default. The size from the basic info is checked
+ * against max_pixels before the output buffer exists and before any pixel is decoded.
+ */
+static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                      sf_tensor *out, sf_error *error) {
+  JxlDecoder *dec = JxlDecoderCreate(NULL);
+  if (!dec) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a JPEG XL decoder");
+  uint8_t *pixels = NULL;
+  size_t count = 0;
+  JxlBasicInfo info;
+  JxlPixelFormat format = {0, JXL_TYPE_UINT8, JXL_NATIVE_ENDIAN, 0};
+  bool have_info = false, done = false;
+  int r = 0;
+  if (JxlDecoderSubscribeEvents(dec, JXL_DEC_BASIC_INFO | JXL_DEC_FULL_IMAGE) != JXL_DEC_SUCCESS ||
+      JxlDecoderSetInput(dec, p, n) != JXL_DEC_SUCCESS) {
+    r = sf_error_set(error, SF_EINTERNAL, SF_NOWHERE, "cannot set up the JPEG XL decoder");
+    goto out;
+  }
+  JxlDecoderCloseInput(dec);
+  while (!done) {
+    JxlDecoderStatus status = JxlDecoderProcessInput(dec);
+    switch (status) {
+    case JXL_DEC_BASIC_INFO:
+      if (JxlDecoderGetBasicInfo(dec, &info) != JXL_DEC_SUCCESS) goto corrupt;
+      if ((r = check_pixels(info.xsize, info.ysize, limits, "JPEG XL", error)) < 0) goto out;
+      format.num_channels = (info.num_color_channels == 1 ? 1 : 3) + (info.alpha_bits ? 1 : 0);
+      have_info = true;
+      break;
+    case JXL_DEC_NEED_IMAGE_OUT_BUFFER: {
+      size_t need = 0;
+      count = (size_t)info.xsize * info.ysize;
+      if (!have_info || JxlDecoderImageOutBufferSize(dec, &format, &need) != JXL_DEC_SUCCESS ||
+          need != count * format.num_channels)
+        goto corrupt;
+      if (!(pixels = malloc(need))) {
+        r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a JPEG XL", need);
+        goto out;
+      }
+      if (JxlDecoderSetImageOutBuffer(dec, &format, pixels, need) != JXL_DEC_SUCCESS) goto corrupt;
+      break;
+    }
+    case JXL_DEC_FULL_IMAGE: done = pixels != NULL; if (!done) goto corrupt; break;
+    default: goto corrupt; /* JXL_DEC_ERROR, NEED_MORE_INPUT (truncated), SUCCESS without an image */
+    }
+  }
+  bool gray = format.num_channels <= 2, alpha = format.num_channels == 2 || format.num_channels == 4;
+  int stored = (int)format.num_channels, channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if ((r = alloc_image(out, info.ysize, info.xsize, channels, error)) < 0) goto out;
+  uint8_t *dst = sf_tensor_data(out);
+  for (size_t i = 0; i < count; i++, dst += channels) {
+    const uint8_t *s = pixels + i * (size_t)stored;
+    uint8_t rgba[4] = {s[0], gray ? s[0] : s[1], gray ? s[0] : s[2], alpha ? s[stored - 1] : 255};
+    if (channels == 1)
+      dst[0] = gray ? s[0] : luma(rgba);
+    else
+      memcpy(dst, rgba, (size_t)channels);
+  }
+  r = 0;
+  goto out;
+corrupt:
+  r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt or truncated JPEG XL");
+out:
+  if (r < 0) sf_tensor_clear(out);
+  free(pixels);
+  JxlDecoderDestroy(dec);
+  return r;
+}
+
 /* ---- PPM / PGM ----------------------------------------------------------------------------- */
 
 /* Skips whitespace and '#' comments (to end of line), as netpbm allows between header tokens. */
@@ -1148,18 +1228,20 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     r = decode_j2k(p, size, false, mode, limits, out, error);
   else if (is_avif(p, size))
     r = decode_avif(p, size, mode, limits, out, error);
+  else if (is_jxl(p, size))
+    r = decode_jxl(p, size, mode, limits, out, error);
   else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                      "not a JPEG, PNG, WebP, TIFF, GIF, JPEG 2000, AVIF or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      "not a JPEG, PNG, WebP, TIFF, GIF, JPEG 2000, AVIF, JPEG XL or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
                       size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
-  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", "gif", "jp2", "j2k", "j2c", "jpc", "jpf", "jpx", "avif", NULL};
+  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", "gif", "jp2", "j2k", "j2c", "jpc", "jpf", "jpx", "avif", "jxl", NULL};
   /* Asked for every field of every sample: most names (cls, txt, json) fail on the first letter. */
   if (!format) return 0;
   int first = format[0] | 0x20;

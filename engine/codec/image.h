@@ -33,7 +33,7 @@ typedef struct sf_image_limits {
  * (libtiff, first page; 16-bit gray/RGB/RGBA as uint16 when depth asks, like PNG), GIF (giflib, first frame on
  * its screen-sized canvas, as Pillow), JPEG 2000 (openjpeg, codestream or JP2, 1-4 full-size components; gray
  * deeper than 8 bits as uint16 when depth asks), AVIF (libavif with dav1d, first image, 8-bit RGB(A) as avifdec
- * converts it), PPM (P6)
+ * converts it), JPEG XL (libjxl, first frame, 8-bit as djxl writes it), PPM (P6)
  * and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian samples kept as stored, not rescaled) when
  * depth asks for 16 bits. CMYK/YCCK JPEGs are taken as Adobe-inverted (as libjpeg writes them and
  * Pillow reads them) and converted to RGB with Pillow's formula (Convert.c cmyk2rgb).

@@ -8,7 +8,9 @@ PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS)
 deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) and GIF (first frame: palette, transparent index, gray,
 interlaced, animated, a frame smaller than the screen) and JPEG 2000 (.j2k codestream and .jp2, lossless, lossy, tiled;
 RGB, RGBA, gray: PIL uses openjpeg too) exactly; AVIF (lossy 4:4:4 and 4:2:0, lossless, alpha, 10-bit;
-made by avifenc) exactly equal to avifdec's decode with dav1d, truncated and oversized AVIF reported; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+made by avifenc) exactly equal to avifdec's decode with dav1d, truncated and oversized AVIF reported;
+JPEG XL (lossless, lossy XYB, alpha, gray; made by cjxl) exactly equal to djxl's decode, truncated and
+oversized JPEG XL reported; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
 max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels,
 truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels, truncated GIF, GIF over max_pixels, truncated JPEG 2000, JPEG 2000 over max_pixels) under error_policy skip (sample missing, message naming
@@ -448,6 +450,59 @@ def test_avif():
             check(line is not None, f"avif {mode}: {what} reported with URL, key and offset: {line}")
 
 
+def jxl_encode(im, *args):
+    """A JPEG XL made by libjxl's own cjxl from a PNG of im (PIL does not write JPEG XL)."""
+    src, dst = os.path.join(TMP, "jxl_in.png"), os.path.join(TMP, "jxl_out.jxl")
+    im.save(src)
+    subprocess.run(["cjxl", "-e", "3", *args, src, dst], check=True, capture_output=True)
+    with open(dst, "rb") as f:
+        return f.read()
+
+
+def jxl_reference(data, mode):
+    """What libjxl's djxl (PNG out) makes of these bytes, in our mode."""
+    src, dst = os.path.join(TMP, "ref_in.jxl"), os.path.join(TMP, "ref_out.png")
+    with open(src, "wb") as f:
+        f.write(data)
+    subprocess.run(["djxl", src, dst], check=True, capture_output=True)
+    im = Image.open(dst)
+    alpha = im.mode in ("RGBA", "LA")
+    target = {"keep": "RGBA" if alpha else ("L" if im.mode == "L" else "RGB"), "rgb": "RGB", "gray": "L"}[mode]
+    a = np.array(im.convert(target))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def test_jxl():
+    """JPEG XL (libjxl) equals djxl's decode; damaged and oversized ones are error records."""
+    images = []
+    for h, w in [(32, 32), (17, 33), (1, 1)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        images.append(jxl_encode(rgb, "-d", "0"))                               # lossless
+        images.append(jxl_encode(rgb, "-d", "1"))                               # lossy (XYB)
+        images.append(jxl_encode(Image.fromarray(picture(h, w, 4)), "-d", "0"))  # alpha
+        images.append(jxl_encode(Image.fromarray(picture(h, w, 1)), "-d", "0"))  # gray
+    samples = [(f"{i:07d}", [("jxl", data)]) for i, data in enumerate(images)]
+    good = jxl_encode(Image.fromarray(picture(40, 30, 3)), "-d", "0")
+    bad = {"0000900": ("truncated JPEG XL", good[: len(good) * 2 // 3]),
+           "0000901": ("JPEG XL over max_pixels", jxl_encode(Image.fromarray(picture(400, 300, 3)), "-d", "1"))}
+    samples += [(k, [("jxl", data)]) for k, (_, data) in bad.items()]
+    shard = os.path.join(TMP, "jxl-000.tar")
+    offsets = write_shard(shard, samples)
+    for mode in ("keep", "rgb", "gray"):
+        out = os.path.join(TMP, f"jxl_{mode}")
+        code, _, err = run(write_graph(shard, out, mode=mode, policy="skip", extra={"max_pixels": 100000}))
+        check(code == 0, f"jxl {mode}: run succeeds (exit {code})")
+        got = read_output(out)
+        check(sorted(got) == [f"{i:07d}" for i in range(len(images))], f"jxl {mode}: the good samples arrive")
+        for i, data in enumerate(images):
+            a = got.get(f"{i:07d}", {}).get("jxl")
+            if check(a is not None, f"jxl {mode} {i}: decoded"):
+                compare(a, jxl_reference(data, mode), 0, f"jxl {mode} {i} vs djxl")
+        for key, (what, _) in bad.items():
+            line = message_line(err, shard, key, offsets[key])
+            check(line is not None, f"jxl {mode}: {what} reported with URL, key and offset: {line}")
+
+
 def with_slack(jpeg, at):
     """The JPEG with 16 extraneous bytes at `at` (just before a marker): libjpeg warns "Corrupt JPEG
     data: N extraneous bytes before marker" (N < 16 before EOI, where the Huffman decoder's bit
@@ -509,6 +564,7 @@ def main():
     test_bad_input_fail()
     test_jpeg_warnings()
     test_avif()
+    test_jxl()
     if failures:
         print(f"{len(failures)} failure(s); temp files kept in {TMP}")
         return 1
