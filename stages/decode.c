@@ -56,7 +56,7 @@ static const sf_option options[] = {
      "largest inflated size of a .gz field or of one .npz member, in bytes", NULL},
     {"depth", SF_OPT_ENUM, offsetof(decode, depth), "8", 0, 0,
      "image sample depth: 8 (uint8; 16-bit PNGs cut to their high byte), 16 (uint16; 8-bit samples times "
-     "257), native (uint16 for 16-bit PNG and PGM/PPM with maxval > 255, uint8 otherwise); 16-bit PNM "
+     "257), native (uint16 for 16-bit PNG, TIFF, gray JPEG 2000 and PGM/PPM with maxval > 255, uint8 otherwise); 16-bit PNM "
      "samples are kept as stored, not rescaled",
      depth_names},
     {"check_text", SF_OPT_BOOL, offsetof(decode, check_text), "true", 0, 0,
@@ -359,7 +359,7 @@ static int map(sf_node *node, sf_sample **ps) {
 const sf_stage_def sf_stage_decode = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "decode",
-    .summary = "decodes JPEG/PNG/PPM/PGM images to uint8 (or uint16) [H,W,C], cls to int64, npy/npz to tensors; "
+    .summary = "decodes JPEG/PNG/WebP/TIFF/GIF/JPEG 2000/AVIF/JPEG XL/PPM/PGM images to uint8 (or uint16) [H,W,C], cls to int64, npy/npz to tensors; "
                "checks txt (UTF-8) and json; inflates .gz fields",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),

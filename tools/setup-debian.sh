@@ -7,6 +7,7 @@ packages=(
   libcurl4-openssl-dev libarchive-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   libyaml-dev zlib1g-dev libzstd-dev libmimalloc-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libsodium-dev libssl-dev libxml2-dev libdlpack-dev
   libzip-dev libjansson-dev                   # .npz fields, json validation (decode)
+  libwebp-dev libtiff-dev libgif-dev libopenjp2-7-dev libavif-dev libjxl-dev  # .webp .tif .gif .jp2 .avif .jxl (decode)
   libmicrohttpd-dev                            # the /metrics endpoint
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
@@ -15,6 +16,7 @@ packages=(
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz
   sentencepiece python3-sentencepiece  # spm_train and the tokenize plugin's reference
+  libavif-bin libjxl-tools             # avifenc/avifdec, cjxl/djxl: test_decode's AVIF and JPEG XL inputs and references
   ffmpeg python3-av                    # test_video: test videos made by the CLI, PyAV's decode as the reference
   prometheus python3-prometheus-client  # test_metrics: a real scraper, and a strict text-format parser
   slurmctld slurmd slurm-client munge  # test_slurm: a single-host Slurm runs the examples/slurm job

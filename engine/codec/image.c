@@ -1,4 +1,7 @@
-/* Image codecs: JPEG (TurboJPEG), PNG (libspng) and binary PPM/PGM to uint8 [H,W,C] tensors and back. */
+/* Image codecs: JPEG (TurboJPEG), PNG (libspng), WebP (libwebp), TIFF (libtiff), GIF (giflib), JPEG 2000 (openjpeg),
+   AVIF (libavif with dav1d), JPEG XL (libjxl)
+   and binary PPM/PGM to uint8 [H,W,C] tensors and
+   back (encoding: JPEG, PNG, PPM/PGM). */
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -8,8 +11,14 @@
 #include <string.h>
 #include <strings.h>
 
+#include <avif/avif.h>
+#include <gif_lib.h>
+#include <jxl/decode.h>
+#include <openjpeg.h>
 #include <spng.h>
+#include <tiffio.h>
 #include <turbojpeg.h>
+#include <webp/decode.h>
 
 #include "image.h"
 #include "pixels.h"
@@ -390,6 +399,720 @@ done:
   return r;
 }
 
+/* ---- WebP ---------------------------------------------------------------------------------- */
+
+static bool is_webp(const uint8_t *p, size_t n) {
+  return n >= 12 && memcmp(p, "RIFF", 4) == 0 && memcmp(p + 8, "WEBP", 4) == 0;
+}
+
+/*
+ * A still WebP (lossy or lossless) through libwebp's simple decoder, RGB or RGBA as the mode asks:
+ * the first frame's pixels as Pillow reads them (its WebPAnimDecoder decodes a key frame straight into
+ * a cleared canvas, non-premultiplied). Gray is Pillow's luma of the RGB. Animated files are refused.
+ */
+static int decode_webp(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                       sf_tensor *out, sf_error *error) {
+  WebPBitstreamFeatures features;
+  VP8StatusCode status = WebPGetFeatures(p, n, &features);
+  if (status != VP8_STATUS_OK)
+    return sf_error_set(error, status == VP8_STATUS_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                        "corrupt WebP header (libwebp status %d)", (int)status);
+  if (features.has_animation)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "animated WebP is not supported (still images only)");
+  int r = check_pixels(features.width, features.height, limits, "WebP", error);
+  if (r < 0) return r;
+  int channels = channels_for(mode, features.has_alpha ? 4 : 3);
+  int decoded = channels == 1 ? 3 : channels;
+  size_t pixels = (size_t)features.width * (size_t)features.height;
+  uint8_t *rgb = NULL;
+  if ((r = alloc_image(out, features.height, features.width, channels, error)) < 0) return r;
+  uint8_t *dst = sf_tensor_data(out);
+  if (channels == 1 && !(dst = rgb = malloc(pixels * 3))) {
+    sf_tensor_clear(out);
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a WebP", pixels * 3);
+  }
+  size_t stride = (size_t)features.width * (size_t)decoded;
+  uint8_t *done = decoded == 4 ? WebPDecodeRGBAInto(p, n, dst, pixels * 4, (int)stride)
+                               : WebPDecodeRGBInto(p, n, dst, pixels * 3, (int)stride);
+  if (!done) {
+    free(rgb);
+    sf_tensor_clear(out);
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt or truncated WebP");
+  }
+  if (rgb) rgb_to_gray(rgb, 3, sf_tensor_data(out), pixels);
+  free(rgb);
+  return 0;
+}
+
+/* ---- TIFF ---------------------------------------------------------------------------------- */
+
+/* Largest single allocation libtiff may make (strip, tile, tag arrays): a damaged header cannot ask for more. */
+#define TIFF_ALLOC_LIMIT ((tmsize_t)256 << 20)
+
+/* The encoded bytes libtiff reads through its client I/O, and its first error message. */
+typedef struct tiff_source {
+  const uint8_t *data;
+  size_t size, pos;
+  char message[160];
+} tiff_source;
+
+static tmsize_t tiff_read(thandle_t h, void *buf, tmsize_t n) {
+  tiff_source *s = h;
+  size_t left = s->pos < s->size ? s->size - s->pos : 0, take = n < 0 ? 0 : (size_t)n;
+  if (take > left) take = left;
+  memcpy(buf, s->data + s->pos, take);
+  s->pos += take;
+  return (tmsize_t)take;
+}
+
+static tmsize_t tiff_write(thandle_t h, void *buf, tmsize_t n) { return -1; }
+
+static toff_t tiff_seek(thandle_t h, toff_t off, int whence) {
+  tiff_source *s = h;
+  uint64_t base = whence == SEEK_CUR ? s->pos : whence == SEEK_END ? s->size : 0;
+  if (off > UINT64_MAX - base) return (toff_t)-1;
+  s->pos = base + off > s->size ? s->size : (size_t)(base + off);
+  return base + off;
+}
+
+static int tiff_close(thandle_t h) { return 0; }
+
+static toff_t tiff_size(thandle_t h) { return ((tiff_source *)h)->size; }
+
+static int tiff_map(thandle_t h, void **base, toff_t *size) {
+  tiff_source *s = h;
+  *base = (void *)s->data;
+  *size = s->size;
+  return 1;
+}
+
+static void tiff_unmap(thandle_t h, void *base, toff_t size) {}
+
+/* Keeps the first error for our message instead of libtiff's default of printing to stderr. */
+static int tiff_error(TIFF *tif, void *user, const char *module, const char *fmt, va_list ap) {
+  tiff_source *s = user;
+  if (!s->message[0]) vsnprintf(s->message, sizeof s->message, fmt, ap);
+  return 1;
+}
+
+static int tiff_warning(TIFF *tif, void *user, const char *module, const char *fmt, va_list ap) { return 1; }
+
+/*
+ * Reads the image's samples as stored (contiguous planes; `bytes` per sample) into dst, packed rows of
+ * width * spp samples, from strips by scanline or from tiles. Returns 0 or -1 (libtiff said why).
+ */
+static int tiff_read_samples(TIFF *tif, uint32_t width, uint32_t height, int spp, int bytes, uint8_t *dst) {
+  size_t row = (size_t)width * (size_t)spp * (size_t)bytes;
+  if (!TIFFIsTiled(tif)) {
+    if ((size_t)TIFFScanlineSize64(tif) != row) return -1;
+    for (uint32_t y = 0; y < height; y++)
+      if (TIFFReadScanline(tif, dst + y * row, y, 0) < 0) return -1;
+    return 0;
+  }
+  uint32_t tw = 0, th = 0;
+  if (!TIFFGetField(tif, TIFFTAG_TILEWIDTH, &tw) || !TIFFGetField(tif, TIFFTAG_TILELENGTH, &th) || !tw || !th)
+    return -1;
+  tmsize_t tile_size = TIFFTileSize(tif);
+  size_t tile_row = (size_t)tw * (size_t)spp * (size_t)bytes;
+  if (tile_size <= 0 || (uint64_t)tile_size != (uint64_t)tile_row * th) return -1;
+  uint8_t *tile = _TIFFmalloc(tile_size);
+  if (!tile) return -1;
+  int r = 0;
+  for (uint32_t y0 = 0; y0 < height && r == 0; y0 += th)
+    for (uint32_t x0 = 0; x0 < width && r == 0; x0 += tw) {
+      if (TIFFReadTile(tif, tile, x0, y0, 0, 0) < 0) {
+        r = -1;
+        break;
+      }
+      uint32_t cw = width - x0 < tw ? width - x0 : tw, ch = height - y0 < th ? height - y0 : th;
+      for (uint32_t y = 0; y < ch; y++)
+        memcpy(dst + (size_t)(y0 + y) * row + (size_t)x0 * (size_t)spp * (size_t)bytes, tile + (size_t)y * tile_row,
+               (size_t)cw * (size_t)spp * (size_t)bytes);
+    }
+  _TIFFfree(tile);
+  return r;
+}
+
+/* 8-bit CMYK to RGB (or its luma) with Pillow's cmyk2rgb, which libtiff's RGBA reader rounds differently. */
+static int decode_tiff_cmyk(TIFF *tif, tiff_source *src, uint32_t width, uint32_t height, sf_image_mode mode,
+                            sf_tensor *out, sf_error *error) {
+  size_t pixels = (size_t)width * height;
+  uint8_t *cmyk = malloc(pixels * 4);
+  if (!cmyk) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u CMYK TIFF", width, height);
+  int channels = mode == SF_IMAGE_GRAY ? 1 : 3, r;
+  if (tiff_read_samples(tif, width, height, 4, 1, cmyk) < 0) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src->message[0] ? src->message : "cannot read its samples");
+  } else if ((r = alloc_image(out, height, width, channels, error)) == 0) {
+    /* cmyk_to_rgb takes Adobe-inverted samples (as JPEG's CMYK comes): invert TIFF's plain ones. */
+    uint8_t *dst = sf_tensor_data(out);
+    for (size_t i = 0; i < pixels; i++) {
+      uint8_t inverted[4], rgb[3];
+      for (int c = 0; c < 4; c++) inverted[c] = (uint8_t)(255 - cmyk[i * 4 + c]);
+      cmyk_to_rgb(inverted, channels == 3 ? dst + i * 3 : rgb, 1);
+      if (channels == 1) dst[i] = luma(rgb);
+    }
+  }
+  free(cmyk);
+  return r;
+}
+
+/*
+ * The first page of a TIFF as Pillow decodes it. Gray, gray+alpha, RGB and RGBA with 8- or 16-bit
+ * unsigned samples in one plane (JPEG-compressed YCbCr read as RGB by libjpeg, as Pillow asks libtiff)
+ * are read as stored: 16-bit samples as uint16 at depth 16/native, their high byte at depth 8 (16-bit
+ * gray is refused there, as for PNG). Everything else (palette, bilevel, 2/4-bit, CMYK, separate planes)
+ * goes through libtiff's RGBA reader, 8-bit; associated (premultiplied) alpha is kept as stored. 8-bit CMYK
+ * is converted with Pillow's formula.
+ */
+static int decode_tiff(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                       sf_tensor *out, sf_error *error) {
+  tiff_source src = {.data = p, .size = n};
+  TIFFOpenOptions *opts = TIFFOpenOptionsAlloc();
+  if (!opts) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a TIFF decoder");
+  TIFFOpenOptionsSetMaxSingleMemAlloc(opts, TIFF_ALLOC_LIMIT);
+  TIFFOpenOptionsSetErrorHandlerExtR(opts, tiff_error, &src);
+  TIFFOpenOptionsSetWarningHandlerExtR(opts, tiff_warning, &src);
+  TIFF *tif = TIFFClientOpenExt("tiff", "rm", &src, tiff_read, tiff_write, tiff_seek, tiff_close, tiff_size,
+                                tiff_map, tiff_unmap, opts);
+  TIFFOpenOptionsFree(opts);
+  if (!tif)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF header: %s",
+                        src.message[0] ? src.message : "libtiff cannot open it");
+  uint8_t *raw = NULL;
+  uint32_t width = 0, height = 0;
+  uint16_t bits = 1, spp = 1, photometric = 0, planar = PLANARCONFIG_CONTIG, format = SAMPLEFORMAT_UINT,
+           compression = COMPRESSION_NONE, extra_count = 0, *extra = NULL;
+  int r;
+  TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
+  TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &height);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &bits);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &spp);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &planar);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &format);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &compression);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &extra_count, &extra);
+  if (!TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &photometric)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: no PhotometricInterpretation");
+    goto done;
+  }
+  if ((r = check_pixels(width, height, limits, "TIFF", error)) < 0) goto done;
+  if (photometric == PHOTOMETRIC_YCBCR && compression == COMPRESSION_JPEG) {
+    TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
+    photometric = PHOTOMETRIC_RGB;
+  }
+  uint16_t inkset = INKSET_CMYK;
+  TIFFGetFieldDefaulted(tif, TIFFTAG_INKSET, &inkset);
+  if (photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp == 4 && bits == 8 &&
+      planar == PLANARCONFIG_CONTIG && format == SAMPLEFORMAT_UINT) {
+    r = decode_tiff_cmyk(tif, &src, width, height, mode, out, error);
+    goto done;
+  }
+  int color = photometric == PHOTOMETRIC_RGB ? 3 : 1;
+  bool unassociated = extra_count == 1 && extra && extra[0] != EXTRASAMPLE_ASSOCALPHA;
+  bool direct = (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK) &&
+                (planar == PLANARCONFIG_CONTIG || spp == 1) && format == SAMPLEFORMAT_UINT &&
+                (bits == 8 || bits == 16) && (spp == color || (spp == color + 1 && unassociated));
+  size_t pixels = (size_t)width * height;
+  if (direct) {
+    bool alpha = spp == color + 1, gray = color == 1 && !alpha;
+    bool wide = bits == 16 && wants_16(limits);
+    int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3), bytes = bits / 8;
+    if (bits == 16 && color == 1 && !alpha && !wide) {
+      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                       "16-bit grayscale TIFF needs decode's depth 16 or native (depth 8 makes 8-bit images)");
+      goto done;
+    }
+    if (wide && channels == 1 && !gray) {
+      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                       "a 16-bit color TIFF cannot be decoded to gray at depth 16; use mode rgb or keep");
+      goto done;
+    }
+    if (!(raw = malloc(pixels * spp * (size_t)bytes))) {
+      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
+      goto done;
+    }
+    if (tiff_read_samples(tif, width, height, spp, bytes, raw) < 0) {
+      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                       src.message[0] ? src.message : "cannot read its samples");
+      goto done;
+    }
+    if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
+      goto done;
+    /* Source sample k of pixel i for output channel c: gray repeats its one sample, alpha is the last. */
+    for (size_t i = 0; i < pixels; i++) {
+      const uint8_t *px = raw + i * spp * (size_t)bytes;
+      uint32_t v[4];
+      for (int c = 0; c < 4; c++) {
+        int k = c == 3 ? (alpha ? spp - 1 : -1) : color == 1 ? 0 : c;
+        uint32_t sample = k < 0 ? 0 : bytes == 1 ? px[k] : ((const uint16_t *)(const void *)px)[k];
+        v[c] = wide || bytes == 1 ? sample : sample >> 8;
+      }
+      if (channels == 1 && !gray) {
+        uint8_t rgb[3] = {(uint8_t)v[0], (uint8_t)v[1], (uint8_t)v[2]};
+        v[0] = luma(rgb);
+      }
+      for (int c = 0; c < channels; c++) {
+        if (wide)
+          ((uint16_t *)sf_tensor_data(out))[i * channels + c] = (uint16_t)v[c];
+        else
+          ((uint8_t *)sf_tensor_data(out))[i * channels + c] = (uint8_t)v[c];
+      }
+    }
+    r = 0;
+    goto done;
+  }
+  char why[1024] = "";
+  if (!TIFFRGBAImageOK(tif, why)) {
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "TIFF not supported: %s", why);
+    goto done;
+  }
+  bool alpha = extra_count >= 1 && (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK);
+  bool gray = !alpha && (photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE);
+  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if (!(raw = malloc(pixels * 4))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
+    goto done;
+  }
+  /* stop on error: a damaged strip is an error, not a gray band. */
+  if (!TIFFReadRGBAImageOriented(tif, width, height, (uint32_t *)(void *)raw, ORIENTATION_TOPLEFT, 1)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src.message[0] ? src.message : "cannot read its pixels");
+    goto done;
+  }
+  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
+  uint8_t *dst = sf_tensor_data(out);
+  for (size_t i = 0; i < pixels; i++) {
+    uint32_t abgr = ((const uint32_t *)(const void *)raw)[i];
+    uint8_t rgba[4] = {(uint8_t)TIFFGetR(abgr), (uint8_t)TIFFGetG(abgr), (uint8_t)TIFFGetB(abgr),
+                       (uint8_t)TIFFGetA(abgr)};
+    if (channels == 1)
+      dst[i] = gray ? rgba[0] : luma(rgba);
+    else
+      memcpy(dst + i * channels, rgba, (size_t)channels);
+  }
+  r = 0;
+done:
+  if (r < 0) sf_tensor_clear(out);
+  free(raw);
+  TIFFClose(tif);
+  return r;
+}
+
+/* ---- GIF ----------------------------------------------------------------------------------- */
+
+typedef struct gif_source {
+  const uint8_t *data;
+  size_t size, pos;
+} gif_source;
+
+static int gif_read(GifFileType *gif, GifByteType *buf, int n) {
+  gif_source *s = gif->UserData;
+  size_t left = s->size - s->pos, take = n < 0 ? 0 : (size_t)n;
+  if (take > left) take = left;
+  memcpy(buf, s->data + s->pos, take);
+  s->pos += take;
+  return (int)take;
+}
+
+/* Pillow's test for a palette that is only the gray ramp 0, 1, 2, ... (such a GIF opens as "L"). */
+static bool gif_palette_needed(const ColorMapObject *map) {
+  for (int i = 0; map && i < map->ColorCount; i++)
+    if (map->Colors[i].Red != i || map->Colors[i].Green != i || map->Colors[i].Blue != i) return true;
+  return false;
+}
+
+/*
+ * The first frame of a GIF as Pillow 9 decodes it: a canvas of the screen size (grown to the frame if
+ * that sticks out) filled with the transparent index, or 0, the frame's indices written into it
+ * (interlaced rows put in place), then through the frame's palette (or the global one; indices past
+ * its end and palette-less files are gray, as Pillow's ramp). A transparent index gives RGBA in mode keep.
+ */
+static int decode_gif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                      sf_tensor *out, sf_error *error) {
+  gif_source src = {.data = p, .size = n};
+  int code = 0, r = 0, transparent = -1;
+  GifFileType *gif = DGifOpen(&src, gif_read, &code);
+  if (!gif) return sf_error_set(error, code == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                                "corrupt GIF header: %s", GifErrorString(code));
+  uint8_t *canvas = NULL;
+  for (;;) {
+    GifRecordType type;
+    if (DGifGetRecordType(gif, &type) == GIF_ERROR) goto gif_error;
+    if (type == TERMINATE_RECORD_TYPE) {
+      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt GIF: no image in it");
+      goto done;
+    }
+    if (type == EXTENSION_RECORD_TYPE) {
+      int ext_code;
+      GifByteType *ext;
+      if (DGifGetExtension(gif, &ext_code, &ext) == GIF_ERROR) goto gif_error;
+      /* Graphics control before the first image: byte 1 bit 0 says byte 4 is the transparent index. */
+      if (ext_code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4) transparent = (ext[1] & 1) ? ext[4] : -1;
+      while (ext)
+        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) goto gif_error;
+      continue;
+    }
+    if (type != IMAGE_DESC_RECORD_TYPE) continue;
+    if (DGifGetImageDesc(gif) == GIF_ERROR) goto gif_error;
+    break;
+  }
+  GifImageDesc *desc = &gif->Image;
+  int64_t left = desc->Left, top = desc->Top, fw = desc->Width, fh = desc->Height;
+  int64_t width = gif->SWidth > left + fw ? gif->SWidth : left + fw;
+  int64_t height = gif->SHeight > top + fh ? gif->SHeight : top + fh;
+  if ((r = check_pixels(width, height, limits, "GIF", error)) < 0) goto done;
+  size_t pixels = (size_t)width * (size_t)height;
+  if (!(canvas = malloc(pixels))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%lld GIF", (long long)width,
+                     (long long)height);
+    goto done;
+  }
+  memset(canvas, transparent >= 0 ? transparent : 0, pixels);
+  if (fw > 0 && fh > 0) {
+    /* Interlaced rows come in four passes: every 8th from 0, every 8th from 4, every 4th from 2, every 2nd from 1. */
+    static const int start[4] = {0, 4, 2, 1}, step[4] = {8, 8, 4, 2};
+    for (int pass = desc->Interlace ? 0 : 3; pass < 4; pass++)
+      for (int64_t y = desc->Interlace ? start[pass] : 0; y < fh; y += desc->Interlace ? step[pass] : 1)
+        if (DGifGetLine(gif, canvas + (size_t)(top + y) * (size_t)width + (size_t)left, (int)fw) == GIF_ERROR)
+          goto gif_error;
+  }
+  const ColorMapObject *map = desc->ColorMap ? desc->ColorMap : gif->SColorMap;
+  bool gray = !gif_palette_needed(map), alpha = transparent >= 0;
+  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
+  uint8_t *dst = sf_tensor_data(out);
+  for (size_t i = 0; i < pixels; i++, dst += channels) {
+    int index = canvas[i];
+    uint8_t rgba[4] = {(uint8_t)index, (uint8_t)index, (uint8_t)index, index == transparent ? 0 : 255};
+    if (!gray && index < map->ColorCount) {
+      rgba[0] = map->Colors[index].Red;
+      rgba[1] = map->Colors[index].Green;
+      rgba[2] = map->Colors[index].Blue;
+    }
+    if (channels == 1)
+      dst[0] = gray ? (uint8_t)index : luma(rgba);
+    else
+      memcpy(dst, rgba, (size_t)channels);
+  }
+  r = 0;
+  goto done;
+gif_error:
+  r = sf_error_set(error, gif->Error == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                   "corrupt GIF: %s", GifErrorString(gif->Error));
+done:
+  if (r < 0) sf_tensor_clear(out);
+  free(canvas);
+  DGifCloseFile(gif, &code);
+  return r;
+}
+
+/* ---- JPEG 2000 ----------------------------------------------------------------------------- */
+
+static const uint8_t jp2_signature[12] = {0, 0, 0, 12, 'j', 'P', ' ', ' ', 13, 10, 0x87, 10};
+
+typedef struct j2k_source {
+  const uint8_t *data;
+  size_t size, pos;
+  char message[160];
+} j2k_source;
+
+static OPJ_SIZE_T j2k_read(void *buf, OPJ_SIZE_T n, void *user) {
+  j2k_source *s = user;
+  size_t left = s->size - s->pos, take = n < left ? n : left;
+  if (take == 0) return (OPJ_SIZE_T)-1;
+  memcpy(buf, s->data + s->pos, take);
+  s->pos += take;
+  return take;
+}
+
+static OPJ_OFF_T j2k_skip(OPJ_OFF_T n, void *user) {
+  j2k_source *s = user;
+  if (n < 0) n = (OPJ_OFF_T)s->pos < -n ? -(OPJ_OFF_T)s->pos : n;
+  else if ((uint64_t)n > s->size - s->pos) n = (OPJ_OFF_T)(s->size - s->pos);
+  s->pos = (size_t)((OPJ_OFF_T)s->pos + n);
+  return n;
+}
+
+static OPJ_BOOL j2k_seek(OPJ_OFF_T n, void *user) {
+  j2k_source *s = user;
+  if (n < 0 || (uint64_t)n > s->size) return OPJ_FALSE;
+  s->pos = (size_t)n;
+  return OPJ_TRUE;
+}
+
+static void j2k_error(const char *msg, void *user) {
+  j2k_source *s = user;
+  if (!s->message[0]) {
+    snprintf(s->message, sizeof s->message, "%s", msg);
+    size_t len = strlen(s->message);
+    if (len && s->message[len - 1] == '\n') s->message[len - 1] = 0;
+  }
+}
+
+static void j2k_quiet(const char *msg, void *user) {}
+
+/*
+ * A JPEG 2000 codestream or JP2 file through openjpeg, as Pillow unpacks it: 1 (gray), 2 (gray+alpha),
+ * 3 (RGB) or 4 (RGBA) full-resolution components of one precision; samples shifted to 8 bits (signed ones
+ * offset by half their range first), or, for one component deeper than 8 bits at depth 16/native, to 16 bits
+ * (Pillow's I;16). Subsampled components (YCbCr 4:2:0) and other layouts are refused.
+ */
+static int decode_j2k(const uint8_t *p, size_t n, bool jp2, sf_image_mode mode, const sf_image_limits *limits,
+                      sf_tensor *out, sf_error *error) {
+  j2k_source src = {.data = p, .size = n};
+  opj_codec_t *codec = opj_create_decompress(jp2 ? OPJ_CODEC_JP2 : OPJ_CODEC_J2K);
+  opj_stream_t *stream = opj_stream_create(64 << 10, OPJ_TRUE);
+  opj_image_t *image = NULL;
+  int r = 0;
+  if (!codec || !stream) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a JPEG 2000 decoder");
+    goto done;
+  }
+  opj_set_error_handler(codec, j2k_error, &src);
+  opj_set_warning_handler(codec, j2k_quiet, &src);
+  opj_set_info_handler(codec, j2k_quiet, &src);
+  opj_stream_set_read_function(stream, j2k_read);
+  opj_stream_set_skip_function(stream, j2k_skip);
+  opj_stream_set_seek_function(stream, j2k_seek);
+  opj_stream_set_user_data(stream, &src, NULL);
+  opj_stream_set_user_data_length(stream, n);
+  opj_dparameters_t params;
+  opj_set_default_decoder_parameters(&params);
+  if (!opj_setup_decoder(codec, &params) || !opj_read_header(stream, codec, &image) || !image) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG 2000 header: %s",
+                     src.message[0] ? src.message : "openjpeg cannot read it");
+    goto done;
+  }
+  int64_t width = (int64_t)image->x1 - image->x0, height = (int64_t)image->y1 - image->y0;
+  if ((r = check_pixels(width, height, limits, "JPEG 2000", error)) < 0) goto done;
+  uint32_t count = image->numcomps;
+  uint32_t prec = count ? image->comps[0].prec : 0;
+  bool same = count >= 1 && count <= 4 && prec >= 1 && prec <= 16;
+  for (uint32_t c = 0; same && c < count; c++)
+    same = image->comps[c].dx == 1 && image->comps[c].dy == 1 && image->comps[c].prec == prec;
+  if (!same || image->color_space == OPJ_CLRSPC_SYCC || image->color_space == OPJ_CLRSPC_CMYK ||
+      image->color_space == OPJ_CLRSPC_EYCC) {
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                     "JPEG 2000 with %u components is not supported (1-4 full-size components of one precision "
+                     "up to 16 bits, gray or RGB)", count);
+    goto done;
+  }
+  if (!opj_decode(codec, stream, image) || !opj_end_decompress(codec, stream)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG 2000: %s",
+                     src.message[0] ? src.message : "openjpeg cannot decode it");
+    goto done;
+  }
+  for (uint32_t c = 0; c < count; c++)
+    if (!image->comps[c].data || image->comps[c].w != (uint32_t)width || image->comps[c].h != (uint32_t)height) {
+      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG 2000: component %u is not %lldx%lld", c,
+                       (long long)width, (long long)height);
+      goto done;
+    }
+  bool gray = count <= 2, alpha = count == 2 || count == 4;
+  bool wide = count == 1 && prec > 8 && wants_16(limits);
+  if (count == 1 && prec > 8 && !wide) {
+    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                     "%u-bit grayscale JPEG 2000 needs decode's depth 16 or native (depth 8 makes 8-bit images)", prec);
+    goto done;
+  }
+  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
+    goto done;
+  int shift = (wide ? 16 : 8) - (int)prec;
+  int32_t top = wide ? 65535 : 255;
+  size_t pixels = (size_t)width * (size_t)height;
+  for (size_t i = 0; i < pixels; i++) {
+    int32_t v[4];
+    for (uint32_t c = 0; c < count; c++) {
+      int32_t x = image->comps[c].data[i] + (image->comps[c].sgnd ? (int32_t)1 << (prec - 1) : 0);
+      x = shift < 0 ? x >> -shift : x << shift;
+      v[c] = x < 0 ? 0 : x > top ? top : x;
+    }
+    int32_t rgba[4] = {v[0], gray ? v[0] : v[1], gray ? v[0] : v[2], alpha ? v[count - 1] : top};
+    for (int c = 0; c < channels; c++) {
+      int32_t value = rgba[c];
+      if (channels == 1 && !gray) {
+        uint8_t px[3] = {(uint8_t)rgba[0], (uint8_t)rgba[1], (uint8_t)rgba[2]};
+        value = luma(px);
+      }
+      if (wide)
+        ((uint16_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint16_t)value;
+      else
+        ((uint8_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint8_t)value;
+    }
+  }
+  r = 0;
+done:
+  if (r < 0) sf_tensor_clear(out);
+  if (image) opj_image_destroy(image);
+  if (stream) opj_stream_destroy(stream);
+  if (codec) opj_destroy_codec(codec);
+  return r;
+}
+
+/* ---- AVIF ---------------------------------------------------------------------------------- */
+
+/* An ISO-BMFF file whose ftyp box names an AVIF brand (major or compatible): HEIC and MP4 are not ours. */
+static bool is_avif(const uint8_t *p, size_t n) {
+  if (n < 16 || memcmp(p + 4, "ftyp", 4) != 0) return false;
+  size_t box = (size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
+  if (box < 16 || box > n) box = n < 64 ? n : 64;
+  for (size_t at = 8; at + 4 <= box; at += at == 8 ? 8 : 4)
+    if (memcmp(p + at, "avif", 4) == 0 || memcmp(p + at, "avis", 4) == 0) return true;
+  return false;
+}
+
+/*
+ * The first (or only) image of an AVIF through libavif with dav1d, converted to 8-bit RGB(A) with
+ * libavif's defaults (automatic chroma upsampling), as its avifdec does; deeper samples are scaled to 8
+ * bits by libavif. Gray is Pillow's luma of that RGB. libavif's own size limit is set to max_pixels too.
+ */
+static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                       sf_tensor *out, sf_error *error) {
+  avifDecoder *decoder = avifDecoderCreate();
+  if (!decoder) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create an AVIF decoder");
+  int64_t max = max_pixels_of(limits);
+  decoder->codecChoice = AVIF_CODEC_CHOICE_DAV1D;
+  decoder->imageSizeLimit = max < AVIF_DEFAULT_IMAGE_SIZE_LIMIT ? (uint32_t)max : AVIF_DEFAULT_IMAGE_SIZE_LIMIT;
+  decoder->ignoreExif = AVIF_TRUE;
+  decoder->ignoreXMP = AVIF_TRUE;
+  uint8_t *rgb_pixels = NULL;
+  int r = 0;
+  avifResult result = avifDecoderSetIOMemory(decoder, p, n);
+  if (result == AVIF_RESULT_OK) result = avifDecoderParse(decoder);
+  if (result != AVIF_RESULT_OK) {
+    /* libavif refuses images over imageSizeLimit (our max_pixels) while parsing, before any allocation. */
+    if (strstr(decoder->diag.error, "too large"))
+      r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "AVIF over max_pixels %lld (%s); raise max_pixels if it is genuine",
+                       (long long)max, decoder->diag.error);
+    else
+      r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                       "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                       decoder->diag.error);
+    goto done;
+  }
+  avifImage *image = decoder->image;
+  if ((r = check_pixels(image->width, image->height, limits, "AVIF", error)) < 0) goto done;
+  if ((result = avifDecoderNextImage(decoder)) != AVIF_RESULT_OK) {
+    r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                     "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                     decoder->diag.error);
+    goto done;
+  }
+  image = decoder->image;
+  if ((r = check_pixels(image->width, image->height, limits, "AVIF", error)) < 0) goto done;
+  /* An image with alpha is converted as RGBA, then cut: libavif's RGB output of it is not avifdec's pixels. */
+  bool alpha = image->alphaPlane != NULL;
+  int channels = channels_for(mode, alpha ? 4 : 3), decoded = alpha ? 4 : 3;
+  if ((r = alloc_image(out, image->height, image->width, channels, error)) < 0) goto done;
+  avifRGBImage rgb;
+  avifRGBImageSetDefaults(&rgb, image);
+  rgb.depth = 8;
+  rgb.format = decoded == 4 ? AVIF_RGB_FORMAT_RGBA : AVIF_RGB_FORMAT_RGB;
+  rgb.rowBytes = image->width * (uint32_t)decoded;
+  size_t pixels = (size_t)image->width * image->height;
+  if (channels != decoded && !(rgb_pixels = malloc(pixels * (size_t)decoded))) {
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for an AVIF", pixels * (size_t)decoded);
+    goto done;
+  }
+  rgb.pixels = rgb_pixels ? rgb_pixels : sf_tensor_data(out);
+  if ((result = avifImageYUVToRGB(image, &rgb)) != AVIF_RESULT_OK) {
+    r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                     "AVIF to RGB: %s", avifResultToString(result));
+    goto done;
+  }
+  uint8_t *dst = sf_tensor_data(out);
+  if (channels == 1)
+    rgb_to_gray(rgb_pixels, decoded, dst, pixels);
+  else if (channels != decoded)
+    for (size_t i = 0; i < pixels; i++) memcpy(dst + i * 3, rgb_pixels + i * (size_t)decoded, 3);
+  r = 0;
+done:
+  if (r < 0) sf_tensor_clear(out);
+  free(rgb_pixels);
+  avifDecoderDestroy(decoder);
+  return r;
+}
+
+/* ---- JPEG XL ------------------------------------------------------------------------------- */
+
+static bool is_jxl(const uint8_t *p, size_t n) {
+  JxlSignature sig = JxlSignatureCheck(p, n);
+  return sig == JXL_SIG_CODESTREAM || sig == JXL_SIG_CONTAINER;
+}
+
+/*
+ * The first frame of a JPEG XL (codestream or container) through libjxl, as 8-bit samples in the
+ * image's own channels (gray, gray+alpha, RGB, RGBA), as djxl writes them to PNG; XYB (lossy) images
+ * come out in their original color space, libjxl's default. The size from the basic info is checked
+ * against max_pixels before the output buffer exists and before any pixel is decoded.
+ */
+static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                      sf_tensor *out, sf_error *error) {
+  JxlDecoder *dec = JxlDecoderCreate(NULL);
+  if (!dec) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a JPEG XL decoder");
+  uint8_t *pixels = NULL;
+  size_t count = 0;
+  JxlBasicInfo info;
+  JxlPixelFormat format = {0, JXL_TYPE_UINT8, JXL_NATIVE_ENDIAN, 0};
+  bool have_info = false, done = false;
+  int r = 0;
+  if (JxlDecoderSubscribeEvents(dec, JXL_DEC_BASIC_INFO | JXL_DEC_FULL_IMAGE) != JXL_DEC_SUCCESS ||
+      JxlDecoderSetInput(dec, p, n) != JXL_DEC_SUCCESS) {
+    r = sf_error_set(error, SF_EINTERNAL, SF_NOWHERE, "cannot set up the JPEG XL decoder");
+    goto out;
+  }
+  JxlDecoderCloseInput(dec);
+  while (!done) {
+    JxlDecoderStatus status = JxlDecoderProcessInput(dec);
+    switch (status) {
+    case JXL_DEC_BASIC_INFO:
+      if (JxlDecoderGetBasicInfo(dec, &info) != JXL_DEC_SUCCESS) goto corrupt;
+      if ((r = check_pixels(info.xsize, info.ysize, limits, "JPEG XL", error)) < 0) goto out;
+      format.num_channels = (info.num_color_channels == 1 ? 1 : 3) + (info.alpha_bits ? 1 : 0);
+      have_info = true;
+      break;
+    case JXL_DEC_NEED_IMAGE_OUT_BUFFER: {
+      size_t need = 0;
+      count = (size_t)info.xsize * info.ysize;
+      if (!have_info || JxlDecoderImageOutBufferSize(dec, &format, &need) != JXL_DEC_SUCCESS ||
+          need != count * format.num_channels)
+        goto corrupt;
+      if (!(pixels = malloc(need))) {
+        r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a JPEG XL", need);
+        goto out;
+      }
+      if (JxlDecoderSetImageOutBuffer(dec, &format, pixels, need) != JXL_DEC_SUCCESS) goto corrupt;
+      break;
+    }
+    case JXL_DEC_FULL_IMAGE: done = pixels != NULL; if (!done) goto corrupt; break;
+    default: goto corrupt; /* JXL_DEC_ERROR, NEED_MORE_INPUT (truncated), SUCCESS without an image */
+    }
+  }
+  bool gray = format.num_channels <= 2, alpha = format.num_channels == 2 || format.num_channels == 4;
+  int stored = (int)format.num_channels, channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  if ((r = alloc_image(out, info.ysize, info.xsize, channels, error)) < 0) goto out;
+  uint8_t *dst = sf_tensor_data(out);
+  for (size_t i = 0; i < count; i++, dst += channels) {
+    const uint8_t *s = pixels + i * (size_t)stored;
+    uint8_t rgba[4] = {s[0], gray ? s[0] : s[1], gray ? s[0] : s[2], alpha ? s[stored - 1] : 255};
+    if (channels == 1)
+      dst[0] = gray ? s[0] : luma(rgba);
+    else
+      memcpy(dst, rgba, (size_t)channels);
+  }
+  r = 0;
+  goto out;
+corrupt:
+  r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt or truncated JPEG XL");
+out:
+  if (r < 0) sf_tensor_clear(out);
+  free(pixels);
+  JxlDecoderDestroy(dec);
+  return r;
+}
+
 /* ---- PPM / PGM ----------------------------------------------------------------------------- */
 
 /* Skips whitespace and '#' comments (to end of line), as netpbm allows between header tokens. */
@@ -492,20 +1215,37 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     r = decode_jpeg(p, size, mode, limits, out, error);
   else if (size >= sizeof png_signature && memcmp(p, png_signature, sizeof png_signature) == 0)
     r = decode_png(p, size, mode, limits, out, error);
+  else if (is_webp(p, size))
+    r = decode_webp(p, size, mode, limits, out, error);
+  else if (size >= 4 && (memcmp(p, "II*\0", 4) == 0 || memcmp(p, "MM\0*", 4) == 0 ||
+                         memcmp(p, "II+\0", 4) == 0 || memcmp(p, "MM\0+", 4) == 0))
+    r = decode_tiff(p, size, mode, limits, out, error);
+  else if (size >= 6 && (memcmp(p, "GIF87a", 6) == 0 || memcmp(p, "GIF89a", 6) == 0))
+    r = decode_gif(p, size, mode, limits, out, error);
+  else if (size >= sizeof jp2_signature && memcmp(p, jp2_signature, sizeof jp2_signature) == 0)
+    r = decode_j2k(p, size, true, mode, limits, out, error);
+  else if (size >= 4 && p[0] == 0xFF && p[1] == 0x4F && p[2] == 0xFF && p[3] == 0x51)
+    r = decode_j2k(p, size, false, mode, limits, out, error);
+  else if (is_avif(p, size))
+    r = decode_avif(p, size, mode, limits, out, error);
+  else if (is_jxl(p, size))
+    r = decode_jxl(p, size, mode, limits, out, error);
   else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
     r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                      "not a JPEG, PNG or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
+                      "not a JPEG, PNG, WebP, TIFF, GIF, JPEG 2000, AVIF, JPEG XL or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",
                       format ? format : "?", size, size > 0 ? p[0] : 0, size > 1 ? p[1] : 0, size > 2 ? p[2] : 0,
                       size > 3 ? p[3] : 0);
 }
 
 int sf_image_format_known(const char *format) {
-  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", NULL};
+  static const char *const known[] = {"jpg", "jpeg", "png", "ppm", "pgm", "pnm", "webp", "tif", "tiff", "gif", "jp2", "j2k", "j2c", "jpc", "jpf", "jpx", "avif", "jxl", NULL};
   /* Asked for every field of every sample: most names (cls, txt, json) fail on the first letter. */
-  if (!format || ((format[0] | 0x20) != 'j' && (format[0] | 0x20) != 'p')) return 0;
+  if (!format) return 0;
+  int first = format[0] | 0x20;
+  if (first != 'j' && first != 'p' && first != 'w' && first != 't' && first != 'g' && first != 'a') return 0;
   for (int i = 0; known[i]; i++)
     if (strcasecmp(format, known[i]) == 0) return 1;
   return 0;

@@ -20,7 +20,7 @@ typedef struct sf_image_limits {
   int min_size;             /* JPEG DCT-domain downscaling: smallest scale whose both sides stay >= min_size (0 = off) */
   int depth;                /* sample depth of the result: 8 (or 0) uint8, 16-bit sources cut to their high byte;
                                16 uint16 always (8-bit samples times 257); -1 "native": uint16 for 16-bit
-                               PNG and PGM/PPM with maxval > 255, uint8 otherwise */
+                               PNG, TIFF, gray JPEG 2000 and PGM/PPM with maxval > 255, uint8 otherwise */
 } sf_image_limits;
 
 /*
@@ -28,7 +28,12 @@ typedef struct sf_image_limits {
  * `buffer` holds the encoded bytes at [offset, offset+size); for binary
  * PPM/PGM in the requested mode the result is a view of that buffer (no copy,
  * a new reference is taken). Formats: JPEG (TurboJPEG; a warning is an error,
- * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), PPM (P6)
+ * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), WebP
+ * (libwebp, still images, lossy or lossless, alpha kept in mode keep; animated ones are SF_EUNSUPPORTED), TIFF
+ * (libtiff, first page; 16-bit gray/RGB/RGBA as uint16 when depth asks, like PNG), GIF (giflib, first frame on
+ * its screen-sized canvas, as Pillow), JPEG 2000 (openjpeg, codestream or JP2, 1-4 full-size components; gray
+ * deeper than 8 bits as uint16 when depth asks), AVIF (libavif with dav1d, first image, 8-bit RGB(A) as avifdec
+ * converts it), JPEG XL (libjxl, first frame, 8-bit as djxl writes it), PPM (P6)
  * and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian samples kept as stored, not rescaled) when
  * depth asks for 16 bits. CMYK/YCCK JPEGs are taken as Adobe-inverted (as libjpeg writes them and
  * Pillow reads them) and converted to RGB with Pillow's formula (Convert.c cmyk2rgb).

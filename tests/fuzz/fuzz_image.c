@@ -1,5 +1,5 @@
 /* Fuzz target for one image decoder of sf_image_decode, in every output mode and depth; built once per format
- * (SF_FUZZ_FORMAT = "jpg", "png" or "pnm", set by tests/fuzz/meson.build). */
+ * (SF_FUZZ_FORMAT = "jpg", "png", "pnm", "webp", "tif", "gif", "jp2", "avif" or "jxl", set by tests/fuzz/meson.build). */
 #include <stdint.h>
 #include <string.h>
 

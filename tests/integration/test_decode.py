@@ -3,10 +3,17 @@
 run through `shardflow run`, and compared with what PIL decodes from the same bytes.
 
 Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) within +-1 of PIL;
-PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM and a
-.ppm.gz exactly; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
+PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM, a
+.ppm.gz, WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) and TIFF (raw, LZW,
+deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) and GIF (first frame: palette, transparent index, gray,
+interlaced, animated, a frame smaller than the screen) and JPEG 2000 (.j2k codestream and .jp2, lossless, lossy, tiled;
+RGB, RGBA, gray: PIL uses openjpeg too) exactly; AVIF (lossy 4:4:4 and 4:2:0, lossless, alpha, 10-bit;
+made by avifenc) exactly equal to avifdec's decode with dav1d, truncated and oversized AVIF reported;
+JPEG XL (lossless, lossy XYB, alpha, gray; made by cjxl) exactly equal to djxl's decode, truncated and
+oversized JPEG XL reported; in the modes keep, rgb and gray; class labels and text fields; JPEG DCT-domain
 downscaling (min_size); bad samples (not a JPEG, truncated JPEG, PNG with a bad CRC, an image over
-max_pixels, a bad label, corrupt gzip) under error_policy skip (sample missing, message naming
+max_pixels, a bad label, corrupt gzip, truncated WebP, WebP with a bad RIFF size, WebP over max_pixels,
+truncated TIFF, TIFF cut in its pixels, TIFF with a bad IFD offset, TIFF over max_pixels, truncated GIF, GIF over max_pixels, truncated JPEG 2000, JPEG 2000 over max_pixels) under error_policy skip (sample missing, message naming
 shard URL, key and byte offset) and fail (non-zero exit, same message); JPEGs on which libjpeg only
 warns ("2 extraneous bytes before marker 0xd9", common in ImageNet) decode to PIL's pixels, while a
 truncated JPEG stays corrupt even when such a warning comes first.
@@ -81,6 +88,47 @@ def good_images():
         out.append(("ppm", encode(rgb, "PPM")))
         out.append(("pgm", encode(Image.fromarray(picture(h, w, 1)), "PPM")))
         out.append(("ppm.gz", gzip.compress(encode(rgb, "PPM"))))
+        # WebP: lossless and lossy (PIL decodes with the same libwebp, so exact), with and without alpha.
+        rgba = Image.fromarray(picture(h, w, 4))
+        out.append(("webp", encode(rgb, "WEBP", lossless=True)))
+        out.append(("webp", encode(rgba, "WEBP", lossless=True)))
+        out.append(("webp", encode(rgb, "WEBP", quality=80)))
+        out.append(("webp", encode(rgba, "WEBP", quality=70)))
+        # TIFF: the compressions PIL writes (through libtiff), gray, RGBA, palette, 1-bit, CMYK.
+        gray = Image.fromarray(picture(h, w, 1))
+        for comp in ("raw", "tiff_lzw", "tiff_adobe_deflate", "packbits"):
+            out.append(("tif", encode(rgb, "TIFF", compression=comp)))
+        out.append(("tiff", encode(rgba, "TIFF", compression="tiff_lzw")))
+        out.append(("tif", encode(gray, "TIFF")))
+        out.append(("tif", encode(gray, "TIFF", compression="tiff_deflate")))
+        out.append(("tif", encode(Image.fromarray(picture(h, w, 1) > 128), "TIFF", compression="group4")))
+        out.append(("tif", encode(Image.fromarray(picture(h, w, 1) > 128), "TIFF")))
+        out.append(("tif", encode(pal, "TIFF")))
+        out.append(("tif", encode(rgb, "TIFF", compression="jpeg", quality=90)))
+        out.append(("tif", encode(rgb.convert("CMYK"), "TIFF", compression="tiff_lzw")))
+        # GIF, first frame: palette, palette with a transparent index, gray, interlaced.
+        out.append(("gif", encode(pal, "GIF")))
+        out.append(("gif", encode(pal, "GIF", transparency=3)))
+        out.append(("gif", encode(gray, "GIF")))
+        out.append(("gif", encode(rgb.quantize(200), "GIF", interlace=True)))
+    # JPEG 2000, codestream (.j2k) and JP2 (.jp2), lossless and lossy: PIL uses openjpeg too.
+    for h, w in [(32, 32), (17, 33), (1, 1)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        out.append(("j2k", encode(rgb, "JPEG2000", no_jp2=True)))
+        out.append(("jp2", encode(rgb, "JPEG2000", quality_mode="rates", quality_layers=[20], irreversible=True)))
+        out.append(("jp2", encode(Image.fromarray(picture(h, w, 4)), "JPEG2000")))
+        out.append(("j2k", encode(Image.fromarray(picture(h, w, 1)), "JPEG2000", no_jp2=True)))
+    out.append(("jp2", encode(Image.fromarray(picture(64, 80, 3)), "JPEG2000", tile_size=(32, 32))))
+    # An animated GIF: the first frame only (PIL's first frame).
+    frames = [Image.fromarray(picture(20, 24, 3)).quantize(32) for _ in range(3)]
+    out.append(("gif", encode(frames[0], "GIF", save_all=True, append_images=frames[1:])))
+    # A frame smaller than the screen, placed at (2, 1): the rest is the transparent index (or 0).
+    for kw in ({}, {"transparency": 5}):
+        small = bytearray(encode(Image.fromarray(picture(3, 4, 3)).quantize(8), "GIF", **kw))
+        at = small.index(b",\0\0\0\0\x04\0\x03\0")
+        small[6:10] = b"\x0a\0\x08\0"  # screen 10x8
+        small[at + 1 : at + 5] = b"\x02\0\x01\0"
+        out.append(("gif", bytes(small)))
     out.append(("seg.png", encode(Image.fromarray(picture(9, 11, 3)), "PNG")))
     # Content decides, as in PIL: a PNG stored under .jpg decodes as the PNG it is.
     out.append(("jpg", encode(Image.fromarray(picture(6, 5, 3)), "PNG")))
@@ -277,6 +325,11 @@ def bad_cases():
     length = int.from_bytes(png[i - 4 : i], "big")
     png[i + 4 + length] ^= 0xFF  # first byte of the IDAT chunk's CRC
     big = encode(Image.fromarray(picture(400, 300, 3)), "PNG")  # 120,000 pixels > max_pixels 100000
+    webp = encode(Image.fromarray(picture(40, 30, 3)), "WEBP", quality=80)
+    tif = encode(Image.fromarray(picture(40, 30, 3)), "TIFF", compression="tiff_lzw")
+    tif_raw = encode(Image.fromarray(picture(40, 30, 3)), "TIFF")
+    gif = encode(Image.fromarray(picture(40, 30, 3)).quantize(64), "GIF")
+    jp2 = encode(Image.fromarray(picture(40, 30, 3)), "JPEG2000")
     return [
         ("not a JPEG", [("jpg", b"this is not a JPEG at all\n")]),
         ("truncated JPEG", [("jpg", jpg[: len(jpg) // 2])]),
@@ -284,6 +337,18 @@ def bad_cases():
         ("JPEG cut before its first scan", [("jpg", jpg[: jpg.index(b"\xff\xda")])]),
         ("PNG with a bad CRC", [("png", bytes(png))]),
         ("image over max_pixels", [("png", big)]),
+        ("truncated WebP", [("webp", webp[: len(webp) // 2])]),
+        ("WebP with a bad RIFF size", [("webp", webp[:4] + b"\xff\xff\xff\x7f" + webp[8:])]),
+        ("WebP over max_pixels", [("webp", encode(Image.fromarray(picture(400, 300, 3)), "WEBP", lossless=True))]),
+        ("truncated TIFF", [("tif", tif[: len(tif) * 2 // 3])]),
+        # PIL's own writer puts the IFD first: this one is cut inside its pixels.
+        ("TIFF cut in its pixels", [("tif", tif_raw[: len(tif_raw) * 2 // 3])]),
+        ("truncated GIF", [("gif", gif[: len(gif) // 2])]),
+        ("GIF over max_pixels", [("gif", encode(Image.fromarray(picture(400, 300, 1)), "GIF"))]),
+        ("truncated JPEG 2000", [("jp2", jp2[: len(jp2) * 2 // 3])]),
+        ("JPEG 2000 over max_pixels", [("j2k", encode(Image.fromarray(picture(400, 300, 1)), "JPEG2000", no_jp2=True))]),
+        ("TIFF with a bad first IFD offset", [("tif", tif[:4] + b"\xff\xff\xff\x7f" + tif[8:])]),
+        ("TIFF over max_pixels", [("tif", encode(Image.fromarray(picture(400, 300, 1)), "TIFF", compression="tiff_lzw"))]),
         ("bad class label", [("ppm", encode(Image.fromarray(picture(4, 4, 3)), "PPM")), ("cls", b"seven")]),
         ("corrupt gzip", [("ppm.gz", gzip.compress(b"P6 4 4 255\n" + bytes(48))[:-9] + b"garbage!!")]),
     ]
@@ -333,6 +398,112 @@ def test_bad_input_fail():
         check(code != 0, f"fail: {what} stops the run (exit {code})")
         line = message_line(err, shard, "0000001", offsets["0000001"])
         check(line is not None, f"fail: {what} message names URL, key and offset {offsets['0000001']}: {line}")
+
+
+def avif_encode(im, *args):
+    """An AVIF made by libavif's own avifenc from a PNG of im (PIL does not write AVIF)."""
+    src, dst = os.path.join(TMP, "avif_in.png"), os.path.join(TMP, "avif_out.avif")
+    im.save(src)
+    subprocess.run(["avifenc", "-s", "10", *args, src, dst], check=True, capture_output=True)
+    with open(dst, "rb") as f:
+        return f.read()
+
+
+def avif_reference(data, mode):
+    """What libavif's avifdec (dav1d, 8-bit PNG out) makes of these bytes, in our mode."""
+    src, dst = os.path.join(TMP, "ref_in.avif"), os.path.join(TMP, "ref_out.png")
+    with open(src, "wb") as f:
+        f.write(data)
+    subprocess.run(["avifdec", "-c", "dav1d", "-d", "8", src, dst], check=True, capture_output=True)
+    im = Image.open(dst)
+    target = {"keep": im.mode if im.mode in ("RGB", "RGBA") else "RGB", "rgb": "RGB", "gray": "L"}[mode]
+    a = np.array(im.convert(target))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def test_avif():
+    """AVIF (libavif with dav1d) equals avifdec's decode exactly; damaged and oversized ones are error records."""
+    images = []
+    for h, w in [(32, 32), (17, 33), (1, 1)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        images.append(avif_encode(rgb))                          # lossy 4:4:4
+        images.append(avif_encode(rgb, "-y", "420"))             # lossy 4:2:0: chroma upsampled
+        images.append(avif_encode(rgb, "-l"))                    # lossless
+        images.append(avif_encode(Image.fromarray(picture(h, w, 4)), "-y", "420"))
+        images.append(avif_encode(rgb, "-d", "10"))              # 10-bit, decoded to 8
+    samples = [(f"{i:07d}", [("avif", data)]) for i, data in enumerate(images)]
+    good = avif_encode(Image.fromarray(picture(40, 30, 3)))
+    bad = {"0000900": ("truncated AVIF", good[: len(good) * 2 // 3]),
+           "0000901": ("AVIF over max_pixels", avif_encode(Image.fromarray(picture(400, 300, 3))))}
+    samples += [(k, [("avif", data)]) for k, (_, data) in bad.items()]
+    shard = os.path.join(TMP, "avif-000.tar")
+    offsets = write_shard(shard, samples)
+    for mode in ("keep", "rgb", "gray"):
+        out = os.path.join(TMP, f"avif_{mode}")
+        code, _, err = run(write_graph(shard, out, mode=mode, policy="skip", extra={"max_pixels": 100000}))
+        check(code == 0, f"avif {mode}: run succeeds (exit {code})")
+        got = read_output(out)
+        check(sorted(got) == [f"{i:07d}" for i in range(len(images))], f"avif {mode}: the good samples arrive")
+        for i, data in enumerate(images):
+            a = got.get(f"{i:07d}", {}).get("avif")
+            if check(a is not None, f"avif {mode} {i}: decoded"):
+                compare(a, avif_reference(data, mode), 0, f"avif {mode} {i} vs avifdec")
+        for key, (what, _) in bad.items():
+            line = message_line(err, shard, key, offsets[key])
+            check(line is not None, f"avif {mode}: {what} reported with URL, key and offset: {line}")
+
+
+def jxl_encode(im, *args):
+    """A JPEG XL made by libjxl's own cjxl from a PNG of im (PIL does not write JPEG XL)."""
+    src, dst = os.path.join(TMP, "jxl_in.png"), os.path.join(TMP, "jxl_out.jxl")
+    im.save(src)
+    subprocess.run(["cjxl", "-e", "3", *args, src, dst], check=True, capture_output=True)
+    with open(dst, "rb") as f:
+        return f.read()
+
+
+def jxl_reference(data, mode):
+    """What libjxl's djxl (PNG out) makes of these bytes, in our mode."""
+    src, dst = os.path.join(TMP, "ref_in.jxl"), os.path.join(TMP, "ref_out.png")
+    with open(src, "wb") as f:
+        f.write(data)
+    subprocess.run(["djxl", src, dst], check=True, capture_output=True)
+    im = Image.open(dst)
+    alpha = im.mode in ("RGBA", "LA")
+    target = {"keep": "RGBA" if alpha else ("L" if im.mode == "L" else "RGB"), "rgb": "RGB", "gray": "L"}[mode]
+    a = np.array(im.convert(target))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def test_jxl():
+    """JPEG XL (libjxl) equals djxl's decode; damaged and oversized ones are error records."""
+    images = []
+    for h, w in [(32, 32), (17, 33), (1, 1)]:
+        rgb = Image.fromarray(picture(h, w, 3))
+        images.append(jxl_encode(rgb, "-d", "0"))                               # lossless
+        images.append(jxl_encode(rgb, "-d", "1"))                               # lossy (XYB)
+        images.append(jxl_encode(Image.fromarray(picture(h, w, 4)), "-d", "0"))  # alpha
+        images.append(jxl_encode(Image.fromarray(picture(h, w, 1)), "-d", "0"))  # gray
+    samples = [(f"{i:07d}", [("jxl", data)]) for i, data in enumerate(images)]
+    good = jxl_encode(Image.fromarray(picture(40, 30, 3)), "-d", "0")
+    bad = {"0000900": ("truncated JPEG XL", good[: len(good) * 2 // 3]),
+           "0000901": ("JPEG XL over max_pixels", jxl_encode(Image.fromarray(picture(400, 300, 3)), "-d", "1"))}
+    samples += [(k, [("jxl", data)]) for k, (_, data) in bad.items()]
+    shard = os.path.join(TMP, "jxl-000.tar")
+    offsets = write_shard(shard, samples)
+    for mode in ("keep", "rgb", "gray"):
+        out = os.path.join(TMP, f"jxl_{mode}")
+        code, _, err = run(write_graph(shard, out, mode=mode, policy="skip", extra={"max_pixels": 100000}))
+        check(code == 0, f"jxl {mode}: run succeeds (exit {code})")
+        got = read_output(out)
+        check(sorted(got) == [f"{i:07d}" for i in range(len(images))], f"jxl {mode}: the good samples arrive")
+        for i, data in enumerate(images):
+            a = got.get(f"{i:07d}", {}).get("jxl")
+            if check(a is not None, f"jxl {mode} {i}: decoded"):
+                compare(a, jxl_reference(data, mode), 0, f"jxl {mode} {i} vs djxl")
+        for key, (what, _) in bad.items():
+            line = message_line(err, shard, key, offsets[key])
+            check(line is not None, f"jxl {mode}: {what} reported with URL, key and offset: {line}")
 
 
 def with_slack(jpeg, at):
@@ -395,6 +566,8 @@ def main():
     test_bad_input_skip()
     test_bad_input_fail()
     test_jpeg_warnings()
+    test_avif()
+    test_jxl()
     if failures:
         print(f"{len(failures)} failure(s); temp files kept in {TMP}")
         return 1

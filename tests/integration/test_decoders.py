@@ -4,7 +4,7 @@
 .npy/.npz: arrays written by numpy (np.save with format versions 1.0/2.0/3.0, Fortran order, a
 hand-made header that misaligns the data, np.savez and np.savez_compressed) must come out of the
 device sink equal to numpy.load of the same bytes; float64 and big-endian arrays are refused with a
-message naming the key, the field and the dtype. 16-bit PNG and PGM at depth 16/native: equal to
+message naming the key, the field and the dtype. 16-bit PNG, PGM, TIFF and JPEG 2000 at depth 16/native: equal to
 PIL (mode I) or to numpy reading the raw big-endian samples ('>u2'), and a 16-bit RGB PNG made here
 with zlib (not libspng); depth 16 on an 8-bit image is PIL's pixels times 257. CMYK JPEG (written by
 PIL) within +-1 of PIL's convert('RGB') (0 seen: the formula is Pillow's; YCCK is not tested, PIL
@@ -136,6 +136,71 @@ def png16(a):
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
+def tiff16(a):
+    """An uncompressed 16-bit little-endian TIFF written here with struct (TIFF 6.0): independent of libtiff."""
+    h, w, c = a.shape
+    data = a.astype("<u2").tobytes()
+    entries = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, c, None), (259, 3, 1, 1), (262, 3, 1, 2 if c >= 3 else 1),
+               (273, 4, 1, None), (277, 3, 1, c), (278, 4, 1, h), (279, 4, 1, len(data))]
+    if c in (2, 4):
+        entries.append((338, 3, 1, 2))  # unassociated alpha
+    ifd_size = 2 + 12 * len(entries) + 4
+    bits_at = 8 + ifd_size
+    data_at = bits_at + 2 * c
+    ifd = struct.pack("<H", len(entries))
+    for tag, typ, count, value in entries:
+        if tag == 258:
+            value = struct.pack("<HH", 16, 16) if c <= 2 else struct.pack("<I", bits_at)
+            if c == 1:
+                value = struct.pack("<HH", 16, 0)
+        elif tag == 273:
+            value = struct.pack("<I", data_at)
+        else:
+            value = struct.pack("<HH", value, 0) if typ == 3 else struct.pack("<I", value)
+        ifd += struct.pack("<HHI", tag, typ, count) + value
+    ifd += struct.pack("<I", 0)
+    return b"II*\0" + struct.pack("<I", 8) + ifd + struct.pack("<" + "H" * c, *[16] * c) + data
+
+
+def tiff_tiled(a, tile=16):
+    """An uncompressed 8-bit RGB TIFF in tile x tile tiles (edge tiles padded), written with struct: PIL 9.4
+    cannot write tiles."""
+    h, w, c = a.shape
+    tiles = []
+    for y0 in range(0, h, tile):
+        for x0 in range(0, w, tile):
+            t = np.zeros((tile, tile, c), np.uint8)
+            part = a[y0 : y0 + tile, x0 : x0 + tile]
+            t[: part.shape[0], : part.shape[1]] = part
+            tiles.append(t.tobytes())
+    n = len(tiles)
+    entries = 11
+    at = 8 + 2 + 12 * entries + 4
+    bits_at, offsets_at, counts_at = at, at + 2 * c, at + 2 * c + 4 * n
+    data_at = counts_at + 4 * n
+    def entry(tag, typ, count, value):
+        return struct.pack("<HHI", tag, typ, count) + (struct.pack("<HH", value, 0) if typ == 3 and count == 1
+                                                       else struct.pack("<I", value))
+    ifd = struct.pack("<H", entries) + b"".join([
+        entry(256, 4, 1, w), entry(257, 4, 1, h), entry(258, 3, c, bits_at), entry(259, 3, 1, 1), entry(262, 3, 1, 2),
+        entry(277, 3, 1, c), entry(284, 3, 1, 1), entry(322, 4, 1, tile), entry(323, 4, 1, tile),
+        entry(324, 4, n, offsets_at), entry(325, 4, n, counts_at)]) + struct.pack("<I", 0)
+    offsets = [data_at + i * len(tiles[0]) for i in range(n)]
+    return (b"II*\0" + struct.pack("<I", 8) + ifd + struct.pack(f"<{c}H", *[8] * c)
+            + struct.pack(f"<{n}I", *offsets) + struct.pack(f"<{n}I", *[len(t) for t in tiles]) + b"".join(tiles))
+
+
+def test_tiff_tiles():
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 256, (37, 21, 3), dtype=np.uint8)  # edge tiles partly outside the image both ways
+    data = tiff_tiled(a)
+    got, err, code = decode("tiles", [("t", {"tif": data})], mode="keep")
+    check(code == 0, f"tiled TIFF: run succeeds: {err}")
+    ref = np.asarray(Image.open(io.BytesIO(data)))
+    check(same(ref, a), "tiled TIFF: PIL reads the hand-made tiles as written (the reference is sound)")
+    check(same(got.get("t", {}).get("tif"), a), "tiled TIFF: decode equals the image and PIL")
+
+
 def test_16bit():
     rng = np.random.default_rng(5)
     gray = rng.integers(0, 65536, (6, 7), dtype=np.uint16)
@@ -151,7 +216,14 @@ def test_16bit():
     b = io.BytesIO()
     Image.fromarray(eight).save(b, "PNG")
     samples = [("gray", {"png": gray_png}), ("rgb", {"png": png16(rgb)}), ("rgba", {"png": png16(rgba)}),
-               ("pgm", {"pgm": pgm}), ("pgm1000", {"pgm": pgm1000}), ("ppm", {"ppm": ppm}), ("eight", {"png": b.getvalue()})]
+               ("pgm", {"pgm": pgm}), ("pgm1000", {"pgm": pgm1000}), ("ppm", {"ppm": ppm}), ("eight", {"png": b.getvalue()}),
+               ("tifrgb", {"tif": tiff16(rgb)}), ("tifrgba", {"tif": tiff16(rgba)})]
+    b = io.BytesIO()
+    Image.fromarray(gray).save(b, "TIFF")  # mode I;16
+    samples.append(("tifgray", {"tif": b.getvalue()}))
+    b = io.BytesIO()
+    Image.fromarray(gray).save(b, "JPEG2000", no_jp2=True)  # mode I;16, lossless
+    samples.append(("j2kgray", {"j2k": b.getvalue()}))
     pil = lambda data: np.asarray(Image.open(io.BytesIO(data))).astype(np.uint16)[..., None]  # mode I
     for depth in ("16", "native"):
         got, err, code = decode("d" + depth, samples, mode="keep", depth=depth)
@@ -163,14 +235,22 @@ def test_16bit():
         check(same(got["pgm1000"]["pgm"], np.frombuffer(pgm1000[12:], ">u2").reshape(6, 7, 1).astype(np.uint16)),
               f"depth {depth}: PGM maxval 1000 equals its stored samples")
         check(same(got["ppm"]["ppm"], rgb), f"depth {depth}: PPM maxval 65535 equals its samples")
+        check(same(got["tifgray"]["tif"], pil(dict(samples)["tifgray"]["tif"])), f"depth {depth}: 16-bit gray TIFF equals PIL (mode I;16)")
+        check(same(got["tifrgb"]["tif"], rgb), f"depth {depth}: 16-bit RGB TIFF equals its samples")
+        check(same(got["j2kgray"]["j2k"], pil(dict(samples)["j2kgray"]["j2k"])) and same(got["j2kgray"]["j2k"], gray[..., None]),
+              f"depth {depth}: 16-bit gray JPEG 2000 equals PIL (mode I;16) and the image")
+        check(same(got["tifrgba"]["tif"], rgba), f"depth {depth}: 16-bit RGBA TIFF equals its samples")
         want = eight.astype(np.uint16) * 257 if depth == "16" else eight
         check(same(got["eight"]["png"], want), f"depth {depth}: an 8-bit PNG is {want.dtype}")
     got, _, _ = decode("drgb", samples[:1], mode="rgb", depth="16")
     check(same(got["gray"]["png"], np.repeat(pil(gray_png), 3, -1)), "depth 16 mode rgb: gray repeated to 3 channels")
     # depth 8 (the default) keeps today's behaviour: 16-bit gray PNG and PGM refused, RGB cut to the high byte.
     got, err, _ = decode("d8", samples, policy="skip", mode="keep")
-    check(sorted(got) == ["eight", "rgb", "rgba"], f"depth 8: 16-bit gray and PNM refused ({sorted(got)})")
+    check(sorted(got) == ["eight", "rgb", "rgba", "tifrgb", "tifrgba"],
+          f"depth 8: 16-bit gray and PNM refused ({sorted(got)})")
     check(same(got["rgb"]["png"], (rgb >> 8).astype(np.uint8)), "depth 8: 16-bit RGB PNG is its high byte")
+    check(same(got["tifrgb"]["tif"], (rgb >> 8).astype(np.uint8)), "depth 8: 16-bit RGB TIFF is its high byte")
+    check(same(got["tifrgba"]["tif"], (rgba >> 8).astype(np.uint8)), "depth 8: 16-bit RGBA TIFF is its high byte")
     check("depth 16 or native" in err, "depth 8: the refusal says which depth to use")
 
 
@@ -256,6 +336,7 @@ if __name__ == "__main__":
     test_npz()
     test_refused()
     test_16bit()
+    test_tiff_tiles()
     test_cmyk()
     test_text()
     # Set by meson test; a sanitizer build's library cannot load into python.
