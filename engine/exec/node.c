@@ -167,10 +167,7 @@ int sf_node_replicas(const sf_node *n) { return n->replicas; }
 bool sf_node_may_defer(const sf_node *n) { return n->may_defer; }
 
 bool sf_node_option_written(const sf_node *n, const char *option) {
-  const sf_graph_node *gn = n->graph_node;
-  for (int i = 0; gn && option && i < gn->n_values; i++)
-    if (strcmp(gn->values[i].key, option) == 0) return true;
-  return false;
+  return sf_graph_node_value(n->graph_node, option) != NULL;
 }
 uint64_t sf_node_epochs(const sf_node *n) { return n->ctx->epochs; }
 uint64_t sf_node_first_epoch(const sf_node *n) { return n->ctx->first_epoch; }

@@ -101,6 +101,12 @@ int sf_graph_node_set_group(sf_graph_node *n, const char *group, int64_t line) {
   return 0;
 }
 
+const sf_graph_value *sf_graph_node_value(const sf_graph_node *n, const char *key) {
+  for (int i = 0; n && key && i < n->n_values; i++)
+    if (strcmp(n->values[i].key, key) == 0) return &n->values[i];
+  return NULL;
+}
+
 int sf_graph_node_set(sf_graph_node *n, const char *key, const char *value, int64_t line) {
   for (int i = 0; i < n->n_values; i++) {
     if (strcmp(n->values[i].key, key) == 0) {
@@ -262,8 +268,8 @@ const char *sf_graph_node_name(const sf_graph *g, int i) {
 const char *sf_graph_node_option(const sf_graph *g, int i, const char *option) {
   if (!g || i < 0 || i >= g->n_nodes || !option) return NULL;
   const sf_graph_node *n = &g->nodes[i];
-  for (int j = 0; j < n->n_values; j++)
-    if (strcmp(n->values[j].key, option) == 0) return n->values[j].value;
+  const sf_graph_value *v = sf_graph_node_value(n, option);
+  if (v) return v->value;
   const sf_stage_def *def = sf_stage_find(n->type);
   const sf_option *o = def ? sf_option_find(def->options, option) : NULL;
   return o ? (o->default_value ? o->default_value : "") : NULL;

@@ -102,6 +102,8 @@ sf_graph_node *sf_graph_find_group(const sf_graph *graph, const char *name);
 int sf_graph_node_set_group(sf_graph_node *node, const char *group, int64_t line);
 /* Sets (or replaces) node option key. Returns 0 or SF_ENOMEM. */
 int sf_graph_node_set(sf_graph_node *node, const char *key, const char *value, int64_t line);
+/* The value node writes for key (graph file, --set or API), or NULL when it writes none. Borrowed from node. */
+const sf_graph_value *sf_graph_node_value(const sf_graph_node *node, const char *key);
 
 /* Adds an edge. Returns 0 or SF_ENOMEM. */
 int sf_graph_add_edge(sf_graph *graph, const char *from, const char *to, int64_t line);

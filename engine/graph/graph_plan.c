@@ -80,13 +80,6 @@ static int enum_value(const sf_stage_def *def, const void *priv, const char *nam
   return o && o->type == SF_OPT_ENUM ? *(const int *)((const char *)priv + o->offset) : -1;
 }
 
-/* The value node n writes for key, or NULL. */
-static const sf_graph_value *written(const sf_graph_node *n, const char *key) {
-  for (int i = 0; i < n->n_values; i++)
-    if (strcmp(n->values[i].key, key) == 0) return &n->values[i];
-  return NULL;
-}
-
 /* Removes key from n's values (nothing when n does not write it). */
 static void unset(sf_graph_node *n, const char *key) {
   for (int i = 0; i < n->n_values; i++)
@@ -168,11 +161,12 @@ static int send_uint8(sf_graph *g, int x, int c, sf_graph_node *aug) {
   sf_graph_value values[5];
   int n_values = 0;
   for (size_t i = 0; i < sizeof moved / sizeof *moved; i++) {
-    const sf_graph_value *v = written(aug, moved[i]);
+    const sf_graph_value *v = sf_graph_node_value(aug, moved[i]);
     if (v) values[n_values++] = (sf_graph_value){(char *)moved[i], strdup(v->value), v->line};
   }
   char *from = strdup(g->nodes[x].name);
-  int64_t line = aug->line, dtype_line = written(aug, "dtype") ? written(aug, "dtype")->line : aug->line;
+  const sf_graph_value *dtype = sf_graph_node_value(aug, "dtype");
+  int64_t line = aug->line, dtype_line = dtype ? dtype->line : aug->line;
   int r = from ? 0 : SF_ENOMEM;
   for (int i = 0; i < n_values; i++)
     if (!values[i].value) r = SF_ENOMEM;
@@ -279,7 +273,7 @@ static void explain_wire(FILE *out, const sf_graph *g, const int *inputs, int i,
   const sf_graph_node *to = &g->nodes[c];
   switch (n->wire_plan) {
   case SF_WIRE_UINT8: {
-    const sf_graph_value *v = written(to, "dtype");
+    const sf_graph_value *v = sf_graph_node_value(to, "dtype");
     const char *dtype = v ? v->value : "float32";
     fprintf(out, "%s  %s -> head: uint8 HWC crops over the wire (%dx fewer bytes than %s), normalised on the head by %s "
             "(group option `wire_form: as_written` sends %s)\n", indent, n->name, strcmp(dtype, "bfloat16") == 0 ? 2 : 4,
