@@ -61,29 +61,40 @@ def reference(data):
                 np.array([f.key_frame for f in frames]))
 
 
-def run_stage(name, samples, *options, replicas=1, policy="skip", cwd=None):
-    """Writes a shard and runs it through `video` (options "name=value") with the CLI. Returns (a "samples N errors
-    N skipped N" line then the CLI's stderr, {key.field: array of one sample}, the video node's --stats-json
-    record)."""
+def stage_options(options):
+    return "".join(f"    {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in options)
+
+
+def run_stage(name, samples, *options, replicas=1, policy="skip", cwd=None, augment=None, stage="video",
+              batch_size=1):
+    """Writes a shard and runs it through `video` (options "name=value") with the CLI, then `augment` when its
+    options are given (a list of "name=value"). stage="decode" puts decode in video's place (frames given as
+    images). Returns (a "samples N errors N skipped N" line then the CLI's stderr, {key.field: array of one
+    sample} ({key.field: batch} when batch_size > 1), the video node's --stats-json record)."""
     shard = write_shard(os.path.join(TMP, name + ".tar"), samples)
     out = os.path.join(TMP, name)
     graph = os.path.join(TMP, name + ".yaml")
     stats = os.path.join(TMP, name + ".jsonl")
-    opts = "".join(f"    {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in options)
+    opts = stage_options(options)
+    after = "" if augment is None else f"  - type: augment\n{stage_options(augment)}"
     with open(graph, "w") as f:
         f.write(f"plugins: [video]\nseed: 7\nepochs: 1\nerror_policy: {policy}\nmax_error_rate: 1\nstages:\n"
                 f"  - type: shard_source\n    urls: {shard}\n    shuffle: false\n  - type: tar_split\n"
-                f"  - type: video\n    replicas: {replicas}\n{opts}"
-                f"  - type: batch\n    batch_size: 1\n  - type: device_sink\n    npy_dir: {out}\n")
+                f"  - type: {stage}\n    replicas: {replicas}\n{opts}{after}"
+                f"  - type: batch\n    batch_size: {batch_size}\n  - type: device_sink\n    npy_dir: {out}\n")
     p = run(["run", graph, "--quiet", "--no-summary", "--stats-json", stats], check=policy == "skip", cwd=cwd,
             env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
     if policy != "skip":
         return f"exit {p.returncode}\n{p.stderr}", {}, {}
-    arrays = {f"{keys[0]}.{field}": a[0] for _, _, keys, fields in read_batches(out) for field, a in fields.items()}
+    if batch_size > 1:
+        arrays = {f"{keys[0]}.{field}": a for _, _, keys, fields in read_batches(out) for field, a in fields.items()}
+    else:
+        arrays = {f"{keys[0]}.{field}": a[0] for _, _, keys, fields in read_batches(out)
+                  for field, a in fields.items()}
     counted = re.search(r"(\d+) error record\(s\), (\d+) sample\(s\) skipped", p.stderr)
     errors, skipped = counted.groups() if counted else ("0", "0")
     final = [json.loads(line) for line in open(stats)][-1]
-    node = next(n for n in final["nodes"] if n["name"] == "video")
+    node = next(n for n in final["nodes"] if n["name"] == stage)
     return f"samples {len(read_batches(out))} errors {errors} skipped {skipped}\n{p.stderr}", arrays, node
 
 
@@ -297,6 +308,104 @@ def test_example_graph():
               f"{keys[j]}: 8 frames 2 apart of the reference")
 
 
+MEAN, STD = (0.43, 0.39, 0.41), (0.23, 0.22, 0.24)
+NORM = [f"mean=[{', '.join(map(str, MEAN))}]", f"std=[{', '.join(map(str, STD))}]"]
+
+
+def normalised(img):
+    """uint8 (or float pixel values) [H,W,C] -> float64 (x/255 - mean)/std, the reference of augment's tables."""
+    return (np.asarray(img, dtype=np.float64) / 255.0 - np.array(MEAN)) / np.array(STD)
+
+
+def png(frame):
+    from PIL import Image
+    import io
+    b = io.BytesIO()
+    Image.fromarray(frame).save(b, format="PNG")
+    return b.getvalue()
+
+
+def test_augment():
+    """augment on clips: one draw per sample for every frame; each frame equals augmenting it as an image with that
+    draw (the image path, and an independent numpy/PIL reference); layouts tchw/cthw/hwc; batches [B,T,...];
+    the same bytes in every run and with any replica count."""
+    from PIL import Image
+    field, data = VIDEOS["h264"]
+    frames = REFS["h264"][0]
+    idx = uniform_indices(len(frames), 4)
+    clips = [(f"s{i}", {field: data}) for i in range(8)]
+
+    # 1. random_resized + flip + normalise: the clip's frames equal the same frames through decode -> augment as
+    # images of one sample (augment gives every field of a sample the same draw, from the same seeded stream).
+    rrc = ["crop=random_resized", "size=40", "flip=0.5"] + NORM
+    out, got, _ = run_stage("aug_rrc", clips, "frames=4", augment=rrc + ["layout=tchw"])
+    check("samples 8 errors 0" in out, f"augmented clips pass: {out}")
+    images = [(f"s{i}", {f"f{j}.png": png(frames[k]) for j, k in enumerate(idx)}) for i in range(8)]
+    _, img, _ = run_stage("aug_rrc_images", images, stage="decode", augment=rrc + ["layout=chw"])
+    for i in range(8):
+        clip = got.get(f"s{i}.{field}")
+        check(clip is not None and clip.dtype == np.float32 and clip.shape == (4, 3, 40, 40),
+              f"s{i}: layout tchw gives float32 [T,C,H,W] = (4,3,40,40): {None if clip is None else clip.shape}")
+        for j in range(4):
+            ref = img.get(f"s{i}.f{j}.png")
+            check(ref is not None and clip is not None and np.array_equal(clip[j], ref),
+                  f"s{i} frame {j}: equals augmenting frame {idx[j]} as an image with the sample's draw")
+    distinct = {got[f"s{i}.{field}"][0].tobytes() for i in range(8) if f"s{i}.{field}" in got}
+    check(len(distinct) > 4, f"the draws differ between samples ({len(distinct)} distinct of 8)")
+
+    # 2. padded random crop + flip against numpy: every frame of a clip is the same window and flip of its frame.
+    crop = ["crop=random", "size=48", "padding=4", "flip=0.5"] + NORM
+    _, cthw, _ = run_stage("aug_crop", clips, "frames=4", augment=crop + ["layout=cthw"])
+    seen = set()
+    for i in range(8):
+        clip = cthw[f"s{i}.{field}"]
+        check(clip.shape == (3, 4, 48, 48), f"s{i}: layout cthw gives [C,T,H,W] = (3,4,48,48): {clip.shape}")
+        padded = [normalised(np.pad(frames[k], ((4, 4), (4, 4), (0, 0)))) for k in idx]
+        want = clip[:, 0].transpose(1, 2, 0)
+        best = min(((t, l, fl) for t in range(padded[0].shape[0] - 47) for l in range(padded[0].shape[1] - 47)
+                    for fl in (False, True)),
+                   key=lambda c: np.abs(want - (padded[0][c[0]:c[0] + 48, c[1]:c[1] + 48][:, ::-1] if c[2] else
+                                                padded[0][c[0]:c[0] + 48, c[1]:c[1] + 48])).max())
+        t, l, fl = best
+        seen.add(best)
+        for j in range(4):
+            win = padded[j][t:t + 48, l:l + 48]
+            win = win[:, ::-1] if fl else win
+            diff = np.abs(clip[:, j].transpose(1, 2, 0) - win).max()
+            check(diff <= 1e-6, f"s{i} frame {j}: numpy's crop at ({t},{l}) flip {fl} of frame {idx[j]} (diff {diff})")
+    check(len({s[:2] for s in seen}) > 4 and 0 < sum(s[2] for s in seen) < 8, f"windows and flips vary: {seen}")
+    _, tchw, _ = run_stage("aug_crop_tchw", clips, "frames=4", augment=crop + ["layout=tchw"])
+    check(all(np.array_equal(tchw[f"s{i}.{field}"], cthw[f"s{i}.{field}"].transpose(1, 0, 2, 3)) for i in range(8)),
+          "layout tchw is cthw with its first two axes swapped (the same draws)")
+    again = run_stage("aug_crop_again", clips, "frames=4", augment=crop + ["layout=cthw"])[1]
+    three = run_stage("aug_crop_3", clips, "frames=4", augment=crop + ["layout=cthw", "replicas=3"], replicas=3)[1]
+    check(all(np.array_equal(again[k], v) and np.array_equal(three[k], v) for k, v in cthw.items()),
+          "the same clips in another run and with 3 replicas of video and augment")
+
+    # 3. resize + center crop + normalise against PIL's antialiased bilinear, bfloat16 bits, hwc, and a batch.
+    _, got, _ = run_stage("aug_resize", clips[:2], "frames=4", augment=["resize=40", "crop=center", "size=36",
+                                                                         "layout=thwc"] + NORM)
+    for j, k in enumerate(idx):
+        h, w = frames[k].shape[:2]
+        rh, rw = (40, int(40 * w / h)) if h < w else (int(40 * h / w), 40)
+        small = np.asarray(Image.fromarray(frames[k]).resize((rw, rh), Image.BILINEAR, reducing_gap=None))
+        top, left = int(round((rh - 36) / 2.0)), int(round((rw - 36) / 2.0))
+        ref = normalised(small[top:top + 36, left:left + 36])
+        clip = got["s0.mp4"]
+        check(clip.shape == (4, 36, 36, 3) and np.abs(clip[j] - ref).max() <= 1e-4,
+              f"resize 40, center crop 36, layout thwc: frame {j} is PIL's bilinear of frame {k}")
+    _, bf, _ = run_stage("aug_bf16", clips[:2], "frames=4", augment=crop + ["layout=cthw", "dtype=bfloat16"])
+    f32 = cthw["s0.mp4"].astype(np.float32).view(np.uint32).astype(np.uint64)
+    check(bf["s0.mp4"].dtype == np.uint16 and np.array_equal(bf["s0.mp4"],
+          ((f32 + 0x7FFF + ((f32 >> 16) & 1)) >> 16).astype(np.uint16)), "bfloat16: the float32 output rounded")
+    _, batch, _ = run_stage("aug_batch", clips[:6], "frames=4", augment=crop + ["layout=cthw"], batch_size=3)
+    check(batch["s0.mp4"].shape == (3, 3, 4, 48, 48) and batch["s0.mp4.pts"].shape == (3, 4)
+          and np.array_equal(batch["s3.mp4"][1], cthw["s4.mp4"]), f"batches of [B,C,T,H,W]: {batch['s0.mp4'].shape}")
+    p = run(["run", os.path.join(TMP, "aug_crop.yaml"), "--quiet", "--set", "augment.layout=tchwx"], check=False,
+            env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
+    check(p.returncode != 0 and "cthw" in p.stderr, f"an unknown layout names the valid ones: {p.stderr}")
+
+
 def test_python():
     """Through the Python binding (DLPack): the clip as torch uint8 [B,T,H,W,3], pts as torch float64 [B,T]."""
     if os.environ.get("SF_SANITIZE", "none") != "none":
@@ -326,7 +435,7 @@ def test_python():
           "torch sees PyAV's frames and times")
 
 
-for test in (test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short,
+for test in (test_augment, test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short,
              test_damaged, test_containers, test_too_big):
     test()
 check.done("video")
