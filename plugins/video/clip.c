@@ -37,6 +37,7 @@ struct video_reader {
   AVFrame *frame;
   int stream;
   AVRational time_base;
+  AVRational frame_rate; /* the stream's avg_frame_rate when opened (a rewind may reopen it without streams) */
   int64_t *pts, n_pts;   /* distinct frame timestamps, ascending: frame i is pts[i] */
   int64_t *keys, n_keys; /* keyframe timestamps, ascending */
   bool draining;         /* the demuxer ended and the decoder was told so */
@@ -300,6 +301,7 @@ static int open_all(video_reader *r, char *why, size_t why_len) {
   r->stream = ret;
   AVStream *st = r->fmt->streams[ret];
   r->time_base = st->time_base;
+  r->frame_rate = st->avg_frame_rate;
   if (st->codecpar->width <= 0 || st->codecpar->height <= 0) { /* once only: a second call crashes libavformat */
     if (probed || (ret = avformat_find_stream_info(r->fmt, NULL)) < 0 || st->codecpar->width <= 0 ||
         st->codecpar->height <= 0)
@@ -512,7 +514,9 @@ int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, doubl
 double video_frame_duration(const video_reader *r, int64_t i) {
   if (i + 1 < r->n_pts) return video_frame_time(r, i + 1) - video_frame_time(r, i);
   if (r->n_pts > 1) return (video_frame_time(r, r->n_pts - 1) - video_frame_time(r, 0)) / (double)(r->n_pts - 1);
-  AVRational rate = r->fmt ? r->fmt->streams[r->stream]->avg_frame_rate : (AVRational){0, 1};
+  /* From the reader, not r->fmt: after a rewind (seek_to) a container without a header (MPEG-TS) has no streams
+   * until read again. */
+  AVRational rate = r->frame_rate;
   return rate.num > 0 && rate.den > 0 ? av_q2d(av_inv_q(rate)) : 0.0;
 }
 
