@@ -403,7 +403,8 @@ static int parse_az_url(store *s, const char *url, sf_error *error) {
                           "storage account name \"%.*s\" may hold only lower-case letters and digits", (int)n, a);
   const char *c = a + n + 1;
   size_t cn = strcspn(c, "/?");
-  if (cn == 0) return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "no container: write az://ACCOUNT/CONTAINER/BLOB");
+  if (cn == 0)
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "no container: write az://ACCOUNT/CONTAINER/BLOB");
   for (size_t i = 0; i < cn; i++)
     if (!(islower((unsigned char)c[i]) || isdigit((unsigned char)c[i]) || c[i] == '-' || (i == 0 && c[i] == '$')))
       return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
@@ -439,7 +440,8 @@ static int az_config(store *s, const char *url, sf_error *error) {
     if (!s->sas) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   } else {
     /* Public containers need nothing; a private one answers 404 or 403, explained by sf_object_http_error. */
-    s->credentials = strdup("no credentials (anonymous access; AZURE_STORAGE_KEY and AZURE_STORAGE_SAS_TOKEN are unset)");
+    s->credentials =
+        strdup("no credentials (anonymous access; AZURE_STORAGE_KEY and AZURE_STORAGE_SAS_TOKEN are unset)");
   }
   return s->credentials ? 0 : sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
 }
@@ -984,6 +986,40 @@ int sf_object_call(const char *url, const char *method, const char *query, const
 
 /* ---- listings ---- */
 
+/* Appends "&name=value" to a listing's query, the value encoded; nothing when value is NULL. */
+static void add_param(sf_strbuf *q, const char *name, const char *value) {
+  if (!value) return;
+  sf_strbuf_appendf(q, "&%s=", name);
+  sf_url_encode(q, value, strlen(value), false);
+}
+
+/*
+ * One page of an XML listing: GET call_url with query (freed here), parsed into *doc (the caller frees it) whose
+ * root element must be root_name. Errors name url (the prefix, a SAS signature redacted); hint says what to check
+ * when the answer is not such a document.
+ */
+static int list_page(const char *call_url, char *query, const char *url, int page, const char *root_name,
+                     const char *hint, xmlDoc **doc, xmlNode **root, sf_error *error) {
+  char *body = NULL;
+  size_t size = 0;
+  int r = sf_object_call(call_url, "GET", query, NULL, NULL, 0, NULL, &body, &size, NULL, error);
+  free(query);
+  if (r) {
+    if (error) sf_url_redact(url, error->url, sizeof error->url);
+    return r;
+  }
+  *doc = xml_read(body, size, false);
+  free(body);
+  *root = root_called(*doc, root_name);
+  if (!*root) {
+    xmlFreeDoc(*doc);
+    *doc = NULL;
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.url = url), "the listing (page %d) is not a %s XML document; %s",
+                        page + 1, root_name, hint);
+  }
+  return 0;
+}
+
 /* Appends a newly allocated "prefix + name" to the listing (*list, *n, *cap). Returns 0 or SF_ENOMEM. */
 static int list_add(char ***list, size_t *n, size_t *cap, const char *prefix, const char *name) {
   if (*n == *cap) {
@@ -1014,39 +1050,18 @@ static int az_list(store *s, const char *url, char ***list, size_t *n, sf_error 
     sf_strbuf q = {0};
     sf_strbuf_add(&q, "restype=container&comp=list&prefix=");
     sf_url_encode(&q, s->key, strlen(s->key), false);
-    const char *max_keys = env("SF_OBJECT_LIST_MAX_KEYS");
-    if (max_keys) {
-      sf_strbuf_add(&q, "&maxresults=");
-      sf_url_encode(&q, max_keys, strlen(max_keys), false);
-    }
-    if (marker) {
-      sf_strbuf_add(&q, "&marker=");
-      sf_url_encode(&q, marker, strlen(marker), false);
-    }
+    add_param(&q, "maxresults", env("SF_OBJECT_LIST_MAX_KEYS"));
+    add_param(&q, "marker", marker);
     char *query = sf_strbuf_take(&q, NULL);
     if (!query) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
     /* The container URL carries the prefix URL's SAS token, if it had one. */
     char call_url[1200];
     snprintf(call_url, sizeof call_url, "%s%s%s", container_url, s->sas ? "?" : "", s->sas ? s->sas : "");
-    char *body = NULL;
-    size_t size = 0;
-    r = sf_object_call(call_url, "GET", query, NULL, NULL, 0, NULL, &body, &size, NULL, error);
-    free(query);
-    if (r) {
-      if (error) sf_url_redact(url, error->url, sizeof error->url);
-      break;
-    }
-    xmlDoc *doc = xml_read(body, size, false);
-    free(body);
-    xmlNode *root = root_called(doc, "EnumerationResults");
-    if (!root) {
-      xmlFreeDoc(doc);
-      r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url),
-                       "the listing (page %d) is not an EnumerationResults XML document; is AZURE_STORAGE_ENDPOINT a "
-                       "Blob service endpoint?",
-                       page + 1);
-      break;
-    }
+    xmlDoc *doc = NULL;
+    xmlNode *root = NULL;
+    r = list_page(call_url, query, url, page, "EnumerationResults",
+                  "is AZURE_STORAGE_ENDPOINT a Blob service endpoint?", &doc, &root, error);
+    if (r) break;
     for (xmlNode *b = child(root, "Blobs") ? child(root, "Blobs")->children : NULL; b && r == 0; b = b->next) {
       if (b->type != XML_ELEMENT_NODE || strcmp((const char *)b->name, "Blob") != 0) continue;
       xmlNode *name_node = child(b, "Name");
@@ -1056,7 +1071,8 @@ static int az_list(store *s, const char *url, char ***list, size_t *n, sf_error 
       xmlChar *encoded = name_node ? xmlGetProp(name_node, (const xmlChar *)"Encoded") : NULL;
       if (encoded && strcmp((const char *)encoded, "true") == 0) sf_url_decode(name, name, strlen(name), false);
       xmlFree(encoded);
-      if (list_add(list, n, &cap, prefix, name) < 0) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+      if (list_add(list, n, &cap, prefix, name) < 0)
+        r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
       free(name);
     }
     free(marker);
@@ -1134,8 +1150,9 @@ static int hf_list(store *s, const char *url, char ***list, size_t *n, sf_error 
     if (rc != CURLE_OK) {
       char shown[512];
       sf_url_redact(req.url, shown, sizeof shown);
-      r = sf_error_set(error, SF_ENET, SF_AT(.url = url), "list %s: %s — check that the endpoint (HF_ENDPOINT) is reachable",
-                       shown, sf_http_error_text(rc, errbuf));
+      r = sf_error_set(error, SF_ENET, SF_AT(.url = url),
+                       "list %s: %s — check that the endpoint (HF_ENDPOINT) is reachable", shown,
+                       sf_http_error_text(rc, errbuf));
     } else if (status < 200 || status > 299) {
       r = sf_object_http_error(url, "list", status, b.text.data, b.text.len, &req, error);
     } else if (!(files = json_loadb(b.text.data ? b.text.data : "", b.text.len, 0, NULL)) || !json_is_array(files)) {
@@ -1151,7 +1168,8 @@ static int hf_list(store *s, const char *url, char ***list, size_t *n, sf_error 
       const char *base = *dir ? path + strlen(dir) + 1 : path;
       if (*dir && (strncmp(path, dir, strlen(dir)) != 0 || path[strlen(dir)] != '/')) continue;
       if (strncmp(base, name_start, strlen(name_start)) != 0) continue;
-      if (list_add(list, n, &cap, prefix, path) < 0) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+      if (list_add(list, n, &cap, prefix, path) < 0)
+        r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
     }
     json_decref(files);
     sf_strbuf_clear(&b.text);
@@ -1165,73 +1183,33 @@ static int hf_list(store *s, const char *url, char ***list, size_t *n, sf_error 
   return r;
 }
 
-int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error) {
-  *urls = NULL;
-  *count = 0;
-  store s = {0};
-  int r = parse_url(&s, url, error);
-  if (!r && (s.kind == STORE_AZ || s.kind == STORE_HF)) {
-    char **list = NULL;
-    size_t n = 0;
-    r = s.kind == STORE_AZ ? az_list(&s, url, &list, &n, error) : hf_list(&s, url, &list, &n, error);
-    store_clear(&s);
-    if (r) {
-      for (size_t i = 0; i < n; i++) free(list[i]);
-      free(list);
-      return r;
-    }
-    *urls = list;
-    *count = n;
-    return 0;
-  }
-  if (r) {
-    store_clear(&s);
-    return r;
-  }
+/* ListObjectsV2 of an s3:// or gs:// prefix, with continuation tokens. */
+static int s3_list(store *s, const char *url, char ***list, size_t *n, sf_error *error) {
+  int r = 0;
   char bucket_url[600];
-  snprintf(bucket_url, sizeof bucket_url, "%.2s://%s", url, s.bucket);
-  char **list = NULL;
-  size_t n = 0, cap = 0;
+  snprintf(bucket_url, sizeof bucket_url, "%.2s://%s", url, s->bucket);
+  char bucket_prefix[610];
+  snprintf(bucket_prefix, sizeof bucket_prefix, "%s/", bucket_url);
+  size_t cap = 0;
   char *token = NULL;
   for (int page = 0; r == 0; page++) {
     sf_strbuf q = {0};
     sf_strbuf_add(&q, "list-type=2&prefix=");
-    sf_url_encode(&q, s.key, strlen(s.key), false);
+    sf_url_encode(&q, s->key, strlen(s->key), false);
     sf_strbuf_add(&q, "&encoding-type=url");
     /* SF_OBJECT_LIST_MAX_KEYS: a smaller page (the stores' default and maximum is 1000), for tests. */
-    const char *max_keys = env("SF_OBJECT_LIST_MAX_KEYS");
-    if (max_keys) {
-      sf_strbuf_add(&q, "&max-keys=");
-      sf_url_encode(&q, max_keys, strlen(max_keys), false);
-    }
-    if (token) {
-      sf_strbuf_add(&q, "&continuation-token=");
-      sf_url_encode(&q, token, strlen(token), false);
-    }
+    add_param(&q, "max-keys", env("SF_OBJECT_LIST_MAX_KEYS"));
+    add_param(&q, "continuation-token", token);
     char *query = sf_strbuf_take(&q, NULL);
     if (!query) {
       r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
       break;
     }
-    char *body = NULL;
-    size_t size = 0;
-    r = sf_object_call(bucket_url, "GET", query, NULL, NULL, 0, NULL, &body, &size, NULL, error);
-    free(query);
-    if (r) {
-      if (error) snprintf(error->url, sizeof error->url, "%s", url);
-      break;
-    }
-    xmlDoc *doc = xml_read(body, size, false);
-    free(body);
-    xmlNode *root = root_called(doc, "ListBucketResult");
-    if (!root) {
-      xmlFreeDoc(doc);
-      r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url),
-                       "the listing (page %d) is not a ListBucketResult XML document; is the endpoint an "
-                       "S3/GCS XML API?",
-                       page + 1);
-      break;
-    }
+    xmlDoc *doc = NULL;
+    xmlNode *root = NULL;
+    r = list_page(bucket_url, query, url, page, "ListBucketResult", "is the endpoint an S3/GCS XML API?", &doc, &root,
+                  error);
+    if (r) break;
     /* Keys are URL-encoded only when the store says so (a store may ignore encoding-type). */
     char *how = child_text(root, "EncodingType");
     bool encoded = how && strcmp(how, "url") == 0;
@@ -1242,17 +1220,8 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
       if (!key) continue;
       /* S3 writes a space as '+' in url-encoded listings, and a real '+' as %2B. */
       if (encoded) sf_url_decode(key, key, strlen(key), true);
-      if (n == cap) {
-        cap = cap ? cap * 2 : 64;
-        char **p = realloc(list, cap * sizeof *p);
-        if (!p)
-          r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
-        else list = p;
-      }
-      if (r == 0 && asprintf(&list[n], "%s/%s", bucket_url, key) < 0)
+      if (list_add(list, n, &cap, bucket_prefix, key) < 0)
         r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
-      else if (r == 0)
-        n++;
       free(key);
     }
     char *more = child_text(root, "IsTruncated");
@@ -1274,6 +1243,19 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
     if (!again) break;
   }
   free(token);
+  return r;
+}
+
+int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error) {
+  *urls = NULL;
+  *count = 0;
+  store s = {0};
+  char **list = NULL;
+  size_t n = 0;
+  int r = parse_url(&s, url, error);
+  if (!r && s.kind == STORE_AZ) r = az_list(&s, url, &list, &n, error);
+  else if (!r && s.kind == STORE_HF) r = hf_list(&s, url, &list, &n, error);
+  else if (!r) r = s3_list(&s, url, &list, &n, error);
   store_clear(&s);
   if (r) {
     for (size_t i = 0; i < n; i++) free(list[i]);

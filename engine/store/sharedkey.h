@@ -11,8 +11,8 @@
 typedef struct sf_sharedkey_request {
   const char *method;         /* "GET", "PUT", ... */
   const char *account;        /* storage account name: "devstoreaccount1" */
-  const char *encoded_path;   /* path as it goes on the wire, already URI-encoded ("/c/a%20b.tar"; on an
-                                 emulator's path-style endpoint it starts with the account: "/devstoreaccount1/c/...") */
+  const char *encoded_path;   /* path as it goes on the wire, already URI-encoded ("/c/a%20b.tar"; on an emulator's
+                                 path-style endpoint it starts with the account: "/devstoreaccount1/c/...") */
   const char *query;          /* query as it goes on the wire ("restype=container&comp=list"), or NULL/"" */
   long long content_length;   /* bytes of the body; 0 is signed as empty, as the scheme wants */
   const char *const *headers; /* NULL-terminated "Name: value" lines the request sends (x-ms-date, x-ms-version,

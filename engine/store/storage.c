@@ -386,7 +386,8 @@ static int az_blocks(FILE *f, const char *src, const char *dst, long long size, 
     free(part);
     sf_strbuf_appendf(&list, "<Latest>%s</Latest>", id);
   }
-  if (!r && sf_strbuf_add(&list, "</BlockList>") < 0) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = dst), "out of memory");
+  if (!r && sf_strbuf_add(&list, "</BlockList>") < 0)
+    r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = dst), "out of memory");
   if (!r) r = call_retrying(dst, "PUT", "comp=blocklist", NULL, list.data, list.len, NULL, NULL, error);
   sf_strbuf_clear(&list);
   return r;
