@@ -419,31 +419,72 @@ static int parse_az_url(store *s, const char *url, sf_error *error) {
   return 0;
 }
 
+/*
+ * The value of name in an Azure connection string ("AccountName=a;AccountKey=k==;BlobEndpoint=...": each
+ * value runs from the first '=' to the next ';'), newly allocated, or NULL.
+ */
+static char *connection_value(const char *connection, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = connection; p && *p; p = strchr(p, ';') ? strchr(p, ';') + 1 : NULL) {
+    while (*p == ' ') p++;
+    if (strncasecmp(p, name, n) == 0 && p[n] == '=') return strndup(p + n + 1, strcspn(p + n + 1, ";"));
+  }
+  return NULL;
+}
+
+/*
+ * Credentials, the first found: a SAS token in the URL, AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN, then
+ * AZURE_STORAGE_CONNECTION_STRING's AccountKey or SharedAccessSignature when its AccountName is the URL's
+ * account; else none. Endpoint: AZURE_STORAGE_ENDPOINT, the connection string's BlobEndpoint (or
+ * DefaultEndpointsProtocol and EndpointSuffix), else Azure's own.
+ */
 static int az_config(store *s, const char *url, sf_error *error) {
   const char *variable = "AZURE_STORAGE_ENDPOINT";
   const char *endpoint = env(variable);
-  char own[300];
-  snprintf(own, sizeof own, "https://%s.blob.core.windows.net", s->account);
-  int r = set_endpoint(s, endpoint ? endpoint : own, variable, url, error);
-  if (r) return r;
-  const char *key = env("AZURE_STORAGE_KEY"), *token = env("AZURE_STORAGE_SAS_TOKEN");
-  if (s->sas) {
-    s->credentials = strdup("the SAS token in the URL");
-  } else if (key) {
-    s->account_key = strdup(key);
-    if (asprintf(&s->credentials, "the account key in AZURE_STORAGE_KEY (Shared Key as account %s)", s->account) < 0)
-      s->credentials = NULL;
-    if (!s->account_key) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
-  } else if (token) {
-    s->sas = strdup(token[0] == '?' ? token + 1 : token);
-    s->credentials = strdup("the SAS token in AZURE_STORAGE_SAS_TOKEN");
-    if (!s->sas) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
-  } else {
-    /* Public containers need nothing; a private one answers 404 or 403, explained by sf_object_http_error. */
-    s->credentials =
-        strdup("no credentials (anonymous access; AZURE_STORAGE_KEY and AZURE_STORAGE_SAS_TOKEN are unset)");
+  const char *connection = env("AZURE_STORAGE_CONNECTION_STRING");
+  char *name = connection ? connection_value(connection, "AccountName") : NULL;
+  char *blob_endpoint = NULL, *conn_key = NULL, *conn_sas = NULL, *protocol = NULL, *suffix = NULL;
+  if (connection && (!name || strcmp(name, s->account) == 0)) {
+    blob_endpoint = connection_value(connection, "BlobEndpoint");
+    conn_key = connection_value(connection, "AccountKey");
+    conn_sas = connection_value(connection, "SharedAccessSignature");
+    protocol = connection_value(connection, "DefaultEndpointsProtocol");
+    suffix = connection_value(connection, "EndpointSuffix");
   }
-  return s->credentials ? 0 : sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  char own[400];
+  snprintf(own, sizeof own, "%s://%s.blob.%s", protocol ? protocol : "https", s->account,
+           suffix ? suffix : "core.windows.net");
+  if (!endpoint && blob_endpoint) variable = "AZURE_STORAGE_CONNECTION_STRING's BlobEndpoint";
+  int r = set_endpoint(s, endpoint ? endpoint : blob_endpoint ? blob_endpoint : own, variable, url, error);
+  const char *key = env("AZURE_STORAGE_KEY"), *token = env("AZURE_STORAGE_SAS_TOKEN");
+  const char *from = key ? "AZURE_STORAGE_KEY" : "AZURE_STORAGE_CONNECTION_STRING's AccountKey";
+  if (!key && !token && conn_key) key = conn_key;
+  if (!key && !token && conn_sas) token = conn_sas;
+  if (!r && s->sas) {
+    s->credentials = strdup("the SAS token in the URL");
+  } else if (!r && key) {
+    s->account_key = strdup(key);
+    if (asprintf(&s->credentials, "the account key in %s (Shared Key as account %s)", from, s->account) < 0)
+      s->credentials = NULL;
+    if (!s->account_key) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  } else if (!r && token) {
+    s->sas = strdup(token[0] == '?' ? token + 1 : token);
+    s->credentials = strdup(token == conn_sas ? "the SAS token in AZURE_STORAGE_CONNECTION_STRING"
+                                              : "the SAS token in AZURE_STORAGE_SAS_TOKEN");
+    if (!s->sas) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  } else if (!r) {
+    /* Public containers need nothing; a private one answers 404 or 403, explained by sf_object_http_error. */
+    s->credentials = strdup("no credentials (anonymous access; AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN and "
+                            "AZURE_STORAGE_CONNECTION_STRING give none for this account)");
+  }
+  free(name);
+  free(blob_endpoint);
+  free_secret(conn_key);
+  free_secret(conn_sas);
+  free(protocol);
+  free(suffix);
+  if (!r && !s->credentials) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  return r;
 }
 
 /*

@@ -239,6 +239,17 @@ try:
               urllib.parse.parse_qs(forged)["sig"][0] not in p.stderr, "a forged SAS in the URL, redacted: " + p.stderr)
         p = run(["cp", notes, f"{base}/y.tar"], env=dict(sas_env, AZURE_STORAGE_SAS_TOKEN=sas), check=False)
         check(p.returncode == 1 and "403" in p.stderr, "a read-only SAS cannot upload: " + p.stderr)
+        # AZURE_STORAGE_CONNECTION_STRING (as Azurite's documentation gives it): its key and endpoint, alone.
+        conn = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+                f"BlobEndpoint={endpoint};")
+        p = run(["ls", "--shards", f"{base}/train/"], env=dict(sas_env, AZURE_STORAGE_ENDPOINT="",
+                                                               AZURE_STORAGE_CONNECTION_STRING=conn), check=False)
+        check(p.stdout.splitlines() == want, f"a listing with AZURE_STORAGE_CONNECTION_STRING: {p.stdout}{p.stderr}")
+        other = conn.replace(f"AccountName={ACCOUNT}", "AccountName=someoneelse")
+        p = run(["ls", "--shards", f"{base}/train/"], env=dict(sas_env, AZURE_STORAGE_CONNECTION_STRING=other),
+                check=False)
+        check(p.returncode == 1 and "not public" in p.stderr, "another account's connection string is not used: "
+              + p.stderr)
         # No credentials at all: a private container refuses, and the message says what to set.
         p = run(["ls", "--shards", f"{base}/train/"], env=sas_env, check=False)
         check(p.returncode == 1 and "not public" in p.stderr and "set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN" in

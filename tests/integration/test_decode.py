@@ -587,12 +587,13 @@ def gif_sequences():
 
 def test_gif_frames():
     """decode frames: all turns a GIF into uint8 [T, H, W, C], each frame what PIL's ImageSequence gives
-    (converted to RGB, or to L in mode gray); the default stays the first frame [H, W, C]."""
+    (converted to RGB, to L in mode gray, to RGBA in mode keep when the first frame has a transparent index);
+    the default stays the first frame [H, W, C]."""
     from PIL import ImageSequence
     gifs = gif_sequences()
     shard = os.path.join(TMP, "gif-frames-000.tar")
     write_shard(shard, [(f"{i:07d}", [("gif", data)]) for i, data in enumerate(gifs)])
-    for mode, target in (("rgb", "RGB"), ("gray", "L")):
+    for mode, target in (("rgb", "RGB"), ("gray", "L"), ("keep", None)):
         out = os.path.join(TMP, f"gif_frames_{mode}")
         code, _, err = run(write_graph(shard, out, mode=mode, extra={"frames": "all"}))
         if not check(code == 0, f"gif frames {mode}: run succeeds (exit {code}): {err.strip()[-300:]}"):
@@ -600,7 +601,9 @@ def test_gif_frames():
         got = read_output(out)
         for i, data in enumerate(gifs):
             im = Image.open(io.BytesIO(data))
-            ref = np.stack([np.array(f.convert(target)) for f in ImageSequence.Iterator(im)])
+            # keep: RGBA when the first frame has a transparent index (PIL's frames are RGBA then), else RGB.
+            want = target or ("RGBA" if "transparency" in im.info else "RGB")
+            ref = np.stack([np.array(f.convert(want)) for f in ImageSequence.Iterator(im)])
             ref = ref[..., None] if ref.ndim == 3 else ref
             check(ref.shape[0] > 1, f"gif {i}: PIL sees {ref.shape[0]} frames")
             compare(got.get(f"{i:07d}", {}).get("gif", np.zeros(0, np.uint8)), ref, 0, f"gif frames {mode} {i}")
