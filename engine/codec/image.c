@@ -871,9 +871,138 @@ typedef struct gif_dispose {
   int kind;           /* 0 none, 2 fill, 3 restore */
   gif_box box;
   uint8_t fill[4];    /* RGBA; alpha 0 only matters on an RGBA canvas */
-  int fill_index;     /* on the first frame's index canvas: the index to fill with */
+  int fill_index;     /* after the first frame: the index to fill its index canvas with */
   uint8_t *saved;     /* kind 3: the box's RGBA pixels before the frame (owned) */
 } gif_dispose;
+
+/* A GIF's frames being composed: the canvas (RGBA), the frames so far, the pending disposal. */
+typedef struct gif_sequence {
+  GifFileType *gif;
+  const sf_image_limits *limits;
+  int64_t width, height;
+  size_t pixels;
+  const ColorMapObject *map; /* the first frame's palette; NULL when Pillow reads it as gray ("L") */
+  int transparent;           /* the first frame's transparent index, or -1 */
+  int channels;              /* of the output */
+  int method;                /* Pillow's disposal_method: the last nonzero one */
+  uint8_t *rgba, *frame, *frames;
+  int64_t count, capacity;
+  gif_dispose dispose;
+} gif_sequence;
+
+/* Appends the canvas to the frames, in the output's channels. */
+static int gif_append(gif_sequence *q, sf_error *error) {
+  int64_t max = max_pixels_of(q->limits);
+  if (q->count >= max / (int64_t)q->pixels)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
+                        "GIF of %lldx%lld pixels has more than %lld frames, over max_pixels %lld in all; raise "
+                        "max_pixels if it is genuine",
+                        (long long)q->width, (long long)q->height, (long long)q->count, (long long)max);
+  if (q->count == q->capacity) {
+    int64_t capacity = q->capacity ? q->capacity * 2 : 8;
+    uint8_t *grown = realloc(q->frames, (size_t)capacity * q->pixels * (size_t)q->channels);
+    if (!grown)
+      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for %lld GIF frames", (long long)capacity);
+    q->frames = grown;
+    q->capacity = capacity;
+  }
+  uint8_t *dst = q->frames + (size_t)q->count++ * q->pixels * (size_t)q->channels;
+  for (size_t i = 0; i < q->pixels; i++, dst += q->channels) {
+    const uint8_t *px = q->rgba + 4 * i;
+    if (q->channels == 1) dst[0] = luma(px);
+    else memcpy(dst, px, (size_t)q->channels);
+  }
+  return 0;
+}
+
+/* The pending disposal, over the canvas. After the first frame it works on the index canvas (Pillow's "P"). */
+static void gif_dispose_apply(gif_sequence *q, bool after_first) {
+  const gif_dispose *d = &q->dispose;
+  size_t box_width = (size_t)(d->box.x1 - d->box.x0);
+  for (int64_t y = d->box.y0; d->kind && y < d->box.y1; y++)
+    for (int64_t x = d->box.x0; x < d->box.x1; x++) {
+      uint8_t *px = q->rgba + 4 * ((size_t)y * (size_t)q->width + (size_t)x);
+      if (after_first) {
+        gif_color(q->map, d->fill_index, px);
+        px[3] = d->fill_index == q->transparent ? 0 : 255;
+      } else if (d->kind == 2) {
+        memcpy(px, d->fill, q->transparent >= 0 ? 4 : 3);
+      } else {
+        memcpy(px, d->saved + 4 * ((size_t)(y - d->box.y0) * box_width + (size_t)(x - d->box.x0)), 4);
+      }
+    }
+}
+
+/* The disposal of the frame about to be drawn (info, map), worked out before it is: a restore saves the canvas. */
+static int gif_dispose_plan(gif_sequence *q, const gif_frame_info *info, const ColorMapObject *map, sf_error *error) {
+  gif_box box = gif_frame_box(q->gif, q->width, q->height);
+  free(q->dispose.saved);
+  q->dispose = (gif_dispose){.kind = q->method < 2 ? 0 : q->method == 2 ? 2 : 3, .box = box};
+  if (q->dispose.kind == 2) {
+    gif_color(map, info->transparent >= 0 ? info->transparent : q->gif->SBackGroundColor, q->dispose.fill);
+    q->dispose.fill[3] = info->transparent >= 0 ? 0 : 255;
+  } else if (q->dispose.kind == 3) {
+    size_t bw = (size_t)(box.x1 - box.x0), bh = (size_t)(box.y1 - box.y0);
+    if (!(q->dispose.saved = malloc(bw * bh * 4 + 1)))
+      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a GIF frame");
+    for (size_t y = 0; y < bh; y++)
+      memcpy(q->dispose.saved + y * bw * 4, q->rgba + 4 * (((size_t)box.y0 + y) * (size_t)q->width + (size_t)box.x0),
+             bw * 4);
+  }
+  return 0;
+}
+
+/* Reads the current frame's indices and draws them over the canvas, but where they are transparent. */
+static int gif_draw(gif_sequence *q, const gif_frame_info *info, const ColorMapObject *map, sf_error *error) {
+  const GifImageDesc *d = &q->gif->Image;
+  int64_t fw = d->Width, fh = d->Height;
+  if (fw <= 0 || fh <= 0) return 0;
+  int r = check_pixels(fw, fh, q->limits, "GIF frame", error);
+  if (r < 0) return r;
+  uint8_t *grown = realloc(q->frame, (size_t)fw * (size_t)fh);
+  if (!grown) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a GIF frame");
+  q->frame = grown;
+  if (gif_read_raster(q->gif, q->frame, (size_t)fw) < 0) return gif_error(q->gif, error);
+  gif_box box = gif_frame_box(q->gif, q->width, q->height);
+  for (int64_t y = box.y0; y < box.y1; y++)
+    for (int64_t x = box.x0; x < box.x1; x++) {
+      int i = q->frame[(size_t)(y - d->Top) * (size_t)fw + (size_t)(x - d->Left)];
+      if (i == info->transparent) continue;
+      uint8_t *px = q->rgba + 4 * ((size_t)y * (size_t)q->width + (size_t)x);
+      gif_color(map, i, px);
+      px[3] = 255;
+    }
+  return 0;
+}
+
+/* The first frame's canvas, palette and disposal; the canvas as RGBA. */
+static int gif_sequence_start(gif_sequence *q, sf_image_mode mode, sf_error *error) {
+  uint8_t *index = NULL;
+  gif_frame_info info;
+  int r = gif_first_canvas(q->gif, q->limits, &info, &index, &q->width, &q->height, error);
+  const ColorMapObject *map = q->gif->Image.ColorMap ? q->gif->Image.ColorMap : q->gif->SColorMap;
+  q->map = gif_palette_needed(map) ? map : NULL;
+  q->transparent = info.transparent;
+  q->channels = channels_for(mode, info.transparent >= 0 ? 4 : 3);
+  q->method = info.disposal;
+  q->pixels = (size_t)q->width * (size_t)q->height;
+  if (r == 0 && !(q->rgba = malloc(q->pixels * 4)))
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a %lldx%lld GIF", (long long)q->width,
+                     (long long)q->height);
+  if (r == 0) {
+    /* The first frame's own disposal fills its index canvas: with the transparent index (also for a restore,
+     * there being nothing before), else the background's. */
+    q->dispose.box = gif_frame_box(q->gif, q->width, q->height);
+    q->dispose.kind = q->method == 2 || (q->method >= 3 && info.transparent >= 0) ? 2 : 0;
+    q->dispose.fill_index = info.transparent >= 0 ? info.transparent : q->gif->SBackGroundColor;
+    for (size_t i = 0; i < q->pixels; i++) {
+      gif_color(q->map, index[i], q->rgba + 4 * i);
+      q->rgba[4 * i + 3] = index[i] == info.transparent ? 0 : 255;
+    }
+  }
+  free(index);
+  return r;
+}
 
 /*
  * Every frame of a GIF as Pillow 9 iterates them (ImageSequence, each converted to RGB): the first as
@@ -888,133 +1017,35 @@ static int decode_gif_frames(const uint8_t *p, size_t n, sf_image_mode mode, con
                              sf_tensor *out, sf_error *error) {
   gif_source src = {.data = p, .size = n};
   int code = 0;
-  GifFileType *gif = DGifOpen(&src, gif_read, &code);
-  if (!gif) return sf_error_set(error, code == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                                "corrupt GIF header: %s", GifErrorString(code));
-  uint8_t *index = NULL, *rgba = NULL, *frame = NULL, *frames = NULL;
-  int64_t width = 0, height = 0, count = 0, capacity = 0;
-  gif_frame_info info;
-  gif_dispose dispose = {0};
-  int r = gif_first_canvas(gif, limits, &info, &index, &width, &height, error);
-  const ColorMapObject *map = gif->Image.ColorMap ? gif->Image.ColorMap : gif->SColorMap;
-  bool has_alpha = info.transparent >= 0, gray = !gif_palette_needed(map);
-  size_t pixels = (size_t)width * (size_t)height;
-  int channels = channels_for(mode, has_alpha ? 4 : 3);
-  int method = info.disposal; /* Pillow's disposal_method: sticky */
-  gif_box box = r == 0 ? gif_frame_box(gif, width, height) : (gif_box){0};
-  if (r == 0 && !(rgba = malloc(pixels * 4)))
-    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a %lldx%lld GIF", (long long)width,
-                     (long long)height);
-  if (r == 0) {
-    /* The first frame's own disposal works on its index canvas (Pillow's "P" image, before RGB). */
-    dispose.box = box;
-    dispose.kind = method == 2 || (method >= 3 && has_alpha) ? 2 : 0;
-    dispose.fill_index = has_alpha ? info.transparent : gif->SBackGroundColor;
-    for (size_t i = 0; i < pixels; i++) {
-      gif_color(gray ? NULL : map, index[i], rgba + 4 * i);
-      rgba[4 * i + 3] = index[i] == info.transparent ? 0 : 255;
-    }
-  }
+  gif_sequence q = {.gif = DGifOpen(&src, gif_read, &code), .limits = limits};
+  if (!q.gif) return sf_error_set(error, code == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                                  "corrupt GIF header: %s", GifErrorString(code));
+  int r = gif_sequence_start(&q, mode, error);
   for (bool first = true; r == 0; first = false) {
-    /* Append the canvas as frame `count`. */
-    if (count >= max_pixels_of(limits) / (int64_t)pixels) {
-      r = sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
-                       "GIF of %lldx%lld pixels has more than %lld frames, over max_pixels %lld in all; raise "
-                       "max_pixels if it is genuine",
-                       (long long)width, (long long)height, (long long)count, (long long)max_pixels_of(limits));
-      break;
-    }
-    if (count == capacity) {
-      capacity = capacity ? capacity * 2 : 8;
-      uint8_t *grown = realloc(frames, (size_t)capacity * pixels * (size_t)channels);
-      if (!grown) {
-        r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for %lld GIF frames", (long long)capacity);
-        break;
-      }
-      frames = grown;
-    }
-    uint8_t *dst = frames + (size_t)count++ * pixels * (size_t)channels;
-    for (size_t i = 0; i < pixels; i++, dst += channels) {
-      const uint8_t *px = rgba + 4 * i;
-      if (channels == 1) dst[0] = luma(px);
-      else memcpy(dst, px, (size_t)channels);
-      if (channels == 4 && !has_alpha) dst[3] = 255;
-    }
-    /* The next frame: its records, then the last one's disposal, then its pixels. */
-    gif_frame_info next;
-    int got = gif_next_image(gif, &next);
-    if (got < 0) r = gif_error(gif, error);
+    if ((r = gif_append(&q, error)) < 0) break;
+    /* The next frame: its records, then the last one's disposal, then its own planned, then its pixels. */
+    gif_frame_info info;
+    int got = gif_next_image(q.gif, &info);
+    if (got < 0) r = gif_error(q.gif, error);
     if (got != 1) break;
-    if (next.disposal) method = next.disposal;
-    const ColorMapObject *next_map = gif->Image.ColorMap ? gif->Image.ColorMap : gif->SColorMap;
-    if (!gif_palette_needed(next_map)) next_map = NULL;
-    for (int64_t y = dispose.box.y0; dispose.kind && y < dispose.box.y1; y++)
-      for (int64_t x = dispose.box.x0; x < dispose.box.x1; x++) {
-        uint8_t *px = rgba + 4 * ((size_t)y * (size_t)width + (size_t)x);
-        if (first) {
-          gif_color(gray ? NULL : map, dispose.fill_index, px);
-          px[3] = dispose.fill_index == info.transparent ? 0 : 255;
-        } else if (dispose.kind == 2) {
-          memcpy(px, dispose.fill, has_alpha ? 4 : 3);
-        } else {
-          memcpy(px, dispose.saved + 4 * ((size_t)(y - dispose.box.y0) * (size_t)(dispose.box.x1 - dispose.box.x0) +
-                                          (size_t)(x - dispose.box.x0)), 4);
-        }
-      }
-    /* This frame's disposal, worked out now as Pillow does: a restore saves the canvas before it is drawn. */
-    box = gif_frame_box(gif, width, height);
-    free(dispose.saved);
-    dispose = (gif_dispose){.kind = method < 2 ? 0 : method == 2 ? 2 : 3, .box = box};
-    if (dispose.kind == 2) {
-      int color = next.transparent >= 0 ? next.transparent : gif->SBackGroundColor;
-      gif_color(next_map, color, dispose.fill);
-      dispose.fill[3] = next.transparent >= 0 ? 0 : 255;
-    } else if (dispose.kind == 3) {
-      size_t bw = (size_t)(box.x1 - box.x0), bh = (size_t)(box.y1 - box.y0);
-      if (!(dispose.saved = malloc(bw * bh * 4 + 1))) {
-        r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a GIF frame");
-        break;
-      }
-      for (size_t y = 0; y < bh; y++)
-        memcpy(dispose.saved + y * bw * 4, rgba + 4 * (((size_t)box.y0 + y) * (size_t)width + (size_t)box.x0),
-               bw * 4);
-    }
-    /* The frame's indices, all of them, then drawn over the canvas but where they are transparent. */
-    int64_t fw = gif->Image.Width, fh = gif->Image.Height;
-    if (fw <= 0 || fh <= 0) continue;
-    if ((r = check_pixels(fw, fh, limits, "GIF frame", error)) < 0) break;
-    uint8_t *grown = realloc(frame, (size_t)fw * (size_t)fh);
-    if (!grown) {
-      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a GIF frame");
-      break;
-    }
-    frame = grown;
-    if (gif_read_raster(gif, frame, (size_t)fw) < 0) {
-      r = gif_error(gif, error);
-      break;
-    }
-    for (int64_t y = box.y0; y < box.y1; y++)
-      for (int64_t x = box.x0; x < box.x1; x++) {
-        int i = frame[(size_t)(y - gif->Image.Top) * (size_t)fw + (size_t)(x - gif->Image.Left)];
-        if (i == next.transparent) continue;
-        uint8_t *px = rgba + 4 * ((size_t)y * (size_t)width + (size_t)x);
-        gif_color(next_map, i, px);
-        px[3] = 255;
-      }
+    if (info.disposal) q.method = info.disposal;
+    const ColorMapObject *map = q.gif->Image.ColorMap ? q.gif->Image.ColorMap : q.gif->SColorMap;
+    if (!gif_palette_needed(map)) map = NULL;
+    gif_dispose_apply(&q, first);
+    if ((r = gif_dispose_plan(&q, &info, map, error)) == 0) r = gif_draw(&q, &info, map, error);
   }
   if (r == 0) {
-    const int64_t shape[4] = {count, height, width, channels};
+    const int64_t shape[4] = {q.count, q.height, q.width, q.channels};
     r = sf_tensor_alloc(out, SF_DTYPE_UINT8, 4, shape);
-    if (r < 0) r = sf_error_set(error, r, SF_NOWHERE, "cannot allocate %lld GIF frames", (long long)count);
-    else memcpy(sf_tensor_data(out), frames, (size_t)count * pixels * (size_t)channels);
+    if (r < 0) r = sf_error_set(error, r, SF_NOWHERE, "cannot allocate %lld GIF frames", (long long)q.count);
+    else memcpy(sf_tensor_data(out), q.frames, (size_t)q.count * q.pixels * (size_t)q.channels);
   }
   if (r < 0) sf_tensor_clear(out);
-  free(dispose.saved);
-  free(frames);
-  free(frame);
-  free(rgba);
-  free(index);
-  DGifCloseFile(gif, &code);
+  free(q.dispose.saved);
+  free(q.frames);
+  free(q.frame);
+  free(q.rgba);
+  DGifCloseFile(q.gif, &code);
   return r;
 }
 
