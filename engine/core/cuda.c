@@ -45,7 +45,7 @@ static void load(void) {
     if (!f) {                                                                                                \
       driver.code = SF_EUNSUPPORTED;                                                                         \
       snprintf(driver.why, sizeof driver.why,                                                                \
-               "the CUDA driver %s has no %s: it is older than this needs (CUDA 11 or newer); update the "    \
+               "%s has no %s: not the CUDA driver, or one older than CUDA 11; update the "                  \
                "NVIDIA driver",                                                                              \
                name, symbol);                                                                                \
     } else {                                                                                                 \

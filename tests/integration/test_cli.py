@@ -2,6 +2,7 @@
 resume positions outside the run are refused, nothing a dead process left (partial downloads, ipc
 sockets) stays for ever, preview_png does not invent directories, `help COMMAND` shows its usage; `ls` escapes
 control characters in keys and field names."""
+import ctypes
 import filecmp
 import glob
 import io
@@ -129,6 +130,29 @@ check(p.returncode == 1 and os.path.dirname(preview) in p.stderr and "preview_pn
 check(not os.path.exists(os.path.dirname(preview)), "and the directory was not created")
 p = run(["run", graph("preview-ok", sink=dict(preview_png=os.path.join(tmp, "grid.png"))), "--quiet"], check=False)
 check(p.returncode == 0 and os.path.getsize(os.path.join(tmp, "grid.png")) > 0, f"preview_png: {p.stderr}")
+
+# device_sink's device: cuda:N needs the NVIDIA driver, loaded at run time (issue 29): without it the run is
+# refused before any data is read, naming the option and what dlopen said. SF_CUDA_LIBRARY points the loader at a
+# file that is not there, so this holds on a machine with a GPU too.
+gpu_graph = graph("gpu", sink=dict(device="cuda:0"))
+p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False,
+        env=dict(os.environ, SF_CUDA_LIBRARY="/nonexistent/libcuda.so.1"))
+check(p.returncode == 1 and "option device: no CUDA driver on this machine: /nonexistent/libcuda.so.1: cannot open "
+      "shared object file" in p.stderr and "use device: cpu" in p.stderr, f"device: cuda:0 without a driver: {p.stderr}")
+try:
+    ctypes.CDLL("libcuda.so.1")
+except OSError:  # this machine has no driver: the plain run says so too
+    p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False)
+    check(p.returncode == 1 and "no CUDA driver on this machine: libcuda.so.1: cannot open" in p.stderr,
+          f"device: cuda:0 here, without SF_CUDA_LIBRARY: {p.stderr}")
+for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: write cpu, cuda or cuda:N"),
+                    (dict(device="cuda:x"), "'cuda:x' is not a device"),
+                    (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda")):
+    p = run(["run", graph("gpu-bad", sink=sink), "--quiet", "--no-summary"], check=False)
+    check(p.returncode == 1 and words in p.stderr, f"device_sink {sink}: {p.stderr}")
+# device: cpu (the default, written) runs as without it
+p = run(["run", graph("gpu-cpu", sink=dict(device="cpu", npy_dir=os.path.join(tmp, "cpu-npy"))), "--quiet"], check=False)
+check(p.returncode == 0 and len(glob.glob(os.path.join(tmp, "cpu-npy", "*_keys.txt"))) == 3, f"device: cpu: {p.stderr}")
 
 # A head killed with SIGKILL leaves its ipc socket in a private directory (0700, one per pipeline); the next head
 # removes it, and a socket older versions left in $TMPDIR itself, and keeps a live process's.
