@@ -32,6 +32,7 @@ typedef struct device_sink {
   sf_buffer *tables;     /* normalize: augment's tables (sf_lazy_tables) */
   uint8_t *channel_tables; /* normalize: the tables of the batches' channels, contiguous, for the kernel */
   int64_t table_channels;  /* channels channel_tables holds (0: not made yet) */
+  uint64_t device_allocs, pinned_allocs; /* the pool's counts already added to the node's counters */
   bool npy_ready;        /* npy_dir exists */
   bool npy_off;          /* a dump failed under the skip policy: stop trying */
   bool preview_done;     /* the first batch of the run was seen */
@@ -111,6 +112,10 @@ static int open_device(sf_node *node, device_sink *s) {
     return r;
   }
   sf_device_pool_set_wake(s->pool, wake, node);
+  /* Shown in the stage table, --stats-json and /metrics: a steady run stops adding to them. */
+  if ((r = sf_node_counter_add(node, "gpu_buffers_allocated", 0)) < 0 ||
+      (r = sf_node_counter_add(node, "pinned_buffers_allocated", 0)) < 0)
+    return r;
   if (s->normalize != NORMALIZE_OFF) {
     s->tables = sf_lazy_tables_new(s->mean.v, s->std.v, s->mean.n);
     if (!s->tables) return SF_ENOMEM;
@@ -478,6 +483,13 @@ static int to_device(sf_node *node, device_sink *s, sf_batch *b) {
   }
   sf_error e = {0};
   int r = sf_device_pool_move(s->pool, b, &nm, &e);
+  /* Allocations, for stats: a steady run stops adding to them (the buffers are reused). */
+  sf_device_pool_stats st;
+  sf_device_pool_stats_get(s->pool, &st);
+  sf_node_counter_add(node, "gpu_buffers_allocated", st.device_allocs - s->device_allocs);
+  sf_node_counter_add(node, "pinned_buffers_allocated", st.pinned_allocs - s->pinned_allocs);
+  s->device_allocs = st.device_allocs;
+  s->pinned_allocs = st.pinned_allocs;
   if (r < 0) {
     sf_node_error(node, r, NULL, NULL, -1, "device %s: %s", s->device, e.message);
     return r; /* whatever the error policy: the trainer cannot get this batch on its GPU */
@@ -515,7 +527,7 @@ static int step(sf_node *node) {
 const sf_stage_def sf_stage_device_sink = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "device_sink",
-    .summary = "hands batches to the trainer; optional .npy dumps and a labelled PNG preview grid",
+    .summary = "hands batches to the trainer, in host or GPU memory (device); optional .npy dumps and a labelled PNG preview grid",
     .inputs = SF_PORTS({"in", SF_PORT_BATCH}),
     .outputs = SF_PORTS({"out", SF_PORT_BATCH}),
     .priv_size = sizeof(device_sink),

@@ -58,7 +58,8 @@ struct sf_device_pool {
   int n_stage, next_stage;
   sf_cu_module module;
   sf_cu_function normalize;
-  uint64_t batches;
+  uint64_t batches, pinned_allocs;
+  uint64_t device_allocs; /* under the lock */
 };
 
 /* A driver call that failed, as *error: what was asked and the driver's words. */
@@ -222,10 +223,12 @@ void sf_device_pool_stats_get(sf_device_pool *p, sf_device_pool_stats *st) {
   st->device_buffers = p->n_slots;
   st->device_bytes = p->device_bytes;
   st->idle_buffers = p->n_idle;
+  st->device_allocs = p->device_allocs;
   pthread_mutex_unlock(&p->lock);
   st->pinned_buffers = (size_t)p->n_stage;
   for (int i = 0; i < p->n_stage; i++) st->pinned_bytes += p->stage[i].size;
   st->batches = p->batches;
+  st->pinned_allocs = p->pinned_allocs;
 }
 
 static size_t align_up(size_t n) { return (n + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
@@ -277,6 +280,7 @@ static int get_staging(sf_device_pool *p, size_t size, staging **out, sf_error *
   }
   s->host = host;
   s->size = want;
+  p->pinned_allocs++;
   *out = s;
   return 0;
 }
@@ -359,6 +363,7 @@ static int get_slot(sf_device_pool *p, size_t size, slot **out, sf_error *error)
   pthread_mutex_lock(&p->lock);
   p->n_slots++;
   p->device_bytes += size;
+  p->device_allocs++;
   pthread_mutex_unlock(&p->lock);
   *out = got;
   return 0;

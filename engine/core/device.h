@@ -66,6 +66,7 @@ typedef struct sf_device_pool_stats {
   size_t device_buffers, device_bytes;   /* device buffers allocated (cuMemAlloc), out and idle */
   size_t idle_buffers;                   /* of those, on the free list */
   uint64_t batches;                      /* batches moved */
+  uint64_t pinned_allocs, device_allocs; /* allocations ever made (a steady run stops adding to them) */
 } sf_device_pool_stats;
 
 void sf_device_pool_stats_get(sf_device_pool *pool, sf_device_pool_stats *stats);

@@ -322,7 +322,7 @@ class Pipeline:
     label)), a ragged field as its list; the dict forms are keyed by those names. "dlpack": a dict of
     every field as a DLPack producer (an object with __dlpack__ / __dlpack_device__, taken once, by
     torch.from_dlpack, jax.dlpack.from_dlpack, cupy.from_dlpack...) plus "__key__", ragged fields as
-    NAME + NAME.offsets. With device_sink's device: cuda (docs/gpu.md) fields are on the GPU: use a
+    NAME + NAME.offsets. With device_sink's device: cuda (docs/python.md, "On a GPU") fields are on the GPU: use a
     torch output or "dlpack" (NumPy cannot take them).
     map: {node name: callable} for the graph's `type: python` nodes (see shardflow._pymap; a node's
     `function: "pkg.module:fn"` is used where map names no callable).

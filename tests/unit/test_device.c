@@ -279,6 +279,8 @@ static void test_reuse_no_leak(void **state) {
   assert_int_equal(st.pinned_buffers, 1);
   assert_int_equal(fake.device_allocs, 1);
   assert_int_equal(fake.host_allocs, 1);
+  assert_int_equal(st.device_allocs, 1);
+  assert_int_equal(st.pinned_allocs, 1);
   /* the trainer holding three batches at once: three buffers, then reused */
   sf_batch *held[3];
   for (unsigned round = 0; round < 50; round++) {
