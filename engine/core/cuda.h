@@ -45,6 +45,8 @@ typedef struct sf_cuda_api {
   sf_cu_result (*primary_ctx_retain)(sf_cu_context *ctx, sf_cu_device device);    /* cuDevicePrimaryCtxRetain */
   sf_cu_result (*primary_ctx_release)(sf_cu_device device);                       /* cuDevicePrimaryCtxRelease_v2 */
   sf_cu_result (*ctx_set_current)(sf_cu_context ctx);                             /* cuCtxSetCurrent */
+  sf_cu_result (*ctx_push_current)(sf_cu_context ctx);                            /* cuCtxPushCurrent_v2 */
+  sf_cu_result (*ctx_pop_current)(sf_cu_context *ctx);                            /* cuCtxPopCurrent_v2 */
   sf_cu_result (*mem_host_alloc)(void **p, size_t size, unsigned flags);          /* cuMemHostAlloc */
   sf_cu_result (*mem_free_host)(void *p);                                         /* cuMemFreeHost */
   sf_cu_result (*mem_alloc)(sf_cu_deviceptr *dptr, size_t size);                  /* cuMemAlloc_v2 */

@@ -77,7 +77,8 @@ static void slot_free(sf_device_pool *p, slot *s) {
 }
 
 static void pool_free(sf_device_pool *p) {
-  if (p->ctx) p->cu->ctx_set_current(p->ctx);
+  /* Any thread (the last tensor's release): its current context is left as it was. */
+  bool pushed = p->ctx && p->cu->ctx_push_current(p->ctx) == SF_CU_SUCCESS;
   for (int i = 0; i < p->n_stage; i++) {
     p->cu->event_synchronize(p->stage[i].done); /* its copy reads the host memory until done */
     p->cu->mem_free_host(p->stage[i].host);
@@ -90,6 +91,10 @@ static void pool_free(sf_device_pool *p) {
   }
   if (p->module) p->cu->module_unload(p->module);
   if (p->stream) p->cu->stream_destroy(p->stream);
+  if (pushed) {
+    sf_cu_context popped;
+    p->cu->ctx_pop_current(&popped);
+  }
   if (p->ctx) p->cu->primary_ctx_release(p->device);
   pthread_mutex_destroy(&p->lock);
   free(p);
@@ -123,8 +128,13 @@ static int wait_on(void *opaque, int64_t stream) {
   if (stream != -1) {
     /* 0 is not a valid DLPack stream for CUDA (ambiguous); it means the legacy default stream here. */
     sf_cu_stream consumer = stream == 0 ? SF_CU_STREAM_LEGACY : (sf_cu_stream)(uintptr_t)stream;
-    sf_cu_result r = p->cu->ctx_set_current(p->ctx);
-    if (r == SF_CU_SUCCESS) r = p->cu->stream_wait_event(consumer, s->ready, 0);
+    /* The trainer's thread: its current context (the same primary context, as a rule) is left as it was. */
+    sf_cu_result r = p->cu->ctx_push_current(p->ctx);
+    if (r == SF_CU_SUCCESS) {
+      r = p->cu->stream_wait_event(consumer, s->ready, 0);
+      sf_cu_context popped;
+      p->cu->ctx_pop_current(&popped);
+    }
     if (r != SF_CU_SUCCESS) {
       sf_log(SF_LOG_ERROR, NULL, "cuda:%d: the consumer's stream 0x%llx cannot wait for the batch's copy: %s",
              p->ordinal, (unsigned long long)stream, sf_cuda_error_text(p->cu, r));
@@ -148,8 +158,12 @@ static void give_back(void *opaque, uint8_t *data) {
   if (s->has_stream) {
     /* Kernels the consumer queued before dropping the tensor may still read it: the next copy into
        this buffer waits for them. Without the event, a failure: wait for the work now. */
-    sf_cu_result r = p->cu->ctx_set_current(p->ctx);
-    if (r == SF_CU_SUCCESS) r = p->cu->event_record(s->released, (sf_cu_stream)(uintptr_t)s->stream);
+    sf_cu_result r = p->cu->ctx_push_current(p->ctx); /* any thread: its context is left as it was */
+    if (r == SF_CU_SUCCESS) {
+      r = p->cu->event_record(s->released, (sf_cu_stream)(uintptr_t)s->stream);
+      sf_cu_context popped;
+      p->cu->ctx_pop_current(&popped);
+    }
     if (r == SF_CU_SUCCESS) s->release_pending = true;
     else sf_log(SF_LOG_ERROR, NULL, "cuda:%d: cannot order a released batch after its consumer's stream: %s",
                 p->ordinal, sf_cuda_error_text(p->cu, r));

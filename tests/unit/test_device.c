@@ -34,6 +34,7 @@ typedef struct fake_event {
 static struct {
   op log[200000];
   int n_log;
+  int ctx_depth;  /* pushes not popped */
   int host_live, device_live, events_live, streams_live, ctx_retained, modules_live;
   int device_allocs, host_allocs;
   size_t device_bytes_live;
@@ -65,6 +66,17 @@ static sf_cu_result f_primary_ctx_retain(sf_cu_context *ctx, sf_cu_device d) {
 }
 static sf_cu_result f_primary_ctx_release(sf_cu_device d) { (void)d; fake.ctx_retained--; return 0; }
 static sf_cu_result f_ctx_set_current(sf_cu_context ctx) { return ctx == (sf_cu_context)(uintptr_t)0xc0 ? 0 : 201; }
+static sf_cu_result f_ctx_push_current(sf_cu_context ctx) {
+  assert_ptr_equal(ctx, (sf_cu_context)(uintptr_t)0xc0);
+  fake.ctx_depth++;
+  return 0;
+}
+static sf_cu_result f_ctx_pop_current(sf_cu_context *ctx) {
+  assert_true(fake.ctx_depth > 0);
+  fake.ctx_depth--;
+  *ctx = (sf_cu_context)(uintptr_t)0xc0;
+  return 0;
+}
 static sf_cu_result f_mem_host_alloc(void **p, size_t size, unsigned flags) {
   (void)flags;
   if (fake.fail_host_alloc) {
@@ -177,11 +189,33 @@ static sf_cu_result f_launch_kernel(sf_cu_function f, unsigned gx, unsigned gy, 
 }
 
 static const sf_cuda_api fake_api = {
-    f_init, f_device_get_count, f_device_get, f_primary_ctx_retain, f_primary_ctx_release, f_ctx_set_current,
-    f_mem_host_alloc, f_mem_free_host, f_mem_alloc, f_mem_free, f_mem_get_info, f_stream_create, f_stream_destroy,
-    f_memcpy_htod_async, f_event_create, f_event_destroy, f_event_record, f_event_query, f_event_synchronize,
-    f_stream_wait_event, f_get_error_string, f_module_load_data, f_module_unload, f_module_get_function,
-    f_launch_kernel,
+    .init = f_init,
+    .device_get_count = f_device_get_count,
+    .device_get = f_device_get,
+    .primary_ctx_retain = f_primary_ctx_retain,
+    .primary_ctx_release = f_primary_ctx_release,
+    .ctx_set_current = f_ctx_set_current,
+    .ctx_push_current = f_ctx_push_current,
+    .ctx_pop_current = f_ctx_pop_current,
+    .mem_host_alloc = f_mem_host_alloc,
+    .mem_free_host = f_mem_free_host,
+    .mem_alloc = f_mem_alloc,
+    .mem_free = f_mem_free,
+    .mem_get_info = f_mem_get_info,
+    .stream_create = f_stream_create,
+    .stream_destroy = f_stream_destroy,
+    .memcpy_htod_async = f_memcpy_htod_async,
+    .event_create = f_event_create,
+    .event_destroy = f_event_destroy,
+    .event_record = f_event_record,
+    .event_query = f_event_query,
+    .event_synchronize = f_event_synchronize,
+    .stream_wait_event = f_stream_wait_event,
+    .get_error_string = f_get_error_string,
+    .module_load_data = f_module_load_data,
+    .module_unload = f_module_unload,
+    .module_get_function = f_module_get_function,
+    .launch_kernel = f_launch_kernel,
 };
 
 /* ---- helpers ---- */
@@ -225,6 +259,7 @@ static void assert_nothing_held(void) {
   assert_int_equal(fake.streams_live, 0);
   assert_int_equal(fake.ctx_retained, 0);
   assert_int_equal(fake.modules_live, 0);
+  assert_int_equal(fake.ctx_depth, 0);
 }
 
 /* ---- tests ---- */
