@@ -12,6 +12,45 @@ nvcc=${1:-${NVCC:-/usr/local/cuda/bin/nvcc}}
 ptxas=$(dirname "$nvcc")/ptxas
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# First the kernel's source on the host (each block and thread in turn, a small grid so that the strides
+# wrap): its output against the tables it reads, both layouts, both output sizes.
+sed "s|KERNEL|$top/engine/core/device_kernels.cu|" > "$tmp/host.cpp" <<'CPP'
+#include <cstdio>
+#include <cstring>
+#include <cstdint>
+struct D { unsigned x, y, z; };
+static D blockIdx, blockDim, gridDim, threadIdx;
+#define __global__
+#include "KERNEL"
+int main() {
+  const unsigned B = 4, C = 3, H = 5, W = 7;
+  unsigned char src[B * H * W * C];
+  for (unsigned i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 37 + 11);
+  float lut[3][256]; unsigned short lut16[3][256];
+  for (int c = 0; c < 3; c++) for (int x = 0; x < 256; x++) { lut[c][x] = c * 1000 + x; lut16[c][x] = (unsigned short)(c * 1000 + x); }
+  int bad = 0;
+  for (int hwc = 0; hwc < 2; hwc++) for (int sz = 2; sz <= 4; sz += 2) {
+    long long sb = C * H * W, sc, sy, sx;
+    if (hwc) { sy = W * C; sx = C; sc = 1; } else { sc = H * W; sy = W; sx = 1; }
+    unsigned char out[B * C * H * W * 4]; memset(out, 0xee, sizeof out);
+    gridDim = {2, 3, 1}; blockDim = {4, 1, 1};
+    for (unsigned by = 0; by < gridDim.y; by++) for (unsigned bx = 0; bx < gridDim.x; bx++) for (unsigned t = 0; t < blockDim.x; t++) {
+      blockIdx = {bx, by, 0}; threadIdx = {t, 0, 0};
+      sf_normalize_u8(src, sb, sc, sy, sx, out, sz == 4 ? (void *)lut : (void *)lut16, C, H, W, B * C, sz);
+    }
+    for (unsigned b = 0; b < B; b++) for (unsigned c = 0; c < C; c++) for (unsigned y = 0; y < H; y++) for (unsigned x = 0; x < W; x++) {
+      unsigned v = hwc ? src[((b * H + y) * W + x) * C + c] : src[((b * C + c) * H + y) * W + x];
+      size_t at = ((b * C + c) * H + y) * W + x;
+      if (sz == 4) { float f; memcpy(&f, out + at * 4, 4); bad += f != lut[c][v]; }
+      else { unsigned short h; memcpy(&h, out + at * 2, 2); bad += h != lut16[c][v]; }
+    }
+  }
+  printf("bad %d\n", bad);
+  return bad != 0;
+}
+CPP
+"${CXX:-g++}" -O1 -w -o "$tmp/host" "$tmp/host.cpp"
+"$tmp/host"
 "$nvcc" -ptx -arch=compute_75 -O3 -o "$tmp/k.ptx" "$top/engine/core/device_kernels.cu"
 sed -e 's/^\.version .*/.version 7.0/' -e 's/^\.target .*/.target sm_70/' -e '/^\/\//d' "$tmp/k.ptx" > "$tmp/k70.ptx"
 "$ptxas" -arch=sm_75 -o "$tmp/k.cubin" "$tmp/k70.ptx"

@@ -764,7 +764,12 @@ def _unpack_ragged(fields):
     for name in [n[:-len(".offsets")] for n in fields if n.endswith(".offsets")]:
         if name not in fields:
             continue
-        values, offsets = fields[name], [int(o) for o in fields.pop(name + ".offsets")]
+        values, offsets = fields[name], fields.pop(name + ".offsets")
+        if getattr(offsets, "is_cuda", False):  # device_sink's device: cuda: offsets read on the host at once
+            offsets = offsets.cpu()
+        if getattr(values, "is_cuda", False) and str(values.dtype) == "torch.uint8":  # bytes and text: host data
+            values = values.cpu()
+        offsets = [int(o) for o in offsets]
         parts = [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
         if str(values.dtype) in ("uint8", "torch.uint8"):
             parts = [bytes(p.numpy() if hasattr(p, "numpy") else p) for p in parts]
