@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cuda.h"
+#include "cuda_driver.h"
 #include "device.h"
 #include "files.h"
 #include "image.h"

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cuda.h"
+#include "cuda_driver.h"
 #include "shardflow/sample.h"
 
 /*

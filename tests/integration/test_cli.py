@@ -145,6 +145,13 @@ except OSError:  # this machine has no driver: the plain run says so too
     p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False)
     check(p.returncode == 1 and "no CUDA driver on this machine: libcuda.so.1: cannot open" in p.stderr,
           f"device: cuda:0 here, without SF_CUDA_LIBRARY: {p.stderr}")
+# The toolkit's stub driver (where the CUDA toolkit is installed) has every function: all of them resolve, and
+# cuInit's refusal is what is reported.
+stub = "/usr/local/cuda/lib64/stubs/libcuda.so"
+if os.path.exists(stub):
+    p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False, env=dict(os.environ, SF_CUDA_LIBRARY=stub))
+    check(p.returncode == 1 and f"the CUDA driver ({stub}) does not start: cuInit:" in p.stderr,
+          f"the stub driver: every symbol found, cuInit refuses: {p.stderr}")
 for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: write cpu, cuda or cuda:N"),
                     (dict(device="cuda:x"), "'cuda:x' is not a device"),
                     (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda")):

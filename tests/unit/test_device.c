@@ -9,7 +9,7 @@
 #include <cmocka.h>
 
 #include "buffer_device.h"
-#include "cuda.h"
+#include "cuda_driver.h"
 #include "device.h"
 #include "shardflow/dlpack.h"
 #include "shardflow/stage.h"
@@ -110,7 +110,6 @@ static sf_cu_result f_mem_free(sf_cu_deviceptr d) {
   fake.device_live--;
   return 0;
 }
-static sf_cu_result f_mem_get_info(size_t *f, size_t *t) { *f = 1u << 30; *t = 1u << 30; return 0; }
 static sf_cu_result f_stream_create(sf_cu_stream *s, unsigned flags) {
   assert_int_equal(flags, SF_CU_STREAM_NON_BLOCKING);
   *s = (sf_cu_stream)malloc(1);
@@ -201,7 +200,6 @@ static const sf_cuda_api fake_api = {
     .mem_free_host = f_mem_free_host,
     .mem_alloc = f_mem_alloc,
     .mem_free = f_mem_free,
-    .mem_get_info = f_mem_get_info,
     .stream_create = f_stream_create,
     .stream_destroy = f_stream_destroy,
     .memcpy_htod_async = f_memcpy_htod_async,

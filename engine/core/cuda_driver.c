@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda.h"
+#include "cuda_driver.h"
 
 static struct {
   pthread_once_t once;
@@ -20,7 +20,7 @@ static struct {
   X(primary_ctx_retain, "cuDevicePrimaryCtxRetain") X(primary_ctx_release, "cuDevicePrimaryCtxRelease_v2")  \
   X(ctx_set_current, "cuCtxSetCurrent") X(ctx_push_current, "cuCtxPushCurrent_v2")                          \
   X(ctx_pop_current, "cuCtxPopCurrent_v2") X(mem_host_alloc, "cuMemHostAlloc") X(mem_free_host, "cuMemFreeHost") \
-  X(mem_alloc, "cuMemAlloc_v2") X(mem_free, "cuMemFree_v2") X(mem_get_info, "cuMemGetInfo_v2")              \
+  X(mem_alloc, "cuMemAlloc_v2") X(mem_free, "cuMemFree_v2")              \
   X(stream_create, "cuStreamCreate") X(stream_destroy, "cuStreamDestroy_v2")                                 \
   X(memcpy_htod_async, "cuMemcpyHtoDAsync_v2") X(event_create, "cuEventCreate")                              \
   X(event_destroy, "cuEventDestroy_v2") X(event_record, "cuEventRecord") X(event_query, "cuEventQuery")     \

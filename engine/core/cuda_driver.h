@@ -1,6 +1,6 @@
 /* The CUDA driver API, loaded at run time: the few functions the device sink calls, as a table of pointers. */
-#ifndef SF_ENGINE_CUDA_H
-#define SF_ENGINE_CUDA_H
+#ifndef SF_ENGINE_CUDA_DRIVER_H
+#define SF_ENGINE_CUDA_DRIVER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -51,7 +51,6 @@ typedef struct sf_cuda_api {
   sf_cu_result (*mem_free_host)(void *p);                                         /* cuMemFreeHost */
   sf_cu_result (*mem_alloc)(sf_cu_deviceptr *dptr, size_t size);                  /* cuMemAlloc_v2 */
   sf_cu_result (*mem_free)(sf_cu_deviceptr dptr);                                 /* cuMemFree_v2 */
-  sf_cu_result (*mem_get_info)(size_t *free_bytes, size_t *total_bytes);          /* cuMemGetInfo_v2 */
   sf_cu_result (*stream_create)(sf_cu_stream *stream, unsigned flags);            /* cuStreamCreate */
   sf_cu_result (*stream_destroy)(sf_cu_stream stream);                            /* cuStreamDestroy_v2 */
   sf_cu_result (*memcpy_htod_async)(sf_cu_deviceptr dst, const void *src, size_t size,
