@@ -147,6 +147,9 @@ static int init(sf_node *node) {
       return SF_EOPTION;
     }
   }
+  if (s->normalize != NORMALIZE_OFF && s->mean.n != s->std.n)
+    return sf_node_option_error(node, NULL, "normalize needs mean and std with one value per channel each, or "
+                                "neither (x/255 only); mean has %d values, std %d", s->mean.n, s->std.n);
   if (s->normalize != NORMALIZE_OFF)
     for (int i = 0; i < s->std.n; i++)
       if (!(s->std.v[i] > 0))

@@ -154,7 +154,11 @@ if os.path.exists(stub):
           f"the stub driver: every symbol found, cuInit refuses: {p.stderr}")
 for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: write cpu, cuda or cuda:N"),
                     (dict(device="cuda:x"), "'cuda:x' is not a device"),
-                    (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda")):
+                    (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda"),
+                    (dict(normalize="float32", mean=[0.5, 0.5, 0.5]), "normalize needs mean and std with one value "
+                     "per channel each, or neither (x/255 only); mean has 3 values, std 0"),
+                    (dict(normalize="bfloat16", mean=[0.5], std=[0]), "option std: value 0 is 0; a standard deviation "
+                     "must be above 0")):
     p = run(["run", graph("gpu-bad", sink=sink), "--quiet", "--no-summary"], check=False)
     check(p.returncode == 1 and words in p.stderr, f"device_sink {sink}: {p.stderr}")
 # device: cpu (the default, written) runs as without it
