@@ -1,4 +1,4 @@
-/* device_sink: the pipeline's last stage; hands batches to the trainer (in host or GPU memory) and optionally dumps .npy files and a preview grid. */
+/* device_sink: the last stage; hands batches to the trainer (host or GPU memory), dumps .npy files and a preview. */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -530,7 +530,8 @@ static int step(sf_node *node) {
 const sf_stage_def sf_stage_device_sink = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "device_sink",
-    .summary = "hands batches to the trainer, in host or GPU memory (device); optional .npy dumps and a labelled PNG preview grid",
+    .summary = "hands batches to the trainer, in host or GPU memory (device); optional .npy dumps and a labelled "
+               "PNG preview grid",
     .inputs = SF_PORTS({"in", SF_PORT_BATCH}),
     .outputs = SF_PORTS({"out", SF_PORT_BATCH}),
     .priv_size = sizeof(device_sink),

@@ -12,8 +12,8 @@
 
 /* Where a buffer's memory lives and what its owner does when a consumer takes it; static, shared by buffers. */
 typedef struct sf_buffer_device {
-  int type;  /* DLPack's DLDeviceType (kDLCUDA = 2) */
-  int id;    /* the device's ordinal */
+  int type; /* DLPack's DLDeviceType (kDLCUDA = 2) */
+  int id;   /* the device's ordinal */
   /* The trainer took the buffer (a DLPack export began): any thread; opaque is the buffer's. */
   void (*exported)(void *opaque);
   /*

@@ -10,24 +10,40 @@
 static struct {
   pthread_once_t once;
   sf_cuda_api api;
-  int code;         /* 0, or the SF_E* code of the failure */
-  char why[480];    /* what failed, for every caller after the first */
+  int code;      /* 0, or the SF_E* code of the failure */
+  char why[480]; /* what failed, for every caller after the first */
 } driver = {.once = PTHREAD_ONCE_INIT};
 
 /* Each table entry and its symbol: the _v2 names are those cuda.h's macros have chosen since CUDA 3.2. */
-#define SYMBOLS(X)                                                                                           \
-  X(init, "cuInit") X(device_get_count, "cuDeviceGetCount") X(device_get, "cuDeviceGet")                    \
-  X(primary_ctx_retain, "cuDevicePrimaryCtxRetain") X(primary_ctx_release, "cuDevicePrimaryCtxRelease_v2")  \
-  X(ctx_set_current, "cuCtxSetCurrent") X(ctx_push_current, "cuCtxPushCurrent_v2")                          \
-  X(ctx_pop_current, "cuCtxPopCurrent_v2") X(mem_host_alloc, "cuMemHostAlloc") X(mem_free_host, "cuMemFreeHost") \
-  X(mem_alloc, "cuMemAlloc_v2") X(mem_free, "cuMemFree_v2")              \
-  X(stream_create, "cuStreamCreate") X(stream_destroy, "cuStreamDestroy_v2")                                 \
-  X(memcpy_htod_async, "cuMemcpyHtoDAsync_v2") X(event_create, "cuEventCreate")                              \
-  X(event_destroy, "cuEventDestroy_v2") X(event_record, "cuEventRecord") X(event_query, "cuEventQuery")     \
-  X(event_synchronize, "cuEventSynchronize") X(stream_wait_event, "cuStreamWaitEvent")                       \
-  X(get_error_string, "cuGetErrorString") X(module_load_data, "cuModuleLoadData")                            \
-  X(module_unload, "cuModuleUnload") X(module_get_function, "cuModuleGetFunction")                           \
+/* clang-format off */
+#define SYMBOLS(X) \
+  X(init, "cuInit") \
+  X(device_get_count, "cuDeviceGetCount") \
+  X(device_get, "cuDeviceGet") \
+  X(primary_ctx_retain, "cuDevicePrimaryCtxRetain") \
+  X(primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") \
+  X(ctx_set_current, "cuCtxSetCurrent") \
+  X(ctx_push_current, "cuCtxPushCurrent_v2") \
+  X(ctx_pop_current, "cuCtxPopCurrent_v2") \
+  X(mem_host_alloc, "cuMemHostAlloc") \
+  X(mem_free_host, "cuMemFreeHost") \
+  X(mem_alloc, "cuMemAlloc_v2") \
+  X(mem_free, "cuMemFree_v2") \
+  X(stream_create, "cuStreamCreate") \
+  X(stream_destroy, "cuStreamDestroy_v2") \
+  X(memcpy_htod_async, "cuMemcpyHtoDAsync_v2") \
+  X(event_create, "cuEventCreate") \
+  X(event_destroy, "cuEventDestroy_v2") \
+  X(event_record, "cuEventRecord") \
+  X(event_query, "cuEventQuery") \
+  X(event_synchronize, "cuEventSynchronize") \
+  X(stream_wait_event, "cuStreamWaitEvent") \
+  X(get_error_string, "cuGetErrorString") \
+  X(module_load_data, "cuModuleLoadData") \
+  X(module_unload, "cuModuleUnload") \
+  X(module_get_function, "cuModuleGetFunction") \
   X(launch_kernel, "cuLaunchKernel")
+/* clang-format on */
 
 static void load(void) {
   const char *name = getenv("SF_CUDA_LIBRARY");
@@ -40,18 +56,18 @@ static void load(void) {
     return;
   }
   /* dlsym returns void *; converting it to a function pointer is what POSIX requires to work. */
-#define RESOLVE(field, symbol)                                                                               \
-  if (!driver.code) {                                                                                        \
-    void *f = dlsym(lib, symbol);                                                                            \
-    if (!f) {                                                                                                \
-      driver.code = SF_EUNSUPPORTED;                                                                         \
-      snprintf(driver.why, sizeof driver.why,                                                                \
-               "%s has no %s: not the CUDA driver, or one older than CUDA 11; update the "                  \
-               "NVIDIA driver",                                                                              \
-               name, symbol);                                                                                \
-    } else {                                                                                                 \
-      memcpy(&driver.api.field, &f, sizeof f);                                                               \
-    }                                                                                                        \
+#define RESOLVE(field, symbol)                                                                                         \
+  if (!driver.code) {                                                                                                  \
+    void *f = dlsym(lib, symbol);                                                                                      \
+    if (!f) {                                                                                                          \
+      driver.code = SF_EUNSUPPORTED;                                                                                   \
+      snprintf(driver.why, sizeof driver.why,                                                                          \
+               "%s has no %s: not the CUDA driver, or one older than CUDA 11; update the "                             \
+               "NVIDIA driver",                                                                                        \
+               name, symbol);                                                                                          \
+    } else {                                                                                                           \
+      memcpy(&driver.api.field, &f, sizeof f);                                                                         \
+    }                                                                                                                  \
   }
   SYMBOLS(RESOLVE)
 #undef RESOLVE
@@ -59,8 +75,10 @@ static void load(void) {
   sf_cu_result r = driver.api.init(0);
   if (r != SF_CU_SUCCESS) {
     driver.code = SF_EUNSUPPORTED;
-    snprintf(driver.why, sizeof driver.why, "the CUDA driver (%s) does not start: cuInit: %s (no GPU, or the "
-             "driver and kernel module differ: see nvidia-smi)", name, sf_cuda_error_text(&driver.api, r));
+    snprintf(driver.why, sizeof driver.why,
+             "the CUDA driver (%s) does not start: cuInit: %s (no GPU, or the "
+             "driver and kernel module differ: see nvidia-smi)",
+             name, sf_cuda_error_text(&driver.api, r));
   }
 }
 

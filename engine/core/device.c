@@ -21,33 +21,33 @@ enum { MAX_IDLE = 8 };
 #include "device_kernels_ptx.h"
 
 typedef struct staging {
-  void *host;          /* cuMemHostAlloc'd */
+  void *host; /* cuMemHostAlloc'd */
   size_t size;
-  sf_cu_event done;    /* recorded after the last copy out of it */
+  sf_cu_event done; /* recorded after the last copy out of it */
 } staging;
 
 typedef struct slot {
   sf_device_pool *pool;
   sf_cu_deviceptr ptr;
   size_t size;
-  sf_cu_event ready;     /* recorded after the batch's copy (and kernel): what consumers wait for */
-  sf_cu_event released;  /* recorded on the consumer's stream when the batch was dropped */
-  bool release_pending;  /* the next copy into it waits for `released` */
-  bool has_stream;       /* a consumer gave its stream (sf_dlpack_wait) */
+  sf_cu_event ready;    /* recorded after the batch's copy (and kernel): what consumers wait for */
+  sf_cu_event released; /* recorded on the consumer's stream when the batch was dropped */
+  bool release_pending; /* the next copy into it waits for `released` */
+  bool has_stream;      /* a consumer gave its stream (sf_dlpack_wait) */
   int64_t stream;
-  bool claimed;          /* the trainer took the batch, or dropped it */
-  struct slot *next;     /* on the free list */
+  bool claimed;      /* the trainer took the batch, or dropped it */
+  struct slot *next; /* on the free list */
 } slot;
 
 struct sf_device_pool {
-  atomic_size_t refs;    /* the owner's, and one per device buffer out */
+  atomic_size_t refs; /* the owner's, and one per device buffer out */
   const sf_cuda_api *cu;
   int ordinal;
   sf_cu_device device;
   sf_cu_context ctx;
   sf_cu_stream stream;
   sf_buffer_device where;
-  pthread_mutex_t lock;  /* the free list, the counts, the slots' consumer state, wake */
+  pthread_mutex_t lock; /* the free list, the counts, the slots' consumer state, wake */
   slot *free_list;
   size_t n_idle, n_slots, device_bytes;
   int ahead;
@@ -164,9 +164,11 @@ static void give_back(void *opaque, uint8_t *data) {
       sf_cu_context popped;
       p->cu->ctx_pop_current(&popped);
     }
-    if (r == SF_CU_SUCCESS) s->release_pending = true;
-    else sf_log(SF_LOG_ERROR, NULL, "cuda:%d: cannot order a released batch after its consumer's stream: %s",
-                p->ordinal, sf_cuda_error_text(p->cu, r));
+    if (r == SF_CU_SUCCESS)
+      s->release_pending = true;
+    else
+      sf_log(SF_LOG_ERROR, NULL, "cuda:%d: cannot order a released batch after its consumer's stream: %s", p->ordinal,
+             sf_cuda_error_text(p->cu, r));
     s->has_stream = false;
   }
   s->next = p->free_list;
@@ -240,7 +242,8 @@ void sf_device_pool_stats_get(sf_device_pool *p, sf_device_pool_stats *st) {
   st->device_allocs = p->device_allocs;
   pthread_mutex_unlock(&p->lock);
   st->pinned_buffers = (size_t)p->n_stage;
-  for (int i = 0; i < p->n_stage; i++) st->pinned_bytes += p->stage[i].size;
+  for (int i = 0; i < p->n_stage; i++)
+    st->pinned_bytes += p->stage[i].size;
   st->batches = p->batches;
   st->pinned_allocs = p->pinned_allocs;
 }
@@ -417,12 +420,14 @@ static int plan_normalize(sf_device_pool *p, const sf_batch *batch, const sf_dev
     return sf_error_set(error, SF_ESHAPE, SF_NOWHERE,
                         "cuda:%d: field '%s' [%lld,%lld,%lld,%lld] cannot be normalised on the device: it needs 1 "
                         "to 4 channels and fewer than 2^32 pixels per image",
-                        p->ordinal, f->name, (long long)t->shape[0], (long long)t->shape[1],
-                        (long long)t->shape[2], (long long)t->shape[3]);
+                        p->ordinal, f->name, (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
+                        (long long)t->shape[3]);
   long long c = np->c, h = np->h, w = np->w;
   np->sb = c * h * w;
-  if (nm->hwc) np->sy = w * c, np->sx = c, np->sc = 1;
-  else np->sc = h * w, np->sy = w, np->sx = 1;
+  if (nm->hwc)
+    np->sy = w * c, np->sx = c, np->sc = 1;
+  else
+    np->sc = h * w, np->sy = w, np->sx = 1;
   size_t esize = sf_dtype_size(nm->dtype);
   np->in_bytes = sf_tensor_nbytes(t);
   np->lut_bytes = (size_t)np->c * 256 * esize;

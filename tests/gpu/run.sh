@@ -103,7 +103,7 @@ status=0
 read -r -a extra <<< "${SF_GPU_ARGS:-} $dry" # SF_GPU_ARGS: e.g. "--only overlap" or "--batches 100"
 timeout 420 "$py" "$top/tests/gpu/test_gpu.py" --shards "$pattern" --shardflow "$build/shardflow" "${extra[@]}" \
   2>&1 | tee "$log" || status=$?
-while IFS= read -r line; do summary+=("$line"); done < <(grep -E '^(PASS|FAIL|SKIP) ' "$log" | cut -c1-240)
+while IFS= read -r line; do summary+=("$line"); done < <(grep -E '^(PASS|FAIL|SKIP|INFO) ' "$log" | cut -c1-240)
 if [ "$status" -ne 0 ] && ! grep -q '^FAIL ' "$log"; then fail "test_gpu.py exited $status (124: over its 7 minutes)"; fi
 rm -f "$log"
 finish

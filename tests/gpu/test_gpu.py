@@ -11,6 +11,8 @@ Checks, each printed as one PASS / FAIL / SKIP line:
   zero-copy       torch.from_dlpack and jax.dlpack.from_dlpack take the sink's device memory itself (same
                   pointer), with the batch's values; JAX is skipped with a message when it is not installed
   cli             `shardflow run` with device: cuda:0 and normalize
+  normalize-cost  (INFO, measured) batches a second and bytes copied: augment's float32 copied, against uint8
+                  normalised on the GPU
 
 --dry-run runs the parts that need no GPU (the data and the CPU reference of same-batches, with the GPU's
 normalisation done by NumPy from the same formula), to check the script itself on a machine without one.
@@ -281,6 +283,32 @@ def overlap():
            f"({nbytes / 2**20:.1f} MiB)")
 
 
+# ---- normalize-cost (measured, not judged) --------------------------------------------------------------
+
+def normalize_cost():
+    """The same pipeline handing float32 batches made by augment, and uint8 batches normalised on the GPU:
+    batches a second with the trainer waiting for each (its stream synchronised), and bytes copied a batch."""
+    import torch
+    batch, n = 1024, 60
+    rates = {}
+    for name, dtype, sink in (("augment float32, copied", "float32", dict(device=DEVICE)),
+                              ("augment uint8, normalize float32 on the GPU", "uint8",
+                               dict(device=DEVICE, normalize="float32", mean=MEAN, std=STD))):
+        p = shardflow.Pipeline(graph(batch, n + 5, dtype, sink), output="torch", epochs=1)
+        for _ in range(5):
+            p.next_batch()
+        t = time.perf_counter()
+        for _ in range(n):
+            images, labels = p.next_batch()
+            torch.cuda.current_stream().synchronize()
+        rates[name] = n / (time.perf_counter() - t)
+        p.close()
+    copied = {"augment float32, copied": batch * 3 * 32 * 32 * 4,
+              "augment uint8, normalize float32 on the GPU": batch * 3 * 32 * 32}
+    report("normalize-cost", "INFO", "; ".join(f"{k}: {v:.1f} batches/s of {batch}, {copied[k] / 2**20:.1f} MiB "
+                                               f"copied a batch" for k, v in rates.items()))
+
+
 # ---- zero-copy ------------------------------------------------------------------------------------------
 
 class _DLTensor(ctypes.Structure):
@@ -366,6 +394,7 @@ else:
     check("no-leak", no_leak)
     check("overlap", overlap)
     check("zero-copy", zero_copy)
+    check("normalize-cost", normalize_cost)
     check("cli", cli)
 failed = [n for n, s in results if s == "FAIL"]
 print(f"{len(results) - len(failed)} of {len(results)} checks passed or skipped; failed: {', '.join(failed) or 'none'}")

@@ -27,18 +27,18 @@ typedef struct op {
 } op;
 
 typedef struct fake_event {
-  int recorded_at;  /* index in the log of its last record, -1 never */
+  int recorded_at; /* index in the log of its last record, -1 never */
   uintptr_t stream;
 } fake_event;
 
 static struct {
   op log[200000];
   int n_log;
-  int ctx_depth;  /* pushes not popped */
+  int ctx_depth; /* pushes not popped */
   int host_live, device_live, events_live, streams_live, ctx_retained, modules_live;
   int device_allocs, host_allocs;
   size_t device_bytes_live;
-  int fail_device_alloc;  /* the next N cuMemAlloc fail with out of memory */
+  int fail_device_alloc; /* the next N cuMemAlloc fail with out of memory */
   int fail_host_alloc;
   int fail_module;
   int gpus;
@@ -56,15 +56,25 @@ static void log_op(int kind, uintptr_t stream, void *event, sf_cu_deviceptr dst,
 }
 
 static sf_cu_result f_init(unsigned flags) { return flags ? 1 : 0; }
-static sf_cu_result f_device_get_count(int *n) { *n = fake.gpus; return 0; }
-static sf_cu_result f_device_get(sf_cu_device *d, int ordinal) { *d = ordinal; return 0; }
+static sf_cu_result f_device_get_count(int *n) {
+  *n = fake.gpus;
+  return 0;
+}
+static sf_cu_result f_device_get(sf_cu_device *d, int ordinal) {
+  *d = ordinal;
+  return 0;
+}
 static sf_cu_result f_primary_ctx_retain(sf_cu_context *ctx, sf_cu_device d) {
   (void)d;
   fake.ctx_retained++;
   *ctx = (sf_cu_context)(uintptr_t)0xc0;
   return 0;
 }
-static sf_cu_result f_primary_ctx_release(sf_cu_device d) { (void)d; fake.ctx_retained--; return 0; }
+static sf_cu_result f_primary_ctx_release(sf_cu_device d) {
+  (void)d;
+  fake.ctx_retained--;
+  return 0;
+}
 static sf_cu_result f_ctx_set_current(sf_cu_context ctx) { return ctx == (sf_cu_context)(uintptr_t)0xc0 ? 0 : 201; }
 static sf_cu_result f_ctx_push_current(sf_cu_context ctx) {
   assert_ptr_equal(ctx, (sf_cu_context)(uintptr_t)0xc0);
@@ -88,7 +98,11 @@ static sf_cu_result f_mem_host_alloc(void **p, size_t size, unsigned flags) {
   fake.host_allocs++;
   return 0;
 }
-static sf_cu_result f_mem_free_host(void *p) { free(p); fake.host_live--; return 0; }
+static sf_cu_result f_mem_free_host(void *p) {
+  free(p);
+  fake.host_live--;
+  return 0;
+}
 /* Device allocations carry their size in front, so that frees can be counted in bytes. */
 static sf_cu_result f_mem_alloc(sf_cu_deviceptr *d, size_t size) {
   if (fake.fail_device_alloc) {
@@ -116,7 +130,11 @@ static sf_cu_result f_stream_create(sf_cu_stream *s, unsigned flags) {
   fake.streams_live++;
   return 0;
 }
-static sf_cu_result f_stream_destroy(sf_cu_stream s) { free(s); fake.streams_live--; return 0; }
+static sf_cu_result f_stream_destroy(sf_cu_stream s) {
+  free(s);
+  fake.streams_live--;
+  return 0;
+}
 static sf_cu_result f_memcpy_htod_async(sf_cu_deviceptr dst, const void *src, size_t size, sf_cu_stream s) {
   memcpy((void *)(uintptr_t)dst, src, size);
   log_op(OP_COPY, (uintptr_t)s, NULL, dst, size);
@@ -130,7 +148,11 @@ static sf_cu_result f_event_create(sf_cu_event *e, unsigned flags) {
   fake.events_live++;
   return 0;
 }
-static sf_cu_result f_event_destroy(sf_cu_event e) { free(e); fake.events_live--; return 0; }
+static sf_cu_result f_event_destroy(sf_cu_event e) {
+  free(e);
+  fake.events_live--;
+  return 0;
+}
 static sf_cu_result f_event_record(sf_cu_event e, sf_cu_stream s) {
   fake_event *f = (fake_event *)e;
   f->recorded_at = fake.n_log;
@@ -138,8 +160,14 @@ static sf_cu_result f_event_record(sf_cu_event e, sf_cu_stream s) {
   log_op(OP_RECORD, (uintptr_t)s, e, 0, 0);
   return 0;
 }
-static sf_cu_result f_event_query(sf_cu_event e) { (void)e; return 0; }
-static sf_cu_result f_event_synchronize(sf_cu_event e) { log_op(OP_SYNC, 0, e, 0, 0); return 0; }
+static sf_cu_result f_event_query(sf_cu_event e) {
+  (void)e;
+  return 0;
+}
+static sf_cu_result f_event_synchronize(sf_cu_event e) {
+  log_op(OP_SYNC, 0, e, 0, 0);
+  return 0;
+}
 static sf_cu_result f_stream_wait_event(sf_cu_stream s, sf_cu_event e, unsigned flags) {
   assert_int_equal(flags, 0);
   assert_true(((fake_event *)e)->recorded_at >= 0); /* waiting for an event never recorded is a bug */
@@ -157,7 +185,11 @@ static sf_cu_result f_module_load_data(sf_cu_module *m, const void *image) {
   fake.modules_live++;
   return 0;
 }
-static sf_cu_result f_module_unload(sf_cu_module m) { free(m); fake.modules_live--; return 0; }
+static sf_cu_result f_module_unload(sf_cu_module m) {
+  free(m);
+  fake.modules_live--;
+  return 0;
+}
 static sf_cu_result f_module_get_function(sf_cu_function *f, sf_cu_module m, const char *name) {
   (void)m;
   assert_string_equal(name, "sf_normalize_u8");
@@ -227,7 +259,8 @@ static sf_batch *make_batch(int64_t b, int64_t h, int64_t w, unsigned seed) {
   int64_t shape[4] = {b, h, w, 3};
   assert_int_equal(sf_tensor_alloc(&batch->fields[0].tensor, SF_DTYPE_UINT8, 4, shape), 0);
   uint8_t *px = sf_tensor_data(&batch->fields[0].tensor);
-  for (int64_t i = 0; i < b * h * w * 3; i++) px[i] = (uint8_t)(i * 7 + seed);
+  for (int64_t i = 0; i < b * h * w * 3; i++)
+    px[i] = (uint8_t)(i * 7 + seed);
   snprintf(batch->fields[1].name, sizeof batch->fields[1].name, "cls");
   assert_int_equal(sf_tensor_alloc(&batch->fields[1].tensor, SF_DTYPE_INT64, 1, shape), 0);
   int64_t *cls = sf_tensor_data(&batch->fields[1].tensor);
@@ -322,7 +355,8 @@ static void test_reuse_no_leak(void **state) {
       sf_error e = {0};
       assert_int_equal(sf_device_pool_move(p, held[i], NULL, &e), 0);
     }
-    for (int i = 0; i < 3; i++) sf_batch_destroy(&held[i]);
+    for (int i = 0; i < 3; i++)
+      sf_batch_destroy(&held[i]);
     fake.n_log = 0;
   }
   assert_int_equal(fake.device_allocs, 3);
@@ -362,8 +396,8 @@ static void test_stream_order(void **state) {
   int wait = find(OP_WAIT, consumer, NULL, before);
   assert_true(wait >= 0);
   fake_event *ready = fake.log[wait].event;
-  assert_true(ready->recorded_at > copy);          /* recorded after the copy ... */
-  assert_int_equal(ready->stream, sink_stream);    /* ... on the sink's stream */
+  assert_true(ready->recorded_at > copy);       /* recorded after the copy ... */
+  assert_int_equal(ready->stream, sink_stream); /* ... on the sink's stream */
   /* stream -1: no ordering asked, nothing queued */
   before = fake.n_log;
   assert_int_equal(sf_dlpack_wait(m, -1), 0);
@@ -466,7 +500,9 @@ static void test_normalize(void **state) {
       }
       sf_tensor src;
       sf_tensor_ref(&src, &b->fields[0].tensor);
-      sf_device_normalize nm = {.field = 0, .hwc = hwc, .dtype = bf ? SF_DTYPE_BFLOAT16 : SF_DTYPE_FLOAT32,
+      sf_device_normalize nm = {.field = 0,
+                                .hwc = hwc,
+                                .dtype = bf ? SF_DTYPE_BFLOAT16 : SF_DTYPE_FLOAT32,
                                 .tables = bf ? (const void *)bf16 : (const void *)f32};
       sf_error e = {0};
       assert_int_equal(sf_device_pool_move(p, b, &nm, &e), 0);
@@ -482,8 +518,10 @@ static void test_normalize(void **state) {
             for (int64_t x = 0; x < W; x++) {
               uint8_t v = hwc ? in[((i * H + y) * W + x) * C + c] : in[((i * C + c) * H + y) * W + x];
               size_t at = (size_t)(((i * C + c) * H + y) * W + x);
-              if (bf) assert_memory_equal(out + at * 2, &bf16[c][v], 2);
-              else assert_memory_equal(out + at * 4, &f32[c][v], 4);
+              if (bf)
+                assert_memory_equal(out + at * 2, &bf16[c][v], 2);
+              else
+                assert_memory_equal(out + at * 4, &f32[c][v], 4);
             }
       /* the labels still arrive */
       assert_int_equal(((int64_t *)device_data(&b->fields[1].tensor))[2], 11 * 1000 + 2);
