@@ -152,6 +152,12 @@ if os.path.exists(stub):
     p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False, env=dict(os.environ, SF_CUDA_LIBRARY=stub))
     check(p.returncode == 1 and f"the CUDA driver ({stub}) does not start: cuInit:" in p.stderr,
           f"the stub driver: every symbol found, cuInit refuses: {p.stderr}")
+# Through the fake driver (tests/plugins/fake_cuda.c): the whole run on the "GPU", uint8 images normalised there,
+# its buffers counted in the stage table (test_device_sink.py checks the values).
+sink = dict(device="cuda:0", normalize="float32", mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25])
+p = run(["run", graph("gpu-fake", epochs=3, sink=sink)], check=False,
+        env=dict(os.environ, SF_CUDA_LIBRARY=os.environ["SF_FAKE_CUDA"]))
+check(p.returncode == 0 and "gpu_buffers_allocated" in p.stderr, f"device cuda:0 on the fake driver: {p.stderr}")
 for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: write cpu, cuda or cuda:N"),
                     (dict(device="cuda:x"), "'cuda:x' is not a device"),
                     (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda"),
