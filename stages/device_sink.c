@@ -103,8 +103,7 @@ static int open_device(sf_node *node, device_sink *s) {
   const sf_cuda_api *cu;
   sf_error e = {0};
   if (sf_cuda_load(&cu, &e) < 0)
-    return sf_node_option_error(node, "device", "%s; device %s needs an NVIDIA GPU and its driver (libcuda.so.1): "
-                                "use device: cpu on this machine", e.message, s->device);
+    return sf_node_option_error(node, "device", "%s; or use device: cpu on this machine", e.message);
   int r = sf_device_pool_new(&s->pool, cu, ordinal, &e);
   if (r == SF_EOPTION) return sf_node_option_error(node, "device", "%s", e.message);
   if (r < 0) {

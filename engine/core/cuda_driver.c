@@ -1,18 +1,11 @@
-/* The CUDA driver API through a run-time dlopen of libcuda.so.1: GPU batches without a CUDA build dependency. */
-#include <dlfcn.h>
+/* The CUDA driver API loaded at run time (libcuda.so.1, through dynlib.h): no CUDA build dependency. */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cuda_driver.h"
-
-static struct {
-  pthread_once_t once;
-  sf_cuda_api api;
-  int code;      /* 0, or the SF_E* code of the failure */
-  char why[480]; /* what failed, for every caller after the first */
-} driver = {.once = PTHREAD_ONCE_INIT};
+#include "dynlib.h"
 
 /* Each table entry and its symbol: the _v2 names are those cuda.h's macros have chosen since CUDA 3.2. */
 /* clang-format off */
@@ -45,48 +38,45 @@ static struct {
   X(launch_kernel, "cuLaunchKernel")
 /* clang-format on */
 
+/* The symbols in the table's order (dynlib fills the table by position: checked below, entry by entry). */
+#define NAME(field, symbol) symbol,
+static const char *const symbols[] = {SYMBOLS(NAME) NULL};
+#undef NAME
+#define INDEX(field, symbol) AT_##field,
+enum { SYMBOLS(INDEX) N_SYMBOLS };
+#undef INDEX
+#define SAME_PLACE(field, symbol)                                                                                      \
+  _Static_assert(offsetof(sf_cuda_api, field) == AT_##field * sizeof(void (*)(void)), "sf_cuda_api." #field);
+SYMBOLS(SAME_PLACE)
+#undef SAME_PLACE
+_Static_assert(sizeof(sf_cuda_api) == N_SYMBOLS * sizeof(void (*)(void)), "sf_cuda_api holds the symbols only");
+
+static sf_cuda_api api_table;
+static sf_dynlib driver_lib = {
+    .soname = "libcuda.so.1", .symbols = symbols, .fns = &api_table, .purpose = "hand batches out on a GPU"};
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char why[480]; /* the failure, for every caller */
+
 static void load(void) {
-  const char *name = getenv("SF_CUDA_LIBRARY");
-  if (!name || !name[0]) name = "libcuda.so.1";
-  void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    const char *e = dlerror();
-    driver.code = SF_EUNSUPPORTED;
-    snprintf(driver.why, sizeof driver.why, "no CUDA driver on this machine: %s", e ? e : name);
+  const char *name = getenv("SF_CUDA_LIBRARY"); /* a driver somewhere else, or a test's fake */
+  if (name && name[0]) driver_lib.soname = name;
+  if (sf_dynlib_load(&driver_lib) < 0) {
+    snprintf(why, sizeof why, "no CUDA driver on this machine: %s", driver_lib.why);
     return;
   }
-  /* dlsym returns void *; converting it to a function pointer is what POSIX requires to work. */
-#define RESOLVE(field, symbol)                                                                                         \
-  if (!driver.code) {                                                                                                  \
-    void *f = dlsym(lib, symbol);                                                                                      \
-    if (!f) {                                                                                                          \
-      driver.code = SF_EUNSUPPORTED;                                                                                   \
-      snprintf(driver.why, sizeof driver.why,                                                                          \
-               "%s has no %s: not the CUDA driver, or one older than CUDA 11; update the "                             \
-               "NVIDIA driver",                                                                                        \
-               name, symbol);                                                                                          \
-    } else {                                                                                                           \
-      memcpy(&driver.api.field, &f, sizeof f);                                                                         \
-    }                                                                                                                  \
-  }
-  SYMBOLS(RESOLVE)
-#undef RESOLVE
-  if (driver.code) return; /* the library stays loaded: unloading a driver is not worth its risks */
-  sf_cu_result r = driver.api.init(0);
-  if (r != SF_CU_SUCCESS) {
-    driver.code = SF_EUNSUPPORTED;
-    snprintf(driver.why, sizeof driver.why,
-             "the CUDA driver (%s) does not start: cuInit: %s (no GPU, or the "
-             "driver and kernel module differ: see nvidia-smi)",
-             name, sf_cuda_error_text(&driver.api, r));
-  }
+  sf_cu_result r = api_table.init(0);
+  if (r != SF_CU_SUCCESS)
+    snprintf(why, sizeof why,
+             "the CUDA driver (%s) does not start: cuInit: %s (no GPU, or the driver and kernel module differ: "
+             "see nvidia-smi)",
+             driver_lib.soname, sf_cuda_error_text(&api_table, r));
 }
 
 int sf_cuda_load(const sf_cuda_api **api, sf_error *error) {
   *api = NULL;
-  pthread_once(&driver.once, load);
-  if (driver.code) return sf_error_set(error, driver.code, SF_NOWHERE, "%s", driver.why);
-  *api = &driver.api;
+  pthread_once(&once, load);
+  if (why[0]) return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "%s", why);
+  *api = &api_table;
   return 0;
 }
 

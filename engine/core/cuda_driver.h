@@ -73,10 +73,10 @@ typedef struct sf_cuda_api {
 
 /*
  * Loads the driver (libcuda.so.1, or the file the SF_CUDA_LIBRARY environment variable names) with
- * dlopen, once per process, resolves every function of sf_cuda_api and calls cuInit(0). Never a
- * build-time dependency. Returns 0 with *api (static, valid for the process's life), or
- * SF_EUNSUPPORTED with *error saying "no CUDA driver on this machine: <dlerror>", a missing symbol
- * (a driver older than CUDA 11) or cuInit's error. Thread-safe.
+ * dlopen (dynlib.h), once per process, resolves every function of sf_cuda_api and calls cuInit(0).
+ * Never a build-time dependency. Returns 0 with *api (static, valid for the process's life), or
+ * SF_EUNSUPPORTED with *error saying "no CUDA driver on this machine: " and dlopen's words, a missing
+ * function (a driver older than CUDA 11) or cuInit's error. Thread-safe.
  */
 int sf_cuda_load(const sf_cuda_api **api, sf_error *error);
 

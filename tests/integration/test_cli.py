@@ -137,13 +137,15 @@ check(p.returncode == 0 and os.path.getsize(os.path.join(tmp, "grid.png")) > 0, 
 gpu_graph = graph("gpu", sink=dict(device="cuda:0"))
 p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False,
         env=dict(os.environ, SF_CUDA_LIBRARY="/nonexistent/libcuda.so.1"))
-check(p.returncode == 1 and "option device: no CUDA driver on this machine: /nonexistent/libcuda.so.1: cannot open "
-      "shared object file" in p.stderr and "use device: cpu" in p.stderr, f"device: cuda:0 without a driver: {p.stderr}")
+check(p.returncode == 1 and "option device: no CUDA driver on this machine: cannot load /nonexistent/libcuda.so.1"
+      in p.stderr and "(/nonexistent/libcuda.so.1: cannot open shared object file" in p.stderr
+      and "use device: cpu" in p.stderr, f"device: cuda:0 without a driver: {p.stderr}")
 try:
     ctypes.CDLL("libcuda.so.1")
 except OSError:  # this machine has no driver: the plain run says so too
     p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False)
-    check(p.returncode == 1 and "no CUDA driver on this machine: libcuda.so.1: cannot open" in p.stderr,
+    check(p.returncode == 1 and "no CUDA driver on this machine: cannot load libcuda.so.1" in p.stderr
+          and "(libcuda.so.1: cannot open shared object file" in p.stderr,
           f"device: cuda:0 here, without SF_CUDA_LIBRARY: {p.stderr}")
 # The toolkit's stub driver (where the CUDA toolkit is installed) has every function: all of them resolve, and
 # cuInit's refusal is what is reported.
