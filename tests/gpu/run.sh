@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The GPU checks of device_sink's device: cuda (issue 29), in one go, on a machine with an NVIDIA GPU, CUDA's
+# The GPU checks of device_sink's device: cuda (issue 29), in one go, on a machine with an NVIDIA GPU, its
 # driver, PyTorch built for CUDA and (optionally) JAX with its CUDA backend; no network needed.
 #   tests/gpu/run.sh [--dry-run]
-# Builds the project (release, in build-gpu: SF_BUILD names another directory; a build directory already
-# there, e.g. carried from another machine, is reused), writes the CIFAR-10 shards from
-# ../shared/data/cifar10-jpg.tar.zst (as bench/cifar.sh does, once, in data/gpu), runs the device pool's unit
-# test and tests/gpu/test_gpu.py (what each check does is written at its top), and prints a PASS/FAIL summary.
-# The whole log also goes to $OUT/gpu-run.log when OUT is set. PYTHON names the interpreter (default: the
-# first of python3, /usr/bin/python3 whose torch sees a GPU). --dry-run checks the script on a machine
-# without a GPU: the build, the data and the CPU half of the comparisons.
-# Takes about 3-6 minutes on a 16-core H100 host (most of it the build and the shards).
+# The build: with .gpu/bundle.tar.gz (tools/gpu-bundle.sh, run on a machine that can build shardflow, and .gpu
+# carried here), its release build and libraries; else SF_BUILD's build directory if it has one; else a
+# release build here in build-gpu (which needs tools/setup-debian.sh's packages). The data: the CIFAR-10
+# shards written once into data/gpu (as bench/cifar.sh does) from ../shared/data/cifar10-jpg.tar.zst, or
+# .gpu/cifar10-jpg.tar.zst. Then the device pool's unit test and tests/gpu/test_gpu.py (what each check does is
+# written at its top), and a PASS/FAIL summary. The whole log also goes to $OUT/gpu-run.log when OUT is set.
+# PYTHON names the interpreter (default: the first of python3, /usr/bin/python3 whose torch sees a GPU).
+# --dry-run checks the script on a machine without a GPU: the build, the data and the CPU half of the
+# comparisons. About 2 minutes with a bundle on a 16-core H100 host (a build there adds about 2).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
@@ -40,12 +41,21 @@ if [ -z "$dry" ]; then
 fi
 nproc
 
-echo "==== build ($build) ===="
-if command -v meson >/dev/null && command -v ninja >/dev/null; then
+bundle=$top/.gpu/bundle.tar.gz
+if [ -f "$bundle" ] && [ -z "${SF_BUILD:-}" ]; then
+  build=$TMPDIR/sf-gpu-bundle
+  echo "==== build: $bundle (tools/gpu-bundle.sh) ===="
+  rm -rf "$build"
+  mkdir -p "$build"
+  tar xzf "$bundle" -C "$build" || fail "unpacking $bundle"
+  export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "libraries carried: $(cd "$build/lib" && echo *)"
+elif command -v meson >/dev/null && command -v ninja >/dev/null; then
+  echo "==== build ($build) ===="
   if [ ! -f "$build/build.ninja" ]; then # the unit tests need cmocka: without it, the library and CLI alone
     meson setup "$build" --buildtype=release -Dexamples=false -Dfuzzing=disabled >/dev/null ||
       meson setup --wipe "$build" --buildtype=release -Dexamples=false -Dfuzzing=disabled -Dtests=false >/dev/null ||
-      fail "meson setup (see tools/setup-debian.sh for the packages)"
+      fail "meson setup (the C libraries of tools/setup-debian.sh are missing here? run tools/gpu-bundle.sh where they are, and carry .gpu)"
   fi
   if [ -f "$build/build.ninja" ]; then
     ninja -C "$build" >/dev/null || fail "ninja"
@@ -53,12 +63,13 @@ if command -v meson >/dev/null && command -v ninja >/dev/null; then
 elif [ -f "$build/libshardflow.so" ]; then
   echo "no meson/ninja here: using the build already in $build"
 else
-  fail "no meson/ninja and no build in $build (install meson and the packages of tools/setup-debian.sh, or bring a release build directory)"
+  fail "no bundle (.gpu/bundle.tar.gz), no meson/ninja and no build in $build"
 fi
 if ! { [ -x "$build/shardflow" ] && [ -f "$build/libshardflow.so" ]; }; then
   fail "the build has no shardflow CLI and library"
   finish
 fi
+"$build/shardflow" --version || fail "the shardflow CLI does not run here (a library missing?)"
 export SHARDFLOW_LIB=$build/libshardflow.so PYTHONPATH=$top/python${PYTHONPATH:+:$PYTHONPATH}
 
 echo "==== the device pool against a fake driver (unit test) ===="
@@ -69,8 +80,9 @@ fi
 echo "==== data ===="
 shards=${SF_GPU_DATA:-$top/data/gpu}
 src=$top/../shared/data/cifar10-jpg.tar.zst
+[ -f "$src" ] || src=$top/.gpu/cifar10-jpg.tar.zst
 if [ ! -f "$shards/.done" ]; then
-  [ -f "$src" ] || { fail "no $src (CIFAR-10 as JPEGs)"; finish; }
+  [ -f "$src" ] || { fail "no CIFAR-10 (../shared/data/cifar10-jpg.tar.zst or .gpu/cifar10-jpg.tar.zst)"; finish; }
   rm -rf "$shards"
   mkdir -p "$shards"
   "$build/shardflow" write --quiet --subdir train "$src" "$shards/cifar-train-%06d.tar" || { fail "shardflow write"; finish; }
