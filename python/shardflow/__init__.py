@@ -152,6 +152,7 @@ def _load():
         "sf_batch_to_dlpack": (ctypes.c_int, [p, ctypes.c_int, ctypes.POINTER(p)]),
         "sf_batch_destroy": (None, [ctypes.POINTER(p)]),
         "sf_dlpack_release": (None, [p]),
+        "sf_dlpack_wait": (ctypes.c_int, [p, ctypes.c_int64]),
         "sf_version_string": (c, []),
         "sf_storage_copy": (ctypes.c_int, [c, c, ctypes.c_bool, ctypes.POINTER(_Error)]),
         "sf_log_set_handler": (ctypes.c_int, [_LogHandler, p]),
@@ -203,20 +204,41 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
+class _DLTensorHead(ctypes.Structure):
+    """The start of DLManagedTensor's dl_tensor (DLPack): the data pointer and the device."""
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+_KDLCPU, _KDLCUDA = 1, 2
+
+
 class _Field:
-    """One batch field as a DLPack producer (the __dlpack__ protocol, both call forms)."""
+    """One batch field as a DLPack producer (the __dlpack__ protocol, both call forms). A field on a GPU
+    (device_sink's device: cuda) follows the protocol's stream contract: the consumer's stream (the
+    stream argument; None = the legacy default stream, -1 = no ordering) waits for the batch's copy."""
 
     def __init__(self, managed):
         self._managed = managed
+        head = _DLTensorHead.from_address(managed)
+        self._device = (head.device_type, head.device_id)
 
-    def __dlpack__(self, stream=None, max_version=None):
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         if self._managed is None:
             raise BufferError("a shardflow field can be exported once")
+        if copy:
+            raise BufferError("a shardflow field is exported without a copy (copy=True is not offered)")
+        if dl_device is not None and tuple(dl_device) != self._device:
+            raise BufferError(f"the field is on DLPack device {self._device}, not {tuple(dl_device)}")
+        if self._device[0] == _KDLCUDA:
+            r = library.sf_dlpack_wait(self._managed, 1 if stream is None else int(stream))
+            if r < 0:
+                raise BufferError(f"the consumer's stream {stream!r} cannot wait for the batch's copy "
+                                  f"({library.sf_err_name(r).decode()}; the engine's log says why)")
         managed, self._managed = self._managed, None
         return _capsule_new(managed, _CAPSULE_NAME, None)
 
     def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU
+        return self._device  # (kDLCPU, 0), or (kDLCUDA, N) for device_sink's device: cuda:N
 
     def __del__(self):
         if self._managed is not None:
@@ -248,7 +270,7 @@ def copy(src, dst, verify=True):
 
 
 # Pipeline's output forms (see its docstring).
-_OUTPUTS = ("torch", "numpy", "dict", "torch_dict", "tuple", "torch_tuple")
+_OUTPUTS = ("torch", "numpy", "dict", "torch_dict", "tuple", "torch_tuple", "dlpack")
 
 
 def _uses_pipeline(method):
@@ -297,7 +319,11 @@ class Pipeline:
     "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy, in the tuple form
     when the graph has a `rename` stage. "tuple" (NumPy) or "torch_tuple": every field of the batch in
     its order, which a `rename` stage sets (its `names` order: "image=jpg;png,label=cls" gives (image,
-    label)), a ragged field as its list; the dict forms are keyed by those names.
+    label)), a ragged field as its list; the dict forms are keyed by those names. "dlpack": a dict of
+    every field as a DLPack producer (an object with __dlpack__ / __dlpack_device__, taken once, by
+    torch.from_dlpack, jax.dlpack.from_dlpack, cupy.from_dlpack...) plus "__key__", ragged fields as
+    NAME + NAME.offsets. With device_sink's device: cuda (docs/python.md, "On a GPU") fields are on the GPU: use a
+    torch output or "dlpack" (NumPy cannot take them).
     map: {node name: callable} for the graph's `type: python` nodes (see shardflow._pymap; a node's
     `function: "pkg.module:fn"` is used where map names no callable).
     """
@@ -613,16 +639,27 @@ class Pipeline:
         if self._output.startswith("torch"):
             import torch
             take = torch.from_dlpack
+        elif self._output == "dlpack":
+            take = None
         else:
             import numpy
             take = numpy.from_dlpack
+        numpy_out = take is not None and not self._output.startswith("torch")
         fields = {}
         for i in range(library.sf_batch_field_count(b)):
             managed = ctypes.c_void_p()
             r = library.sf_batch_to_dlpack(b, i, ctypes.byref(managed))
             if r < 0:
                 raise _error(r)
-            fields[library.sf_batch_field_name(b, i).decode()] = take(_Field(managed.value))
+            field = _Field(managed.value)
+            if numpy_out and field._device[0] != _KDLCPU:
+                raise ShardflowError("SF_EUNSUPPORTED", f"output={self._output!r}: the batch is on the GPU "
+                                     "(device_sink's device: cuda) and NumPy takes host memory only; use "
+                                     "output='torch', 'torch_dict', 'torch_tuple' or 'dlpack'")
+            fields[library.sf_batch_field_name(b, i).decode()] = take(field) if take else field
+        if self._output == "dlpack":
+            fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
+            return fields
         if self._output.endswith("dict"):
             _unpack_ragged(fields)
             fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
@@ -727,7 +764,12 @@ def _unpack_ragged(fields):
     for name in [n[:-len(".offsets")] for n in fields if n.endswith(".offsets")]:
         if name not in fields:
             continue
-        values, offsets = fields[name], [int(o) for o in fields.pop(name + ".offsets")]
+        values, offsets = fields[name], fields.pop(name + ".offsets")
+        if getattr(offsets, "is_cuda", False):  # device_sink's device: cuda: offsets read on the host at once
+            offsets = offsets.cpu()
+        if getattr(values, "is_cuda", False) and str(values.dtype) == "torch.uint8":  # bytes and text: host data
+            values = values.cpu()
+        offsets = [int(o) for o in offsets]
         parts = [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
         if str(values.dtype) in ("uint8", "torch.uint8"):
             parts = [bytes(p.numpy() if hasattr(p, "numpy") else p) for p in parts]

@@ -95,6 +95,26 @@ del cap  # never consumed: the buffer stays referenced (documented; from_dlpack 
 b.sf_batch_destroy(ctypes.byref(raw))
 p.close()
 
+# output="dlpack": each field as a DLPack producer (what a GPU trainer hands to jax.dlpack / torch.from_dlpack),
+# here on the CPU: __dlpack_device__ (kDLCPU, 0), exported once, the same values as the dict form.
+with shardflow.Pipeline(graph, epochs=1, output="dlpack", device_sink__npy_dir="") as p:
+    d = p.next_batch()
+check(d["__key__"] == reference[0][2], f"dlpack output: the keys of the first batch: {d['__key__']}")
+check(d["ppm"].__dlpack_device__() == (1, 0), f"a CPU field: {d['ppm'].__dlpack_device__()}")
+img = np.from_dlpack(d["ppm"])
+check(np.array_equal(img, reference[0][3]["ppm"]) and not img.flags.owndata, "dlpack output: the batch, no copy")
+try:
+    d["ppm"].__dlpack__()
+    check(False, "a field exported twice")
+except BufferError as e:
+    check("once" in str(e), f"exported once: {e}")
+try:
+    d["cls"].__dlpack__(copy=True)
+    check(False, "copy=True accepted")
+except BufferError as e:
+    check("without a copy" in str(e), f"copy=True: {e}")
+check(np.array_equal(np.from_dlpack(d["cls"]), reference[0][3]["cls"]), "the labels after a refused export")
+
 # Keyword arguments are stage options; an ambiguous or unknown one is refused with the reason.
 with shardflow.Pipeline(graph, epochs=1, output="dict", batch_size=50, device_sink__npy_dir="") as p:
     sizes = [len(b["__key__"]) for b in p]
