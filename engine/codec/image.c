@@ -558,6 +558,93 @@ static int decode_tiff_cmyk(TIFF *tif, tiff_source *src, uint32_t width, uint32_
   return r;
 }
 
+/* What decode_tiff reads of the first page's tags before choosing a path. */
+typedef struct tiff_info {
+  uint32_t width, height;
+  uint16_t bits, spp, photometric, planar, format, compression, extra_count, *extra;
+} tiff_info;
+
+/*
+ * The direct path: 8/16-bit gray or RGB (alpha unassociated) in contiguous samples, read as stored (16-bit
+ * kept at depth 16, else its high byte). Returns 0 or fails with out cleared by the caller.
+ */
+static int decode_tiff_direct(TIFF *tif, const tiff_source *src, const tiff_info *t, sf_image_mode mode,
+                              const sf_image_limits *limits, sf_tensor *out, sf_error *error) {
+  const int color = t->photometric == PHOTOMETRIC_RGB ? 3 : 1, spp = t->spp, bytes = t->bits / 8;
+  const bool alpha = spp == color + 1, gray = color == 1 && !alpha, wide = t->bits == 16 && wants_16(limits);
+  const int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  const size_t pixels = (size_t)t->width * t->height;
+  if (t->bits == 16 && color == 1 && !alpha && !wide)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "16-bit grayscale TIFF needs decode's depth 16 or native (depth 8 makes 8-bit images)");
+  if (wide && channels == 1 && !gray)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "a 16-bit color TIFF cannot be decoded to gray at depth 16; use mode rgb or keep");
+  uint8_t *raw = malloc(pixels * (size_t)spp * (size_t)bytes);
+  if (!raw) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", t->width, t->height);
+  int r;
+  if (tiff_read_samples(tif, t->width, t->height, spp, bytes, raw) < 0) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src->message[0] ? src->message : "cannot read its samples");
+  } else if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, t->height, t->width, channels,
+                                 error)) == 0) {
+    /* Source sample k of pixel i for output channel c: gray repeats its one sample, alpha is the last. */
+    for (size_t i = 0; i < pixels; i++) {
+      const uint8_t *px = raw + i * (size_t)spp * (size_t)bytes;
+      uint32_t v[4];
+      for (int c = 0; c < 4; c++) {
+        int k = c == 3 ? (alpha ? spp - 1 : -1) : color == 1 ? 0 : c;
+        uint32_t sample = k < 0 ? 0 : bytes == 1 ? px[k] : ((const uint16_t *)(const void *)px)[k];
+        v[c] = wide || bytes == 1 ? sample : sample >> 8;
+      }
+      if (channels == 1 && !gray) {
+        uint8_t rgb[3] = {(uint8_t)v[0], (uint8_t)v[1], (uint8_t)v[2]};
+        v[0] = luma(rgb);
+      }
+      for (int c = 0; c < channels; c++) {
+        if (wide)
+          ((uint16_t *)sf_tensor_data(out))[i * channels + c] = (uint16_t)v[c];
+        else
+          ((uint8_t *)sf_tensor_data(out))[i * channels + c] = (uint8_t)v[c];
+      }
+    }
+  }
+  free(raw);
+  return r;
+}
+
+/* Everything else libtiff's RGBA reader takes (palette, bilevel, YCbCr, other depths), as 8-bit RGBA. */
+static int decode_tiff_rgba(TIFF *tif, const tiff_source *src, const tiff_info *t, sf_image_mode mode,
+                            sf_tensor *out, sf_error *error) {
+  char why[1024] = "";
+  if (!TIFFRGBAImageOK(tif, why)) return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "TIFF not supported: %s", why);
+  const bool alpha = t->extra_count >= 1 && (t->photometric == PHOTOMETRIC_RGB || t->photometric == PHOTOMETRIC_MINISBLACK);
+  const bool gray = !alpha && (t->photometric == PHOTOMETRIC_MINISBLACK || t->photometric == PHOTOMETRIC_MINISWHITE);
+  const int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  const size_t pixels = (size_t)t->width * t->height;
+  uint8_t *raw = malloc(pixels * 4);
+  if (!raw) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", t->width, t->height);
+  int r;
+  /* stop on error: a damaged strip is an error, not a gray band. */
+  if (!TIFFReadRGBAImageOriented(tif, t->width, t->height, (uint32_t *)(void *)raw, ORIENTATION_TOPLEFT, 1)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src->message[0] ? src->message : "cannot read its pixels");
+  } else if ((r = alloc_image(out, t->height, t->width, channels, error)) == 0) {
+    uint8_t *dst = sf_tensor_data(out);
+    for (size_t i = 0; i < pixels; i++) {
+      uint32_t abgr = ((const uint32_t *)(const void *)raw)[i];
+      uint8_t rgba[4] = {(uint8_t)TIFFGetR(abgr), (uint8_t)TIFFGetG(abgr), (uint8_t)TIFFGetB(abgr),
+                         (uint8_t)TIFFGetA(abgr)};
+      if (channels == 1)
+        dst[i] = gray ? rgba[0] : luma(rgba);
+      else
+        memcpy(dst + i * channels, rgba, (size_t)channels);
+    }
+  }
+  free(raw);
+  return r;
+}
+
 /*
  * The first page of a TIFF as Pillow decodes it. Gray, gray+alpha, RGB and RGBA with 8- or 16-bit
  * unsigned samples in one plane (JPEG-compressed YCbCr read as RGB by libjpeg, as Pillow asks libtiff)
@@ -580,122 +667,41 @@ static int decode_tiff(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   if (!tif)
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF header: %s",
                         src.message[0] ? src.message : "libtiff cannot open it");
-  uint8_t *raw = NULL;
-  uint32_t width = 0, height = 0;
-  uint16_t bits = 1, spp = 1, photometric = 0, planar = PLANARCONFIG_CONTIG, format = SAMPLEFORMAT_UINT,
-           compression = COMPRESSION_NONE, extra_count = 0, *extra = NULL;
+  tiff_info t = {.bits = 1, .spp = 1, .planar = PLANARCONFIG_CONTIG, .format = SAMPLEFORMAT_UINT,
+                 .compression = COMPRESSION_NONE};
   int r;
-  TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
-  TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &height);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &bits);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &spp);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &planar);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &format);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &compression);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &extra_count, &extra);
-  if (!TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &photometric)) {
+  TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &t.width);
+  TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &t.height);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &t.bits);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &t.spp);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &t.planar);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &t.format);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &t.compression);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &t.extra_count, &t.extra);
+  if (!TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &t.photometric)) {
     r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: no PhotometricInterpretation");
     goto done;
   }
-  if ((r = check_pixels(width, height, limits, "TIFF", error)) < 0) goto done;
-  if (photometric == PHOTOMETRIC_YCBCR && compression == COMPRESSION_JPEG) {
+  if ((r = check_pixels(t.width, t.height, limits, "TIFF", error)) < 0) goto done;
+  if (t.photometric == PHOTOMETRIC_YCBCR && t.compression == COMPRESSION_JPEG) {
     TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
-    photometric = PHOTOMETRIC_RGB;
+    t.photometric = PHOTOMETRIC_RGB;
   }
   uint16_t inkset = INKSET_CMYK;
   TIFFGetFieldDefaulted(tif, TIFFTAG_INKSET, &inkset);
-  if (photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp == 4 && bits == 8 &&
-      planar == PLANARCONFIG_CONTIG && format == SAMPLEFORMAT_UINT) {
-    r = decode_tiff_cmyk(tif, &src, width, height, mode, out, error);
-    goto done;
-  }
-  int color = photometric == PHOTOMETRIC_RGB ? 3 : 1;
-  bool unassociated = extra_count == 1 && extra && extra[0] != EXTRASAMPLE_ASSOCALPHA;
-  bool direct = (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK) &&
-                (planar == PLANARCONFIG_CONTIG || spp == 1) && format == SAMPLEFORMAT_UINT &&
-                (bits == 8 || bits == 16) && (spp == color || (spp == color + 1 && unassociated));
-  size_t pixels = (size_t)width * height;
-  if (direct) {
-    bool alpha = spp == color + 1, gray = color == 1 && !alpha;
-    bool wide = bits == 16 && wants_16(limits);
-    int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3), bytes = bits / 8;
-    if (bits == 16 && color == 1 && !alpha && !wide) {
-      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
-                       "16-bit grayscale TIFF needs decode's depth 16 or native (depth 8 makes 8-bit images)");
-      goto done;
-    }
-    if (wide && channels == 1 && !gray) {
-      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
-                       "a 16-bit color TIFF cannot be decoded to gray at depth 16; use mode rgb or keep");
-      goto done;
-    }
-    if (!(raw = malloc(pixels * spp * (size_t)bytes))) {
-      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
-      goto done;
-    }
-    if (tiff_read_samples(tif, width, height, spp, bytes, raw) < 0) {
-      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
-                       src.message[0] ? src.message : "cannot read its samples");
-      goto done;
-    }
-    if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
-      goto done;
-    /* Source sample k of pixel i for output channel c: gray repeats its one sample, alpha is the last. */
-    for (size_t i = 0; i < pixels; i++) {
-      const uint8_t *px = raw + i * spp * (size_t)bytes;
-      uint32_t v[4];
-      for (int c = 0; c < 4; c++) {
-        int k = c == 3 ? (alpha ? spp - 1 : -1) : color == 1 ? 0 : c;
-        uint32_t sample = k < 0 ? 0 : bytes == 1 ? px[k] : ((const uint16_t *)(const void *)px)[k];
-        v[c] = wide || bytes == 1 ? sample : sample >> 8;
-      }
-      if (channels == 1 && !gray) {
-        uint8_t rgb[3] = {(uint8_t)v[0], (uint8_t)v[1], (uint8_t)v[2]};
-        v[0] = luma(rgb);
-      }
-      for (int c = 0; c < channels; c++) {
-        if (wide)
-          ((uint16_t *)sf_tensor_data(out))[i * channels + c] = (uint16_t)v[c];
-        else
-          ((uint8_t *)sf_tensor_data(out))[i * channels + c] = (uint8_t)v[c];
-      }
-    }
-    r = 0;
-    goto done;
-  }
-  char why[1024] = "";
-  if (!TIFFRGBAImageOK(tif, why)) {
-    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "TIFF not supported: %s", why);
-    goto done;
-  }
-  bool alpha = extra_count >= 1 && (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK);
-  bool gray = !alpha && (photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE);
-  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
-  if (!(raw = malloc(pixels * 4))) {
-    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
-    goto done;
-  }
-  /* stop on error: a damaged strip is an error, not a gray band. */
-  if (!TIFFReadRGBAImageOriented(tif, width, height, (uint32_t *)(void *)raw, ORIENTATION_TOPLEFT, 1)) {
-    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
-                     src.message[0] ? src.message : "cannot read its pixels");
-    goto done;
-  }
-  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
-  uint8_t *dst = sf_tensor_data(out);
-  for (size_t i = 0; i < pixels; i++) {
-    uint32_t abgr = ((const uint32_t *)(const void *)raw)[i];
-    uint8_t rgba[4] = {(uint8_t)TIFFGetR(abgr), (uint8_t)TIFFGetG(abgr), (uint8_t)TIFFGetB(abgr),
-                       (uint8_t)TIFFGetA(abgr)};
-    if (channels == 1)
-      dst[i] = gray ? rgba[0] : luma(rgba);
-    else
-      memcpy(dst + i * channels, rgba, (size_t)channels);
-  }
-  r = 0;
+  const int color = t.photometric == PHOTOMETRIC_RGB ? 3 : 1;
+  const bool unassociated = t.extra_count == 1 && t.extra && t.extra[0] != EXTRASAMPLE_ASSOCALPHA;
+  if (t.photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && t.spp == 4 && t.bits == 8 &&
+      t.planar == PLANARCONFIG_CONTIG && t.format == SAMPLEFORMAT_UINT)
+    r = decode_tiff_cmyk(tif, &src, t.width, t.height, mode, out, error);
+  else if ((t.photometric == PHOTOMETRIC_RGB || t.photometric == PHOTOMETRIC_MINISBLACK) &&
+           (t.planar == PLANARCONFIG_CONTIG || t.spp == 1) && t.format == SAMPLEFORMAT_UINT &&
+           (t.bits == 8 || t.bits == 16) && (t.spp == color || (t.spp == color + 1 && unassociated)))
+    r = decode_tiff_direct(tif, &src, &t, mode, limits, out, error);
+  else
+    r = decode_tiff_rgba(tif, &src, &t, mode, out, error);
 done:
   if (r < 0) sf_tensor_clear(out);
-  free(raw);
   TIFFClose(tif);
   return r;
 }
@@ -1095,6 +1101,48 @@ static void j2k_error(const char *msg, void *user) {
 
 static void j2k_quiet(const char *msg, void *user) {}
 
+/* Whether Pillow's layouts cover image: 1-4 full-size components of one precision up to 16 bits, gray or RGB. */
+static bool j2k_supported(const opj_image_t *image) {
+  uint32_t count = image->numcomps, prec = count ? image->comps[0].prec : 0;
+  bool same = count >= 1 && count <= 4 && prec >= 1 && prec <= 16;
+  for (uint32_t c = 0; same && c < count; c++)
+    same = image->comps[c].dx == 1 && image->comps[c].dy == 1 && image->comps[c].prec == prec;
+  return same && image->color_space != OPJ_CLRSPC_SYCC && image->color_space != OPJ_CLRSPC_CMYK &&
+         image->color_space != OPJ_CLRSPC_EYCC;
+}
+
+/*
+ * The decoded components into out (allocated: `channels` channels, uint16 when wide): signed samples offset
+ * by half their range, shifted to 8 (or 16) bits, clamped; gray repeated, alpha the last component.
+ */
+static void j2k_pixels(const opj_image_t *image, bool wide, int channels, sf_tensor *out) {
+  const uint32_t count = image->numcomps, prec = image->comps[0].prec;
+  const bool gray = count <= 2, alpha = count == 2 || count == 4;
+  int shift = (wide ? 16 : 8) - (int)prec;
+  int32_t top = wide ? 65535 : 255;
+  size_t pixels = (size_t)image->comps[0].w * image->comps[0].h;
+  for (size_t i = 0; i < pixels; i++) {
+    int32_t v[4] = {0, 0, 0, 0};
+    for (uint32_t c = 0; c < count; c++) {
+      int32_t x = image->comps[c].data[i] + (image->comps[c].sgnd ? (int32_t)1 << (prec - 1) : 0);
+      x = shift < 0 ? x >> -shift : x << shift;
+      v[c] = x < 0 ? 0 : x > top ? top : x;
+    }
+    int32_t rgba[4] = {v[0], gray ? v[0] : v[1], gray ? v[0] : v[2], alpha ? v[count - 1] : top};
+    for (int c = 0; c < channels; c++) {
+      int32_t value = rgba[c];
+      if (channels == 1 && !gray) {
+        uint8_t px[3] = {(uint8_t)rgba[0], (uint8_t)rgba[1], (uint8_t)rgba[2]};
+        value = luma(px);
+      }
+      if (wide)
+        ((uint16_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint16_t)value;
+      else
+        ((uint8_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint8_t)value;
+    }
+  }
+}
+
 /*
  * A JPEG 2000 codestream or JP2 file through openjpeg, as Pillow unpacks it: 1 (gray), 2 (gray+alpha),
  * 3 (RGB) or 4 (RGBA) full-resolution components of one precision; samples shifted to 8 bits (signed ones
@@ -1131,11 +1179,7 @@ static int decode_j2k(const uint8_t *p, size_t n, bool jp2, sf_image_mode mode, 
   if ((r = check_pixels(width, height, limits, "JPEG 2000", error)) < 0) goto done;
   uint32_t count = image->numcomps;
   uint32_t prec = count ? image->comps[0].prec : 0;
-  bool same = count >= 1 && count <= 4 && prec >= 1 && prec <= 16;
-  for (uint32_t c = 0; same && c < count; c++)
-    same = image->comps[c].dx == 1 && image->comps[c].dy == 1 && image->comps[c].prec == prec;
-  if (!same || image->color_space == OPJ_CLRSPC_SYCC || image->color_space == OPJ_CLRSPC_CMYK ||
-      image->color_space == OPJ_CLRSPC_EYCC) {
+  if (!j2k_supported(image)) {
     r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
                      "JPEG 2000 with %u components is not supported (1-4 full-size components of one precision "
                      "up to 16 bits, gray or RGB)", count);
@@ -1162,29 +1206,7 @@ static int decode_j2k(const uint8_t *p, size_t n, bool jp2, sf_image_mode mode, 
   int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
   if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
     goto done;
-  int shift = (wide ? 16 : 8) - (int)prec;
-  int32_t top = wide ? 65535 : 255;
-  size_t pixels = (size_t)width * (size_t)height;
-  for (size_t i = 0; i < pixels; i++) {
-    int32_t v[4];
-    for (uint32_t c = 0; c < count; c++) {
-      int32_t x = image->comps[c].data[i] + (image->comps[c].sgnd ? (int32_t)1 << (prec - 1) : 0);
-      x = shift < 0 ? x >> -shift : x << shift;
-      v[c] = x < 0 ? 0 : x > top ? top : x;
-    }
-    int32_t rgba[4] = {v[0], gray ? v[0] : v[1], gray ? v[0] : v[2], alpha ? v[count - 1] : top};
-    for (int c = 0; c < channels; c++) {
-      int32_t value = rgba[c];
-      if (channels == 1 && !gray) {
-        uint8_t px[3] = {(uint8_t)rgba[0], (uint8_t)rgba[1], (uint8_t)rgba[2]};
-        value = luma(px);
-      }
-      if (wide)
-        ((uint16_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint16_t)value;
-      else
-        ((uint8_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint8_t)value;
-    }
-  }
+  j2k_pixels(image, wide, channels, out);
   r = 0;
 done:
   if (r < 0) sf_tensor_clear(out);
