@@ -302,6 +302,17 @@ static int get_staging(sf_device_pool *p, size_t size, staging **out, sf_error *
   return 0;
 }
 
+/* Frees a list of idle slots (linked by next, off the free list), each after its consumer's work is done. */
+static void free_slots(sf_device_pool *p, slot *list) {
+  for (slot *s = list, *next; s; s = next) {
+    next = s->next;
+    if (s->release_pending) p->cu->event_synchronize(s->released);
+    pthread_mutex_lock(&p->lock);
+    slot_free(p, s);
+    pthread_mutex_unlock(&p->lock);
+  }
+}
+
 /* A device buffer of at least size bytes (at most twice: not a big one for a short last batch), new or idle. */
 static int get_slot(sf_device_pool *p, size_t size, slot **out, sf_error *error) {
   const sf_cuda_api *cu = p->cu;
@@ -324,13 +335,7 @@ static int get_slot(sf_device_pool *p, size_t size, slot **out, sf_error *error)
     trim = s;
   }
   pthread_mutex_unlock(&p->lock);
-  for (slot *s = trim, *next; s; s = next) {
-    next = s->next;
-    if (s->release_pending) cu->event_synchronize(s->released);
-    pthread_mutex_lock(&p->lock);
-    slot_free(p, s);
-    pthread_mutex_unlock(&p->lock);
-  }
+  free_slots(p, trim);
   if (got) {
     *out = got;
     return 0;
@@ -345,13 +350,7 @@ static int get_slot(sf_device_pool *p, size_t size, slot **out, sf_error *error)
     p->free_list = NULL;
     p->n_idle = 0;
     pthread_mutex_unlock(&p->lock);
-    for (slot *s = idle, *next; s; s = next) {
-      next = s->next;
-      if (s->release_pending) cu->event_synchronize(s->released);
-      pthread_mutex_lock(&p->lock);
-      slot_free(p, s);
-      pthread_mutex_unlock(&p->lock);
-    }
+    free_slots(p, idle);
     if (idle) r = cu->mem_alloc(&got->ptr, size);
   }
   if (r != SF_CU_SUCCESS) {
@@ -468,6 +467,47 @@ static int launch(sf_device_pool *p, const norm_plan *np, sf_cu_deviceptr base, 
   return r == SF_CU_SUCCESS ? 0 : cu_fail(p, error, SF_EUNSUPPORTED, r, "cuLaunchKernel sf_normalize_u8");
 }
 
+/*
+ * Where each field goes in the packed copy: fields in order, each at a multiple of ALIGN (at[i]), the
+ * normalised field's uint8 values and tables after them (np's in_at, lut_at), its output after what is
+ * copied (out_at). Returns the bytes copied to the device.
+ */
+static size_t pack_layout(const sf_batch *batch, const sf_device_normalize *nm, norm_plan *np, size_t *at) {
+  size_t copied = 0;
+  for (int i = 0; i < batch->n_fields; i++) {
+    if (nm && i == nm->field) continue;
+    at[i] = copied;
+    copied = align_up(copied + sf_tensor_nbytes(&batch->fields[i].tensor));
+  }
+  if (nm) {
+    np->in_at = copied;
+    np->lut_at = align_up(np->in_at + np->in_bytes);
+    copied = align_up(np->lut_at + np->lut_bytes);
+    np->out_at = copied;
+  }
+  return copied;
+}
+
+/* Each field of batch becomes a view of the device buffer at its place (the normalised one: its output), holding a reference. */
+static void fields_to_views(sf_batch *batch, const sf_device_normalize *nm, const norm_plan *np, const size_t *at,
+                            sf_buffer *buffer) {
+  for (int i = 0; i < batch->n_fields; i++) {
+    sf_tensor *t = &batch->fields[i].tensor;
+    sf_tensor moved;
+    if (nm && i == nm->field) {
+      int64_t shape[4] = {np->b, np->c, np->h, np->w};
+      sf_tensor_set_shape(&moved, nm->dtype, 4, shape); /* checked by plan_normalize */
+      moved.offset = np->out_at;
+    } else {
+      sf_tensor_set_shape(&moved, t->dtype, t->ndim, t->shape); /* a shape the batch already had */
+      moved.offset = at[i];
+    }
+    moved.buffer = sf_buffer_ref(buffer);
+    sf_tensor_clear(t);
+    *t = moved;
+  }
+}
+
 int sf_device_pool_move(sf_device_pool *p, sf_batch *batch, const sf_device_normalize *nm, sf_error *error) {
   const sf_cuda_api *cu = p->cu;
   if (nm && nm->field < 0) nm = NULL;
@@ -476,8 +516,6 @@ int sf_device_pool_move(sf_device_pool *p, sf_batch *batch, const sf_device_norm
     return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "cuda:%d: bad normalise request", p->ordinal);
   sf_cu_result r = cu->ctx_set_current(p->ctx); /* the step may run on any of the engine's threads */
   if (r != SF_CU_SUCCESS) return cu_fail(p, error, SF_EUNSUPPORTED, r, "cuCtxSetCurrent");
-  /* Where each field goes in the packed copy: fields in order, each at a multiple of ALIGN, the
-     normalised field's uint8 values and tables after them, its output after what is copied. */
   norm_plan np = {0};
   if (nm) {
     int e = plan_normalize(p, batch, nm, &np, error);
@@ -485,18 +523,7 @@ int sf_device_pool_move(sf_device_pool *p, sf_batch *batch, const sf_device_norm
     e = load_kernel(p, error);
     if (e < 0) return e;
   }
-  size_t at[SF_MAX_FIELDS] = {0}, copied = 0;
-  for (int i = 0; i < batch->n_fields; i++) {
-    if (nm && i == nm->field) continue;
-    at[i] = copied;
-    copied = align_up(copied + sf_tensor_nbytes(&batch->fields[i].tensor));
-  }
-  if (nm) {
-    np.in_at = copied;
-    np.lut_at = align_up(np.in_at + np.in_bytes);
-    copied = align_up(np.lut_at + np.lut_bytes);
-    np.out_at = copied;
-  }
+  size_t at[SF_MAX_FIELDS] = {0}, copied = pack_layout(batch, nm, &np, at);
   size_t total = copied + (nm ? align_up(np.out_bytes) : 0);
   if (total == 0) total = ALIGN;
   staging *st = NULL;
@@ -544,21 +571,7 @@ int sf_device_pool_move(sf_device_pool *p, sf_batch *batch, const sf_device_norm
   pthread_mutex_lock(&p->lock);
   p->ahead++;
   pthread_mutex_unlock(&p->lock);
-  for (int i = 0; i < batch->n_fields; i++) {
-    sf_tensor *t = &batch->fields[i].tensor;
-    sf_tensor moved;
-    if (nm && i == nm->field) {
-      int64_t shape[4] = {np.b, np.c, np.h, np.w};
-      sf_tensor_set_shape(&moved, nm->dtype, 4, shape); /* checked by plan_normalize */
-      moved.offset = np.out_at;
-    } else {
-      sf_tensor_set_shape(&moved, t->dtype, t->ndim, t->shape); /* a shape the batch already had */
-      moved.offset = at[i];
-    }
-    moved.buffer = sf_buffer_ref(buffer);
-    sf_tensor_clear(t);
-    *t = moved;
-  }
+  fields_to_views(batch, nm, &np, at, buffer);
   sf_buffer_unref(&buffer); /* the fields hold it now (an empty batch: back to the pool at once) */
   p->batches++;
   return 0;
