@@ -656,49 +656,32 @@ static int hf_prepare(store *s, const char *url, const char *method, const char 
   return 0;
 }
 
-/* The request for any store URL; headers are sent as given and signed where the store's scheme signs them. */
-static int prepare(const char *url, const char *method, const char *query, const char *payload_sha256,
-                   long long body_size, const char *const *headers, long long now, sf_object_request *request,
-                   char **canonical, sf_error *error) {
-  memset(request, 0, sizeof *request);
-  if (canonical) *canonical = NULL;
-  store s = {0};
-  int r = parse_url(&s, url, error);
-  if (!r && (s.kind == STORE_AZ || s.kind == STORE_HF)) {
-    r = s.kind == STORE_AZ ? az_prepare(&s, url, method, query, body_size, headers, now, request, canonical, error)
-                           : hf_prepare(&s, url, method, NULL, query, headers, request, error);
-    store_clear(&s);
-    if (r) sf_object_request_clear(request);
-    return r;
-  }
-  if (!r) r = s.gs ? gs_config(&s, url, error) : s3_config(&s, url, error);
-  if (r) {
-    store_clear(&s);
-    return r;
-  }
-
+/* An S3 or GCS request for s (configured): SigV4-signed, or a GCS bearer token; the caller's headers as they are. */
+static int s3_prepare(store *s, const char *url, const char *method, const char *query, const char *payload_sha256,
+                      const char *const *headers, long long now, sf_object_request *request, char **canonical,
+                      sf_error *error) {
   /* Host and path: bucket.host/key (virtual) or host/bucket/key (path-style); the key encoded once. */
   sf_strbuf host = {0}, path = {0};
-  if (s.virtual_host) sf_strbuf_appendf(&host, "%s.", s.bucket);
-  sf_strbuf_add(&host, s.host);
-  sf_strbuf_add(&path, s.base_path);
+  if (s->virtual_host) sf_strbuf_appendf(&host, "%s.", s->bucket);
+  sf_strbuf_add(&host, s->host);
+  sf_strbuf_add(&path, s->base_path);
   sf_strbuf_add(&path, "/");
-  if (!s.virtual_host) {
-    sf_url_encode(&path, s.bucket, strlen(s.bucket), false);
-    if (*s.key) sf_strbuf_add(&path, "/");
+  if (!s->virtual_host) {
+    sf_url_encode(&path, s->bucket, strlen(s->bucket), false);
+    if (*s->key) sf_strbuf_add(&path, "/");
   }
-  sf_url_encode(&path, s.key, strlen(s.key), true);
+  sf_url_encode(&path, s->key, strlen(s->key), true);
   bool ok = !host.failed && !path.failed;
   char *wire_query = ok ? sf_sigv4_query_normalize(query) : NULL;
   const char *hash = payload_sha256 ? payload_sha256 : "UNSIGNED-PAYLOAD";
   if (ok && wire_query &&
-      asprintf(&request->url, "%s://%s%s%s%s", s.scheme, host.data, path.data, *wire_query ? "?" : "",
+      asprintf(&request->url, "%s://%s%s%s%s", s->scheme, host.data, path.data, *wire_query ? "?" : "",
                wire_query) < 0)
     request->url = NULL;
   ok = ok && wire_query && request->url;
 
-  if (ok && s.bearer) {
-    ok = add_header(&request->headers, "Authorization: Bearer %s", s.bearer);
+  if (ok && s->bearer) {
+    ok = add_header(&request->headers, "Authorization: Bearer %s", s->bearer);
   } else if (ok) {
     time_t t = (time_t)now;
     struct tm tm;
@@ -712,30 +695,29 @@ static int prepare(const char *url, const char *method, const char *query, const
         .query = wire_query,
         .payload_sha256 = hash,
         .amz_date = amz_date,
-        .region = s.region,
+        .region = s->region,
         .service = "s3",
-        .access_key_id = s.access_key_id,
-        .secret_access_key = s.secret,
-        .session_token = s.session_token,
+        .access_key_id = s->access_key_id,
+        .secret_access_key = s->secret,
+        .session_token = s->session_token,
     };
     char *authorization = NULL;
     ok = sf_sigv4_sign(&sr, canonical, &authorization) == 0;
     ok = ok && add_header(&request->headers, "Authorization: %s", authorization) &&
          add_header(&request->headers, "x-amz-date: %s", amz_date) &&
          add_header(&request->headers, "x-amz-content-sha256: %s", hash) &&
-         (!s.session_token || add_header(&request->headers, "x-amz-security-token: %s", s.session_token));
+         (!s->session_token || add_header(&request->headers, "x-amz-security-token: %s", s->session_token));
     free(authorization);
   }
   /* SigV4 signs host and the x-amz-* headers only: the caller's (Range, If-Match) go as they are. */
   for (size_t i = 0; ok && headers && headers[i]; i++) ok = add_header(&request->headers, "%s", headers[i]);
   if (ok) {
-    request->credentials = s.credentials;
-    s.credentials = NULL;
+    request->credentials = s->credentials;
+    s->credentials = NULL;
   }
   sf_strbuf_clear(&host);
   sf_strbuf_clear(&path);
   free(wire_query);
-  store_clear(&s);
   if (!ok) {
     sf_object_request_clear(request);
     if (canonical) {
@@ -746,6 +728,25 @@ static int prepare(const char *url, const char *method, const char *query, const
                         "out of memory (or a header longer than 2 KiB) preparing the request");
   }
   return 0;
+}
+
+/* The request for any store URL; headers are sent as given and signed where the store's scheme signs them. */
+static int prepare(const char *url, const char *method, const char *query, const char *payload_sha256,
+                   long long body_size, const char *const *headers, long long now, sf_object_request *request,
+                   char **canonical, sf_error *error) {
+  memset(request, 0, sizeof *request);
+  if (canonical) *canonical = NULL;
+  store s = {0};
+  int r = parse_url(&s, url, error);
+  if (!r && s.kind == STORE_AZ)
+    r = az_prepare(&s, url, method, query, body_size, headers, now, request, canonical, error);
+  else if (!r && s.kind == STORE_HF)
+    r = hf_prepare(&s, url, method, NULL, query, headers, request, error);
+  else if (!r && !(r = s.gs ? gs_config(&s, url, error) : s3_config(&s, url, error)))
+    r = s3_prepare(&s, url, method, query, payload_sha256, headers, now, request, canonical, error);
+  store_clear(&s);
+  if (r) sf_object_request_clear(request);
+  return r;
 }
 
 int sf_object_request_prepare_at(const char *url, const char *method, const char *query, const char *payload_sha256,
