@@ -471,7 +471,7 @@ static sf_pipeline *pipeline_alloc(void) {
   return p;
 }
 
-/* The pipeline's own graph: a copy, or with groups the head's part of the chain, with one _remote node per group
+/* The pipeline's own graph: a copy, or with groups the head's part of the chain, with one group's head node per group
  * and the plan of what each group sends (its stages as its workers get them, and a node added on the head). */
 static int take_graph(sf_pipeline *p, const sf_graph *graph, sf_error *error) {
   if (graph->n_groups == 0) {
@@ -721,8 +721,21 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
       if (k == s->n_counters) snprintf(s->counter_names[s->n_counters++], SF_COUNTER_NAME_MAX, "%s", n->counter_names[c]);
       s->counters[k] += atomic_load_explicit(&n->counters[c], memory_order_relaxed);
     }
+    sf_node_stage_stats_add(p->nodes[i], &s->stage, n->replica == 0);
   }
   return count;
+}
+
+int sf_pipeline_workers(sf_pipeline *p, const char *name, sf_worker_stats *workers, int max) {
+  for (int i = 0; i < p->n_nodes; i++) {
+    sf_node *n = p->nodes[i];
+    if (n->replica != 0 || strcmp(n->name, name) != 0) continue;
+    if (!n->def->stats) return 0;
+    sf_stage_stats ignored = {0};
+    int count = n->def->stats(n, &ignored, max > 0 ? workers : NULL, max > 0 ? max : 0);
+    return count > 0 ? count : 0;
+  }
+  return 0;
 }
 
 uint64_t sf_pipeline_error_count(const sf_pipeline *p) {

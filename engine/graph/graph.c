@@ -350,10 +350,10 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
   sf_graph_node *n = sf_graph_find_node(g, node_name);
   sf_graph_node *group = n ? NULL : sf_graph_find_group(g, node_name);
   if (group) {
-    const sf_stage_def *remote = sf_registry_group_head();
-    if (!sf_option_find(remote->options, key)) {
+    const sf_stage_def *head = sf_registry_group_head();
+    if (!sf_option_find(head->options, key)) {
       char names[1024];
-      sf_options_names(remote->options, names, sizeof names);
+      sf_options_names(head->options, names, sizeof names);
       return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': groups have no option '%s' (options: %s)",
                             target, key, names);
     }

@@ -22,7 +22,7 @@ typedef struct sf_graph_node {
   int64_t replicas_line; /* the line that writes `replicas`, 0 when --set or the API did, -1 when nothing did */
   bool replicas_planned; /* sf_graph_plan chose replicas (nothing wrote them) */
   bool may_defer;        /* sf_graph_plan lets the node's output carry deferred fields (sf_node_may_defer) */
-  /* sf_graph_plan_groups: on a group's _remote node (or its `groups:` entry) the form its results travel in
+  /* sf_graph_plan_groups: on a group's group's head node (or its `groups:` entry) the form its results travel in
    * (sf_wire_plan, engine/graph/graph_plan.h); true on the augment it added on the head to normalise them. */
   int wire_plan;
   bool wire_normalize;
@@ -30,7 +30,7 @@ typedef struct sf_graph_node {
   int n_values;
   char *group;          /* the group the node runs in (`group:`), or NULL for the head process */
   int64_t group_line;
-  /* A _remote node made by sf_graph_split_groups: the group's stages (owned), which its workers run. */
+  /* A group's head node made by sf_graph_split_groups: the group's stages (owned), which its workers run. */
   sf_graph *group_stages;
   /* `inputs:` (or `input:`): names of earlier nodes feeding the input ports in order, ", "-joined; NULL =
    * the previous node in the file (a source takes none). */
@@ -71,7 +71,7 @@ struct sf_graph {
   sf_graph_edge *edges;
   int n_edges;
   /* `groups:` entries: name, line and options as text (type is "group"); parsed by the
-   * _remote stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
+   * group head stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
   sf_graph_node *groups;
   int n_groups;
   /* `plugins:` entries in file order, loaded by sf_graph_load_plugins() before stage types are resolved. */

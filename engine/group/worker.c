@@ -36,7 +36,7 @@
 #include "log.h"
 #include "node.h"
 #include "plugin_loader.h"
-#include "remote.h"
+#include "group.h"
 #include "transport.h"
 #include "wire.h"
 #include "worker.h"
