@@ -97,34 +97,9 @@ static int start_error(sf_node *node, sf_error *e, int rc) {
   return rc;
 }
 
-static int init(sf_node *node) {
-  sf_head *r = sf_node_priv(node);
-  r->node = node;
-  r->wake_fd = -1;
-  pthread_mutex_init(&r->lock, NULL);
-  atomic_init(&r->stop, false);
+/* The `listen:` endpoint other hosts' workers connect to, and the rendezvous file that tells them where. */
+static int open_listen(sf_node *node, sf_head *r) {
   sf_error e;
-  if (!(r->stages = sf_node_group_stages(node))) {
-    sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "a group's head node (%s) is made by the engine from `groups:`", SF_GROUP_HEAD_STAGE);
-    return SF_EINVAL;
-  }
-  if (r->processes == 0 && !r->listen[0]) {
-    sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
-                  "group '%s' has neither `processes:` nor `listen:`: nothing would run its stages", sf_node_name(node));
-    return SF_EOPTION;
-  }
-  sf_unit_window_new(r->window, r->buffer_size, r->unit_samples, SF_HEAD_MAX_WORKERS, &r->units);
-  r->open = calloc((size_t)r->unit_samples, sizeof *r->open);
-  r->children = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->children);
-  r->rings = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->rings);
-  r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  r->last_wait_log = sf_head_now(); /* the first "waiting" line after 10 s, not at start */
-  r->zctx = zmq_ctx_new();
-  if (r->zctx) zmq_ctx_set(r->zctx, ZMQ_IO_THREADS, (int)r->io_threads);
-  if (!r->units || !r->open || !r->children || !r->rings || r->wake_fd < 0 || !r->zctx) {
-    sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory");
-    return SF_ENOMEM;
-  }
   sf_transport_options t = {.max_message_bytes = r->max_message};
   if (r->listen[0]) {
     t.endpoint = r->listen;
@@ -144,39 +119,77 @@ static int init(sf_node *node) {
                   sf_node_name(node));
     return SF_EOPTION;
   }
-  if (r->processes > 0) {
-    const char *tmp = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
-    /* of heads that were killed: their directories, and the sockets older versions put in tmp itself */
-    sf_remove_stale_files(tmp, "shardflow-", "", S_IFDIR);
-    sf_remove_stale_files(tmp, "shardflow-", ".ipc", S_IFSOCK);
-    /*
-     * A directory of its own: two pipelines of one process with the same group name (train and validation)
-     * get two sockets, and only this user can reach them (ipc:// has no CURVE; the socket's directory is
-     * what keeps other local users out).
-     */
-    int n = snprintf(r->ipc_dir, sizeof r->ipc_dir, "%s/shardflow-%d-XXXXXX", tmp, (int)getpid());
-    if (n < 0 || (size_t)n + sizeof "/local.ipc" > sizeof r->ipc_dir || !mkdtemp(r->ipc_dir)) {
-      int err = errno;
-      bool long_path = n < 0 || (size_t)n + sizeof "/local.ipc" > sizeof r->ipc_dir;
-      r->ipc_dir[0] = '\0';
-      sf_node_error(node, SF_EIO, NULL, NULL, -1,
-                    "group '%s': cannot make a directory for the local workers' socket in %s: %s; set TMPDIR to a "
-                    "short, writable directory",
-                    sf_node_name(node), tmp, long_path ? "the path is too long for a unix socket" : strerror(err));
-      return SF_EIO;
-    }
-    snprintf(r->ipc_path, sizeof r->ipc_path, "%s/local.ipc", r->ipc_dir);
-    char endpoint[128];
-    snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
-    sf_transport_options local = {.endpoint = endpoint, .max_message_bytes = r->max_message};
-    int rc = sf_transport_listen(r->zctx, &local, &r->sockets[1], &e);
-    if (rc < 0) return start_error(node, &e, rc);
-    r->n_children = (int)r->processes;
-    for (int i = 0; i < r->n_children; i++) {
-      rc = sf_head_spawn_worker(r, i, &e);
-      if (rc < 0) return start_error(node, &e, rc);
-    }
+  return 0;
+}
+
+/* `processes:`: the local workers' private socket (in a directory of its own) and the processes themselves. */
+static int start_local(sf_node *node, sf_head *r) {
+  sf_error e;
+  const char *tmp = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
+  /* of heads that were killed: their directories, and the sockets older versions put in tmp itself */
+  sf_remove_stale_files(tmp, "shardflow-", "", S_IFDIR);
+  sf_remove_stale_files(tmp, "shardflow-", ".ipc", S_IFSOCK);
+  /*
+   * A directory of its own: two pipelines of one process with the same group name (train and validation)
+   * get two sockets, and only this user can reach them (ipc:// has no CURVE; the socket's directory is
+   * what keeps other local users out).
+   */
+  int n = snprintf(r->ipc_dir, sizeof r->ipc_dir, "%s/shardflow-%d-XXXXXX", tmp, (int)getpid());
+  if (n < 0 || (size_t)n + sizeof "/local.ipc" > sizeof r->ipc_dir || !mkdtemp(r->ipc_dir)) {
+    int err = errno;
+    bool long_path = n < 0 || (size_t)n + sizeof "/local.ipc" > sizeof r->ipc_dir;
+    r->ipc_dir[0] = '\0';
+    sf_node_error(node, SF_EIO, NULL, NULL, -1,
+                  "group '%s': cannot make a directory for the local workers' socket in %s: %s; set TMPDIR to a "
+                  "short, writable directory",
+                  sf_node_name(node), tmp, long_path ? "the path is too long for a unix socket" : strerror(err));
+    return SF_EIO;
   }
+  snprintf(r->ipc_path, sizeof r->ipc_path, "%s/local.ipc", r->ipc_dir);
+  char endpoint[128];
+  snprintf(endpoint, sizeof endpoint, "ipc://%s", r->ipc_path);
+  sf_transport_options local = {.endpoint = endpoint, .max_message_bytes = r->max_message};
+  int rc = sf_transport_listen(r->zctx, &local, &r->sockets[1], &e);
+  if (rc < 0) return start_error(node, &e, rc);
+  r->n_children = (int)r->processes;
+  for (int i = 0; i < r->n_children; i++) {
+    rc = sf_head_spawn_worker(r, i, &e);
+    if (rc < 0) return start_error(node, &e, rc);
+  }
+  return 0;
+}
+
+static int init(sf_node *node) {
+  sf_head *r = sf_node_priv(node);
+  r->node = node;
+  r->wake_fd = -1;
+  pthread_mutex_init(&r->lock, NULL);
+  atomic_init(&r->stop, false);
+  if (!(r->stages = sf_node_group_stages(node))) {
+    sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "a group's head node (%s) is made by the engine from `groups:`",
+                  SF_GROUP_HEAD_STAGE);
+    return SF_EINVAL;
+  }
+  if (r->processes == 0 && !r->listen[0]) {
+    sf_node_error(node, SF_EOPTION, NULL, NULL, -1,
+                  "group '%s' has neither `processes:` nor `listen:`: nothing would run its stages", sf_node_name(node));
+    return SF_EOPTION;
+  }
+  sf_unit_window_new(r->window, r->buffer_size, r->unit_samples, SF_HEAD_MAX_WORKERS, &r->units);
+  r->open = calloc((size_t)r->unit_samples, sizeof *r->open);
+  r->children = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->children);
+  r->rings = calloc((size_t)(r->processes ? r->processes : 1), sizeof *r->rings);
+  r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  r->last_wait_log = sf_head_now(); /* the first "waiting" line after 10 s, not at start */
+  r->zctx = zmq_ctx_new();
+  if (r->zctx) zmq_ctx_set(r->zctx, ZMQ_IO_THREADS, (int)r->io_threads);
+  if (!r->units || !r->open || !r->children || !r->rings || r->wake_fd < 0 || !r->zctx) {
+    sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory");
+    return SF_ENOMEM;
+  }
+  int rc = open_listen(node, r);
+  if (rc == 0 && r->processes > 0) rc = start_local(node, r);
+  if (rc < 0) return rc;
   if (pthread_create(&r->thread, NULL, sf_head_network_thread, r) != 0) {
     sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "cannot start the network thread");
     return SF_ENOMEM;

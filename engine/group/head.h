@@ -37,7 +37,7 @@ typedef struct sf_head_worker {
   sf_wire_stage_stats stats[SF_WIRE_MAX_STATS];
   int n_stats;
   sf_shm_ring *ring;     /* a local process's shared-memory ring (its results arrive there), or NULL */
-  uint64_t freed_sent;   /* the ring's release position last told to the sf_head_worker */
+  uint64_t freed_sent;   /* the ring's release position last told to the worker */
   bool unreachable;      /* a send failed: released once what it sent before leaving (a BYE) is read */
 } sf_head_worker;
 

@@ -371,7 +371,7 @@ void *sf_head_network_thread(void *arg) {
     }
     sf_head_reap_children(r);
   }
-  /* the end of the run: tell every sf_head_worker */
+  /* the end of the run: tell every worker */
   pthread_mutex_lock(&r->lock);
   for (int i = 0; i < r->units->n_workers; i++)
     if (sf_head_live(r, i)) {
