@@ -28,7 +28,7 @@ static const sf_cli_option help_options[] = {
 };
 
 static const char settings_about[] =
-    "the top-level keys of a graph file besides `stages`, `edges`, `groups` and `plugins`; "
+    "the top-level keys of a graph file besides `stages`, `groups` and `plugins`; "
     "`shardflow run --set KEY=VALUE` sets one";
 
 /* `shardflow help settings`: the graph settings from their table (engine/graph/graph.c). */

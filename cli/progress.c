@@ -69,7 +69,7 @@ static json_t *node_record(const sf_node_stats *s, double seconds) {
   put_rates(o, s->items, s->bytes, seconds);
   if (s->n_inputs > 1) { /* a mix: what each input gave, as the stage table's "<-" lines */
     json_t *in = json_object();
-    for (int j = 0; j < s->n_inputs && j < 8; j++)
+    for (int j = 0; j < s->n_inputs && j < SF_NODE_INPUTS_MAX; j++)
       json_object_set_new(in, s->input_names[j], json_integer((json_int_t)s->input_items[j]));
     json_object_set_new(o, "inputs", in);
   }
@@ -117,7 +117,7 @@ static json_t *group_record(sf_pipeline *p, const sf_node_stats *group, double s
 }
 
 int sf_cli_stats_record(FILE *out, sf_pipeline *p, const sf_cli_progress *pr, bool final) {
-  sf_node_stats stats[64];
+  static sf_node_stats stats[64]; /* large; the CLI reports from one thread */
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
   json_t *nodes = json_array(), *groups = json_array();

@@ -124,7 +124,7 @@ static void print_group(sf_pipeline *p, const sf_node_stats *group) {
 
 /* One table per process: the head's nodes, then each worker's stages as it last reported them. */
 static void print_summary(sf_pipeline *p) {
-  sf_node_stats stats[64];
+  static sf_node_stats stats[64]; /* large; the CLI reports from one thread */
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
   const char *header = "%-14s %-13s %4s %12s %12s %9s %9s %7s %8s %8s\n";
@@ -135,7 +135,7 @@ static void print_summary(sf_pipeline *p) {
     fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu %8llu\n", s->name, s->type, s->replicas,
             (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds,
             (unsigned long long)s->errors, (unsigned long long)s->skipped, (unsigned long long)s->filtered);
-    for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < 8; j++) /* a mix: what each input gave */
+    for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < SF_NODE_INPUTS_MAX; j++) /* a mix: what each input gave */
       fprintf(stderr, "  <- %-25s %12llu\n", s->input_names[j], (unsigned long long)s->input_items[j]);
     for (int j = 0; j < s->stage.n_tuned && j < SF_STAGE_TUNED_MAX; j++) { /* what the tuner chose, and when */
       const sf_stage_tuned *u = &s->stage.tuned[j];

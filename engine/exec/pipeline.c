@@ -708,7 +708,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
     s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
     s->n_inputs = n->n_inputs;
-    for (int j = 0; j < n->n_inputs && j < 8; j++) {
+    for (int j = 0; j < n->n_inputs && j < SF_NODE_INPUTS_MAX; j++) {
       snprintf(s->input_names[j], sizeof s->input_names[j], "%s", n->input_names[j]);
       s->input_items[j] += atomic_load_explicit(&n->input_items[j], memory_order_relaxed);
     }

@@ -38,8 +38,8 @@ typedef struct sf_graph_node {
   int64_t inputs_line;
 } sf_graph_node;
 
-/* Most input ports a node may have connected (a mix of up to 8 sources). */
-enum { SF_GRAPH_MAX_INPUTS = 8 };
+/* Most input ports a node may have connected (a mix of that many sources). */
+enum { SF_GRAPH_MAX_INPUTS = SF_NODE_INPUTS_MAX };
 
 typedef struct sf_graph_edge {
   char *from, *to;
@@ -68,8 +68,11 @@ struct sf_graph {
   char metrics[256];       /* `metrics: HOST:PORT` or PORT (127.0.0.1): serve /metrics there (engine/exec/metrics.c); "" = off */
   sf_graph_node *nodes;
   int n_nodes;
+  /* `edges:` as written (retired: sf_graph_resolve refuses a graph that has it, with the chain it makes), and
+   * the line of its key. */
   sf_graph_edge *edges;
   int n_edges;
+  int64_t edges_line;
   /* `groups:` entries: name, line and options as text (type is "group"); parsed by the
    * group head stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
   sf_graph_node *groups;

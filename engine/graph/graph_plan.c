@@ -188,18 +188,6 @@ static int send_uint8(sf_graph *g, int x, int c, sf_graph_node *aug) {
     for (int i = 0; i < n_values && r == 0; i++) r = sf_graph_node_set(n, values[i].key, values[i].value, values[i].line);
     if (c > x) c++;
     if (r == 0 && g->nodes[c].inputs) r = rename_input(&g->nodes[c], from, name);
-    for (int i = 0; i < g->n_edges && r == 0; i++) /* a chain written as `edges:` */
-      if (strcmp(g->edges[i].from, from) == 0 && strcmp(g->edges[i].to, g->nodes[c].name) == 0) {
-        char *to = strdup(name);
-        if (!to || (r = sf_graph_add_edge(g, name, g->nodes[c].name, g->edges[i].line)) < 0) {
-          free(to);
-          r = SF_ENOMEM;
-          break;
-        }
-        free(g->edges[i].to);
-        g->edges[i].to = to;
-        break;
-      }
   }
   for (int i = 0; i < n_values; i++) free(values[i].value);
   free(from);

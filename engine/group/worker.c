@@ -258,7 +258,8 @@ static void on_record(void *opaque, const sf_error *e) {
 }
 
 static int collect_stats(sf_pipeline *p, sf_wire_stage_stats *out) {
-  sf_node_stats st[SF_WIRE_MAX_STATS];
+  sf_node_stats *st = malloc(SF_WIRE_MAX_STATS * sizeof *st); /* large (a row per input port): not on the stack */
+  if (!st) return 0; /* the table is for people: out of memory, the message goes without it */
   int n = sf_pipeline_stats(p, st, SF_WIRE_MAX_STATS);
   if (n > SF_WIRE_MAX_STATS) n = SF_WIRE_MAX_STATS;
   int k = 0;
@@ -274,6 +275,7 @@ static int collect_stats(sf_pipeline *p, sf_wire_stage_stats *out) {
     s->wait_ns = (uint64_t)(st[i].wait_seconds * 1e9);
     s->errors = st[i].errors;
   }
+  free(st);
   return k;
 }
 

@@ -249,8 +249,8 @@ typedef struct sf_node_stats {
   uint64_t skipped;       /**< samples dropped under the skip policy */
   uint64_t filtered;      /**< samples the stage dropped on purpose (a filter): not errors, outside max_errors / max_error_rate */
   int n_inputs;           /**< connected input ports (fan-in: several) */
-  char input_names[8][32];   /**< the node feeding each input port */
-  uint64_t input_items[8];   /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
+  char input_names[SF_NODE_INPUTS_MAX][32]; /**< the node feeding each input port */
+  uint64_t input_items[SF_NODE_INPUTS_MAX]; /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
   int n_counters;            /**< the stage's own counters (sf_node_counter_add), in the order they were first added */
   char counter_names[SF_NODE_COUNTERS][SF_COUNTER_NAME_MAX]; /**< their names */
   uint64_t counters[SF_NODE_COUNTERS]; /**< their values, summed over the replicas */

@@ -29,14 +29,23 @@ typedef enum sf_port_kind {
   SF_PORT_BATCH,    /**< sf_batch */
 } sf_port_kind;
 
+/** Most input ports one node may have connected: the graph file's `inputs:` names at most this many stages. */
+#define SF_NODE_INPUTS_MAX 64
+
 /**
  * One named port of a stage: a row of its `inputs` or `outputs` list.  A list
  * ends with a row whose kind is SF_PORT_NONE ({0}); a NULL list has no ports
  * (a source has no input, a sink no output).  A single port may be unnamed
  * (NULL) or named "in" / "out"; names matter once a stage has several ports
- * (fan-in, e.g. mixing datasets: the graph file's `inputs:` connects up to 8 of a
- * stage's input ports in order, read with sf_node_pop_port(); fan-out, several output
- * ports, is refused when the graph is built).  Static data of the stage, borrowed by the engine.
+ * (fan-in, e.g. mixing datasets: the graph file's `inputs:` connects a stage's
+ * input ports in order, read with sf_node_pop_port(); fan-out, several output
+ * ports, is refused when the graph is built).
+ *
+ * A last input row whose name contains "%u" is a template (GStreamer's request pads,
+ * `sink_%u`): it stands for as many ports as `inputs:` names, up to SF_NODE_INPUTS_MAX,
+ * numbered from 0 in place of the "%u" (`{"in%u", SF_PORT_SAMPLE}`: in0, in1, ...), each
+ * of its kind; the rows before it are fixed ports.  sf_port_name_at() gives a port's name.
+ * Static data of the stage, borrowed by the engine.
  */
 typedef struct sf_port_def {
   const char *name;  /**< port name in graph files ("in", "images"); NULL for the single default port */
@@ -50,8 +59,21 @@ typedef struct sf_port_def {
  */
 #define SF_PORTS(...) ((const sf_port_def[]){__VA_ARGS__, {NULL, SF_PORT_NONE}})
 
-/** Number of ports in a list (0 for NULL). */
+/** Number of rows in a list (0 for NULL; a template row counts once: sf_port_capacity() counts ports). */
 SF_API int sf_port_count(const sf_port_def *ports);
+
+/** Ports of a list that can be connected: its rows, or SF_NODE_INPUTS_MAX when its last row is a template. */
+SF_API int sf_port_capacity(const sf_port_def *ports);
+
+/** Kind of port number `port` (0-based; a template's ports have its kind), SF_PORT_NONE past the list's capacity. */
+SF_API sf_port_kind sf_port_kind_at(const sf_port_def *ports, int port);
+
+/**
+ * Writes the name of port number `port` into buf (cut to size bytes with a NUL): the row's name, "" for an
+ * unnamed one, a template's with the port's number in place of "%u" ("in%u", port 3: "in3").  Returns the
+ * name's full length as snprintf does, or -1 past the list's capacity.
+ */
+SF_API int sf_port_name_at(const sf_port_def *ports, int port, char *buf, size_t size);
 
 /** Kind of a list's first port (the one sf_node_pop and sf_node_push use), SF_PORT_NONE when it has none. */
 SF_API sf_port_kind sf_port_first_kind(const sf_port_def *ports);
@@ -97,10 +119,13 @@ typedef enum sf_option_type {
   SF_OPT_NAME_LIST,  /**< sf_name_list: "jpg,png", "[jpg, png]" or a YAML list (engine-owned, freed after uninit) */
 } sf_option_type;
 
-/** Storage of an SF_OPT_FLOAT_LIST option. */
+/** Most numbers an SF_OPT_FLOAT_LIST option holds: one per input of a stage with as many as a node may have. */
+#define SF_FLOAT_LIST_MAX SF_NODE_INPUTS_MAX
+
+/** Storage of an SF_OPT_FLOAT_LIST option: v[0 .. n). A stage that takes fewer checks n itself. */
 typedef struct sf_float_list {
   int n;
-  double v[8];
+  double v[SF_FLOAT_LIST_MAX];
 } sf_float_list;
 
 /** Most items an SF_OPT_NAME_LIST option holds. */
@@ -365,7 +390,7 @@ SF_API int sf_node_pop_port(sf_node *node, int port, sf_item *item);
 
 /**
  * Adds items to the count of what came in on input port `port` (shown per input by `shardflow run`'s
- * stage table and in sf_node_stats.input_items); ports 0..7.
+ * stage table and in sf_node_stats.input_items); ports 0 .. SF_NODE_INPUTS_MAX - 1.
  */
 SF_API void sf_node_count_input(sf_node *node, int port, uint64_t items);
 

@@ -98,8 +98,8 @@ class _NodeStats(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 32), ("type", ctypes.c_char * 32), ("replicas", ctypes.c_int),
                 ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
                 ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
-                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 8),
-                ("input_items", ctypes.c_uint64 * 8), ("n_counters", ctypes.c_int),
+                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 64),
+                ("input_items", ctypes.c_uint64 * 64), ("n_counters", ctypes.c_int),
                 ("counter_names", (ctypes.c_char * 32) * 4), ("counters", ctypes.c_uint64 * 4),
                 ("stage", _StageStats)]
 
@@ -603,7 +603,7 @@ class Pipeline:
             del node["n_counters"], node["counter_names"], node["counters"], node["stage"]
             node.update(self._stage_stats(s))
             if s.n_inputs > 1:  # a mix: what each input gave, by the name of the node feeding it
-                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 8))}
+                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 64))}
             if s.n_counters > 0:  # the stage's own counters (sf_node_counter_add), by name
                 node["counters"] = {s.counter_names[j].value.decode(): s.counters[j] for j in range(min(s.n_counters, 4))}
             node["items_per_second"] = s.items / elapsed

@@ -80,8 +80,12 @@ with shardflow.Pipeline(grouped, output="dict", device_sink__npy_dir="") as p:
           f"group stats: the node and its local workers: {group} {parents}")
     check(all({s["name"] for s in w["stages"]} >= {"decode", "augment"} and w["samples"] > 0 for w in workers),
           f"group stats: each worker's own stage table: {workers}")
-    check(sum(w["samples"] for w in workers) == group["items"], f"group stats: the workers' samples are the node's: "
-          f"{[w['samples'] for w in workers]} {group['items']}")
+    # Every sample the node passed on came from a worker (it may hold more, done ahead), and a worker's own table
+    # (reported with each result) counts at least what the head took from it.
+    made = [sum(s["items"] for s in w["stages"] if s["name"] == "augment") for w in workers]
+    check(group["items"] <= sum(w["samples"] for w in workers) and all(
+          w["samples"] <= m for w, m in zip(workers, made)), f"group stats: the node's {group['items']} samples, "
+          f"the workers' {[w['samples'] for w in workers]}, their augment's {made}")
 check(len(got) == len(reference), f"group: {len(got)} batches, as the CLI ({len(reference)})")
 for b, (e, i, keys, fields) in zip(got, reference):
     check(b["__key__"] == keys and np.array_equal(b["ppm"], fields["ppm"]), f"group: epoch {e} batch {i} equal")
