@@ -120,8 +120,6 @@ int sf_context_check_budget(sf_context *ctx, bool final);
 int sf_node_error_record(sf_node *node, const sf_error *error);
 /* The pipeline's shared context (a worker installs its error hook there). */
 sf_context *sf_pipeline_context(sf_pipeline *pipeline);
-/* The first node (replica 0) whose stage is def, or NULL. */
-sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 /* The pipeline's nodes, every replica in chain order (borrowed, valid until sf_pipeline_destroy), their count in *n. */
 sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
 /* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */

@@ -128,12 +128,6 @@ sf_context *sf_pipeline_context(sf_pipeline *p) { return &p->ctx; }
 
 int sf_pipeline_failed(const sf_pipeline *p) { return atomic_load(&((sf_pipeline *)p)->failed); }
 
-sf_node *sf_pipeline_find_node(sf_pipeline *p, const sf_stage_def *def) {
-  for (int i = 0; i < p->n_nodes; i++)
-    if (p->nodes[i]->def == def && p->nodes[i]->replica == 0) return p->nodes[i];
-  return NULL;
-}
-
 void sf_node_notify(sf_node *n) {
   if (n->pipeline) notify(n->pipeline);
 }

@@ -551,24 +551,9 @@ static int branch_links(const sf_graph *g, const sf_stage_def **defs, int *order
   return 0;
 }
 
-int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, int **pinputs, sf_error *e) {
-  *porder = NULL;
-  *pdefs = NULL;
-  *pinputs = NULL;
-  if (g->n_nodes == 0) return sf_graph_error(e, SF_EGRAPH, g, -1, "the graph has no stages: add a `stages:` list");
-  int *order = malloc((size_t)g->n_nodes * sizeof *order);
-  const sf_stage_def **defs = calloc((size_t)g->n_nodes, sizeof *defs);
-  int *inputs = malloc((size_t)g->n_nodes * SF_GRAPH_MAX_INPUTS * sizeof *inputs);
-  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer);
-  if (!order || !defs || !inputs || !consumer) {
-    free(order);
-    free(defs);
-    free(inputs);
-    free(consumer);
-    return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
-  }
-  for (int i = 0; i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++) inputs[i] = -1;
-  for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
+/* Each node's stage definition into defs[], checked: unique names, known types of this ABI, replicas only for
+ * map stages, one output port. 0 or SF_EGRAPH in *e. */
+static int find_defs(const sf_graph *g, const sf_stage_def **defs, sf_error *e) {
   int r = 0;
   for (int i = 0; i < g->n_nodes && r == 0; i++) {
     const sf_graph_node *n = &g->nodes[i];
@@ -599,6 +584,49 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
                          n->name, def->name, sf_port_capacity(def->outputs));
     defs[i] = def;
   }
+  return r;
+}
+
+/* The chain's ends (a source first, batches last) and a consumer for every node but the last. 0 or SF_EGRAPH. */
+static int check_ends(const sf_graph *g, const sf_stage_def **defs, const int *order, const int *consumer, sf_error *e) {
+  int r = 0;
+  const sf_graph_node *first = &g->nodes[order[0]];
+  const sf_graph_node *last = &g->nodes[order[g->n_nodes - 1]];
+  sf_port_kind last_out = sf_port_first_kind(defs[order[g->n_nodes - 1]]->outputs);
+  if (sf_port_count(defs[order[0]]->inputs) > 0)
+    r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
+                       first->name, first->type);
+  else if (last_out != SF_PORT_BATCH && last_out != SF_PORT_NONE) /* a batch output, or a sink of its own */
+    r = sf_graph_error(e, SF_EGRAPH, g, last->line,
+                       "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
+                       last->type, kind_name(last_out));
+  for (int k = 0; k + 1 < g->n_nodes && r == 0; k++)
+    if (consumer[order[k]] < 0)
+      r = sf_graph_error(e, SF_EGRAPH, g, g->nodes[order[k]].line,
+                         "node '%s' feeds no stage: name it in a later stage's `inputs:` (a branch must end in a mix)",
+                         g->nodes[order[k]].name);
+  return r;
+}
+
+int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, int **pinputs, sf_error *e) {
+  *porder = NULL;
+  *pdefs = NULL;
+  *pinputs = NULL;
+  if (g->n_nodes == 0) return sf_graph_error(e, SF_EGRAPH, g, -1, "the graph has no stages: add a `stages:` list");
+  int *order = malloc((size_t)g->n_nodes * sizeof *order);
+  const sf_stage_def **defs = calloc((size_t)g->n_nodes, sizeof *defs);
+  int *inputs = malloc((size_t)g->n_nodes * SF_GRAPH_MAX_INPUTS * sizeof *inputs);
+  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer);
+  if (!order || !defs || !inputs || !consumer) {
+    free(order);
+    free(defs);
+    free(inputs);
+    free(consumer);
+    return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+  }
+  for (int i = 0; i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++) inputs[i] = -1;
+  for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
+  int r = find_defs(g, defs, e);
   if (r == 0 && g->n_edges > 0) {
     r = edges_retired(g, order, e);
   } else if (r == 0 && sf_graph_has_branches(g)) {
@@ -634,23 +662,7 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
       consumer[in[p]] = bi;
     }
   }
-  if (r == 0) {
-    const sf_graph_node *first = &g->nodes[order[0]];
-    const sf_graph_node *last = &g->nodes[order[g->n_nodes - 1]];
-    sf_port_kind last_out = sf_port_first_kind(defs[order[g->n_nodes - 1]]->outputs);
-    if (sf_port_count(defs[order[0]]->inputs) > 0)
-      r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
-                         first->name, first->type);
-    else if (last_out != SF_PORT_BATCH && last_out != SF_PORT_NONE) /* a batch output, or a sink of its own */
-      r = sf_graph_error(e, SF_EGRAPH, g, last->line,
-                         "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
-                         last->type, kind_name(last_out));
-    for (int k = 0; k + 1 < g->n_nodes && r == 0; k++)
-      if (consumer[order[k]] < 0)
-        r = sf_graph_error(e, SF_EGRAPH, g, g->nodes[order[k]].line,
-                           "node '%s' feeds no stage: name it in a later stage's `inputs:` (a branch must end in a mix)",
-                           g->nodes[order[k]].name);
-  }
+  if (r == 0) r = check_ends(g, defs, order, consumer, e);
   free(consumer);
   if (r < 0) {
     free(order);

@@ -41,6 +41,7 @@ typedef struct sf_head_worker {
   bool unreachable;      /* a send failed: released once what it sent before leaving (a BYE) is read */
 } sf_head_worker;
 
+/* The head node's private struct: the group's options first (the table in head.c), then its run state. */
 typedef struct sf_head {
   /* options: the group's configuration */
   int64_t processes;
