@@ -11,7 +11,7 @@ packages=(
   libmicrohttpd-dev                            # the /metrics endpoint
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
-  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev  # the video plugin (FFmpeg 5.1)
+  libavformat-dev libavcodec-dev libswscale-dev libswresample-dev libavutil-dev  # the video plugin (FFmpeg 5.1)
   python3-mesonpy python3-venv                 # pyproject.toml: pip install --no-build-isolation .
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz

@@ -20,6 +20,7 @@
 #include <turbojpeg.h>
 #include <webp/decode.h>
 
+#include "dynlib.h"
 #include "image.h"
 #include "pixels.h"
 
@@ -953,6 +954,30 @@ done:
 
 /* ---- AVIF ---------------------------------------------------------------------------------- */
 
+/*
+ * libavif and libjxl are opened on first use (engine/core/dynlib.h: they load some thirty libraries a
+ * process that never meets the format should not pay for); their functions go through these tables.
+ */
+#define SF_FN_FIELD(name) __typeof__(&name) name;
+#define SF_FN_NAME(name) #name,
+#define AVIF_FUNCTIONS(X) X(avifDecoderCreate) X(avifDecoderDestroy) X(avifDecoderSetIOMemory) X(avifDecoderParse) \
+  X(avifDecoderNextImage) X(avifRGBImageSetDefaults) X(avifImageYUVToRGB) X(avifResultToString)
+#define JXL_FUNCTIONS(X) X(JxlSignatureCheck) X(JxlDecoderCreate) X(JxlDecoderDestroy) X(JxlDecoderSubscribeEvents) \
+  X(JxlDecoderSetInput) X(JxlDecoderCloseInput) X(JxlDecoderProcessInput) X(JxlDecoderGetBasicInfo)               \
+  X(JxlDecoderImageOutBufferSize) X(JxlDecoderSetImageOutBuffer)
+static struct { AVIF_FUNCTIONS(SF_FN_FIELD) } avif;
+static struct { JXL_FUNCTIONS(SF_FN_FIELD) } jxl;
+static const char *const avif_symbols[] = {AVIF_FUNCTIONS(SF_FN_NAME) NULL};
+static const char *const jxl_symbols[] = {JXL_FUNCTIONS(SF_FN_NAME) NULL};
+static sf_dynlib avif_lib = {.soname = SF_AVIF_SONAME, .symbols = avif_symbols, .fns = &avif, .purpose = "decode AVIF images"};
+static sf_dynlib jxl_lib = {.soname = SF_JXL_SONAME, .symbols = jxl_symbols, .fns = &jxl, .purpose = "decode JPEG XL images"};
+
+/* An error record saying why a format's library is not there (lib->why). */
+static int library_missing(sf_dynlib *lib, sf_error *error) {
+  return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "%s", lib->why);
+}
+
+
 /* An ISO-BMFF file whose ftyp box names an AVIF brand (major or compatible): HEIC and MP4 are not ours. */
 static bool is_avif(const uint8_t *p, size_t n) {
   if (n < 16 || memcmp(p + 4, "ftyp", 4) != 0) return false;
@@ -970,7 +995,8 @@ static bool is_avif(const uint8_t *p, size_t n) {
  */
 static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                        sf_tensor *out, sf_error *error) {
-  avifDecoder *decoder = avifDecoderCreate();
+  if (sf_dynlib_load(&avif_lib) < 0) return library_missing(&avif_lib, error);
+  avifDecoder *decoder = avif.avifDecoderCreate();
   if (!decoder) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create an AVIF decoder");
   int64_t max = max_pixels_of(limits);
   decoder->codecChoice = AVIF_CODEC_CHOICE_DAV1D;
@@ -979,8 +1005,8 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   decoder->ignoreXMP = AVIF_TRUE;
   uint8_t *rgb_pixels = NULL;
   int r = 0;
-  avifResult result = avifDecoderSetIOMemory(decoder, p, n);
-  if (result == AVIF_RESULT_OK) result = avifDecoderParse(decoder);
+  avifResult result = avif.avifDecoderSetIOMemory(decoder, p, n);
+  if (result == AVIF_RESULT_OK) result = avif.avifDecoderParse(decoder);
   if (result != AVIF_RESULT_OK) {
     /* libavif refuses images over imageSizeLimit (our max_pixels) while parsing, before any allocation. */
     if (strstr(decoder->diag.error, "too large"))
@@ -988,15 +1014,15 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
                        (long long)max, decoder->diag.error);
     else
       r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                       "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                       "corrupt AVIF: %s%s%s", avif.avifResultToString(result), decoder->diag.error[0] ? ": " : "",
                        decoder->diag.error);
     goto done;
   }
   avifImage *image = decoder->image;
   if ((r = check_pixels(image->width, image->height, limits, "AVIF", error)) < 0) goto done;
-  if ((result = avifDecoderNextImage(decoder)) != AVIF_RESULT_OK) {
+  if ((result = avif.avifDecoderNextImage(decoder)) != AVIF_RESULT_OK) {
     r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                     "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                     "corrupt AVIF: %s%s%s", avif.avifResultToString(result), decoder->diag.error[0] ? ": " : "",
                      decoder->diag.error);
     goto done;
   }
@@ -1007,7 +1033,7 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   int channels = channels_for(mode, alpha ? 4 : 3), decoded = alpha ? 4 : 3;
   if ((r = alloc_image(out, image->height, image->width, channels, error)) < 0) goto done;
   avifRGBImage rgb;
-  avifRGBImageSetDefaults(&rgb, image);
+  avif.avifRGBImageSetDefaults(&rgb, image);
   rgb.depth = 8;
   rgb.format = decoded == 4 ? AVIF_RGB_FORMAT_RGBA : AVIF_RGB_FORMAT_RGB;
   rgb.rowBytes = image->width * (uint32_t)decoded;
@@ -1017,9 +1043,9 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
     goto done;
   }
   rgb.pixels = rgb_pixels ? rgb_pixels : sf_tensor_data(out);
-  if ((result = avifImageYUVToRGB(image, &rgb)) != AVIF_RESULT_OK) {
+  if ((result = avif.avifImageYUVToRGB(image, &rgb)) != AVIF_RESULT_OK) {
     r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                     "AVIF to RGB: %s", avifResultToString(result));
+                     "AVIF to RGB: %s", avif.avifResultToString(result));
     goto done;
   }
   uint8_t *dst = sf_tensor_data(out);
@@ -1031,14 +1057,16 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
 done:
   if (r < 0) sf_tensor_clear(out);
   free(rgb_pixels);
-  avifDecoderDestroy(decoder);
+  avif.avifDecoderDestroy(decoder);
   return r;
 }
 
 /* ---- JPEG XL ------------------------------------------------------------------------------- */
 
+/* libjxl's own check, reached only by bytes no other decoder claimed (PPM comes first: CIFAR never opens libjxl). */
 static bool is_jxl(const uint8_t *p, size_t n) {
-  JxlSignature sig = JxlSignatureCheck(p, n);
+  if (sf_dynlib_load(&jxl_lib) < 0) return false;
+  JxlSignature sig = jxl.JxlSignatureCheck(p, n);
   return sig == JXL_SIG_CODESTREAM || sig == JXL_SIG_CONTAINER;
 }
 
@@ -1050,7 +1078,8 @@ static bool is_jxl(const uint8_t *p, size_t n) {
  */
 static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                       sf_tensor *out, sf_error *error) {
-  JxlDecoder *dec = JxlDecoderCreate(NULL);
+  if (sf_dynlib_load(&jxl_lib) < 0) return library_missing(&jxl_lib, error);
+  JxlDecoder *dec = jxl.JxlDecoderCreate(NULL);
   if (!dec) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a JPEG XL decoder");
   uint8_t *pixels = NULL;
   size_t count = 0;
@@ -1058,17 +1087,17 @@ static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
   JxlPixelFormat format = {0, JXL_TYPE_UINT8, JXL_NATIVE_ENDIAN, 0};
   bool have_info = false, done = false;
   int r = 0;
-  if (JxlDecoderSubscribeEvents(dec, JXL_DEC_BASIC_INFO | JXL_DEC_FULL_IMAGE) != JXL_DEC_SUCCESS ||
-      JxlDecoderSetInput(dec, p, n) != JXL_DEC_SUCCESS) {
+  if (jxl.JxlDecoderSubscribeEvents(dec, JXL_DEC_BASIC_INFO | JXL_DEC_FULL_IMAGE) != JXL_DEC_SUCCESS ||
+      jxl.JxlDecoderSetInput(dec, p, n) != JXL_DEC_SUCCESS) {
     r = sf_error_set(error, SF_EINTERNAL, SF_NOWHERE, "cannot set up the JPEG XL decoder");
     goto out;
   }
-  JxlDecoderCloseInput(dec);
+  jxl.JxlDecoderCloseInput(dec);
   while (!done) {
-    JxlDecoderStatus status = JxlDecoderProcessInput(dec);
+    JxlDecoderStatus status = jxl.JxlDecoderProcessInput(dec);
     switch (status) {
     case JXL_DEC_BASIC_INFO:
-      if (JxlDecoderGetBasicInfo(dec, &info) != JXL_DEC_SUCCESS) goto corrupt;
+      if (jxl.JxlDecoderGetBasicInfo(dec, &info) != JXL_DEC_SUCCESS) goto corrupt;
       if ((r = check_pixels(info.xsize, info.ysize, limits, "JPEG XL", error)) < 0) goto out;
       format.num_channels = (info.num_color_channels == 1 ? 1 : 3) + (info.alpha_bits ? 1 : 0);
       have_info = true;
@@ -1076,14 +1105,14 @@ static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
     case JXL_DEC_NEED_IMAGE_OUT_BUFFER: {
       size_t need = 0;
       count = (size_t)info.xsize * info.ysize;
-      if (!have_info || JxlDecoderImageOutBufferSize(dec, &format, &need) != JXL_DEC_SUCCESS ||
+      if (!have_info || jxl.JxlDecoderImageOutBufferSize(dec, &format, &need) != JXL_DEC_SUCCESS ||
           need != count * format.num_channels)
         goto corrupt;
       if (!(pixels = malloc(need))) {
         r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a JPEG XL", need);
         goto out;
       }
-      if (JxlDecoderSetImageOutBuffer(dec, &format, pixels, need) != JXL_DEC_SUCCESS) goto corrupt;
+      if (jxl.JxlDecoderSetImageOutBuffer(dec, &format, pixels, need) != JXL_DEC_SUCCESS) goto corrupt;
       break;
     }
     case JXL_DEC_FULL_IMAGE: done = pixels != NULL; if (!done) goto corrupt; break;
@@ -1109,7 +1138,7 @@ corrupt:
 out:
   if (r < 0) sf_tensor_clear(out);
   free(pixels);
-  JxlDecoderDestroy(dec);
+  jxl.JxlDecoderDestroy(dec);
   return r;
 }
 
@@ -1226,12 +1255,12 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
     r = decode_j2k(p, size, true, mode, limits, out, error);
   else if (size >= 4 && p[0] == 0xFF && p[1] == 0x4F && p[2] == 0xFF && p[3] == 0x51)
     r = decode_j2k(p, size, false, mode, limits, out, error);
+  else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
+    r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   else if (is_avif(p, size))
     r = decode_avif(p, size, mode, limits, out, error);
   else if (is_jxl(p, size))
     r = decode_jxl(p, size, mode, limits, out, error);
-  else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
-    r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,

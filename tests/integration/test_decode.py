@@ -557,6 +557,27 @@ def test_jpeg_warnings():
           f"jpeg warnings: {len(bad)} skipped samples counted ({counted and counted.group(0)})")
 
 
+def test_libraries_on_first_use():
+    """libavif and libjxl are opened when the first AVIF / JPEG XL arrives, not at start-up: a run of PPM and PNG
+    fields never loads them (the loader's own log, LD_DEBUG=libs, says which libraries it initialised)."""
+    rgb = Image.fromarray(picture(24, 20, 3))
+    plain = os.path.join(TMP, "plain-000.tar")
+    write_shard(plain, [(f"{i:07d}", [("ppm", encode(rgb, "PPM")), ("png", encode(rgb, "PNG"))]) for i in range(3)])
+    avif = os.path.join(TMP, "lazy-avif-000.tar")
+    write_shard(avif, [("0000000", [("avif", avif_encode(rgb))])])
+    for shard, loaded, absent in ((plain, [], ["libavif", "libjxl"]), (avif, ["libavif"], ["libjxl"])):
+        graph = write_graph(shard, os.path.join(TMP, "lazy_out"))
+        p = subprocess.run([SHARDFLOW, "run", graph, "--quiet"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "LD_DEBUG": "libs"})
+        check(p.returncode == 0, f"first use {os.path.basename(shard)}: run succeeds ({p.stderr[-300:]})")
+        inits = [l for l in p.stderr.splitlines() if "calling init:" in l]
+        check(any("libc.so" in l for l in inits), f"first use: the loader's log is there ({len(inits)} inits)")
+        for lib in loaded:
+            check(any(lib in l for l in inits), f"first use {os.path.basename(shard)}: {lib} loaded")
+        for lib in absent:
+            check(not any(lib in l for l in inits), f"first use {os.path.basename(shard)}: {lib} not loaded")
+
+
 def main():
     if not os.path.exists(SHARDFLOW):
         print(f"SHARDFLOW={SHARDFLOW} does not exist; build the CLI first")
@@ -568,6 +589,7 @@ def main():
     test_jpeg_warnings()
     test_avif()
     test_jxl()
+    test_libraries_on_first_use()
     if failures:
         print(f"{len(failures)} failure(s); temp files kept in {TMP}")
         return 1
