@@ -17,7 +17,8 @@ extern "C" {
 /**
  * Version of sf_stage_def's layout. The plugin loader refuses any other.
  * 3: the `map` callback and named port lists (`inputs`, `outputs`) replaced `input`, `output`.
- * 4: the `stats` callback (sf_stage_stats, sf_worker_stats).
+ * 4: the `stats` callback (sf_stage_stats, sf_worker_stats); sf_float_list holds SF_FLOAT_LIST_MAX numbers (was 8);
+ *    an input port list may end in a template row ("in%u").
  */
 #define SF_STAGE_ABI_VERSION 4
 
@@ -119,7 +120,7 @@ typedef enum sf_option_type {
   SF_OPT_NAME_LIST,  /**< sf_name_list: "jpg,png", "[jpg, png]" or a YAML list (engine-owned, freed after uninit) */
 } sf_option_type;
 
-/** Most numbers an SF_OPT_FLOAT_LIST option holds: one per input of a stage with as many as a node may have. */
+/** Most numbers an SF_OPT_FLOAT_LIST option holds: as many as a node may have inputs (a mix's weights). */
 #define SF_FLOAT_LIST_MAX SF_NODE_INPUTS_MAX
 
 /** Storage of an SF_OPT_FLOAT_LIST option: v[0 .. n). A stage that takes fewer checks n itself. */
