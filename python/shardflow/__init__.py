@@ -77,14 +77,44 @@ class _Options(ctypes.Structure):
                 ("first_epoch", ctypes.c_uint64), ("first_step", ctypes.c_uint64)]
 
 
+class _StageTuned(ctypes.Structure):
+    """sf_stage_tuned (include/shardflow/stage.h)."""
+    _fields_ = [("option", ctypes.c_char_p), ("value", ctypes.c_int64), ("initial", ctypes.c_int64),
+                ("pinned", ctypes.c_bool), ("changes", ctypes.c_uint64), ("changed_at", ctypes.c_double)]
+
+
+class _StageStats(ctypes.Structure):
+    """sf_stage_stats (include/shardflow/stage.h)."""
+    _fields_ = [("reads", ctypes.c_bool), ("read_ns", ctypes.c_uint64), ("reader", ctypes.c_bool)] + \
+        [(name, ctypes.c_uint64) for name in ("downloaded_bytes", "refetched_bytes", "retries", "cache_hits",
+                                              "prefetch")] + [("group", ctypes.c_bool)] + \
+        [(name, ctypes.c_uint64) for name in ("workers", "reassigned", "duplicates", "malformed", "refused",
+                                              "ring_bytes", "socket_bytes")] + \
+        [("n_tuned", ctypes.c_int), ("tuned", _StageTuned * 4)]
+
+
 class _NodeStats(ctypes.Structure):
     """sf_node_stats (include/shardflow/shardflow.h)."""
     _fields_ = [("name", ctypes.c_char * 32), ("type", ctypes.c_char * 32), ("replicas", ctypes.c_int),
                 ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
                 ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
-                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 8),
-                ("input_items", ctypes.c_uint64 * 8), ("n_counters", ctypes.c_int),
-                ("counter_names", (ctypes.c_char * 32) * 4), ("counters", ctypes.c_uint64 * 4)]
+                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 64),
+                ("input_items", ctypes.c_uint64 * 64), ("n_counters", ctypes.c_int),
+                ("counter_names", (ctypes.c_char * 32) * 4), ("counters", ctypes.c_uint64 * 4),
+                ("stage", _StageStats)]
+
+
+class _WorkerStageStats(ctypes.Structure):
+    """sf_worker_stage_stats (include/shardflow/stage.h)."""
+    _fields_ = [("name", ctypes.c_char * 32), ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("busy_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64)]
+
+
+class _WorkerStats(ctypes.Structure):
+    """sf_worker_stats (include/shardflow/stage.h)."""
+    _fields_ = [("name", ctypes.c_char * 64), ("pid", ctypes.c_int64), ("live", ctypes.c_bool),
+                ("samples", ctypes.c_uint64), ("units", ctypes.c_uint64), ("rate", ctypes.c_double),
+                ("n_stages", ctypes.c_int), ("stages", _WorkerStageStats * 64)]
 
 
 # sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
@@ -136,6 +166,7 @@ def _load():
         "sf_pipeline_fd": (ctypes.c_int, [p]),
         "sf_pipeline_stats": (ctypes.c_int, [p, ctypes.POINTER(_NodeStats), ctypes.c_int]),
         "sf_node_stats_size": (ctypes.c_size_t, []),
+        "sf_pipeline_workers": (ctypes.c_int, [p, c, ctypes.POINTER(_WorkerStats), ctypes.c_int]),
         "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
         "sf_pipeline_bottleneck": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_pipeline_metrics_port": (ctypes.c_int, [p]),
@@ -577,7 +608,12 @@ class Pipeline:
         it), busy_seconds (wall-clock inside its steps), wait_seconds (waiting for input), errors
         (records raised), skipped (samples dropped under the skip policy), filtered (dropped on
         purpose by a filter stage), counters (the stage's own counts by name, for a stage that
-        keeps some: sf_node_counter_add), and the rates over the
+        keeps some: sf_node_counter_add), what the stage reports of its own (its stats callback, as
+        --stats-json): tuned (the options it tunes while running: value, initial, pinned, changes,
+        changed_at), reader (a shard reader: read_seconds, and with downloads downloaded_bytes,
+        refetched_bytes, retries, cache_hits, prefetch), group (a group's node: live workers,
+        reassigned, duplicates, malformed, refused, ring_bytes, socket_bytes and workers, each with
+        name, pid, live, samples, units, rate and its own stages' table), and the rates over the
         pipeline's life so far: items_per_second and mib_per_second (per wall-clock second since
         the pipeline started; set_epoch and load_state_dict start a new one, from zero). The
         numbers are those `shardflow run` prints at its end."""
@@ -590,15 +626,41 @@ class Pipeline:
             node = {name: getattr(s, name) for name, _ in _NodeStats._fields_}
             node["name"], node["type"] = s.name.decode(), s.type.decode()
             del node["n_inputs"], node["input_names"], node["input_items"]
-            del node["n_counters"], node["counter_names"], node["counters"]
+            del node["n_counters"], node["counter_names"], node["counters"], node["stage"]
+            node.update(self._stage_stats(s))
             if s.n_inputs > 1:  # a mix: what each input gave, by the name of the node feeding it
-                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 8))}
+                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 64))}
             if s.n_counters > 0:  # the stage's own counters (sf_node_counter_add), by name
                 node["counters"] = {s.counter_names[j].value.decode(): s.counters[j] for j in range(min(s.n_counters, 4))}
             node["items_per_second"] = s.items / elapsed
             node["mib_per_second"] = s.bytes / 1048576.0 / elapsed
             nodes.append(node)
         return nodes
+
+    def _stage_stats(self, s):
+        """What a node's stage reports of its own (sf_node_stats.stage): the options it tunes, a shard reader's
+        reads and downloads, a group's counts and workers (sf_pipeline_workers)."""
+        x, out = s.stage, {}
+        if x.n_tuned > 0:
+            out["tuned"] = {t.option.decode(): {"value": t.value, "initial": t.initial, "pinned": t.pinned,
+                                                "changes": t.changes, "changed_at": t.changed_at}
+                            for t in x.tuned[:min(x.n_tuned, 4)]}
+        if x.reads:
+            out["reader"] = {"read_seconds": x.read_ns * 1e-9}
+            if x.reader:
+                out["reader"].update({k: getattr(x, k) for k in ("downloaded_bytes", "refetched_bytes", "retries",
+                                                                  "cache_hits", "prefetch")})
+        if x.group:
+            n = library.sf_pipeline_workers(self._pipeline, s.name, None, 0)
+            workers = (_WorkerStats * max(n, 1))()
+            n = min(n, library.sf_pipeline_workers(self._pipeline, s.name, workers, n))
+            out["group"] = {"live": x.workers, **{k: getattr(x, k) for k in (
+                "reassigned", "duplicates", "malformed", "refused", "ring_bytes", "socket_bytes")}, "workers": [
+                {"name": w.name.decode(errors="replace"), "pid": w.pid, "live": w.live, "samples": w.samples,
+                 "units": w.units, "rate": w.rate, "stages": [
+                     {k: (getattr(t, k).decode() if k == "name" else getattr(t, k)) for k, _ in _WorkerStageStats._fields_}
+                     for t in w.stages[:min(w.n_stages, 64)]]} for w in workers[:n]]}
+        return out
 
     @_uses_pipeline
     def fileno(self):

@@ -63,6 +63,29 @@ with open(grouped, "w") as f:
 env_bin = os.environ.pop("SHARDFLOW_BIN", None)
 with shardflow.Pipeline(grouped, output="dict", device_sink__npy_dir="") as p:
     got = [b for _ in range(2) for b in p]
+    # The group's statistics reach Python as they reach the CLI (the stage's stats callback): its node, its local
+    # workers that joined (one or both, as fast as they start: processes this one started, /proc says whose child
+    # each is) and what each one ran.
+    group = {n["name"]: n for n in p.stats()}.get("decoders", {})
+    workers = group.get("group", {}).get("workers", [])
+    parents = []
+    for w in workers:
+        try:
+            with open(f"/proc/{w['pid']}/stat") as f:
+                parents.append(int(f.read().rsplit(")", 1)[1].split()[1]))
+        except OSError:
+            parents.append(None)
+    check(group.get("type") == "_group" and 1 <= len(workers) <= 2 and parents == [os.getpid()] * len(workers) and
+          1 <= group["group"]["live"] <= 2,
+          f"group stats: the node and its local workers: {group} {parents}")
+    check(all({s["name"] for s in w["stages"]} >= {"decode", "augment"} and w["samples"] > 0 for w in workers),
+          f"group stats: each worker's own stage table: {workers}")
+    # Every sample the node passed on came from a worker (it may hold more, done ahead), and a worker's own table
+    # (reported with each result) counts at least what the head took from it.
+    made = [sum(s["items"] for s in w["stages"] if s["name"] == "augment") for w in workers]
+    check(group["items"] <= sum(w["samples"] for w in workers) and all(
+          w["samples"] <= m for w, m in zip(workers, made)), f"group stats: the node's {group['items']} samples, "
+          f"the workers' {[w['samples'] for w in workers]}, their augment's {made}")
 check(len(got) == len(reference), f"group: {len(got)} batches, as the CLI ({len(reference)})")
 for b, (e, i, keys, fields) in zip(got, reference):
     check(b["__key__"] == keys and np.array_equal(b["ppm"], fields["ppm"]), f"group: epoch {e} batch {i} equal")
