@@ -161,6 +161,8 @@ void sf_context_set_verdict(sf_context *ctx, const sf_error *e) {
 }
 
 void *sf_node_priv(sf_node *n) { return n->priv; }
+
+void *sf_node_attachment(const sf_node *n) { return n && n->graph_node ? n->graph_node->attachment : NULL; }
 const char *sf_node_name(const sf_node *n) { return n->name; }
 int sf_node_replica(const sf_node *n) { return n->replica; }
 int sf_node_replicas(const sf_node *n) { return n->replicas; }

@@ -257,7 +257,15 @@ sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
   if (s->group_stages && !(n->group_stages = sf_graph_copy(s->group_stages))) return NULL;
   if (s->inputs && !(n->inputs = strdup(s->inputs))) return NULL;
   n->inputs_line = s->inputs_line;
+  n->attachment = s->attachment;
   return n;
+}
+
+int sf_graph_attach(sf_graph *g, const char *node, void *object) {
+  sf_graph_node *n = g && node ? sf_graph_find_node(g, node) : NULL;
+  if (!n) return SF_ENOENT;
+  n->attachment = object;
+  return 0;
 }
 
 int sf_graph_node_count(const sf_graph *g) { return g ? g->n_nodes : 0; }

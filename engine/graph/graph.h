@@ -36,6 +36,7 @@ typedef struct sf_graph_node {
    * the previous node in the file (a source takes none). */
   char *inputs;
   int64_t inputs_line;
+  void *attachment;     /* sf_graph_attach's object for the node's stage (borrowed), or NULL */
 } sf_graph_node;
 
 /* Most input ports a node may have connected (a mix of that many sources). */

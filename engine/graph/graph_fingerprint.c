@@ -51,8 +51,7 @@ static const char *const order_free[] = {
     "batch.pin_memory",
     /* dumps and previews of what the trainer gets */
     "device_sink.*",
-    /* the Python binding's plumbing */
-    "python.handoff",
+    /* how many samples wait for the Python thread */
     "python.in_flight",
 };
 

@@ -56,6 +56,17 @@ SF_API int sf_graph_load_string(sf_graph **graph, const char *text, const char *
 SF_API int sf_graph_set(sf_graph *graph, const char *target, const char *value, sf_error *error);
 
 /**
+ * Gives node `node`'s stage an object of the embedding program, which the stage reads with
+ * sf_node_attachment (shardflow/stage.h): what a program hands a stage that a graph file cannot
+ * say (the Python package gives each `type: python` node the sf_handoff its map thread serves).
+ * Not an option: it never appears in graph files, `--set` or the fingerprint.  Copies of the graph
+ * (replicas, the plan) carry it; a group's workers, in other processes, do not.  Borrowed: object
+ * must outlive the pipelines built from graph.  Attaching again replaces it; NULL removes it.
+ * Returns 0, or SF_ENOENT when the graph has no node of that name.
+ */
+SF_API int sf_graph_attach(sf_graph *graph, const char *node, void *object);
+
+/**
  * Checks the whole graph as a pipeline would (stage types, options, ranges,
  * edges, replicas) without starting anything.  Returns 0 or SF_EGRAPH/SF_EOPTION.
  */
@@ -120,7 +131,7 @@ SF_API void sf_graph_destroy(sf_graph **graph);
  * option of augment and device_sink; decode's mode, min_size, depth and
  * defer_jpeg; batch's ragged, pad and pin_memory; tar_split's timeouts,
  * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe and plan;
- * python's handoff and in_flight).  A shard list is hashed as written: the
+ * python's in_flight).  A shard list is hashed as written: the
  * lines of an @FILE list and the objects under a store prefix are not read.
  *
  * The hash is SHA-256 (libcrypto) over a versioned, length-prefixed text of

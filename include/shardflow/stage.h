@@ -320,6 +320,15 @@ SF_API void *sf_node_priv(sf_node *node);
 SF_API const char *sf_node_name(const sf_node *node);
 
 /**
+ * The object the embedding program gave this node with sf_graph_attach (shardflow.h) before the
+ * pipeline was built, or NULL when it gave none.  What it is, is a contract between the program and
+ * the stage (the python stage takes an sf_handoff, shardflow/handoff.h); the engine only carries it.
+ * Borrowed: the program keeps it alive while the pipeline runs; a stage that keeps it past init takes
+ * its own reference where the object has one.
+ */
+SF_API void *sf_node_attachment(const sf_node *node);
+
+/**
  * True when the plan lets this node's output carry deferred fields: the stage is SF_STAGE_MAKES_DEFERRED and
  * its one consumer, in the same process, is SF_STAGE_TAKES_DEFERRED (`shardflow run --explain` shows the
  * choice). False otherwise, and always under the test harness.

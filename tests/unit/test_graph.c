@@ -364,6 +364,33 @@ static void test_order_fingerprint(void **state) {
   sf_graph_destroy(&g);
 }
 
+/* sf_graph_attach: an object for a named node, carried by copies, and no option of that name for a graph file. */
+static void test_attach(void **state) {
+  (void)state;
+  sf_graph *g = NULL;
+  sf_error e = {0};
+  assert_int_equal(sf_graph_load_string(&g, good, "good.yaml", &e), 0);
+  int object = 7;
+  assert_int_equal(sf_graph_attach(g, "no_such_node", &object), SF_ENOENT);
+  assert_int_equal(sf_graph_attach(g, "decode", &object), 0);
+  sf_graph *copy = sf_graph_copy(g);
+  assert_non_null(copy);
+  assert_ptr_equal(sf_graph_find_node(copy, "decode")->attachment, &object);
+  assert_null(sf_graph_find_node(copy, "batch")->attachment);
+  assert_int_equal(sf_graph_attach(g, "decode", NULL), 0);
+  assert_null(sf_graph_find_node(g, "decode")->attachment);
+  sf_graph_destroy(&copy);
+  sf_graph_destroy(&g);
+  /* the python stage's handoff is no option: a graph file cannot name one */
+  int r = sf_graph_load_string(&g, "stages: [{type: shard_source, urls: a.tar}, {type: tar_split}, "
+                                   "{type: python, function: \"m:f\", handoff: h}, {type: batch}, {type: device_sink}]",
+                               "attach.yaml", &e);
+  if (r == 0) r = sf_graph_validate(g, &e);
+  assert_int_equal(r, SF_EOPTION);
+  assert_non_null(strstr(e.message, "handoff"));
+  sf_graph_destroy(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_load_good),
@@ -374,6 +401,7 @@ int main(void) {
       cmocka_unit_test(test_port_template),
       cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_order_fingerprint),
+      cmocka_unit_test(test_attach),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
