@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shardflow/codec.h"
 #include "shardflow/error.h"
 #include "shardflow/tensor.h"
 
@@ -37,13 +38,6 @@ int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error);
  */
 int sf_npy_parse_header(const uint8_t *p, size_t n, sf_npy_header *h, sf_error *error);
 
-/*
- * Reads the .npy file held by buffer at [offset, offset + size) into *out (caller owns; cleared
- * with sf_tensor_clear). When the first element is aligned to its size, *out is a view of buffer
- * (a new reference, no copy); otherwise the data is copied into a new buffer. A Fortran-order
- * array becomes a view with column-major strides (the shape is numpy's shape). Returns 0 or the
- * errors of sf_npy_parse_header, SF_ENOMEM; *out is zeroed on failure.
- */
-int sf_npy_read(sf_buffer *buffer, size_t offset, size_t size, sf_tensor *out, sf_error *error);
+/* sf_npy_read (reads a .npy into a tensor) is public: include/shardflow/codec.h. */
 
 #endif
