@@ -22,14 +22,6 @@ typedef struct sf_npy_header {
 } sf_npy_header;
 
 /*
- * Writes tensor to path as .npy v1.0 (little-endian descriptor '<f4', '|u1',
- * '<i8', '<i4'; bfloat16 is written as '<u2' raw bits). Non-contiguous
- * tensors are written in logical C order. Returns 0, SF_EIO or SF_EUNSUPPORTED
- * with *error naming the path. Spec: numpy.lib.format (NEP 1).
- */
-int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error);
-
-/*
  * Parses the preamble and header dict of the .npy bytes p[0, n) (format versions 1.0, 2.0 and
  * 3.0) into *h, and checks the data (nbytes) fits in n. dtypes: '|u1'/'<u1' uint8, '<u2' uint16,
  * '<i4' int32, '<i8' int64, '<f4' float32; big-endian, other dtypes, structured dtypes and more than
@@ -38,6 +30,6 @@ int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error);
  */
 int sf_npy_parse_header(const uint8_t *p, size_t n, sf_npy_header *h, sf_error *error);
 
-/* sf_npy_read (reads a .npy into a tensor) is public: include/shardflow/codec.h. */
+/* sf_npy_read and sf_npy_write (a .npy into a tensor and back) are public: include/shardflow/codec.h. */
 
 #endif

@@ -54,7 +54,7 @@ typedef struct sf_image_limits {
  * frame, 8-bit as djxl writes it), PPM (P6) and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian
  * samples kept as stored, not rescaled) when depth asks for 16 bits. CMYK/YCCK JPEGs are taken as
  * Adobe-inverted (as libjpeg writes them and Pillow reads them) and converted to RGB with Pillow's formula.
- * limits must not be NULL (a zeroed struct gives the defaults). Returns 0; SF_EFORMAT for corrupt data;
+ * limits NULL (or a zeroed struct) gives the defaults. Returns 0; SF_EFORMAT for corrupt data;
  * SF_ETOOBIG over max_pixels; SF_EUNSUPPORTED for e.g. a 16-bit PNM at depth 8 or gray output from a 16-bit
  * color image; SF_ENOMEM. *error has a message (no URL: the caller adds where the bytes came from).
  * Thread-safe.
@@ -86,6 +86,13 @@ SF_API int sf_image_encode(const char *format, const sf_tensor *image, int quali
  * Spec: numpy.lib.format (NEP 1).
  */
 SF_API int sf_npy_read(sf_buffer *buffer, size_t offset, size_t size, sf_tensor *out, sf_error *error);
+
+/**
+ * Writes tensor to path as .npy format 1.0 (descriptors '<f4', '|u1', '<u2', '<i8', '<i4', '<f8'; bfloat16 is
+ * written as '<u2' raw bits), in logical C order whatever its strides, for numpy.load to read. A debugging aid
+ * (device_sink's npy_dir): not for the hot path. Returns 0, SF_EIO or SF_EUNSUPPORTED with *error naming path.
+ */
+SF_API int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error);
 
 /**
  * Called by sf_npz_read once per array, in archive order. name is the member's name without ".npy"

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -68,12 +69,12 @@ static void test_decode_round_trip(void **state) {
   assert_int_equal(sf_image_encode("png", &img, 0, &png, &e), 0);
   assert_true(sf_image_format_known("png") && sf_image_format_known("jpg") && !sf_image_format_known("txt"));
   sf_image_limits limits = {0};
-  assert_int_equal(sf_image_decode("png", png, 0, sf_buffer_size(png), SF_IMAGE_RGB, &limits, &back, &e), 0);
+  assert_int_equal(sf_image_decode("png", png, 0, sf_buffer_size(png), SF_IMAGE_RGB, NULL, &back, &e), 0);
   assert_true(back.dtype == SF_DTYPE_UINT8 && back.ndim == 3 && back.shape[0] == H && back.shape[1] == W &&
               back.shape[2] == C);
   assert_memory_equal(sf_tensor_data(&back), sf_tensor_data(&img), H * W * C);
   sf_tensor_clear(&back);
-  /* Corrupt data is the caller's error with a message, not a crash. */
+  /* Corrupt data is the caller's error with a message, not a crash (limits zeroed: the defaults, as NULL). */
   sf_buffer_data(png)[20] ^= 0xff; /* inside IHDR: its CRC no longer matches */
   assert_int_equal(sf_image_decode("png", png, 0, sf_buffer_size(png), SF_IMAGE_RGB, &limits, &back, &e), SF_EFORMAT);
   assert_true(e.message[0] != '\0');
@@ -240,6 +241,20 @@ static void test_npy_read(void **state) {
   assert_memory_equal(sf_tensor_data(&t), values, sizeof values);
   sf_tensor_clear(&t);
   assert_int_equal(sf_npy_read(b, 0, 128 + sizeof values - 1, &t, &e), SF_EFORMAT); /* truncated */
+  /* sf_npy_write writes what was read, byte for byte (the same header, padded as numpy pads it). */
+  assert_int_equal(sf_npy_read(b, 0, 128 + sizeof values, &t, &e), 0);
+  char path[512];
+  snprintf(path, sizeof path, "%s/sf-codec-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(sf_npy_write(path, &t, &e), 0);
+  uint8_t back[256];
+  FILE *f = fdopen(fd, "rb");
+  assert_int_equal(fread(back, 1, sizeof back, f), 128 + sizeof values);
+  fclose(f);
+  unlink(path);
+  assert_memory_equal(back, p, 128 + sizeof values);
+  sf_tensor_clear(&t);
   sf_buffer_unref(&b);
 }
 
