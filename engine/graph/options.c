@@ -140,8 +140,8 @@ int sf_option_parse(const sf_option *o, const char *text, void *priv, char *why,
   case SF_OPT_FLOAT_LIST: {
     sf_float_list v;
     if ((r = sf_parse_float_list(text, &v)) < 0)
-      snprintf(why, n, "'%s' is not a list of numbers for %s: use e.g. [0.5, 0.5, 0.5] (at most 8)", text,
-               o->name);
+      snprintf(why, n, "'%s' is not a list of numbers for %s: use e.g. [0.5, 0.5, 0.5] (at most %d)", text,
+               o->name, SF_FLOAT_LIST_MAX);
     else
       *(sf_float_list *)p = v;
     break;

@@ -249,11 +249,13 @@ typedef struct sf_node_stats {
   uint64_t skipped;       /**< samples dropped under the skip policy */
   uint64_t filtered;      /**< samples the stage dropped on purpose (a filter): not errors, outside max_errors / max_error_rate */
   int n_inputs;           /**< connected input ports (fan-in: several) */
-  char input_names[8][32];   /**< the node feeding each input port */
-  uint64_t input_items[8];   /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
+  char input_names[SF_NODE_INPUTS_MAX][32]; /**< the node feeding each input port */
+  uint64_t input_items[SF_NODE_INPUTS_MAX]; /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
   int n_counters;            /**< the stage's own counters (sf_node_counter_add), in the order they were first added */
   char counter_names[SF_NODE_COUNTERS][SF_COUNTER_NAME_MAX]; /**< their names */
   uint64_t counters[SF_NODE_COUNTERS]; /**< their values, summed over the replicas */
+  sf_stage_stats stage;      /**< what the stage reports of its own (its definition's stats callback): counts
+                                  summed over the replicas, the rest replica 0's; zero when it reports nothing */
 } sf_node_stats;
 
 /**
@@ -261,6 +263,13 @@ typedef struct sf_node_stats {
  * exceed max).
  */
 SF_API int sf_pipeline_stats(const sf_pipeline *pipeline, sf_node_stats *stats, int max);
+
+/**
+ * The workers of the node called `node` (a group's node, named after the group), alive or gone, as its head
+ * knows them: up to max of them into workers (may be NULL when max is 0).  Any thread while the pipeline runs.
+ * Returns how many there are (may exceed max); 0 for a node that is not a group's or an unknown name.
+ */
+SF_API int sf_pipeline_workers(sf_pipeline *pipeline, const char *node, sf_worker_stats *workers, int max);
 
 /**
  * sizeof(sf_node_stats) in bytes as this library was built: bindings that
