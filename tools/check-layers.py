@@ -42,7 +42,7 @@ STAGE_INCLUDES_LEFT = {
     "stages/batch.c": {"lazy.h", "pin.h"},
     "stages/augment.c": {"lazy.h"},
     "stages/decode.c": {"image.h", "lazy.h", "npy.h", "npz.h"},
-    "stages/device_sink.c": {"image.h", "files.h", "npy.h"},
+    "stages/device_sink.c": {"cuda_driver.h", "device.h", "files.h", "image.h", "lazy.h", "npy.h"},
     "stages/shard_source.c": {"shard_list.h", "url.h"},
     "stages/shuffle.c": {"lazy.h"},
     "stages/tar_split.c": {"log.h", "node.h", "prefetch.h", "shard_cache.h", "tar_reader.h", "url.h"},
