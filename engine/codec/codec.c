@@ -31,6 +31,17 @@ int sf_image_tables_new(const double *mean, const double *std, int n, sf_buffer 
   return *out ? 0 : SF_ENOMEM;
 }
 
+const void *sf_image_tables_values(const sf_buffer *tables, sf_dtype dtype, int channel) {
+  if (!tables || sf_buffer_size(tables) != sizeof(sf_lazy_tables) || channel < 0) return NULL;
+  const sf_lazy_tables *l = (const sf_lazy_tables *)sf_buffer_data(tables);
+  if (l->n && channel >= l->n) return NULL;
+  int c = l->n ? channel : 0;
+  return dtype == SF_DTYPE_UINT8      ? (const void *)l->u8
+         : dtype == SF_DTYPE_FLOAT32  ? (const void *)l->f32[c]
+         : dtype == SF_DTYPE_BFLOAT16 ? (const void *)l->bf16[c]
+                                      : NULL;
+}
+
 void sf_image_transform_shape(const sf_image_transform *t, int64_t shape[3]) {
   sf_lazy_transform l = {.y = t->y, .x = t->x, .layout = (int)t->layout, .channels = t->channels};
   sf_lazy_shape(&l, shape);

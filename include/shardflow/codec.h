@@ -196,6 +196,15 @@ SF_API void sf_image_axis_reads(const sf_image_axis *a, int64_t *first, int64_t 
 SF_API int sf_image_tables_new(const double *mean, const double *std, int n, sf_buffer **out);
 
 /**
+ * The 256 output values of bytes 0..255 in tables (sf_image_tables_new's) for one channel and output dtype, for a
+ * kernel of the caller's own (a GPU normalising uint8 batches): uint8_t[256] for SF_DTYPE_UINT8 (the byte kept),
+ * float[256] for SF_DTYPE_FLOAT32, uint16_t[256] (bfloat16 bits) for SF_DTYPE_BFLOAT16. Tables without a mean and
+ * std have one table for every channel (any channel >= 0 gives it). Borrowed: valid while tables is. NULL for
+ * another dtype, a channel out of range, or a buffer sf_image_tables_new did not make.
+ */
+SF_API const void *sf_image_tables_values(const sf_buffer *tables, sf_dtype dtype, int channel);
+
+/**
  * A transform of one uint8 [H, W, C] image as data: the crop, resize, flip, normalisation, dtype and layout
  * of augment in one pass over the output, whose shape is sf_image_transform_shape's. Axes y (rows) and x
  * (columns) say where every output pixel comes from (sf_image_axis); flip mirrors the output's columns

@@ -133,6 +133,24 @@ static void test_write_matches_definition(void **state) {
         free(got);
         free(want);
       }
+  /* The tables' values as a kernel of one's own reads them: the definition, per channel and dtype. */
+  for (int c = 0; c < C; c++) {
+    const float *f32 = sf_image_tables_values(norm, SF_DTYPE_FLOAT32, c);
+    const uint16_t *bf16 = sf_image_tables_values(norm, SF_DTYPE_BFLOAT16, c);
+    const uint8_t *u8 = sf_image_tables_values(norm, SF_DTYPE_UINT8, c);
+    assert_true(f32 && bf16 && u8 && sf_image_tables_values(plain, SF_DTYPE_FLOAT32, c));
+    for (int v = 0; v < 256; v++) {
+      float want = (float)((v / 255.0 - mean[c]) / stdev[c]);
+      uint32_t bits;
+      memcpy(&bits, &want, 4);
+      bits += 0x7fffu + ((bits >> 16) & 1u); /* bfloat16: float32 rounded to nearest even */
+      assert_true(f32[v] == want && bf16[v] == (uint16_t)(bits >> 16) && u8[v] == v);
+      assert_true(((const float *)sf_image_tables_values(plain, SF_DTYPE_FLOAT32, c))[v] == (float)(v / 255.0));
+    }
+  }
+  assert_null(sf_image_tables_values(norm, SF_DTYPE_FLOAT32, C));
+  assert_null(sf_image_tables_values(norm, SF_DTYPE_INT32, 0));
+  assert_null(sf_image_tables_values(b, SF_DTYPE_FLOAT32, 0));
   sf_buffer_unref(&norm);
   sf_buffer_unref(&plain);
   sf_buffer_unref(&b);
