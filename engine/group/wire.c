@@ -91,79 +91,99 @@ int sf_wire_recv(void *socket, bool routed, sf_wire_message *msg, int flags, sf_
   return sf_wire_recv_ring(socket, routed, NULL, NULL, msg, flags, error);
 }
 
-int sf_wire_recv_ring(void *socket, bool routed, sf_wire_ring_fn ring_of, void *opaque, sf_wire_message *msg,
-                      int flags, sf_error *error) {
-  memset(msg, 0, sizeof *msg);
-  zmq_msg_t part;
-  zmq_msg_init(&part);
-  if (zmq_msg_recv(&part, socket, flags) < 0) {
-    zmq_msg_close(&part);
+/*
+ * The first parts of a message: the peer's routing id (routed sockets) into msg->peer, then the header frame
+ * into *part (initialised here; the caller closes it). *more says whether payload frames follow. Returns 0,
+ * SF_EAGAIN (nothing waiting, flags ZMQ_DONTWAIT) or fails.
+ */
+static int recv_header(void *socket, bool routed, sf_wire_message *msg, int flags, zmq_msg_t *part, bool *more,
+                       sf_error *error) {
+  zmq_msg_init(part);
+  if (zmq_msg_recv(part, socket, flags) < 0) {
     if (zmq_errno() == EAGAIN) return SF_EAGAIN;
     return zmq_failure(socket, "receiving a message", error);
   }
-  bool more = zmq_msg_more(&part);
-  if (routed) {
-    size_t n = zmq_msg_size(&part);
-    if (n > sizeof msg->peer.id) n = sizeof msg->peer.id;
-    memcpy(msg->peer.id, zmq_msg_data(&part), n);
-    msg->peer.len = n;
-    zmq_msg_close(&part);
-    zmq_msg_init(&part);
-    /* The other parts of a multipart message arrive together with the first: no wait. */
-    if (!more || zmq_msg_recv(&part, socket, 0) < 0) {
-      zmq_msg_close(&part);
-      if (!more) {
-        char endpoint[256];
-        sf_wire_socket_endpoint(socket, endpoint, sizeof endpoint);
-        return sf_error_set(error, SF_EFORMAT, SF_AT(.url = endpoint), "wire: a message with no header frame");
-      }
-      return zmq_failure(socket, "receiving a message", error);
-    }
-    more = zmq_msg_more(&part);
+  *more = zmq_msg_more(part);
+  if (!routed) return 0;
+  size_t n = zmq_msg_size(part);
+  if (n > sizeof msg->peer.id) n = sizeof msg->peer.id;
+  memcpy(msg->peer.id, zmq_msg_data(part), n);
+  msg->peer.len = n;
+  zmq_msg_close(part);
+  zmq_msg_init(part);
+  /* The other parts of a multipart message arrive together with the first: no wait. */
+  if (!*more) {
+    char endpoint[256];
+    sf_wire_socket_endpoint(socket, endpoint, sizeof endpoint);
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.url = endpoint), "wire: a message with no header frame");
   }
-  /* The header frame in `part`; the payload frames follow, each kept in its own heap zmq_msg_t. */
-  sf_buffer **frames = NULL;
-  int n_frames = 0, capacity = 0, r = 0;
-  long long extra = 0;
+  if (zmq_msg_recv(part, socket, 0) < 0) return zmq_failure(socket, "receiving a message", error);
+  *more = zmq_msg_more(part);
+  return 0;
+}
+
+/*
+ * The payload frames that follow the header, each a buffer over its own heap zmq_msg_t, into *frames (grown
+ * here, the caller frees it and unrefs each) and *n_frames; frames past SF_WIRE_MAX_FRAMES are counted in
+ * *extra and dropped. Returns 0, SF_ENOMEM (the rest drained) or fails receiving.
+ */
+static int recv_frames(void *socket, bool more, sf_buffer ***frames, int *n_frames, long long *extra,
+                       sf_error *error) {
+  int capacity = 0;
   while (more) {
     zmq_msg_t *m = malloc(sizeof *m);
-    if (!m || (n_frames == capacity && n_frames < SF_WIRE_MAX_FRAMES)) {
+    if (!m || (*n_frames == capacity && *n_frames < SF_WIRE_MAX_FRAMES)) {
       int cap = capacity ? capacity * 2 : 16;
       if (cap > SF_WIRE_MAX_FRAMES) cap = SF_WIRE_MAX_FRAMES;
-      sf_buffer **grown = m ? realloc(frames, (size_t)cap * sizeof *frames) : NULL;
+      sf_buffer **grown = m ? realloc(*frames, (size_t)cap * sizeof **frames) : NULL;
       if (!grown) {
         free(m);
         drain(socket, more);
-        r = SF_ENOMEM;
-        break;
+        return SF_ENOMEM;
       }
-      frames = grown;
+      *frames = grown;
       capacity = cap;
     }
     zmq_msg_init(m);
     if (zmq_msg_recv(m, socket, 0) < 0) {
       zmq_msg_close(m);
       free(m);
-      r = zmq_failure(socket, "receiving a message", error);
-      break;
+      return zmq_failure(socket, "receiving a message", error);
     }
     more = zmq_msg_more(m);
-    if (n_frames >= SF_WIRE_MAX_FRAMES) { /* count and drop: the message is rejected whole below */
-      extra++;
+    if (*n_frames >= SF_WIRE_MAX_FRAMES) { /* count and drop: the message is rejected whole */
+      (*extra)++;
       zmq_msg_close(m);
       free(m);
       continue;
     }
-    frames[n_frames] = sf_buffer_wrap(zmq_msg_data(m), zmq_msg_size(m), free_frame, m);
-    if (!frames[n_frames]) {
+    (*frames)[*n_frames] = sf_buffer_wrap(zmq_msg_data(m), zmq_msg_size(m), free_frame, m);
+    if (!(*frames)[*n_frames]) {
       zmq_msg_close(m);
       free(m);
       drain(socket, more);
-      r = SF_ENOMEM;
-      break;
+      return SF_ENOMEM;
     }
-    n_frames++;
+    (*n_frames)++;
   }
+  return 0;
+}
+
+int sf_wire_recv_ring(void *socket, bool routed, sf_wire_ring_fn ring_of, void *opaque, sf_wire_message *msg,
+                      int flags, sf_error *error) {
+  memset(msg, 0, sizeof *msg);
+  zmq_msg_t part;
+  bool more = false;
+  int r = recv_header(socket, routed, msg, flags, &part, &more, error);
+  if (r < 0) {
+    zmq_msg_close(&part);
+    return r;
+  }
+  /* The header frame in `part`; the payload frames follow. */
+  sf_buffer **frames = NULL;
+  int n_frames = 0;
+  long long extra = 0;
+  r = recv_frames(socket, more, &frames, &n_frames, &extra, error);
   if (r == SF_ENOMEM) {
     sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "wire: out of memory receiving a message");
   } else if (r == 0 && extra) {

@@ -160,45 +160,26 @@ static int check_stages(const SfWire__Welcome *w, sf_error *error) {
   return 0;
 }
 
-/* Everything about a header that can be checked without the frames' sizes. */
-static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf_error *error) {
-  int type = (int)h->type;
-  /* A BYE reads across versions (fields 1, 2 and 7 never change): a head can tell an old worker why it is refused. */
-  if (h->version != SF_WIRE_VERSION && type != SF_WIRE_BYE)
+/* A WELCOME's run settings: rank within the world, the error policy, heartbeat times, the stages. */
+static int check_welcome(const SfWire__Welcome *w, sf_error *error) {
+  if (w->world_size < 1 || w->rank < 0 || w->rank >= w->world_size)
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                        "wire: the peer speaks wire version %u, this shardflow %d: run the same shardflow "
-                        "version on the head and its workers",
-                        h->version, SF_WIRE_VERSION);
-  if (type < SF_WIRE_HELLO || type > SF_WIRE_EPOCH_END)
-    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: unknown message type %d", type);
-  const char *tname = sf_wire_type_name(type);
-  if (h->text[0] && !sf_wire_carries_text(type))
-    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message carries text; only HELLO, WELCOME and BYE do",
-                        tname);
-  if (strnlen(h->text, SF_WIRE_MAX_TEXT + 1) > SF_WIRE_MAX_TEXT)
-    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message: text longer than %d bytes", tname,
-                        SF_WIRE_MAX_TEXT);
-  if ((h->welcome != NULL) != (type == SF_WIRE_WELCOME))
-    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message %s run settings", tname,
-                        type == SF_WIRE_WELCOME ? "without" : "with");
-  if (h->welcome) {
-    const SfWire__Welcome *w = h->welcome;
-    if (w->world_size < 1 || w->rank < 0 || w->rank >= w->world_size)
-      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                          "wire: WELCOME message: rank %d of world size %d is out of range", (int)w->rank,
-                          (int)w->world_size);
-    if (w->error_policy < 0)
-      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: WELCOME message: error policy %d is out of range",
-                          (int)w->error_policy);
-    if (!isfinite(w->heartbeat_interval) || !isfinite(w->heartbeat_timeout) || w->heartbeat_interval < 0 ||
-        w->heartbeat_timeout < 0)
-      return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
-                          "wire: WELCOME message: heartbeat interval %g s / timeout %g s are not "
-                          "non-negative numbers",
-                          w->heartbeat_interval, w->heartbeat_timeout);
-    int r = check_stages(w, error);
-    if (r < 0) return r;
-  }
+                        "wire: WELCOME message: rank %d of world size %d is out of range", (int)w->rank,
+                        (int)w->world_size);
+  if (w->error_policy < 0)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: WELCOME message: error policy %d is out of range",
+                        (int)w->error_policy);
+  if (!isfinite(w->heartbeat_interval) || !isfinite(w->heartbeat_timeout) || w->heartbeat_interval < 0 ||
+      w->heartbeat_timeout < 0)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: WELCOME message: heartbeat interval %g s / timeout %g s are not "
+                        "non-negative numbers",
+                        w->heartbeat_interval, w->heartbeat_timeout);
+  return check_stages(w, error);
+}
+
+/* Which parts a message of this type may carry, and how many of each. */
+static int check_parts(const SfWire__Header *h, int type, const char *tname, sf_error *error) {
   if (h->n_samples && !sf_wire_carries_samples(type))
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message carries samples; only UNIT and RESULT do",
                         tname);
@@ -224,6 +205,11 @@ static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf
   if (h->shm_freed && type != SF_WIRE_UNIT && type != SF_WIRE_HEARTBEAT)
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
                         "wire: %s message releases shared memory; only UNIT and HEARTBEAT do", tname);
+  return 0;
+}
+
+/* The strings of the error records and stage statistics fit the structs they are copied into. */
+static int check_records(const SfWire__Header *h, int type, const char *tname, sf_error *error) {
   sf_error tmp;
   for (size_t i = 0; i < h->n_errors; i++) {
     const SfWire__ErrorRecord *e = h->errors[i];
@@ -241,8 +227,35 @@ static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf
     int r = check_string(h->stats[i]->name, sizeof(((sf_wire_stage_stats *)0)->name) - 1, "a stage name", type, error);
     if (r < 0) return r;
   }
+  return 0;
+}
+
+/* Everything about a header that can be checked without the frames' sizes. */
+static int check_header(const SfWire__Header *h, int n_frames, uint8_t *used, sf_error *error) {
+  int type = (int)h->type;
+  /* A BYE reads across versions (fields 1, 2 and 7 never change): a head can tell an old worker why it is refused. */
+  if (h->version != SF_WIRE_VERSION && type != SF_WIRE_BYE)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
+                        "wire: the peer speaks wire version %u, this shardflow %d: run the same shardflow "
+                        "version on the head and its workers",
+                        h->version, SF_WIRE_VERSION);
+  if (type < SF_WIRE_HELLO || type > SF_WIRE_EPOCH_END)
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: unknown message type %d", type);
+  const char *tname = sf_wire_type_name(type);
+  int r;
+  if (h->text[0] && !sf_wire_carries_text(type))
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message carries text; only HELLO, WELCOME and BYE do",
+                        tname);
+  if (strnlen(h->text, SF_WIRE_MAX_TEXT + 1) > SF_WIRE_MAX_TEXT)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE, "wire: %s message: text longer than %d bytes", tname,
+                        SF_WIRE_MAX_TEXT);
+  if ((h->welcome != NULL) != (type == SF_WIRE_WELCOME))
+    return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "wire: %s message %s run settings", tname,
+                        type == SF_WIRE_WELCOME ? "without" : "with");
+  if (h->welcome && (r = check_welcome(h->welcome, error)) < 0) return r;
+  if ((r = check_parts(h, type, tname, error)) < 0 || (r = check_records(h, type, tname, error)) < 0) return r;
   for (size_t i = 0; i < h->n_samples; i++) {
-    int r = check_sample(h->samples[i], i, type, n_frames, used, error);
+    r = check_sample(h->samples[i], i, type, n_frames, used, error);
     if (r < 0) return r;
   }
   for (int i = 0; i < n_frames; i++)
