@@ -1,0 +1,331 @@
+/* Per-shard sample indexes: built by the tar reader, kept as a small text file, checked against the shard's size and mtime. */
+#include "shard_index.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tar_reader.h"
+#include "url.h"
+
+/*
+ * The file, one record a line (text: a user can read it, diff it and tell what it covers):
+ *
+ *   shardflow-index 1
+ *   url SHARD                  (percent-escaped like keys)
+ *   size BYTES
+ *   mtime NANOSECONDS
+ *   samples N
+ *   OFFSET LENGTH KEY          (N lines, in shard order; LENGTH = next OFFSET - OFFSET)
+ *
+ * Keys are written with '%', bytes below 0x21 and 0x7f as %XX, so a key holding spaces or a newline
+ * stays one line and one word.
+ */
+#define MAGIC "shardflow-index 1"
+
+char *sf_shard_local_path(const char *url) {
+  switch (sf_url_kind_of(url)) {
+  case SF_URL_PATH: return strdup(url);
+  case SF_URL_FILE: {
+    const char *p = url + strlen("file://");
+    if (strncmp(p, "localhost/", 10) == 0) p += 9;
+    if (*p != '/') return NULL;
+    size_t n = strlen(p);
+    char *out = malloc(n + 1);
+    if (out) sf_url_decode(out, p, n, false);
+    return out;
+  }
+  default: return NULL;
+  }
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcasecmp(s + n - m, suffix) == 0;
+}
+
+static int64_t mtime_ns(const struct stat *st) {
+  return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+void sf_shard_index_clear(sf_shard_index *index) {
+  if (!index) return;
+  for (size_t i = 0; index->keys && i < index->count; i++) free(index->keys[i]);
+  free(index->keys);
+  free(index->offsets);
+  free(index->url);
+  *index = (sf_shard_index){0};
+}
+
+/* Grows the arrays to hold one sample more. */
+static int grow(sf_shard_index *index, size_t *cap) {
+  if (index->count + 1 < *cap) return 0;
+  size_t n = *cap ? *cap * 2 : 256;
+  int64_t *offsets = realloc(index->offsets, (n + 1) * sizeof *offsets);
+  if (!offsets) return SF_ENOMEM;
+  index->offsets = offsets;
+  char **keys = realloc(index->keys, n * sizeof *keys);
+  if (!keys) return SF_ENOMEM;
+  index->keys = keys;
+  *cap = n;
+  return 0;
+}
+
+int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error) {
+  *index = (sf_shard_index){0};
+  char *path = sf_shard_local_path(url);
+  if (!path)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = url),
+                        "only local shards (a path or file:///path) can be indexed and read by byte range; "
+                        "copy the shards to local disk (shardflow cp) or read them with order: sequential");
+  bool compressed = ends_with(path, ".gz") || ends_with(path, ".tgz") || ends_with(path, ".zst");
+  if (compressed || sf_tar_reader_is_tfrecord(url)) {
+    free(path);
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = url),
+                        "a %s shard cannot be read by byte range; index uncompressed tar shards (or read these "
+                        "with order: sequential)", compressed ? "compressed" : "TFRecord");
+  }
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int e = errno;
+    free(path);
+    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = url), "cannot index the shard: %s",
+                        strerror(e));
+  }
+  free(path);
+  sf_tar_reader *tar;
+  int rc = sf_tar_reader_open(&tar, url, &(sf_shard_reader_options){.mmap = true}, error);
+  if (rc < 0) return rc;
+  index->url = strdup(url);
+  index->size = (int64_t)st.st_size;
+  index->mtime_ns = mtime_ns(&st);
+  size_t cap = 0;
+  rc = index->url ? 0 : SF_ENOMEM;
+  while (rc == 0) {
+    sf_sample *sample = NULL;
+    rc = sf_tar_reader_next(tar, &sample, error);
+    if (rc == SF_EOF) {
+      rc = 0;
+      break;
+    }
+    int64_t end = sample ? sf_tar_reader_next_offset(tar) : -1;
+    if (rc == 0 && end < sample->offset)
+      rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url, .key = sample->key, .offset = sample->offset),
+                        "cannot tell where sample %s ends (the shard is damaged after it); re-create the shard",
+                        sample->key);
+    if (rc == 0) rc = grow(index, &cap);
+    if (rc == 0) {
+      index->offsets[index->count] = sample->offset;
+      index->offsets[index->count + 1] = end;
+      index->keys[index->count] = strdup(sample->key);
+      if (index->keys[index->count]) index->count++;
+      else rc = SF_ENOMEM;
+    }
+    if (rc == SF_ENOMEM) sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory for the index");
+    sf_sample_destroy(&sample);
+  }
+  sf_tar_reader_close(&tar);
+  if (rc == 0 && !index->offsets) { /* an empty shard: still one offset, its end */
+    index->offsets = calloc(1, sizeof *index->offsets);
+    if (!index->offsets) rc = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory for the index");
+  }
+  if (rc < 0) sf_shard_index_clear(index);
+  return rc;
+}
+
+/* 64-bit FNV-1a: a stable name for a URL's index in a directory of its own. */
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return h;
+}
+
+char *sf_shard_index_path(const char *url, const char *dir) {
+  char *local = sf_shard_local_path(url);
+  const char *name = local ? local : url;
+  char *out = NULL;
+  if (!dir || !dir[0]) {
+    size_t n = strlen(name) + sizeof SF_SHARD_INDEX_SUFFIX;
+    out = malloc(n);
+    if (out) snprintf(out, n, "%s%s", name, SF_SHARD_INDEX_SUFFIX);
+  } else {
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    size_t n = strlen(dir) + strlen(base) + 32 + sizeof SF_SHARD_INDEX_SUFFIX;
+    out = malloc(n);
+    if (out) snprintf(out, n, "%s/%s-%016" PRIx64 "%s", dir, base, fnv1a(url), SF_SHARD_INDEX_SUFFIX);
+  }
+  free(local);
+  return out;
+}
+
+static void put_escaped(FILE *f, const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p <= 0x20 || *p == 0x7f || *p == '%') fprintf(f, "%%%02X", *p);
+    else fputc(*p, f);
+  }
+}
+
+int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error *error) {
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  if (!tmp) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory writing the index");
+  snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    int e = errno;
+    free(tmp);
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path),
+                        "cannot write the index: %s; give a writable directory (shardflow index --out DIR, "
+                        "shard_source's index_dir)", strerror(e));
+  }
+  fprintf(f, "%s\nurl ", MAGIC);
+  put_escaped(f, index->url ? index->url : "");
+  fprintf(f, "\nsize %" PRId64 "\nmtime %" PRId64 "\nsamples %zu\n", index->size, index->mtime_ns, index->count);
+  for (size_t i = 0; i < index->count; i++) {
+    fprintf(f, "%" PRId64 " %" PRId64 " ", index->offsets[i], index->offsets[i + 1] - index->offsets[i]);
+    put_escaped(f, index->keys[i]);
+    fputc('\n', f);
+  }
+  bool ok = !ferror(f);
+  ok = fclose(f) == 0 && ok;
+  int e = errno;
+  if (ok && rename(tmp, path) != 0) {
+    ok = false;
+    e = errno;
+  }
+  if (!ok) unlink(tmp);
+  free(tmp);
+  if (!ok) return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot write the index: %s", strerror(e));
+  return 0;
+}
+
+static int hex(int c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Undoes put_escaped in place; false on a malformed escape. */
+static bool unescape(char *s) {
+  char *out = s;
+  for (char *p = s; *p; p++) {
+    if (*p != '%') {
+      *out++ = *p;
+      continue;
+    }
+    int hi = hex(p[1]), lo = hi < 0 ? -1 : hex(p[2]);
+    if (lo < 0) return false;
+    *out++ = (char)(hi * 16 + lo);
+    p += 2;
+  }
+  *out = '\0';
+  return true;
+}
+
+/* Reads a "NAME VALUE" header line into value (the rest of the line, newline cut). */
+static bool header(FILE *f, const char *name, char *line, size_t size, char **value) {
+  if (!fgets(line, (int)size, f)) return false;
+  line[strcspn(line, "\n")] = '\0';
+  size_t n = strlen(name);
+  if (strncmp(line, name, n) != 0 || line[n] != ' ') return false;
+  *value = line + n + 1;
+  return true;
+}
+
+static bool parse_i64(const char *s, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (end == s || *end || errno || v < 0) return false;
+  *out = v;
+  return true;
+}
+
+int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error) {
+  *index = (sf_shard_index){0};
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    int e = errno;
+    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot read the index: %s",
+                        strerror(e));
+  }
+  char small[512], *value;
+  long line = 1;
+  int64_t count = 0;
+  bool ok = fgets(small, sizeof small, f) && strncmp(small, MAGIC "\n", sizeof MAGIC) == 0;
+  ok = ok && (line++, header(f, "url", small, sizeof small, &value)) && unescape(value) &&
+       (index->url = strdup(value)) != NULL;
+  ok = ok && (line++, header(f, "size", small, sizeof small, &value)) && parse_i64(value, &index->size);
+  ok = ok && (line++, header(f, "mtime", small, sizeof small, &value)) && parse_i64(value, &index->mtime_ns);
+  ok = ok && (line++, header(f, "samples", small, sizeof small, &value)) && parse_i64(value, &count) &&
+       count <= index->size / 512; /* a sample takes a 512-byte header at least: no huge allocation for a bad count */
+  if (ok) {
+    index->offsets = calloc((size_t)count + 1, sizeof *index->offsets);
+    index->keys = calloc((size_t)count ? (size_t)count : 1, sizeof *index->keys);
+    if (!index->offsets || !index->keys) {
+      fclose(f);
+      sf_shard_index_clear(index);
+      return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory reading the index");
+    }
+  }
+  char *big = NULL;
+  size_t big_size = 0;
+  for (int64_t i = 0; ok && i < count; i++) {
+    line++;
+    ssize_t got = getline(&big, &big_size, f);
+    ok = got > 0;
+    if (!ok) break;
+    big[strcspn(big, "\n")] = '\0';
+    char *end;
+    errno = 0;
+    long long offset = strtoll(big, &end, 10), length = 0;
+    ok = end != big && *end == ' ' && !errno && offset >= 0;
+    char *p = end + 1;
+    if (ok) length = strtoll(p, &end, 10);
+    ok = ok && end != p && *end == ' ' && !errno && length >= 512 && offset + length <= index->size &&
+         (i == 0 || offset == index->offsets[i]) && unescape(end + 1);
+    if (ok) {
+      index->offsets[i] = offset;
+      index->offsets[i + 1] = offset + length;
+      ok = (index->keys[i] = strdup(end + 1)) != NULL;
+      if (ok) index->count++;
+    }
+  }
+  free(big);
+  fclose(f);
+  if (!ok) {
+    sf_shard_index_clear(index);
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line),
+                        "line %ld of the index is malformed (not what `shardflow index` writes, or samples that "
+                        "do not follow each other); delete the file and run shardflow index again", line);
+  }
+  return 0;
+}
+
+int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error) {
+  char *path = sf_shard_local_path(url);
+  struct stat st;
+  int e = !path ? ENOENT : stat(path, &st) == 0 ? 0 : errno;
+  free(path);
+  if (e)
+    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = url), "cannot read the shard: %s",
+                        strerror(e));
+  if ((int64_t)st.st_size == index->size && mtime_ns(&st) == index->mtime_ns) return 0;
+  char what[160];
+  if ((int64_t)st.st_size != index->size)
+    snprintf(what, sizeof what, "the shard has %lld bytes, the index was made for %lld", (long long)st.st_size,
+             (long long)index->size);
+  else
+    snprintf(what, sizeof what, "the shard was modified after the index was made (its mtime changed)");
+  return sf_error_set(error, SF_EIO, SF_AT(.url = url),
+                      "the index %s is stale for shard %s: %s; run `shardflow index %s` again (or delete the index)",
+                      index_path, url, what, url);
+}

@@ -1,0 +1,71 @@
+/* Per-shard sample indexes: each sample's key and byte span in its tar shard, and the shard's size and mtime, so samples are read by range (shard_source's order: global / block). */
+#ifndef SF_ENGINE_SHARD_INDEX_H
+#define SF_ENGINE_SHARD_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shardflow/error.h"
+
+/*
+ * The index of one shard. Sample i spans the bytes [offsets[i], offsets[i + 1]) of the shard: its
+ * first member's header up to the next sample's first header (or the end-of-archive blocks), so the
+ * members passed over between samples (directories, __meta__) travel with the sample before them
+ * and a tar reader over the span yields exactly that sample, as reading the whole shard does.
+ */
+typedef struct sf_shard_index {
+  char *url;          /* the shard as indexed (owned) */
+  int64_t size;       /* the shard's bytes when it was indexed */
+  int64_t mtime_ns;   /* its modification time then, nanoseconds since 1970 */
+  size_t count;       /* samples */
+  int64_t *offsets;   /* count + 1 ascending byte offsets (owned) */
+  char **keys;        /* count keys (owned) */
+} sf_shard_index;
+
+/* The file name suffix of shardflow's indexes (Megatron-Energon's `.tar.idx` is another format). */
+#define SF_SHARD_INDEX_SUFFIX ".sfidx"
+
+/*
+ * Indexes a local shard (a path or file:// URL of an uncompressed tar) by reading it through the
+ * tar reader (engine/io/tar_reader.h) with WebDataset's grouping rule. Returns 0 with *index filled
+ * (free with sf_shard_index_clear); SF_EUNSUPPORTED for a remote, pipe:, compressed or TFRecord
+ * shard (a byte range of those is no sample); the reader's errors (SF_ENOENT, SF_EFORMAT, SF_EDUP,
+ * SF_ETOOBIG...) for a shard that does not read cleanly: an index must describe every sample.
+ * *error names the shard, the offset and what to do.
+ */
+int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error);
+
+/*
+ * Where the index of url lives: with dir NULL or empty, next to the shard (its path plus
+ * SF_SHARD_INDEX_SUFFIX); else in dir, named by the shard's file name and a hash of the whole URL
+ * (two shards of one name in different folders get different files). Returns a malloc'd path
+ * (caller frees), or NULL when out of memory.
+ */
+char *sf_shard_index_path(const char *url, const char *dir);
+
+/*
+ * Writes index to path (a temporary file renamed over it, so readers never see half an index).
+ * Returns 0, or SF_EIO with *error naming path and the system's reason.
+ */
+int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error *error);
+
+/*
+ * Reads the index at path. Returns 0 with *index filled; SF_ENOENT when there is none;
+ * SF_EFORMAT with *error naming the file and line of what is malformed; SF_ENOMEM.
+ */
+int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error);
+
+/*
+ * Checks that index still describes the shard at url: its size and modification time are those the
+ * index recorded. Returns 0; SF_EIO (stale: the message names the shard and index_path, what
+ * changed, and the `shardflow index` command that rebuilds it); SF_ENOENT when the shard is gone.
+ */
+int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error);
+
+/* The local path a shard URL names (a path, or file:///path decoded), malloc'd; NULL for other URLs. */
+char *sf_shard_local_path(const char *url);
+
+/* Frees what index holds and zeroes it. NULL-safe. */
+void sf_shard_index_clear(sf_shard_index *index);
+
+#endif
