@@ -1,5 +1,6 @@
 /* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive (or as TFRecord records) and emits its samples one per step, downloading the next shards meanwhile. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "node.h"
 #include "prefetch.h"
 #include "shard_cache.h"
+#include "shard_index.h"
 #include "tar_reader.h"
 #include "url.h"
 #include "shardflow/stage.h"
@@ -97,6 +99,11 @@ typedef struct tar_split {
   bool warm;              /* the start-up window has passed */
   bool capped_said;       /* the memory budget stopped a raise, and the log said so */
   unsigned clock_steps;   /* steps since the clock was last read */
+  /* Indexed reads (sf_shard.range_length > 0): the bytes of the open range (with end-of-archive blocks
+   * after them, for the tar reader over memory), and the last shard's file, kept open for the next range. */
+  uint8_t *range;
+  int range_fd;           /* -1 when none */
+  char *range_url;        /* the URL range_fd reads */
 } tar_split;
 
 static const char *const key_rule_names[] = {"first_dot", "last_dot", "regex", NULL};
@@ -419,6 +426,65 @@ static void drop_cut_downloads(tar_split *t) {
 static void close_shard(tar_split *t) {
   sf_tar_reader_close(&t->tar);
   sf_shard_destroy(&t->shard);
+  free(t->range); /* after the reader: it reads these bytes */
+  t->range = NULL;
+}
+
+/*
+ * An indexed read: the bytes of shard's range (whole samples, see sf_shard) by pread, then the tar reader
+ * over them, so that the samples get the same fields and keys as a read of the whole shard. Takes shard.
+ * Returns 0 (the range is open, or its failure was recorded and the error policy said go on) or the policy's
+ * error.
+ */
+static int open_range(sf_node *node, tar_split *t, sf_shard *shard) {
+  enum { END_BLOCKS = 1024 }; /* tar's end-of-archive: two zero blocks */
+  sf_error error = {.offset = -1, .line = -1};
+  int rc = 0;
+  if (!t->range_url || strcmp(t->range_url, shard->url) != 0) {
+    if (t->range_fd >= 0) close(t->range_fd);
+    free(t->range_url);
+    t->range_url = NULL;
+    char *path = sf_shard_local_path(shard->url);
+    t->range_fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (t->range_fd < 0)
+      rc = sf_error_set(&error, path ? (errno == ENOENT ? SF_ENOENT : SF_EIO) : SF_EUNSUPPORTED,
+                        SF_AT(.url = shard->url), "cannot open the shard for an indexed read: %s",
+                        path ? strerror(errno) : "not a local file");
+    free(path);
+    if (rc == 0 && !(t->range_url = strdup(shard->url))) rc = SF_ENOMEM;
+  }
+  size_t n = (size_t)shard->range_length;
+  if (rc == 0 && !(t->range = calloc(1, n + END_BLOCKS)))
+    rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);
+  double began = now();
+  for (size_t got = 0; rc == 0 && got < n;) {
+    ssize_t r = pread(t->range_fd, t->range + got, n - got, (off_t)(shard->range_offset + (int64_t)got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      rc = sf_error_set(&error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset + (int64_t)got),
+                        "indexed read: %s; the shard is shorter than its index says (rewritten since it was "
+                        "indexed?): run shardflow index on it again", r < 0 ? strerror(errno) : "end of file");
+    else
+      got += (size_t)r;
+  }
+  atomic_fetch_add_explicit(&t->read_ns, (uint_fast64_t)((now() - began) * 1e9), memory_order_relaxed);
+  if (rc == 0) rc = sf_tar_reader_open_memory(&t->tar, t->range, n + END_BLOCKS, shard->url, &error);
+  if (rc < 0) {
+    char url[512];
+    snprintf(url, sizeof url, "%s", shard->url);
+    uint64_t lost = shard->range_samples;
+    sf_shard_destroy(&shard);
+    free(t->range);
+    t->range = NULL;
+    if (rc == SF_ENOMEM && !error.message[0]) sf_error_set(&error, rc, SF_AT(.url = url), "out of memory");
+    int policy = sf_node_error(node, rc, error.url[0] ? error.url : url, NULL, error.offset, "%s", error.message);
+    if (policy == 0) sf_node_count_skipped(node, lost); /* the range's samples: counted, never silently lost */
+    return policy;
+  }
+  sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
+  sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
+  t->shard = shard;
+  return 0;
 }
 
 static bool cancelled(void *node) { return sf_node_cancelled(node); }
@@ -455,6 +521,10 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     }
     t->pass = shard->pass;
     t->pass_samples = 0;
+  }
+  if (shard->range_length > 0) {
+    ahead_clear(a);
+    return open_range(node, t, shard);
   }
   if (sf_url_is_remote(shard->url)) {
     (void)ensure_downloads(node, t, shard->url); /* counts retries */
@@ -579,6 +649,7 @@ static int read_sample(sf_node *node, tar_split *t) {
       close_shard(t);
       return SF_EOF; /* stopping: not an error of the shard */
     }
+    if (t->shard->range_length > 0 && error.offset >= 0) error.offset += t->shard->range_offset;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
     /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
@@ -590,6 +661,10 @@ static int read_sample(sf_node *node, tar_split *t) {
     return 0;
   }
   const sf_shard *shard = t->shard;
+  if (shard->range_length > 0) { /* an indexed read: positions in the range are positions in the shard */
+    sample->index += shard->first_sample;
+    sample->offset += shard->range_offset;
+  }
   if (shard->keep && !bsearch(&sample->index, shard->keep, shard->n_keep, sizeof *shard->keep, cmp_u64)) {
     sf_sample_destroy(&sample); /* not in the resume plan: consumed before the resume, or another rank's */
     return 0;
@@ -717,6 +792,7 @@ static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   node->extra = describe;
   t->n_ref_fields = -1;
+  t->range_fd = -1;
   /* A written prefetch (0 included) pins it; the default is where the tuner starts. */
   t->tune = !sf_node_option_written(node, "prefetch") && t->prefetch > 0;
   t->prefetch_initial = t->prefetch;
@@ -779,6 +855,10 @@ static void uninit(sf_node *node) {
            (unsigned long long)c.stale, (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
   }
   sf_shard_cache_close(&t->cache);
+  if (t->range_fd >= 0) close(t->range_fd);
+  t->range_fd = -1;
+  free(t->range_url);
+  t->range_url = NULL;
 }
 
 const sf_stage_def sf_stage_tar_split = {

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shardflow/stage.h"
 #include "tar_reader.h"
 #include "url.h"
 
@@ -328,4 +329,47 @@ int sf_shard_index_check(const sf_shard_index *index, const char *url, const cha
   return sf_error_set(error, SF_EIO, SF_AT(.url = url),
                       "the index %s is stale for shard %s: %s; run `shardflow index %s` again (or delete the index)",
                       index_path, url, what, url);
+}
+
+/* ---- the permutation ---- */
+
+enum { ROUNDS = 6 };
+
+static unsigned half_bits(uint64_t n) {
+  unsigned bits = 1;
+  while (bits < 32 && (1ull << (2 * bits)) < n) bits++;
+  return bits;
+}
+
+static uint64_t feistel(uint64_t x, unsigned h, uint64_t key, bool inverse) {
+  uint64_t mask = (1ull << h) - 1, l = x >> h, r = x & mask;
+  for (int k = 0; k < ROUNDS; k++) {
+    int round = inverse ? ROUNDS - 1 - k : k;
+    if (!inverse) {
+      uint64_t t = r;
+      r = l ^ (sf_seed_mix(key, (uint64_t)round << 40 | r) & mask);
+      l = t;
+    } else {
+      uint64_t t = l;
+      l = r ^ (sf_seed_mix(key, (uint64_t)round << 40 | l) & mask);
+      r = t;
+    }
+  }
+  return l << h | r;
+}
+
+uint64_t sf_index_permute(uint64_t i, uint64_t n, uint64_t key) {
+  if (n < 2 || i >= n) return i;
+  unsigned h = half_bits(n);
+  do i = feistel(i, h, key, false); /* cycle walking: the domain is under 4n, so few steps */
+  while (i >= n);
+  return i;
+}
+
+uint64_t sf_index_unpermute(uint64_t j, uint64_t n, uint64_t key) {
+  if (n < 2 || j >= n) return j;
+  unsigned h = half_bits(n);
+  do j = feistel(j, h, key, true);
+  while (j >= n);
+  return j;
 }

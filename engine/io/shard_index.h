@@ -65,6 +65,17 @@ int sf_shard_index_check(const sf_shard_index *index, const char *url, const cha
 /* The local path a shard URL names (a path, or file:///path decoded), malloc'd; NULL for other URLs. */
 char *sf_shard_local_path(const char *url);
 
+/*
+ * A seeded bijection of [0, n): the position i of an epoch's order maps to sample permute(i) (a
+ * Feistel network on the smallest even number of bits that covers n, six rounds keyed by key, walked
+ * until it lands below n). O(1) memory, so any position of any epoch is found without the rest:
+ * resumes and rank splits need no table. n = 0 or 1 returns i.
+ */
+uint64_t sf_index_permute(uint64_t i, uint64_t n, uint64_t key);
+
+/* The inverse of sf_index_permute: the position at which sample j comes. */
+uint64_t sf_index_unpermute(uint64_t j, uint64_t n, uint64_t key);
+
 /* Frees what index holds and zeroes it. NULL-safe. */
 void sf_shard_index_clear(sf_shard_index *index);
 
