@@ -1,0 +1,183 @@
+"""Indexed shards: `shardflow index` against tarfile's own member offsets; shard_source's order: global (every
+sample exactly once per epoch for 1, 2, 3 and 7 ranks; one permutation whatever the rank or replica layout, another
+for another seed or epoch; position uncorrelated with the dataset's order, the first 1,000 samples from >= 90% of
+the shards), order: block (whole blocks of consecutive samples), samples_per_epoch, resumes from a count of
+consumed samples at other world sizes, and a stale index refused naming both files. The reference is the shards'
+key lists as Python's tarfile reads them."""
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, read_batches, run, write_graph, write_shard  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-index-")
+
+
+def make_shards(root, shards, per_shard, prefix="s"):
+    """Shards of samples keyed SSS_IIII with a cls member (and a txt member of varying size); returns the URL
+    pattern and the dataset's keys in shard order (tarfile's reading)."""
+    os.makedirs(root, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        samples = [(f"{s:03d}_{i:04d}", {"cls": str(i % 10).encode(), "txt": b"x" * ((s * 7 + i * 13) % 700)})
+                   for i in range(per_shard)]
+        paths.append(write_shard(os.path.join(root, f"{prefix}{s:03d}.tar"), samples))
+    keys = []
+    for p in paths:
+        with tarfile.open(p) as tf:
+            for m in tf.getmembers():
+                k = m.name.split(".")[0]
+                if not keys or keys[-1] != k:
+                    keys.append(k)
+    return os.path.join(root, prefix + "{%03d..%03d}.tar" % (0, shards - 1)), paths, keys
+
+
+def order_run(name, urls, rank=0, world=1, seed=1, epochs=1, batch_size=250, replicas=1, expect_fail=False, **source):
+    """One rank's keys per epoch, in the order the trainer gets them."""
+    out = os.path.join(tmp, name)
+    shutil.rmtree(out, ignore_errors=True)
+    graph = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls=urls, **source)),
+        ("tar_split", {}),
+        ("decode", dict(replicas=replicas)),
+        ("batch", dict(batch_size=batch_size, partial=True)),
+        ("device_sink", dict(npy_dir=out)),
+    ], seed=seed, epochs=epochs)
+    p = run(["run", graph, "--quiet", "--no-summary", "--rank", str(rank), "--world-size", str(world)],
+            check=not expect_fail)
+    if expect_fail:
+        return p
+    per = {}
+    for e, _, keys, fields in read_batches(out):
+        per.setdefault(e, []).extend(keys)
+        for k, c in zip(keys, fields["cls"]):
+            check(int(k.split("_")[1]) % 10 == c, f"{name}: the label of {k} travels with it")
+    return per
+
+
+def interleave(parts):
+    """The global order from the ranks' parts: position p is rank p mod W's (p div W)-th sample."""
+    out, k = [], 0
+    while True:
+        row = [part[k] for part in parts if k < len(part)]
+        if not row:
+            return out
+        out += row
+        k += 1
+
+
+# ---- shardflow index, against tarfile ----
+urls, paths, keys = make_shards(os.path.join(tmp, "big"), shards=50, per_shard=200)  # 10,000 samples
+p = run(["index", urls])
+check(len(p.stdout.splitlines()) == 50, f"one line per shard: {p.stdout[:200]}")
+for path in paths[:3] + paths[-1:]:
+    with tarfile.open(path) as tf:
+        members = tf.getmembers()
+        end = tf.offset  # where tarfile stopped: the end-of-archive blocks
+    firsts = {}
+    for m in members:
+        firsts.setdefault(m.name.split(".")[0], m.offset)
+    starts = list(firsts.values()) + [end]
+    expect = [(starts[i], starts[i + 1] - starts[i], k) for i, k in enumerate(firsts)]
+    lines = open(path + ".sfidx").read().splitlines()
+    got = [(int(a), int(b), c) for a, b, c in (line.split(" ", 2) for line in lines[5:])]
+    check(lines[0] == "shardflow-index 1" and lines[4] == f"samples {len(expect)}", f"{path}: header {lines[:5]}")
+    check(got == expect, f"{path}: each sample's offset and length are tarfile's ({got[:2]} vs {expect[:2]})")
+    check(lines[2] == f"size {os.path.getsize(path)}", "the index records the shard's size")
+
+# ---- order: global ----
+position = {k: i for i, k in enumerate(keys)}
+layouts = {}
+for world in (1, 2, 3, 7):
+    parts = [order_run(f"g{world}r{r}", urls, rank=r, world=world, epochs=2 if world == 1 else 1,
+                       replicas=2 if world == 3 else 1, order="global") for r in range(world)]
+    for e in (0, 1) if world == 1 else (0,):
+        got = [k for part in parts for k in part[e]]
+        check(len(got) == len(keys) and set(got) == set(keys), f"{world} ranks, epoch {e}: every sample exactly once")
+    sizes = [len(part[0]) for part in parts]
+    check(max(sizes) - min(sizes) <= 1, f"{world} ranks: equal parts (+-1): {sizes}")
+    layouts[world] = interleave([part[0] for part in parts])
+    if world == 1:
+        epoch0, epoch1 = parts[0][0], parts[0][1]
+for world in (2, 3, 7):
+    check(layouts[world] == layouts[1], f"{world} ranks (3 with decode replicas): the same permutation as 1 rank")
+check(epoch0 != epoch1 and sorted(epoch0) == sorted(epoch1), "another epoch, another permutation of the same samples")
+other_seed = order_run("gseed", urls, seed=2, order="global")[0]
+check(other_seed != epoch0, "another seed, another permutation")
+
+index_of = np.array([position[k] for k in epoch0], dtype=np.float64)
+rho = np.corrcoef(np.arange(len(index_of)), index_of)[0, 1]  # both are ranks: Pearson of ranks is Spearman's rho
+check(abs(rho) < 0.05, f"output position vs dataset index: |Spearman rho| = {abs(rho):.4f} < 0.05")
+shards_seen = {k.split("_")[0] for k in epoch0[:1000]}
+check(len(shards_seen) >= 45, f"the first 1,000 samples come from {len(shards_seen)} of 50 shards (>= 90%)")
+unshuffled = order_run("gplain", urls, order="global", shuffle=False)[0]
+check(unshuffled == keys, "shuffle: false reads the dataset in shard order")
+
+# samples_per_epoch: every rank the same count; at ranks x spe = the dataset, every sample once.
+parts = [order_run(f"spe{r}", urls, rank=r, world=4, order="global", samples_per_epoch=2500, epochs=2)
+         for r in range(4)]
+check(all(len(p[e]) == 2500 for p in parts for e in (0, 1)), "samples_per_epoch: 2,500 on every rank, every epoch")
+check(sorted(k for p in parts for k in p[0]) == sorted(keys), "4 ranks x 2,500: every sample once")
+parts = [order_run(f"spe3r{r}", urls, rank=r, world=3, order="global", samples_per_epoch=4000) for r in range(3)]
+got = [k for p in parts for k in p[0]]
+check(all(len(p[0]) == 4000 for p in parts), "samples_per_epoch past the dataset: 4,000 on each of 3 ranks")
+check(set(got) == set(keys), "...every sample at least once (the order repeats, reshuffled)")
+
+# ---- order: block ----
+block = [order_run(f"b{world}r{r}", urls, rank=r, world=world, order="block", block_size=16)[0] for world in (1, 3)
+         for r in range(world)]
+check(sorted(block[0]) == sorted(keys), "block, 1 rank: every sample once")
+check(sorted(k for part in block[1:] for k in part) == sorted(keys), "block, 3 ranks: every sample once")
+runs = [block[0][i:i + 16] for i in range(0, len(keys) - 16, 16)]
+whole = sum(all(position[b] == position[r[0]] + j for j, b in enumerate(r)) for r in runs)
+check(whole >= 0.95 * len(runs), f"block: {whole} of {len(runs)} runs of 16 are consecutive samples")
+check(block[0] != keys and block[0][:16] != keys[:16], "block: blocks in a seeded order")
+
+# ---- resume: the epoch's first C positions consumed at one world size, the rest at another ----
+small, small_paths, small_keys = make_shards(os.path.join(tmp, "small"), shards=8, per_shard=35, prefix="r")
+run(["index", "-q", small])
+full = order_run("rfull", small, order="global", batch_size=7)[0]
+for old in (2, 3):
+    for steps in (1, 3, 5, 8):  # every old rank returned `steps` batches of 7
+        consumed = steps * 7 * old
+        for new in (1, 3, 7):
+            if new == old:
+                continue
+            parts = [order_run(f"res{old}-{steps}-{new}-{r}", small, rank=r, world=new, order="global", batch_size=7,
+                               start=consumed)[0] if consumed < len(small_keys) else [] for r in range(new)]
+            rest = [k for part in parts for k in part]
+            check(sorted(full[:consumed] + rest) == sorted(small_keys),
+                  f"{old} -> {new} ranks after {consumed}: every sample once")
+            check(interleave(parts) == full[consumed:], f"{old} -> {new} ranks after {consumed}: the same order goes on")
+p = order_run("bres", small, order="block", block_size=5, start=7, world=2, expect_fail=True)
+check(p.returncode != 0 and "multiple of ranks x workers" in p.stderr, f"block refuses a start of another world: {p.stderr}")
+
+# ---- missing, stale and unusable indexes ----
+os.remove(small_paths[2] + ".sfidx")
+check(order_run("made", small, order="global")[0] == full, "a missing index is made on first use, same order")
+check(os.path.exists(small_paths[2] + ".sfidx"), "...and kept next to the shard")
+idx_dir = os.path.join(tmp, "indexes")
+p = run(["index", "--out", idx_dir, small])
+check(len(os.listdir(idx_dir)) == 8 and all(line.startswith(idx_dir) for line in p.stdout.splitlines()),
+      "index --out DIR writes there")
+write_shard(small_paths[5], [(f"005_{i:04d}", {"cls": b"1", "txt": b"changed"}) for i in range(35)])
+p = order_run("stale", small, order="global", expect_fail=True)
+check(p.returncode != 0 and small_paths[5] + ".sfidx" in p.stderr and small_paths[5] in p.stderr
+      and "stale" in p.stderr, f"a stale index is refused, naming both files: {p.stderr}")
+p = order_run("stale_dir", small, order="global", index_dir=idx_dir, expect_fail=True)
+check(p.returncode != 0 and idx_dir in p.stderr and "stale" in p.stderr, f"...also in index_dir: {p.stderr}")
+gz = os.path.join(tmp, "c.tar.gz")
+with open(small_paths[0], "rb") as f, open(gz, "wb") as g:
+    import gzip
+    g.write(gzip.compress(f.read()))
+p = run(["index", gz], check=False)
+check(p.returncode == 1 and "compressed" in p.stderr, f"a compressed shard cannot be indexed: {p.stderr}")
+
+check.done("index")
+shutil.rmtree(tmp)
