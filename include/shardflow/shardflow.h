@@ -119,7 +119,7 @@ SF_API void sf_graph_destroy(sf_graph **graph);
  * that change only a sample's bytes, where data is kept, or speed (every
  * option of augment and device_sink; decode's mode, min_size, depth and
  * defer_jpeg; batch's ragged, pad and pin_memory; tar_split's timeouts,
- * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe and plan;
+ * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe, plan, start and index_dir;
  * python's handoff and in_flight).  A shard list is hashed as written: the
  * lines of an @FILE list and the objects under a store prefix are not read.
  *

@@ -343,12 +343,16 @@ class Pipeline:
         return g
 
     @_restarts
-    def _start(self, first_epoch, first_step, plan=None):
+    def _start(self, first_epoch, first_step, plan=None, consumed=None):
         """Starts at batch first_step of first_epoch; plan: the (shard, sample) pairs that epoch
-        reads instead of the rank's share (an elastic resume, shardflow/elastic.py)."""
+        reads instead of the rank's share (an elastic resume, shardflow/elastic.py); consumed: with
+        shard_source's order: global, the samples of first_epoch all ranks consumed before (its start)."""
         options = self._args[4]
         self._release()
         self._plan, self._plan_epoch = plan, first_epoch
+        self._consumed_base = consumed or 0
+        if consumed is not None:
+            options = dict(options, **{f"{self._indexed[0]}__start": consumed})
         plan_file = elastic.write_plan(plan) if plan is not None else None
         try:
             self._start_with(first_epoch, first_step, dict(options, plan=plan_file) if plan_file else options)
@@ -377,6 +381,7 @@ class Pipeline:
             self._batches = self._epoch_batches(g)
             self._renamed = any(library.sf_graph_node_type(g, i).decode() == "rename"
                                 for i in range(library.sf_graph_node_count(g)))
+            self._indexed = self._indexed_order(g)
         except BaseException:
             self._release()
             raise
@@ -413,6 +418,31 @@ class Pipeline:
         if samples == 0:
             return None
         return samples, size, values.get("partial", "true") in ("true", "yes", "on", "1")
+
+    @staticmethod
+    def _indexed_order(g):
+        """With shard_source's order: global, (its node name, batch size, why not): why not is None when the
+        samples consumed so far are the epoch's first positions, every rank alike, so that their count says
+        which ones they were; else what keeps it from saying so. None for other orders."""
+        source, batch, why = None, None, None
+        for i in range(library.sf_graph_node_count(g)):
+            stage, name = library.sf_graph_node_type(g, i).decode(), library.sf_graph_node_name(g, i).decode()
+            option = lambda o: library.sf_graph_node_option(g, i, o.encode()).decode()  # noqa: E731
+            if stage == "shard_source":
+                if option("order") != "global":
+                    return None
+                source = name
+                if int(option("workers")) > 1:
+                    why = "shard_source's workers > 1 (DataLoader workers take batches in turn)"
+            elif stage == "shuffle" and int(option("buffer_size")) > 1:
+                why = f"the shuffle stage {name!r} reorders samples after they are read"
+            elif stage in ("pack", "mix"):
+                why = f"the {stage} stage {name!r} does not keep one sample per row in order"
+            elif stage == "batch" and batch is None:
+                batch = int(option("batch_size"))
+        if source is None or batch is None:
+            return None
+        return source, batch, why
 
     @classmethod
     def _epoch_batches(cls, g):
@@ -464,6 +494,11 @@ class Pipeline:
                  "fingerprint": self._fingerprint()}
         if self._plan is not None and self.epoch == self._plan_epoch:
             state["plan"] = [list(pair) for pair in self._plan]
+        if self._indexed is not None and self._indexed[2] is None:
+            # order: global: the ranks consumed the epoch's first positions, so a count says which; the
+            # next ones go on at any world size (shard_source's start).
+            base = self._consumed_base if self.epoch == self._plan_epoch else 0
+            state["consumed"] = base + state["step"] * self._indexed[1] * state["world_size"]
         return state
 
     def load_state_dict(self, state):
@@ -481,6 +516,13 @@ class Pipeline:
         state = elastic.check_state(state)
         elastic.check_fingerprint(state, self._fingerprint())
         self._check_epoch(int(state["epoch"]))
+        if "consumed" in state and self._indexed is not None:
+            consumed = elastic._whole(state["consumed"], "consumed")
+            if self._indexed[2] is not None:
+                raise ValueError(f"the state counts consumed samples, which cannot say which samples this graph "
+                                 f"consumed: {self._indexed[2]}; resume at the same world size with a state "
+                                 "without 'consumed'")
+            return self._start(int(state["epoch"]), 0, consumed=consumed)
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
                 plan = state["plans"][rank] if state.get("plans") else None
