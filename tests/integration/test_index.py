@@ -91,6 +91,22 @@ for path in paths[:3] + paths[-1:]:
     check(got == expect, f"{path}: each sample's offset and length are tarfile's ({got[:2]} vs {expect[:2]})")
     check(lines[2] == f"size {os.path.getsize(path)}", "the index records the shard's size")
 
+# ---- shardflow write writes the index with the shards ----
+files = os.path.join(tmp, "files")
+os.makedirs(files)
+for i in range(30):
+    for ext, data in (("cls", str(i % 10).encode()), ("txt", b"t" * (i * 37))):
+        with open(os.path.join(files, f"{i:03d}_{i:04d}.{ext}"), "wb") as f:
+            f.write(data)
+run(["write", "-q", "--layout", "files", "--maxcount", "8", files, os.path.join(tmp, "w", "w-%03d.tar")])
+written = sorted(os.listdir(os.path.join(tmp, "w")))
+check(written == [f"w-{i:03d}.tar{e}" for i in range(4) for e in ("", ".sfidx")], f"write: shards and indexes {written}")
+made = {n: open(os.path.join(tmp, "w", n)).read() for n in written if n.endswith(".sfidx")}
+run(["index", "-q", os.path.join(tmp, "w", "w-{000..003}.tar")])
+check(all(open(os.path.join(tmp, "w", n)).read() == t for n, t in made.items()), "write's index is shardflow index's")
+run(["write", "-q", "--no-index", "--layout", "files", files, os.path.join(tmp, "w2", "w-%03d.tar")])
+check(os.listdir(os.path.join(tmp, "w2")) == ["w-000.tar"], "write --no-index writes none")
+
 # ---- order: global ----
 position = {k: i for i, k in enumerate(keys)}
 layouts = {}
