@@ -182,6 +182,8 @@ static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
   sf_error error;
   int r = sf_shard_index_read(&s->indexes[i], path, &error);
   if (r == 0) r = sf_shard_index_check(&s->indexes[i], url, path, &error);
+  /* A dataset `energon prepare` indexed (SHARD.tar.idx beside the shard) needs no index of ours. */
+  if (r == SF_ENOENT && (!s->index_dir || !s->index_dir[0])) r = sf_shard_index_read_energon(&s->indexes[i], url, &error);
   if (r == SF_ENOENT) {
     /* Indexed on first use: the shard is read once, and the index kept for later runs where it can be. */
     r = sf_shard_index_build(&s->indexes[i], url, &error);
@@ -195,7 +197,7 @@ static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
   if (r < 0) return INIT_FAIL(node, r, error.url[0] ? error.url : url, "order: %s: %s",
                               order_names[s->visit], error.message);
   /* Only the spans are needed from here on. */
-  for (size_t k = 0; k < s->indexes[i].count; k++) free(s->indexes[i].keys[k]);
+  for (size_t k = 0; s->indexes[i].keys && k < s->indexes[i].count; k++) free(s->indexes[i].keys[k]);
   free(s->indexes[i].keys);
   s->indexes[i].keys = NULL;
   return 0;

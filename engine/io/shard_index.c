@@ -311,6 +311,66 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
   return 0;
 }
 
+int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error *error) {
+  *index = (sf_shard_index){0};
+  char *shard = sf_shard_local_path(url);
+  if (!shard) return sf_error_set(error, SF_ENOENT, SF_AT(.url = url), "no Energon index for a remote shard");
+  size_t n = strlen(shard) + 8;
+  char *path = malloc(n);
+  if (!path) {
+    free(shard);
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  }
+  snprintf(path, n, "%s.idx", shard);
+  struct stat st, ist;
+  int rc = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) rc = sf_error_set(error, errno == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "%s", strerror(errno));
+  else if (fstat(fileno(f), &ist) != 0 || stat(shard, &st) != 0)
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = url), "cannot stat the shard or %s: %s", path, strerror(errno));
+  else if (mtime_ns(&ist) < mtime_ns(&st))
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = url),
+                      "the Energon index %s is stale for shard %s: the shard was modified after it; run `energon "
+                      "prepare` again, or delete it and run `shardflow index %s`", path, url, url);
+  size_t values = rc == 0 ? (size_t)ist.st_size / 8 : 0;
+  if (rc == 0 && (ist.st_size % 8 != 0 || values < 1 || values - 1 > (size_t)st.st_size / 512))
+    rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path), "not an Energon .tar.idx for %s (%lld bytes); delete "
+                      "it and run shardflow index", url, (long long)ist.st_size);
+  if (rc == 0) {
+    index->url = strdup(url);
+    index->offsets = malloc(values * sizeof *index->offsets);
+    if (!index->url || !index->offsets) rc = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  }
+  for (size_t i = 0; rc == 0 && i < values; i++) {
+    uint8_t b[8];
+    uint64_t v = 0;
+    if (fread(b, 1, 8, f) != 8) {
+      rc = sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot read the index: %s", strerror(errno));
+      break;
+    }
+    for (int k = 7; k >= 0; k--) v = v << 8 | b[k]; /* little-endian, as energon's struct "Q" on its hosts */
+    bool ok = v <= (uint64_t)st.st_size && v % 512 == 0 && (i == 0 || v >= (uint64_t)index->offsets[i - 1] + 512);
+    if (!ok) {
+      rc = sf_error_set(error, SF_EFORMAT, SF_AT(.url = path), "offset %zu (%llu) of the Energon index cannot be a "
+                        "sample of %s (%lld bytes); delete the index and run shardflow index", i,
+                        (unsigned long long)v, url, (long long)st.st_size);
+      break;
+    }
+    index->offsets[i] = (int64_t)v;
+  }
+  if (f) fclose(f);
+  if (rc == 0) {
+    index->count = values - 1;
+    index->size = (int64_t)st.st_size;
+    index->mtime_ns = mtime_ns(&st);
+  } else {
+    sf_shard_index_clear(index);
+  }
+  free(path);
+  free(shard);
+  return rc;
+}
+
 int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error) {
   char *path = sf_shard_local_path(url);
   struct stat st;

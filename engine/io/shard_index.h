@@ -56,6 +56,16 @@ int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error
 int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error);
 
 /*
+ * Reads Megatron-Energon's index of a local shard (`energon prepare` writes SHARD.tar.idx next to
+ * SHARD.tar: the byte offset of each sample's first member header, then the end of the last sample,
+ * as native 64-bit integers; energon groups members by the same first-dot rule). It records no size
+ * or mtime, so the shard's are taken, and an index older than its shard is stale. Returns 0 with
+ * *index (keys NULL); SF_ENOENT when there is none; SF_EIO when it is older than the shard (the
+ * message names both files); SF_EFORMAT when its offsets cannot be a tar's samples; SF_ENOMEM.
+ */
+int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error *error);
+
+/*
  * Checks that index still describes the shard at url: its size and modification time are those the
  * index recorded. Returns 0; SF_EIO (stale: the message names the shard and index_path, what
  * changed, and the `shardflow index` command that rebuilds it); SF_ENOENT when the shard is gone.

@@ -188,6 +188,25 @@ check(p.returncode != 0 and small_paths[5] + ".sfidx" in p.stderr and small_path
       and "stale" in p.stderr, f"a stale index is refused, naming both files: {p.stderr}")
 p = order_run("stale_dir", small, order="global", index_dir=idx_dir, expect_fail=True)
 check(p.returncode != 0 and idx_dir in p.stderr and "stale" in p.stderr, f"...also in index_dir: {p.stderr}")
+# Megatron-Energon's SHARD.tar.idx (as `energon prepare` writes it: each sample's first member offset, then
+# tarfile's offset at the end, native uint64) is read in place of a missing .sfidx; an older one is stale.
+import struct  # noqa: E402
+energon, energon_paths, energon_keys = make_shards(os.path.join(tmp, "energon"), shards=3, per_shard=20, prefix="e")
+for path in energon_paths:
+    with tarfile.open(path) as tf, open(path + ".idx", "wb") as iw:
+        last = None
+        for m in tf:
+            base = m.name.split(".")[0]
+            if base != last:
+                iw.write(struct.pack("Q", m.offset))
+                last = base
+        iw.write(struct.pack("Q", tf.offset))
+check(order_run("energon_run", energon, order="global", shuffle=False)[0] == energon_keys, "Energon's .tar.idx is read")
+check(not any(os.path.exists(p + ".sfidx") for p in energon_paths), "...and no index of ours is made for it")
+os.utime(energon_paths[1] + ".idx", (0, 0))
+p = order_run("energon_stale", energon, order="global", expect_fail=True)
+check(p.returncode != 0 and energon_paths[1] + ".idx" in p.stderr and "stale" in p.stderr,
+      f"an Energon index older than its shard is refused, naming both: {p.stderr}")
 gz = os.path.join(tmp, "c.tar.gz")
 with open(small_paths[0], "rb") as f, open(gz, "wb") as g:
     import gzip
