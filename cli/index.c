@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "shard_index.h"
 #include "shard_list.h"
+#include "url.h"
 
 typedef struct index_args {
   const char *out;
@@ -69,7 +70,15 @@ static int index_main(int argc, char **argv) {
       report(&error);
       return error.code == SF_EINVAL || error.code == SF_ETOOBIG ? 2 : 1;
     }
-    for (size_t j = 0; j < list.count; j++) status |= index_shard(list.urls[j], a.out, a.quiet);
+    for (size_t j = 0; j < list.count; j++) {
+      if (sf_url_is_remote(list.urls[j]) && (!a.out || !a.out[0])) {
+        int usage = sf_cli_usage_error(&sf_cli_index, "%s is remote: give --out DIR for its index (and the same DIR "
+                                       "as shard_source's index_dir)", list.urls[j]);
+        sf_shard_list_clear(&list);
+        return usage;
+      }
+      status |= index_shard(list.urls[j], a.out, a.quiet);
+    }
     sf_shard_list_clear(&list);
   }
   if (fflush(stdout) != 0) {
@@ -88,10 +97,11 @@ const sf_cli_command sf_cli_index = {
              "and the shard's size and modification time, next to the shard (SHARD.sfidx) or into\n"
              "--out DIR. shard_source's order: global and order: block read samples by byte range\n"
              "with it; an index whose shard changed since (size or mtime) is refused there, naming\n"
-             "both files. Shards are local uncompressed tar files (paths or file://), and may be brace\n"
-             "patterns (shard-{000..009}.tar) or @FILE lists. Prints one line per shard: the index's\n"
-             "path and its sample count.",
+             "both files. Shards are uncompressed tar files: paths, file://, or http(s)://, s3:// and\n"
+             "gs:// URLs (these need --out; their ETag is recorded and every ranged read is pinned to it),\n"
+             "and may be brace patterns (shard-{000..009}.tar) or @FILE lists. Prints one line per shard:\n"
+             "the index's path and its sample count.",
     .options = index_options,
     .notes = "Exit status: 0 when every shard was indexed, 1 when any could not be (reported on\n"
-             "stderr: a damaged, compressed or remote shard), 2 for usage errors.",
+             "stderr: a damaged or compressed shard), 2 for usage errors.",
 };

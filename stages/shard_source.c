@@ -177,6 +177,10 @@ static int read_plan(sf_node *node, shard_source *s) {
 /* The index of shard i: read (checked against the shard), else made from the shard and kept. */
 static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
   const char *url = s->list.urls[i];
+  if (sf_url_is_remote(url) && (!s->index_dir || !s->index_dir[0]))
+    return INIT_FAIL(node, SF_EOPTION, url, "order: %s with remote shards needs index_dir: the directory where "
+                     "`shardflow index --out DIR` wrote their indexes (a missing one is made there on first use)",
+                     order_names[s->visit]);
   char *path = sf_shard_index_path(url, s->index_dir);
   if (!path) return INIT_FAIL(node, SF_ENOMEM, url, "out of memory");
   sf_error error;
@@ -466,6 +470,11 @@ static int step_indexed(sf_node *node, shard_source *s) {
   shard->range_length = bytes;
   shard->first_sample = at.sample;
   shard->range_samples = n;
+  const char *etag = s->indexes[at.shard].etag;
+  if (etag[0] && !(shard->range_etag = strdup(etag))) {
+    sf_shard_destroy(&shard);
+    return SF_ENOMEM;
+  }
   sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
   sf_node_push(node, &item);
   sf_node_count_output(node, 1, 0);

@@ -103,6 +103,7 @@ typedef struct tar_split {
    * after them, for the tar reader over memory), and the last shard's file, kept open for the next range. */
   uint8_t *range;
   int range_fd;           /* -1 when none */
+  bool ranged;            /* remote ranges were read ahead: RANGE_TRANSFERS at once, many items ahead */
   char *range_url;        /* the URL range_fd reads */
 } tar_split;
 
@@ -188,10 +189,35 @@ static void ahead_clear(ahead *a) {
 
 static int ensure_downloads(sf_node *node, tar_split *t, const char *url);
 
-/* Starts fetching a remote shard taken ahead: from the cache, else a download. */
+static bool is_range(const ahead *a) {
+  return a->item.kind == SF_ITEM_SHARD && a->item.u.shard->range_length > 0;
+}
+
+/*
+ * Indexed reads of remote shards (order: global / block) are one small request each: they need many under way
+ * at once, not the few whole shards the tuner weighs, so the first one sets this many transfers and stops the
+ * tuner; prefetch_bytes still bounds what they hold.
+ */
+enum { RANGE_TRANSFERS = 32 };
+
+/* Starts fetching a remote shard taken ahead: from the cache, else a download; a range of one: that range. */
 static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
   const char *url = a->item.u.shard->url;
   if (t->prefetch == 0 || !sf_url_is_remote(url)) return; /* local files: the page cache */
+  if (is_range(a)) {
+    const sf_shard *shard = a->item.u.shard;
+    if (ensure_downloads(node, t, url) == 0) {
+      if (!t->ranged) {
+        t->ranged = true;
+        t->tune = false;
+        sf_prefetch_set_max_transfers(t->downloads, RANGE_TRANSFERS);
+      }
+      sf_error error;
+      (void)sf_prefetch_start_range(t->downloads, url, shard->range_offset, shard->range_length, shard->range_etag,
+                                    &a->fetch, &error); /* on failure: at its turn */
+    }
+    return;
+  }
   /* A cached copy is read only once the server confirms it (304 to a conditional download). */
   sf_object_version version;
   if (t->cache) a->cache_fd = sf_shard_cache_lookup(t->cache, url, NULL, &version);
@@ -241,7 +267,8 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
 /* Takes input items ahead (up to `prefetch` shards) and starts their downloads. Returns how many it took. */
 static int fill_ahead(sf_node *node, tar_split *t) {
   int taken = 0;
-  while (!t->input_done && t->q_len < LOOKAHEAD_MAX + 1 && t->q_shards < t->prefetch + (t->tar ? 0 : 1)) {
+  while (!t->input_done && t->q_len < LOOKAHEAD_MAX + 1 &&
+         t->q_shards < (t->ranged ? LOOKAHEAD_MAX : t->prefetch) + (t->tar ? 0 : 1)) {
     ahead *a = q_at(t, t->q_len);
     *a = (ahead){.cache_fd = -1};
     int rc = sf_node_pop(node, &a->item);
@@ -436,10 +463,57 @@ static void close_shard(tar_split *t) {
  * Returns 0 (the range is open, or its failure was recorded and the error policy said go on) or the policy's
  * error.
  */
-static int open_range(sf_node *node, tar_split *t, sf_shard *shard) {
+static bool cancelled(void *node);
+
+/* A remote shard's range into t->range (n bytes): the download started ahead (taken), else one started now. */
+static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **fetch, size_t n, sf_error *error) {
+  int rc = 0;
+  if (!*fetch) {
+    rc = ensure_downloads(node, t, shard->url);
+    if (rc == 0)
+      rc = sf_prefetch_start_range(t->downloads, shard->url, shard->range_offset, shard->range_length,
+                                   shard->range_etag, fetch, error);
+    else
+      rc = sf_error_set(error, rc, SF_AT(.url = shard->url), "cannot start the range's download");
+  }
+  size_t got = 0;
+  while (rc == 0) {
+    const void *data;
+    ssize_t r = sf_fetch_read(*fetch, &data, cancelled, node, error);
+    if (r == 0) break;
+    if (r < 0) {
+      rc = (int)r;
+      if (error->offset >= 0) error->offset += shard->range_offset; /* the fetch counts from the range's start */
+      break;
+    }
+    if ((size_t)r > n - got) {
+      rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset),
+                        "the server sent more than the %zu bytes asked for", n);
+      break;
+    }
+    memcpy(t->range + got, data, (size_t)r);
+    got += (size_t)r;
+  }
+  if (rc == 0 && got != n)
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset + (int64_t)got),
+                      "the range ended after %zu of its %zu bytes; the shard is shorter than its index says "
+                      "(rewritten since it was indexed?): run shardflow index on it again", got, n);
+  sf_fetch_close(fetch);
+  return rc;
+}
+
+static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fetch) {
   enum { END_BLOCKS = 1024 }; /* tar's end-of-archive: two zero blocks */
   sf_error error = {.offset = -1, .line = -1};
   int rc = 0;
+  size_t n = (size_t)shard->range_length;
+  if (sf_url_is_remote(shard->url)) {
+    if (!(t->range = calloc(1, n + END_BLOCKS)))
+      rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);
+    if (rc == 0) rc = fetch_range(node, t, shard, &fetch, n, &error);
+    sf_fetch_close(&fetch);
+    goto parse;
+  }
   if (!t->range_url || strcmp(t->range_url, shard->url) != 0) {
     if (t->range_fd >= 0) close(t->range_fd);
     free(t->range_url);
@@ -453,7 +527,6 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard) {
     free(path);
     if (rc == 0 && !(t->range_url = strdup(shard->url))) rc = SF_ENOMEM;
   }
-  size_t n = (size_t)shard->range_length;
   if (rc == 0 && !(t->range = calloc(1, n + END_BLOCKS)))
     rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);
   double began = now();
@@ -468,6 +541,7 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard) {
       got += (size_t)r;
   }
   atomic_fetch_add_explicit(&t->read_ns, (uint_fast64_t)((now() - began) * 1e9), memory_order_relaxed);
+parse:
   if (rc == 0) rc = sf_tar_reader_open_memory(&t->tar, t->range, n + END_BLOCKS, shard->url, &error);
   if (rc < 0) {
     char url[512];
@@ -477,9 +551,10 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard) {
     free(t->range);
     t->range = NULL;
     if (rc == SF_ENOMEM && !error.message[0]) sf_error_set(&error, rc, SF_AT(.url = url), "out of memory");
+    if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
     int policy = sf_node_error(node, rc, error.url[0] ? error.url : url, NULL, error.offset, "%s", error.message);
     if (policy == 0) sf_node_count_skipped(node, lost); /* the range's samples: counted, never silently lost */
-    return policy;
+    return stops_the_run(rc) ? rc : policy;
   }
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
@@ -523,8 +598,10 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     t->pass_samples = 0;
   }
   if (shard->range_length > 0) {
+    sf_fetch *fetch = a->fetch;
+    a->fetch = NULL;
     ahead_clear(a);
-    return open_range(node, t, shard);
+    return open_range(node, t, shard, fetch);
   }
   if (sf_url_is_remote(shard->url)) {
     (void)ensure_downloads(node, t, shard->url); /* counts retries */
@@ -714,7 +791,9 @@ static int step(sf_node *node) {
     return read_sample(node, t);
   }
   int taken = fill_ahead(node, t);
-  if (t->q_len > 0 && q_at(t, 0)->fetch && !sf_fetch_ready(q_at(t, 0)->fetch, 1)) {
+  ahead *first = t->q_len > 0 ? q_at(t, 0) : NULL;
+  int64_t need = first && is_range(first) ? first->item.u.shard->range_length : 1; /* a range: all of it */
+  if (first && first->fetch && !sf_fetch_done(first->fetch) && !sf_fetch_ready(first->fetch, need)) {
     download_wait(node, t);
     return taken ? 0 : SF_EAGAIN;
   }

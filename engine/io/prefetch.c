@@ -95,9 +95,12 @@ struct sf_fetch {
   /* Headers of the attempt's last response (after redirects). */
   char etag[200], last_modified[64];
   int64_t range_start;  /* from Content-Range, -1 if none */
+  int64_t range_total;  /* the object's size from Content-Range, -1 if none */
   double retry_after;   /* seconds, -1 if none */
   /* The version pinned by the first response. */
   char pin_etag[200], pin_modified[64];
+  /* A ranged download (sf_prefetch_start_range): bytes [base, base + length) of the object; length 0 = all. */
+  int64_t base, length;
   sf_object_version cached;  /* the caller's copy: the first request is conditional on it */
   sf_object_version version; /* the first response with a body (set before its first byte is kept) */
   bool not_modified;         /* the server answered 304 to the conditional request */
@@ -262,8 +265,9 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *opaque) {
   } else if (name_len == 13 && strncasecmp(line, "last-modified", 13) == 0) {
     copy_value(f->last_modified, sizeof f->last_modified, v, v_len);
   } else if (name_len == 13 && strncasecmp(line, "content-range", 13) == 0) {
-    long long start;
+    long long start, end, total;
     if (sscanf(value, "bytes %lld-", &start) == 1) f->range_start = start;
+    if (sscanf(value, "bytes %lld-%lld/%lld", &start, &end, &total) == 3) f->range_total = total;
   } else if (name_len == 11 && strncasecmp(line, "retry-after", 11) == 0) {
     char *end;
     double s = strtod(value, &end);
@@ -296,6 +300,28 @@ static void check_response(sf_fetch *f) {
   }
   f->mode = BODY_KEEP;
   int64_t from = f->attempt_from;
+  if (f->length > 0) { /* a ranged download: only the bytes asked for, of the version asked for */
+    bool same = !f->pin_etag[0] || strcmp(f->etag, f->pin_etag) == 0;
+    if (status != 206 || f->range_start != f->base + from) {
+      f->verdict = SF_EUNSUPPORTED;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "asked for bytes %lld-%lld, the server answered %ld%s — reading samples by range needs a server "
+               "that serves byte ranges (HTTP Range)", (long long)(f->base + from),
+               (long long)(f->base + f->length - 1), status, status == 206 ? " with other bytes" : "");
+    } else if (!same) {
+      f->verdict = SF_EIO;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "the shard changed since it was indexed (ETag %.100s, the index has %.100s): run shardflow index on "
+               "it again", f->etag[0] ? f->etag : "none", f->pin_etag);
+    } else if (from == 0) {
+      snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
+      snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
+      if (!f->pin_etag[0] && strong_etag(f->etag)) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
+      else if (!f->pin_etag[0] && f->last_modified[0])
+        snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
+    }
+    return;
+  }
   if (from == 0) {
     if (status == 206) {
       f->verdict = SF_EIO;
@@ -570,6 +596,18 @@ static int add_conditions(sf_fetch *f, int64_t from, char range[32], char *text)
     else
       code = SF_ENOMEM;
   }
+  if (!code && f->length > 0) { /* a ranged download: its range, pinned to the index's version when known */
+    snprintf(range, 32, "%lld-%lld", (long long)(f->base + from), (long long)(f->base + f->length - 1));
+    char pin[280] = "";
+    if (f->pin_etag[0])
+      snprintf(pin, sizeof pin, "If-Match: %s", f->pin_etag);
+    else if (f->pin_modified[0])
+      snprintf(pin, sizeof pin, "If-Unmodified-Since: %s", f->pin_modified);
+    struct curl_slist *h = pin[0] ? curl_slist_append(f->headers, pin) : NULL;
+    if (pin[0] && !h) code = SF_ENOMEM;
+    if (h) f->headers = h;
+    return code;
+  }
   if (!code && from > 0) {
     char pin[280];
     if (f->pin_etag[0]) {
@@ -594,7 +632,7 @@ static int add_conditions(sf_fetch *f, int64_t from, char range[32], char *text)
 
 /* Clears what the last attempt saw and hands the transfer to the multi handle. Returns 0 or an error in text. */
 static int launch_attempt(sf_prefetch *p, sf_fetch *f, int64_t from, const char *range, char *text) {
-  curl_easy_setopt(f->easy, CURLOPT_RANGE, from > 0 ? range : NULL);
+  curl_easy_setopt(f->easy, CURLOPT_RANGE, range[0] ? range : NULL);
   curl_easy_setopt(f->easy, CURLOPT_HTTPHEADER, f->headers);
   f->attempt_from = from;
   f->mode = BODY_UNCHECKED;
@@ -605,6 +643,7 @@ static int launch_attempt(sf_prefetch *p, sf_fetch *f, int64_t from, const char 
   f->socket_errno = 0;
   f->etag[0] = f->last_modified[0] = '\0';
   f->range_start = -1;
+  f->range_total = -1;
   f->retry_after = -1;
   f->last_progress = now();
   if (curl_multi_add_handle(p->multi, f->easy) != CURLM_OK) {
@@ -624,7 +663,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
   pthread_mutex_lock(&p->lock);
   int64_t from = f->received;
   pthread_mutex_unlock(&p->lock);
-  char text[ATTEMPT_TEXT] = "", range[32], name[280] = "";
+  char text[ATTEMPT_TEXT] = "", range[32] = "", name[280] = "";
   int code = aim_request(p, f, name, sizeof name, text);
   if (!code) {
     /* A dead server is not asked again: the download fails as the others from it did. */
@@ -710,6 +749,11 @@ static void judge_http_status(const sf_fetch *f, long status, const char *name, 
     v->code = SF_ENOENT;
     snprintf(v->text, sizeof v->text, "HTTP %ld: the server has no such shard — check the URL and the shard list",
              status);
+  } else if (status == 412 && f->length > 0) {
+    v->code = SF_EIO;
+    snprintf(v->text, sizeof v->text,
+             "HTTP 412: the shard changed since it was indexed (If-Match %s failed): run shardflow index on it "
+             "again", f->pin_etag[0] ? f->pin_etag : f->pin_modified);
   } else if (status == 412) {
     v->code = SF_EIO;
     snprintf(v->text, sizeof v->text,
@@ -1206,8 +1250,26 @@ bool sf_fetch_done(sf_fetch *f) {
   return done;
 }
 
+static int start_fetch(sf_prefetch *p, const char *url, const sf_object_version *cached, int64_t base,
+                       int64_t length, const char *if_match, sf_fetch **fetch, sf_error *error);
+
 int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *cached, sf_fetch **fetch,
                       sf_error *error) {
+  return start_fetch(p, url, cached, 0, 0, NULL, fetch, error);
+}
+
+int sf_prefetch_start_range(sf_prefetch *p, const char *url, int64_t offset, int64_t length, const char *if_match,
+                            sf_fetch **fetch, sf_error *error) {
+  if (offset < 0 || length < 1) {
+    *fetch = NULL;
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "bad byte range %lld+%lld", (long long)offset,
+                        (long long)length);
+  }
+  return start_fetch(p, url, NULL, offset, length, if_match, fetch, error);
+}
+
+static int start_fetch(sf_prefetch *p, const char *url, const sf_object_version *cached, int64_t base,
+                       int64_t length, const char *if_match, sf_fetch **fetch, sf_error *error) {
   *fetch = NULL;
   char shown[512];
   sf_url_redact(url, shown, sizeof shown);
@@ -1227,6 +1289,9 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *
   f->state = F_QUEUED;
   f->error_body.max = 4096; /* the start of a store's error answer names its code */
   if (cached) f->cached = *cached;
+  f->base = base;
+  f->length = length;
+  if (if_match && if_match[0]) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", if_match);
   char name[280] = "";
   if (!f->is_store) server_name(url, name, sizeof name); /* a store's is its endpoint's, known when signed */
   pthread_mutex_lock(&p->lock);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "prefetch.h"
 #include "shardflow/stage.h"
 #include "tar_reader.h"
 #include "url.h"
@@ -21,7 +22,8 @@
  *   shardflow-index 1
  *   url SHARD                  (percent-escaped like keys)
  *   size BYTES
- *   mtime NANOSECONDS
+ *   mtime NANOSECONDS          (0 for a remote shard)
+ *   etag ETAG                  (a remote shard's, escaped; - for none)
  *   samples N
  *   OFFSET LENGTH KEY          (N lines, in shard order; LENGTH = next OFFSET - OFFSET)
  *
@@ -78,36 +80,72 @@ static int grow(sf_shard_index *index, size_t *cap) {
   return 0;
 }
 
+/* The samples of the open shard into index (offsets and keys). */
+static int index_samples(sf_shard_index *index, sf_tar_reader *tar, const char *url, sf_error *error);
+
 int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error) {
   *index = (sf_shard_index){0};
   char *path = sf_shard_local_path(url);
-  if (!path)
+  bool remote = sf_url_is_remote(url);
+  char name[1024];
+  snprintf(name, sizeof name, "%s", path ? path : url);
+  if (remote) name[strcspn(name, "?#")] = '\0'; /* an http URL's query is not its name */
+  bool compressed = ends_with(name, ".gz") || ends_with(name, ".tgz") || ends_with(name, ".zst");
+  if (!path && !remote) {
     return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = url),
-                        "only local shards (a path or file:///path) can be indexed and read by byte range; "
-                        "copy the shards to local disk (shardflow cp) or read them with order: sequential");
-  bool compressed = ends_with(path, ".gz") || ends_with(path, ".tgz") || ends_with(path, ".zst");
+                        "only shards at a path, file://, http(s)://, s3:// or gs:// can be indexed and read by byte "
+                        "range; read these with order: sequential");
+  }
   if (compressed || sf_tar_reader_is_tfrecord(url)) {
     free(path);
     return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = url),
                         "a %s shard cannot be read by byte range; index uncompressed tar shards (or read these "
                         "with order: sequential)", compressed ? "compressed" : "TFRecord");
   }
-  struct stat st;
-  if (stat(path, &st) != 0) {
+  struct stat st = {0};
+  if (path && stat(path, &st) != 0) {
     int e = errno;
     free(path);
     return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = url), "cannot index the shard: %s",
                         strerror(e));
   }
   free(path);
-  sf_tar_reader *tar;
-  int rc = sf_tar_reader_open(&tar, url, &(sf_shard_reader_options){.mmap = true}, error);
-  if (rc < 0) return rc;
-  index->url = strdup(url);
-  index->size = (int64_t)st.st_size;
-  index->mtime_ns = mtime_ns(&st);
+  sf_prefetch *downloads = NULL;
+  sf_fetch *fetch = NULL, *seen = NULL;
+  sf_shard_reader_options o = {.mmap = true, .retries = 5, .cached_fd = -1};
+  int rc = 0;
+  if (remote) { /* our own download, so that its version (the ETag the index records) can be asked */
+    rc = sf_prefetch_new(&downloads, &(sf_prefetch_options){.retries = 5}, error);
+    if (rc == 0) rc = sf_prefetch_start(downloads, url, NULL, &fetch, error);
+    seen = fetch; /* borrowed once the reader owns it, until the reader is closed */
+    o.fetch = fetch;
+    o.prefetch = downloads;
+  }
+  sf_tar_reader *tar = NULL;
+  if (rc == 0) rc = sf_tar_reader_open(&tar, url, &o, error);
+  if (rc == 0) {
+    index->url = strdup(url);
+    index->size = (int64_t)st.st_size;
+    index->mtime_ns = mtime_ns(&st);
+    rc = index->url ? index_samples(index, tar, url, error)
+                    : sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory for the index");
+  }
+  if (rc == 0 && remote) {
+    sf_object_version version = {0};
+    (void)sf_fetch_not_modified(seen, &version);
+    snprintf(index->etag, sizeof index->etag, "%s", version.etag);
+    index->size = sf_tar_reader_source_bytes(tar);
+    index->mtime_ns = 0;
+  }
+  sf_tar_reader_close(&tar);
+  sf_prefetch_destroy(&downloads);
+  if (rc < 0) sf_shard_index_clear(index);
+  return rc;
+}
+
+static int index_samples(sf_shard_index *index, sf_tar_reader *tar, const char *url, sf_error *error) {
   size_t cap = 0;
-  rc = index->url ? 0 : SF_ENOMEM;
+  int rc = 0;
   while (rc == 0) {
     sf_sample *sample = NULL;
     rc = sf_tar_reader_next(tar, &sample, error);
@@ -131,12 +169,10 @@ int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error
     if (rc == SF_ENOMEM) sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory for the index");
     sf_sample_destroy(&sample);
   }
-  sf_tar_reader_close(&tar);
   if (rc == 0 && !index->offsets) { /* an empty shard: still one offset, its end */
     index->offsets = calloc(1, sizeof *index->offsets);
     if (!index->offsets) rc = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory for the index");
   }
-  if (rc < 0) sf_shard_index_clear(index);
   return rc;
 }
 
@@ -188,7 +224,9 @@ int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error
   }
   fprintf(f, "%s\nurl ", MAGIC);
   put_escaped(f, index->url ? index->url : "");
-  fprintf(f, "\nsize %" PRId64 "\nmtime %" PRId64 "\nsamples %zu\n", index->size, index->mtime_ns, index->count);
+  fprintf(f, "\nsize %" PRId64 "\nmtime %" PRId64 "\netag ", index->size, index->mtime_ns);
+  put_escaped(f, index->etag[0] ? index->etag : "-");
+  fprintf(f, "\nsamples %zu\n", index->count);
   for (size_t i = 0; i < index->count; i++) {
     fprintf(f, "%" PRId64 " %" PRId64 " ", index->offsets[i], index->offsets[i + 1] - index->offsets[i]);
     put_escaped(f, index->keys[i]);
@@ -266,6 +304,9 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
        (index->url = strdup(value)) != NULL;
   ok = ok && (line++, header(f, "size", small, sizeof small, &value)) && parse_i64(value, &index->size);
   ok = ok && (line++, header(f, "mtime", small, sizeof small, &value)) && parse_i64(value, &index->mtime_ns);
+  ok = ok && (line++, header(f, "etag", small, sizeof small, &value)) && unescape(value) &&
+       strlen(value) < sizeof index->etag;
+  if (ok && strcmp(value, "-") != 0) snprintf(index->etag, sizeof index->etag, "%s", value);
   ok = ok && (line++, header(f, "samples", small, sizeof small, &value)) && parse_i64(value, &count) &&
        count <= index->size / 512; /* a sample takes a 512-byte header at least: no huge allocation for a bad count */
   if (ok) {
@@ -372,6 +413,7 @@ int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error
 }
 
 int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error) {
+  if (sf_url_is_remote(url)) return 0; /* each ranged read carries If-Match with the index's ETag */
   char *path = sf_shard_local_path(url);
   struct stat st;
   int e = !path ? ENOENT : stat(path, &st) == 0 ? 0 : errno;

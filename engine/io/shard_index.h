@@ -16,7 +16,8 @@
 typedef struct sf_shard_index {
   char *url;          /* the shard as indexed (owned) */
   int64_t size;       /* the shard's bytes when it was indexed */
-  int64_t mtime_ns;   /* its modification time then, nanoseconds since 1970 */
+  int64_t mtime_ns;   /* a local shard's modification time then, nanoseconds since 1970; 0 for remote ones */
+  char etag[200];     /* a remote shard's ETag then ("" when the server sent none) */
   size_t count;       /* samples */
   int64_t *offsets;   /* count + 1 ascending byte offsets (owned) */
   char **keys;        /* count keys (owned) */
@@ -26,12 +27,13 @@ typedef struct sf_shard_index {
 #define SF_SHARD_INDEX_SUFFIX ".sfidx"
 
 /*
- * Indexes a local shard (a path or file:// URL of an uncompressed tar) by reading it through the
- * tar reader (engine/io/tar_reader.h) with WebDataset's grouping rule. Returns 0 with *index filled
- * (free with sf_shard_index_clear); SF_EUNSUPPORTED for a remote, pipe:, compressed or TFRecord
- * shard (a byte range of those is no sample); the reader's errors (SF_ENOENT, SF_EFORMAT, SF_EDUP,
- * SF_ETOOBIG...) for a shard that does not read cleanly: an index must describe every sample.
- * *error names the shard, the offset and what to do.
+ * Indexes a shard (a path or file:// URL, or an http(s), s3 or gs URL, of an uncompressed tar) by
+ * reading it once through the tar reader (engine/io/tar_reader.h) with WebDataset's grouping rule; a
+ * remote shard's ETag is recorded from the download. Returns 0 with *index filled (free with
+ * sf_shard_index_clear); SF_EUNSUPPORTED for a pipe:, compressed or TFRecord shard (a byte range of
+ * those is no sample); the reader's errors (SF_ENOENT, SF_ENET, SF_EFORMAT, SF_EDUP, SF_ETOOBIG...) for
+ * a shard that does not read cleanly: an index must describe every sample. *error names the shard,
+ * the offset and what to do.
  */
 int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error);
 
@@ -66,8 +68,8 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
 int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error *error);
 
 /*
- * Checks that index still describes the shard at url: its size and modification time are those the
- * index recorded. Returns 0; SF_EIO (stale: the message names the shard and index_path, what
+ * Checks that index still describes the local shard at url: its size and modification time are
+ * those the index recorded (a remote shard's ETag is checked by each ranged read instead: 0 here). Returns 0; SF_EIO (stale: the message names the shard and index_path, what
  * changed, and the `shardflow index` command that rebuilds it); SF_ENOENT when the shard is gone.
  */
 int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error);

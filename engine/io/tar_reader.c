@@ -846,6 +846,8 @@ failed:
 
 bool sf_tar_reader_failed(const sf_tar_reader *t) { return t->failed != 0; }
 
+int64_t sf_tar_reader_source_bytes(const sf_tar_reader *t) { return raw_offset(t); }
+
 int64_t sf_tar_reader_next_offset(const sf_tar_reader *t) {
   if (t->failed || t->tfrecord) return -1;
   if (t->pending) return t->offset;

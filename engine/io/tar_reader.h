@@ -60,6 +60,9 @@ bool sf_tar_reader_failed(const sf_tar_reader *reader);
  */
 int64_t sf_tar_reader_next_offset(const sf_tar_reader *t);
 
+/* Bytes taken from the shard so far (raw, before decompression): after SF_EOF, normally the shard's size. */
+int64_t sf_tar_reader_source_bytes(const sf_tar_reader *t);
+
 /*
  * True when sf_tar_reader_next() would not wait for a remote shard's bytes
  * (see sf_shard_reader_ready()): the bytes the next sample needs have

@@ -84,6 +84,8 @@ typedef struct sf_shard {
   int64_t range_length;         /**< bytes to read; 0 = the whole shard */
   uint64_t first_sample;        /**< index within the shard of the range's first sample */
   uint64_t range_samples;       /**< samples the range holds */
+  char *range_etag;             /**< a remote shard's ETag when indexed (reads carry If-Match with it), or
+                                     NULL; owned, malloc'd */
 } sf_shard;
 
 /**

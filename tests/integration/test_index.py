@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, read_batches, run, write_graph, write_shard  # noqa: E402
+from sfutil import Checks, nginx, read_batches, run, write_graph, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-index-")
@@ -86,8 +86,8 @@ for path in paths[:3] + paths[-1:]:
     starts = list(firsts.values()) + [end]
     expect = [(starts[i], starts[i + 1] - starts[i], k) for i, k in enumerate(firsts)]
     lines = open(path + ".sfidx").read().splitlines()
-    got = [(int(a), int(b), c) for a, b, c in (line.split(" ", 2) for line in lines[5:])]
-    check(lines[0] == "shardflow-index 1" and lines[4] == f"samples {len(expect)}", f"{path}: header {lines[:5]}")
+    got = [(int(a), int(b), c) for a, b, c in (line.split(" ", 2) for line in lines[6:])]
+    check(lines[0] == "shardflow-index 1" and lines[4] == "etag -" and lines[5] == f"samples {len(expect)}", f"{path}: header {lines[:5]}")
     check(got == expect, f"{path}: each sample's offset and length are tarfile's ({got[:2]} vs {expect[:2]})")
     check(lines[2] == f"size {os.path.getsize(path)}", "the index records the shard's size")
 
@@ -173,6 +173,28 @@ for old in (2, 3):
             check(interleave(parts) == full[consumed:], f"{old} -> {new} ranks after {consumed}: the same order goes on")
 p = order_run("bres", small, order="block", block_size=5, start=7, world=2, expect_fail=True)
 check(p.returncode != 0 and "multiple of ranks x workers" in p.stderr, f"block refuses a start of another world: {p.stderr}")
+
+# ---- remote shards over HTTP: ranged GETs pinned to the ETag the index recorded ----
+remote_idx = os.path.join(tmp, "remote-idx")
+with nginx(os.path.join(tmp, "small")) as base:
+    remote = base + "/r{000..007}.tar"
+    p = run(["index", remote], check=False)
+    check(p.returncode == 2 and "--out" in p.stderr, f"a remote shard's index needs --out: {p.stderr}")
+    run(["index", "-q", "--out", remote_idx, remote])
+    etags = [line for n in os.listdir(remote_idx) for line in open(os.path.join(remote_idx, n)) if line.startswith("etag")]
+    check(len(etags) == 8 and all(e.startswith('etag "') for e in etags), f"the ETags are recorded: {etags[:2]}")
+    parts = [order_run(f"http{r}", remote, rank=r, world=2, order="global", batch_size=7, index_dir=remote_idx)[0]
+             for r in range(2)]
+    check(interleave(parts) == full, "over HTTP, 2 ranks: the same permutation as the local shards'")
+    blocks = order_run("httpblock", remote, order="block", block_size=5, index_dir=remote_idx)[0]
+    check(sorted(blocks) == sorted(small_keys), "over HTTP, order: block: every sample once")
+    p = order_run("http_noidx", remote, order="global", expect_fail=True)
+    check(p.returncode != 0 and "index_dir" in p.stderr, f"remote shards need index_dir: {p.stderr}")
+    os.utime(small_paths[3], (1, 1))  # nginx's ETag (mtime-size) changes: as if the shard was rewritten
+    p = order_run("http_stale", remote, order="global", index_dir=remote_idx, expect_fail=True)
+    check("changed since it was indexed" in p.stderr and "r003.tar @ byte" in p.stderr,
+          f"a remote shard changed since its index is refused: {p.stderr}")
+run(["index", "-q", small])  # the local indexes, after the mtime change
 
 # ---- missing, stale and unusable indexes ----
 os.remove(small_paths[2] + ".sfidx")
