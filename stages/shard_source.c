@@ -96,8 +96,8 @@ static const sf_option options[] = {
      "epoch, dealt to ranks and workers in turn (position p to slot p mod ranks x workers), each sample read "
      "by its byte range (one read per sample); block = the dataset cut into blocks of block_size consecutive "
      "samples, blocks in a seeded order, dealt whole in turn (one read per block: a shuffle stage mixes "
-     "within a window). global and block need each shard's index (shardflow index; made and kept on first "
-     "use when missing) and local uncompressed tar shards; see docs/data.md",
+     "within a window). global and block need uncompressed tar shards and their indexes (shardflow index; made "
+     "and kept on first use when missing; remote shards' in index_dir); see docs/data.md",
      order_names},
     {"block_size", SF_OPT_COUNT, offsetof(shard_source, block_size), "256", 1, 1e9,
      "order: block: consecutive samples per block (one read each)", NULL},
@@ -510,17 +510,17 @@ static int step(sf_node *node) {
 
 static void uninit(sf_node *node) {
   shard_source *s = sf_node_priv(node);
+  for (size_t i = 0; s->indexes && i < s->list.count; i++) sf_shard_index_clear(&s->indexes[i]);
+  free(s->indexes);
+  s->indexes = NULL;
+  free(s->before);
+  s->before = NULL;
   sf_shard_list_clear(&s->list);
   free(s->order);
   s->order = NULL;
   for (size_t i = 0; i < s->n_planned; i++) free(s->planned[i].keep);
   free(s->planned);
   s->planned = NULL;
-  for (size_t i = 0; s->indexes && i < s->list.count; i++) sf_shard_index_clear(&s->indexes[i]);
-  free(s->indexes);
-  s->indexes = NULL;
-  free(s->before);
-  s->before = NULL;
 }
 
 const sf_stage_def sf_stage_shard_source = {
