@@ -50,6 +50,10 @@ typedef struct shard_source {
   uint64_t total;      /* samples of the dataset */
   uint64_t taken;      /* this slot's positions emitted in the current epoch */
   uint64_t skip;       /* the first epoch: this slot's positions consumed before the resume */
+  char *samples;       /* option: FILE of dataset indices to read instead of the order */
+  uint64_t *picks;     /* its indices, in order */
+  size_t n_picks;
+  bool picked;         /* samples is set: the epoch is picks */
 } shard_source;
 
 enum { SAMPLING_SEQUENTIAL, SAMPLING_RESAMPLE };
@@ -108,6 +112,11 @@ static const sf_option options[] = {
     {"start", SF_OPT_COUNT, offsetof(shard_source, start), "0", 0, 0,
      "order: global / block: samples of the first epoch consumed before, by all ranks together (a resume: "
      "Python's load_state_dict sets it); global resumes at any world size, block at the same ranks x workers",
+     NULL},
+    {"samples", SF_OPT_STRING, offsetof(shard_source, samples), NULL, 0, 0,
+     "order: global / block: FILE of dataset indices (sample i of the shards in list order, one a line), read in "
+     "this order every epoch instead of the permutation, dealt to ranks as it is (Python's shardflow.Dataset "
+     "reads items with it); empty = the whole dataset",
      NULL},
     {NULL},
 };
@@ -177,34 +186,54 @@ static int read_plan(sf_node *node, shard_source *s) {
 /* The index of shard i: read (checked against the shard), else made from the shard and kept. */
 static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
   const char *url = s->list.urls[i];
-  if (sf_url_is_remote(url) && (!s->index_dir || !s->index_dir[0]))
-    return INIT_FAIL(node, SF_EOPTION, url, "order: %s with remote shards needs index_dir: the directory where "
-                     "`shardflow index --out DIR` wrote their indexes (a missing one is made there on first use)",
-                     order_names[s->visit]);
-  char *path = sf_shard_index_path(url, s->index_dir);
-  if (!path) return INIT_FAIL(node, SF_ENOMEM, url, "out of memory");
-  sf_error error;
-  int r = sf_shard_index_read(&s->indexes[i], path, &error);
-  if (r == 0) r = sf_shard_index_check(&s->indexes[i], url, path, &error);
-  /* A dataset `energon prepare` indexed (SHARD.tar.idx beside the shard) needs no index of ours. */
-  if (r == SF_ENOENT && (!s->index_dir || !s->index_dir[0])) r = sf_shard_index_read_energon(&s->indexes[i], url, &error);
-  if (r == SF_ENOENT) {
-    /* Indexed on first use: the shard is read once, and the index kept for later runs where it can be. */
-    r = sf_shard_index_build(&s->indexes[i], url, &error);
-    if (r == 0 && sf_shard_index_write(&s->indexes[i], path, &error) < 0 && !*said) {
-      *said = true;
-      sf_node_log(node, SF_LOG_WARNING, "%s; indexes are made again in every run until they can be kept "
-                  "(shardflow index --out DIR, and index_dir: DIR)", error.message);
-    }
-  }
-  free(path);
+  sf_error error, unsaved = {0};
+  int r = sf_shard_index_load(&s->indexes[i], url, s->index_dir, &unsaved, &error);
   if (r < 0) return INIT_FAIL(node, r, error.url[0] ? error.url : url, "order: %s: %s",
                               order_names[s->visit], error.message);
+  if (unsaved.code && !*said) {
+    *said = true;
+    sf_node_log(node, SF_LOG_WARNING, "%s; indexes are made again in every run until they can be kept "
+                "(shardflow index --out DIR, and index_dir: DIR)", unsaved.message);
+  }
   /* Only the spans are needed from here on. */
   for (size_t k = 0; s->indexes[i].keys && k < s->indexes[i].count; k++) free(s->indexes[i].keys[k]);
   free(s->indexes[i].keys);
   s->indexes[i].keys = NULL;
   return 0;
+}
+
+/* shard_source's samples: the dataset indices to read, one a line. */
+static int read_picks(sf_node *node, shard_source *s) {
+  FILE *f = fopen(s->samples, "r");
+  if (!f)
+    return INIT_FAIL(node, SF_ENOENT, NULL, "samples \"%s\": %s; give a file of dataset indices", s->samples,
+                     strerror(errno));
+  char line[64];
+  size_t cap = 0;
+  s->picked = true;
+  int r = 0;
+  for (long no = 1; r == 0 && fgets(line, sizeof line, f); no++) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(line, &end, 10);
+    if (end == line || errno || strspn(end, " \t\r\n") != strlen(end) || v >= s->total) {
+      r = INIT_FAIL(node, SF_EOPTION, NULL, "samples \"%s\" line %ld is not a dataset index below %" PRIu64
+                    " (the samples of the shards' indexes)", s->samples, no, s->total);
+      break;
+    }
+    if (s->n_picks == cap) {
+      cap = cap ? 2 * cap : 256;
+      uint64_t *grown = realloc(s->picks, cap * sizeof *grown);
+      if (!grown) {
+        r = INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for the samples");
+        break;
+      }
+      s->picks = grown;
+    }
+    s->picks[s->n_picks++] = v;
+  }
+  fclose(f);
+  return r;
 }
 
 /* order: global / block: every shard's index, the dataset's size, and where a resumed epoch starts. */
@@ -225,6 +254,10 @@ static int init_indexed(sf_node *node, shard_source *s) {
     s->before[i + 1] = s->before[i] + s->indexes[i].count;
   }
   s->total = s->before[s->list.count];
+  if (s->samples && s->samples[0]) {
+    int r = read_picks(node, s);
+    if (r < 0) return r;
+  }
   if (s->total == 0)
     return INIT_FAIL(node, SF_ENOENT, NULL, "order: %s: the %zu shard(s) hold no sample; check the shard list",
                      order_names[s->visit], s->list.count);
@@ -424,8 +457,8 @@ typedef struct placed {
 } placed;
 
 static placed place(sf_node *node, const shard_source *s, uint64_t g) {
-  uint64_t pass = g / s->total;
-  uint64_t j = sample_at(s, g % s->total, order_key(node, s, pass), s->shuffle);
+  uint64_t pass = s->picked ? 0 : g / s->total;
+  uint64_t j = s->picked ? s->picks[g] : sample_at(s, g % s->total, order_key(node, s, pass), s->shuffle);
   size_t shard = shard_of(s, j);
   return (placed){shard, j - s->before[shard], pass};
 }
@@ -437,7 +470,9 @@ static placed place(sf_node *node, const shard_source *s, uint64_t g) {
 static int step_indexed(sf_node *node, shard_source *s) {
   if (s->epoch >= s->end) return SF_EOF;
   bool first = s->epoch == s->plan_epoch;
-  uint64_t limit = s->samples_per_epoch > 0 ? (uint64_t)s->samples_per_epoch * s->stride : s->total;
+  uint64_t limit = s->picked                  ? s->n_picks
+                   : s->samples_per_epoch > 0 ? (uint64_t)s->samples_per_epoch * s->stride
+                                              : s->total;
   uint64_t k = s->taken + (first ? s->skip : 0), g = slot_position(s, k, first);
   if (g >= limit) {
     sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
@@ -515,6 +550,8 @@ static void uninit(sf_node *node) {
   s->indexes = NULL;
   free(s->before);
   s->before = NULL;
+  free(s->picks);
+  s->picks = NULL;
   sf_shard_list_clear(&s->list);
   free(s->order);
   s->order = NULL;

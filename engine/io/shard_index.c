@@ -475,3 +475,29 @@ uint64_t sf_index_unpermute(uint64_t j, uint64_t n, uint64_t key) {
   while (j >= n);
   return j;
 }
+
+int sf_shard_index_load(sf_shard_index *index, const char *url, const char *index_dir, sf_error *unsaved,
+                        sf_error *error) {
+  *index = (sf_shard_index){0};
+  if (unsaved) unsaved->code = 0;
+  bool own_dir = index_dir && index_dir[0];
+  if (sf_url_is_remote(url) && !own_dir)
+    return sf_error_set(error, SF_EOPTION, SF_AT(.url = url),
+                        "remote shards need index_dir: the directory where `shardflow index --out DIR` wrote their "
+                        "indexes (a missing one is made there on first use)");
+  char *path = sf_shard_index_path(url, index_dir);
+  if (!path) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  int r = sf_shard_index_read(index, path, error);
+  if (r == 0) r = sf_shard_index_check(index, url, path, error);
+  if (r < 0 && r != SF_ENOENT) sf_shard_index_clear(index);
+  /* A dataset `energon prepare` indexed (SHARD.tar.idx beside the shard) needs no index of ours. */
+  if (r == SF_ENOENT && !own_dir) r = sf_shard_index_read_energon(index, url, error);
+  if (r == SF_ENOENT) {
+    /* Indexed on first use: the shard is read once, and the index kept for later runs where it can be. */
+    r = sf_shard_index_build(index, url, error);
+    sf_error why;
+    if (r == 0 && sf_shard_index_write(index, path, &why) < 0 && unsaved) *unsaved = why;
+  }
+  free(path);
+  return r;
+}

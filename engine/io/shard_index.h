@@ -74,6 +74,17 @@ int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error
  */
 int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error);
 
+/*
+ * The index of url as shard_source reads it: SHARD.sfidx in index_dir (NULL or empty: beside the
+ * shard), checked against the shard (sf_shard_index_check); else, beside a local shard without
+ * index_dir, Megatron-Energon's SHARD.tar.idx; else made from the shard (sf_shard_index_build) and
+ * written there, where a failure to write is not an error: *unsaved (may be NULL) gets it (code 0
+ * when the index was kept or not made). Returns 0 with *index; SF_EOPTION for a remote shard without
+ * index_dir; or the reading, checking and building errors above, in *error.
+ */
+int sf_shard_index_load(sf_shard_index *index, const char *url, const char *index_dir, sf_error *unsaved,
+                        sf_error *error);
+
 /* The local path a shard URL names (a path, or file:///path decoded), malloc'd; NULL for other URLs. */
 char *sf_shard_local_path(const char *url);
 

@@ -22,7 +22,7 @@ import time
 from . import elastic
 from .elastic import merge_states
 
-__all__ = ["ClosedError", "Pipeline", "ShardflowError", "copy", "dataset", "get_include", "get_plugin_dir", "library",
+__all__ = ["ClosedError", "Dataset", "Pipeline", "ShardflowError", "copy", "dataset", "get_include", "get_plugin_dir", "library",
            "merge_states"]
 
 SF_EAGAIN, SF_EOF, SF_ETIMEDOUT, SF_ECANCELED = -1, -2, -12, -16  # include/shardflow/error.h
@@ -125,6 +125,7 @@ def _load():
         "sf_graph_node_type": (c, [p, ctypes.c_int]),
         "sf_stage_help": (ctypes.c_int, [c, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_graph_dataset_size": (ctypes.c_int, [p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_Error)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
         "sf_pipeline_new": (ctypes.c_int, [ctypes.POINTER(p), p, ctypes.POINTER(_Options), ctypes.POINTER(_Error)]),
         "sf_pipeline_next": (ctypes.c_int, [p, ctypes.POINTER(p), ctypes.c_double]),
@@ -779,6 +780,89 @@ def _unpack_ragged(fields):
             elif kind in ("json", "jsn"):
                 parts = [json.loads(p) for p in parts]
         fields[name] = parts
+
+
+class Dataset:
+    """A map-style dataset over the graph's indexed shards (docs/data.md, "Indexed shards"): len(ds) is the
+    number of samples of shard_source's dataset (from the shards' indexes, made on first use), ds[i] the sample
+    with dataset index i (sample i of the shards in list order) through the graph's stages up to its batch,
+    as a dict of field -> that sample's row (arrays, or a list entry for a ragged field) plus "__key__".
+    ds.__getitems__(indices) reads many in one pass, which torch's DataLoader uses with its samplers
+    (DataLoader(ds, batch_size=64, shuffle=True)): every call runs the graph once, as one rank, over exactly
+    those samples (shard_source's order: global with samples), so give it many at a time. A shuffle stage
+    is bypassed (its buffer_size set to 1) and the batch stage keeps its last short batch; random stages
+    (augment) draw as in any run of the graph's seed. Keyword options are the stages' (as Pipeline's).
+    Raises ShardflowError when the graph has no shard_source or an index cannot be read (a stale one
+    names both files), ValueError for a graph with a pack or mix stage (rows would not be samples)."""
+
+    def __init__(self, graph, **options):
+        self._graph, self._options = graph, dict(options)
+        g = Pipeline._load_graph(graph, options)
+        try:
+            size, err = ctypes.c_uint64(), _Error()
+            r = library.sf_graph_dataset_size(g, ctypes.byref(size), ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
+            self._len = size.value
+            forced = {}
+            for i in range(library.sf_graph_node_count(g)):
+                stage, name = library.sf_graph_node_type(g, i).decode(), library.sf_graph_node_name(g, i).decode()
+                if stage in ("pack", "mix"):
+                    raise ValueError(f"the {stage} stage {name!r} does not give one row per sample: a map-style "
+                                     "Dataset needs a graph whose batch rows are its samples")
+                if stage == "shard_source" and not hasattr(self, "_source"):
+                    forced[f"{name}__order"], self._source = "global", name
+                elif stage == "shuffle":
+                    forced[f"{name}__buffer_size"] = 1
+                elif stage == "batch":
+                    forced[f"{name}__partial"] = True
+            self._forced = forced
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, i):
+        import operator
+        i = operator.index(i)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"dataset index {i} out of range: the dataset has {self._len} samples")
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices):
+        """The samples with these dataset indices, in this order (a list of dicts, see the class)."""
+        import operator
+        import tempfile
+        picks = []
+        for i in indices:
+            i = operator.index(i)
+            if not 0 <= i < self._len:
+                raise IndexError(f"dataset index {i} out of range: the dataset has {self._len} samples")
+            picks.append(i)
+        if not picks:
+            return []
+        fd, path = tempfile.mkstemp(prefix="shardflow-samples-", suffix=".txt")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(f"{i}\n" for i in picks))
+            options = dict(self._options, **self._forced, **{f"{self._source}__samples": path})
+            pipeline = Pipeline(self._graph, rank=0, world_size=1, epochs=1, output="dict", **options)
+            rows = []
+            try:
+                for batch in pipeline:
+                    n = len(batch["__key__"])
+                    rows += [{k: v[j] for k, v in batch.items()} for j in range(n)]
+            finally:
+                pipeline.close()
+        finally:
+            os.remove(path)
+        if len(rows) != len(picks):
+            raise ShardflowError(-5, f"{len(picks) - len(rows)} of the {len(picks)} samples asked for were skipped "
+                                 "(see the errors logged on the shardflow logger)")
+        return rows
 
 
 def dataset(graph, **kwargs):

@@ -285,5 +285,33 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
               "every sample once")
         check(set(consumed) == set(whole[:steps * 4 * old]), "the consumed samples are the permutation's first")
 
+    # A map-style Dataset: len() from the indexes, ds[i] = sample i of the shards in list order, decoded.
+    seq_graph = write_graph(os.path.join(tmp, "ds.yaml"), [
+        ("shard_source", dict(urls=small)), ("tar_split", {}), ("decode", {}), ("shuffle", dict(buffer_size=50)),
+        ("batch", dict(batch_size=6, partial=False))], seed=5)
+    ds = shardflow.Dataset(seq_graph)
+    check(len(ds) == len(small_keys), f"len(Dataset) is the dataset's samples: {len(ds)}")
+    for i in (0, 1, 34, 35, 279, -1):
+        row = ds[i]
+        check(row["__key__"] == small_keys[i] and int(row["cls"]) == int(small_keys[i].split("_")[1]) % 10,
+              f"ds[{i}] is sample {i} of the shards: {row['__key__']}")
+    picks = [200, 3, 77, 3, 150, 9, 10, 11]
+    rows = ds.__getitems__(picks)
+    check([r["__key__"] for r in rows] == [small_keys[i] for i in picks], "__getitems__ keeps the order asked")
+    try:
+        ds[len(ds)]
+        check(False, "an index past the end raises IndexError")
+    except IndexError:
+        pass
+    try:
+        import torch
+        loader = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, collate_fn=lambda rows: rows,
+                                             generator=torch.Generator().manual_seed(0))
+        seen = [r["__key__"] for rows in loader for r in rows]
+        check(sorted(seen) == sorted(small_keys) and seen != small_keys,
+              "DataLoader(Dataset, shuffle=True): every sample once, shuffled")
+    except ImportError:
+        pass
+
 check.done("index")
 shutil.rmtree(tmp)
