@@ -825,6 +825,8 @@ class Dataset:
 
     def __getitem__(self, i):
         import operator
+        if not hasattr(i, "__index__"):  # a batch of indices: DataLoader(ds, sampler=BatchSampler(...), batch_size=None)
+            return self.__getitems__(list(i))
         i = operator.index(i)
         if i < 0:
             i += self._len

@@ -305,8 +305,11 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         pass
     try:
         import torch
-        loader = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, collate_fn=lambda rows: rows,
-                                             generator=torch.Generator().manual_seed(0))
+        # Batches of indices reach the dataset whole (one pass of the graph each): torch >= 2 calls
+        # __getitems__ on its own; this form works with every version.
+        sampler = torch.utils.data.BatchSampler(
+            torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(0)), 32, False)
+        loader = torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=lambda rows: rows)
         seen = [r["__key__"] for rows in loader for r in rows]
         check(sorted(seen) == sorted(small_keys) and seen != small_keys,
               "DataLoader(Dataset, shuffle=True): every sample once, shuffled")
