@@ -420,6 +420,24 @@ class Pipeline:
             return None
         return samples, size, values.get("partial", "true") in ("true", "yes", "on", "1")
 
+    def _epoch_positions(self, world):
+        """order: global: the positions of an epoch of this graph at world size world (shard_source's start
+        runs to it): samples_per_epoch x ranks x workers, else the dataset's samples."""
+        g = self._load_graph(self._args[0], self._args[4])
+        try:
+            node = next(i for i in range(library.sf_graph_node_count(g))
+                        if library.sf_graph_node_name(g, i).decode() == self._indexed[0])
+            option = lambda o: int(library.sf_graph_node_option(g, node, o.encode()).decode())  # noqa: E731
+            if option("samples_per_epoch"):
+                return option("samples_per_epoch") * world * option("workers")
+            size, err = ctypes.c_uint64(), _Error()
+            r = library.sf_graph_dataset_size(g, ctypes.byref(size), ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
+            return size.value
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+
     @staticmethod
     def _indexed_order(g):
         """With shard_source's order: global, (its node name, batch size, why not): why not is None when the
@@ -523,7 +541,11 @@ class Pipeline:
                 raise ValueError(f"the state counts consumed samples, which cannot say which samples this graph "
                                  f"consumed: {self._indexed[2]}; resume at the same world size with a state "
                                  "without 'consumed'")
-            return self._start(int(state["epoch"]), 0, consumed=consumed)
+            epoch = int(state["epoch"])
+            if consumed >= self._epoch_positions(world):  # saved after the epoch's last batch: the next one
+                self._check_epoch(epoch + 1)
+                return self._start(epoch + 1, 0)
+            return self._start(epoch, 0, consumed=consumed)
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
                 plan = state["plans"][rank] if state.get("plans") else None

@@ -285,6 +285,22 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
               "every sample once")
         check(set(consumed) == set(whole[:steps * 4 * old]), "the consumed samples are the permutation's first")
 
+    # A state saved after the epoch's last batch resumes with the next epoch (not an empty one).
+    p = shardflow.Pipeline(graph, output="dict")
+    batches = iter(p)
+    for _ in range((len(small_keys) + 3) // 4):
+        next(batches)
+    state = p.state_dict()
+    p.close()
+    check(state["epoch"] == 0 and state["consumed"] >= len(small_keys), f"saved at the end of epoch 0: {state}")
+    p = shardflow.Pipeline(graph, output="dict")
+    whole1 = (epoch_keys(p), epoch_keys(p))[1]
+    p.close()
+    q = shardflow.Pipeline(graph, output="dict")
+    q.load_state_dict(state)
+    check(epoch_keys(q) == whole1 and whole1 != whole, "...resumes with epoch 1, as the uninterrupted run")
+    q.close()
+
     # A map-style Dataset: len() from the indexes, ds[i] = sample i of the shards in list order, decoded.
     seq_graph = write_graph(os.path.join(tmp, "ds.yaml"), [
         ("shard_source", dict(urls=small)), ("tar_split", {}), ("decode", {}), ("shuffle", dict(buffer_size=50)),
