@@ -17,8 +17,8 @@
 #include "url.h"
 #include "shardflow/stage.h"
 
-/* Most shards read ahead. */
-enum { LOOKAHEAD_MAX = 64 };
+/* Most shards read ahead; most ranges of shards (order: global / block over the network) read ahead. */
+enum { LOOKAHEAD_MAX = 64, RANGES_AHEAD = 128, QUEUE = RANGES_AHEAD + 1 };
 
 /*
  * The prefetch tuner (when the graph does not write `prefetch`): every WINDOW seconds it compares the share of
@@ -65,7 +65,7 @@ typedef struct tar_split {
   bool compiled;
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
   sf_shard_cache *cache;
-  ahead queue[LOOKAHEAD_MAX + 1]; /* items taken from the input, in order (a ring) */
+  ahead queue[QUEUE]; /* items taken from the input, in order (a ring) */
   int q_head, q_len, q_shards;
   bool input_done;        /* the input said SF_EOF */
   bool downloads_failed;  /* the prefetcher could not start: do not try again */
@@ -178,7 +178,7 @@ static const sf_option options[] = {
 
 /* ---- items taken ahead ---- */
 
-static ahead *q_at(tar_split *t, int i) { return &t->queue[(t->q_head + i) % (LOOKAHEAD_MAX + 1)]; }
+static ahead *q_at(tar_split *t, int i) { return &t->queue[(t->q_head + i) % QUEUE]; }
 
 static void ahead_clear(ahead *a) {
   sf_fetch_close(&a->fetch);
@@ -195,10 +195,10 @@ static bool is_range(const ahead *a) {
 
 /*
  * Indexed reads of remote shards (order: global / block) are one small request each: they need many under way
- * at once, not the few whole shards the tuner weighs, so the first one sets this many transfers and stops the
- * tuner; prefetch_bytes still bounds what they hold.
+ * at once, not the few whole shards the tuner weighs, so the first one sets this many transfers (and RANGES_AHEAD
+ * items ahead) and stops the tuner; prefetch_bytes still bounds what they hold (a range holds one 512 KiB block).
  */
-enum { RANGE_TRANSFERS = 32 };
+enum { RANGE_TRANSFERS = 64 };
 
 /* Starts fetching a remote shard taken ahead: from the cache, else a download; a range of one: that range. */
 static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
@@ -267,8 +267,8 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
 /* Takes input items ahead (up to `prefetch` shards) and starts their downloads. Returns how many it took. */
 static int fill_ahead(sf_node *node, tar_split *t) {
   int taken = 0;
-  while (!t->input_done && t->q_len < LOOKAHEAD_MAX + 1 &&
-         t->q_shards < (t->ranged ? LOOKAHEAD_MAX : t->prefetch) + (t->tar ? 0 : 1)) {
+  while (!t->input_done && t->q_len < QUEUE &&
+         t->q_shards < (t->ranged ? RANGES_AHEAD : t->prefetch) + (t->tar ? 0 : 1)) {
     ahead *a = q_at(t, t->q_len);
     *a = (ahead){.cache_fd = -1};
     int rc = sf_node_pop(node, &a->item);
@@ -425,7 +425,7 @@ static int next_item(sf_node *node, tar_split *t, ahead *out) {
   fill_ahead(node, t);
   if (t->q_len == 0) return t->input_done ? SF_EOF : SF_EAGAIN;
   *out = *q_at(t, 0);
-  t->q_head = (t->q_head + 1) % (LOOKAHEAD_MAX + 1);
+  t->q_head = (t->q_head + 1) % QUEUE;
   t->q_len--;
   if (out->item.kind == SF_ITEM_SHARD) t->q_shards--;
   return 0;
@@ -910,7 +910,7 @@ static void uninit(sf_node *node) {
   close_shard(t);
   while (t->q_len > 0) {
     ahead a = *q_at(t, 0);
-    t->q_head = (t->q_head + 1) % (LOOKAHEAD_MAX + 1);
+    t->q_head = (t->q_head + 1) % QUEUE;
     t->q_len--;
     ahead_clear(&a);
   }
