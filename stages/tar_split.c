@@ -507,6 +507,15 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fe
   sf_error error = {.offset = -1, .line = -1};
   int rc = 0;
   size_t n = (size_t)shard->range_length;
+  /* An index is outside input: a span larger than its samples may be (headers included) is not allocated. */
+  int64_t most = (int64_t)shard->range_samples * (t->max_sample_size + (1 << 20));
+  if (shard->range_samples == 0 || shard->range_length > most) {
+    rc = sf_error_set(&error, SF_ETOOBIG, SF_AT(.url = shard->url, .offset = shard->range_offset),
+                      "the index gives %llu sample(s) here %lld bytes, more than max_sample_size allows; check the "
+                      "index (shardflow index writes it again) or raise max_sample_size",
+                      (unsigned long long)shard->range_samples, (long long)shard->range_length);
+    goto parse;
+  }
   if (sf_url_is_remote(shard->url)) {
     if (!(t->range = calloc(1, n + END_BLOCKS)))
       rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);

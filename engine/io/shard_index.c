@@ -293,8 +293,8 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
   FILE *f = fopen(path, "r");
   if (!f) {
     int e = errno;
-    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot read the index: %s",
-                        strerror(e));
+    return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot read the index %s: %s",
+                        path, strerror(e));
   }
   char small[512], *value;
   long line = 1;
@@ -346,8 +346,8 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
   if (!ok) {
     sf_shard_index_clear(index);
     return sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line),
-                        "line %ld of the index is malformed (not what `shardflow index` writes, or samples that "
-                        "do not follow each other); delete the file and run shardflow index again", line);
+                        "%s:%ld: the index is malformed (not what `shardflow index` writes, or samples that "
+                        "do not follow each other); delete the file and run shardflow index again", path, line);
   }
   return 0;
 }

@@ -229,6 +229,22 @@ os.utime(energon_paths[1] + ".idx", (0, 0))
 p = order_run("energon_stale", energon, order="global", expect_fail=True)
 check(p.returncode != 0 and energon_paths[1] + ".idx" in p.stderr and "stale" in p.stderr,
       f"an Energon index older than its shard is refused, naming both: {p.stderr}")
+# A damaged index is refused with its file and line, a huge sample count without allocating for it.
+run(["index", "-q", small])  # r005 was rewritten above
+good = open(small_paths[6] + ".sfidx").read()
+lines = good.splitlines(True)
+for name, text, line in (("garbage", good.replace(lines[8], "12 x 34\n"), 9),
+                         ("count", good.replace(lines[5], "samples 99999999999999\n"), 6),
+                         ("gap", good.replace(lines[7], "%d %s" % (int(lines[7].split(" ", 1)[0]) + 512,
+                                                                   lines[7].split(" ", 1)[1])), 8)):
+    with open(small_paths[6] + ".sfidx", "w") as f:
+        f.write(text)
+    os.utime(small_paths[6] + ".sfidx")
+    p = order_run("bad_" + name, small, order="global", expect_fail=True)
+    check(p.returncode != 0 and f"r006.tar.sfidx:{line}" in p.stderr and "malformed" in p.stderr,
+          f"a damaged index ({name}) is refused naming its file and line {line}: {p.stderr}")
+with open(small_paths[6] + ".sfidx", "w") as f:
+    f.write(good)
 gz = os.path.join(tmp, "c.tar.gz")
 with open(small_paths[0], "rb") as f, open(gz, "wb") as g:
     import gzip
