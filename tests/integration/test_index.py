@@ -186,7 +186,9 @@ with nginx(os.path.join(tmp, "small")) as base:
     parts = [order_run(f"http{r}", remote, rank=r, world=2, order="global", batch_size=7, index_dir=remote_idx)[0]
              for r in range(2)]
     check(interleave(parts) == full, "over HTTP, 2 ranks: the same permutation as the local shards'")
+    os.remove(os.path.join(remote_idx, sorted(os.listdir(remote_idx))[2]))
     blocks = order_run("httpblock", remote, order="block", block_size=5, index_dir=remote_idx)[0]
+    check(len(os.listdir(remote_idx)) == 8, "a missing remote index is made on first use, in index_dir")
     check(sorted(blocks) == sorted(small_keys), "over HTTP, order: block: every sample once")
     p = order_run("http_noidx", remote, order="global", expect_fail=True)
     check(p.returncode != 0 and "index_dir" in p.stderr, f"remote shards need index_dir: {p.stderr}")
