@@ -38,17 +38,18 @@ def make_shards(root, shards, per_shard, prefix="s"):
     return os.path.join(root, prefix + "{%03d..%03d}.tar" % (0, shards - 1)), paths, keys
 
 
-def order_run(name, urls, rank=0, world=1, seed=1, epochs=1, batch_size=250, replicas=1, expect_fail=False, **source):
-    """One rank's keys per epoch, in the order the trainer gets them."""
+def order_run(name, urls, rank=0, world=1, seed=1, epochs=1, batch_size=250, replicas=1, expect_fail=False,
+              group=None, **source):
+    """One rank's keys per epoch, in the order the trainer gets them. group: decode in a group of these settings."""
     out = os.path.join(tmp, name)
     shutil.rmtree(out, ignore_errors=True)
     graph = write_graph(os.path.join(tmp, name + ".yaml"), [
         ("shard_source", dict(urls=urls, **source)),
         ("tar_split", {}),
-        ("decode", dict(replicas=replicas)),
+        ("decode", dict(replicas=replicas, **({"group": "decoders"} if group else {}))),
         ("batch", dict(batch_size=batch_size, partial=True)),
         ("device_sink", dict(npy_dir=out)),
-    ], seed=seed, epochs=epochs)
+    ], groups={"decoders": group} if group else None, seed=seed, epochs=epochs)
     p = run(["run", graph, "--quiet", "--no-summary", "--rank", str(rank), "--world-size", str(world)],
             check=not expect_fail)
     if expect_fail:
@@ -124,6 +125,8 @@ for world in (1, 2, 3, 7):
 for world in (2, 3, 7):
     check(layouts[world] == layouts[1], f"{world} ranks (3 with decode replicas): the same permutation as 1 rank")
 check(epoch0 != epoch1 and sorted(epoch0) == sorted(epoch1), "another epoch, another permutation of the same samples")
+grouped = order_run("ggroup", urls, order="global", epochs=2, group={"processes": 2, "unit_samples": 64})
+check(grouped[0] == epoch0 and grouped[1] == epoch1, "decode in a group of 2 processes: the same permutations")
 other_seed = order_run("gseed", urls, seed=2, order="global")[0]
 check(other_seed != epoch0, "another seed, another permutation")
 
