@@ -457,12 +457,6 @@ static void close_shard(tar_split *t) {
   t->range = NULL;
 }
 
-/*
- * An indexed read: the bytes of shard's range (whole samples, see sf_shard) by pread, then the tar reader
- * over them, so that the samples get the same fields and keys as a read of the whole shard. Takes shard.
- * Returns 0 (the range is open, or its failure was recorded and the error policy said go on) or the policy's
- * error.
- */
 static bool cancelled(void *node);
 
 /* A remote shard's range into t->range (n bytes): the download started ahead (taken), else one started now. */
@@ -502,6 +496,12 @@ static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **
   return rc;
 }
 
+/*
+ * An indexed read: the bytes of shard's range (whole samples, see sf_shard) by pread, or a remote shard's by
+ * its download (fetch, taken; NULL: one is started now), then the tar reader over them, so that the samples get
+ * the same fields and keys as a read of the whole shard. Takes shard. Returns 0 (the range is open, or its
+ * failure was recorded and the error policy said go on) or the policy's error.
+ */
 static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fetch) {
   enum { END_BLOCKS = 1024 }; /* tar's end-of-archive: two zero blocks */
   sf_error error = {.offset = -1, .line = -1};
@@ -551,6 +551,7 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fe
   }
   atomic_fetch_add_explicit(&t->read_ns, (uint_fast64_t)((now() - began) * 1e9), memory_order_relaxed);
 parse:
+  sf_fetch_close(&fetch); /* not read: refused before */
   if (rc == 0) rc = sf_tar_reader_open_memory(&t->tar, t->range, n + END_BLOCKS, shard->url, &error);
   if (rc < 0) {
     char url[512];

@@ -101,6 +101,7 @@ struct sf_fetch {
   char pin_etag[200], pin_modified[64];
   /* A ranged download (sf_prefetch_start_range): bytes [base, base + length) of the object; length 0 = all. */
   int64_t base, length;
+  char want_etag[200];  /* a ranged download: the ETag the object must have (the index's), or "" */
   sf_object_version cached;  /* the caller's copy: the first request is conditional on it */
   sf_object_version version; /* the first response with a body (set before its first byte is kept) */
   bool not_modified;         /* the server answered 304 to the conditional request */
@@ -301,7 +302,7 @@ static void check_response(sf_fetch *f) {
   f->mode = BODY_KEEP;
   int64_t from = f->attempt_from;
   if (f->length > 0) { /* a ranged download: only the bytes asked for, of the version asked for */
-    bool same = !f->pin_etag[0] || strcmp(f->etag, f->pin_etag) == 0;
+    bool same = !f->want_etag[0] || strcmp(f->etag, f->want_etag) == 0;
     if (status != 206 || f->range_start != f->base + from) {
       f->verdict = SF_EUNSUPPORTED;
       snprintf(f->verdict_text, sizeof f->verdict_text,
@@ -312,7 +313,7 @@ static void check_response(sf_fetch *f) {
       f->verdict = SF_EIO;
       snprintf(f->verdict_text, sizeof f->verdict_text,
                "the shard changed since it was indexed (ETag %.100s, the index has %.100s): run shardflow index on "
-               "it again", f->etag[0] ? f->etag : "none", f->pin_etag);
+               "it again", f->etag[0] ? f->etag : "none", f->want_etag);
     } else if (from == 0) {
       snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
       snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
@@ -1291,7 +1292,11 @@ static int start_fetch(sf_prefetch *p, const char *url, const sf_object_version 
   if (cached) f->cached = *cached;
   f->base = base;
   f->length = length;
-  if (if_match && if_match[0]) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", if_match);
+  if (if_match && if_match[0]) {
+    snprintf(f->want_etag, sizeof f->want_etag, "%s", if_match);
+    /* If-Match compares strongly: a weak ETag never matches, so it is only compared with the answer's. */
+    if (strong_etag(if_match)) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", if_match);
+  }
   char name[280] = "";
   if (!f->is_store) server_name(url, name, sizeof name); /* a store's is its endpoint's, known when signed */
   pthread_mutex_lock(&p->lock);
