@@ -296,6 +296,13 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
     return sf_error_set(error, e == ENOENT ? SF_ENOENT : SF_EIO, SF_AT(.url = path), "cannot read the index %s: %s",
                         path, strerror(e));
   }
+  int r = sf_shard_index_read_stream(index, f, path, error);
+  fclose(f);
+  return r;
+}
+
+int sf_shard_index_read_stream(sf_shard_index *index, FILE *f, const char *path, sf_error *error) {
+  *index = (sf_shard_index){0};
   char small[512], *value;
   long line = 1;
   int64_t count = 0;
@@ -313,7 +320,6 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
     index->offsets = calloc((size_t)count + 1, sizeof *index->offsets);
     index->keys = calloc((size_t)count ? (size_t)count : 1, sizeof *index->keys);
     if (!index->offsets || !index->keys) {
-      fclose(f);
       sf_shard_index_clear(index);
       return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory reading the index");
     }
@@ -342,7 +348,6 @@ int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error
     }
   }
   free(big);
-  fclose(f);
   if (!ok) {
     sf_shard_index_clear(index);
     return sf_error_set(error, SF_EFORMAT, SF_AT(.url = path, .line = line),

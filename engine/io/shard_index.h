@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "shardflow/error.h"
 
@@ -56,6 +57,9 @@ int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error
  * SF_EFORMAT with *error naming the file and line of what is malformed; SF_ENOMEM.
  */
 int sf_shard_index_read(sf_shard_index *index, const char *path, sf_error *error);
+
+/* The same from an open stream (borrowed, read to where the index ends); path names it in messages. */
+int sf_shard_index_read_stream(sf_shard_index *index, FILE *stream, const char *path, sf_error *error);
 
 /*
  * Reads Megatron-Energon's index of a local shard (`energon prepare` writes SHARD.tar.idx next to
