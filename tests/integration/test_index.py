@@ -322,6 +322,25 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
     check(epoch_keys(q) == whole1 and whole1 != whole, "...resumes with epoch 1, as the uninterrupted run")
     q.close()
 
+    # The iterable form's state through torchdata's Stateful protocol, as a StatefulDataLoader drives it in
+    # each worker: state_dict() mid-iteration, load_state_dict() into a fresh copy, the rest follows exactly.
+    try:
+        import shardflow.torch as sft
+        for extra in ({}, {"shard_source__workers": 2, "shard_source__worker": 1}):  # a DataLoader worker's split
+            ds = sft.PipelineDataset(graph, output="dict", **extra)
+            full_run = [list(b["__key__"]) for b in ds]
+            it = iter(ds)
+            head = [list(next(it)["__key__"]) for _ in range(3)]
+            state = ds.state_dict()
+            it.close()
+            ds2 = sft.PipelineDataset(graph, output="dict", **extra)
+            ds2.load_state_dict(pickle.loads(pickle.dumps(state)))
+            rest = [list(b["__key__"]) for b in ds2]
+            check(head + rest == full_run, f"PipelineDataset state_dict/load_state_dict ({extra or 'no workers'}): "
+                  "the iteration goes on exactly")
+    except ImportError:
+        pass
+
     # A map-style Dataset: len() from the indexes, ds[i] = sample i of the shards in list order, decoded.
     seq_graph = write_graph(os.path.join(tmp, "ds.yaml"), [
         ("shard_source", dict(urls=small)), ("tar_split", {}), ("decode", {}), ("shuffle", dict(buffer_size=50)),
