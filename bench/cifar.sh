@@ -20,10 +20,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/cifar.sh [--rounds N] [--ref-shards N]" >&2; exit 2 ;;
   esac
 done
-tools/setup-debian.sh
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dtests=false >/dev/null
-ninja -C "$build" shardflow >/dev/null
-case $build in /*) ;; *) build=$top/$build ;; esac
+. bench/lib.sh
+bench_build
 sf=$build/shardflow
 # The shards: bench/run.sh's set (CIFAR-10 .ppm + .cls, 2,000 samples a shard, 50 shards).
 shards=$top/data/bench/cifar10-x2

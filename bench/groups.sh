@@ -31,10 +31,8 @@ while [ $# -gt 0 ]; do
        exit 2 ;;
   esac
 done
-tools/setup-debian.sh
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dtests=false >/dev/null
-ninja -C "$build" shardflow >/dev/null
-case $build in /*) ;; *) build=$top/$build ;; esac
+. bench/lib.sh
+bench_build
 sf=$build/shardflow
 
 # The shards: photographs cut from Debian's mate-backgrounds (12 photos of 1280x1024 to 2560x1920) into

@@ -28,10 +28,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/imagenet.sh [--runs N] [--samples N]" >&2; exit 2 ;;
   esac
 done
-tools/setup-debian.sh
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release -Dtests=false >/dev/null
-ninja -C "$build" shardflow >/dev/null
-case $build in /*) ;; *) build=$top/$build ;; esac
+. bench/lib.sh
+bench_build
 
 data=$top/data/bench/imagenet-q90-$samples
 if [ ! -f "$data/.done" ]; then

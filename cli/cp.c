@@ -1,4 +1,4 @@
-/* `shardflow cp SRC DST`: atomic copies between local files and http(s) object stores. */
+/* `shardflow cp SRC DST`: atomic copies between local files and http(s), s3://, gs://, az:// (and from hf://). */
 #include <stddef.h>
 #include <stdio.h>
 

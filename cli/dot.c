@@ -229,7 +229,13 @@ static void put_graph(FILE *out, const sf_graph *g, const char *path, json_t *re
       bool crops = g->nodes[i].wire_normalize;                           /* a group's results, sent as uint8 */
       if (ports > 1 || rated || deferred || crops) { /* a merge's port, what the producer sends (its mean over the run) */
         fprintf(out, " [label=\"");
-        if (ports > 1) fprintf(out, "in%d%s", p, rated || deferred || crops ? "\\n" : "");
+        if (ports > 1) { /* the port's name in the stage's list (mix: in0, in1, ...) */
+          const sf_stage_def *def = sf_stage_find(sf_graph_node_type(g, i));
+          char port[64] = "";
+          if (!def || sf_port_name_at(def->inputs, p, port, sizeof port) <= 0) snprintf(port, sizeof port, "in%d", p);
+          put_escaped(out, port);
+          fprintf(out, "%s", rated || deferred || crops ? "\\n" : "");
+        }
         if (deferred) fprintf(out, "deferred fields%s", rated ? "\\n" : "");
         if (crops) fprintf(out, "uint8 HWC crops (planned)%s", rated ? "\\n" : "");
         if (rated) fprintf(out, "%.1f items/s\\n%.2f MiB/s", items, mib);

@@ -9,7 +9,6 @@
 #include "options.h"
 #include "plugin_loader.h"
 #include "registry.h"
-#include "remote.h"
 
 typedef struct help_args {
   bool markdown;
@@ -29,7 +28,7 @@ static const sf_cli_option help_options[] = {
 };
 
 static const char settings_about[] =
-    "the top-level keys of a graph file besides `stages`, `edges`, `groups` and `plugins`; "
+    "the top-level keys of a graph file besides `stages`, `groups` and `plugins`; "
     "`shardflow run --set KEY=VALUE` sets one";
 
 /* `shardflow help settings`: the graph settings from their table (engine/graph/graph.c). */
@@ -38,9 +37,9 @@ static void print_settings(void) {
   sf_options_print_help(stdout, sf_graph_settings);
 }
 
-/* Groups are configured by the _remote stage's options table; shown under the name users write. */
+/* Groups are configured by their head stage's options table; shown under the name users write. */
 static sf_stage_def groups_def(void) {
-  sf_stage_def d = sf_stage_remote;
+  sf_stage_def d = *sf_registry_group_head();
   d.name = "groups";
   d.summary = "`groups: {NAME: {options}}` runs the map stages marked `group: NAME` in worker processes "
               "(local `processes:`, or remote `shardflow worker`s connecting to `listen:`)";

@@ -179,8 +179,9 @@ const sf_cli_command sf_cli_ls = {
              "control characters and bytes that are not UTF-8 as \\xNN, C1 controls and\n"
              "bidirectional overrides as \\uNNNN; --json escapes as JSON does).\n"
              "URLs are paths, file://, http(s):// or pipe:CMD, and may be brace patterns\n"
-             "(shard-{000..009}.tar) or @FILE lists. s3:// and gs:// URLs ending in '/'\n"
-             "are prefixes: every .tar, .tar.gz, .tgz and .tar.zst object under them.\n"
+             "(shard-{000..009}.tar) or @FILE lists. s3://, gs://, az:// and hf:// URLs\n"
+             "ending in '/' are prefixes: every .tar, .tar.gz, .tgz and .tar.zst object\n"
+             "under them.\n"
              "Options come before the first URL.",
     .options = ls_options,
     .notes = "Exit status: 0 when every shard was read cleanly, 1 when any shard or\n"

@@ -7,7 +7,6 @@
 
 #include "graph.h"
 #include "node.h"
-#include "remote.h"
 
 uint64_t sf_cli_epoch_length(const sf_graph *graph) {
   uint64_t source = 0;
@@ -46,12 +45,10 @@ void sf_cli_progress_bar(FILE *out, sf_pipeline *p, const sf_cli_progress *pr) {
     put_duration(out, pr->samples >= pr->epoch_length ? 0 : (double)(pr->epoch_length - pr->samples) / pr->rate);
   }
   fprintf(out, "  epoch %llu step %llu", (unsigned long long)pr->epoch, (unsigned long long)pr->step);
-  sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
-  if (node) {
-    static sf_remote_stats st; /* large; the CLI reports from one thread */
-    sf_remote_describe(node, &st);
-    fprintf(out, "  workers %d", st.live);
-  }
+  static sf_node_stats stats[64]; /* large; the CLI reports from one thread */
+  int n = sf_pipeline_stats(p, stats, 64);
+  for (int i = 0; i < n && i < 64; i++)
+    if (stats[i].stage.group) fprintf(out, "  workers %llu", (unsigned long long)stats[i].stage.workers);
   fputs("\033[K", out);
   fflush(out);
 }
@@ -63,7 +60,7 @@ static void put_rates(json_t *o, uint64_t items, uint64_t bytes, double seconds)
   json_object_set_new(o, "mib_per_second", json_real(s ? (double)bytes / 1048576.0 / s : 0));
 }
 
-static json_t *node_record(sf_pipeline *p, const sf_node_stats *s, double seconds) {
+static json_t *node_record(const sf_node_stats *s, double seconds) {
   json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:I, s:f, s:f, s:I, s:I, s:I}", "name", s->name, "type", s->type,
                         "replicas", s->replicas, "items", (json_int_t)s->items, "bytes", (json_int_t)s->bytes,
                         "busy_seconds", s->busy_seconds, "wait_seconds", s->wait_seconds, "errors",
@@ -72,19 +69,18 @@ static json_t *node_record(sf_pipeline *p, const sf_node_stats *s, double second
   put_rates(o, s->items, s->bytes, seconds);
   if (s->n_inputs > 1) { /* a mix: what each input gave, as the stage table's "<-" lines */
     json_t *in = json_object();
-    for (int j = 0; j < s->n_inputs && j < 8; j++)
+    for (int j = 0; j < s->n_inputs && j < SF_NODE_INPUTS_MAX; j++)
       json_object_set_new(in, s->input_names[j], json_integer((json_int_t)s->input_items[j]));
     json_object_set_new(o, "inputs", in);
   }
-  sf_node_tuned tuned[SF_NODE_TUNED_MAX];
-  int n_tuned = sf_pipeline_node_tuned(p, s->name, tuned, SF_NODE_TUNED_MAX);
-  if (n_tuned > 0) { /* what the tuner chose, and when */
+  const sf_stage_stats *x = &s->stage;
+  if (x->n_tuned > 0) { /* what the tuner chose, and when */
     json_t *t = json_object();
-    for (int j = 0; j < n_tuned; j++)
-      json_object_set_new(t, tuned[j].option,
-                          json_pack("{s:I, s:I, s:b, s:I, s:f}", "value", (json_int_t)tuned[j].value, "initial",
-                                    (json_int_t)tuned[j].initial, "pinned", tuned[j].pinned, "changes",
-                                    (json_int_t)tuned[j].changes, "changed_at", tuned[j].changed_at));
+    for (int j = 0; j < x->n_tuned && j < SF_STAGE_TUNED_MAX; j++)
+      json_object_set_new(t, x->tuned[j].option,
+                          json_pack("{s:I, s:I, s:b, s:I, s:f}", "value", (json_int_t)x->tuned[j].value, "initial",
+                                    (json_int_t)x->tuned[j].initial, "pinned", x->tuned[j].pinned, "changes",
+                                    (json_int_t)x->tuned[j].changes, "changed_at", x->tuned[j].changed_at));
     json_object_set_new(o, "tuned", t);
   }
   if (s->n_counters > 0) { /* the stage's own counters (sf_node_counter_add), as the table's lines under its row */
@@ -96,37 +92,39 @@ static json_t *node_record(sf_pipeline *p, const sf_node_stats *s, double second
   return o;
 }
 
-static json_t *group_record(sf_node *node, double seconds) {
-  static sf_remote_stats st; /* large; the CLI reports from one thread */
-  sf_remote_describe(node, &st);
+static json_t *group_record(sf_pipeline *p, const sf_node_stats *group, double seconds) {
+  static sf_worker_stats ws[64]; /* large; the CLI reports from one thread */
+  int n = sf_pipeline_workers(p, group->name, ws, 64);
   json_t *workers = json_array();
-  for (int w = 0; w < st.n_workers; w++) {
-    const sf_remote_worker_stats *ws = &st.workers[w];
+  for (int w = 0; w < n && w < 64; w++) {
     json_t *stages = json_array();
-    for (int i = 0; i < ws->n_stats; i++) {
-      const sf_wire_stage_stats *s = &ws->stats[i];
+    for (int i = 0; i < ws[w].n_stages; i++) {
+      const sf_worker_stage_stats *s = &ws[w].stages[i];
       json_t *o = json_pack("{s:s, s:I, s:I, s:f, s:f, s:I}", "name", s->name, "items", (json_int_t)s->items, "bytes",
-                            (json_int_t)s->bytes, "busy_seconds", (double)s->busy_ns * 1e-9, "wait_seconds",
-                            (double)s->wait_ns * 1e-9, "errors", (json_int_t)s->errors);
+                            (json_int_t)s->bytes, "busy_seconds", s->busy_seconds, "wait_seconds", s->wait_seconds,
+                            "errors", (json_int_t)s->errors);
       if (o) put_rates(o, s->items, s->bytes, seconds);
       json_array_append_new(stages, o);
     }
-    json_array_append_new(workers, json_pack("{s:s, s:I, s:b, s:I, s:I, s:f, s:o}", "name", ws->name, "pid",
-                                             (json_int_t)ws->pid, "live", ws->live, "samples", (json_int_t)ws->samples,
-                                             "units", (json_int_t)ws->units, "rate", ws->rate, "stages", stages));
+    json_array_append_new(workers, json_pack("{s:s, s:I, s:b, s:I, s:I, s:f, s:o}", "name", ws[w].name, "pid",
+                                             (json_int_t)ws[w].pid, "live", ws[w].live, "samples",
+                                             (json_int_t)ws[w].samples, "units", (json_int_t)ws[w].units, "rate",
+                                             ws[w].rate, "stages", stages));
   }
-  return json_pack("{s:s, s:i, s:o, s:I, s:I}", "name", sf_node_name(node), "live_workers", st.live, "workers",
-                   workers, "reassigned", (json_int_t)st.reassigned, "duplicates", (json_int_t)st.duplicates);
+  return json_pack("{s:s, s:i, s:o, s:I, s:I}", "name", group->name, "live_workers", (int)group->stage.workers,
+                   "workers", workers, "reassigned", (json_int_t)group->stage.reassigned, "duplicates",
+                   (json_int_t)group->stage.duplicates);
 }
 
 int sf_cli_stats_record(FILE *out, sf_pipeline *p, const sf_cli_progress *pr, bool final) {
-  sf_node_stats stats[64];
+  static sf_node_stats stats[64]; /* large; the CLI reports from one thread */
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
   json_t *nodes = json_array(), *groups = json_array();
-  for (int i = 0; i < n; i++) json_array_append_new(nodes, node_record(p, &stats[i], pr->run_seconds));
-  sf_node *group = sf_pipeline_find_node(p, &sf_stage_remote);
-  if (group) json_array_append_new(groups, group_record(group, pr->run_seconds));
+  for (int i = 0; i < n; i++) {
+    json_array_append_new(nodes, node_record(&stats[i], pr->run_seconds));
+    if (stats[i].stage.group) json_array_append_new(groups, group_record(p, &stats[i], pr->run_seconds));
+  }
   char bottleneck[512];
   const char *culprit; /* the node the line names, for `shardflow dot` to mark */
   sf_pipeline_bottleneck_named(p, bottleneck, sizeof bottleneck, &culprit);

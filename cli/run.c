@@ -15,7 +15,6 @@
 #include "graph_plan.h"
 #include "node.h"
 #include "options.h"
-#include "remote.h"
 #include "shardflow/shardflow.h"
 
 typedef struct run_args {
@@ -90,18 +89,42 @@ static const char *clock_text(char *buf, size_t size) {
 
 /* Appends " Workers=N name=rate ..." for each group's node to the progress line. */
 static void print_workers(sf_pipeline *p) {
-  sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
-  if (!node) return;
-  static sf_remote_stats st;
-  sf_remote_describe(node, &st);
-  printf(" Workers=%d", st.live);
-  for (int i = 0; i < st.n_workers; i++)
-    if (st.workers[i].live) printf(" %s=%.1f", st.workers[i].name, st.workers[i].rate);
+  static sf_node_stats stats[64];
+  static sf_worker_stats workers[64]; /* large; the CLI reports from one thread */
+  int n = sf_pipeline_stats(p, stats, 64);
+  for (int i = 0; i < n && i < 64; i++) {
+    if (!stats[i].stage.group) continue;
+    printf(" Workers=%llu", (unsigned long long)stats[i].stage.workers);
+    int k = sf_pipeline_workers(p, stats[i].name, workers, 64);
+    for (int w = 0; w < k && w < 64; w++)
+      if (workers[w].live) printf(" %s=%.1f", workers[w].name, workers[w].rate);
+  }
+}
+
+/* The tables of a group's workers, each process's own stages as it last reported them, and the group's counts. */
+static void print_group(sf_pipeline *p, const sf_node_stats *group) {
+  static sf_worker_stats workers[64]; /* large; the CLI reports from one thread */
+  int k = sf_pipeline_workers(p, group->name, workers, 64);
+  for (int w = 0; w < k && w < 64; w++) {
+    const sf_worker_stats *ws = &workers[w];
+    fprintf(stderr, "\nworker %s (pid %lld%s): %llu samples in %llu units\n", ws->name, (long long)ws->pid,
+            ws->live ? "" : ", gone", (unsigned long long)ws->samples, (unsigned long long)ws->units);
+    fprintf(stderr, "%-14s %12s %12s %9s %9s %7s\n", "node", "items", "MiB", "busy s", "wait s", "errors");
+    for (int i = 0; i < ws->n_stages; i++) {
+      const sf_worker_stage_stats *s = &ws->stages[i];
+      fprintf(stderr, "%-14s %12llu %12.1f %9.2f %9.2f %7llu\n", s->name, (unsigned long long)s->items,
+              (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds, (unsigned long long)s->errors);
+    }
+  }
+  const sf_stage_stats *st = &group->stage;
+  fprintf(stderr, "\ngroup %s: %llu units reassigned, %llu duplicate results dropped, %llu malformed messages "
+          "dropped, %llu connections refused\n", group->name, (unsigned long long)st->reassigned,
+          (unsigned long long)st->duplicates, (unsigned long long)st->malformed, (unsigned long long)st->refused);
 }
 
 /* One table per process: the head's nodes, then each worker's stages as it last reported them. */
 static void print_summary(sf_pipeline *p) {
-  sf_node_stats stats[64];
+  static sf_node_stats stats[64]; /* large; the CLI reports from one thread */
   int n = sf_pipeline_stats(p, stats, 64);
   if (n > 64) n = 64;
   const char *header = "%-14s %-13s %4s %12s %12s %9s %9s %7s %8s %8s\n";
@@ -112,12 +135,10 @@ static void print_summary(sf_pipeline *p) {
     fprintf(stderr, "%-14s %-13s %4d %12llu %12.1f %9.2f %9.2f %7llu %8llu %8llu\n", s->name, s->type, s->replicas,
             (unsigned long long)s->items, (double)s->bytes / 1048576.0, s->busy_seconds, s->wait_seconds,
             (unsigned long long)s->errors, (unsigned long long)s->skipped, (unsigned long long)s->filtered);
-    for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < 8; j++) /* a mix: what each input gave */
+    for (int j = 0; s->n_inputs > 1 && j < s->n_inputs && j < SF_NODE_INPUTS_MAX; j++) /* a mix: what each input gave */
       fprintf(stderr, "  <- %-25s %12llu\n", s->input_names[j], (unsigned long long)s->input_items[j]);
-    sf_node_tuned tuned[SF_NODE_TUNED_MAX];
-    int n_tuned = sf_pipeline_node_tuned(p, s->name, tuned, SF_NODE_TUNED_MAX);
-    for (int j = 0; j < n_tuned; j++) { /* what the tuner chose, and when */
-      const sf_node_tuned *u = &tuned[j];
+    for (int j = 0; j < s->stage.n_tuned && j < SF_STAGE_TUNED_MAX; j++) { /* what the tuner chose, and when */
+      const sf_stage_tuned *u = &s->stage.tuned[j];
       if (u->pinned)
         fprintf(stderr, "  %s %lld (written: not tuned)\n", u->option, (long long)u->value);
       else if (u->changes == 0)
@@ -129,25 +150,8 @@ static void print_summary(sf_pipeline *p) {
     for (int j = 0; j < s->n_counters; j++) /* the stage's own counters (sf_node_counter_add) */
       fprintf(stderr, "     %-25s %12llu\n", s->counter_names[j], (unsigned long long)s->counters[j]);
   }
-  sf_node *node = sf_pipeline_find_node(p, &sf_stage_remote);
-  if (!node) return;
-  static sf_remote_stats st;
-  sf_remote_describe(node, &st);
-  for (int w = 0; w < st.n_workers; w++) {
-    const sf_remote_worker_stats *ws = &st.workers[w];
-    fprintf(stderr, "\nworker %s (pid %lld%s): %llu samples in %llu units\n", ws->name, (long long)ws->pid,
-            ws->live ? "" : ", gone", (unsigned long long)ws->samples, (unsigned long long)ws->units);
-    fprintf(stderr, "%-14s %12s %12s %9s %9s %7s\n", "node", "items", "MiB", "busy s", "wait s", "errors");
-    for (int i = 0; i < ws->n_stats; i++) {
-      const sf_wire_stage_stats *s = &ws->stats[i];
-      fprintf(stderr, "%-14s %12llu %12.1f %9.2f %9.2f %7llu\n", s->name, (unsigned long long)s->items,
-              (double)s->bytes / 1048576.0, (double)s->busy_ns * 1e-9, (double)s->wait_ns * 1e-9,
-              (unsigned long long)s->errors);
-    }
-  }
-  fprintf(stderr, "\ngroup %s: %llu units reassigned, %llu duplicate results dropped, %llu malformed messages "
-          "dropped, %llu connections refused\n", sf_node_name(node), (unsigned long long)st.reassigned,
-          (unsigned long long)st.duplicates, (unsigned long long)st.malformed, (unsigned long long)st.refused);
+  for (int i = 0; i < n; i++)
+    if (stats[i].stage.group) print_group(p, &stats[i]);
 }
 
 /* SIGUSR1 asks for the bottleneck line; the main loop prints it between batches (not in the handler). */

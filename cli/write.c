@@ -253,7 +253,7 @@ const sf_cli_command sf_cli_write = {
              "from elsewhere, pass --root DIR to refuse files that do not resolve under DIR.\n"
              "OUTPUT_PATTERN holds one %d conversion for the shard number, e.g.\n"
              "out/cifar-train-%06d.tar (shards are numbered from 0), or a URL such as\n"
-             "s3://bucket/train/shard-%06d.tar (s3://, gs://, http(s)://: each shard is written to\n"
+             "s3://bucket/train/shard-%06d.tar (s3://, gs://, az://, http(s)://: each shard is written to\n"
              "$TMPDIR, uploaded as by `shardflow cp` and read back, then removed).",
     .notes = "A shard appears whole or not at all: a local one is written to a partial file next\n"
              "to it and renamed into place when done; a URL's is staged in $TMPDIR at a fresh,\n"

@@ -1,4 +1,5 @@
-/* augment: resize, crops (padded random, center, random resized), flip, normalize, layout and dtype in one pass. */
+/* augment: resize, crops (padded random, center, random resized), flip, normalize, layout and dtype in one pass,
+ * for images [H,W,C] and for clips [T,H,W,C] (every frame with the sample's one draw). */
 #include <math.h>
 #include <stdio.h>
 #include <stddef.h>
@@ -9,7 +10,8 @@
 #include "shardflow/stage.h"
 
 enum { CROP_NONE, CROP_RANDOM, CROP_CENTER, CROP_RANDOM_RESIZED };
-enum { LAYOUT_HWC, LAYOUT_CHW };
+/* hwc/chw name a frame's axes (a clip keeps T first); thwc/tchw/cthw name a clip's (an image has no T). */
+enum { LAYOUT_HWC, LAYOUT_CHW, LAYOUT_THWC, LAYOUT_TCHW, LAYOUT_CTHW };
 enum { OUT_UINT8, OUT_FLOAT32, OUT_BFLOAT16 };
 /* Most channels an image may have here; decoded images have 1, 3 or 4. */
 enum { MAX_CHANNELS = SF_LAZY_MAX_CHANNELS };
@@ -38,15 +40,15 @@ typedef struct augment {
 } augment;
 
 static const char *const crop_names[] = {"none", "random", "center", "random_resized", NULL};
-static const char *const layout_names[] = {"hwc", "chw", NULL};
+static const char *const layout_names[] = {"hwc", "chw", "thwc", "tchw", "cthw", NULL};
 static const char *const dtype_names[] = {"uint8", "float32", "bfloat16", NULL};
 
 static const sf_option options[] = {
     {"fields", SF_OPT_NAME_LIST, offsetof(augment, fields), "", 0, 0,
-     "comma-separated image fields to transform (\"\" = every decoded uint8 [H,W,C] field, and a uint16 one "
-     "from decode's depth 16 is an error record; a listed "
+     "comma-separated image fields to transform (\"\" = every decoded uint8 [H,W,C] image and uint8 [T,H,W,C] "
+     "clip (the video plugin's), and a uint16 one from decode's depth 16 is an error record; a listed "
      "field missing from a sample is an error); all fields of a sample get the same random draws, so "
-     "an image and its mask stay aligned",
+     "an image and its mask stay aligned, and every frame of a clip gets the same crop and flip",
      NULL},
     {"crop", SF_OPT_ENUM, offsetof(augment, crop), "none", 0, 0,
      "crop: none, random (torchvision RandomCrop with padding), center (CenterCrop, zero-pads a "
@@ -73,7 +75,9 @@ static const sf_option options[] = {
     {"std", SF_OPT_FLOAT_LIST, offsetof(augment, std), "", 0, 0,
      "per-channel standard deviation divided by after subtracting mean (same length as mean)", NULL},
     {"layout", SF_OPT_ENUM, offsetof(augment, layout), "chw", 0, 0,
-     "output layout: hwc ([H,W,C]) or chw ([C,H,W])", layout_names},
+     "output layout: hwc ([H,W,C]) or chw ([C,H,W]); a clip gets [T,H,W,C] or [T,C,H,W] from these, and thwc "
+     "([T,H,W,C]), tchw ([T,C,H,W]) or cthw ([C,T,H,W]) name a clip's axes (an image then gets hwc, chw, chw)",
+     layout_names},
     {"dtype", SF_OPT_ENUM, offsetof(augment, dtype), "float32", 0, 0,
      "output type: uint8 (pixel values kept), float32 (x/255, then normalised) or bfloat16 (the "
      "float32 rounded to nearest even)",
@@ -211,8 +215,13 @@ static bool is_uint16_image(const sf_field *f) {
   return !f->encoded && f->tensor.dtype == SF_DTYPE_UINT16 && f->tensor.ndim == 3 && (f->tensor.buffer || f->recipe);
 }
 
+/* A decoded uint8 [T,H,W,C] clip (the video plugin's output). */
+static bool is_clip(const sf_field *f) {
+  return !f->encoded && f->tensor.dtype == SF_DTYPE_UINT8 && f->tensor.ndim == 4 && (f->tensor.buffer || f->recipe);
+}
+
 static bool selected(const augment *a, const sf_field *f) {
-  if (a->n_names == 0) return is_image(f) || is_uint16_image(f);
+  if (a->n_names == 0) return is_image(f) || is_uint16_image(f) || is_clip(f);
   for (int i = 0; i < a->n_names; i++)
     if (strcmp(a->names[i], f->name) == 0) return true;
   return false;
@@ -257,8 +266,8 @@ static int check_image(const augment *a, const sf_field *f, field_error *e) {
                 "uint8 images only: set decode's `depth: 8`, or leave the field out of augment's `fields`",
                 f->name);
   if (!is_image(f))
-    return FAIL(e, SF_ESHAPE, "field '%s' is not a decoded uint8 [H,W,C] image (%s, %d dimensions%s); "
-                "decode it first or leave it out of `fields`", f->name, sf_dtype_name(in->dtype), in->ndim,
+    return FAIL(e, SF_ESHAPE, "field '%s' is not a decoded uint8 [H,W,C] image or [T,H,W,C] clip (%s, %d "
+                "dimensions%s); decode it first or leave it out of `fields`", f->name, sf_dtype_name(in->dtype), in->ndim,
                 f->encoded ? ", still encoded" : "");
   int64_t h = in->shape[0], w = in->shape[1], c = in->shape[2];
   if (h < 1 || w < 1 || c < 1 || c > MAX_CHANNELS)
@@ -268,6 +277,11 @@ static int check_image(const augment *a, const sf_field *f, field_error *e) {
     return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
                 "per channel", f->name, (long long)c, a->mean.n);
   return 0;
+}
+
+/* The layout of one image or one frame of a clip: hwc and thwc keep channels last, the others put them first. */
+static int frame_layout(const augment *a) {
+  return a->layout == LAYOUT_HWC || a->layout == LAYOUT_THWC ? SF_LAZY_HWC : SF_LAZY_CHW;
 }
 
 /* The sizes a field's plan is made of: the source (h, w), after `resize` (rh, rw) and out (oh, ow). */
@@ -351,7 +365,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   sf_rng_seed(&rng, stream);
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
   sf_lazy_transform t = {.src = *in, .jpeg = jpeg, .tables = a->luts, .dtype = out_dtype[a->dtype],
-                         .layout = a->layout == LAYOUT_CHW ? SF_LAZY_CHW : SF_LAZY_HWC, .channels = (int)c};
+                         .layout = frame_layout(a), .channels = (int)c};
   /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
   geometry g = {.h = h, .w = w, .rh = h, .rw = w};
   if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
@@ -395,6 +409,87 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   return r;
 }
 
+/*
+ * Transforms a uint8 [T,H,W,C] clip: one plan (one set of random draws from the sample's stream, as an image of the
+ * clip's frame size gets) applied to every frame, into a new [T,...] or [C,T,H,W] tensor that replaces the field.
+ * Eager, not deferred as images are: the lazy description (sf_lazy_transform) holds one image's source and a 3-D
+ * output, and a deferred clip would keep the whole decoded clip (T frames at the video's size) alive in the shuffle
+ * and batch queues where the usually much smaller crop is all that is needed; the copy batch then makes is small
+ * next to decoding the video. Returns 0, SF_ENOMEM, or a data error with *e filled.
+ */
+static int transform_clip(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
+  int r = sf_field_materialize(f); /* a plugin's deferred clip */
+  if (r < 0) return r;
+  const sf_tensor *in = &f->tensor;
+  int64_t n = in->shape[0], h = in->shape[1], w = in->shape[2], c = in->shape[3];
+  if (n < 1 || h < 1 || w < 1 || c < 1 || c > MAX_CHANNELS)
+    return FAIL(e, SF_ESHAPE, "field '%s' has shape [%lld,%lld,%lld,%lld]; augment needs a clip of at least one "
+                "non-empty frame with 1..%d channels", f->name, (long long)n, (long long)h, (long long)w,
+                (long long)c, MAX_CHANNELS);
+  if (a->mean.n && a->mean.n != c)
+    return FAIL(e, SF_ESHAPE, "field '%s' has %lld channels but mean/std give %d values; give one value "
+                "per channel", f->name, (long long)c, a->mean.n);
+
+  /* The plan, exactly as transform() makes it for one frame-sized image (no JPEG here). */
+  sf_rng rng;
+  sf_rng_seed(&rng, stream);
+  static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
+  sf_lazy_transform t = {.tables = a->luts, .dtype = out_dtype[a->dtype], .layout = frame_layout(a),
+                         .channels = (int)c, .fast = !a->exact};
+  geometry g = {.h = h, .w = w, .rh = h, .rw = w};
+  if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
+  if (g.rh < 1 || g.rw < 1)
+    return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
+                "`resize`", f->name, (long long)h, (long long)w, (long long)g.rh, (long long)g.rw);
+  g.oh = a->size ? a->size : g.rh, g.ow = a->size ? a->size : g.rw;
+  t.y = (sf_lazy_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_lazy_axis){0, w, g.rw, 0, g.rw};
+  /* A random resized crop after a resize crops each frame's materialised resize (as images: uint8, torchvision). */
+  bool resize_first = a->crop == CROP_RANDOM_RESIZED && (g.rh != h || g.rw != w);
+  if (resize_first) g.h = g.rh, g.w = g.rw;
+  if ((r = plan_crop(a, f, &rng, &g, &t, e)) < 0) return r;
+  t.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
+
+  int64_t frame[3];
+  sf_lazy_shape(&t, frame);
+  size_t plane = (size_t)(t.y.n * t.x.n) * sf_dtype_size(t.dtype), frame_bytes = plane * (size_t)c;
+  int64_t shape[4] = {n, frame[0], frame[1], frame[2]};
+  if (a->layout == LAYOUT_CTHW) shape[0] = c, shape[1] = n;
+  sf_tensor out;
+  if ((r = sf_tensor_alloc(&out, t.dtype, 4, shape)) < 0) return r;
+  /* cthw: each frame is written as [C,H,W] into scratch, its planes then go to their places in [C,T,H,W]. */
+  uint8_t *scratch = a->layout == LAYOUT_CTHW ? malloc(frame_bytes) : NULL;
+  if (a->layout == LAYOUT_CTHW && !scratch) {
+    sf_tensor_clear(&out);
+    return SF_ENOMEM;
+  }
+  uint8_t *dst = sf_tensor_data(&out);
+  for (int64_t k = 0; k < n && r == 0; k++) {
+    /* Frame k as a uint8 [H,W,C] view of the clip (borrowed: the field keeps the buffer alive). */
+    sf_lazy_transform ft = t;
+    ft.src = (sf_tensor){.dtype = SF_DTYPE_UINT8, .ndim = 3, .shape = {h, w, c},
+                         .strides = {in->strides[1], in->strides[2], in->strides[3]},
+                         .offset = (size_t)((int64_t)in->offset + k * in->strides[0]), .buffer = in->buffer};
+    sf_tensor resized = {0};
+    if (resize_first && (r = sf_lazy_resize(&ft.src, g.rh, g.rw, &resized)) < 0) break;
+    if (resize_first) ft.src = resized;
+    uint8_t *to = scratch ? scratch : dst + (size_t)k * frame_bytes;
+    r = sf_lazy_write(&ft, to, NULL); /* a view, no JPEG: fails only out of memory */
+    sf_tensor_clear(&resized);
+    if (r == 0 && scratch)
+      for (int64_t ch = 0; ch < c; ch++)
+        memcpy(dst + ((size_t)ch * (size_t)n + (size_t)k) * plane, scratch + (size_t)ch * plane, plane);
+  }
+  free(scratch);
+  if (r < 0) {
+    sf_tensor_clear(&out);
+    return r;
+  }
+  *bytes += sf_tensor_nbytes(&out);
+  sf_tensor_clear(&f->tensor);
+  f->tensor = out;
+  return 0;
+}
+
 static int map(sf_node *node, sf_sample **ps) {
   augment *a = sf_node_priv(node);
   sf_sample *s = *ps;
@@ -410,8 +505,10 @@ static int map(sf_node *node, sf_sample **ps) {
     if (!sf_sample_field(s, a->names[i]))
       FAIL(&e, SF_ENOENT, "sample has no field '%s' listed in augment's `fields`", a->names[i]);
   for (int i = 0; i < s->n_fields && !e.code; i++) {
-    int r = selected(a, &s->fields[i]) ? transform(a, &s->fields[i], stream, &bytes, &e)
-                                       : decode_whole(&s->fields[i], &e);
+    sf_field *f = &s->fields[i];
+    int r = !selected(a, f) ? decode_whole(f, &e)
+            : is_clip(f)    ? transform_clip(a, f, stream, &bytes, &e)
+                            : transform(a, f, stream, &bytes, &e);
     if (r < 0 && !e.code) return r; /* out of memory: not the sample's fault, so no record; the pipeline stops */
   }
   if (e.code) {
@@ -425,7 +522,7 @@ const sf_stage_def sf_stage_augment = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "augment",
     .summary = "resize, crop (padded random, center, random resized), flip, normalize, HWC/CHW and "
-               "dtype in one pass over the output",
+               "dtype in one pass over the output; clips [T,H,W,C] get one draw for every frame",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .flags = SF_STAGE_MAP | SF_STAGE_TAKES_DEFERRED,

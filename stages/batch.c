@@ -762,6 +762,9 @@ static int check_options(sf_node *node, batch *b) {
     if (!eq || eq == p || *end)
       return sf_node_option_error(node, "pad", "'%s' is not NAME=VALUE; write e.g. pad: ids=0,audio=0.0", p);
   }
+  if (b->bucket_bounds.n > MAX_BUCKETS - 1)
+    return sf_node_option_error(node, "bucket_bounds", "%d boundaries: give at most %d", b->bucket_bounds.n,
+                                MAX_BUCKETS - 1);
   b->n_buckets = b->bucket_field && *b->bucket_field ? b->bucket_bounds.n + 1 : 1;
   for (int i = 1; i < b->bucket_bounds.n; i++)
     if (!(b->bucket_bounds.v[i] > b->bucket_bounds.v[i - 1]))

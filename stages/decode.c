@@ -27,6 +27,7 @@ typedef struct decode {
   int depth;              /* option: index into depth_names */
   bool check_text;        /* option */
   int defer_jpeg;         /* option: index into defer_names */
+  int frames;             /* option: index into frames_names */
   bool defer;             /* leave baseline JPEGs undecoded: defer_jpeg, or auto and the plan allows it */
   sf_image_limits limits;
 } decode;
@@ -36,6 +37,8 @@ static const char *const depth_names[] = {"8", "16", "native", NULL};
 static const int depth_values[] = {8, 16, -1};
 enum { DEFER_AUTO, DEFER_TRUE, DEFER_FALSE };
 static const char *const defer_names[] = {"auto", "true", "false", NULL};
+enum { FRAMES_FIRST, FRAMES_ALL };
+static const char *const frames_names[] = {"first", "all", NULL};
 
 static const sf_option options[] = {
     {"mode", SF_OPT_ENUM, offsetof(decode, mode), "rgb", 0, 0,
@@ -71,6 +74,11 @@ static const sf_option options[] = {
      "decode it where they read it). Header errors stay this stage's records; corrupt data in the region read "
      "becomes augment's (outside it, it goes unnoticed)",
      defer_names},
+    {"frames", SF_OPT_ENUM, offsetof(decode, frames), "first", 0, 0,
+     "GIF frames: first (the first frame, uint8 [H, W, C]) or all (every frame, uint8 [T, H, W, C], each drawn "
+     "over the last after its disposal, as Pillow's ImageSequence gives them; depth does not apply, max_pixels "
+     "bounds T x H x W)",
+     frames_names},
     {NULL},
 };
 
@@ -80,6 +88,7 @@ static int init(sf_node *node) {
   d->limits.max_scans = (int)d->max_scans;
   d->limits.min_size = (int)d->min_size;
   d->limits.depth = depth_values[d->depth];
+  d->limits.gif_frames = d->frames == FRAMES_ALL;
   d->defer = d->defer_jpeg == DEFER_TRUE || (d->defer_jpeg == DEFER_AUTO && sf_node_may_defer(node));
   return 0;
 }

@@ -1,11 +1,11 @@
 /* mix: merges the samples of several branches (datasets) by weight, deterministic from the graph seed and the epoch. */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shardflow/stage.h"
 
-enum { MAX_INPUTS = 8 };
 enum { STOP_FIRST, STOP_LONGEST, STOP_NEVER };
 static const char *const stop_names[] = {"first", "longest", "never", NULL};
 
@@ -13,10 +13,10 @@ typedef struct mix {
   sf_float_list weights;     /* option */
   int stop;                  /* option: STOP_* */
   int64_t samples_per_epoch; /* option; 0 = until the inputs end */
-  int n;                     /* connected inputs */
-  double w[MAX_INPUTS];      /* weights, normalised */
-  bool ended[MAX_INPUTS];    /* the input has no more samples for this epoch */
-  bool closed[MAX_INPUTS];   /* the input ended for good (SF_EOF) */
+  int n;                     /* connected inputs: as many ports as `inputs:` names (its port list is a template) */
+  double *w;                 /* [n] weights, normalised (owned) */
+  bool *ended;               /* [n] the input has no more samples for this epoch (owned) */
+  bool *closed;              /* [n] the input ended for good (SF_EOF) (owned) */
   uint64_t epoch, end;       /* epoch being mixed; epoch to stop at (UINT64_MAX = never) */
   uint64_t emitted;          /* samples of this epoch handed on */
   int pending;               /* the input drawn for the next sample, or -1 */
@@ -42,10 +42,16 @@ static const sf_option options[] = {
 static int init(sf_node *node) {
   mix *m = sf_node_priv(node);
   m->n = sf_node_input_count(node);
-  if (m->n < 1 || m->n > MAX_INPUTS)
-    return sf_node_option_error(node, NULL,
-                                "mix has %d inputs: name 1..%d stages in its `inputs:`, e.g. inputs: [cifar, fmnist]",
-                                m->n, MAX_INPUTS);
+  if (m->n < 1)
+    return sf_node_option_error(node, NULL, "mix has no input: name the stages it mixes in its `inputs:`, e.g. "
+                                "inputs: [cifar, fmnist]");
+  m->w = calloc((size_t)m->n, sizeof *m->w);
+  m->ended = calloc((size_t)m->n, sizeof *m->ended);
+  m->closed = calloc((size_t)m->n, sizeof *m->closed);
+  if (!m->w || !m->ended || !m->closed) {
+    sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory for %d inputs", m->n);
+    return SF_ENOMEM;
+  }
   if (m->weights.n != 0 && m->weights.n != m->n)
     return sf_node_option_error(node, "weights", "%d values for %d inputs: give one weight per name of `inputs:`",
                                 m->weights.n, m->n);
@@ -169,16 +175,23 @@ static int step(sf_node *node) {
   return 0;
 }
 
+static void uninit(sf_node *node) {
+  mix *m = sf_node_priv(node);
+  free(m->w);
+  free(m->ended);
+  free(m->closed);
+}
+
 const sf_stage_def sf_stage_mix = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "mix",
     .summary = "merges several inputs (datasets) by weight, seeded per epoch; stop policy first, longest or never",
-    .inputs = SF_PORTS({"in0", SF_PORT_SAMPLE}, {"in1", SF_PORT_SAMPLE}, {"in2", SF_PORT_SAMPLE},
-                       {"in3", SF_PORT_SAMPLE}, {"in4", SF_PORT_SAMPLE}, {"in5", SF_PORT_SAMPLE},
-                       {"in6", SF_PORT_SAMPLE}, {"in7", SF_PORT_SAMPLE}),
+    /* One port per name of `inputs:` (a template: in0, in1, ...), in that order; weights follow it. */
+    .inputs = SF_PORTS({"in%u", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
     .priv_size = sizeof(mix),
     .options = options,
     .init = init,
     .step = step,
+    .uninit = uninit,
 };

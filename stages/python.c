@@ -7,7 +7,6 @@
 
 typedef struct python {
   char *function;      /* option: "pkg.module:fn", resolved by the Python package */
-  char *handoff;       /* option: set by the Python package */
   int64_t in_flight;   /* option */
   sf_handoff *h;
   bool input_done;
@@ -18,8 +17,6 @@ static const sf_option options[] = {
      "the Python function that maps a sample, as \"pkg.module:fn\" (imported by shardflow.Pipeline; "
      "Pipeline(map={NODE: fn}) may give it instead)",
      NULL},
-    {"handoff", SF_OPT_STRING, offsetof(python, handoff), NULL, 0, 0,
-     "set by shardflow.Pipeline to the handoff its map thread serves; leave it unset", NULL},
     {"in_flight", SF_OPT_COUNT, offsetof(python, in_flight), "16", 1, 65536,
      "most samples between this node and the Python thread at once, in samples", NULL},
     {NULL},
@@ -27,7 +24,8 @@ static const sf_option options[] = {
 
 static int init(sf_node *node) {
   python *p = sf_node_priv(node);
-  if (!p->handoff || !(p->h = sf_handoff_find(p->handoff))) {
+  /* shardflow.Pipeline attaches the handoff its map thread serves (sf_graph_attach) */
+  if (!(p->h = sf_handoff_ref(sf_node_attachment(node)))) {
     int code = SF_EUNSUPPORTED;
     sf_node_error(node, code, NULL, NULL, -1,
                   "node '%s' (type: python) calls a Python function, which only a pipeline started from Python "

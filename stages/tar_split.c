@@ -851,13 +851,15 @@ static int compile_key_regex(sf_node *node, tar_split *t) {
   return 0;
 }
 
-/* The reader's read time and network counters for /metrics and the bottleneck report (sf_node_extra); any thread. */
-static void describe(sf_node *node, sf_node_extra *x) {
+/* The reader's read time and network counters for the stage table, /metrics and the bottleneck report (the stage's
+ * stats callback); any thread. */
+static int describe(sf_node *node, sf_stage_stats *x, sf_worker_stats *workers, int max_workers) {
+  (void)workers, (void)max_workers;
   tar_split *t = sf_node_priv(node);
   x->reads = true;
   x->read_ns = atomic_load_explicit(&t->read_ns, memory_order_relaxed);
   sf_prefetch *downloads = __atomic_load_n(&t->downloads, __ATOMIC_ACQUIRE);
-  if (!downloads) return;
+  if (!downloads) return 0;
   sf_prefetch_stats s;
   sf_prefetch_stats_get(downloads, &s);
   x->reader = true;
@@ -866,7 +868,7 @@ static void describe(sf_node *node, sf_node_extra *x) {
   x->retries = s.retries;
   x->prefetch = (uint64_t)__atomic_load_n(&t->prefetch, __ATOMIC_RELAXED);
   int64_t ms = __atomic_load_n(&t->changed_ms, __ATOMIC_RELAXED);
-  x->tuned[0] = (sf_node_tuned){.option = "prefetch", .value = (int64_t)x->prefetch, .initial = t->prefetch_initial,
+  x->tuned[0] = (sf_stage_tuned){.option = "prefetch", .value = (int64_t)x->prefetch, .initial = t->prefetch_initial,
                                 .pinned = !t->tune, .changes = __atomic_load_n(&t->changes, __ATOMIC_RELAXED),
                                 .changed_at = (double)ms / 1000.0};
   x->n_tuned = 1;
@@ -875,11 +877,11 @@ static void describe(sf_node *node, sf_node_extra *x) {
     sf_shard_cache_stats_get(t->cache, &c);
     x->cache_hits = c.hits;
   }
+  return 0;
 }
 
 static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
-  node->extra = describe;
   t->n_ref_fields = -1;
   t->range_fd = -1;
   /* A written prefetch (0 included) pins it; the default is where the tuner starts. */
@@ -962,4 +964,5 @@ const sf_stage_def sf_stage_tar_split = {
     .init = init,
     .step = step,
     .uninit = uninit,
+    .stats = describe,
 };

@@ -11,7 +11,7 @@ packages=(
   libmicrohttpd-dev                            # the /metrics endpoint
   libsndfile1-dev libsamplerate0-dev          # the audio plugin
   libsentencepiece-dev g++                     # the tokenize plugin (C++)
-  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev  # the video plugin (FFmpeg 5.1)
+  libavformat-dev libavcodec-dev libswscale-dev libswresample-dev libavutil-dev  # the video plugin (FFmpeg 5.1)
   python3-mesonpy python3-venv                 # pyproject.toml: pip install --no-build-isolation .
   # tests: unit framework, sanitizer and fuzzer runtimes, reference implementations, servers
   libcmocka-dev clang libclang-rt-14-dev python3-numpy python3-soundfile python3-pil python3-torch python3-zmq python3-boto3 nginx-light nftables iproute2 zstd tar graphviz
@@ -23,9 +23,11 @@ packages=(
   # data and benchmarks
   dataset-fashion-mnist hyperfine valgrind linux-perf mate-backgrounds time  # time: bench/abc.sh's CPU row
   libjpeg-turbo-progs                  # tjbench: bench/imagenet.sh's reference
+  webp                                 # cwebp/dwebp: bench/webp_avif.sh's images and reference (avifenc/avifdec: libavif-bin)
   libstb-dev libyuv-dev libswscale-dev  # bench/resize_bench: the SIMD resamplers augment's resize was measured against
 )
-# s3rver (tools/s3rver.sh, for the s3:// tests) comes from the npm registry; keep a node that is already there.
+# s3rver and Azurite (tools/s3rver.sh, tools/azurite.sh: the s3:// and az:// tests install them on first use) come
+# from the npm registry; keep a node that is already there.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do

@@ -20,6 +20,7 @@
 #include <turbojpeg.h>
 #include <webp/decode.h>
 
+#include "dynlib.h"
 #include "image.h"
 #include "pixels.h"
 
@@ -557,6 +558,93 @@ static int decode_tiff_cmyk(TIFF *tif, tiff_source *src, uint32_t width, uint32_
   return r;
 }
 
+/* What decode_tiff reads of the first page's tags before choosing a path. */
+typedef struct tiff_info {
+  uint32_t width, height;
+  uint16_t bits, spp, photometric, planar, format, compression, extra_count, *extra;
+} tiff_info;
+
+/*
+ * The direct path: 8/16-bit gray or RGB (alpha unassociated) in contiguous samples, read as stored (16-bit
+ * kept at depth 16, else its high byte). Returns 0 or fails with out cleared by the caller.
+ */
+static int decode_tiff_direct(TIFF *tif, const tiff_source *src, const tiff_info *t, sf_image_mode mode,
+                              const sf_image_limits *limits, sf_tensor *out, sf_error *error) {
+  const int color = t->photometric == PHOTOMETRIC_RGB ? 3 : 1, spp = t->spp, bytes = t->bits / 8;
+  const bool alpha = spp == color + 1, gray = color == 1 && !alpha, wide = t->bits == 16 && wants_16(limits);
+  const int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  const size_t pixels = (size_t)t->width * t->height;
+  if (t->bits == 16 && color == 1 && !alpha && !wide)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "16-bit grayscale TIFF needs decode's depth 16 or native (depth 8 makes 8-bit images)");
+  if (wide && channels == 1 && !gray)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
+                        "a 16-bit color TIFF cannot be decoded to gray at depth 16; use mode rgb or keep");
+  uint8_t *raw = malloc(pixels * (size_t)spp * (size_t)bytes);
+  if (!raw) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", t->width, t->height);
+  int r;
+  if (tiff_read_samples(tif, t->width, t->height, spp, bytes, raw) < 0) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src->message[0] ? src->message : "cannot read its samples");
+  } else if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, t->height, t->width, channels,
+                                 error)) == 0) {
+    /* Source sample k of pixel i for output channel c: gray repeats its one sample, alpha is the last. */
+    for (size_t i = 0; i < pixels; i++) {
+      const uint8_t *px = raw + i * (size_t)spp * (size_t)bytes;
+      uint32_t v[4];
+      for (int c = 0; c < 4; c++) {
+        int k = c == 3 ? (alpha ? spp - 1 : -1) : color == 1 ? 0 : c;
+        uint32_t sample = k < 0 ? 0 : bytes == 1 ? px[k] : ((const uint16_t *)(const void *)px)[k];
+        v[c] = wide || bytes == 1 ? sample : sample >> 8;
+      }
+      if (channels == 1 && !gray) {
+        uint8_t rgb[3] = {(uint8_t)v[0], (uint8_t)v[1], (uint8_t)v[2]};
+        v[0] = luma(rgb);
+      }
+      for (int c = 0; c < channels; c++) {
+        if (wide)
+          ((uint16_t *)sf_tensor_data(out))[i * channels + c] = (uint16_t)v[c];
+        else
+          ((uint8_t *)sf_tensor_data(out))[i * channels + c] = (uint8_t)v[c];
+      }
+    }
+  }
+  free(raw);
+  return r;
+}
+
+/* Everything else libtiff's RGBA reader takes (palette, bilevel, YCbCr, other depths), as 8-bit RGBA. */
+static int decode_tiff_rgba(TIFF *tif, const tiff_source *src, const tiff_info *t, sf_image_mode mode,
+                            sf_tensor *out, sf_error *error) {
+  char why[1024] = "";
+  if (!TIFFRGBAImageOK(tif, why)) return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "TIFF not supported: %s", why);
+  const bool alpha = t->extra_count >= 1 && (t->photometric == PHOTOMETRIC_RGB || t->photometric == PHOTOMETRIC_MINISBLACK);
+  const bool gray = !alpha && (t->photometric == PHOTOMETRIC_MINISBLACK || t->photometric == PHOTOMETRIC_MINISWHITE);
+  const int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
+  const size_t pixels = (size_t)t->width * t->height;
+  uint8_t *raw = malloc(pixels * 4);
+  if (!raw) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", t->width, t->height);
+  int r;
+  /* stop on error: a damaged strip is an error, not a gray band. */
+  if (!TIFFReadRGBAImageOriented(tif, t->width, t->height, (uint32_t *)(void *)raw, ORIENTATION_TOPLEFT, 1)) {
+    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
+                     src->message[0] ? src->message : "cannot read its pixels");
+  } else if ((r = alloc_image(out, t->height, t->width, channels, error)) == 0) {
+    uint8_t *dst = sf_tensor_data(out);
+    for (size_t i = 0; i < pixels; i++) {
+      uint32_t abgr = ((const uint32_t *)(const void *)raw)[i];
+      uint8_t rgba[4] = {(uint8_t)TIFFGetR(abgr), (uint8_t)TIFFGetG(abgr), (uint8_t)TIFFGetB(abgr),
+                         (uint8_t)TIFFGetA(abgr)};
+      if (channels == 1)
+        dst[i] = gray ? rgba[0] : luma(rgba);
+      else
+        memcpy(dst + i * channels, rgba, (size_t)channels);
+    }
+  }
+  free(raw);
+  return r;
+}
+
 /*
  * The first page of a TIFF as Pillow decodes it. Gray, gray+alpha, RGB and RGBA with 8- or 16-bit
  * unsigned samples in one plane (JPEG-compressed YCbCr read as RGB by libjpeg, as Pillow asks libtiff)
@@ -579,122 +667,41 @@ static int decode_tiff(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   if (!tif)
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF header: %s",
                         src.message[0] ? src.message : "libtiff cannot open it");
-  uint8_t *raw = NULL;
-  uint32_t width = 0, height = 0;
-  uint16_t bits = 1, spp = 1, photometric = 0, planar = PLANARCONFIG_CONTIG, format = SAMPLEFORMAT_UINT,
-           compression = COMPRESSION_NONE, extra_count = 0, *extra = NULL;
+  tiff_info t = {.bits = 1, .spp = 1, .planar = PLANARCONFIG_CONTIG, .format = SAMPLEFORMAT_UINT,
+                 .compression = COMPRESSION_NONE};
   int r;
-  TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
-  TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &height);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &bits);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &spp);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &planar);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &format);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &compression);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &extra_count, &extra);
-  if (!TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &photometric)) {
+  TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &t.width);
+  TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &t.height);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &t.bits);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &t.spp);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &t.planar);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &t.format);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &t.compression);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &t.extra_count, &t.extra);
+  if (!TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &t.photometric)) {
     r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: no PhotometricInterpretation");
     goto done;
   }
-  if ((r = check_pixels(width, height, limits, "TIFF", error)) < 0) goto done;
-  if (photometric == PHOTOMETRIC_YCBCR && compression == COMPRESSION_JPEG) {
+  if ((r = check_pixels(t.width, t.height, limits, "TIFF", error)) < 0) goto done;
+  if (t.photometric == PHOTOMETRIC_YCBCR && t.compression == COMPRESSION_JPEG) {
     TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
-    photometric = PHOTOMETRIC_RGB;
+    t.photometric = PHOTOMETRIC_RGB;
   }
   uint16_t inkset = INKSET_CMYK;
   TIFFGetFieldDefaulted(tif, TIFFTAG_INKSET, &inkset);
-  if (photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && spp == 4 && bits == 8 &&
-      planar == PLANARCONFIG_CONTIG && format == SAMPLEFORMAT_UINT) {
-    r = decode_tiff_cmyk(tif, &src, width, height, mode, out, error);
-    goto done;
-  }
-  int color = photometric == PHOTOMETRIC_RGB ? 3 : 1;
-  bool unassociated = extra_count == 1 && extra && extra[0] != EXTRASAMPLE_ASSOCALPHA;
-  bool direct = (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK) &&
-                (planar == PLANARCONFIG_CONTIG || spp == 1) && format == SAMPLEFORMAT_UINT &&
-                (bits == 8 || bits == 16) && (spp == color || (spp == color + 1 && unassociated));
-  size_t pixels = (size_t)width * height;
-  if (direct) {
-    bool alpha = spp == color + 1, gray = color == 1 && !alpha;
-    bool wide = bits == 16 && wants_16(limits);
-    int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3), bytes = bits / 8;
-    if (bits == 16 && color == 1 && !alpha && !wide) {
-      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
-                       "16-bit grayscale TIFF needs decode's depth 16 or native (depth 8 makes 8-bit images)");
-      goto done;
-    }
-    if (wide && channels == 1 && !gray) {
-      r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
-                       "a 16-bit color TIFF cannot be decoded to gray at depth 16; use mode rgb or keep");
-      goto done;
-    }
-    if (!(raw = malloc(pixels * spp * (size_t)bytes))) {
-      r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
-      goto done;
-    }
-    if (tiff_read_samples(tif, width, height, spp, bytes, raw) < 0) {
-      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
-                       src.message[0] ? src.message : "cannot read its samples");
-      goto done;
-    }
-    if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
-      goto done;
-    /* Source sample k of pixel i for output channel c: gray repeats its one sample, alpha is the last. */
-    for (size_t i = 0; i < pixels; i++) {
-      const uint8_t *px = raw + i * spp * (size_t)bytes;
-      uint32_t v[4];
-      for (int c = 0; c < 4; c++) {
-        int k = c == 3 ? (alpha ? spp - 1 : -1) : color == 1 ? 0 : c;
-        uint32_t sample = k < 0 ? 0 : bytes == 1 ? px[k] : ((const uint16_t *)(const void *)px)[k];
-        v[c] = wide || bytes == 1 ? sample : sample >> 8;
-      }
-      if (channels == 1 && !gray) {
-        uint8_t rgb[3] = {(uint8_t)v[0], (uint8_t)v[1], (uint8_t)v[2]};
-        v[0] = luma(rgb);
-      }
-      for (int c = 0; c < channels; c++) {
-        if (wide)
-          ((uint16_t *)sf_tensor_data(out))[i * channels + c] = (uint16_t)v[c];
-        else
-          ((uint8_t *)sf_tensor_data(out))[i * channels + c] = (uint8_t)v[c];
-      }
-    }
-    r = 0;
-    goto done;
-  }
-  char why[1024] = "";
-  if (!TIFFRGBAImageOK(tif, why)) {
-    r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "TIFF not supported: %s", why);
-    goto done;
-  }
-  bool alpha = extra_count >= 1 && (photometric == PHOTOMETRIC_RGB || photometric == PHOTOMETRIC_MINISBLACK);
-  bool gray = !alpha && (photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE);
-  int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
-  if (!(raw = malloc(pixels * 4))) {
-    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %ux%u TIFF", width, height);
-    goto done;
-  }
-  /* stop on error: a damaged strip is an error, not a gray band. */
-  if (!TIFFReadRGBAImageOriented(tif, width, height, (uint32_t *)(void *)raw, ORIENTATION_TOPLEFT, 1)) {
-    r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt TIFF: %s",
-                     src.message[0] ? src.message : "cannot read its pixels");
-    goto done;
-  }
-  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
-  uint8_t *dst = sf_tensor_data(out);
-  for (size_t i = 0; i < pixels; i++) {
-    uint32_t abgr = ((const uint32_t *)(const void *)raw)[i];
-    uint8_t rgba[4] = {(uint8_t)TIFFGetR(abgr), (uint8_t)TIFFGetG(abgr), (uint8_t)TIFFGetB(abgr),
-                       (uint8_t)TIFFGetA(abgr)};
-    if (channels == 1)
-      dst[i] = gray ? rgba[0] : luma(rgba);
-    else
-      memcpy(dst + i * channels, rgba, (size_t)channels);
-  }
-  r = 0;
+  const int color = t.photometric == PHOTOMETRIC_RGB ? 3 : 1;
+  const bool unassociated = t.extra_count == 1 && t.extra && t.extra[0] != EXTRASAMPLE_ASSOCALPHA;
+  if (t.photometric == PHOTOMETRIC_SEPARATED && inkset == INKSET_CMYK && t.spp == 4 && t.bits == 8 &&
+      t.planar == PLANARCONFIG_CONTIG && t.format == SAMPLEFORMAT_UINT)
+    r = decode_tiff_cmyk(tif, &src, t.width, t.height, mode, out, error);
+  else if ((t.photometric == PHOTOMETRIC_RGB || t.photometric == PHOTOMETRIC_MINISBLACK) &&
+           (t.planar == PLANARCONFIG_CONTIG || t.spp == 1) && t.format == SAMPLEFORMAT_UINT &&
+           (t.bits == 8 || t.bits == 16) && (t.spp == color || (t.spp == color + 1 && unassociated)))
+    r = decode_tiff_direct(tif, &src, &t, mode, limits, out, error);
+  else
+    r = decode_tiff_rgba(tif, &src, &t, mode, out, error);
 done:
   if (r < 0) sf_tensor_clear(out);
-  free(raw);
   TIFFClose(tif);
   return r;
 }
@@ -722,88 +729,330 @@ static bool gif_palette_needed(const ColorMapObject *map) {
   return false;
 }
 
+/* The color of index in map as Pillow shows it: indices past the palette's end (and palette-less files) gray. */
+static void gif_color(const ColorMapObject *map, int index, uint8_t rgb[3]) {
+  if (map && index < map->ColorCount) {
+    rgb[0] = map->Colors[index].Red;
+    rgb[1] = map->Colors[index].Green;
+    rgb[2] = map->Colors[index].Blue;
+  } else {
+    rgb[0] = rgb[1] = rgb[2] = (uint8_t)index;
+  }
+}
+
+/* What the records before an image say about it. */
+typedef struct gif_frame_info {
+  int transparent; /* the transparent index, or -1 */
+  int disposal;    /* the graphics control's disposal bits, 0 when none */
+} gif_frame_info;
+
 /*
- * The first frame of a GIF as Pillow 9 decodes it: a canvas of the screen size (grown to the frame if
- * that sticks out) filled with the transparent index, or 0, the frame's indices written into it
- * (interlaced rows put in place), then through the frame's palette (or the global one; indices past
- * its end and palette-less files are gray, as Pillow's ramp). A transparent index gives RGBA in mode keep.
+ * Reads records up to the next image descriptor, its graphics control into *info. Returns 1 at an image, 0 at
+ * the end of the file, -1 on an error (the caller reports gif->Error).
+ */
+static int gif_next_image(GifFileType *gif, gif_frame_info *info) {
+  info->transparent = -1;
+  info->disposal = 0;
+  for (;;) {
+    GifRecordType type;
+    if (DGifGetRecordType(gif, &type) == GIF_ERROR) return -1;
+    if (type == TERMINATE_RECORD_TYPE) return 0;
+    if (type == EXTENSION_RECORD_TYPE) {
+      int ext_code;
+      GifByteType *ext;
+      if (DGifGetExtension(gif, &ext_code, &ext) == GIF_ERROR) return -1;
+      /* Graphics control: byte 1 bit 0 says byte 4 is the transparent index; bits 2-4 are the disposal. */
+      if (ext_code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4) {
+        info->transparent = (ext[1] & 1) ? ext[4] : -1;
+        info->disposal = (ext[1] >> 2) & 7;
+      }
+      while (ext)
+        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) return -1;
+      continue;
+    }
+    if (type != IMAGE_DESC_RECORD_TYPE) continue;
+    return DGifGetImageDesc(gif) == GIF_ERROR ? -1 : 1;
+  }
+}
+
+/* The current image's indices into dst (rows stride bytes apart); interlaced rows come in four passes. 0 or -1. */
+static int gif_read_raster(GifFileType *gif, uint8_t *dst, size_t stride) {
+  static const int start[4] = {0, 4, 2, 1}, step[4] = {8, 8, 4, 2};
+  const GifImageDesc *d = &gif->Image;
+  for (int pass = d->Interlace ? 0 : 3; pass < 4; pass++)
+    for (int y = d->Interlace ? start[pass] : 0; y < d->Height; y += d->Interlace ? step[pass] : 1)
+      if (DGifGetLine(gif, dst + (size_t)y * stride, d->Width) == GIF_ERROR) return -1;
+  return 0;
+}
+
+static int gif_error(GifFileType *gif, sf_error *error) {
+  return sf_error_set(error, gif->Error == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                      "corrupt GIF: %s", GifErrorString(gif->Error));
+}
+
+/*
+ * The first frame's index canvas as Pillow 9 makes it: the screen size (grown to the frame if that sticks
+ * out) filled with the transparent index, or 0, the frame's indices written into it.  *canvas is newly
+ * allocated (the caller frees it).
+ */
+static int gif_first_canvas(GifFileType *gif, const sf_image_limits *limits, gif_frame_info *info, uint8_t **canvas,
+                            int64_t *width, int64_t *height, sf_error *error) {
+  int r = gif_next_image(gif, info);
+  if (r < 0) return gif_error(gif, error);
+  if (r == 0) return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt GIF: no image in it");
+  const GifImageDesc *desc = &gif->Image;
+  int64_t left = desc->Left, top = desc->Top, fw = desc->Width, fh = desc->Height;
+  *width = gif->SWidth > left + fw ? gif->SWidth : left + fw;
+  *height = gif->SHeight > top + fh ? gif->SHeight : top + fh;
+  if ((r = check_pixels(*width, *height, limits, "GIF", error)) < 0) return r;
+  size_t pixels = (size_t)*width * (size_t)*height;
+  if (!(*canvas = malloc(pixels)))
+    return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%lld GIF", (long long)*width,
+                        (long long)*height);
+  memset(*canvas, info->transparent >= 0 ? info->transparent : 0, pixels);
+  if (fw > 0 && fh > 0 && gif_read_raster(gif, *canvas + (size_t)top * (size_t)*width + (size_t)left,
+                                          (size_t)*width) < 0)
+    return gif_error(gif, error);
+  return 0;
+}
+
+/*
+ * The first frame of a GIF as Pillow 9 decodes it: the index canvas of gif_first_canvas through the frame's
+ * palette (or the global one; indices past its end and palette-less files are gray, as Pillow's ramp). A
+ * transparent index gives RGBA in mode keep.
  */
 static int decode_gif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                       sf_tensor *out, sf_error *error) {
   gif_source src = {.data = p, .size = n};
-  int code = 0, r = 0, transparent = -1;
+  int code = 0;
   GifFileType *gif = DGifOpen(&src, gif_read, &code);
   if (!gif) return sf_error_set(error, code == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
                                 "corrupt GIF header: %s", GifErrorString(code));
   uint8_t *canvas = NULL;
-  for (;;) {
-    GifRecordType type;
-    if (DGifGetRecordType(gif, &type) == GIF_ERROR) goto gif_error;
-    if (type == TERMINATE_RECORD_TYPE) {
-      r = sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt GIF: no image in it");
-      goto done;
-    }
-    if (type == EXTENSION_RECORD_TYPE) {
-      int ext_code;
-      GifByteType *ext;
-      if (DGifGetExtension(gif, &ext_code, &ext) == GIF_ERROR) goto gif_error;
-      /* Graphics control before the first image: byte 1 bit 0 says byte 4 is the transparent index. */
-      if (ext_code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4) transparent = (ext[1] & 1) ? ext[4] : -1;
-      while (ext)
-        if (DGifGetExtensionNext(gif, &ext) == GIF_ERROR) goto gif_error;
-      continue;
-    }
-    if (type != IMAGE_DESC_RECORD_TYPE) continue;
-    if (DGifGetImageDesc(gif) == GIF_ERROR) goto gif_error;
-    break;
-  }
-  GifImageDesc *desc = &gif->Image;
-  int64_t left = desc->Left, top = desc->Top, fw = desc->Width, fh = desc->Height;
-  int64_t width = gif->SWidth > left + fw ? gif->SWidth : left + fw;
-  int64_t height = gif->SHeight > top + fh ? gif->SHeight : top + fh;
-  if ((r = check_pixels(width, height, limits, "GIF", error)) < 0) goto done;
-  size_t pixels = (size_t)width * (size_t)height;
-  if (!(canvas = malloc(pixels))) {
-    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%lld GIF", (long long)width,
-                     (long long)height);
-    goto done;
-  }
-  memset(canvas, transparent >= 0 ? transparent : 0, pixels);
-  if (fw > 0 && fh > 0) {
-    /* Interlaced rows come in four passes: every 8th from 0, every 8th from 4, every 4th from 2, every 2nd from 1. */
-    static const int start[4] = {0, 4, 2, 1}, step[4] = {8, 8, 4, 2};
-    for (int pass = desc->Interlace ? 0 : 3; pass < 4; pass++)
-      for (int64_t y = desc->Interlace ? start[pass] : 0; y < fh; y += desc->Interlace ? step[pass] : 1)
-        if (DGifGetLine(gif, canvas + (size_t)(top + y) * (size_t)width + (size_t)left, (int)fw) == GIF_ERROR)
-          goto gif_error;
-  }
-  const ColorMapObject *map = desc->ColorMap ? desc->ColorMap : gif->SColorMap;
-  bool gray = !gif_palette_needed(map), alpha = transparent >= 0;
+  int64_t width = 0, height = 0;
+  gif_frame_info info;
+  int r = gif_first_canvas(gif, limits, &info, &canvas, &width, &height, error);
+  const ColorMapObject *map = gif->Image.ColorMap ? gif->Image.ColorMap : gif->SColorMap;
+  bool gray = !gif_palette_needed(map), alpha = info.transparent >= 0;
   int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
-  if ((r = alloc_image(out, height, width, channels, error)) < 0) goto done;
-  uint8_t *dst = sf_tensor_data(out);
-  for (size_t i = 0; i < pixels; i++, dst += channels) {
+  if (r == 0) r = alloc_image(out, height, width, channels, error);
+  size_t pixels = (size_t)width * (size_t)height;
+  uint8_t *dst = r == 0 ? sf_tensor_data(out) : NULL;
+  for (size_t i = 0; dst && i < pixels; i++, dst += channels) {
     int index = canvas[i];
-    uint8_t rgba[4] = {(uint8_t)index, (uint8_t)index, (uint8_t)index, index == transparent ? 0 : 255};
-    if (!gray && index < map->ColorCount) {
-      rgba[0] = map->Colors[index].Red;
-      rgba[1] = map->Colors[index].Green;
-      rgba[2] = map->Colors[index].Blue;
-    }
+    uint8_t rgba[4] = {(uint8_t)index, (uint8_t)index, (uint8_t)index, index == info.transparent ? 0 : 255};
+    if (!gray) gif_color(map, index, rgba);
     if (channels == 1)
       dst[0] = gray ? (uint8_t)index : luma(rgba);
     else
       memcpy(dst, rgba, (size_t)channels);
   }
-  r = 0;
-  goto done;
-gif_error:
-  r = sf_error_set(error, gif->Error == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                   "corrupt GIF: %s", GifErrorString(gif->Error));
-done:
   if (r < 0) sf_tensor_clear(out);
   free(canvas);
   DGifCloseFile(gif, &code);
+  return r;
+}
+
+/* A rectangle of the canvas: x0 <= x < x1, y0 <= y < y1 (clipped to it). */
+typedef struct gif_box {
+  int64_t x0, y0, x1, y1;
+} gif_box;
+
+static gif_box gif_frame_box(const GifFileType *gif, int64_t width, int64_t height) {
+  const GifImageDesc *d = &gif->Image;
+  gif_box b = {d->Left, d->Top, (int64_t)d->Left + d->Width, (int64_t)d->Top + d->Height};
+  if (b.x1 > width) b.x1 = width;
+  if (b.y1 > height) b.y1 = height;
+  if (b.x0 > b.x1) b.x0 = b.x1;
+  if (b.y0 > b.y1) b.y0 = b.y1;
+  return b;
+}
+
+/*
+ * How the previous frame is disposed of before the next is drawn, as Pillow 9's GifImagePlugin does it: its
+ * disposal method (the last nonzero one seen: Pillow keeps it across frames that give none) decides, over the
+ * previous frame's box, between nothing, a fill (the frame's transparent index with alpha 0, else the screen's
+ * background color) and the canvas as it was before the frame was drawn.
+ */
+typedef struct gif_dispose {
+  int kind;           /* 0 none, 2 fill, 3 restore */
+  gif_box box;
+  uint8_t fill[4];    /* RGBA; alpha 0 only matters on an RGBA canvas */
+  int fill_index;     /* after the first frame: the index to fill its index canvas with */
+  uint8_t *saved;     /* kind 3: the box's RGBA pixels before the frame (owned) */
+} gif_dispose;
+
+/* A GIF's frames being composed: the canvas (RGBA), the frames so far, the pending disposal. */
+typedef struct gif_sequence {
+  GifFileType *gif;
+  const sf_image_limits *limits;
+  int64_t width, height;
+  size_t pixels;
+  const ColorMapObject *map; /* the first frame's palette; NULL when Pillow reads it as gray ("L") */
+  int transparent;           /* the first frame's transparent index, or -1 */
+  int channels;              /* of the output */
+  int method;                /* Pillow's disposal_method: the last nonzero one */
+  uint8_t *rgba, *frame, *frames;
+  int64_t count, capacity;
+  gif_dispose dispose;
+} gif_sequence;
+
+/* Appends the canvas to the frames, in the output's channels. */
+static int gif_append(gif_sequence *q, sf_error *error) {
+  int64_t max = max_pixels_of(q->limits);
+  if (q->count >= max / (int64_t)q->pixels)
+    return sf_error_set(error, SF_ETOOBIG, SF_NOWHERE,
+                        "GIF of %lldx%lld pixels has more than %lld frames, over max_pixels %lld in all; raise "
+                        "max_pixels if it is genuine",
+                        (long long)q->width, (long long)q->height, (long long)q->count, (long long)max);
+  if (q->count == q->capacity) {
+    int64_t capacity = q->capacity ? q->capacity * 2 : 8;
+    uint8_t *grown = realloc(q->frames, (size_t)capacity * q->pixels * (size_t)q->channels);
+    if (!grown)
+      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for %lld GIF frames", (long long)capacity);
+    q->frames = grown;
+    q->capacity = capacity;
+  }
+  uint8_t *dst = q->frames + (size_t)q->count++ * q->pixels * (size_t)q->channels;
+  for (size_t i = 0; i < q->pixels; i++, dst += q->channels) {
+    const uint8_t *px = q->rgba + 4 * i;
+    if (q->channels == 1) dst[0] = luma(px);
+    else memcpy(dst, px, (size_t)q->channels);
+  }
+  return 0;
+}
+
+/* The pending disposal, over the canvas. After the first frame it works on the index canvas (Pillow's "P"). */
+static void gif_dispose_apply(gif_sequence *q, bool after_first) {
+  const gif_dispose *d = &q->dispose;
+  size_t box_width = (size_t)(d->box.x1 - d->box.x0);
+  for (int64_t y = d->box.y0; d->kind && y < d->box.y1; y++)
+    for (int64_t x = d->box.x0; x < d->box.x1; x++) {
+      uint8_t *px = q->rgba + 4 * ((size_t)y * (size_t)q->width + (size_t)x);
+      if (after_first) {
+        gif_color(q->map, d->fill_index, px);
+        px[3] = d->fill_index == q->transparent ? 0 : 255;
+      } else if (d->kind == 2) {
+        memcpy(px, d->fill, q->transparent >= 0 ? 4 : 3);
+      } else {
+        memcpy(px, d->saved + 4 * ((size_t)(y - d->box.y0) * box_width + (size_t)(x - d->box.x0)), 4);
+      }
+    }
+}
+
+/* The disposal of the frame about to be drawn (info, map), worked out before it is: a restore saves the canvas. */
+static int gif_dispose_plan(gif_sequence *q, const gif_frame_info *info, const ColorMapObject *map, sf_error *error) {
+  gif_box box = gif_frame_box(q->gif, q->width, q->height);
+  free(q->dispose.saved);
+  q->dispose = (gif_dispose){.kind = q->method < 2 ? 0 : q->method == 2 ? 2 : 3, .box = box};
+  if (q->dispose.kind == 2) {
+    gif_color(map, info->transparent >= 0 ? info->transparent : q->gif->SBackGroundColor, q->dispose.fill);
+    q->dispose.fill[3] = info->transparent >= 0 ? 0 : 255;
+  } else if (q->dispose.kind == 3) {
+    size_t bw = (size_t)(box.x1 - box.x0), bh = (size_t)(box.y1 - box.y0);
+    if (!(q->dispose.saved = malloc(bw * bh * 4 + 1)))
+      return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a GIF frame");
+    for (size_t y = 0; y < bh; y++)
+      memcpy(q->dispose.saved + y * bw * 4, q->rgba + 4 * (((size_t)box.y0 + y) * (size_t)q->width + (size_t)box.x0),
+             bw * 4);
+  }
+  return 0;
+}
+
+/* Reads the current frame's indices and draws them over the canvas, but where they are transparent. */
+static int gif_draw(gif_sequence *q, const gif_frame_info *info, const ColorMapObject *map, sf_error *error) {
+  const GifImageDesc *d = &q->gif->Image;
+  int64_t fw = d->Width, fh = d->Height;
+  if (fw <= 0 || fh <= 0) return 0;
+  int r = check_pixels(fw, fh, q->limits, "GIF frame", error);
+  if (r < 0) return r;
+  uint8_t *grown = realloc(q->frame, (size_t)fw * (size_t)fh);
+  if (!grown) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a GIF frame");
+  q->frame = grown;
+  if (gif_read_raster(q->gif, q->frame, (size_t)fw) < 0) return gif_error(q->gif, error);
+  gif_box box = gif_frame_box(q->gif, q->width, q->height);
+  for (int64_t y = box.y0; y < box.y1; y++)
+    for (int64_t x = box.x0; x < box.x1; x++) {
+      int i = q->frame[(size_t)(y - d->Top) * (size_t)fw + (size_t)(x - d->Left)];
+      if (i == info->transparent) continue;
+      uint8_t *px = q->rgba + 4 * ((size_t)y * (size_t)q->width + (size_t)x);
+      gif_color(map, i, px);
+      px[3] = 255;
+    }
+  return 0;
+}
+
+/* The first frame's canvas, palette and disposal; the canvas as RGBA. */
+static int gif_sequence_start(gif_sequence *q, sf_image_mode mode, sf_error *error) {
+  uint8_t *index = NULL;
+  gif_frame_info info;
+  int r = gif_first_canvas(q->gif, q->limits, &info, &index, &q->width, &q->height, error);
+  const ColorMapObject *map = q->gif->Image.ColorMap ? q->gif->Image.ColorMap : q->gif->SColorMap;
+  q->map = gif_palette_needed(map) ? map : NULL;
+  q->transparent = info.transparent;
+  q->channels = channels_for(mode, info.transparent >= 0 ? 4 : 3);
+  q->method = info.disposal;
+  q->pixels = (size_t)q->width * (size_t)q->height;
+  if (r == 0 && !(q->rgba = malloc(q->pixels * 4)))
+    r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory for a %lldx%lld GIF", (long long)q->width,
+                     (long long)q->height);
+  if (r == 0) {
+    /* The first frame's own disposal fills its index canvas: with the transparent index (also for a restore,
+     * there being nothing before), else the background's. */
+    q->dispose.box = gif_frame_box(q->gif, q->width, q->height);
+    q->dispose.kind = q->method == 2 || (q->method >= 3 && info.transparent >= 0) ? 2 : 0;
+    q->dispose.fill_index = info.transparent >= 0 ? info.transparent : q->gif->SBackGroundColor;
+    for (size_t i = 0; i < q->pixels; i++) {
+      gif_color(q->map, index[i], q->rgba + 4 * i);
+      q->rgba[4 * i + 3] = index[i] == info.transparent ? 0 : 255;
+    }
+  }
+  free(index);
+  return r;
+}
+
+/*
+ * Every frame of a GIF as Pillow 9 iterates them (ImageSequence, each converted to RGB): the first as
+ * decode_gif makes it; then on an RGB canvas (RGBA when the first frame has a transparent index) each frame
+ * drawn over the last, its transparent pixels leaving the canvas as it was, after the last frame's disposal.
+ * Frames that stick out of the first frame's canvas are clipped to it. A [T, H, W, C] tensor: C 3 for rgb, 1
+ * for gray (luma), 4 for keep when the first frame has a transparent index, else 3. A palette-less or gray-ramp
+ * GIF (which Pillow opens as "L") is drawn the same way, its indices as gray levels. max_pixels bounds
+ * T x H x W.
+ */
+static int decode_gif_frames(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
+                             sf_tensor *out, sf_error *error) {
+  gif_source src = {.data = p, .size = n};
+  int code = 0;
+  gif_sequence q = {.gif = DGifOpen(&src, gif_read, &code), .limits = limits};
+  if (!q.gif) return sf_error_set(error, code == D_GIF_ERR_NOT_ENOUGH_MEM ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
+                                  "corrupt GIF header: %s", GifErrorString(code));
+  int r = gif_sequence_start(&q, mode, error);
+  for (bool first = true; r == 0; first = false) {
+    if ((r = gif_append(&q, error)) < 0) break;
+    /* The next frame: its records, then the last one's disposal, then its own planned, then its pixels. */
+    gif_frame_info info;
+    int got = gif_next_image(q.gif, &info);
+    if (got < 0) r = gif_error(q.gif, error);
+    if (got != 1) break;
+    if (info.disposal) q.method = info.disposal;
+    const ColorMapObject *map = q.gif->Image.ColorMap ? q.gif->Image.ColorMap : q.gif->SColorMap;
+    if (!gif_palette_needed(map)) map = NULL;
+    gif_dispose_apply(&q, first);
+    if ((r = gif_dispose_plan(&q, &info, map, error)) == 0) r = gif_draw(&q, &info, map, error);
+  }
+  if (r == 0) {
+    const int64_t shape[4] = {q.count, q.height, q.width, q.channels};
+    r = sf_tensor_alloc(out, SF_DTYPE_UINT8, 4, shape);
+    if (r < 0) r = sf_error_set(error, r, SF_NOWHERE, "cannot allocate %lld GIF frames", (long long)q.count);
+    else memcpy(sf_tensor_data(out), q.frames, (size_t)q.count * q.pixels * (size_t)q.channels);
+  }
+  if (r < 0) sf_tensor_clear(out);
+  free(q.dispose.saved);
+  free(q.frames);
+  free(q.frame);
+  free(q.rgba);
+  DGifCloseFile(q.gif, &code);
   return r;
 }
 
@@ -852,6 +1101,48 @@ static void j2k_error(const char *msg, void *user) {
 
 static void j2k_quiet(const char *msg, void *user) {}
 
+/* Whether Pillow's layouts cover image: 1-4 full-size components of one precision up to 16 bits, gray or RGB. */
+static bool j2k_supported(const opj_image_t *image) {
+  uint32_t count = image->numcomps, prec = count ? image->comps[0].prec : 0;
+  bool same = count >= 1 && count <= 4 && prec >= 1 && prec <= 16;
+  for (uint32_t c = 0; same && c < count; c++)
+    same = image->comps[c].dx == 1 && image->comps[c].dy == 1 && image->comps[c].prec == prec;
+  return same && image->color_space != OPJ_CLRSPC_SYCC && image->color_space != OPJ_CLRSPC_CMYK &&
+         image->color_space != OPJ_CLRSPC_EYCC;
+}
+
+/*
+ * The decoded components into out (allocated: `channels` channels, uint16 when wide): signed samples offset
+ * by half their range, shifted to 8 (or 16) bits, clamped; gray repeated, alpha the last component.
+ */
+static void j2k_pixels(const opj_image_t *image, bool wide, int channels, sf_tensor *out) {
+  const uint32_t count = image->numcomps, prec = image->comps[0].prec;
+  const bool gray = count <= 2, alpha = count == 2 || count == 4;
+  int shift = (wide ? 16 : 8) - (int)prec;
+  int32_t top = wide ? 65535 : 255;
+  size_t pixels = (size_t)image->comps[0].w * image->comps[0].h;
+  for (size_t i = 0; i < pixels; i++) {
+    int32_t v[4] = {0, 0, 0, 0};
+    for (uint32_t c = 0; c < count; c++) {
+      int32_t x = image->comps[c].data[i] + (image->comps[c].sgnd ? (int32_t)1 << (prec - 1) : 0);
+      x = shift < 0 ? x >> -shift : x << shift;
+      v[c] = x < 0 ? 0 : x > top ? top : x;
+    }
+    int32_t rgba[4] = {v[0], gray ? v[0] : v[1], gray ? v[0] : v[2], alpha ? v[count - 1] : top};
+    for (int c = 0; c < channels; c++) {
+      int32_t value = rgba[c];
+      if (channels == 1 && !gray) {
+        uint8_t px[3] = {(uint8_t)rgba[0], (uint8_t)rgba[1], (uint8_t)rgba[2]};
+        value = luma(px);
+      }
+      if (wide)
+        ((uint16_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint16_t)value;
+      else
+        ((uint8_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint8_t)value;
+    }
+  }
+}
+
 /*
  * A JPEG 2000 codestream or JP2 file through openjpeg, as Pillow unpacks it: 1 (gray), 2 (gray+alpha),
  * 3 (RGB) or 4 (RGBA) full-resolution components of one precision; samples shifted to 8 bits (signed ones
@@ -888,11 +1179,7 @@ static int decode_j2k(const uint8_t *p, size_t n, bool jp2, sf_image_mode mode, 
   if ((r = check_pixels(width, height, limits, "JPEG 2000", error)) < 0) goto done;
   uint32_t count = image->numcomps;
   uint32_t prec = count ? image->comps[0].prec : 0;
-  bool same = count >= 1 && count <= 4 && prec >= 1 && prec <= 16;
-  for (uint32_t c = 0; same && c < count; c++)
-    same = image->comps[c].dx == 1 && image->comps[c].dy == 1 && image->comps[c].prec == prec;
-  if (!same || image->color_space == OPJ_CLRSPC_SYCC || image->color_space == OPJ_CLRSPC_CMYK ||
-      image->color_space == OPJ_CLRSPC_EYCC) {
+  if (!j2k_supported(image)) {
     r = sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
                      "JPEG 2000 with %u components is not supported (1-4 full-size components of one precision "
                      "up to 16 bits, gray or RGB)", count);
@@ -919,29 +1206,7 @@ static int decode_j2k(const uint8_t *p, size_t n, bool jp2, sf_image_mode mode, 
   int channels = channels_for(mode, alpha ? 4 : gray ? 1 : 3);
   if ((r = alloc_image_of(out, wide ? SF_DTYPE_UINT16 : SF_DTYPE_UINT8, height, width, channels, error)) < 0)
     goto done;
-  int shift = (wide ? 16 : 8) - (int)prec;
-  int32_t top = wide ? 65535 : 255;
-  size_t pixels = (size_t)width * (size_t)height;
-  for (size_t i = 0; i < pixels; i++) {
-    int32_t v[4];
-    for (uint32_t c = 0; c < count; c++) {
-      int32_t x = image->comps[c].data[i] + (image->comps[c].sgnd ? (int32_t)1 << (prec - 1) : 0);
-      x = shift < 0 ? x >> -shift : x << shift;
-      v[c] = x < 0 ? 0 : x > top ? top : x;
-    }
-    int32_t rgba[4] = {v[0], gray ? v[0] : v[1], gray ? v[0] : v[2], alpha ? v[count - 1] : top};
-    for (int c = 0; c < channels; c++) {
-      int32_t value = rgba[c];
-      if (channels == 1 && !gray) {
-        uint8_t px[3] = {(uint8_t)rgba[0], (uint8_t)rgba[1], (uint8_t)rgba[2]};
-        value = luma(px);
-      }
-      if (wide)
-        ((uint16_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint16_t)value;
-      else
-        ((uint8_t *)sf_tensor_data(out))[i * (size_t)channels + (size_t)c] = (uint8_t)value;
-    }
-  }
+  j2k_pixels(image, wide, channels, out);
   r = 0;
 done:
   if (r < 0) sf_tensor_clear(out);
@@ -952,6 +1217,30 @@ done:
 }
 
 /* ---- AVIF ---------------------------------------------------------------------------------- */
+
+/*
+ * libavif and libjxl are opened on first use (engine/core/dynlib.h: they load some thirty libraries a
+ * process that never meets the format should not pay for); their functions go through these tables.
+ */
+#define SF_FN_FIELD(name) __typeof__(&name) name;
+#define SF_FN_NAME(name) #name,
+#define AVIF_FUNCTIONS(X) X(avifDecoderCreate) X(avifDecoderDestroy) X(avifDecoderSetIOMemory) X(avifDecoderParse) \
+  X(avifDecoderNextImage) X(avifRGBImageSetDefaults) X(avifImageYUVToRGB) X(avifResultToString)
+#define JXL_FUNCTIONS(X) X(JxlSignatureCheck) X(JxlDecoderCreate) X(JxlDecoderDestroy) X(JxlDecoderSubscribeEvents) \
+  X(JxlDecoderSetInput) X(JxlDecoderCloseInput) X(JxlDecoderProcessInput) X(JxlDecoderGetBasicInfo)               \
+  X(JxlDecoderImageOutBufferSize) X(JxlDecoderSetImageOutBuffer)
+static struct { AVIF_FUNCTIONS(SF_FN_FIELD) } avif;
+static struct { JXL_FUNCTIONS(SF_FN_FIELD) } jxl;
+static const char *const avif_symbols[] = {AVIF_FUNCTIONS(SF_FN_NAME) NULL};
+static const char *const jxl_symbols[] = {JXL_FUNCTIONS(SF_FN_NAME) NULL};
+static sf_dynlib avif_lib = {.soname = SF_AVIF_SONAME, .symbols = avif_symbols, .fns = &avif, .purpose = "decode AVIF images"};
+static sf_dynlib jxl_lib = {.soname = SF_JXL_SONAME, .symbols = jxl_symbols, .fns = &jxl, .purpose = "decode JPEG XL images"};
+
+/* An error record saying why a format's library is not there (lib->why). */
+static int library_missing(sf_dynlib *lib, sf_error *error) {
+  return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE, "%s", lib->why);
+}
+
 
 /* An ISO-BMFF file whose ftyp box names an AVIF brand (major or compatible): HEIC and MP4 are not ours. */
 static bool is_avif(const uint8_t *p, size_t n) {
@@ -970,7 +1259,8 @@ static bool is_avif(const uint8_t *p, size_t n) {
  */
 static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                        sf_tensor *out, sf_error *error) {
-  avifDecoder *decoder = avifDecoderCreate();
+  if (sf_dynlib_load(&avif_lib) < 0) return library_missing(&avif_lib, error);
+  avifDecoder *decoder = avif.avifDecoderCreate();
   if (!decoder) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create an AVIF decoder");
   int64_t max = max_pixels_of(limits);
   decoder->codecChoice = AVIF_CODEC_CHOICE_DAV1D;
@@ -979,8 +1269,8 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   decoder->ignoreXMP = AVIF_TRUE;
   uint8_t *rgb_pixels = NULL;
   int r = 0;
-  avifResult result = avifDecoderSetIOMemory(decoder, p, n);
-  if (result == AVIF_RESULT_OK) result = avifDecoderParse(decoder);
+  avifResult result = avif.avifDecoderSetIOMemory(decoder, p, n);
+  if (result == AVIF_RESULT_OK) result = avif.avifDecoderParse(decoder);
   if (result != AVIF_RESULT_OK) {
     /* libavif refuses images over imageSizeLimit (our max_pixels) while parsing, before any allocation. */
     if (strstr(decoder->diag.error, "too large"))
@@ -988,15 +1278,15 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
                        (long long)max, decoder->diag.error);
     else
       r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                       "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                       "corrupt AVIF: %s%s%s", avif.avifResultToString(result), decoder->diag.error[0] ? ": " : "",
                        decoder->diag.error);
     goto done;
   }
   avifImage *image = decoder->image;
   if ((r = check_pixels(image->width, image->height, limits, "AVIF", error)) < 0) goto done;
-  if ((result = avifDecoderNextImage(decoder)) != AVIF_RESULT_OK) {
+  if ((result = avif.avifDecoderNextImage(decoder)) != AVIF_RESULT_OK) {
     r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                     "corrupt AVIF: %s%s%s", avifResultToString(result), decoder->diag.error[0] ? ": " : "",
+                     "corrupt AVIF: %s%s%s", avif.avifResultToString(result), decoder->diag.error[0] ? ": " : "",
                      decoder->diag.error);
     goto done;
   }
@@ -1007,7 +1297,7 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
   int channels = channels_for(mode, alpha ? 4 : 3), decoded = alpha ? 4 : 3;
   if ((r = alloc_image(out, image->height, image->width, channels, error)) < 0) goto done;
   avifRGBImage rgb;
-  avifRGBImageSetDefaults(&rgb, image);
+  avif.avifRGBImageSetDefaults(&rgb, image);
   rgb.depth = 8;
   rgb.format = decoded == 4 ? AVIF_RGB_FORMAT_RGBA : AVIF_RGB_FORMAT_RGB;
   rgb.rowBytes = image->width * (uint32_t)decoded;
@@ -1017,9 +1307,9 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
     goto done;
   }
   rgb.pixels = rgb_pixels ? rgb_pixels : sf_tensor_data(out);
-  if ((result = avifImageYUVToRGB(image, &rgb)) != AVIF_RESULT_OK) {
+  if ((result = avif.avifImageYUVToRGB(image, &rgb)) != AVIF_RESULT_OK) {
     r = sf_error_set(error, result == AVIF_RESULT_OUT_OF_MEMORY ? SF_ENOMEM : SF_EFORMAT, SF_NOWHERE,
-                     "AVIF to RGB: %s", avifResultToString(result));
+                     "AVIF to RGB: %s", avif.avifResultToString(result));
     goto done;
   }
   uint8_t *dst = sf_tensor_data(out);
@@ -1031,14 +1321,16 @@ static int decode_avif(const uint8_t *p, size_t n, sf_image_mode mode, const sf_
 done:
   if (r < 0) sf_tensor_clear(out);
   free(rgb_pixels);
-  avifDecoderDestroy(decoder);
+  avif.avifDecoderDestroy(decoder);
   return r;
 }
 
 /* ---- JPEG XL ------------------------------------------------------------------------------- */
 
+/* libjxl's own check, reached only by bytes no other decoder claimed (PPM comes first: CIFAR never opens libjxl). */
 static bool is_jxl(const uint8_t *p, size_t n) {
-  JxlSignature sig = JxlSignatureCheck(p, n);
+  if (sf_dynlib_load(&jxl_lib) < 0) return false;
+  JxlSignature sig = jxl.JxlSignatureCheck(p, n);
   return sig == JXL_SIG_CODESTREAM || sig == JXL_SIG_CONTAINER;
 }
 
@@ -1050,7 +1342,8 @@ static bool is_jxl(const uint8_t *p, size_t n) {
  */
 static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_image_limits *limits,
                       sf_tensor *out, sf_error *error) {
-  JxlDecoder *dec = JxlDecoderCreate(NULL);
+  if (sf_dynlib_load(&jxl_lib) < 0) return library_missing(&jxl_lib, error);
+  JxlDecoder *dec = jxl.JxlDecoderCreate(NULL);
   if (!dec) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot create a JPEG XL decoder");
   uint8_t *pixels = NULL;
   size_t count = 0;
@@ -1058,17 +1351,17 @@ static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
   JxlPixelFormat format = {0, JXL_TYPE_UINT8, JXL_NATIVE_ENDIAN, 0};
   bool have_info = false, done = false;
   int r = 0;
-  if (JxlDecoderSubscribeEvents(dec, JXL_DEC_BASIC_INFO | JXL_DEC_FULL_IMAGE) != JXL_DEC_SUCCESS ||
-      JxlDecoderSetInput(dec, p, n) != JXL_DEC_SUCCESS) {
+  if (jxl.JxlDecoderSubscribeEvents(dec, JXL_DEC_BASIC_INFO | JXL_DEC_FULL_IMAGE) != JXL_DEC_SUCCESS ||
+      jxl.JxlDecoderSetInput(dec, p, n) != JXL_DEC_SUCCESS) {
     r = sf_error_set(error, SF_EINTERNAL, SF_NOWHERE, "cannot set up the JPEG XL decoder");
     goto out;
   }
-  JxlDecoderCloseInput(dec);
+  jxl.JxlDecoderCloseInput(dec);
   while (!done) {
-    JxlDecoderStatus status = JxlDecoderProcessInput(dec);
+    JxlDecoderStatus status = jxl.JxlDecoderProcessInput(dec);
     switch (status) {
     case JXL_DEC_BASIC_INFO:
-      if (JxlDecoderGetBasicInfo(dec, &info) != JXL_DEC_SUCCESS) goto corrupt;
+      if (jxl.JxlDecoderGetBasicInfo(dec, &info) != JXL_DEC_SUCCESS) goto corrupt;
       if ((r = check_pixels(info.xsize, info.ysize, limits, "JPEG XL", error)) < 0) goto out;
       format.num_channels = (info.num_color_channels == 1 ? 1 : 3) + (info.alpha_bits ? 1 : 0);
       have_info = true;
@@ -1076,14 +1369,14 @@ static int decode_jxl(const uint8_t *p, size_t n, sf_image_mode mode, const sf_i
     case JXL_DEC_NEED_IMAGE_OUT_BUFFER: {
       size_t need = 0;
       count = (size_t)info.xsize * info.ysize;
-      if (!have_info || JxlDecoderImageOutBufferSize(dec, &format, &need) != JXL_DEC_SUCCESS ||
+      if (!have_info || jxl.JxlDecoderImageOutBufferSize(dec, &format, &need) != JXL_DEC_SUCCESS ||
           need != count * format.num_channels)
         goto corrupt;
       if (!(pixels = malloc(need))) {
         r = sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate %zu bytes for a JPEG XL", need);
         goto out;
       }
-      if (JxlDecoderSetImageOutBuffer(dec, &format, pixels, need) != JXL_DEC_SUCCESS) goto corrupt;
+      if (jxl.JxlDecoderSetImageOutBuffer(dec, &format, pixels, need) != JXL_DEC_SUCCESS) goto corrupt;
       break;
     }
     case JXL_DEC_FULL_IMAGE: done = pixels != NULL; if (!done) goto corrupt; break;
@@ -1109,7 +1402,7 @@ corrupt:
 out:
   if (r < 0) sf_tensor_clear(out);
   free(pixels);
-  JxlDecoderDestroy(dec);
+  jxl.JxlDecoderDestroy(dec);
   return r;
 }
 
@@ -1221,18 +1514,20 @@ int sf_image_decode(const char *format, sf_buffer *buffer, size_t offset, size_t
                          memcmp(p, "II+\0", 4) == 0 || memcmp(p, "MM\0+", 4) == 0))
     r = decode_tiff(p, size, mode, limits, out, error);
   else if (size >= 6 && (memcmp(p, "GIF87a", 6) == 0 || memcmp(p, "GIF89a", 6) == 0))
-    r = decode_gif(p, size, mode, limits, out, error);
+    r = limits && limits->gif_frames ? decode_gif_frames(p, size, mode, limits, out, error)
+                                     : decode_gif(p, size, mode, limits, out, error);
   else if (size >= sizeof jp2_signature && memcmp(p, jp2_signature, sizeof jp2_signature) == 0)
     r = decode_j2k(p, size, true, mode, limits, out, error);
   else if (size >= 4 && p[0] == 0xFF && p[1] == 0x4F && p[2] == 0xFF && p[3] == 0x51)
     r = decode_j2k(p, size, false, mode, limits, out, error);
+  else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
+    r = decode_pnm(buffer, offset, size, mode, limits, out, error);
   else if (is_avif(p, size))
     r = decode_avif(p, size, mode, limits, out, error);
   else if (is_jxl(p, size))
     r = decode_jxl(p, size, mode, limits, out, error);
-  else if (size >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
-    r = decode_pnm(buffer, offset, size, mode, limits, out, error);
-  if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8) r = widen_to_16(out, error);
+  if (r == 0 && limits && limits->depth == 16 && out->dtype == SF_DTYPE_UINT8 && out->ndim == 3)
+    r = widen_to_16(out, error);
   if (r != 1) return r;
   return sf_error_set(error, SF_EFORMAT, SF_NOWHERE,
                       "not a JPEG, PNG, WebP, TIFF, GIF, JPEG 2000, AVIF, JPEG XL or PPM/PGM image (named .%s, %zu bytes starting %02x %02x %02x %02x)",

@@ -2,6 +2,7 @@
 #ifndef SF_ENGINE_IMAGE_H
 #define SF_ENGINE_IMAGE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,8 @@ typedef struct sf_image_limits {
   int depth;                /* sample depth of the result: 8 (or 0) uint8, 16-bit sources cut to their high byte;
                                16 uint16 always (8-bit samples times 257); -1 "native": uint16 for 16-bit
                                PNG, TIFF, gray JPEG 2000 and PGM/PPM with maxval > 255, uint8 otherwise */
+  bool gif_frames;          /* GIF: every frame as a uint8 [T, H, W, C] tensor (as Pillow's ImageSequence
+                               composes them), max_pixels bounding T x H x W; false: the first frame [H, W, C] */
 } sf_image_limits;
 
 /*
@@ -31,7 +34,7 @@ typedef struct sf_image_limits {
  * except slack bytes before the end-of-image marker), PNG (libspng with size and chunk limits, CRC checked), WebP
  * (libwebp, still images, lossy or lossless, alpha kept in mode keep; animated ones are SF_EUNSUPPORTED), TIFF
  * (libtiff, first page; 16-bit gray/RGB/RGBA as uint16 when depth asks, like PNG), GIF (giflib, first frame on
- * its screen-sized canvas, as Pillow), JPEG 2000 (openjpeg, codestream or JP2, 1-4 full-size components; gray
+ * its screen-sized canvas, as Pillow, or every frame when limits->gif_frames asks: then depth is ignored), JPEG 2000 (openjpeg, codestream or JP2, 1-4 full-size components; gray
  * deeper than 8 bits as uint16 when depth asks), AVIF (libavif with dav1d, first image, 8-bit RGB(A) as avifdec
  * converts it), JPEG XL (libjxl, first frame, 8-bit as djxl writes it), PPM (P6)
  * and PGM (P5), 8-bit, or 16-bit (maxval > 255, big-endian samples kept as stored, not rescaled) when

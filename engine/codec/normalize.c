@@ -2,11 +2,13 @@
 #include "normalize.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define SF_NORMALIZE_AVX2 1
+#define SF_NORMALIZE_X86 1
 #endif
 
 bool sf_normalize_matches(const float *table, double scale, double shift) {
@@ -15,17 +17,23 @@ bool sf_normalize_matches(const float *table, double scale, double shift) {
   return true;
 }
 
-void sf_normalize_rgb_f32_scalar(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm,
-                                 float *const out[3]) {
+/* One row of a block, one pixel at a time. */
+static void row_f32_scalar(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm, float *const o[3]) {
   for (int c = 0; c < 3; c++) {
     const double a = nm->scale[c], b = nm->shift[c];
-    float *o = out[c];
     const uint8_t *p = q + c;
-    for (int64_t i = 0; i < n; i++, p += step) o[i] = (float)fma((double)*p, a, b);
+    for (int64_t i = 0; i < n; i++, p += step) o[c][i] = (float)fma((double)*p, a, b);
   }
 }
 
-#ifdef SF_NORMALIZE_AVX2
+void sf_normalize_rgb_f32_scalar(const sf_rgb_rows *b, const sf_normalize *nm, float *const out[3]) {
+  for (int64_t r = 0; r < b->rows; r++) {
+    float *const o[3] = {out[0] + r * b->oy, out[1] + r * b->oy, out[2] + r * b->oy};
+    row_f32_scalar(b->q + r * b->sy, b->step, b->n, nm, o);
+  }
+}
+
+#ifdef SF_NORMALIZE_X86
 /*
  * pshufb masks taking channel c of eight pixels out of 24 bytes (lo: bytes 0..15, hi: 16..23) into
  * bytes 0..7, in memory order (fwd) or reversed (rev, the flip); -128 makes a zero byte.
@@ -52,32 +60,47 @@ __attribute__((target("avx2,fma"))) static inline void channel8(__m128i lo, __m1
   *f1 = _mm256_cvtpd_ps(_mm256_fmadd_pd(_mm256_cvtepi32_pd(x1), a, b));
 }
 
+/* Where the eight pixels from output pixel i on start in a row read from q with step: their 24 bytes, lowest first. */
+static inline const uint8_t *eight_at(const uint8_t *q, ptrdiff_t step, int64_t i) {
+  return step > 0 ? q + i * 3 : q - i * 3 - 21;
+}
+
+/*
+ * The output pixels of a row at which an eight-pixel step starts: 0, 8, ..., and n - 8 for the last
+ * pixels when n is not a multiple of 8 (that step overlaps the one before and writes the same values
+ * again). Rows shorter than 8 take the scalar path (*count = 0).
+ */
+static inline int64_t eight_steps(int64_t n) { return n < 8 ? 0 : (n + 7) / 8; }
+static inline int64_t eight_start(int64_t n, int64_t k) { return 8 * k + 8 <= n ? 8 * k : n - 8; }
+
 /* Eight pixels a step. A table gather (vgatherdps) was tried first: slower than scalar table loads on
    this Zen 4. */
-__attribute__((target("avx2,fma"))) static void avx2(const uint8_t *q, ptrdiff_t step, int64_t n,
-                                                     const sf_normalize *nm, float *const out[3]) {
-  const int8_t(*m)[2][16] = step > 0 ? fwd : rev;
+__attribute__((target("avx2,fma"))) static void avx2(const sf_rgb_rows *bl, const sf_normalize *nm,
+                                                     float *const out[3]) {
+  const int8_t(*m)[2][16] = bl->step > 0 ? fwd : rev;
   __m128i mask[3][2];
   __m256d a[3], b[3];
-  float *o[3];
   for (int c = 0; c < 3; c++) {
     for (int h = 0; h < 2; h++) mask[c][h] = _mm_loadu_si128((const __m128i *)m[c][h]);
     a[c] = _mm256_set1_pd(nm->scale[c]);
     b[c] = _mm256_set1_pd(nm->shift[c]);
-    o[c] = out[c];
   }
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const uint8_t *p = step > 0 ? q + i * 3 : q - i * 3 - 21;
-    __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
-    for (int c = 0; c < 3; c++) {
-      __m128 f0, f1;
-      channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
-      _mm256_storeu_ps(o[c] + i, _mm256_set_m128(f1, f0));
+  const int64_t n = bl->n, steps = eight_steps(n);
+  for (int64_t r = 0; r < bl->rows; r++) {
+    const uint8_t *q = bl->q + r * bl->sy;
+    float *const o[3] = {out[0] + r * bl->oy, out[1] + r * bl->oy, out[2] + r * bl->oy};
+    if (!steps) row_f32_scalar(q, bl->step, n, nm, o);
+    for (int64_t k = 0; k < steps; k++) {
+      const int64_t i = eight_start(n, k);
+      const uint8_t *p = eight_at(q, bl->step, i);
+      __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
+      for (int c = 0; c < 3; c++) {
+        __m128 f0, f1;
+        channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
+        _mm256_storeu_ps(o[c] + i, _mm256_set_m128(f1, f0));
+      }
     }
   }
-  float *const tail[3] = {o[0] + i, o[1] + i, o[2] + i};
-  sf_normalize_rgb_f32_scalar(q + i * step, step, n - i, nm, tail);
 }
 
 /* bfloat16 of four floats, rounded to nearest even, in the low halves of four int32 lanes. */
@@ -87,9 +110,14 @@ __attribute__((target("avx2,fma"))) static inline __m128i bf16_bits(__m128 f) {
   return _mm_srli_epi32(b, 16);
 }
 
-__attribute__((target("avx2,fma"))) static void avx2_bf16(const uint8_t *q, ptrdiff_t step, int64_t n,
-                                                          const sf_normalize *nm, uint16_t *const out[3]) {
-  const int8_t(*m)[2][16] = step > 0 ? fwd : rev;
+/* One bfloat16 of the multiply-add, as the scalar path of avx2_bf16 rounds it. */
+__attribute__((target("avx2,fma"))) static inline uint16_t bf16_of(uint8_t x, double a, double b) {
+  return (uint16_t)_mm_cvtsi128_si32(bf16_bits(_mm_set1_ps((float)fma((double)x, a, b))));
+}
+
+__attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl, const sf_normalize *nm,
+                                                          uint16_t *const out[3]) {
+  const int8_t(*m)[2][16] = bl->step > 0 ? fwd : rev;
   __m128i mask[3][2];
   __m256d a[3], b[3];
   for (int c = 0; c < 3; c++) {
@@ -97,22 +125,23 @@ __attribute__((target("avx2,fma"))) static void avx2_bf16(const uint8_t *q, ptrd
     a[c] = _mm256_set1_pd(nm->scale[c]);
     b[c] = _mm256_set1_pd(nm->shift[c]);
   }
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const uint8_t *p = step > 0 ? q + i * 3 : q - i * 3 - 21;
-    __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
-    for (int c = 0; c < 3; c++) {
-      __m128 f0, f1;
-      channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
-      _mm_storeu_si128((__m128i *)(out[c] + i), _mm_packus_epi32(bf16_bits(f0), bf16_bits(f1)));
+  const int64_t n = bl->n, steps = eight_steps(n);
+  for (int64_t r = 0; r < bl->rows; r++) {
+    const uint8_t *q = bl->q + r * bl->sy;
+    uint16_t *const o[3] = {out[0] + r * bl->oy, out[1] + r * bl->oy, out[2] + r * bl->oy};
+    for (int64_t i = 0; !steps && i < n; i++)
+      for (int c = 0; c < 3; c++) o[c][i] = bf16_of(q[i * bl->step + c], nm->scale[c], nm->shift[c]);
+    for (int64_t k = 0; k < steps; k++) {
+      const int64_t i = eight_start(n, k);
+      const uint8_t *p = eight_at(q, bl->step, i);
+      __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
+      for (int c = 0; c < 3; c++) {
+        __m128 f0, f1;
+        channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
+        _mm_storeu_si128((__m128i *)(o[c] + i), _mm_packus_epi32(bf16_bits(f0), bf16_bits(f1)));
+      }
     }
   }
-  for (; i < n; i++)
-    for (int c = 0; c < 3; c++) {
-      float v = (float)fma((double)q[i * step + c], nm->scale[c], nm->shift[c]);
-      __m128i r = bf16_bits(_mm_set1_ps(v));
-      out[c][i] = (uint16_t)_mm_cvtsi128_si32(r);
-    }
 }
 
 /* Bytes 0..15 and 16..23 of eight pixels reversed, from the 24 bytes of lo (0..15) and hi (16..23). */
@@ -154,50 +183,68 @@ __attribute__((target("ssse3"))) static void planes_u8(const uint8_t *q, ptrdiff
 }
 #endif
 
-bool sf_normalize_rgb_bf16(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm,
-                           uint16_t *const out[3]) {
-#ifdef SF_NORMALIZE_AVX2
-  if ((step == 3 || step == -3) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    avx2_bf16(q, step, n, nm, out);
-    return true;
-  }
+static atomic_int isa_limit = SF_NORMALIZE_AVX2;
+
+void sf_normalize_limit(sf_normalize_isa isa) { atomic_store_explicit(&isa_limit, isa, memory_order_relaxed); }
+
+/* The widest kernels this CPU runs, within sf_normalize_limit's and SF_NORMALIZE_ISA's limits. */
+static sf_normalize_isa isa(void) {
+  static atomic_int found = -1;
+  int f = atomic_load_explicit(&found, memory_order_relaxed);
+  if (f < 0) {
+    f = SF_NORMALIZE_SCALAR;
+#ifdef SF_NORMALIZE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) f = SF_NORMALIZE_AVX2;
 #endif
-  (void)q, (void)step, (void)n, (void)nm, (void)out;
-  return false;
+    const char *e = getenv("SF_NORMALIZE_ISA");
+    if (e && !strcmp(e, "scalar")) f = SF_NORMALIZE_SCALAR;
+    atomic_store_explicit(&found, f, memory_order_relaxed);
+  }
+  int limit = atomic_load_explicit(&isa_limit, memory_order_relaxed);
+  return f < limit ? f : limit;
 }
 
-bool sf_normalize_rgb_u8(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *out) {
-  if (step == 3) {
-    memcpy(out, q, (size_t)(3 * n));
-    return true;
-  }
-#ifdef SF_NORMALIZE_AVX2
-  if (step == -3 && __builtin_cpu_supports("ssse3")) {
-    flip_u8(q, n, out);
-    return true;
-  }
-#endif
-  return false;
+/* Whether the block has the AVX2 (with FMA) kernels here; uint8 output needs only SSSE3, which AVX2 implies. */
+static bool simd(const sf_rgb_rows *b) {
+  return (b->step == 3 || b->step == -3) && isa() >= SF_NORMALIZE_AVX2;
 }
 
-bool sf_normalize_rgb_u8_planes(const uint8_t *q, ptrdiff_t step, int64_t n, uint8_t *const out[3]) {
-#ifdef SF_NORMALIZE_AVX2
-  if ((step == 3 || step == -3) && __builtin_cpu_supports("ssse3")) {
-    planes_u8(q, step, n, out);
-    return true;
-  }
+bool sf_normalize_rgb_f32(const sf_rgb_rows *b, const sf_normalize *nm, float *const out[3]) {
+  if (!simd(b)) return false;
+#ifdef SF_NORMALIZE_X86
+  avx2(b, nm, out);
 #endif
-  (void)q, (void)step, (void)n, (void)out;
-  return false;
+  return true;
 }
 
-bool sf_normalize_rgb_f32(const uint8_t *q, ptrdiff_t step, int64_t n, const sf_normalize *nm, float *const out[3]) {
-#ifdef SF_NORMALIZE_AVX2
-  if ((step == 3 || step == -3) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    avx2(q, step, n, nm, out);
+bool sf_normalize_rgb_bf16(const sf_rgb_rows *b, const sf_normalize *nm, uint16_t *const out[3]) {
+  if (!simd(b)) return false;
+#ifdef SF_NORMALIZE_X86
+  avx2_bf16(b, nm, out);
+#endif
+  return true;
+}
+
+bool sf_normalize_rgb_u8(const sf_rgb_rows *b, uint8_t *out) {
+  if (b->step == 3) {
+    for (int64_t r = 0; r < b->rows; r++) memcpy(out + r * b->oy, b->q + r * b->sy, (size_t)(3 * b->n));
     return true;
   }
+  if (!simd(b)) return false;
+#ifdef SF_NORMALIZE_X86
+  for (int64_t r = 0; r < b->rows; r++) flip_u8(b->q + r * b->sy, b->n, out + r * b->oy);
 #endif
-  (void)q, (void)step, (void)n, (void)nm, (void)out;
-  return false;
+  return true;
+}
+
+bool sf_normalize_rgb_u8_planes(const sf_rgb_rows *b, uint8_t *const out[3]) {
+  if (!simd(b)) return false;
+#ifdef SF_NORMALIZE_X86
+  for (int64_t r = 0; r < b->rows; r++) {
+    uint8_t *const o[3] = {out[0] + r * b->oy, out[1] + r * b->oy, out[2] + r * b->oy};
+    planes_u8(b->q + r * b->sy, b->step, b->n, o);
+  }
+#endif
+  return true;
 }

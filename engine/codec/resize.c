@@ -474,6 +474,83 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
   return out; /* not reached: sf_resize_u8_simd routes what AVX2 does not take to resize_strips */
 }
 
+#ifdef SF_RESIZE_X86
+/*
+ * The AVX2 horizontal pass's tables for h (cx's outputs, kx taps): dense_avx2's in *d when it applies
+ * (d->tab allocated here, the caller frees it), else hpass3_avx2's madd weights in h->wt; then which
+ * outputs read inside the row and where the rest read a copy of its tail (tbuf: bw bytes after wt).
+ * Returns 0 or SF_ENOMEM.
+ */
+static int hpass_prepare(hctx *h, dense *d, const coeffs *cx, const sf_resize_axis *ax, int kx, size_t bw) {
+  const int64_t row_len = ax->n * h->c, x1 = h->x1;
+  int16_t *wt = (int16_t *)h->wt;
+  int most = 0;
+  for (int64_t i = 0; i < ax->n; i++) most = cx->count[i] > most ? cx->count[i] : most;
+  d->steps = (most + 1) / 2, d->groups = (row_len + 31) / 32 * 4;
+  d->tab = aligned_alloc(32, (size_t)d->groups * ((size_t)d->steps * 3 * sizeof(__m256i) + 2 * sizeof(int32_t)));
+  if (!d->tab) return SF_ENOMEM;
+  d->ofs = (int32_t *)(d->tab + d->groups * d->steps * 3);
+  h->tbuf = (uint8_t *)wt + bw;
+  if (dense_make(d, cx, ax->n)) {
+    h->d = d;
+    for (const int64_t end = x1 * 3; h->safe < d->groups; h->safe += 4) {
+      int32_t last = d->ofs[2 * (h->safe + 3) + 1]; /* offsets grow along the row */
+      if (last + 6 * (d->steps - 1) + 16 > end) break;
+    }
+    h->tail = h->safe < d->groups ? d->ofs[2 * h->safe] : 0;
+    return 0;
+  }
+  madd_weights(cx, n4(ax), wt);
+  /* outputs in fours while their 16-byte loads end inside the row and the four are outputs */
+  while (h->safe + 4 <= ax->n && cx->start[h->safe + 3] * 3 + 6 * (steps4(cx, h->safe) - 1) + 16 <= x1 * 3)
+    h->safe += 4;
+  h->tail = cx->start[h->safe < ax->n ? h->safe : 0] * 3;
+  h->tout = h->tbuf + (x1 * 3 - h->tail) + kx * 3 + 32;
+  return 0;
+}
+#endif
+
+/* The ring of horizontally resampled rows the vertical pass reads (see sf_resize_u8_simd's scratch). */
+typedef struct row_ring {
+  int size;
+  int64_t stride;
+  uint8_t *bytes;
+  const uint8_t **rows, **taps;
+  int32_t *acc;
+} row_ring;
+
+/*
+ * dst's rows: each output row of ay from the window of source rows it reads, each of them resampled
+ * along x once (h) into the ring r; without resampling along y, the rows resampled along x themselves.
+ */
+static void resample_rows(const hctx *h, const coeffs *cy, const sf_resize_axis *ay, int64_t y0, bool fy, bool avx2,
+                          const row_ring *r, uint8_t *dst) {
+  const int64_t row_len = h->n * h->c;
+  if (!fy) {
+    for (int64_t i = 0; i < ay->n; i++) memcpy(dst + i * row_len, hrow(h, y0 + i, r->bytes), (size_t)row_len);
+    return;
+  }
+  int64_t next = y0; /* the next source row to resample */
+  for (int64_t i = 0; i < ay->n; i++) {
+    const int64_t s = cy->start[i], e = s + cy->count[i];
+    if (next < s) next = s;
+    for (; next < e; next++) {
+      int64_t slot = (next - y0) % r->size;
+      r->rows[slot] = hrow(h, next, r->bytes + slot * r->stride);
+    }
+    for (int t = 0, slot = (int)((s - y0) % r->size); t < cy->count[i]; t++, slot = slot + 1 < r->size ? slot + 1 : 0)
+      r->taps[t] = r->rows[slot];
+#ifdef SF_RESIZE_X86
+    if (avx2) {
+      vpass_avx2(r->taps, cy->count[i], cy->k + i * cy->ksize, row_len, r->acc, dst + i * row_len);
+      continue;
+    }
+#endif
+    vpass(r->taps, cy->count[i], cy->k + i * cy->ksize, 0, row_len, r->acc, dst + i * row_len);
+  }
+  (void)avx2;
+}
+
 int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t sc, int c, const sf_resize_axis *ay,
                       const sf_resize_axis *ax, uint8_t *dst, bool simd) {
   int ky = 0, kx = 0;
@@ -492,83 +569,37 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
    * pointers in ring order and in the order of one output's taps, and the accumulators of the
    * portable vertical pass. The byte arrays before the pointers are multiples of 32 bytes long.
    */
-  const int64_t row_len = ax->n * c, stride = (row_len + 32) & ~(int64_t)31;
-  int ring = 1;
+  const int64_t row_len = ax->n * c;
+  row_ring ring = {.size = 1, .stride = (row_len + 32) & ~(int64_t)31};
   if (fy) {
     double scale = (double)ay->span / (double)ay->size;
-    ring = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
+    ring.size = (int)ceil(scale < 1.0 ? 1.0 : scale) * 2 + 1;
   }
-  size_t n_ring = (size_t)(ring * stride);
+  size_t n_ring = (size_t)(ring.size * ring.stride);
   size_t n_tail = h3 ? (size_t)(x1 - ax->origin) * 3 + (size_t)kx * 3 + 32 + (size_t)n4(ax) * 3 + 16 : 0;
   n_tail = (n_tail + 31) & ~(size_t)31;
-  uint8_t *mem = malloc(by + bx + bw + 32 + n_tail + n_ring + 2 * (size_t)ring * sizeof(uint8_t *) +
+  uint8_t *mem = malloc(by + bx + bw + 32 + n_tail + n_ring + 2 * (size_t)ring.size * sizeof(uint8_t *) +
                         (size_t)row_len * sizeof(int32_t));
   if (!mem) return SF_ENOMEM;
   coeffs cy = {0}, cx = {0};
   if (fy) cy = coeffs_at((int32_t *)mem, ay, ky);
   if (fx) cx = coeffs_at((int32_t *)(mem + by), ax, kx);
   int16_t *wt = (int16_t *)(((uintptr_t)(mem + by + bx) + 31) & ~(uintptr_t)31);
-  uint8_t *rbuf = (uint8_t *)wt + bw + n_tail;
-  const uint8_t **rows = (const uint8_t **)(rbuf + n_ring);
-  const uint8_t **taps = rows + ring;
-  int32_t *acc = (int32_t *)(taps + ring);
+  ring.bytes = (uint8_t *)wt + bw + n_tail;
+  ring.rows = (const uint8_t **)(ring.bytes + n_ring);
+  ring.taps = ring.rows + ring.size;
+  ring.acc = (int32_t *)(ring.taps + ring.size);
   if (h3) memset((uint8_t *)wt + bw, 0, n_tail); /* the tail copy's bytes past the row: read, weighted 0 */
   hctx h = {.src = src, .sy = sy, .sx = sx, .sc = sc, .c = c, .fx = fx, .avx2 = h3, .cx = &cx, .wt = wt};
   h.x0 = x0, h.x1 = x1, h.n = ax->n;
 #ifdef SF_RESIZE_X86
   dense d = {0};
-  if (h3) {
-    int most = 0;
-    for (int64_t i = 0; i < ax->n; i++) most = cx.count[i] > most ? cx.count[i] : most;
-    d.steps = (most + 1) / 2, d.groups = (row_len + 31) / 32 * 4;
-    d.tab = aligned_alloc(32, (size_t)d.groups * ((size_t)d.steps * 3 * sizeof(__m256i) + 2 * sizeof(int32_t)));
-    if (!d.tab) {
-      free(mem);
-      return SF_ENOMEM;
-    }
-    d.ofs = (int32_t *)(d.tab + d.groups * d.steps * 3);
-    if (dense_make(&d, &cx, ax->n)) {
-      h.d = &d;
-      for (const int64_t end = x1 * 3; h.safe < d.groups; h.safe += 4) {
-        int32_t last = d.ofs[2 * (h.safe + 3) + 1]; /* offsets grow along the row */
-        if (last + 6 * (d.steps - 1) + 16 > end) break;
-      }
-      h.tail = h.safe < d.groups ? d.ofs[2 * h.safe] : 0;
-      h.tbuf = (uint8_t *)wt + bw;
-    }
-  }
-  if (h3 && !h.d) {
-    madd_weights(&cx, n4(ax), wt);
-    /* outputs in fours while their 16-byte loads end inside the row and the four are outputs */
-    while (h.safe + 4 <= ax->n && cx.start[h.safe + 3] * 3 + 6 * (steps4(&cx, h.safe) - 1) + 16 <= x1 * 3)
-      h.safe += 4;
-    h.tail = cx.start[h.safe < ax->n ? h.safe : 0] * 3;
-    h.tbuf = (uint8_t *)wt + bw;
-    h.tout = h.tbuf + (x1 * 3 - h.tail) + kx * 3 + 32;
+  if (h3 && hpass_prepare(&h, &d, &cx, ax, kx, bw) < 0) {
+    free(mem);
+    return SF_ENOMEM;
   }
 #endif
-  if (!fy) { /* rows resampled along x into dst */
-    for (int64_t i = 0; i < ay->n; i++) memcpy(dst + i * row_len, hrow(&h, y0 + i, rbuf), (size_t)row_len);
-  } else { /* row i of dst from the window of rows it reads, each resampled once, in the ring */
-    int64_t next = y0; /* the next source row to resample */
-    for (int64_t i = 0; i < ay->n; i++) {
-      const int64_t s = cy.start[i], e = s + cy.count[i];
-      if (next < s) next = s;
-      for (; next < e; next++) {
-        int64_t slot = (next - y0) % ring;
-        rows[slot] = hrow(&h, next, rbuf + slot * stride);
-      }
-      for (int t = 0, slot = (int)((s - y0) % ring); t < cy.count[i]; t++, slot = slot + 1 < ring ? slot + 1 : 0)
-        taps[t] = rows[slot];
-#ifdef SF_RESIZE_X86
-      if (avx2) {
-        vpass_avx2(taps, cy.count[i], cy.k + i * cy.ksize, row_len, acc, dst + i * row_len);
-        continue;
-      }
-#endif
-      vpass(taps, cy.count[i], cy.k + i * cy.ksize, 0, row_len, acc, dst + i * row_len);
-    }
-  }
+  resample_rows(&h, &cy, ay, y0, fy, avx2, &ring, dst);
 #ifdef SF_RESIZE_X86
   free(d.tab);
 #endif

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer_device.h"
 #include "buffer_file.h"
 #include "shardflow/buffer.h"
 
@@ -13,6 +14,7 @@ struct sf_buffer {
   sf_buffer_free_fn free_fn;
   void *opaque;
   bool file; /* maps a file (buffer_file.h) */
+  const sf_buffer_device *device; /* accelerator memory (buffer_device.h), NULL for host memory */
   /* sf_buffer_new's data follows the 64-byte header (16-byte aligned, as malloc's) */
 };
 
@@ -29,6 +31,7 @@ sf_buffer *sf_buffer_new(size_t size) {
   b->free_fn = NULL;
   b->opaque = NULL;
   b->file = false;
+  b->device = NULL;
   return b;
 }
 
@@ -41,7 +44,20 @@ sf_buffer *sf_buffer_wrap(uint8_t *data, size_t size, sf_buffer_free_fn free_fn,
   b->free_fn = free_fn;
   b->opaque = opaque;
   b->file = false;
+  b->device = NULL;
   return b;
+}
+
+sf_buffer *sf_buffer_wrap_device(uint8_t *data, size_t size, sf_buffer_free_fn free_fn, void *opaque,
+                                 const sf_buffer_device *device) {
+  sf_buffer *b = sf_buffer_wrap(data, size, free_fn, opaque);
+  if (b) b->device = device;
+  return b;
+}
+
+const sf_buffer_device *sf_buffer_device_of(const sf_buffer *b, void **opaque) {
+  if (opaque) *opaque = b && b->device ? b->opaque : NULL;
+  return b ? b->device : NULL;
 }
 
 sf_buffer *sf_buffer_wrap_file(uint8_t *data, size_t size, sf_buffer_free_fn free_fn, void *opaque) {

@@ -1,6 +1,7 @@
 /* DLPack export of batch fields: a managed tensor holding a buffer reference, freed by its deleter. */
 #include <stdlib.h>
 
+#include "buffer_device.h"
 #include "shardflow/dlpack.h"
 
 typedef struct managed {
@@ -40,10 +41,13 @@ int sf_batch_to_dlpack(const sf_batch *batch, int i, DLManagedTensor **out) {
     m->shape[d] = t->shape[d];
     m->strides[d] = t->strides[d];
   }
+  void *owner;
+  const sf_buffer_device *device = sf_buffer_device_of(t->buffer, &owner);
   m->buffer = sf_buffer_ref(t->buffer);
+  if (device) device->exported(owner); /* the trainer took the batch: the device sink may copy the next */
   m->tensor.dl_tensor = (DLTensor){
       .data = sf_buffer_data(t->buffer),
-      .device = {kDLCPU, 0},
+      .device = device ? (DLDevice){(DLDeviceType)device->type, device->id} : (DLDevice){kDLCPU, 0},
       .ndim = t->ndim,
       .dtype = type,
       .shape = m->shape,
@@ -54,6 +58,14 @@ int sf_batch_to_dlpack(const sf_batch *batch, int i, DLManagedTensor **out) {
   m->tensor.deleter = release;
   *out = &m->tensor;
   return 0;
+}
+
+int sf_dlpack_wait(DLManagedTensor *t, int64_t stream) {
+  if (!t) return SF_EINVAL;
+  if (t->deleter != release) return 0; /* not ours: nothing of ours to wait for */
+  void *owner;
+  const sf_buffer_device *device = sf_buffer_device_of(((managed *)t->manager_ctx)->buffer, &owner);
+  return device ? device->wait(owner, stream) : 0;
 }
 
 void sf_dlpack_release(DLManagedTensor *t) {

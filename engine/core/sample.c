@@ -271,3 +271,34 @@ int sf_port_count(const sf_port_def *ports) {
 }
 
 sf_port_kind sf_port_first_kind(const sf_port_def *ports) { return ports ? ports[0].kind : SF_PORT_NONE; }
+
+/* The row that stands for port p: a fixed row, or the template (a last row whose name has "%u"); -1 for none. */
+static int port_row(const sf_port_def *ports, int p) {
+  int rows = sf_port_count(ports);
+  if (p < 0 || rows == 0) return -1;
+  if (p < rows - 1) return p;
+  const char *last = ports[rows - 1].name;
+  if (last && strstr(last, "%u")) return p < SF_NODE_INPUTS_MAX ? rows - 1 : -1; /* sf_port_capacity */
+  return p == rows - 1 ? p : -1;
+}
+
+int sf_port_capacity(const sf_port_def *ports) {
+  int rows = sf_port_count(ports);
+  const char *last = rows ? ports[rows - 1].name : NULL;
+  return last && strstr(last, "%u") ? SF_NODE_INPUTS_MAX : rows;
+}
+
+sf_port_kind sf_port_kind_at(const sf_port_def *ports, int port) {
+  int row = port_row(ports, port);
+  return row < 0 ? SF_PORT_NONE : ports[row].kind;
+}
+
+int sf_port_name_at(const sf_port_def *ports, int port, char *buf, size_t size) {
+  int row = port_row(ports, port);
+  if (row < 0) return -1;
+  const char *name = ports[row].name ? ports[row].name : "", *at = strstr(name, "%u");
+  if (!at) return snprintf(buf, size, "%s", name);
+  /* The number put in by hand: the name is the stage's text, never a format. */
+  int n = (int)(at - name);
+  return snprintf(buf, size, "%.*s%d%s", n, name, port - row, at + 2);
+}

@@ -21,7 +21,9 @@ sf_url_kind sf_url_kind_of(const char *url) {
   size_t n = sf_url_scheme_length(url);
   if (n == 0) return SF_URL_PATH;
   if ((n == 4 && strncmp(url, "http", 4) == 0) || (n == 5 && strncmp(url, "https", 5) == 0)) return SF_URL_HTTP;
-  if (n == 2 && (strncmp(url, "s3", 2) == 0 || strncmp(url, "gs", 2) == 0)) return SF_URL_STORE;
+  if (n == 2 && (strncmp(url, "s3", 2) == 0 || strncmp(url, "gs", 2) == 0 || strncmp(url, "az", 2) == 0 ||
+                 strncmp(url, "hf", 2) == 0))
+    return SF_URL_STORE;
   if (n == 4 && strncmp(url, "file", 4) == 0) return SF_URL_FILE;
   return SF_URL_OTHER;
 }
@@ -80,6 +82,7 @@ static bool secret_param(const char *name, size_t len) {
   if (len >= sizeof low) len = sizeof low - 1;
   for (size_t i = 0; i < len; i++) low[i] = (char)tolower((unsigned char)name[i]);
   low[len] = '\0';
+  if (strcmp(low, "sig") == 0) return true; /* an Azure SAS token's signature */
   for (int i = 0; words[i]; i++)
     if (strstr(low, words[i])) return true;
   return false;

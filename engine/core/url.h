@@ -15,7 +15,7 @@ typedef enum sf_url_kind {
   SF_URL_PATH,  /* no scheme: a local path */
   SF_URL_FILE,  /* file:// */
   SF_URL_HTTP,  /* http:// or https:// */
-  SF_URL_STORE, /* s3:// or gs:// (engine/object_store.h) */
+  SF_URL_STORE, /* s3://, gs://, az:// or hf:// (engine/object_store.h) */
   SF_URL_PIPE,  /* pipe:COMMAND */
   SF_URL_OTHER, /* another SCHEME:// that nothing here reads */
 } sf_url_kind;
@@ -26,10 +26,10 @@ sf_url_kind sf_url_kind_of(const char *url);
 /* True for http(s)://. */
 bool sf_url_is_http(const char *url);
 
-/* True for s3:// and gs://. */
+/* True for s3://, gs://, az:// and hf://. */
 bool sf_url_is_store(const char *url);
 
-/* True for what is downloaded over the network: http://, https://, s3://, gs://. */
+/* True for what is downloaded over the network: http://, https://, s3://, gs://, az://, hf://. */
 bool sf_url_is_remote(const char *url);
 
 /*

@@ -28,7 +28,7 @@ static double speedup(double wait) { return 1.0 / (1.0 - (wait < 0.95 ? wait : 0
 /* ", N% of the run in reads" for a reader whose reads took at least 1% of the run, else "". */
 static void reads_part(char *out, size_t size, const sf_bottleneck_node *j, double elapsed) {
   double share = read_seconds(j) / elapsed;
-  if (j->extra.reads && share >= 0.01)
+  if (j->stats.reads && share >= 0.01)
     snprintf(out, size, ", %.0f%% of the run in reads", share * 100);
   else
     out[0] = '\0';
@@ -46,7 +46,7 @@ static int one_thread(char *buf, size_t size, const sf_bottleneck_node *j, doubl
                   "bottleneck: %s (%s, busy %.0f%% of its one thread%s): CPU-bound; %s %s and cannot run as "
                   "replicas, so it is this graph's limit, on one thread%s",
                   j->name, j->stage, busy_share(j, elapsed) * 100, reads, j->stage, why,
-                  j->extra.reads ? "; if its shards are compressed, storing them uncompressed takes the inflating "
+                  j->stats.reads ? "; if its shards are compressed, storing them uncompressed takes the inflating "
                                    "off that thread"
                                  : "");
 }
@@ -103,10 +103,10 @@ int sf_bottleneck_judge(const sf_bottleneck_run *run, char *buf, size_t size, in
   const sf_bottleneck_node *cpu = NULL, *reader = NULL, *group = NULL, *reads = NULL, *culprit = NULL;
   for (int i = 0; i < run->n_nodes; i++) {
     const sf_bottleneck_node *j = &run->nodes[i];
-    if (j->extra.reader && (!reader || busy_share(j, elapsed) > busy_share(reader, elapsed))) reader = j;
-    if (j->extra.reads && (!reads || read_seconds(j) > read_seconds(reads))) reads = j;
-    if (j->extra.group && !group) group = j;
-    if (j->extra.reader || j->source) continue;
+    if (j->stats.reader && (!reader || busy_share(j, elapsed) > busy_share(reader, elapsed))) reader = j;
+    if (j->stats.reads && (!reads || read_seconds(j) > read_seconds(reads))) reads = j;
+    if (j->stats.group && !group) group = j;
+    if (j->stats.reader || j->source) continue;
     if (!cpu || busy_share(j, elapsed) > busy_share(cpu, elapsed)) cpu = j;
   }
   int len;
@@ -115,27 +115,27 @@ int sf_bottleneck_judge(const sf_bottleneck_run *run, char *buf, size_t size, in
                    "bottleneck: the consumer (the trainer waited for batches %.0f%% of the run; the last stage's "
                    "queue stays full): make the consumer faster; the input pipeline has headroom",
                    trainer_wait * 100);
-  } else if (cpu && busy_share(cpu, elapsed) >= SATURATED && !cpu->extra.group) {
+  } else if (cpu && busy_share(cpu, elapsed) >= SATURATED && !cpu->stats.group) {
     culprit = cpu;
-    if (cpu->extra.reads && 2 * read_seconds(cpu) >= cpu->busy)
+    if (cpu->stats.reads && 2 * read_seconds(cpu) >= cpu->busy)
       len = storage_bound(buf, size, cpu, elapsed);
     else if (!cpu->replicable)
       len = one_thread(buf, size, cpu, elapsed);
     else
       len = replicas_or_group(buf, size, cpu, elapsed, trainer_wait, have);
   } else if (group) {
-    uint64_t w = group->extra.workers ? group->extra.workers : 1;
+    uint64_t w = group->stats.workers ? group->stats.workers : 1;
     culprit = group;
     len = snprintf(buf, size,
                    "bottleneck: %s (a group with %llu worker(s); the trainer waited %.0f%% of the run): its workers "
                    "decode too slowly; start more `shardflow worker` processes for it (about %d in all)",
-                   group->name, (unsigned long long)group->extra.workers, trainer_wait * 100,
+                   group->name, (unsigned long long)group->stats.workers, trainer_wait * 100,
                    (int)ceil((double)w * speedup(trainer_wait) - 1e-9));
   } else if (reader) {
     culprit = reader;
-    double rate = (double)reader->extra.downloaded_bytes / elapsed / 1048576.0;
-    const sf_node_extra *x = &reader->extra;
-    const sf_node_tuned *tuned = x->n_tuned > 0 && !x->tuned[0].pinned ? &x->tuned[0] : NULL;
+    double rate = (double)reader->stats.downloaded_bytes / elapsed / 1048576.0;
+    const sf_stage_stats *x = &reader->stats;
+    const sf_stage_tuned *tuned = x->n_tuned > 0 && !x->tuned[0].pinned ? &x->tuned[0] : NULL;
     if (tuned) /* the tuner already raises prefetch while the reader and the trainer wait: its bound is the budget */
       len = snprintf(buf, size,
                      "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
@@ -148,7 +148,7 @@ int sf_bottleneck_judge(const sf_bottleneck_run *run, char *buf, size_t size, in
                      "bottleneck: %s (%s, network-bound: %.1f MiB/s downloaded while the stages after it waited for "
                      "input): raise %s.prefetch (now %llu) for more downloads in parallel, or cache shards nearer "
                      "(cache_dir)",
-                     reader->name, reader->stage, rate, reader->name, (unsigned long long)reader->extra.prefetch);
+                     reader->name, reader->stage, rate, reader->name, (unsigned long long)reader->stats.prefetch);
   } else if (cpu) {
     char in_reads[96] = "";
     if (reads && read_seconds(reads) / elapsed >= 0.01)
@@ -185,21 +185,10 @@ static int gather(sf_pipeline *p, sf_bottleneck_node *out) {
     }
     sf_bottleneck_node *j = &out[count - 1];
     j->busy += (double)(atomic_load(&node->busy_ns) + sf_node_deferred_ns(node)) * 1e-9;
-    if (node->extra) {
-      sf_node_extra x = {0};
-      node->extra(node, &x);
-      if (node->replica == 0)
-        j->extra = x;
-      else {
-        if (x.reader) j->extra.downloaded_bytes += x.downloaded_bytes;
-        j->extra.read_ns += x.read_ns;
-      }
-      j->extra.reader |= x.reader;
-      j->extra.reads |= x.reads;
-    }
+    sf_node_stage_stats_add(node, &j->stats, node->replica == 0);
   }
   for (int i = 0; i < count; i++)
-    out[i].read = (double)out[i].extra.read_ns * 1e-9;
+    out[i].read = (double)out[i].stats.read_ns * 1e-9;
   return count;
 }
 

@@ -18,8 +18,8 @@ typedef struct sf_bottleneck_node {
   int inputs;            /* input ports connected (more than one: it merges them, e.g. mix) */
   bool source;           /* it reads no input (shard_source) */
   double busy;           /* busy seconds over every replica */
-  double read;           /* of busy, seconds spent waiting for shard bytes in reads (sf_node_extra.read_ns) */
-  sf_node_extra extra;   /* replica 0's, the readers' downloads summed */
+  double read;           /* of busy, seconds spent waiting for shard bytes in reads (sf_stage_stats.read_ns) */
+  sf_stage_stats stats;  /* what its stage reports (sf_node_stage_stats_add): replica 0's, counts summed */
 } sf_bottleneck_node;
 
 /* What a run measured so far. */

@@ -1,5 +1,6 @@
 /* The handoff (include/shardflow/handoff.h): a ring of items between a non-blocking stage and one program thread. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +18,7 @@ typedef struct slot {
 } slot;
 
 struct sf_handoff {
-  char name[32];
-  int refs; /* under registry_lock */
-  struct sf_handoff *next;
+  atomic_int refs;
   pthread_mutex_t lock;
   pthread_cond_t cond; /* a sample to take, or closed */
   slot *slots;
@@ -34,10 +33,6 @@ struct sf_handoff {
   void (*wake)(sf_node *);
   sf_node *wake_node;
 };
-
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static sf_handoff *registry;
-static unsigned long serial;
 
 int sf_handoff_new(sf_handoff **out, int capacity) {
   *out = NULL;
@@ -54,24 +49,13 @@ int sf_handoff_new(sf_handoff **out, int capacity) {
   pthread_condattr_destroy(&attr);
   pthread_mutex_init(&h->lock, NULL);
   h->capacity = capacity;
-  h->refs = 1;
-  pthread_mutex_lock(&registry_lock);
-  snprintf(h->name, sizeof h->name, "handoff-%lu", ++serial);
-  h->next = registry;
-  registry = h;
-  pthread_mutex_unlock(&registry_lock);
+  atomic_init(&h->refs, 1);
   *out = h;
   return 0;
 }
 
-const char *sf_handoff_name(const sf_handoff *h) { return h->name; }
-
-sf_handoff *sf_handoff_find(const char *name) {
-  pthread_mutex_lock(&registry_lock);
-  sf_handoff *h = registry;
-  while (h && strcmp(h->name, name) != 0) h = h->next;
-  if (h) h->refs++;
-  pthread_mutex_unlock(&registry_lock);
+sf_handoff *sf_handoff_ref(sf_handoff *h) {
+  if (h) atomic_fetch_add_explicit(&h->refs, 1, memory_order_relaxed);
   return h;
 }
 
@@ -90,15 +74,7 @@ void sf_handoff_unref(sf_handoff **ph) {
   sf_handoff *h = ph ? *ph : NULL;
   if (!h) return;
   *ph = NULL;
-  pthread_mutex_lock(&registry_lock);
-  bool last = --h->refs == 0;
-  if (last) {
-    sf_handoff **p = &registry;
-    while (*p != h) p = &(*p)->next;
-    *p = h->next;
-  }
-  pthread_mutex_unlock(&registry_lock);
-  if (!last) return;
+  if (atomic_fetch_sub_explicit(&h->refs, 1, memory_order_acq_rel) != 1) return;
   drain(h);
   sf_sample_destroy(&h->orphan);
   pthread_mutex_destroy(&h->lock);

@@ -133,7 +133,7 @@ static const family extra_families[X_END] = {
     [X_CACHE_HITS] = {"shardflow_reader_cache_hits_total", "counter", "Shards served from the shard cache."},
 };
 
-static bool extra_value(int f, const sf_node_extra *x, double *v) {
+static bool extra_value(int f, const sf_stage_stats *x, double *v) {
   const uint64_t group[] = {x->workers, x->reassigned, x->duplicates};
   const uint64_t reader[] = {x->downloaded_bytes, x->refetched_bytes, x->retries, x->cache_hits};
   if (f <= X_DUPLICATES) {
@@ -149,13 +149,14 @@ int sf_metrics_format(sf_node *const *nodes, int n, uint64_t error_count, double
     header(out, &node_families[f]);
     for (int i = 0; i < n; i++) node_sample(out, &node_families[f], nodes[i], node_value(f, nodes[i]));
   }
-  sf_node_extra *extras = calloc((size_t)n + 1, sizeof *extras);
+  /* What each replica's stage reports of its own (its stats callback): groups, readers, tuned options. */
+  sf_stage_stats *extras = calloc((size_t)n + 1, sizeof *extras);
   if (!extras) {
     out->failed = true;
     return SF_ENOMEM;
   }
   for (int i = 0; i < n; i++)
-    if (nodes[i]->extra) nodes[i]->extra(nodes[i], &extras[i]);
+    if (nodes[i]->def->stats) nodes[i]->def->stats(nodes[i], &extras[i], NULL, 0);
   for (int f = 0; f < X_END; f++) {
     header(out, &extra_families[f]);
     for (int i = 0; i < n; i++) {
@@ -172,8 +173,8 @@ int sf_metrics_format(sf_node *const *nodes, int n, uint64_t error_count, double
   for (int f = 0; f < 2; f++) {
     header(out, &tuned_families[f]);
     for (int i = 0; i < n; i++)
-      for (int j = 0; j < extras[i].n_tuned && j < SF_NODE_TUNED_MAX; j++) {
-        const sf_node_tuned *u = &extras[i].tuned[j];
+      for (int j = 0; j < extras[i].n_tuned && j < SF_STAGE_TUNED_MAX; j++) {
+        const sf_stage_tuned *u = &extras[i].tuned[j];
         sf_strbuf_appendf(out, "%s{stage=\"", tuned_families[f].name);
         label_value(out, nodes[i]->name);
         sf_strbuf_add(out, "\",type=\"");

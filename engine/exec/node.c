@@ -161,6 +161,8 @@ void sf_context_set_verdict(sf_context *ctx, const sf_error *e) {
 }
 
 void *sf_node_priv(sf_node *n) { return n->priv; }
+
+void *sf_node_attachment(const sf_node *n) { return n && n->graph_node ? n->graph_node->attachment : NULL; }
 const char *sf_node_name(const sf_node *n) { return n->name; }
 int sf_node_replica(const sf_node *n) { return n->replica; }
 int sf_node_replicas(const sf_node *n) { return n->replicas; }
@@ -493,18 +495,20 @@ int sf_node_step(sf_node *n) {
   return r;
 }
 
-int sf_pipeline_node_tuned(sf_pipeline *p, const char *name, sf_node_tuned *out, int max) {
-  int n;
-  sf_node *const *nodes = sf_pipeline_nodes(p, &n);
-  for (int i = 0; i < n; i++) {
-    sf_node *node = nodes[i];
-    if (node->replica != 0 || strcmp(node->name, name) != 0) continue;
-    if (!node->extra) return 0;
-    sf_node_extra x = {0};
-    node->extra(node, &x);
-    int k = x.n_tuned < max ? x.n_tuned : max;
-    for (int j = 0; j < k; j++) out[j] = x.tuned[j];
-    return k;
+void sf_node_stage_stats_add(sf_node *node, sf_stage_stats *sum, bool first) {
+  if (first) memset(sum, 0, sizeof *sum);
+  if (!node->def->stats) return;
+  sf_stage_stats x = {0};
+  node->def->stats(node, &x, NULL, 0);
+  if (first) {
+    *sum = x;
+    return;
   }
-  return 0;
+  sum->reads |= x.reads;
+  sum->read_ns += x.read_ns;
+  sum->reader |= x.reader;
+  sum->downloaded_bytes += x.downloaded_bytes;
+  sum->refetched_bytes += x.refetched_bytes;
+  sum->retries += x.retries;
+  sum->cache_hits += x.cache_hits;
 }

@@ -47,45 +47,6 @@ typedef struct sf_port {
   int markers;         /* epoch-end markers collected from the queues (consumer side) */
 } sf_port;
 
-/*
- * An option a stage tunes while it runs (autotune: tar_split's prefetch), as sf_node_extra reports it for the
- * stage table, --stats-json (docs/stats-json.md) and /metrics.
- */
-typedef struct sf_node_tuned {
-  const char *option;      /* the option's name, static storage ("prefetch") */
-  int64_t value;           /* in force now */
-  int64_t initial;         /* what the run started with: the default, or the value written */
-  bool pinned;             /* the graph (or --set, or the API) wrote it: the stage leaves it as it is */
-  uint64_t changes;        /* times the stage changed it */
-  double changed_at;       /* seconds since the pipeline started at the last change; 0 when it never changed */
-} sf_node_tuned;
-
-enum { SF_NODE_TUNED_MAX = 4 };
-
-/*
- * Counters a stage keeps beyond the common ones, for /metrics (engine/exec/metrics.c) and the bottleneck
- * report (engine/exec/bottleneck.c). A stage that has them sets sf_node.extra in its init; the function
- * is then called from other threads (the metrics server's, the trainer's) while the node runs, so it
- * reads only thread-safe state. Zero-filled before the call.
- */
-typedef struct sf_node_extra {
-  bool group;                  /* a group's head-side node: the next three are set */
-  uint64_t workers;            /* workers alive now */
-  uint64_t reassigned;         /* units handed to another worker after theirs died, left or was late */
-  uint64_t duplicates;         /* results dropped because their unit was already done */
-  bool reader;                 /* a shard reader with remote downloads started: the next five are set */
-  uint64_t downloaded_bytes;   /* body bytes received over the network */
-  uint64_t refetched_bytes;    /* of which were received a second time and discarded */
-  uint64_t retries;            /* download attempts after a failure */
-  uint64_t cache_hits;         /* shards served from the shard cache */
-  uint64_t prefetch;           /* the reader's `prefetch` (downloads ahead) in force now, for the remedy */
-  bool reads;                  /* a shard reader (tar_split), remote or not: read_ns is set */
-  uint64_t read_ns;            /* wall time its steps spent in reads of shard bytes (read() of a file or pipe,
-                                * the page faults of a mapped shard's next window): storage, not its CPU */
-  int n_tuned;                 /* entries of tuned[] set */
-  sf_node_tuned tuned[SF_NODE_TUNED_MAX]; /* the options the stage tunes while it runs, pinned ones included */
-} sf_node_extra;
-
 struct sf_node {
   const sf_stage_def *def;
   void *priv;
@@ -105,7 +66,7 @@ struct sf_node {
    * cut must not end the others'.  It still sees the pipeline's closes (the mix's).  NULL: the pipeline's. */
   atomic_uint_fast64_t *branch_closed;
   struct sf_pipeline *pipeline;  /* NULL under the test harness */
-  const sf_graph *group_stages;  /* a _remote node's group stages (owned by the pipeline's graph), or NULL */
+  const sf_graph *group_stages;  /* a group's head node's stages (owned by the pipeline's graph), or NULL */
   atomic_bool running;           /* a pool worker is stepping it */
   atomic_bool done;              /* returned SF_EOF or failed; outputs closed */
   /* map stages: samples taken and given this step, so a dropped sample leaves a hole */
@@ -122,7 +83,6 @@ struct sf_node {
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */
   struct sf_lazy_clock *deferred;    /* time other nodes spent writing this node's deferred fields */
-  void (*extra)(sf_node *node, sf_node_extra *out); /* set by a stage's init, or NULL (sf_node_extra) */
 };
 
 void sf_context_init(sf_context *ctx);
@@ -160,15 +120,15 @@ int sf_context_check_budget(sf_context *ctx, bool final);
 int sf_node_error_record(sf_node *node, const sf_error *error);
 /* The pipeline's shared context (a worker installs its error hook there). */
 sf_context *sf_pipeline_context(sf_pipeline *pipeline);
-/* The first node (replica 0) whose stage is def, or NULL. */
-sf_node *sf_pipeline_find_node(sf_pipeline *pipeline, const sf_stage_def *def);
 /* The pipeline's nodes, every replica in chain order (borrowed, valid until sf_pipeline_destroy), their count in *n. */
 sf_node *const *sf_pipeline_nodes(sf_pipeline *pipeline, int *n);
 /* Seconds since the pipeline started, and seconds the trainer spent waiting inside sf_pipeline_next(). */
 double sf_pipeline_elapsed(const sf_pipeline *pipeline);
-/* The options the node called name (replica 0) tunes while it runs, up to max of them into out (see
- * sf_node_tuned: option names are static). Returns how many; 0 for an unknown name. Any thread. */
-int sf_pipeline_node_tuned(sf_pipeline *pipeline, const char *name, sf_node_tuned *out, int max);
+/*
+ * Adds what node's stage reports of its own (its stats callback) to *sum: replica 0 (first) sets it, a later
+ * replica adds its counts (reads, downloads) and flags. Nothing for a stage without the callback. Any thread.
+ */
+void sf_node_stage_stats_add(sf_node *node, sf_stage_stats *sum, bool first);
 /* The CPUs this process may use (engine/core/cpu_budget.h), read when the pipeline was made: the pool's
  * threads unless the graph's `threads` sets them, and what the plan spreads replicas over. */
 int sf_pipeline_cpu_budget(const sf_pipeline *pipeline);
@@ -194,7 +154,7 @@ bool sf_port_can_push(sf_port *port);
  */
 int sf_node_new_deferred(sf_node *node);
 
-/* The group's stages of a _remote node (engine/graph/graph_groups.h), borrowed for the pipeline's life; NULL for other nodes. */
+/* The group's stages of a group's head node (engine/graph/graph_groups.h), borrowed for the pipeline's life; NULL for other nodes. */
 const sf_graph *sf_node_group_stages(const sf_node *node);
 uint64_t sf_node_deferred_ns(const sf_node *node);
 uint64_t sf_thread_deferred_ns(void);

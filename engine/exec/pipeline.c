@@ -128,12 +128,6 @@ sf_context *sf_pipeline_context(sf_pipeline *p) { return &p->ctx; }
 
 int sf_pipeline_failed(const sf_pipeline *p) { return atomic_load(&((sf_pipeline *)p)->failed); }
 
-sf_node *sf_pipeline_find_node(sf_pipeline *p, const sf_stage_def *def) {
-  for (int i = 0; i < p->n_nodes; i++)
-    if (p->nodes[i]->def == def && p->nodes[i]->replica == 0) return p->nodes[i];
-  return NULL;
-}
-
 void sf_node_notify(sf_node *n) {
   if (n->pipeline) notify(n->pipeline);
 }
@@ -471,7 +465,7 @@ static sf_pipeline *pipeline_alloc(void) {
   return p;
 }
 
-/* The pipeline's own graph: a copy, or with groups the head's part of the chain, with one _remote node per group
+/* The pipeline's own graph: a copy, or with groups the head's part of the chain, with one group's head node per group
  * and the plan of what each group sends (its stages as its workers get them, and a node added on the head). */
 static int take_graph(sf_pipeline *p, const sf_graph *graph, sf_error *error) {
   if (graph->n_groups == 0) {
@@ -708,7 +702,7 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
     s->busy_seconds += (double)(atomic_load_explicit(&n->busy_ns, memory_order_relaxed) + sf_node_deferred_ns(n)) * 1e-9;
     s->wait_seconds += (double)atomic_load_explicit(&n->wait_ns, memory_order_relaxed) * 1e-9;
     s->n_inputs = n->n_inputs;
-    for (int j = 0; j < n->n_inputs && j < 8; j++) {
+    for (int j = 0; j < n->n_inputs && j < SF_NODE_INPUTS_MAX; j++) {
       snprintf(s->input_names[j], sizeof s->input_names[j], "%s", n->input_names[j]);
       s->input_items[j] += atomic_load_explicit(&n->input_items[j], memory_order_relaxed);
     }
@@ -721,8 +715,21 @@ int sf_pipeline_stats(const sf_pipeline *p, sf_node_stats *stats, int max) {
       if (k == s->n_counters) snprintf(s->counter_names[s->n_counters++], SF_COUNTER_NAME_MAX, "%s", n->counter_names[c]);
       s->counters[k] += atomic_load_explicit(&n->counters[c], memory_order_relaxed);
     }
+    sf_node_stage_stats_add(p->nodes[i], &s->stage, n->replica == 0);
   }
   return count;
+}
+
+int sf_pipeline_workers(sf_pipeline *p, const char *name, sf_worker_stats *workers, int max) {
+  for (int i = 0; i < p->n_nodes; i++) {
+    sf_node *n = p->nodes[i];
+    if (n->replica != 0 || strcmp(n->name, name) != 0) continue;
+    if (!n->def->stats) return 0;
+    sf_stage_stats ignored = {0};
+    int count = n->def->stats(n, &ignored, max > 0 ? workers : NULL, max > 0 ? max : 0);
+    return count > 0 ? count : 0;
+  }
+  return 0;
 }
 
 uint64_t sf_pipeline_error_count(const sf_pipeline *p) {

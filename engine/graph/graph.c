@@ -235,6 +235,7 @@ sf_graph *sf_graph_copy(const sf_graph *src) {
       goto fail;
   for (int i = 0; i < src->n_edges; i++)
     if (sf_graph_add_edge(g, src->edges[i].from, src->edges[i].to, src->edges[i].line) < 0) goto fail;
+  g->edges_line = src->edges_line;
   return g;
 fail:
   sf_graph_destroy(&g);
@@ -256,7 +257,15 @@ sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
   if (s->group_stages && !(n->group_stages = sf_graph_copy(s->group_stages))) return NULL;
   if (s->inputs && !(n->inputs = strdup(s->inputs))) return NULL;
   n->inputs_line = s->inputs_line;
+  n->attachment = s->attachment;
   return n;
+}
+
+int sf_graph_attach(sf_graph *g, const char *node, void *object) {
+  sf_graph_node *n = g && node ? sf_graph_find_node(g, node) : NULL;
+  if (!n) return SF_ENOENT;
+  n->attachment = object;
+  return 0;
 }
 
 int sf_graph_node_count(const sf_graph *g) { return g ? g->n_nodes : 0; }
@@ -318,7 +327,7 @@ int sf_graph_set_setting(sf_graph *g, const char *key, const char *value, int64_
   }
   const sf_option *o = sf_option_find(sf_graph_settings, key);
   if (!o)
-    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, edges, groups, plugins",
+    return sf_graph_error(e, SF_EGRAPH, g, line, "unknown graph setting '%s': valid settings are %s, stages, groups, plugins",
                           key, settings_help);
   char why[256];
   int r = sf_option_parse(o, value, g, why, sizeof why);
@@ -350,10 +359,10 @@ int sf_graph_set(sf_graph *g, const char *target, const char *value, sf_error *e
   sf_graph_node *n = sf_graph_find_node(g, node_name);
   sf_graph_node *group = n ? NULL : sf_graph_find_group(g, node_name);
   if (group) {
-    const sf_stage_def *remote = sf_registry_group_head();
-    if (!sf_option_find(remote->options, key)) {
+    const sf_stage_def *head = sf_registry_group_head();
+    if (!sf_option_find(head->options, key)) {
       char names[1024];
-      sf_options_names(remote->options, names, sizeof names);
+      sf_options_names(head->options, names, sizeof names);
       return sf_graph_error(e, SF_EOPTION, g, -1, "cannot set '%s': groups have no option '%s' (options: %s)",
                             target, key, names);
     }
@@ -445,14 +454,15 @@ static int find_index(const sf_graph *g, const char *name) {
   return -1;
 }
 
-/* The chain order: from the edges when any are given, else file order. */
-static int chain_order(const sf_graph *g, int *order, sf_error *e) {
+/*
+ * `edges:` is retired (a chain is the file's order; a stage that reads another, or several, names them with
+ * `inputs:`): a graph that has it is refused with the order its edges make, to list the stages in, or with
+ * what is wrong with them. Returns SF_EGRAPH (or SF_ENOMEM) in *e.
+ */
+static int edges_retired(const sf_graph *g, int *order, sf_error *e) {
   int n = g->n_nodes;
-  if (n <= 0) return 0;
-  if (g->n_edges == 0) {
-    for (int i = 0; i < n; i++) order[i] = i;
-    return 0;
-  }
+  if (n <= 0) /* not reached: a graph without stages is refused first */
+    return sf_graph_error(e, SF_EGRAPH, g, g->edges_line, "`edges:` is retired: list the stages in the order they run");
   int *next = malloc((size_t)n * sizeof *next), *has_in = calloc((size_t)n, sizeof *has_in);
   if (!next || !has_in) {
     free(next);
@@ -491,6 +501,16 @@ static int chain_order(const sf_graph *g, int *order, sf_error *e) {
   for (int i = start; r == 0 && i >= 0 && count < n; i = next[i]) order[count++] = i;
   if (r == 0 && count != n)
     r = sf_graph_error(e, SF_EGRAPH, g, -1, "the edges do not join all %d nodes into one chain (a cycle?)", n);
+  if (r == 0) {
+    char chain[1024] = "";
+    for (int k = 0, used = 0; k < n && used < (int)sizeof chain; k++)
+      used += snprintf(chain + used, sizeof chain - (size_t)used, "%s%s", k ? ", " : "", g->nodes[order[k]].name);
+    r = sf_graph_error(e, SF_EGRAPH, g, g->edges_line,
+                       "`edges:` is retired: list the stages in the order they run (here: %s), each reads the one "
+                       "before it, and remove `edges:`; a stage that reads another stage, or several (a mix), names "
+                       "them with `inputs: [NAME, ...]`",
+                       chain);
+  }
   free(next);
   free(has_in);
   return r;
@@ -504,14 +524,11 @@ bool sf_graph_has_branches(const sf_graph *g) {
 
 /* The links of a graph with `inputs:`: file order is the order; a node without `inputs:` takes the one before it. */
 static int branch_links(const sf_graph *g, const sf_stage_def **defs, int *order, int *inputs, sf_error *e) {
-  if (g->n_edges > 0)
-    return sf_graph_error(e, SF_EGRAPH, g, g->edges[0].line,
-                          "`edges:` and `inputs:` cannot be mixed: name each stage's inputs, or list every edge");
   char names[512];
   node_names(g, names, sizeof names);
   for (int i = 0; i < g->n_nodes; i++) {
     const sf_graph_node *n = &g->nodes[i];
-    int ports = sf_port_count(defs[i]->inputs), count = 0, *in = &inputs[i * SF_GRAPH_MAX_INPUTS];
+    int ports = sf_port_capacity(defs[i]->inputs), count = 0, *in = &inputs[i * SF_GRAPH_MAX_INPUTS];
     order[i] = i;
     if (!n->inputs) {
       if (ports > 0 && i > 0) in[0] = i - 1;
@@ -534,32 +551,17 @@ static int branch_links(const sf_graph *g, const sf_stage_def **defs, int *order
                               "node '%s': input '%s' comes later in the file; list each stage after the stages it reads",
                               n->name, name);
       if (count >= ports || count >= SF_GRAPH_MAX_INPUTS)
-        return sf_graph_error(e, SF_EGRAPH, g, n->inputs_line, "node '%s' (%s) takes at most %d inputs", n->name, n->type,
-                              ports < SF_GRAPH_MAX_INPUTS ? ports : SF_GRAPH_MAX_INPUTS);
+        return sf_graph_error(e, SF_EGRAPH, g, n->inputs_line, "node '%s' (%s) takes at most %d input%s", n->name,
+                              n->type, ports < SF_GRAPH_MAX_INPUTS ? ports : SF_GRAPH_MAX_INPUTS, ports == 1 ? "" : "s");
       in[count++] = from;
     }
   }
   return 0;
 }
 
-int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, int **pinputs, sf_error *e) {
-  *porder = NULL;
-  *pdefs = NULL;
-  *pinputs = NULL;
-  if (g->n_nodes == 0) return sf_graph_error(e, SF_EGRAPH, g, -1, "the graph has no stages: add a `stages:` list");
-  int *order = malloc((size_t)g->n_nodes * sizeof *order);
-  const sf_stage_def **defs = calloc((size_t)g->n_nodes, sizeof *defs);
-  int *inputs = malloc((size_t)g->n_nodes * SF_GRAPH_MAX_INPUTS * sizeof *inputs);
-  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer);
-  if (!order || !defs || !inputs || !consumer) {
-    free(order);
-    free(defs);
-    free(inputs);
-    free(consumer);
-    return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
-  }
-  for (int i = 0; i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++) inputs[i] = -1;
-  for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
+/* Each node's stage definition into defs[], checked: unique names, known types of this ABI, replicas only for
+ * map stages, one output port. 0 or SF_EGRAPH in *e. */
+static int find_defs(const sf_graph *g, const sf_stage_def **defs, sf_error *e) {
   int r = 0;
   for (int i = 0; i < g->n_nodes && r == 0; i++) {
     const sf_graph_node *n = &g->nodes[i];
@@ -583,18 +585,63 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
                          "node '%s': stage %s keeps state between samples and cannot run as replicas; "
                          "only map stages (decode, augment, ...) can",
                          n->name, def->name);
-    else if (sf_port_count(def->outputs) > 1)
+    else if (sf_port_capacity(def->outputs) > 1)
       r = sf_graph_error(e, SF_EGRAPH, g, n->line,
                          "node '%s': stage %s has %d output ports, and fan-out is not supported yet: use stages with "
                          "one output port",
-                         n->name, def->name, sf_port_count(def->outputs));
+                         n->name, def->name, sf_port_capacity(def->outputs));
     defs[i] = def;
   }
-  if (r == 0 && sf_graph_has_branches(g)) {
+  return r;
+}
+
+/* The chain's ends (a source first, batches last) and a consumer for every node but the last. 0 or SF_EGRAPH. */
+static int check_ends(const sf_graph *g, const sf_stage_def **defs, const int *order, const int *consumer, sf_error *e) {
+  int r = 0;
+  const sf_graph_node *first = &g->nodes[order[0]];
+  const sf_graph_node *last = &g->nodes[order[g->n_nodes - 1]];
+  sf_port_kind last_out = sf_port_first_kind(defs[order[g->n_nodes - 1]]->outputs);
+  if (sf_port_count(defs[order[0]]->inputs) > 0)
+    r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
+                       first->name, first->type);
+  else if (last_out != SF_PORT_BATCH && last_out != SF_PORT_NONE) /* a batch output, or a sink of its own */
+    r = sf_graph_error(e, SF_EGRAPH, g, last->line,
+                       "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
+                       last->type, kind_name(last_out));
+  for (int k = 0; k + 1 < g->n_nodes && r == 0; k++)
+    if (consumer[order[k]] < 0)
+      r = sf_graph_error(e, SF_EGRAPH, g, g->nodes[order[k]].line,
+                         "node '%s' feeds no stage: name it in a later stage's `inputs:` (a branch must end in a mix)",
+                         g->nodes[order[k]].name);
+  return r;
+}
+
+int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def ***pdefs, int **pinputs, sf_error *e) {
+  *porder = NULL;
+  *pdefs = NULL;
+  *pinputs = NULL;
+  if (g->n_nodes == 0) return sf_graph_error(e, SF_EGRAPH, g, -1, "the graph has no stages: add a `stages:` list");
+  int *order = malloc((size_t)g->n_nodes * sizeof *order);
+  const sf_stage_def **defs = calloc((size_t)g->n_nodes, sizeof *defs);
+  int *inputs = malloc((size_t)g->n_nodes * SF_GRAPH_MAX_INPUTS * sizeof *inputs);
+  int *consumer = malloc((size_t)g->n_nodes * sizeof *consumer);
+  if (!order || !defs || !inputs || !consumer) {
+    free(order);
+    free(defs);
+    free(inputs);
+    free(consumer);
+    return sf_graph_error(e, SF_ENOMEM, g, -1, "out of memory");
+  }
+  for (int i = 0; i < g->n_nodes * SF_GRAPH_MAX_INPUTS; i++) inputs[i] = -1;
+  for (int i = 0; i < g->n_nodes; i++) consumer[i] = -1;
+  int r = find_defs(g, defs, e);
+  if (r == 0 && g->n_edges > 0) {
+    r = edges_retired(g, order, e);
+  } else if (r == 0 && sf_graph_has_branches(g)) {
     r = branch_links(g, defs, order, inputs, e);
-  } else if (r == 0) {
-    r = chain_order(g, order, e);
-    for (int k = 0; k + 1 < g->n_nodes && r == 0; k++) inputs[order[k + 1] * SF_GRAPH_MAX_INPUTS] = order[k];
+  } else if (r == 0) { /* a chain: file order */
+    for (int k = 0; k < g->n_nodes; k++) order[k] = k;
+    for (int k = 0; k + 1 < g->n_nodes; k++) inputs[(k + 1) * SF_GRAPH_MAX_INPUTS] = k;
   }
   for (int k = 0; k < g->n_nodes && r == 0; k++) {
     int bi = order[k];
@@ -607,7 +654,7 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
     for (int p = 0; p < SF_GRAPH_MAX_INPUTS && in[p] >= 0 && r == 0; p++) {
       const sf_graph_node *a = &g->nodes[in[p]];
       const sf_stage_def *da = defs[in[p]];
-      sf_port_kind out = sf_port_first_kind(da->outputs), want = p < sf_port_count(db->inputs) ? db->inputs[p].kind : SF_PORT_NONE;
+      sf_port_kind out = sf_port_first_kind(da->outputs), want = sf_port_kind_at(db->inputs, p);
       if (consumer[in[p]] >= 0)
         r = sf_graph_error(e, SF_EGRAPH, g, b->inputs ? b->inputs_line : b->line,
                            "node '%s' feeds both '%s' and '%s': a stage's output goes to one stage (fan-out is not "
@@ -623,23 +670,7 @@ int sf_graph_resolve_links(const sf_graph *g, int **porder, const sf_stage_def *
       consumer[in[p]] = bi;
     }
   }
-  if (r == 0) {
-    const sf_graph_node *first = &g->nodes[order[0]];
-    const sf_graph_node *last = &g->nodes[order[g->n_nodes - 1]];
-    sf_port_kind last_out = sf_port_first_kind(defs[order[g->n_nodes - 1]]->outputs);
-    if (sf_port_count(defs[order[0]]->inputs) > 0)
-      r = sf_graph_error(e, SF_EGRAPH, g, first->line, "the first node '%s' (%s) needs input: start with shard_source",
-                         first->name, first->type);
-    else if (last_out != SF_PORT_BATCH && last_out != SF_PORT_NONE) /* a batch output, or a sink of its own */
-      r = sf_graph_error(e, SF_EGRAPH, g, last->line,
-                         "the last node '%s' (%s) outputs %s: end the graph with batch and device_sink", last->name,
-                         last->type, kind_name(last_out));
-    for (int k = 0; k + 1 < g->n_nodes && r == 0; k++)
-      if (consumer[order[k]] < 0)
-        r = sf_graph_error(e, SF_EGRAPH, g, g->nodes[order[k]].line,
-                           "node '%s' feeds no stage: name it in a later stage's `inputs:` (a branch must end in a mix)",
-                           g->nodes[order[k]].name);
-  }
+  if (r == 0) r = check_ends(g, defs, order, consumer, e);
   free(consumer);
   if (r < 0) {
     free(order);

@@ -22,7 +22,7 @@ typedef struct sf_graph_node {
   int64_t replicas_line; /* the line that writes `replicas`, 0 when --set or the API did, -1 when nothing did */
   bool replicas_planned; /* sf_graph_plan chose replicas (nothing wrote them) */
   bool may_defer;        /* sf_graph_plan lets the node's output carry deferred fields (sf_node_may_defer) */
-  /* sf_graph_plan_groups: on a group's _remote node (or its `groups:` entry) the form its results travel in
+  /* sf_graph_plan_groups: on a group's group's head node (or its `groups:` entry) the form its results travel in
    * (sf_wire_plan, engine/graph/graph_plan.h); true on the augment it added on the head to normalise them. */
   int wire_plan;
   bool wire_normalize;
@@ -30,16 +30,17 @@ typedef struct sf_graph_node {
   int n_values;
   char *group;          /* the group the node runs in (`group:`), or NULL for the head process */
   int64_t group_line;
-  /* A _remote node made by sf_graph_split_groups: the group's stages (owned), which its workers run. */
+  /* A group's head node made by sf_graph_split_groups: the group's stages (owned), which its workers run. */
   sf_graph *group_stages;
   /* `inputs:` (or `input:`): names of earlier nodes feeding the input ports in order, ", "-joined; NULL =
    * the previous node in the file (a source takes none). */
   char *inputs;
   int64_t inputs_line;
+  void *attachment;     /* sf_graph_attach's object for the node's stage (borrowed), or NULL */
 } sf_graph_node;
 
-/* Most input ports a node may have connected (a mix of up to 8 sources). */
-enum { SF_GRAPH_MAX_INPUTS = 8 };
+/* Most input ports a node may have connected (a mix of that many sources). */
+enum { SF_GRAPH_MAX_INPUTS = SF_NODE_INPUTS_MAX };
 
 typedef struct sf_graph_edge {
   char *from, *to;
@@ -68,10 +69,13 @@ struct sf_graph {
   char metrics[256];       /* `metrics: HOST:PORT` or PORT (127.0.0.1): serve /metrics there (engine/exec/metrics.c); "" = off */
   sf_graph_node *nodes;
   int n_nodes;
+  /* `edges:` as written (retired: sf_graph_resolve refuses a graph that has it, with the chain it makes), and
+   * the line of its key. */
   sf_graph_edge *edges;
   int n_edges;
+  int64_t edges_line;
   /* `groups:` entries: name, line and options as text (type is "group"); parsed by the
-   * _remote stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
+   * group head stage's options table when the head's pipeline is built (engine/graph/graph_groups.c). */
   sf_graph_node *groups;
   int n_groups;
   /* `plugins:` entries in file order, loaded by sf_graph_load_plugins() before stage types are resolved. */

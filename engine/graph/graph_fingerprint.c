@@ -53,8 +53,7 @@ static const char *const order_free[] = {
     "batch.pin_memory",
     /* dumps and previews of what the trainer gets */
     "device_sink.*",
-    /* the Python binding's plumbing */
-    "python.handoff",
+    /* how many samples wait for the Python thread */
     "python.in_flight",
 };
 
@@ -101,7 +100,7 @@ static void option_text(const sf_option *o, const void *priv, char *buf, size_t 
     const sf_float_list *l = (const sf_float_list *)p;
     size_t len = 0;
     buf[0] = '\0';
-    for (int i = 0; i < l->n && i < 8 && len < size; i++)
+    for (int i = 0; i < l->n && i < SF_FLOAT_LIST_MAX && len < size; i++)
       len += (size_t)snprintf(buf + len, size - len, "%s%.17g", i ? "," : "", l->v[i]);
     break;
   }

@@ -27,12 +27,12 @@ static int check_groups(const sf_graph *g, sf_error *e) {
   size_t len = 0;
   for (int i = 0; i < g->n_groups && len < sizeof names; i++)
     len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", g->groups[i].name);
-  const sf_stage_def *remote = sf_registry_group_head();
+  const sf_stage_def *head = sf_registry_group_head();
   for (int i = 0; i < g->n_groups; i++) {
     void *priv;
-    int r = sf_graph_node_apply(g, &g->groups[i], remote, &priv, e);
+    int r = sf_graph_node_apply(g, &g->groups[i], head, &priv, e);
     if (r < 0) return r;
-    sf_options_free(remote->options, priv);
+    sf_options_free(head->options, priv);
     free(priv);
   }
   int *order, *inputs;

@@ -1,7 +1,7 @@
 /*
  * Groups: runs of map stages placed outside the head process (`groups:` and
  * `group:` in a graph file).  The head's pipeline replaces each run by one
- * _remote node (stages/remote.c) that hands work units to worker processes;
+ * group's head node (engine/group/head.c) that hands work units to worker processes;
  * a worker runs the run's stages between a _worker_source and a _worker_sink
  * (engine/group/worker.c).
  */
@@ -12,7 +12,7 @@
 
 /*
  * Builds the head's graph: graph in chain order with every group's run of
- * nodes replaced by one node named after the group, of type _remote, whose
+ * nodes replaced by one node named after the group, of type _group (the group's head), whose
  * options are the group's options and whose group_stages are the run's nodes
  * (the graph's intermediate form, sent to workers in WELCOME as it is).
  * Returns 0 and a new graph in *head (the caller destroys it), or an error

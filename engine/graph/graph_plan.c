@@ -116,28 +116,28 @@ static int rename_input(sf_graph_node *n, const char *from, const char *to) {
 }
 
 /*
- * Where one group's results go and what its last stage makes: g's node x sends them to node c (the _remote
+ * Where one group's results go and what its last stage makes: g's node x sends them to node c (the group's head
  * node of a head's graph, or the group's last node of a whole graph); aug is the group's last stage (in
- * aug_graph: the _remote node's stages, or g) and grp its options (the _remote node, or the `groups:` entry).
+ * aug_graph: the group's head node's stages, or g) and grp its options (the group's head node, or the `groups:` entry).
  * Returns the plan (SF_WIRE_*).
  */
 static int wire_choice(const sf_graph *g, int c, const sf_graph *aug_graph, const sf_graph_node *aug,
                        const sf_graph_node *grp) {
   if (c < 0) return SF_WIRE_AS_MADE;
   if (g->nodes[c].group_stages || g->nodes[c].group) return SF_WIRE_INTO_GROUP;
-  const sf_stage_def *def = sf_stage_find(aug->type), *remote = sf_stage_find("_remote");
-  if (!def || strcmp(def->name, "augment") != 0 || !remote) return SF_WIRE_AS_MADE;
+  const sf_stage_def *def = sf_stage_find(aug->type), *head = sf_registry_group_head();
+  if (!def || strcmp(def->name, "augment") != 0 || !head) return SF_WIRE_AS_MADE;
   void *priv = NULL, *group_priv = NULL;
   sf_error ignored;
   /* Options that do not parse: no plan, the run reports them as written. */
   if (sf_graph_node_apply(aug_graph, aug, def, &priv, &ignored) < 0) return SF_WIRE_AS_MADE;
-  const sf_option *dtype = sf_option_find(def->options, "dtype"), *form = sf_option_find(remote->options, "wire_form");
+  const sf_option *dtype = sf_option_find(def->options, "dtype"), *form = sf_option_find(head->options, "wire_form");
   int out = enum_value(def, priv, "dtype"), plan = SF_WIRE_AS_MADE;
   if (out >= 0 && strcmp(dtype->enum_names[out], "uint8") != 0 && form &&
-      sf_graph_node_apply(g, grp, remote, &group_priv, &ignored) == 0) {
-    bool pinned = strcmp(form->enum_names[enum_value(remote, group_priv, "wire_form")], "as_written") == 0;
+      sf_graph_node_apply(g, grp, head, &group_priv, &ignored) == 0) {
+    bool pinned = strcmp(form->enum_names[enum_value(head, group_priv, "wire_form")], "as_written") == 0;
     plan = pinned ? SF_WIRE_PINNED : SF_WIRE_UINT8;
-    sf_options_free(remote->options, group_priv);
+    sf_options_free(head->options, group_priv);
     free(group_priv);
   } else if (out >= 0 && strcmp(dtype->enum_names[out], "uint8") == 0) {
     plan = SF_WIRE_WRITTEN_UINT8;
@@ -149,7 +149,7 @@ static int wire_choice(const sf_graph *g, int c, const sf_graph *aug_graph, cons
 
 /*
  * The rewrite: aug (the group's augment) makes uint8 HWC crops, and a new augment inserted into g right after
- * node x (the _remote node, or the group's last node) applies aug's normalisation, layout and dtype; the
+ * node x (the group's head node, or the group's last node) applies aug's normalisation, layout and dtype; the
  * node c read from x now reads the new node. Returns 0 or SF_ENOMEM.
  */
 static int send_uint8(sf_graph *g, int x, int c, sf_graph_node *aug) {
@@ -188,18 +188,6 @@ static int send_uint8(sf_graph *g, int x, int c, sf_graph_node *aug) {
     for (int i = 0; i < n_values && r == 0; i++) r = sf_graph_node_set(n, values[i].key, values[i].value, values[i].line);
     if (c > x) c++;
     if (r == 0 && g->nodes[c].inputs) r = rename_input(&g->nodes[c], from, name);
-    for (int i = 0; i < g->n_edges && r == 0; i++) /* a chain written as `edges:` */
-      if (strcmp(g->edges[i].from, from) == 0 && strcmp(g->edges[i].to, g->nodes[c].name) == 0) {
-        char *to = strdup(name);
-        if (!to || (r = sf_graph_add_edge(g, name, g->nodes[c].name, g->edges[i].line)) < 0) {
-          free(to);
-          r = SF_ENOMEM;
-          break;
-        }
-        free(g->edges[i].to);
-        g->edges[i].to = to;
-        break;
-      }
   }
   for (int i = 0; i < n_values; i++) free(values[i].value);
   free(from);
@@ -217,7 +205,7 @@ int sf_graph_plan_groups(sf_graph *g, sf_error *error) {
       free(order), free(defs), free(inputs);
       return 0; /* a graph that does not link: run as written, the run says why */
     }
-    /* The u-th group: a _remote node's stages (a head's graph), else the u-th `groups:` entry (a whole graph). */
+    /* The u-th group: a group's head node's stages (a head's graph), else the u-th `groups:` entry (a whole graph). */
     int x = -1;
     sf_graph_node *grp = NULL, *aug = NULL;
     sf_graph *aug_graph = g;
@@ -262,7 +250,7 @@ static const char *replicas_why(const sf_graph_node *n, const sf_stage_def *def,
   return "";
 }
 
-/* The line of a group's _remote node i (after sf_graph_plan_groups): what its results travel to the head as. */
+/* The line of a group's group's head node i (after sf_graph_plan_groups): what its results travel to the head as. */
 static void explain_wire(FILE *out, const sf_graph *g, const int *inputs, int i, const char *indent) {
   const sf_graph_node *n = &g->nodes[i];
   const char *as_made = "as the group's last stage makes them";

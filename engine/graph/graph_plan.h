@@ -22,7 +22,7 @@
  */
 void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, int cpus);
 
-/* What a group's results travel to the head as (sf_graph_node.wire_plan of its _remote node or `groups:` entry). */
+/* What a group's results travel to the head as (sf_graph_node.wire_plan of its group's head node or `groups:` entry). */
 enum sf_wire_plan {
   SF_WIRE_AS_MADE = 0,   /* as the group's last stage makes them: it is not an augment (or its options do not parse) */
   SF_WIRE_UINT8,         /* planned: uint8 HWC crops, normalised on the head by an augment the plan added */
@@ -40,9 +40,9 @@ enum sf_wire_plan {
  * (float32) or 2x (bfloat16) fewer bytes on the wire. For every group, local processes included: the head writes
  * each float into the batch either way (out of the ring, or normalising), so the workers' writing 4x the bytes
  * is extra work (bench/groups.sh, docs/groups.md). An augment already written as uint8, or `wire_form:
- * as_written`, is kept. g: a head's graph (sf_graph_split_groups: the _remote nodes' stages are
+ * as_written`, is kept. g: a head's graph (sf_graph_split_groups: the group's head nodes' stages are
  * rewritten, which its workers receive) or a whole graph with `groups:` (`shardflow dot`). Sets wire_plan on
- * each group's _remote node or `groups:` entry and wire_normalize on each node added. A graph that does not
+ * each group's group's head node or `groups:` entry and wire_normalize on each node added. A graph that does not
  * link is left as written. Returns 0 or SF_ENOMEM (error filled; g may be partly planned: destroy it).
  */
 int sf_graph_plan_groups(sf_graph *g, sf_error *error);

@@ -232,7 +232,7 @@ static int read_plugins(reader *r, const yaml_node_t *v) {
 static int read_top(reader *r, const yaml_node_t *root) {
   if (!root || root->type != YAML_MAPPING_NODE)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, root ? line_of(root) : 1,
-                          "a graph file is a mapping with `stages:` (and optional seed, epochs, error_policy, edges)");
+                          "a graph file is a mapping with `stages:` (and optional seed, epochs, error_policy, groups)");
   if (root->data.mapping.pairs.top - root->data.mapping.pairs.start > MAX_STAGE_KEYS)
     return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(root), "a graph file has more than %d keys",
                           MAX_STAGE_KEYS);
@@ -253,7 +253,8 @@ static int read_top(reader *r, const yaml_node_t *root) {
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "more than %d stages", MAX_STAGES);
       for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top && !rc; it++)
         rc = read_stage(r, yaml_document_get_node(r->doc, *it));
-    } else if (strcmp(k, "edges") == 0) {
+    } else if (strcmp(k, "edges") == 0) { /* retired: read, so that the refusal can say what to write instead */
+      r->graph->edges_line = line_of(yaml_document_get_node(r->doc, p->key));
       if (v->type != YAML_SEQUENCE_NODE)
         return sf_graph_error(r->error, SF_EGRAPH, r->graph, line_of(v), "`edges` is a list of `from -> to` entries");
       if (v->data.sequence.items.top - v->data.sequence.items.start > MAX_STAGES)

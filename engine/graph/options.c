@@ -61,9 +61,52 @@ static int out_of_range(const sf_option *o, double v, char *why, size_t n) {
   return SF_EOPTION;
 }
 
+/* The numeric types, their parsers' results stored as int64_t (INT, COUNT, SIZE) or double (FLOAT, DURATION). */
+static int parse_number(const sf_option *o, const char *text, void *p, char *why, size_t n) {
+  int64_t i = 0;
+  double d = 0;
+  int r;
+  const char *hint;
+  switch (o->type) {
+  case SF_OPT_INT: r = sf_parse_int(text, &i), d = (double)i, hint = "is not an integer"; break;
+  case SF_OPT_COUNT: r = sf_parse_count(text, &i), d = (double)i, hint = "is not a count"; break;
+  case SF_OPT_SIZE: r = sf_parse_size(text, &i), d = (double)i, hint = "is not a size"; break;
+  case SF_OPT_FLOAT: r = sf_parse_float(text, &d), hint = "is not a number"; break;
+  default: r = sf_parse_duration(text, &d), hint = "is not a duration"; break;
+  }
+  if (r < 0) {
+    static const char *const examples[] = {
+        [SF_OPT_COUNT] = ": use a whole number such as 128, 10k or 2M",
+        [SF_OPT_SIZE] = ": use bytes with an optional unit such as 64KiB, 16MiB, 1G",
+        [SF_OPT_DURATION] = ": use e.g. 250ms, 30s, 5m or 1h",
+    };
+    const char *e = (size_t)o->type < sizeof examples / sizeof examples[0] && examples[o->type] ? examples[o->type] : "";
+    snprintf(why, n, "'%s' %s for %s%s", text, hint, o->name, e);
+    return SF_EOPTION;
+  }
+  if ((r = out_of_range(o, d, why, n)) < 0) return r;
+  if (o->type == SF_OPT_FLOAT || o->type == SF_OPT_DURATION) *(double *)p = d;
+  else *(int64_t *)p = i;
+  return 0;
+}
+
+/* An enum's name (any case, leading blanks ignored) as its index. */
+static int parse_enum(const sf_option *o, const char *text, int *p, char *why, size_t n) {
+  int i = 0;
+  const char *s = text + strspn(text, " \t\r\n");
+  for (const char *const *e = o->enum_names; e && *e; e++, i++) {
+    if (strcasecmp(*e, s) == 0) {
+      *p = i;
+      return 0;
+    }
+  }
+  char tbuf[256];
+  snprintf(why, n, "'%s' is not valid for %s: expected one of %s", text, o->name, sf_option_type_text(o, tbuf, sizeof tbuf));
+  return SF_EOPTION;
+}
+
 int sf_option_parse(const sf_option *o, const char *text, void *priv, char *why, size_t n) {
   char *p = (char *)priv + o->offset;
-  char tbuf[256];
   int r = 0;
   if (!text) text = "";
   switch (o->type) {
@@ -73,34 +116,11 @@ int sf_option_parse(const sf_option *o, const char *text, void *priv, char *why,
     else snprintf(why, n, "'%s' is not a bool for %s: use true or false", text, o->name);
     break;
   }
-  case SF_OPT_INT: {
-    int64_t v;
-    if ((r = sf_parse_int(text, &v)) < 0) {
-      snprintf(why, n, "'%s' is not an integer for %s", text, o->name);
-      r = SF_EOPTION;
-    } else if ((r = out_of_range(o, (double)v, why, n)) == 0) {
-      *(int64_t *)p = v;
-    }
-    break;
-  }
-  case SF_OPT_COUNT: {
-    int64_t v;
-    if ((r = sf_parse_count(text, &v)) < 0)
-      snprintf(why, n, "'%s' is not a count for %s: use a whole number such as 128, 10k or 2M", text, o->name);
-    else if ((r = out_of_range(o, (double)v, why, n)) == 0)
-      *(int64_t *)p = v;
-    break;
-  }
-  case SF_OPT_FLOAT: {
-    double v;
-    if ((r = sf_parse_float(text, &v)) < 0) {
-      snprintf(why, n, "'%s' is not a number for %s", text, o->name);
-      r = SF_EOPTION;
-    } else if ((r = out_of_range(o, v, why, n)) == 0) {
-      *(double *)p = v;
-    }
-    break;
-  }
+  case SF_OPT_INT:
+  case SF_OPT_COUNT:
+  case SF_OPT_FLOAT:
+  case SF_OPT_SIZE:
+  case SF_OPT_DURATION: r = parse_number(o, text, p, why, n); break;
   case SF_OPT_STRING: {
     char *copy = strdup(text);
     if (!copy) return SF_ENOMEM;
@@ -108,51 +128,20 @@ int sf_option_parse(const sf_option *o, const char *text, void *priv, char *why,
     *(char **)p = copy;
     break;
   }
-  case SF_OPT_ENUM: {
-    int i = 0;
-    const char *s = text + strspn(text, " \t\r\n");
-    for (const char *const *e = o->enum_names; e && *e; e++, i++) {
-      if (strcasecmp(*e, s) == 0) {
-        *(int *)p = i;
-        return 0;
-      }
-    }
-    snprintf(why, n, "'%s' is not valid for %s: expected one of %s", text, o->name,
-             sf_option_type_text(o, tbuf, sizeof tbuf));
-    r = SF_EOPTION;
-    break;
-  }
-  case SF_OPT_SIZE: {
-    int64_t v;
-    if ((r = sf_parse_size(text, &v)) < 0)
-      snprintf(why, n, "'%s' is not a size for %s: use bytes with an optional unit such as 64KiB, 16MiB, 1G",
-               text, o->name);
-    else if ((r = out_of_range(o, (double)v, why, n)) == 0)
-      *(int64_t *)p = v;
-    break;
-  }
-  case SF_OPT_DURATION: {
-    double v;
-    if ((r = sf_parse_duration(text, &v)) < 0)
-      snprintf(why, n, "'%s' is not a duration for %s: use e.g. 250ms, 30s, 5m or 1h", text, o->name);
-    else if ((r = out_of_range(o, v, why, n)) == 0)
-      *(double *)p = v;
-    break;
-  }
+  case SF_OPT_ENUM: r = parse_enum(o, text, (int *)p, why, n); break;
   case SF_OPT_SEED: {
     uint64_t v;
-    if ((r = sf_parse_seed(text, &v)) < 0) {
+    if ((r = sf_parse_seed(text, &v)) < 0)
       snprintf(why, n, "'%s' is not a seed for %s: use a non-negative integer", text, o->name);
-    } else {
+    else
       *(uint64_t *)p = v;
-    }
     break;
   }
   case SF_OPT_FLOAT_LIST: {
     sf_float_list v;
     if ((r = sf_parse_float_list(text, &v)) < 0)
-      snprintf(why, n, "'%s' is not a list of numbers for %s: use e.g. [0.5, 0.5, 0.5] (at most 8)", text,
-               o->name);
+      snprintf(why, n, "'%s' is not a list of numbers for %s: use e.g. [0.5, 0.5, 0.5] (at most %d)", text,
+               o->name, SF_FLOAT_LIST_MAX);
     else
       *(sf_float_list *)p = v;
     break;

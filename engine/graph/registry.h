@@ -30,11 +30,11 @@ const sf_plugin *sf_registry_plugin_at(const char *path);
 const sf_plugin *sf_registry_stage_plugin(const sf_stage_def *def);
 
 /*
- * The internal stage that runs a group's head side (stages/remote.c): the type of the node that replaces a
- * group's stages in the head's graph, and the options table of a `groups:` entry. It lives in the stages
+ * The internal stage that runs a group's head (engine/group/head.c): the type of the node that replaces a
+ * group's stages in the head's graph, and the options table of a `groups:` entry. It lives in the group
  * layer, above this one, so the graph layer finds it by this name, here only.
  */
-#define SF_GROUP_HEAD_STAGE "_remote"
+#define SF_GROUP_HEAD_STAGE "_group"
 /* Its definition (a built-in: always there). Borrowed. */
 const sf_stage_def *sf_registry_group_head(void);
 

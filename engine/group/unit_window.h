@@ -1,5 +1,5 @@
 /*
- * The ordered window of work units a group's head (stages/remote.c) keeps:
+ * The ordered window of work units a group's head (engine/group/head.c) keeps:
  * which unit is waiting, at which worker, done or an epoch marker; which
  * worker gets the next one; what a result or a lost worker changes.  Pure
  * bookkeeping: no sockets, no threads, no clock (the caller passes `now` in

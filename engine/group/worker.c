@@ -1,19 +1,13 @@
 /*
- * The worker's side of a group: a network loop on the main thread, and a
- * pipeline _worker_source -> the group's stages -> _worker_sink on the pool.
- *
- * Units enter at the source in arrival order; after a unit's samples the
- * source pushes an epoch-end marker whose epoch is the unit id.  Map stages
- * pass markers through in order (replicas too), so when the sink sees the
- * marker every surviving sample of that unit has arrived: the unit is done
- * and its result goes back to the head.  A unit counts as running from its
- * first sample on: a unit larger than the queues reaches the sink before its
- * last samples leave the source.
+ * The worker's side of a group: a network loop on the main thread (this file), and a pipeline
+ * _worker_source -> the group's stages -> _worker_sink on the pool (worker_stages.c: how a unit goes
+ * through and when it is done).  A unit counts as running from its first sample on: a unit larger than
+ * the queues reaches the sink before its last samples leave the source.
  *
  * A worker may serve several heads (every rank of a job: `--connect` given
  * once per head).  Each head has its own connection, WELCOME, stages and
- * pipeline; the two stages find their head's state in their private struct,
- * set from `starting` while the network thread builds that pipeline.  Each
+ * pipeline; the two stages find their head's state (worker_state.h) in their
+ * private struct, handed over while the network loop builds that pipeline.  Each
  * head is credited `credits` units (its queue here); the decode slots
  * (`credits` units running at once over all heads) go one unit at a time,
  * round robin, to the heads with units waiting, so heads with work share
@@ -36,46 +30,11 @@
 #include "log.h"
 #include "node.h"
 #include "plugin_loader.h"
-#include "remote.h"
+#include "group.h"
 #include "transport.h"
 #include "wire.h"
 #include "worker.h"
-
-enum { MAX_PENDING_ERRORS = 64 };
-
-typedef struct wunit {
-  uint64_t id;
-  sf_sample **in;
-  int n_in, next_in;
-  sf_sample **out;
-  int n_out, cap_out;
-  struct wunit *next;
-} wunit;
-
-typedef struct worker_state {
-  pthread_mutex_t lock;
-  wunit *inbox, *inbox_tail;       /* received, not yet fed to the pipeline */
-  wunit *running, *running_tail;   /* fed (the last one maybe in part), waiting for their marker at the sink */
-  wunit *feeding;                  /* the unit the source is pushing (the tail of running), or NULL */
-  wunit *outbox, *outbox_tail;     /* done, to be sent */
-  int done_fd;                     /* eventfd: the sink finished a unit */
-  sf_node *source;
-  bool stopping;
-  sf_error errors[MAX_PENDING_ERRORS];
-  int n_errors;
-  uint64_t errors_dropped;
-  uint64_t filtered_sent;          /* of the stages' filtered samples, reported in results so far */
-  bool ring;                       /* results go into a shared-memory ring (set before the pipeline starts) */
-} worker_state;
-
-/* The head whose pipeline the network thread is building: its two stages keep it in their private struct. */
-static worker_state *starting;
-
-typedef struct stage_priv {
-  worker_state *w;
-} stage_priv;
-
-static worker_state *state_of(sf_node *node) { return ((stage_priv *)sf_node_priv(node))->w; }
+#include "worker_state.h"
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -83,182 +42,20 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void append(wunit **head, wunit **tail, wunit *u) {
-  u->next = NULL;
-  if (*tail) (*tail)->next = u;
-  else *head = u;
-  *tail = u;
-}
-
-static wunit *take_first(wunit **head, wunit **tail) {
-  wunit *u = *head;
-  if (!u) return NULL;
-  *head = u->next;
-  if (!*head) *tail = NULL;
-  u->next = NULL;
-  return u;
-}
-
-static void free_unit(wunit *u) {
-  if (!u) return;
-  for (int i = 0; i < u->n_in; i++) sf_sample_destroy(&u->in[i]);
-  for (int i = 0; i < u->n_out; i++) sf_sample_destroy(&u->out[i]);
-  free(u->in);
-  free(u->out);
-  free(u);
-}
-
-static void free_list(wunit *u) {
-  while (u) {
-    wunit *next = u->next;
-    free_unit(u);
-    u = next;
-  }
-}
-
-/* ---- _worker_source: feeds received units into the group's stages ---- */
-
-static int source_init(sf_node *node) {
-  if (!starting) {
-    sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "_worker_source runs only inside `shardflow worker`");
-    return SF_EINVAL;
-  }
-  ((stage_priv *)sf_node_priv(node))->w = starting;
-  starting->source = node;
-  return 0;
-}
-
-static int source_step(sf_node *node) {
-  worker_state *w = state_of(node);
-  pthread_mutex_lock(&w->lock);
-  int rc = SF_EAGAIN;
-  while (sf_node_output_ready(node)) {
-    wunit *u = w->feeding;
-    if (!u) {
-      /* running before its first sample goes: the sink attributes samples to the oldest running unit */
-      u = take_first(&w->inbox, &w->inbox_tail);
-      if (!u) break;
-      append(&w->running, &w->running_tail, u);
-      w->feeding = u;
-    }
-    if (u->next_in < u->n_in) {
-      sf_sample *s = u->in[u->next_in];
-      u->in[u->next_in++] = NULL;
-      sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = s->epoch, .u.sample = s};
-      sf_node_push(node, &item);
-    } else {
-      sf_item marker = {.kind = SF_ITEM_EPOCH_END, .epoch = u->id};
-      sf_node_push(node, &marker);
-      w->feeding = NULL;
-    }
-    rc = 0;
-  }
-  if (rc == SF_EAGAIN && w->stopping) rc = SF_EOF;
-  pthread_mutex_unlock(&w->lock);
-  return rc;
-}
-
-const sf_stage_def sf_stage_worker_source = {
-    .abi_version = SF_STAGE_ABI_VERSION,
-    .name = "_worker_source",
-    .summary = "a worker's input: the samples of the work units its head sends",
-    .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
-    .priv_size = sizeof(stage_priv),
-    .init = source_init,
-    .step = source_step,
-};
-
-/* ---- _worker_sink: collects each unit's output ---- */
-
-static int sink_init(sf_node *node) {
-  if (!starting) {
-    sf_node_error(node, SF_EINVAL, NULL, NULL, -1, "_worker_sink runs only inside `shardflow worker`");
-    return SF_EINVAL;
-  }
-  ((stage_priv *)sf_node_priv(node))->w = starting;
-  return 0;
-}
-
-static int sink_step(sf_node *node) {
-  worker_state *w = state_of(node);
-  sf_item item;
-  int rc = sf_node_pop(node, &item);
-  if (rc < 0) return rc;
-  if (item.kind == SF_ITEM_SAMPLE) {
-    sf_sample *s = item.u.sample;
-    /*
-     * Written here, on the pool, so the network thread only sends; except, with a ring, the fields the
-     * send will place there: their recipes then write straight into the ring (recipes may run on any
-     * thread), with no tensor of their own to allocate and no copy (bench/groups.sh (b): 4.6% of all
-     * cycles were that copy). A field that finds the ring full is written into a frame instead.
-     */
-    for (int f = 0; f < s->n_fields; f++) {
-      sf_field *field = &s->fields[f];
-      if (w->ring && field->recipe && sf_tensor_nbytes(&field->tensor) >= SF_SHM_MIN_BYTES) continue;
-      if (sf_field_materialize(field) < 0) {
-        sf_sample_destroy(&s);
-        sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory writing a result");
-        return SF_ENOMEM;
-      }
-    }
-    pthread_mutex_lock(&w->lock);
-    wunit *u = w->running;
-    if (u && u->n_out == u->cap_out) {
-      int cap = u->cap_out ? u->cap_out * 2 : 16;
-      sf_sample **out = realloc(u->out, (size_t)cap * sizeof *out);
-      if (out) {
-        u->out = out;
-        u->cap_out = cap;
-      }
-    }
-    if (u && u->n_out < u->cap_out) {
-      u->out[u->n_out++] = s;
-      s = NULL;
-    }
-    pthread_mutex_unlock(&w->lock);
-    if (s) {
-      sf_sample_destroy(&s);
-      return sf_node_error(node, SF_EINTERNAL, NULL, NULL, -1, "a sample arrived outside any work unit");
-    }
-    return 0;
-  }
-  if (item.kind == SF_ITEM_EPOCH_END) {
-    pthread_mutex_lock(&w->lock);
-    wunit *u = take_first(&w->running, &w->running_tail);
-    if (u) append(&w->outbox, &w->outbox_tail, u);
-    pthread_mutex_unlock(&w->lock);
-    uint64_t one = 1;
-    ssize_t n = write(w->done_fd, &one, sizeof one);
-    (void)n;
-    return 0;
-  }
-  sf_item_clear(&item);
-  return 0;
-}
-
-const sf_stage_def sf_stage_worker_sink = {
-    .abi_version = SF_STAGE_ABI_VERSION,
-    .name = "_worker_sink",
-    .summary = "a worker's output: each unit's samples, returned to the head",
-    .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
-    .priv_size = sizeof(stage_priv),
-    .init = sink_init,
-    .step = sink_step,
-};
-
 /* ---- the network loop ---- */
 
 static void on_record(void *opaque, const sf_error *e) {
-  worker_state *w = opaque;
+  sf_worker_state *w = opaque;
   /* called under the context's error lock, never under w->lock's holders' feet: take w->lock briefly */
   pthread_mutex_lock(&w->lock);
-  if (w->n_errors < MAX_PENDING_ERRORS) w->errors[w->n_errors++] = *e;
+  if (w->n_errors < SF_WORKER_MAX_PENDING_ERRORS) w->errors[w->n_errors++] = *e;
   else w->errors_dropped++;
   pthread_mutex_unlock(&w->lock);
 }
 
 static int collect_stats(sf_pipeline *p, sf_wire_stage_stats *out) {
-  sf_node_stats st[SF_WIRE_MAX_STATS];
+  sf_node_stats *st = malloc(SF_WIRE_MAX_STATS * sizeof *st); /* large (a row per input port): not on the stack */
+  if (!st) return 0; /* the table is for people: out of memory, the message goes without it */
   int n = sf_pipeline_stats(p, st, SF_WIRE_MAX_STATS);
   if (n > SF_WIRE_MAX_STATS) n = SF_WIRE_MAX_STATS;
   int k = 0;
@@ -274,16 +71,17 @@ static int collect_stats(sf_pipeline *p, sf_wire_stage_stats *out) {
     s->wait_ns = (uint64_t)(st[i].wait_seconds * 1e9);
     s->errors = st[i].errors;
   }
+  free(st);
   return k;
 }
 
 /* Sends every finished unit's result; adds the units sent to *units and their input samples to *samples. */
-static int send_results(worker_state *w, void *socket, sf_shm_ring *ring, sf_pipeline *p, int *units,
+static int send_results(sf_worker_state *w, void *socket, sf_shm_ring *ring, sf_pipeline *p, int *units,
                         int64_t *samples, sf_error *error) {
   for (;;) {
     pthread_mutex_lock(&w->lock);
-    wunit *u = take_first(&w->outbox, &w->outbox_tail);
-    sf_error errors[MAX_PENDING_ERRORS];
+    sf_worker_unit *u = sf_worker_unit_take(&w->outbox, &w->outbox_tail);
+    sf_error errors[SF_WORKER_MAX_PENDING_ERRORS];
     int n_errors = w->n_errors;
     memcpy(errors, w->errors, (size_t)n_errors * sizeof *errors);
     if (u) w->n_errors = 0;
@@ -316,7 +114,7 @@ static int send_results(worker_state *w, void *socket, sf_shm_ring *ring, sf_pip
     int rc = sf_wire_send(socket, &m, 0, error);
     (*units)++;
     *samples += u->n_in;
-    free_unit(u);
+    sf_worker_unit_free(u);
     if (rc < 0) return rc;
   }
 }
@@ -332,8 +130,8 @@ typedef struct head {
   sf_wire_message welcome;
   sf_graph *graph;
   sf_pipeline *pipeline;
-  worker_state state;              /* shared with the pipeline's threads under state.lock */
-  wunit *queued, *queued_tail;     /* received, waiting for a decode slot (network thread only) */
+  sf_worker_state state;              /* shared with the pipeline's threads under state.lock */
+  sf_worker_unit *queued, *queued_tail;     /* received, waiting for a decode slot (network thread only) */
   int released;                    /* units given a slot whose result is not sent yet */
   double deadline, last_heard, last_beat, interval, timeout;
   uint64_t units_served, samples_served;
@@ -344,7 +142,7 @@ typedef struct head {
 } head;
 
 static void receive_unit(head *h, sf_wire_message *m, const char *name) {
-  wunit *u = calloc(1, sizeof *u);
+  sf_worker_unit *u = calloc(1, sizeof *u);
   if (u) u->in = calloc((size_t)(m->n_samples ? m->n_samples : 1), sizeof *u->in);
   if (!u || !u->in) {
     free(u);
@@ -359,7 +157,7 @@ static void receive_unit(head *h, sf_wire_message *m, const char *name) {
     u->in[i] = m->samples[i];
     m->samples[i] = NULL;
   }
-  append(&h->queued, &h->queued_tail, u);
+  sf_worker_unit_append(&h->queued, &h->queued_tail, u);
 }
 
 /*
@@ -386,11 +184,11 @@ static void dispatch(head *heads, int n, int slots, int *rr) {
         break;
       }
     *rr = (pick + 1) % n;
-    wunit *u = take_first(&h->queued, &h->queued_tail);
+    sf_worker_unit *u = sf_worker_unit_take(&h->queued, &h->queued_tail);
     h->released++;
     busy++;
     pthread_mutex_lock(&h->state.lock);
-    append(&h->state.inbox, &h->state.inbox_tail, u);
+    sf_worker_unit_append(&h->state.inbox, &h->state.inbox_tail, u);
     pthread_mutex_unlock(&h->state.lock);
     sf_node_notify(h->state.source);
   }
@@ -496,10 +294,10 @@ static void end_head(head *h, int rc, const sf_error *why, const char *name, boo
   sf_wire_message_clear(&h->welcome);
   sf_graph_destroy(&h->graph);
   sf_transport_close(&h->transport);
-  free_list(h->queued);
-  free_list(h->state.inbox);
-  free_list(h->state.running);
-  free_list(h->state.outbox);
+  sf_worker_unit_free_list(h->queued);
+  sf_worker_unit_free_list(h->state.inbox);
+  sf_worker_unit_free_list(h->state.running);
+  sf_worker_unit_free_list(h->state.outbox);
   h->queued = h->queued_tail = h->state.inbox = h->state.inbox_tail = NULL;
   h->state.running = h->state.running_tail = h->state.outbox = h->state.outbox_tail = h->state.feeding = NULL;
   h->released = 0;
@@ -517,10 +315,10 @@ static int start_head(head *h, const sf_worker_options *o, const char *name, sf_
     po.epochs = 0;
     po.rank = h->welcome.rank;
     po.world_size = h->welcome.world_size;
-    starting = &h->state;
+    sf_worker_stages_starting(&h->state);
     h->state.ring = h->ring != NULL;
     rc = sf_pipeline_new(&h->pipeline, h->graph, &po, error);
-    starting = NULL;
+    sf_worker_stages_starting(NULL);
   }
   if (rc < 0) {
     /* the head learns why: the same stages would fail on every worker of this build */
@@ -624,6 +422,49 @@ static void serve_head(head *h, const sf_worker_options *o, const char *name, do
   }
 }
 
+/* This worker's name in its heads' logs: --name, else HOST-PID. */
+static void worker_name(const sf_worker_options *o, char *name, size_t size) {
+  if (o->name && o->name[0]) {
+    snprintf(name, size, "%s", o->name);
+  } else {
+    char host[48] = "host";
+    gethostname(host, sizeof host - 1);
+    snprintf(name, size, "%s-%d", host, (int)getpid());
+  }
+}
+
+/* A head that started this process shares a ring with it (--shm-fd): results go there, not through the socket. */
+static void attach_ring(const sf_worker_options *o, head *heads, int n, const char *name) {
+  sf_error e;
+  if (n != 1) {
+    close((int)o->shm_fd);
+    sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: --shm-fd serves one head; ignored", name);
+  } else if (sf_shm_ring_attach((int)o->shm_fd, &heads[0].ring, &e) < 0) {
+    sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: %s; results go through the socket",
+           name, e.message);
+  }
+}
+
+/* One turn of the loop for every head not ended: its messages, its results and heartbeats, its join deadline. */
+static void tend_heads(head *heads, int n, const sf_worker_options *o, const char *name) {
+  double now = now_seconds();
+  for (int i = 0; i < n; i++) {
+    head *h = &heads[i];
+    if (h->phase == HEAD_ENDED) continue;
+    read_head(h, o, name);
+    if (h->phase == HEAD_SERVING) serve_head(h, o, name, now);
+    if (h->phase == HEAD_JOINING && now > h->deadline) {
+      sf_error e;
+      int r = sf_error_set(&e, SF_ENET, SF_AT(.url = h->endpoint),
+                           "no head answered within %.0f s: check that the head runs and listens at this "
+                           "endpoint, and for tcp:// that this worker's public key is in the head's "
+                           "allowed_keys and --server-key is the head's public key",
+                           o->connect_timeout > 0 ? o->connect_timeout : 60);
+      end_head(h, r, &e, name, o->quiet);
+    }
+  }
+}
+
 int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   if (o->n_endpoints < 1) return sf_error_set(error, SF_EINVAL, SF_AT(), "no head to connect to: give --connect");
   if (o->n_server_keys > 1 && o->n_server_keys != o->n_endpoints)
@@ -632,13 +473,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
                         o->n_server_keys, o->n_endpoints);
   if (o->exit_with_parent) prctl(PR_SET_PDEATHSIG, SIGTERM);
   char name[64];
-  if (o->name && o->name[0]) {
-    snprintf(name, sizeof name, "%s", o->name);
-  } else {
-    char host[48] = "host";
-    gethostname(host, sizeof host - 1);
-    snprintf(name, sizeof name, "%s-%d", host, (int)getpid());
-  }
+  worker_name(o, name, sizeof name);
   int n = o->n_endpoints, rr = 0, rc = 0;
   int slots = (int)(o->credits > 0 ? o->credits : 4);
   int done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -656,17 +491,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
   }
   for (int i = 0; i < n && rc == 0; i++) rc = connect_head(&heads[i], zctx, o, i, name, error);
   if (rc < 0) goto out;
-  if (o->shm_fd > 0) {
-    /* a head that started this process shares a ring with it: results go there, not through the socket */
-    sf_error e;
-    if (n != 1) {
-      close((int)o->shm_fd);
-      sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: --shm-fd serves one head; ignored", name);
-    } else if (sf_shm_ring_attach((int)o->shm_fd, &heads[0].ring, &e) < 0) {
-      sf_log(SF_LOG_WARNING | SF_LOG_UNPREFIXED, NULL, "shardflow worker %s: %s; results go through the socket",
-             name, e.message);
-    }
-  }
+  if (o->shm_fd > 0) attach_ring(o, heads, n, name);
   for (;;) {
     bool stop = (o->stop && *o->stop) || (o->exit_with_parent && getppid() == 1);
     int live = 0;
@@ -691,22 +516,7 @@ int sf_worker_run(const sf_worker_options *o, sf_error *error) {
       ssize_t r = read(done_fd, &v, sizeof v);
       (void)r;
     }
-    double now = now_seconds();
-    for (int i = 0; i < n; i++) {
-      head *h = &heads[i];
-      if (h->phase == HEAD_ENDED) continue;
-      read_head(h, o, name);
-      if (h->phase == HEAD_SERVING) serve_head(h, o, name, now);
-      if (h->phase == HEAD_JOINING && now > h->deadline) {
-        sf_error e;
-        int r = sf_error_set(&e, SF_ENET, SF_AT(.url = h->endpoint),
-                             "no head answered within %.0f s: check that the head runs and listens at this "
-                             "endpoint, and for tcp:// that this worker's public key is in the head's "
-                             "allowed_keys and --server-key is the head's public key",
-                             o->connect_timeout > 0 ? o->connect_timeout : 60);
-        end_head(h, r, &e, name, o->quiet);
-      }
-    }
+    tend_heads(heads, n, o, name);
     dispatch(heads, n, slots, &rr);
   }
   /* 0 when every head ended cleanly (BYE, or this worker was stopped); else the first head's failure */

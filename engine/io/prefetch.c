@@ -539,10 +539,12 @@ static int new_easy(sf_prefetch *p, sf_fetch *f) {
 enum { ATTEMPT_TEXT = 480 };
 
 /*
- * Points f's handle (made on its first attempt) at its URL: for an object store a freshly signed request, whose
+ * Points f's handle (made on its first attempt) at its URL with the attempt's conditions (NULL-terminated header
+ * lines): for an object store a freshly signed request (Azure's Shared Key signs the conditions too), whose
  * headers f keeps. name gets the server's host:port. Returns 0 or an error explained in text.
  */
-static int aim_request(sf_prefetch *p, sf_fetch *f, char *name, size_t name_size, char *text) {
+static int aim_request(sf_prefetch *p, sf_fetch *f, const char *const *conditions, char *name, size_t name_size,
+                       char *text) {
   int code = 0;
   if (!f->easy) {
     code = new_easy(p, f);
@@ -557,11 +559,19 @@ static int aim_request(sf_prefetch *p, sf_fetch *f, char *name, size_t name_size
   if (!f->is_store) {
     curl_easy_setopt(f->easy, CURLOPT_URL, f->url);
     server_name(f->url, name, name_size);
+    for (size_t i = 0; conditions[i]; i++) {
+      struct curl_slist *h = curl_slist_append(f->headers, conditions[i]);
+      if (!h) {
+        snprintf(text, ATTEMPT_TEXT, "out of memory starting the download");
+        return SF_ENOMEM;
+      }
+      f->headers = h;
+    }
     return 0;
   }
   sf_object_request request = {0};
   sf_error error;
-  int rc = sf_object_request_prepare(f->url, "GET", NULL, NULL, &request, &error);
+  int rc = sf_object_request_prepare_headers(f->url, "GET", NULL, NULL, 0, conditions, &request, &error);
   if (rc < 0) {
     code = rc;
     snprintf(text, ATTEMPT_TEXT, "%.400s", error.message);
@@ -579,61 +589,45 @@ static int aim_request(sf_prefetch *p, sf_fetch *f, char *name, size_t name_size
 }
 
 /*
- * The conditions of a request from byte from: a whole-object one asks whether the caller's copy is still
- * current; a resumed one is pinned to the first response's version, with its Range in range. Returns 0 or an
- * error (explained in text when it is not SF_ENOMEM).
+ * The conditions of a request from byte from, as header lines in lines (*count of them): a whole-object one asks
+ * whether the caller's copy is still current; a resumed one is pinned to the first response's version, with its
+ * Range. Returns 0 or an error explained in text.
  */
-static int add_conditions(sf_fetch *f, int64_t from, char range[32], char *text) {
-  int code = 0;
-  char condition[280] = "";
+static int make_conditions(sf_fetch *f, int64_t from, char lines[3][280], size_t *count, char *text) {
+  *count = 0;
   if (from == 0 && f->cached.etag[0])
-    snprintf(condition, sizeof condition, "If-None-Match: %s", f->cached.etag);
+    snprintf(lines[(*count)++], 280, "If-None-Match: %s", f->cached.etag);
   else if (from == 0 && f->cached.last_modified[0])
-    snprintf(condition, sizeof condition, "If-Modified-Since: %s", f->cached.last_modified);
-  if (condition[0]) {
-    struct curl_slist *h = curl_slist_append(f->headers, condition);
-    if (h)
-      f->headers = h;
-    else
-      code = SF_ENOMEM;
-  }
-  if (!code && f->length > 0) { /* a ranged download: its range, pinned to the index's version when known */
-    snprintf(range, 32, "%lld-%lld", (long long)(f->base + from), (long long)(f->base + f->length - 1));
-    char pin[280] = "";
+    snprintf(lines[(*count)++], 280, "If-Modified-Since: %s", f->cached.last_modified);
+  if (f->length > 0) { /* a ranged download: its range, pinned to the index's version when known */
     if (f->pin_etag[0])
-      snprintf(pin, sizeof pin, "If-Match: %s", f->pin_etag);
+      snprintf(lines[(*count)++], 280, "If-Match: %s", f->pin_etag);
     else if (f->pin_modified[0])
-      snprintf(pin, sizeof pin, "If-Unmodified-Since: %s", f->pin_modified);
-    struct curl_slist *h = pin[0] ? curl_slist_append(f->headers, pin) : NULL;
-    if (pin[0] && !h) code = SF_ENOMEM;
-    if (h) f->headers = h;
-    return code;
+      snprintf(lines[(*count)++], 280, "If-Unmodified-Since: %s", f->pin_modified);
+    snprintf(lines[(*count)++], 280, "Range: bytes=%lld-%lld", (long long)(f->base + from),
+             (long long)(f->base + f->length - 1));
+    return 0;
   }
-  if (!code && from > 0) {
-    char pin[280];
+  if (from > 0) {
     if (f->pin_etag[0]) {
-      snprintf(pin, sizeof pin, "If-Match: %s", f->pin_etag);
+      snprintf(lines[(*count)++], 280, "If-Match: %s", f->pin_etag);
     } else if (f->pin_modified[0]) {
-      snprintf(pin, sizeof pin, "If-Unmodified-Since: %s", f->pin_modified);
+      snprintf(lines[(*count)++], 280, "If-Unmodified-Since: %s", f->pin_modified);
     } else {
-      code = SF_ENET;
       snprintf(text, ATTEMPT_TEXT,
                "the connection broke at byte %lld and the server sent neither an ETag nor a "
                "Last-Modified date, so a resumed download could mix two versions of the object — "
                "fix the server, or retry the run",
                (long long)from);
+      return SF_ENET;
     }
-    struct curl_slist *h = code ? NULL : curl_slist_append(f->headers, pin);
-    if (!code && !h) code = SF_ENOMEM;
-    if (h) f->headers = h;
-    snprintf(range, 32, "%lld-", (long long)from);
+    snprintf(lines[(*count)++], 280, "Range: bytes=%lld-", (long long)from);
   }
-  return code;
+  return 0;
 }
 
 /* Clears what the last attempt saw and hands the transfer to the multi handle. Returns 0 or an error in text. */
-static int launch_attempt(sf_prefetch *p, sf_fetch *f, int64_t from, const char *range, char *text) {
-  curl_easy_setopt(f->easy, CURLOPT_RANGE, range[0] ? range : NULL);
+static int launch_attempt(sf_prefetch *p, sf_fetch *f, int64_t from, char *text) {
   curl_easy_setopt(f->easy, CURLOPT_HTTPHEADER, f->headers);
   f->attempt_from = from;
   f->mode = BODY_UNCHECKED;
@@ -664,8 +658,12 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
   pthread_mutex_lock(&p->lock);
   int64_t from = f->received;
   pthread_mutex_unlock(&p->lock);
-  char text[ATTEMPT_TEXT] = "", range[32] = "", name[280] = "";
-  int code = aim_request(p, f, name, sizeof name, text);
+  char text[ATTEMPT_TEXT] = "", lines[3][280], name[280] = "";
+  size_t count = 0;
+  int code = make_conditions(f, from, lines, &count, text);
+  const char *conditions[4] = {NULL};
+  for (size_t i = 0; i < count; i++) conditions[i] = lines[i];
+  if (!code) code = aim_request(p, f, conditions, name, sizeof name, text);
   if (!code) {
     /* A dead server is not asked again: the download fails as the others from it did. */
     pthread_mutex_lock(&p->lock);
@@ -676,8 +674,7 @@ static bool start_attempt(sf_prefetch *p, sf_fetch *f) {
     }
     pthread_mutex_unlock(&p->lock);
   }
-  if (!code) code = add_conditions(f, from, range, text);
-  if (!code) code = launch_attempt(p, f, from, range, text);
+  if (!code) code = launch_attempt(p, f, from, text);
   pthread_mutex_lock(&p->lock);
   if (code) {
     give_up(p, f, code, "%s", text);

@@ -11,6 +11,10 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "parse.h"
 #include "tar_reader.h"
 #include "tfrecord.h"
@@ -385,6 +389,21 @@ static bool octal_field(const uint8_t *p, size_t n, int64_t *value) {
   return true;
 }
 
+/* The sum of a header's 512 bytes: SSE2's psadbw adds 16 bytes an instruction (a plain loop, vectorised,
+   widens them first: four times the instructions, a few percent of a CIFAR run). */
+static uint32_t byte_sum(const uint8_t *h) {
+#ifdef __SSE2__
+  __m128i acc = _mm_setzero_si128();
+  for (int i = 0; i < 512; i += 16)
+    acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(h + i)), _mm_setzero_si128()));
+  return (uint32_t)(_mm_cvtsi128_si64(acc) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc)));
+#else
+  uint32_t sum = 0;
+  for (int i = 0; i < 512; i++) sum += h[i];
+  return sum;
+#endif
+}
+
 /*
  * True for the header of a plain member: POSIX ustar, a regular file (typeflag '0' or NUL) without a
  * link name, a valid checksum and octal number fields, a path not ending in '/'. Sets its path
@@ -393,9 +412,8 @@ static bool octal_field(const uint8_t *p, size_t n, int64_t *value) {
  */
 static bool plain_header(const uint8_t *h, char *path, int64_t *size) {
   if (memcmp(h + 257, "ustar\0" "00", 8) != 0 || (h[156] != '0' && h[156] != 0) || h[157] != 0) return false;
-  /* The checksum counts its own 8 bytes as spaces; a plain loop over all 512 vectorises. */
-  uint32_t sum = 8 * ' ';
-  for (int i = 0; i < 512; i++) sum += h[i];
+  /* The checksum counts its own 8 bytes as spaces. */
+  uint32_t sum = 8 * ' ' + byte_sum(h);
   for (int i = 148; i < 156; i++) sum -= h[i];
   int64_t stored, v;
   static const uint16_t fields[][2] = {{100, 8}, {108, 8}, {116, 8}, {136, 12}, {329, 8}, {337, 8}};

@@ -13,6 +13,7 @@
 
 #include "files.h"
 #include "shardflow/storage.h"
+#include "url.h"
 
 struct sf_tar_writer {
   sf_shard_pattern pattern;
@@ -85,10 +86,8 @@ void sf_shard_pattern_format(const sf_shard_pattern *p, int64_t shard, char *out
 
 static int64_t member_bytes(size_t size) { return 512 + ((int64_t)size + 511) / 512 * 512; }
 
-static bool is_url(const char *s) {
-  return strncmp(s, "s3://", 5) == 0 || strncmp(s, "gs://", 5) == 0 || strncmp(s, "http://", 7) == 0 ||
-         strncmp(s, "https://", 8) == 0;
-}
+/* Shards written to a URL (http(s), s3, gs, az) go to a local file first, then up with sf_storage_copy. */
+static bool is_url(const char *s) { return sf_url_is_remote(s); }
 
 int sf_tar_writer_new(sf_tar_writer **out, const sf_shard_pattern *pattern, int64_t max_count, int64_t max_bytes,
                       sf_error *error) {

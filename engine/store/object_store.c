@@ -1,4 +1,7 @@
-/* s3:// and gs:// URLs as signed http(s) requests: credentials, regions, endpoints, addressing, listings. */
+/*
+ * s3://, gs://, az:// and hf:// URLs as signed http(s) requests: credentials, regions, endpoints, addressing,
+ * listings.
+ */
 #include "object_store.h"
 
 #include <ctype.h>
@@ -14,7 +17,10 @@
 #include <libxml/tree.h>
 #include <openssl/crypto.h>
 
+#include <jansson.h>
+
 #include "http.h"
+#include "sharedkey.h"
 #include "sigv4.h"
 #include "strbuf.h"
 #include "url.h"
@@ -81,10 +87,17 @@ static char *ini_value(const char *path, const char *section, const char *key) {
 
 /* ---- configuration of one request ---- */
 
+typedef enum store_kind { STORE_S3, STORE_GS, STORE_AZ, STORE_HF } store_kind;
+
 typedef struct store {
+  store_kind kind;
   bool gs;
-  char *bucket;
-  char *key;          /* may be "" */
+  char *bucket;       /* az://: the container; hf://: "datasets/ORG/NAME" */
+  char *key;          /* may be ""; az://: the blob; hf://: the path in the repository */
+  char *account;      /* az://: the storage account */
+  char *sas;          /* az://: a SAS token (query string without '?') */
+  char *account_key;  /* az://: the account key (base64) for Shared Key */
+  char *revision;     /* hf://: branch, tag or commit ("main") */
   /* endpoint */
   char *scheme;       /* "https" */
   char *host;         /* authority as sent in Host: "s3.us-east-1.amazonaws.com", "127.0.0.1:4568" */
@@ -103,6 +116,10 @@ typedef struct store {
 static void store_clear(store *s) {
   free(s->bucket);
   free(s->key);
+  free(s->account);
+  free_secret(s->sas);
+  free_secret(s->account_key);
+  free(s->revision);
   free(s->scheme);
   free(s->host);
   free(s->base_path);
@@ -144,10 +161,17 @@ static bool dns_compatible(const char *bucket) {
   return true;
 }
 
-/* Parses scheme://bucket/key. */
+static int parse_az_url(store *s, const char *url, sf_error *error);
+static int parse_hf_url(store *s, const char *url, sf_error *error);
+
+/* Parses scheme://bucket/key (az://account/container/blob, hf://datasets/org/name[@revision]/path). */
 static int parse_url(store *s, const char *url, sf_error *error) {
-  if (!sf_url_is_store(url)) return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "not an s3:// or gs:// URL");
+  if (!sf_url_is_store(url))
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "not an s3://, gs://, az:// or hf:// URL");
+  if (url[0] == 'a') return parse_az_url(s, url, error);
+  if (url[0] == 'h') return parse_hf_url(s, url, error);
   s->gs = url[0] == 'g';
+  s->kind = s->gs ? STORE_GS : STORE_S3;
   const char *b = url + 5;
   size_t n = strcspn(b, "/");
   if (n == 0)
@@ -236,7 +260,7 @@ static char *cached_token;
 static time_t cached_until;
 
 /* A JSON string member's value (no escapes in tokens), newly allocated, or NULL. */
-static char *json_string(const char *json, const char *name) {
+static char *json_member(const char *json, const char *name) {
   char pattern[64];
   snprintf(pattern, sizeof pattern, "\"%s\"", name);
   const char *p = strstr(json, pattern);
@@ -276,7 +300,7 @@ static int metadata_token(store *s, const char *url, sf_error *error) {
   curl_easy_cleanup(e);
   curl_slist_free_all(h);
   const char *json = b.text.data;
-  char *token = rc == CURLE_OK && status == 200 && json ? json_string(json, "access_token") : NULL;
+  char *token = rc == CURLE_OK && status == 200 && json ? json_member(json, "access_token") : NULL;
   long expires = 0;
   const char *x = json ? strstr(json, "\"expires_in\"") : NULL;
   if (x && (x = strchr(x, ':'))) expires = strtol(x + 1, NULL, 10);
@@ -359,40 +383,305 @@ static bool add_header(struct curl_slist **list, const char *fmt, ...) {
   return true;
 }
 
-int sf_object_request_prepare_at(const char *url, const char *method, const char *query, const char *payload_sha256,
-                                 long long now, sf_object_request *request, char **canonical, sf_error *error) {
-  memset(request, 0, sizeof *request);
-  if (canonical) *canonical = NULL;
-  store s = {0};
-  int r = parse_url(&s, url, error);
-  if (!r) r = s.gs ? gs_config(&s, url, error) : s3_config(&s, url, error);
-  if (r) {
-    store_clear(&s);
-    return r;
-  }
+/* ---- az://ACCOUNT/CONTAINER/BLOB: Azure Blob Storage (Shared Key, SAS tokens, or anonymous) ---- */
 
+/* The REST API version asked for: one every Azure region and Azurite 3.x serve. */
+#define AZ_VERSION "2021-08-06"
+
+static int parse_az_url(store *s, const char *url, sf_error *error) {
+  s->kind = STORE_AZ;
+  const char *a = url + 5;
+  const char *query = strchr(a, '?'); /* a SAS token given with the URL */
+  size_t end = query ? (size_t)(query - a) : strlen(a);
+  size_t n = strcspn(a, "/");
+  if (n > end) n = end;
+  if (n == 0 || a[n] != '/')
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "write az://ACCOUNT/CONTAINER/BLOB");
+  for (size_t i = 0; i < n; i++)
+    if (!(islower((unsigned char)a[i]) || isdigit((unsigned char)a[i])))
+      return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
+                          "storage account name \"%.*s\" may hold only lower-case letters and digits", (int)n, a);
+  const char *c = a + n + 1;
+  size_t cn = strcspn(c, "/?");
+  if (cn == 0)
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "no container: write az://ACCOUNT/CONTAINER/BLOB");
+  for (size_t i = 0; i < cn; i++)
+    if (!(islower((unsigned char)c[i]) || isdigit((unsigned char)c[i]) || c[i] == '-' || (i == 0 && c[i] == '$')))
+      return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
+                          "container name \"%.*s\" may hold only lower-case letters, digits and '-'", (int)cn, c);
+  const char *blob = c[cn] == '/' ? c + cn + 1 : c + cn;
+  s->account = strndup(a, n);
+  s->bucket = strndup(c, cn);
+  s->key = strndup(blob, (size_t)(a + end - blob));
+  s->sas = query && query[1] ? strdup(query + 1) : NULL;
+  if (!s->account || !s->bucket || !s->key || (query && query[1] && !s->sas))
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  return 0;
+}
+
+/*
+ * The value of name in an Azure connection string ("AccountName=a;AccountKey=k==;BlobEndpoint=...": each
+ * value runs from the first '=' to the next ';'), newly allocated, or NULL.
+ */
+static char *connection_value(const char *connection, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = connection; p && *p; p = strchr(p, ';') ? strchr(p, ';') + 1 : NULL) {
+    while (*p == ' ') p++;
+    if (strncasecmp(p, name, n) == 0 && p[n] == '=') return strndup(p + n + 1, strcspn(p + n + 1, ";"));
+  }
+  return NULL;
+}
+
+/*
+ * Credentials, the first found: a SAS token in the URL, AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN, then
+ * AZURE_STORAGE_CONNECTION_STRING's AccountKey or SharedAccessSignature when its AccountName is the URL's
+ * account; else none. Endpoint: AZURE_STORAGE_ENDPOINT, the connection string's BlobEndpoint (or
+ * DefaultEndpointsProtocol and EndpointSuffix), else Azure's own.
+ */
+static int az_config(store *s, const char *url, sf_error *error) {
+  const char *variable = "AZURE_STORAGE_ENDPOINT";
+  const char *endpoint = env(variable);
+  const char *connection = env("AZURE_STORAGE_CONNECTION_STRING");
+  char *name = connection ? connection_value(connection, "AccountName") : NULL;
+  char *blob_endpoint = NULL, *conn_key = NULL, *conn_sas = NULL, *protocol = NULL, *suffix = NULL;
+  if (connection && (!name || strcmp(name, s->account) == 0)) {
+    blob_endpoint = connection_value(connection, "BlobEndpoint");
+    conn_key = connection_value(connection, "AccountKey");
+    conn_sas = connection_value(connection, "SharedAccessSignature");
+    protocol = connection_value(connection, "DefaultEndpointsProtocol");
+    suffix = connection_value(connection, "EndpointSuffix");
+  }
+  char own[400];
+  snprintf(own, sizeof own, "%s://%s.blob.%s", protocol ? protocol : "https", s->account,
+           suffix ? suffix : "core.windows.net");
+  if (!endpoint && blob_endpoint) variable = "AZURE_STORAGE_CONNECTION_STRING's BlobEndpoint";
+  int r = set_endpoint(s, endpoint ? endpoint : blob_endpoint ? blob_endpoint : own, variable, url, error);
+  const char *key = env("AZURE_STORAGE_KEY"), *token = env("AZURE_STORAGE_SAS_TOKEN");
+  const char *from = key ? "AZURE_STORAGE_KEY" : "AZURE_STORAGE_CONNECTION_STRING's AccountKey";
+  if (!key && !token && conn_key) key = conn_key;
+  if (!key && !token && conn_sas) token = conn_sas;
+  if (!r && s->sas) {
+    s->credentials = strdup("the SAS token in the URL");
+  } else if (!r && key) {
+    s->account_key = strdup(key);
+    if (asprintf(&s->credentials, "the account key in %s (Shared Key as account %s)", from, s->account) < 0)
+      s->credentials = NULL;
+    if (!s->account_key) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  } else if (!r && token) {
+    s->sas = strdup(token[0] == '?' ? token + 1 : token);
+    s->credentials = strdup(token == conn_sas ? "the SAS token in AZURE_STORAGE_CONNECTION_STRING"
+                                              : "the SAS token in AZURE_STORAGE_SAS_TOKEN");
+    if (!s->sas) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  } else if (!r) {
+    /* Public containers need nothing; a private one answers 404 or 403, explained by sf_object_http_error. */
+    s->credentials = strdup("no credentials (anonymous access; AZURE_STORAGE_KEY, AZURE_STORAGE_SAS_TOKEN and "
+                            "AZURE_STORAGE_CONNECTION_STRING give none for this account)");
+  }
+  free(name);
+  free(blob_endpoint);
+  free_secret(conn_key);
+  free_secret(conn_sas);
+  free(protocol);
+  free(suffix);
+  if (!r && !s->credentials) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  return r;
+}
+
+/*
+ * The request for s (az://): x-ms-date and x-ms-version, the caller's headers, and a Shared Key Authorization
+ * over all of them, or the SAS token appended to the query.
+ */
+static int az_prepare(store *s, const char *url, const char *method, const char *query, long long body_size,
+                      const char *const *headers, long long now, sf_object_request *request, char **canonical,
+                      sf_error *error) {
+  int r = az_config(s, url, error);
+  if (r) return r;
+  sf_strbuf path = {0};
+  sf_strbuf_add(&path, s->base_path);
+  sf_strbuf_add(&path, "/");
+  sf_url_encode(&path, s->bucket, strlen(s->bucket), false);
+  if (*s->key) sf_strbuf_add(&path, "/");
+  sf_url_encode(&path, s->key, strlen(s->key), true);
+  char *wire_query = sf_sigv4_query_normalize(query);
+  char date[32], date_line[48];
+  sf_sharedkey_date(now, date);
+  snprintf(date_line, sizeof date_line, "x-ms-date: %s", date);
+  size_t n = 0;
+  while (headers && headers[n]) n++;
+  const char **lines = calloc(n + 3, sizeof *lines);
+  bool ok = !path.failed && wire_query && lines;
+  if (ok) {
+    lines[0] = date_line;
+    lines[1] = "x-ms-version: " AZ_VERSION;
+    for (size_t i = 0; i < n; i++) lines[2 + i] = headers[i];
+    const char *join = *wire_query && s->sas ? "&" : "";
+    if (asprintf(&request->url, "%s://%s%s%s%s%s%s", s->scheme, s->host, path.data, *wire_query || s->sas ? "?" : "",
+                 wire_query, join, s->sas ? s->sas : "") < 0)
+      request->url = NULL;
+    ok = request->url != NULL;
+  }
+  for (size_t i = 0; ok && i < n + 2; i++) ok = add_header(&request->headers, "%s", lines[i]);
+  if (ok && s->account_key) {
+    sf_sharedkey_request sk = {.method = method,
+                               .account = s->account,
+                               .encoded_path = path.data,
+                               .query = wire_query,
+                               .content_length = body_size,
+                               .headers = lines,
+                               .key_base64 = s->account_key};
+    char *authorization = NULL;
+    int k = sf_sharedkey_sign(&sk, canonical, &authorization);
+    if (k == -2) {
+      r = sf_error_set(error, SF_EDENIED, SF_AT(.url = url),
+                       "AZURE_STORAGE_KEY is not base64: give the account key as the portal or `az storage account "
+                       "keys list` shows it");
+    } else {
+      ok = k == 0 && add_header(&request->headers, "Authorization: %s", authorization);
+    }
+    free_secret(authorization);
+  }
+  if (ok && !r) {
+    request->credentials = s->credentials;
+    s->credentials = NULL;
+  }
+  free(lines);
+  free(wire_query);
+  sf_strbuf_clear(&path);
+  if (!r && !ok) r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory preparing the request");
+  return r;
+}
+
+/* ---- hf://datasets/ORG/NAME[@REVISION]/PATH: the Hugging Face Hub's resolve URLs ---- */
+
+static bool hf_name_char(char c) { return isalnum((unsigned char)c) || c == '-' || c == '_' || c == '.'; }
+
+static int parse_hf_url(store *s, const char *url, sf_error *error) {
+  s->kind = STORE_HF;
+  const char *p = url + 5;
+  if (strncmp(p, "datasets/", 9) != 0)
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url),
+                        "hf:// URLs name datasets: write hf://datasets/ORG/NAME/PATH (or NAME@REVISION)");
+  p += 9;
+  size_t org = strcspn(p, "/");
+  const char *name = p + org + 1;
+  size_t nn = p[org] == '/' ? strcspn(name, "/@") : 0;
+  if (org == 0 || nn == 0)
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "write hf://datasets/ORG/NAME/PATH (or NAME@REVISION)");
+  for (size_t i = 0; i < org; i++)
+    if (!hf_name_char(p[i]))
+      return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "\"%.*s\" is not a Hub user or organisation name",
+                          (int)org, p);
+  for (size_t i = 0; i < nn; i++)
+    if (!hf_name_char(name[i]))
+      return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "\"%.*s\" is not a Hub dataset name", (int)nn, name);
+  const char *rest = name + nn;
+  if (*rest == '@') {
+    /* A revision holding '/' (refs/convert/parquet) is written %2F-encoded, as huggingface_hub writes it. */
+    size_t rn = strcspn(rest + 1, "/");
+    if (rn == 0) return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "an empty revision after '@'");
+    s->revision = malloc(rn + 1);
+    if (s->revision) sf_url_decode(s->revision, rest + 1, rn, false);
+    rest += 1 + rn;
+  } else {
+    s->revision = strdup("main");
+  }
+  s->bucket = strndup(url + 5, (size_t)(name + nn - (url + 5)));
+  s->key = strdup(*rest == '/' ? rest + 1 : rest);
+  if (!s->revision || !s->bucket || !s->key) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  return 0;
+}
+
+/* The Hub's token: HF_TOKEN, else the file huggingface-cli login writes (HF_TOKEN_PATH, $HF_HOME/token). */
+static int hf_config(store *s, const char *url, sf_error *error) {
+  const char *variable = "HF_ENDPOINT";
+  const char *endpoint = env(variable);
+  int r = set_endpoint(s, endpoint ? endpoint : "https://huggingface.co", variable, url, error);
+  if (r) return r;
+  const char *token = env("HF_TOKEN");
+  if (token) {
+    s->bearer = strdup(token);
+    s->credentials = strdup("the token in HF_TOKEN");
+    return s->bearer && s->credentials ? 0 : sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  }
+  char path[1024];
+  const char *home = env("HF_HOME"), *file = env("HF_TOKEN_PATH"), *user = env("HOME");
+  if (file) snprintf(path, sizeof path, "%s", file);
+  else if (home) snprintf(path, sizeof path, "%s/token", home);
+  else snprintf(path, sizeof path, "%s/.cache/huggingface/token", user ? user : ".");
+  FILE *f = fopen(path, "r");
+  char line[1024] = "";
+  if (f) {
+    if (!fgets(line, sizeof line, f)) line[0] = '\0';
+    fclose(f);
+  }
+  char *t = trim(line);
+  if (*t) {
+    s->bearer = strdup(t);
+    if (asprintf(&s->credentials, "the token in %s", path) < 0) s->credentials = NULL;
+  } else {
+    s->credentials = strdup("no token (anonymous; HF_TOKEN is unset)");
+  }
+  OPENSSL_cleanse(line, sizeof line);
+  return s->credentials && (!*t || s->bearer) ? 0 : sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+}
+
+/*
+ * The request for s (hf://): the file's resolve URL (api NULL), or the Hub API's api ("tree") URL for the
+ * same path; the bearer token when there is one.  libcurl sends it to the Hub's host only, never to the
+ * host a redirect leads to (a CDN).
+ */
+static int hf_prepare(store *s, const char *url, const char *method, const char *api, const char *query,
+                      const char *const *headers, sf_object_request *request, sf_error *error) {
+  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+    return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = url),
+                        "hf:// is read-only here: upload to the Hub with `huggingface-cli upload`");
+  int r = hf_config(s, url, error);
+  if (r) return r;
+  sf_strbuf u = {0};
+  sf_strbuf_appendf(&u, "%s://%s%s/", s->scheme, s->host, s->base_path);
+  if (api) sf_strbuf_add(&u, "api/");
+  sf_url_encode(&u, s->bucket, strlen(s->bucket), true);
+  sf_strbuf_appendf(&u, "/%s/", api ? api : "resolve");
+  sf_url_encode(&u, s->revision, strlen(s->revision), false);
+  if (*s->key) sf_strbuf_add(&u, "/");
+  sf_url_encode(&u, s->key, strlen(s->key), true);
+  if (query && *query) sf_strbuf_appendf(&u, "?%s", query);
+  request->url = sf_strbuf_take(&u, NULL);
+  bool ok = request->url && (!s->bearer || add_header(&request->headers, "Authorization: Bearer %s", s->bearer));
+  for (size_t i = 0; ok && headers && headers[i]; i++) ok = add_header(&request->headers, "%s", headers[i]);
+  request->follow_redirects = true;
+  if (!ok) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory preparing the request");
+  request->credentials = s->credentials;
+  s->credentials = NULL;
+  return 0;
+}
+
+/* An S3 or GCS request for s (configured): SigV4-signed, or a GCS bearer token; the caller's headers as they are. */
+static int s3_prepare(store *s, const char *url, const char *method, const char *query, const char *payload_sha256,
+                      const char *const *headers, long long now, sf_object_request *request, char **canonical,
+                      sf_error *error) {
   /* Host and path: bucket.host/key (virtual) or host/bucket/key (path-style); the key encoded once. */
   sf_strbuf host = {0}, path = {0};
-  if (s.virtual_host) sf_strbuf_appendf(&host, "%s.", s.bucket);
-  sf_strbuf_add(&host, s.host);
-  sf_strbuf_add(&path, s.base_path);
+  if (s->virtual_host) sf_strbuf_appendf(&host, "%s.", s->bucket);
+  sf_strbuf_add(&host, s->host);
+  sf_strbuf_add(&path, s->base_path);
   sf_strbuf_add(&path, "/");
-  if (!s.virtual_host) {
-    sf_url_encode(&path, s.bucket, strlen(s.bucket), false);
-    if (*s.key) sf_strbuf_add(&path, "/");
+  if (!s->virtual_host) {
+    sf_url_encode(&path, s->bucket, strlen(s->bucket), false);
+    if (*s->key) sf_strbuf_add(&path, "/");
   }
-  sf_url_encode(&path, s.key, strlen(s.key), true);
+  sf_url_encode(&path, s->key, strlen(s->key), true);
   bool ok = !host.failed && !path.failed;
   char *wire_query = ok ? sf_sigv4_query_normalize(query) : NULL;
   const char *hash = payload_sha256 ? payload_sha256 : "UNSIGNED-PAYLOAD";
   if (ok && wire_query &&
-      asprintf(&request->url, "%s://%s%s%s%s", s.scheme, host.data, path.data, *wire_query ? "?" : "",
+      asprintf(&request->url, "%s://%s%s%s%s", s->scheme, host.data, path.data, *wire_query ? "?" : "",
                wire_query) < 0)
     request->url = NULL;
   ok = ok && wire_query && request->url;
 
-  if (ok && s.bearer) {
-    ok = add_header(&request->headers, "Authorization: Bearer %s", s.bearer);
+  if (ok && s->bearer) {
+    ok = add_header(&request->headers, "Authorization: Bearer %s", s->bearer);
   } else if (ok) {
     time_t t = (time_t)now;
     struct tm tm;
@@ -406,28 +695,29 @@ int sf_object_request_prepare_at(const char *url, const char *method, const char
         .query = wire_query,
         .payload_sha256 = hash,
         .amz_date = amz_date,
-        .region = s.region,
+        .region = s->region,
         .service = "s3",
-        .access_key_id = s.access_key_id,
-        .secret_access_key = s.secret,
-        .session_token = s.session_token,
+        .access_key_id = s->access_key_id,
+        .secret_access_key = s->secret,
+        .session_token = s->session_token,
     };
     char *authorization = NULL;
     ok = sf_sigv4_sign(&sr, canonical, &authorization) == 0;
     ok = ok && add_header(&request->headers, "Authorization: %s", authorization) &&
          add_header(&request->headers, "x-amz-date: %s", amz_date) &&
          add_header(&request->headers, "x-amz-content-sha256: %s", hash) &&
-         (!s.session_token || add_header(&request->headers, "x-amz-security-token: %s", s.session_token));
+         (!s->session_token || add_header(&request->headers, "x-amz-security-token: %s", s->session_token));
     free(authorization);
   }
+  /* SigV4 signs host and the x-amz-* headers only: the caller's (Range, If-Match) go as they are. */
+  for (size_t i = 0; ok && headers && headers[i]; i++) ok = add_header(&request->headers, "%s", headers[i]);
   if (ok) {
-    request->credentials = s.credentials;
-    s.credentials = NULL;
+    request->credentials = s->credentials;
+    s->credentials = NULL;
   }
   sf_strbuf_clear(&host);
   sf_strbuf_clear(&path);
   free(wire_query);
-  store_clear(&s);
   if (!ok) {
     sf_object_request_clear(request);
     if (canonical) {
@@ -440,9 +730,39 @@ int sf_object_request_prepare_at(const char *url, const char *method, const char
   return 0;
 }
 
+/* The request for any store URL; headers are sent as given and signed where the store's scheme signs them. */
+static int prepare(const char *url, const char *method, const char *query, const char *payload_sha256,
+                   long long body_size, const char *const *headers, long long now, sf_object_request *request,
+                   char **canonical, sf_error *error) {
+  memset(request, 0, sizeof *request);
+  if (canonical) *canonical = NULL;
+  store s = {0};
+  int r = parse_url(&s, url, error);
+  if (!r && s.kind == STORE_AZ)
+    r = az_prepare(&s, url, method, query, body_size, headers, now, request, canonical, error);
+  else if (!r && s.kind == STORE_HF)
+    r = hf_prepare(&s, url, method, NULL, query, headers, request, error);
+  else if (!r && !(r = s.gs ? gs_config(&s, url, error) : s3_config(&s, url, error)))
+    r = s3_prepare(&s, url, method, query, payload_sha256, headers, now, request, canonical, error);
+  store_clear(&s);
+  if (r) sf_object_request_clear(request);
+  return r;
+}
+
+int sf_object_request_prepare_at(const char *url, const char *method, const char *query, const char *payload_sha256,
+                                 long long now, sf_object_request *request, char **canonical, sf_error *error) {
+  return prepare(url, method, query, payload_sha256, 0, NULL, now, request, canonical, error);
+}
+
 int sf_object_request_prepare(const char *url, const char *method, const char *query, const char *payload_sha256,
                               sf_object_request *request, sf_error *error) {
-  return sf_object_request_prepare_at(url, method, query, payload_sha256, (long long)time(NULL), request, NULL, error);
+  return prepare(url, method, query, payload_sha256, 0, NULL, (long long)time(NULL), request, NULL, error);
+}
+
+int sf_object_request_prepare_headers(const char *url, const char *method, const char *query,
+                                      const char *payload_sha256, long long body_size, const char *const *headers,
+                                      sf_object_request *request, sf_error *error) {
+  return prepare(url, method, query, payload_sha256, body_size, headers, (long long)time(NULL), request, NULL, error);
 }
 
 /* ---- XML answers (libxml2: entities decoded, never fetched from the network, never printed) ---- */
@@ -505,14 +825,65 @@ static void error_fields(const char *body, size_t size, char *code, size_t code_
     if (*p == '\n' || *p == '\r') *p = ' ';
 }
 
-int sf_object_http_error(const char *url, const char *what, long status, const char *body, size_t size,
+/* sf_object_http_error for az:// and hf://: their own error codes, credentials and remedies. */
+static int other_store_error(const char *url, const char *what, long status, const char *code, const char *message,
+                             const char *used, sf_error *error) {
+  char from_store[96] = "";
+  if (code[0]) snprintf(from_store, sizeof from_store, " %s", code);
+  if (strncmp(url, "hf://", 5) == 0) {
+    if (status == 404)
+      return sf_error_set(error, SF_ENOENT, SF_AT(.url = url),
+                          "%s: HTTP 404 — no such dataset, revision or file on the Hub (with %.100s; a private "
+                          "dataset answers 404 without a token: set HF_TOKEN)",
+                          what, used);
+    if (status == 401 || status == 403)
+      return sf_error_set(error, SF_EDENIED, SF_AT(.url = url),
+                          "%s: HTTP %ld — the Hub refused %.100s: set HF_TOKEN to a token that may read this dataset "
+                          "(a gated dataset also wants its terms accepted on the Hub)",
+                          what, status, used);
+    return sf_error_set(error, SF_ENET, SF_AT(.url = url), "%s: HTTP %ld%s", what, status,
+                        status >= 500 ? " — the Hub failed; try again later" : "");
+  }
+  bool anonymous = strncmp(used, "no credentials", 14) == 0;
+  const char *hint = anonymous ? " (no credentials were given: set AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN)" : "";
+  if (anonymous && (status == 401 || status == 403))
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = url), "%s: HTTP %ld%s — the container is not public%s", what,
+                        status, from_store, hint);
+  if (status == 404)
+    return sf_error_set(error, SF_ENOENT, SF_AT(.url = url), "%s: HTTP 404%s — no such %s; check the account, "
+                        "container and blob names%s",
+                        what, from_store, strcmp(code, "ContainerNotFound") == 0 ? "container" : "blob", hint);
+  /* Azure says AuthenticationFailed for a signature it cannot verify; Azurite says AuthorizationFailure with the
+   * same message. */
+  if (status == 403 && (strcmp(code, "AuthenticationFailed") == 0 || strstr(message, "failed to authenticate")))
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = url), "%s: HTTP 403%s — the store refused %.200s: %s", what,
+                        from_store, used,
+                        strncmp(used, "the SAS token", 13) == 0
+                            ? "the SAS token is wrong, expired, or for another account or container; make a new one"
+                            : "check that AZURE_STORAGE_KEY is a key of this account (and AZURE_STORAGE_ENDPOINT, and "
+                              "the clock)");
+  if (status == 401 || status == 403)
+    return sf_error_set(error, SF_EDENIED, SF_AT(.url = url),
+                        "%s: HTTP %ld%s%s%.150s — access denied for %.200s; check the container's permissions (or "
+                        "the SAS token's)%s",
+                        what, status, from_store, message[0] ? ": " : "", message, used, hint);
+  return sf_error_set(error, SF_ENET, SF_AT(.url = url), "%s: HTTP %ld%s%s%.150s%s", what, status, from_store,
+                      message[0] ? ": " : "", message, status >= 500 ? " — the store failed; try again later" : "");
+}
+
+int sf_object_http_error(const char *given_url, const char *what, long status, const char *body, size_t size,
                          const sf_object_request *request, sf_error *error) {
+  /* An az:// URL may carry a SAS token: its signature is not shown. */
+  char url[512];
+  sf_url_redact(given_url, url, sizeof url);
   char code[64], message[200];
   error_fields(body, size, code, sizeof code, message, sizeof message);
   const char *used = request && request->credentials ? request->credentials : "no credentials";
   char from_store[96] = "";
   if (code[0]) snprintf(from_store, sizeof from_store, " %s", code);
   bool gs = strncmp(url, "gs://", 5) == 0;
+  if (strncmp(url, "az://", 5) == 0 || strncmp(url, "hf://", 5) == 0)
+    return other_store_error(url, what, status, code, message, used, error);
   if (status == 404)
     return sf_error_set(error, SF_ENOENT, SF_AT(.url = url), "%s: HTTP 404%s — no such %s; check the bucket and key",
                         what, from_store, strcmp(code, "NoSuchBucket") == 0 ? "bucket" : "object");
@@ -573,8 +944,9 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *opaque) {
   return n;
 }
 
-int sf_object_call(const char *url, const char *method, const char *query, const void *body, size_t body_size,
-                   long *status, char **response, size_t *response_size, char **etag, sf_error *error) {
+int sf_object_call(const char *url, const char *method, const char *query, const char *const *headers,
+                   const void *body, size_t body_size, long *status, char **response, size_t *response_size,
+                   char **etag, sf_error *error) {
   if (status) *status = 0;
   if (response) *response = NULL;
   if (response_size) *response_size = 0;
@@ -582,24 +954,26 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   char hash[65];
   sf_sigv4_sha256_hex(body ? body : "", body ? body_size : 0, hash);
   sf_object_request req;
-  int r = sf_object_request_prepare(url, method, query, hash, &req, error);
+  int r = sf_object_request_prepare_headers(url, method, query, hash, body ? (long long)body_size : 0, headers, &req,
+                                            error);
   if (r) return r;
   char errbuf[CURL_ERROR_SIZE] = "";
   CURL *e;
-  if (sf_http_easy_new(req.url, &(sf_http_options){.error_text = errbuf}, &e) < 0) {
+  if (sf_http_easy_new(req.url, &(sf_http_options){.follow_redirects = req.follow_redirects, .error_text = errbuf},
+                       &e) < 0) {
     sf_object_request_clear(&req);
     return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
   }
   sf_http_body b = {.max = MAX_RESPONSE};
   upload_body up = {.data = body, .size = body ? body_size : 0};
   char *tag = NULL;
-  struct curl_slist *headers = req.headers;
+  struct curl_slist *sent = req.headers;
   /* libcurl would add "Expect: 100-continue" and, for POST, a form Content-Type: neither is wanted. */
-  headers = curl_slist_append(headers, "Expect:");
-  if (headers) req.headers = headers;
-  if (strcmp(method, "POST") == 0 && headers) {
-    headers = curl_slist_append(headers, "Content-Type: application/xml");
-    if (headers) req.headers = headers;
+  sent = curl_slist_append(sent, "Expect:");
+  if (sent) req.headers = sent;
+  if (strcmp(method, "POST") == 0 && sent) {
+    sent = curl_slist_append(sent, "Content-Type: application/xml");
+    if (sent) req.headers = sent;
   }
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, req.headers);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sf_http_body_write);
@@ -654,59 +1028,230 @@ int sf_object_call(const char *url, const char *method, const char *query, const
 
 /* ---- listings ---- */
 
-int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error) {
-  *urls = NULL;
-  *count = 0;
-  store s = {0};
-  int r = parse_url(&s, url, error);
+/* Appends "&name=value" to a listing's query, the value encoded; nothing when value is NULL. */
+static void add_param(sf_strbuf *q, const char *name, const char *value) {
+  if (!value) return;
+  sf_strbuf_appendf(q, "&%s=", name);
+  sf_url_encode(q, value, strlen(value), false);
+}
+
+/*
+ * One page of an XML listing: GET call_url with query (freed here), parsed into *doc (the caller frees it) whose
+ * root element must be root_name. Errors name url (the prefix, a SAS signature redacted); hint says what to check
+ * when the answer is not such a document.
+ */
+static int list_page(const char *call_url, char *query, const char *url, int page, const char *root_name,
+                     const char *hint, xmlDoc **doc, xmlNode **root, sf_error *error) {
+  char *body = NULL;
+  size_t size = 0;
+  int r = sf_object_call(call_url, "GET", query, NULL, NULL, 0, NULL, &body, &size, NULL, error);
+  free(query);
   if (r) {
-    store_clear(&s);
+    if (error) sf_url_redact(url, error->url, sizeof error->url);
     return r;
   }
+  *doc = xml_read(body, size, false);
+  free(body);
+  *root = root_called(*doc, root_name);
+  if (!*root) {
+    xmlFreeDoc(*doc);
+    *doc = NULL;
+    return sf_error_set(error, SF_EFORMAT, SF_AT(.url = url), "the listing (page %d) is not a %s XML document; %s",
+                        page + 1, root_name, hint);
+  }
+  return 0;
+}
+
+/* Appends a newly allocated "prefix + name" to the listing (*list, *n, *cap). Returns 0 or SF_ENOMEM. */
+static int list_add(char ***list, size_t *n, size_t *cap, const char *prefix, const char *name) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 64;
+    char **p = realloc(*list, c * sizeof *p);
+    if (!p) return SF_ENOMEM;
+    *list = p;
+    *cap = c;
+  }
+  if (asprintf(&(*list)[*n], "%s%s", prefix, name) < 0) return SF_ENOMEM;
+  (*n)++;
+  return 0;
+}
+
+/*
+ * List Blobs of an az:// prefix: restype=container&comp=list with prefix and marker, pages of
+ * SF_OBJECT_LIST_MAX_KEYS (the service's default 5000 otherwise).
+ */
+static int az_list(store *s, const char *url, char ***list, size_t *n, sf_error *error) {
+  char container_url[600];
+  snprintf(container_url, sizeof container_url, "az://%s/%s", s->account, s->bucket);
+  char prefix[610];
+  snprintf(prefix, sizeof prefix, "%s/", container_url);
+  size_t cap = 0;
+  char *marker = NULL;
+  int r = 0;
+  for (int page = 0; r == 0; page++) {
+    sf_strbuf q = {0};
+    sf_strbuf_add(&q, "restype=container&comp=list&prefix=");
+    sf_url_encode(&q, s->key, strlen(s->key), false);
+    add_param(&q, "maxresults", env("SF_OBJECT_LIST_MAX_KEYS"));
+    add_param(&q, "marker", marker);
+    char *query = sf_strbuf_take(&q, NULL);
+    if (!query) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+    /* The container URL carries the prefix URL's SAS token, if it had one. */
+    char call_url[1200];
+    snprintf(call_url, sizeof call_url, "%s%s%s", container_url, s->sas ? "?" : "", s->sas ? s->sas : "");
+    xmlDoc *doc = NULL;
+    xmlNode *root = NULL;
+    r = list_page(call_url, query, url, page, "EnumerationResults",
+                  "is AZURE_STORAGE_ENDPOINT a Blob service endpoint?", &doc, &root, error);
+    if (r) break;
+    for (xmlNode *b = child(root, "Blobs") ? child(root, "Blobs")->children : NULL; b && r == 0; b = b->next) {
+      if (b->type != XML_ELEMENT_NODE || strcmp((const char *)b->name, "Blob") != 0) continue;
+      xmlNode *name_node = child(b, "Name");
+      char *name = child_text(b, "Name");
+      if (!name) continue;
+      /* Names with characters XML cannot carry come percent-encoded, marked Encoded="true". */
+      xmlChar *encoded = name_node ? xmlGetProp(name_node, (const xmlChar *)"Encoded") : NULL;
+      if (encoded && strcmp((const char *)encoded, "true") == 0) sf_url_decode(name, name, strlen(name), false);
+      xmlFree(encoded);
+      if (list_add(list, n, &cap, prefix, name) < 0)
+        r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+      free(name);
+    }
+    free(marker);
+    marker = child_text(root, "NextMarker");
+    xmlFreeDoc(doc);
+    if (marker && !*marker) {
+      free(marker);
+      marker = NULL;
+    }
+    if (!marker) break;
+  }
+  free(marker);
+  return r;
+}
+
+/* The Link header's rel="next" URL of a Hub API answer, kept by on_link_header. */
+static size_t on_link_header(char *ptr, size_t size, size_t nmemb, void *opaque) {
+  char **next = opaque;
+  size_t n = size * nmemb;
+  if (n > 5 && strncasecmp(ptr, "link:", 5) == 0) {
+    char *line = strndup(ptr + 5, n - 5);
+    char *lt = line ? strchr(line, '<') : NULL;
+    char *gt = lt ? strchr(lt, '>') : NULL;
+    if (gt && strstr(gt, "rel=\"next\"")) {
+      free(*next);
+      *next = strndup(lt + 1, (size_t)(gt - lt - 1));
+    }
+    free(line);
+  }
+  return n;
+}
+
+/*
+ * The files under an hf:// prefix from the Hub's tree API (/api/datasets/ORG/NAME/tree/REV/PATH?recursive=true),
+ * following its Link: rel="next" pages.
+ */
+static int hf_list(store *s, const char *url, char ***list, size_t *n, sf_error *error) {
+  /* The shard URLs keep the prefix's form: hf://datasets/ORG/NAME[@REV]/ + the file's path in the repository. */
+  const char *repo_end = url + 5 + strlen(s->bucket);
+  if (*repo_end == '@') repo_end += strcspn(repo_end, "/");
+  char prefix[700];
+  snprintf(prefix, sizeof prefix, "%.*s/", (int)(repo_end - url), url);
+  /* The tree API lists a directory: the prefix's part after its last '/' is matched here. */
+  char *slash = strrchr(s->key, '/');
+  char *name_start = strdup(slash ? slash + 1 : s->key);
+  if (!name_start) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+  if (slash) *slash = '\0';
+  else s->key[0] = '\0';
+  char *dir = strdup(s->key);
+  size_t cap = 0;
+  sf_object_request req = {0};
+  int r = dir ? hf_prepare(s, url, "GET", "tree", "recursive=true", NULL, &req, error) : SF_ENOMEM;
+  char *next = NULL;
+  for (int page = 0; r == 0; page++) {
+    char errbuf[CURL_ERROR_SIZE] = "";
+    CURL *e = NULL;
+    sf_http_body b = {.max = MAX_RESPONSE};
+    long status = 0;
+    if (sf_http_easy_new(next ? next : req.url, &(sf_http_options){.follow_redirects = true, .error_text = errbuf},
+                         &e) < 0) {
+      r = SF_ENOMEM;
+      break;
+    }
+    free(next);
+    next = NULL;
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, req.headers);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sf_http_body_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_link_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, &next);
+    CURLcode rc = curl_easy_perform(e);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(e);
+    json_t *files = NULL;
+    if (rc != CURLE_OK) {
+      char shown[512];
+      sf_url_redact(req.url, shown, sizeof shown);
+      r = sf_error_set(error, SF_ENET, SF_AT(.url = url),
+                       "list %s: %s — check that the endpoint (HF_ENDPOINT) is reachable", shown,
+                       sf_http_error_text(rc, errbuf));
+    } else if (status < 200 || status > 299) {
+      r = sf_object_http_error(url, "list", status, b.text.data, b.text.len, &req, error);
+    } else if (!(files = json_loadb(b.text.data ? b.text.data : "", b.text.len, 0, NULL)) || !json_is_array(files)) {
+      r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url),
+                       "the listing (page %d) is not the Hub's tree API JSON array; is HF_ENDPOINT the Hub?", page + 1);
+    }
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f) {
+      const char *type = json_string_value(json_object_get(f, "type"));
+      const char *path = json_string_value(json_object_get(f, "path"));
+      if (r || !type || !path || strcmp(type, "file") != 0) continue;
+      const char *base = *dir ? path + strlen(dir) + 1 : path;
+      if (*dir && (strncmp(path, dir, strlen(dir)) != 0 || path[strlen(dir)] != '/')) continue;
+      if (strncmp(base, name_start, strlen(name_start)) != 0) continue;
+      if (list_add(list, n, &cap, prefix, path) < 0)
+        r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
+    }
+    json_decref(files);
+    sf_strbuf_clear(&b.text);
+    if (!next) break;
+  }
+  if (r == SF_ENOMEM) sf_error_set(error, r, SF_AT(.url = url), "out of memory");
+  free(next);
+  free(dir);
+  free(name_start);
+  sf_object_request_clear(&req);
+  return r;
+}
+
+/* ListObjectsV2 of an s3:// or gs:// prefix, with continuation tokens. */
+static int s3_list(store *s, const char *url, char ***list, size_t *n, sf_error *error) {
+  int r = 0;
   char bucket_url[600];
-  snprintf(bucket_url, sizeof bucket_url, "%.2s://%s", url, s.bucket);
-  char **list = NULL;
-  size_t n = 0, cap = 0;
+  snprintf(bucket_url, sizeof bucket_url, "%.2s://%s", url, s->bucket);
+  char bucket_prefix[610];
+  snprintf(bucket_prefix, sizeof bucket_prefix, "%s/", bucket_url);
+  size_t cap = 0;
   char *token = NULL;
   for (int page = 0; r == 0; page++) {
     sf_strbuf q = {0};
     sf_strbuf_add(&q, "list-type=2&prefix=");
-    sf_url_encode(&q, s.key, strlen(s.key), false);
+    sf_url_encode(&q, s->key, strlen(s->key), false);
     sf_strbuf_add(&q, "&encoding-type=url");
     /* SF_OBJECT_LIST_MAX_KEYS: a smaller page (the stores' default and maximum is 1000), for tests. */
-    const char *max_keys = env("SF_OBJECT_LIST_MAX_KEYS");
-    if (max_keys) {
-      sf_strbuf_add(&q, "&max-keys=");
-      sf_url_encode(&q, max_keys, strlen(max_keys), false);
-    }
-    if (token) {
-      sf_strbuf_add(&q, "&continuation-token=");
-      sf_url_encode(&q, token, strlen(token), false);
-    }
+    add_param(&q, "max-keys", env("SF_OBJECT_LIST_MAX_KEYS"));
+    add_param(&q, "continuation-token", token);
     char *query = sf_strbuf_take(&q, NULL);
     if (!query) {
       r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
       break;
     }
-    char *body = NULL;
-    size_t size = 0;
-    r = sf_object_call(bucket_url, "GET", query, NULL, 0, NULL, &body, &size, NULL, error);
-    free(query);
-    if (r) {
-      if (error) snprintf(error->url, sizeof error->url, "%s", url);
-      break;
-    }
-    xmlDoc *doc = xml_read(body, size, false);
-    free(body);
-    xmlNode *root = root_called(doc, "ListBucketResult");
-    if (!root) {
-      xmlFreeDoc(doc);
-      r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = url),
-                       "the listing (page %d) is not a ListBucketResult XML document; is the endpoint an "
-                       "S3/GCS XML API?",
-                       page + 1);
-      break;
-    }
+    xmlDoc *doc = NULL;
+    xmlNode *root = NULL;
+    r = list_page(bucket_url, query, url, page, "ListBucketResult", "is the endpoint an S3/GCS XML API?", &doc, &root,
+                  error);
+    if (r) break;
     /* Keys are URL-encoded only when the store says so (a store may ignore encoding-type). */
     char *how = child_text(root, "EncodingType");
     bool encoded = how && strcmp(how, "url") == 0;
@@ -717,17 +1262,8 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
       if (!key) continue;
       /* S3 writes a space as '+' in url-encoded listings, and a real '+' as %2B. */
       if (encoded) sf_url_decode(key, key, strlen(key), true);
-      if (n == cap) {
-        cap = cap ? cap * 2 : 64;
-        char **p = realloc(list, cap * sizeof *p);
-        if (!p)
-          r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
-        else list = p;
-      }
-      if (r == 0 && asprintf(&list[n], "%s/%s", bucket_url, key) < 0)
+      if (list_add(list, n, &cap, bucket_prefix, key) < 0)
         r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = url), "out of memory");
-      else if (r == 0)
-        n++;
       free(key);
     }
     char *more = child_text(root, "IsTruncated");
@@ -749,6 +1285,19 @@ int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error
     if (!again) break;
   }
   free(token);
+  return r;
+}
+
+int sf_object_list(const char *url, char ***urls, size_t *count, sf_error *error) {
+  *urls = NULL;
+  *count = 0;
+  store s = {0};
+  char **list = NULL;
+  size_t n = 0;
+  int r = parse_url(&s, url, error);
+  if (!r && s.kind == STORE_AZ) r = az_list(&s, url, &list, &n, error);
+  else if (!r && s.kind == STORE_HF) r = hf_list(&s, url, &list, &n, error);
+  else if (!r) r = s3_list(&s, url, &list, &n, error);
   store_clear(&s);
   if (r) {
     for (size_t i = 0; i < n; i++) free(list[i]);

@@ -1,7 +1,9 @@
 /*
- * Object stores named by URL: s3://BUCKET/KEY (AWS Signature Version 4) and
+ * Object stores named by URL: s3://BUCKET/KEY (AWS Signature Version 4),
  * gs://BUCKET/KEY (Google Cloud Storage's XML API with an OAuth bearer token,
- * or HMAC keys with SigV4).  Turns such a URL into an http(s) request that
+ * or HMAC keys with SigV4), az://ACCOUNT/CONTAINER/BLOB (Azure Blob Storage:
+ * Shared Key, or a SAS token) and hf://datasets/ORG/NAME[@REVISION]/PATH (the
+ * Hugging Face Hub's resolve URLs, read-only, with a bearer token).  Turns such a URL into an http(s) request that
  * libcurl can send.  Contract header: engine/store/object_store.c implements it
  * (the helper owning it adds listings and uploads below).
  */
@@ -21,10 +23,12 @@ typedef struct sf_object_request {
   struct curl_slist *headers;  /* Host-independent headers: Authorization, x-amz-date, ... (owned) */
   char *credentials;           /* where the credentials came from, for messages: "AWS_ACCESS_KEY_ID=AKIA... from
                                   the environment" (never a secret; owned; NULL when unsigned) */
+  bool follow_redirects;       /* the store answers with redirects to follow (hf://: to its CDN); libcurl sends the
+                                  Authorization header to the first host only */
 } sf_object_request;
 
 /*
- * Prepares method (GET, HEAD, PUT, POST, DELETE) on url (s3:// or gs://: sf_url_is_store())
+ * Prepares method (GET, HEAD, PUT, POST, DELETE) on url (s3://, gs://, az://, hf://: sf_url_is_store())
  * with query (raw "k=v&k2" or NULL) and the payload's SHA-256 in hex (NULL:
  * UNSIGNED-PAYLOAD).  Headers a caller adds afterwards (Range, If-Match) are
  * not signed and need not be.  Call again for every attempt (signatures
@@ -34,6 +38,20 @@ typedef struct sf_object_request {
  */
 int sf_object_request_prepare(const char *url, const char *method, const char *query,
                               const char *payload_sha256, sf_object_request *request, sf_error *error);
+
+/*
+ * sf_object_request_prepare with the request's body size in bytes (0: none)
+ * and headers, a NULL-terminated list of "Name: value" lines (Range,
+ * If-Match, If-None-Match, x-ms-blob-type, ...; NULL for none), which are
+ * added to request->headers and signed where the store's scheme signs them:
+ * Azure's Shared Key signs the body size, Range, the If-* conditions and
+ * every x-ms-* header, so an az:// request must carry all of them here.
+ * hf:// is read-only: other methods than GET and HEAD give SF_EUNSUPPORTED.
+ * Same returns as above.
+ */
+int sf_object_request_prepare_headers(const char *url, const char *method, const char *query,
+                                      const char *payload_sha256, long long body_size, const char *const *headers,
+                                      sf_object_request *request, sf_error *error);
 
 /* Frees the URL and headers; zeroes *request. */
 void sf_object_request_clear(sf_object_request *request);
@@ -60,8 +78,10 @@ int sf_object_http_error(const char *url, const char *what, long status, const c
                          const sf_object_request *request, sf_error *error);
 
 /*
- * A whole request to a store, body in memory: sends method to url with query
- * and body[0, body_size) (signed with its SHA-256), follows no redirects,
+ * A whole request to a store, body in memory: sends method to url with query,
+ * headers (as sf_object_request_prepare_headers takes them; NULL for none)
+ * and body[0, body_size) (signed with its SHA-256), follows no redirects
+ * (but hf://'s),
  * and keeps the response body (at most 16 MiB) in *response and the ETag
  * header in *etag (both newly allocated, caller frees; either pointer may be
  * NULL when not wanted).  *status gets the HTTP status.
@@ -69,13 +89,16 @@ int sf_object_http_error(const char *url, const char *what, long status, const c
  * (connection failed: the message names the endpoint), SF_EINVAL,
  * SF_EDENIED (no credentials), SF_ENOMEM.
  */
-int sf_object_call(const char *url, const char *method, const char *query, const void *body, size_t body_size,
-                   long *status, char **response, size_t *response_size, char **etag, sf_error *error);
+int sf_object_call(const char *url, const char *method, const char *query, const char *const *headers,
+                   const void *body, size_t body_size, long *status, char **response, size_t *response_size,
+                   char **etag, sf_error *error);
 
 /*
  * Lists the objects under url, a prefix "s3://bucket/dir/" or "gs://bucket/dir/"
  * (ListObjectsV2 with continuation tokens; for gs:// the XML API's
- * list-type=2, which GCS serves with the same protocol).  Keys are asked
+ * list-type=2, which GCS serves with the same protocol), "az://account/container/dir/"
+ * (List Blobs with markers) or "hf://datasets/org/name/dir/" (the Hub's tree
+ * API, recursive, following its Link pages; files only).  Keys are asked
  * with encoding-type=url and decoded.  *urls receives count newly allocated
  * "s3://bucket/key" strings in the store's order (lexicographic by key), in
  * one allocated array; the caller frees each and the array.

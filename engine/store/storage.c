@@ -1,5 +1,6 @@
 /* Atomic copies between local files and object stores: http(s) (PUT + WebDAV MOVE; GET + rename), s3:// and
- * gs:// (signed PUT, or a multipart upload for files larger than one part; signed GET + rename). */
+ * gs:// (signed PUT, or a multipart upload for files larger than one part; signed GET + rename), az:// (Put Blob,
+ * or Put Block + Put Block List), hf:// (downloads only). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <openssl/evp.h>
 #include <zlib.h>
 
 #include "files.h"
@@ -116,13 +118,13 @@ static int get(const char *url, sink *s, sf_error *error) {
   return r;
 }
 
-/* Signed GET of an s3:// or gs:// object into s; store errors explained by sf_object_http_error. */
+/* Signed GET of a store's object into s; store errors explained by sf_object_http_error. */
 static int store_get(const char *url, sink *s, sf_error *error) {
   sf_object_request req;
   int r = sf_object_request_prepare(url, "GET", NULL, NULL, &req, error);
   if (r < 0) return r;
   char errbuf[CURL_ERROR_SIZE];
-  CURL *e = easy(req.url, false, errbuf);
+  CURL *e = easy(req.url, req.follow_redirects, errbuf);
   if (!e) {
     sf_object_request_clear(&req);
     return SF_ENOMEM;
@@ -269,15 +271,15 @@ static int upload(const char *src, const char *dst, bool verify, sf_error *error
 }
 
 /* sf_object_call for uploads, tried up to 4 times when the store fails (5xx, 429) or the connection does. */
-static int call_retrying(const char *url, const char *method, const char *query, const void *body, size_t size,
-                         char **response, char **etag, sf_error *error) {
+static int call_retrying(const char *url, const char *method, const char *query, const char *const *headers,
+                         const void *body, size_t size, char **response, char **etag, sf_error *error) {
   int r = 0;
   for (int attempt = 0; attempt < 4; attempt++) {
     uint32_t jitter = 0; /* from the kernel: uploaders that failed together do not retry in step */
     if (attempt && sf_random_bytes(&jitter, sizeof jitter) < 0) jitter = 0;
     if (attempt) usleep((useconds_t)(200000u << attempt) + (useconds_t)(jitter % 100000));
     long status = 0;
-    r = sf_object_call(url, method, query, body, size, &status, response, NULL, etag, error);
+    r = sf_object_call(url, method, query, headers, body, size, &status, response, NULL, etag, error);
     bool transient = (r == SF_ENET || r == SF_ETIMEDOUT) && (status == 0 || status == 429 || status >= 500);
     if (!transient) break;
   }
@@ -304,7 +306,7 @@ static int read_part(FILE *f, const char *path, long long offset, size_t n, char
 static int store_multipart(FILE *f, const char *src, const char *dst, long long size, long long part_size,
                            sf_error *error) {
   char *body = NULL;
-  int r = sf_object_call(dst, "POST", "uploads", NULL, 0, NULL, &body, NULL, NULL, error);
+  int r = sf_object_call(dst, "POST", "uploads", NULL, NULL, 0, NULL, &body, NULL, NULL, error);
   if (r < 0) return r;
   char *upload_id = body ? sf_object_xml_text(body, strlen(body), "InitiateMultipartUploadResult", "UploadId") : NULL;
   free(body);
@@ -322,7 +324,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
     char *part = NULL, *etag = NULL;
     r = read_part(f, src, offset, n, &part, error);
     snprintf(query, strlen(upload_id) + 64, "partNumber=%lld&uploadId=%s", i + 1, upload_id);
-    if (!r) r = call_retrying(dst, "PUT", query, part, n, NULL, &etag, error);
+    if (!r) r = call_retrying(dst, "PUT", query, NULL, part, n, NULL, &etag, error);
     if (!r && (!etag || strlen(etag) > 150))
       r = sf_error_set(error, SF_EFORMAT, SF_AT(.url = dst, .offset = offset), "part %lld came back without an ETag",
                        i + 1);
@@ -335,7 +337,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
   if (!r) {
     snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
     body = NULL;
-    r = call_retrying(dst, "POST", query, complete.data, complete.len, &body, NULL, error);
+    r = call_retrying(dst, "POST", query, NULL, complete.data, complete.len, &body, NULL, error);
     /* CompleteMultipartUpload may answer 200 and put the failure in the body. */
     char *failed = body ? sf_object_xml_text(body, strlen(body), "Error", "Code") : NULL;
     if (!r && failed)
@@ -347,7 +349,7 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
   if (r < 0 && query) {
     sf_error ignored;
     snprintf(query, strlen(upload_id) + 64, "uploadId=%s", upload_id);
-    sf_object_call(dst, "DELETE", query, NULL, 0, NULL, NULL, NULL, NULL, &ignored);
+    sf_object_call(dst, "DELETE", query, NULL, NULL, 0, NULL, NULL, NULL, NULL, &ignored);
   }
   sf_strbuf_clear(&complete);
   free(query);
@@ -355,7 +357,43 @@ static int store_multipart(FILE *f, const char *src, const char *dst, long long 
   return r;
 }
 
-/* Upload to s3:// or gs://: one signed PUT, or a multipart upload past one part; then the read-back. */
+/*
+ * Azure block blob upload: Put Block for each part under a block id of the same length (base64 of "block-%09lld"),
+ * then Put Block List commits them in order; the blob appears (or is replaced) only then.  Blocks left by a
+ * failed upload are never committed, and Azure drops them after a week.
+ */
+static int az_blocks(FILE *f, const char *src, const char *dst, long long size, long long part_size,
+                     sf_error *error) {
+  long long parts = (size + part_size - 1) / part_size;
+  if (parts > 50000)
+    return sf_error_set(error, SF_ETOOBIG, SF_AT(.url = dst),
+                        "%lld blocks of SF_OBJECT_PART_SIZE=%lld bytes: Azure takes at most 50,000; set a larger "
+                        "SF_OBJECT_PART_SIZE",
+                        parts, part_size);
+  sf_strbuf list = {0};
+  sf_strbuf_add(&list, "<?xml version=\"1.0\" encoding=\"utf-8\"?><BlockList>");
+  int r = 0;
+  for (long long i = 0; i < parts && r == 0; i++) {
+    long long offset = i * part_size;
+    size_t n = (size_t)(size - offset < part_size ? size - offset : part_size);
+    char raw[16], id[32], query[96];
+    snprintf(raw, sizeof raw, "block-%09lld", i);
+    EVP_EncodeBlock((unsigned char *)id, (const unsigned char *)raw, 15); /* 15 bytes: 20 characters, no padding */
+    snprintf(query, sizeof query, "comp=block&blockid=%s", id);
+    char *part = NULL;
+    r = read_part(f, src, offset, n, &part, error);
+    if (!r) r = call_retrying(dst, "PUT", query, NULL, part, n, NULL, NULL, error);
+    free(part);
+    sf_strbuf_appendf(&list, "<Latest>%s</Latest>", id);
+  }
+  if (!r && sf_strbuf_add(&list, "</BlockList>") < 0)
+    r = sf_error_set(error, SF_ENOMEM, SF_AT(.url = dst), "out of memory");
+  if (!r) r = call_retrying(dst, "PUT", "comp=blocklist", NULL, list.data, list.len, NULL, NULL, error);
+  sf_strbuf_clear(&list);
+  return r;
+}
+
+/* Upload to a store: one signed PUT, or a multipart (block) upload past one part; then the read-back. */
 static int store_upload(const char *src, const char *dst, bool verify, sf_error *error) {
   uLong crc = 0;
   curl_off_t size = 0;
@@ -363,11 +401,16 @@ static int store_upload(const char *src, const char *dst, bool verify, sf_error 
   int r = open_upload_source(src, &f, &crc, &size, error);
   if (r < 0) return r;
   long long part_size = sf_object_part_size();
+  bool az = strncmp(dst, "az://", 5) == 0;
   if ((long long)size <= part_size) {
     char *data = NULL;
+    /* Azure's Put Blob says which kind of blob it makes (s3:// and gs:// take no such header). */
+    static const char *const block_blob[] = {"x-ms-blob-type: BlockBlob", NULL};
     r = read_part(f, src, 0, (size_t)size, &data, error);
-    if (!r) r = call_retrying(dst, "PUT", NULL, data, (size_t)size, NULL, NULL, error);
+    if (!r) r = call_retrying(dst, "PUT", NULL, az ? block_blob : NULL, data, (size_t)size, NULL, NULL, error);
     free(data);
+  } else if (az) {
+    r = az_blocks(f, src, dst, (long long)size, part_size, error);
   } else {
     r = store_multipart(f, src, dst, (long long)size, part_size, error);
   }
@@ -412,7 +455,7 @@ int sf_storage_copy(const char *src, const char *dst, bool verify, sf_error *err
   if (!src || !dst) return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "copy needs a source and a target");
   if (has_other_scheme(src) || has_other_scheme(dst))
     return sf_error_set(error, SF_EINVAL, SF_AT(.url = has_other_scheme(src) ? src : dst),
-                        "only local paths, http(s)://, s3:// and gs:// URLs can be copied");
+                        "only local paths, http(s)://, s3://, gs://, az:// and hf:// URLs can be copied");
   if (sf_url_is_remote(src) && sf_url_is_remote(dst))
     return sf_error_set(error, SF_EINVAL, SF_AT(.url = dst), "copy between two URLs: go through a local file");
   if (sf_url_is_remote(src)) return download(src, dst, error);

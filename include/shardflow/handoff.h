@@ -18,8 +18,8 @@ extern "C" {
  * executor's pool); the program's thread waits in sf_handoff_take(), so the
  * pool never waits for it and never holds the program's locks (Python's GIL).
  * Results come back in the order items went in; epoch markers pass through
- * in place.  Handoffs are found by name (sf_handoff_name), so a graph option
- * can name one without carrying a pointer.  Refcounted; thread-safe.
+ * in place.  The program gives a node its handoff with sf_graph_attach; the
+ * stage reads it with sf_node_attachment.  Refcounted; thread-safe.
  */
 typedef struct sf_handoff sf_handoff;
 
@@ -33,20 +33,16 @@ enum {
 };
 
 /**
- * Creates a handoff holding up to capacity (1..65536) samples in flight and
- * registers it under a new unique name ("handoff-N").  *handoff holds one
- * reference (drop it with sf_handoff_unref).  Returns 0, SF_EINVAL (capacity)
- * or SF_ENOMEM.
+ * Creates a handoff holding up to capacity (1..65536) samples in flight.
+ * *handoff holds one reference (drop it with sf_handoff_unref).  Returns 0,
+ * SF_EINVAL (capacity) or SF_ENOMEM.
  */
 SF_API int sf_handoff_new(sf_handoff **handoff, int capacity);
 
-/** The handoff's registered name ("handoff-3"); borrowed, valid while a reference is held. */
-SF_API const char *sf_handoff_name(const sf_handoff *handoff);
+/** A new reference to handoff (which must hold one already), returned; NULL-safe. */
+SF_API sf_handoff *sf_handoff_ref(sf_handoff *handoff);
 
-/** The registered handoff called name with a new reference, or NULL when there is none. */
-SF_API sf_handoff *sf_handoff_find(const char *name);
-
-/** Drops a reference and sets *handoff to NULL; the last one unregisters it and frees the items it holds. NULL-safe. */
+/** Drops a reference and sets *handoff to NULL; the last one frees the handoff and the items it holds. NULL-safe. */
 SF_API void sf_handoff_unref(sf_handoff **handoff);
 
 /**

@@ -56,6 +56,17 @@ SF_API int sf_graph_load_string(sf_graph **graph, const char *text, const char *
 SF_API int sf_graph_set(sf_graph *graph, const char *target, const char *value, sf_error *error);
 
 /**
+ * Gives node `node`'s stage an object of the embedding program, which the stage reads with
+ * sf_node_attachment (shardflow/stage.h): what a program hands a stage that a graph file cannot
+ * say (the Python package gives each `type: python` node the sf_handoff its map thread serves).
+ * Not an option: it never appears in graph files, `--set` or the fingerprint.  Copies of the graph
+ * (replicas, the plan) carry it; a group's workers, in other processes, do not.  Borrowed: object
+ * must outlive the pipelines built from graph.  Attaching again replaces it; NULL removes it.
+ * Returns 0, or SF_ENOENT when the graph has no node of that name.
+ */
+SF_API int sf_graph_attach(sf_graph *graph, const char *node, void *object);
+
+/**
  * Checks the whole graph as a pipeline would (stage types, options, ranges,
  * edges, replicas) without starting anything.  Returns 0 or SF_EGRAPH/SF_EOPTION.
  */
@@ -131,7 +142,7 @@ SF_API void sf_graph_destroy(sf_graph **graph);
  * option of augment and device_sink; decode's mode, min_size, depth and
  * defer_jpeg; batch's ragged, pad and pin_memory; tar_split's timeouts,
  * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe, plan, start and index_dir;
- * python's handoff and in_flight).  A shard list is hashed as written: the
+ * python's in_flight).  A shard list is hashed as written: the
  * lines of an @FILE list and the objects under a store prefix are not read.
  *
  * The hash is SHA-256 (libcrypto) over a versioned, length-prefixed text of
@@ -260,11 +271,13 @@ typedef struct sf_node_stats {
   uint64_t skipped;       /**< samples dropped under the skip policy */
   uint64_t filtered;      /**< samples the stage dropped on purpose (a filter): not errors, outside max_errors / max_error_rate */
   int n_inputs;           /**< connected input ports (fan-in: several) */
-  char input_names[8][32];   /**< the node feeding each input port */
-  uint64_t input_items[8];   /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
+  char input_names[SF_NODE_INPUTS_MAX][32]; /**< the node feeding each input port */
+  uint64_t input_items[SF_NODE_INPUTS_MAX]; /**< items taken per input port, as the stage counts them (sf_node_count_input; mix does) */
   int n_counters;            /**< the stage's own counters (sf_node_counter_add), in the order they were first added */
   char counter_names[SF_NODE_COUNTERS][SF_COUNTER_NAME_MAX]; /**< their names */
   uint64_t counters[SF_NODE_COUNTERS]; /**< their values, summed over the replicas */
+  sf_stage_stats stage;      /**< what the stage reports of its own (its definition's stats callback): counts
+                                  summed over the replicas, the rest replica 0's; zero when it reports nothing */
 } sf_node_stats;
 
 /**
@@ -272,6 +285,13 @@ typedef struct sf_node_stats {
  * exceed max).
  */
 SF_API int sf_pipeline_stats(const sf_pipeline *pipeline, sf_node_stats *stats, int max);
+
+/**
+ * The workers of the node called `node` (a group's node, named after the group), alive or gone, as its head
+ * knows them: up to max of them into workers (may be NULL when max is 0).  Any thread while the pipeline runs.
+ * Returns how many there are (may exceed max); 0 for a node that is not a group's or an unknown name.
+ */
+SF_API int sf_pipeline_workers(sf_pipeline *pipeline, const char *node, sf_worker_stats *workers, int max);
 
 /**
  * sizeof(sf_node_stats) in bytes as this library was built: bindings that

@@ -17,8 +17,10 @@ extern "C" {
 /**
  * Version of sf_stage_def's layout. The plugin loader refuses any other.
  * 3: the `map` callback and named port lists (`inputs`, `outputs`) replaced `input`, `output`.
+ * 4: the `stats` callback (sf_stage_stats, sf_worker_stats); sf_float_list holds SF_FLOAT_LIST_MAX numbers (was 8);
+ *    an input port list may end in a template row ("in%u").
  */
-#define SF_STAGE_ABI_VERSION 3
+#define SF_STAGE_ABI_VERSION 4
 
 /** What a port carries. */
 typedef enum sf_port_kind {
@@ -28,14 +30,23 @@ typedef enum sf_port_kind {
   SF_PORT_BATCH,    /**< sf_batch */
 } sf_port_kind;
 
+/** Most input ports one node may have connected: the graph file's `inputs:` names at most this many stages. */
+#define SF_NODE_INPUTS_MAX 64
+
 /**
  * One named port of a stage: a row of its `inputs` or `outputs` list.  A list
  * ends with a row whose kind is SF_PORT_NONE ({0}); a NULL list has no ports
  * (a source has no input, a sink no output).  A single port may be unnamed
  * (NULL) or named "in" / "out"; names matter once a stage has several ports
- * (fan-in, e.g. mixing datasets: the graph file's `inputs:` connects up to 8 of a
- * stage's input ports in order, read with sf_node_pop_port(); fan-out, several output
- * ports, is refused when the graph is built).  Static data of the stage, borrowed by the engine.
+ * (fan-in, e.g. mixing datasets: the graph file's `inputs:` connects a stage's
+ * input ports in order, read with sf_node_pop_port(); fan-out, several output
+ * ports, is refused when the graph is built).
+ *
+ * A last input row whose name contains "%u" is a template (GStreamer's request pads,
+ * `sink_%u`): it stands for as many ports as `inputs:` names, up to SF_NODE_INPUTS_MAX,
+ * numbered from 0 in place of the "%u" (`{"in%u", SF_PORT_SAMPLE}`: in0, in1, ...), each
+ * of its kind; the rows before it are fixed ports.  sf_port_name_at() gives a port's name.
+ * Static data of the stage, borrowed by the engine.
  */
 typedef struct sf_port_def {
   const char *name;  /**< port name in graph files ("in", "images"); NULL for the single default port */
@@ -49,8 +60,21 @@ typedef struct sf_port_def {
  */
 #define SF_PORTS(...) ((const sf_port_def[]){__VA_ARGS__, {NULL, SF_PORT_NONE}})
 
-/** Number of ports in a list (0 for NULL). */
+/** Number of rows in a list (0 for NULL; a template row counts once: sf_port_capacity() counts ports). */
 SF_API int sf_port_count(const sf_port_def *ports);
+
+/** Ports of a list that can be connected: its rows, or SF_NODE_INPUTS_MAX when its last row is a template. */
+SF_API int sf_port_capacity(const sf_port_def *ports);
+
+/** Kind of port number `port` (0-based; a template's ports have its kind), SF_PORT_NONE past the list's capacity. */
+SF_API sf_port_kind sf_port_kind_at(const sf_port_def *ports, int port);
+
+/**
+ * Writes the name of port number `port` into buf (cut to size bytes with a NUL): the row's name, "" for an
+ * unnamed one, a template's with the port's number in place of "%u" ("in%u", port 3: "in3").  Returns the
+ * name's full length as snprintf does, or -1 past the list's capacity.
+ */
+SF_API int sf_port_name_at(const sf_port_def *ports, int port, char *buf, size_t size);
 
 /** Kind of a list's first port (the one sf_node_pop and sf_node_push use), SF_PORT_NONE when it has none. */
 SF_API sf_port_kind sf_port_first_kind(const sf_port_def *ports);
@@ -96,10 +120,13 @@ typedef enum sf_option_type {
   SF_OPT_NAME_LIST,  /**< sf_name_list: "jpg,png", "[jpg, png]" or a YAML list (engine-owned, freed after uninit) */
 } sf_option_type;
 
-/** Storage of an SF_OPT_FLOAT_LIST option. */
+/** Most numbers an SF_OPT_FLOAT_LIST option holds: as many as a node may have inputs (a mix's weights). */
+#define SF_FLOAT_LIST_MAX SF_NODE_INPUTS_MAX
+
+/** Storage of an SF_OPT_FLOAT_LIST option: v[0 .. n). A stage that takes fewer checks n itself. */
 typedef struct sf_float_list {
   int n;
-  double v[8];
+  double v[SF_FLOAT_LIST_MAX];
 } sf_float_list;
 
 /** Most items an SF_OPT_NAME_LIST option holds. */
@@ -160,6 +187,73 @@ enum {
 
 typedef struct sf_node sf_node;
 
+/** Most options a stage reports as tuned while it runs (sf_stage_stats.tuned). */
+#define SF_STAGE_TUNED_MAX 4
+
+/** An option a stage tunes while it runs (autotune: tar_split's prefetch), as its stats callback reports it. */
+typedef struct sf_stage_tuned {
+  const char *option; /**< the option's name, static storage ("prefetch") */
+  int64_t value;      /**< in force now */
+  int64_t initial;    /**< what the run started with: the default, or the value written */
+  bool pinned;        /**< the graph (or --set, or the API) wrote it: the stage leaves it as it is */
+  uint64_t changes;   /**< times the stage changed it */
+  double changed_at;  /**< seconds since the pipeline started at the last change; 0 when it never changed */
+} sf_stage_tuned;
+
+/**
+ * What a stage reports about itself beyond the counters every node has (items, bytes, busy and wait time,
+ * errors, its own sf_node_counter_add counters), through its definition's `stats` callback: shown in
+ * `shardflow run`'s stage table, sf_node_stats.stage (`--stats-json`, Python's stats()), /metrics
+ * (docs/metrics.md) and used by the bottleneck line (docs/bottleneck.md).  Each part is set only when its
+ * flag is; the engine zero-fills the struct before the call.
+ */
+typedef struct sf_stage_stats {
+  bool reads;                /**< a shard reader (tar_split), remote shards or not: read_ns is set */
+  uint64_t read_ns;          /**< wall time its steps spent in reads of shard bytes (read() of a file or pipe,
+                                  the page faults of a mapped shard): storage, not its CPU */
+  bool reader;               /**< a shard reader with downloads started: the next five are set */
+  uint64_t downloaded_bytes; /**< body bytes received over the network */
+  uint64_t refetched_bytes;  /**< of which were received a second time and discarded */
+  uint64_t retries;          /**< download attempts after a failure */
+  uint64_t cache_hits;       /**< shards served from the shard cache */
+  uint64_t prefetch;         /**< downloads ahead in force now (the reader's `prefetch`) */
+  bool group;                /**< a group's head (the node named after the group): the next seven are set */
+  uint64_t workers;          /**< workers alive now */
+  uint64_t reassigned;       /**< units handed to another worker after theirs died, left or was late */
+  uint64_t duplicates;       /**< results dropped because their unit was already done */
+  uint64_t malformed;        /**< messages dropped as malformed or not matching their unit */
+  uint64_t refused;          /**< connections refused by authentication */
+  uint64_t ring_bytes;       /**< result payload bytes local processes passed through shared memory */
+  uint64_t socket_bytes;     /**< result payload bytes that came through the sockets */
+  int n_tuned;               /**< entries of tuned[] set */
+  sf_stage_tuned tuned[SF_STAGE_TUNED_MAX]; /**< the options the stage tunes while it runs, pinned ones included */
+} sf_stage_stats;
+
+/** Most stages of one worker's table (sf_worker_stats.stages). */
+#define SF_WORKER_STAGES_MAX 64
+
+/** One stage of a worker's pipeline, as the worker last reported it. */
+typedef struct sf_worker_stage_stats {
+  char name[32];        /**< the node's name */
+  uint64_t items;       /**< items produced */
+  uint64_t bytes;       /**< payload bytes produced */
+  double busy_seconds;  /**< wall-clock seconds inside its steps */
+  double wait_seconds;  /**< wall-clock seconds it waited for input */
+  uint64_t errors;      /**< error records raised */
+} sf_worker_stage_stats;
+
+/** One worker of a group, alive or gone, as its head knows it (a stage's stats callback, sf_pipeline_workers). */
+typedef struct sf_worker_stats {
+  char name[64];        /**< the worker's name (`shardflow worker --name`, or HOST-PID) */
+  int64_t pid;          /**< its process id on its host */
+  bool live;            /**< alive now */
+  uint64_t samples;     /**< samples of results taken from it */
+  uint64_t units;       /**< work units taken from it */
+  double rate;          /**< samples per second over the last second or so (0 once gone) */
+  int n_stages;         /**< entries of stages[] set */
+  sf_worker_stage_stats stages[SF_WORKER_STAGES_MAX]; /**< its own pipeline's nodes */
+} sf_worker_stats;
+
 /**
  * A stage definition: one `const` struct per stage, exported by its file.
  *
@@ -208,6 +302,15 @@ typedef struct sf_stage_def {
   int (*step)(sf_node *node);     /**< one non-blocking unit of work; NULL when map is set */
   int (*map)(sf_node *node, sf_sample **sample); /**< one sample in, at most one out; NULL when step is set */
   void (*uninit)(sf_node *node);
+  /**
+   * What the stage reports beyond the common counters (sf_stage_stats), or NULL for nothing.  Fills *stats
+   * (zeroed by the engine); a stage that hands work to other processes (a group's head) also fills
+   * workers[0 .. max_workers) (workers may be NULL when max_workers is 0) and returns how many workers it
+   * knows (may exceed max_workers); others return 0.  Called after a successful init and before uninit,
+   * from any thread while the node runs (the /metrics server's, the trainer's), so it reads only state
+   * that is safe to read there (atomics, or the stage's own lock).
+   */
+  int (*stats)(sf_node *node, sf_stage_stats *stats, sf_worker_stats *workers, int max_workers);
 } sf_stage_def;
 
 /** The stage's private struct (zeroed, then options applied). Borrowed. */
@@ -215,6 +318,15 @@ SF_API void *sf_node_priv(sf_node *node);
 
 /** The node's name in the graph file ("decode"). Borrowed. */
 SF_API const char *sf_node_name(const sf_node *node);
+
+/**
+ * The object the embedding program gave this node with sf_graph_attach (shardflow.h) before the
+ * pipeline was built, or NULL when it gave none.  What it is, is a contract between the program and
+ * the stage (the python stage takes an sf_handoff, shardflow/handoff.h); the engine only carries it.
+ * Borrowed: the program keeps it alive while the pipeline runs; a stage that keeps it past init takes
+ * its own reference where the object has one.
+ */
+SF_API void *sf_node_attachment(const sf_node *node);
 
 /**
  * True when the plan lets this node's output carry deferred fields: the stage is SF_STAGE_MAKES_DEFERRED and
@@ -288,7 +400,7 @@ SF_API int sf_node_pop_port(sf_node *node, int port, sf_item *item);
 
 /**
  * Adds items to the count of what came in on input port `port` (shown per input by `shardflow run`'s
- * stage table and in sf_node_stats.input_items); ports 0..7.
+ * stage table and in sf_node_stats.input_items); ports 0 .. SF_NODE_INPUTS_MAX - 1.
  */
 SF_API void sf_node_count_input(sf_node *node, int port, uint64_t items);
 

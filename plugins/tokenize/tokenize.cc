@@ -212,6 +212,7 @@ const sf_stage_def stage_tokenize = {
     nullptr, /* step: a map stage has none */
     map,
     uninit,
+    nullptr, /* stats: nothing beyond the common counters */
 };
 
 const sf_stage_def *const stages[] = {&stage_tokenize, nullptr};

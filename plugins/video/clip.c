@@ -16,6 +16,7 @@
 #include <libavutil/imgutils.h>
 #include <libavutil/parseutils.h>
 #include <libavutil/pixdesc.h>
+#include <libswresample/swresample.h>
 #include <libswscale/swscale.h>
 
 /* The bytes of one member, read by libavformat through avio (borrowed from the sample's field). */
@@ -36,6 +37,7 @@ struct video_reader {
   AVFrame *frame;
   int stream;
   AVRational time_base;
+  AVRational frame_rate; /* the stream's avg_frame_rate when opened (a rewind may reopen it without streams) */
   int64_t *pts, n_pts;   /* distinct frame timestamps, ascending: frame i is pts[i] */
   int64_t *keys, n_keys; /* keyframe timestamps, ascending */
   bool draining;         /* the demuxer ended and the decoder was told so */
@@ -299,6 +301,7 @@ static int open_all(video_reader *r, char *why, size_t why_len) {
   r->stream = ret;
   AVStream *st = r->fmt->streams[ret];
   r->time_base = st->time_base;
+  r->frame_rate = st->avg_frame_rate;
   if (st->codecpar->width <= 0 || st->codecpar->height <= 0) { /* once only: a second call crashes libavformat */
     if (probed || (ret = avformat_find_stream_info(r->fmt, NULL)) < 0 || st->codecpar->width <= 0 ||
         st->codecpar->height <= 0)
@@ -505,6 +508,189 @@ int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, doubl
   log_target = r->last_error;
   int ret = decode_frames(r, idx, n, rgb, pts, decoded, why, why_len);
   log_target = NULL;
+  return ret;
+}
+
+double video_frame_duration(const video_reader *r, int64_t i) {
+  if (i + 1 < r->n_pts) return video_frame_time(r, i + 1) - video_frame_time(r, i);
+  if (r->n_pts > 1) return (video_frame_time(r, r->n_pts - 1) - video_frame_time(r, 0)) / (double)(r->n_pts - 1);
+  /* From the reader, not r->fmt: after a rewind (seek_to) a container without a header (MPEG-TS) has no streams
+   * until read again. */
+  AVRational rate = r->frame_rate;
+  return rate.num > 0 && rate.den > 0 ? av_q2d(av_inv_q(rate)) : 0.0;
+}
+
+/* ---- the audio track ------------------------------------------------------------------------------------------- */
+
+/* What one audio decode holds: freed by audio_end whatever happened. */
+typedef struct audio_pass {
+  AVCodecContext *dec;
+  SwrContext *swr;
+  int swr_format;  /* the sample format swr was set up for */
+  float *scratch;  /* one frame converted to planar float */
+  int64_t scratch_frames;
+} audio_pass;
+
+static void audio_end(audio_pass *a) {
+  avcodec_free_context(&a->dec);
+  swr_free(&a->swr);
+  free(a->scratch);
+}
+
+/* Opens the demuxer again from the first byte on the best audio stream, and its decoder; *stream gets its index. */
+static int audio_open(video_reader *r, audio_pass *a, int *stream, char *why, size_t why_len) {
+  char e[AV_ERROR_MAX_STRING_SIZE];
+  int ret = open_format(r, why, why_len);
+  if (ret < 0) return ret;
+  if ((r->fmt->nb_streams == 0 || (r->fmt->ctx_flags & AVFMTCTX_NOHEADER)) &&
+      (ret = avformat_find_stream_info(r->fmt, NULL)) < 0)
+    return fail(r, why, why_len, VIDEO_FORMAT, "no stream information: %s", av_text(ret, e, sizeof e));
+  const AVCodec *codec = NULL;
+  int related = (unsigned)r->stream < r->fmt->nb_streams ? r->stream : -1;
+  int s = av_find_best_stream(r->fmt, AVMEDIA_TYPE_AUDIO, -1, related, &codec, 0);
+  if (s == AVERROR_STREAM_NOT_FOUND)
+    return fail(r, why, why_len, VIDEO_NO_AUDIO, "no audio stream in the %s container", r->fmt->iformat->name);
+  if (s == AVERROR_DECODER_NOT_FOUND || (s >= 0 && !codec)) {
+    int any = av_find_best_stream(r->fmt, AVMEDIA_TYPE_AUDIO, -1, related, NULL, 0);
+    return fail(r, why, why_len, VIDEO_FORMAT, "this libavcodec has no decoder for the audio stream (%s)",
+                any >= 0 ? avcodec_get_name(r->fmt->streams[any]->codecpar->codec_id) : "?");
+  }
+  if (s < 0) return fail(r, why, why_len, VIDEO_FORMAT, "no audio stream: %s", av_text(s, e, sizeof e));
+  for (unsigned i = 0; i < r->fmt->nb_streams; i++) /* only the audio stream's packets are read */
+    r->fmt->streams[i]->discard = (int)i == s ? AVDISCARD_DEFAULT : AVDISCARD_ALL;
+  AVStream *st = r->fmt->streams[s];
+  if (!(a->dec = avcodec_alloc_context3(codec)))
+    return fail(r, why, why_len, VIDEO_NOMEM, "out of memory for the audio decoder");
+  if ((ret = avcodec_parameters_to_context(a->dec, st->codecpar)) < 0)
+    return fail(r, why, why_len, VIDEO_FORMAT, "bad audio codec parameters (%s): %s", codec->name,
+                av_text(ret, e, sizeof e));
+  a->dec->pkt_timebase = st->time_base;
+  a->dec->thread_count = 1;
+  if ((ret = avcodec_open2(a->dec, codec, NULL)) < 0)
+    return fail(r, why, why_len, VIDEO_FORMAT, "the audio decoder (%s) does not open: %s", codec->name,
+                av_text(ret, e, sizeof e));
+  if (st->time_base.num <= 0 || st->time_base.den <= 0)
+    return fail(r, why, why_len, VIDEO_FORMAT, "the audio stream has no time base");
+  *stream = s;
+  return VIDEO_OK;
+}
+
+/* The frame's samples as planar float: its own planes when they are, else converted by libswresample into the
+ * pass's scratch. planes[c] gets channel c's nb_samples values. */
+static int audio_planes(video_reader *r, audio_pass *a, AVFrame *f, const float **planes, char *why,
+                        size_t why_len) {
+  int channels = f->ch_layout.nb_channels;
+  if (f->format == AV_SAMPLE_FMT_FLTP) {
+    for (int c = 0; c < channels; c++)
+      planes[c] = (const float *)f->extended_data[c];
+    return VIDEO_OK;
+  }
+  if (!a->swr || a->swr_format != f->format) {
+    swr_free(&a->swr);
+    a->swr_format = f->format;
+    if (swr_alloc_set_opts2(&a->swr, &f->ch_layout, AV_SAMPLE_FMT_FLTP, f->sample_rate, &f->ch_layout, f->format,
+                            f->sample_rate, 0, NULL) < 0 ||
+        swr_init(a->swr) < 0)
+      return fail(r, why, why_len, VIDEO_FORMAT, "libswresample cannot convert %s audio to planar float",
+                  av_get_sample_fmt_name(f->format) ? av_get_sample_fmt_name(f->format) : "?");
+  }
+  if (f->nb_samples > a->scratch_frames) {
+    float *p = realloc(a->scratch, (size_t)f->nb_samples * (size_t)channels * sizeof *p);
+    if (!p) return fail(r, why, why_len, VIDEO_NOMEM, "out of memory for the audio");
+    a->scratch = p;
+    a->scratch_frames = f->nb_samples;
+  }
+  uint8_t *out[64];
+  for (int c = 0; c < channels; c++) {
+    out[c] = (uint8_t *)(a->scratch + (size_t)c * (size_t)f->nb_samples);
+    planes[c] = a->scratch + (size_t)c * (size_t)f->nb_samples;
+  }
+  int got = swr_convert(a->swr, out, f->nb_samples, (const uint8_t **)f->extended_data, f->nb_samples);
+  if (got != f->nb_samples)
+    return fail(r, why, why_len, VIDEO_FORMAT, "libswresample failed on %s audio",
+                av_get_sample_fmt_name(f->format) ? av_get_sample_fmt_name(f->format) : "?");
+  return VIDEO_OK;
+}
+
+static int decode_audio(video_reader *r, audio_pass *a, double t0, double t1, video_audio *out, char *why,
+                        size_t why_len) {
+  char e[AV_ERROR_MAX_STRING_SIZE];
+  int s = -1, ret = audio_open(r, a, &s, why, why_len);
+  if (ret < 0) return ret;
+  const char *name = a->dec->codec->name;
+  int rate = a->dec->sample_rate, channels = a->dec->ch_layout.nb_channels;
+  if (rate <= 0 || channels <= 0 || channels > 64)
+    return fail(r, why, why_len, VIDEO_FORMAT, "the audio stream (%s) has %d Hz, %d channels", name, rate, channels);
+  double span = (t1 - t0) * rate;
+  if (!(span >= 0)) span = 0;
+  double bytes = (span + 1) * channels * (double)sizeof(float);
+  if (bytes > (double)r->limits.max_clip_bytes)
+    return fail(r, why, why_len, VIDEO_TOO_BIG, "the clip's audio (%.0f samples x %d channels) is more than "
+                "max_clip_bytes", span, channels);
+  int64_t n = llround(span);
+  *out = (video_audio){.channels = channels, .rate = rate, .frames = n};
+  if (n > 0 && !(out->samples = calloc((size_t)n * (size_t)channels, sizeof(float))))
+    return fail(r, why, why_len, VIDEO_NOMEM, "out of memory for the clip's audio");
+  double tb = av_q2d(r->fmt->streams[s]->time_base), end = t0 + (double)n / rate, next = 0;
+  bool draining = false;
+  AVFrame *f = r->frame;
+  for (;;) {
+    av_frame_unref(f);
+    ret = avcodec_receive_frame(a->dec, f);
+    if (ret == 0) {
+      int64_t ts = f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
+      double ft = ts != AV_NOPTS_VALUE ? (double)ts * tb : next;
+      if (f->sample_rate != rate || f->ch_layout.nb_channels != channels)
+        return fail(r, why, why_len, VIDEO_FORMAT, "the audio stream (%s) changes from %d Hz, %d channels to %d Hz, "
+                    "%d channels midway", name, rate, channels, f->sample_rate, f->ch_layout.nb_channels);
+      if (ft >= end) break; /* frames come in time order: the clip's span is complete */
+      next = ft + (double)f->nb_samples / rate;
+      int64_t first = llround((ft - t0) * rate), from = first < 0 ? -first : 0;
+      int64_t to = first + f->nb_samples < n ? f->nb_samples : n - first;
+      if (from >= to) continue;
+      const float *planes[64];
+      if ((ret = audio_planes(r, a, f, planes, why, why_len)) < 0) return ret;
+      for (int c = 0; c < channels; c++)
+        memcpy(out->samples + (size_t)c * (size_t)n + (size_t)(first + from), planes[c] + from,
+               (size_t)(to - from) * sizeof(float));
+      continue;
+    }
+    if (ret == AVERROR_EOF) break;
+    if (ret != AVERROR(EAGAIN))
+      return fail(r, why, why_len, VIDEO_FORMAT, "damaged audio stream (%s): %s", name, av_text(ret, e, sizeof e));
+    if (draining) break;
+    ret = av_read_frame(r->fmt, r->pkt);
+    if (ret == AVERROR_EOF) {
+      draining = true;
+      avcodec_send_packet(a->dec, NULL);
+      continue;
+    }
+    if (ret < 0) return fail(r, why, why_len, VIDEO_FORMAT, "damaged container: %s", av_text(ret, e, sizeof e));
+    if (r->pkt->stream_index != s) {
+      av_packet_unref(r->pkt);
+      continue;
+    }
+    ret = avcodec_send_packet(a->dec, r->pkt);
+    av_packet_unref(r->pkt);
+    if (ret < 0 && ret != AVERROR(EAGAIN))
+      return fail(r, why, why_len, VIDEO_FORMAT, "damaged audio stream (%s): %s", name, av_text(ret, e, sizeof e));
+  }
+  av_frame_unref(f);
+  return VIDEO_OK;
+}
+
+int video_decode_audio(video_reader *r, double t0, double t1, video_audio *out, char *why, size_t why_len) {
+  memset(out, 0, sizeof *out);
+  r->last_error[0] = '\0';
+  log_target = r->last_error;
+  audio_pass a = {0};
+  int ret = decode_audio(r, &a, t0, t1, out, why, why_len);
+  audio_end(&a);
+  log_target = NULL;
+  if (ret < 0) {
+    free(out->samples);
+    memset(out, 0, sizeof *out);
+  }
   return ret;
 }
 

@@ -12,6 +12,7 @@ enum {
   VIDEO_FORMAT = -1,  /* damaged, truncated, unsupported container or codec: the message says which */
   VIDEO_TOO_BIG = -2, /* the clip would exceed the memory bound */
   VIDEO_NOMEM = -3,
+  VIDEO_NO_AUDIO = -4, /* video_decode_audio: the member has no audio stream */
 };
 
 /** Limits of one reader, from the stage's options. */
@@ -53,6 +54,31 @@ double video_frame_time(const video_reader *r, int64_t i);
  */
 int video_decode(video_reader *r, const int64_t *idx, int n, uint8_t *rgb, double *pts, int64_t *decoded, char *why,
                  size_t why_len);
+
+/**
+ * Duration of frame i in seconds: to the next frame's time; for the last frame the mean interval of the video's
+ * frames (1/avg_frame_rate for a one-frame video, 0 when the stream has no rate).
+ */
+double video_frame_duration(const video_reader *r, int64_t i);
+
+/** A clip's audio: planar float32, channel c's samples at samples + c * frames. */
+typedef struct video_audio {
+  float *samples; /* malloc'd (the caller frees it); NULL when frames is 0 */
+  int channels;
+  int rate;       /* Hz: the stream's own rate, not resampled */
+  int64_t frames; /* samples per channel */
+} video_audio;
+
+/**
+ * Decodes the member's audio stream (libavformat's best one for the video stream) from its start (so that every
+ * codec's state, AAC's overlap or MP3's bit reservoir, is a whole decode's) up to time t1, and keeps the samples
+ * in [t0, t0 + frames/rate), frames = round((t1 - t0) * rate): sample k is the stream's sample at time t0 + k/rate
+ * (times from each decoded frame's pts), zeros where the track has none. Planar float by libswresample (a copy
+ * when the decoder's output already is). frames x channels x 4 bytes is bounded by the reader's max_clip_bytes.
+ * Rewinds the demuxer: the reader's video position is lost (call it after video_decode). Returns VIDEO_OK with
+ * *out filled, VIDEO_NO_AUDIO, or another VIDEO_* error with why filled in (*out then empty).
+ */
+int video_decode_audio(video_reader *r, double t0, double t1, video_audio *out, char *why, size_t why_len);
 
 /** Frees the reader and sets *r to NULL. NULL-safe. */
 void video_close(video_reader **r);

@@ -18,6 +18,8 @@ enum { START_RANDOM, START_FIRST, START_CENTER };
 static const char *const start_names[] = {"random", "first", "center", NULL};
 enum { SHORT_EDGE, SHORT_ZEROS, SHORT_SKIP };
 static const char *const short_names[] = {"edge", "zeros", "skip", NULL};
+enum { MISSING_ERROR, MISSING_EMPTY };
+static const char *const missing_names[] = {"error", "empty", NULL};
 
 typedef struct video {
   sf_name_list fields;     /* option: fields to decode */
@@ -30,6 +32,8 @@ typedef struct video {
   int64_t threads;         /* option: decoder threads */
   int64_t max_clip_bytes;  /* option: largest T x H x W x 3 */
   sf_name_list containers; /* option: demuxers allowed */
+  bool audio;              /* option: also FIELD.audio and FIELD.audio_rate */
+  int missing_audio;       /* option: index into missing_names */
   char *whitelist;         /* containers joined with commas, for libavformat; owned */
 } video;
 
@@ -65,6 +69,15 @@ static const sf_option options[] = {
      "libavformat demuxers allowed to read a member (`ffmpeg -demuxers` names; mov covers MP4, matroska WebM); "
      "an empty list allows every one",
      NULL},
+    {"audio", SF_OPT_BOOL, offsetof(video, audio), "false", 0, 0,
+     "also decode the audio track to FIELD.audio, float32 [channels, samples] at the stream's own rate (FIELD.audio_rate, "
+     "int64 Hz), the samples of the clip's span [first frame's time, last frame's time + one frame) (libavcodec, "
+     "libswresample)",
+     NULL},
+    {"missing_audio", SF_OPT_ENUM, offsetof(video, missing_audio), "error", 0, 0,
+     "a video without an audio stream when audio is true: error (an error record, so error_policy decides) or empty "
+     "(FIELD.audio float32 [0,0], FIELD.audio_rate 0, counted in audio_missing)",
+     missing_names},
     {NULL},
 };
 
@@ -82,7 +95,7 @@ static int init(sf_node *node) {
     strcat(v->whitelist, v->containers.v[i]);
   }
   int r = 0;
-  const char *const counters[] = {"frames_decoded", "short_padded", "short_skipped"};
+  const char *const counters[] = {"frames_decoded", "short_padded", "short_skipped", "audio_missing"};
   for (size_t i = 0; i < sizeof counters / sizeof counters[0] && r == 0; i++)
     r = sf_node_counter_add(node, counters[i], 0);
   return r;
@@ -176,6 +189,41 @@ static int fail(failure *why, int code, const char *fmt, ...) {
 
 static int reader_code(int r) { return r == VIDEO_TOO_BIG ? SF_ETOOBIG : r == VIDEO_NOMEM ? SF_ENOMEM : SF_EFORMAT; }
 
+/* "<field>.<suffix>" into name: false when too long or already in s. */
+static bool new_name(sf_sample *s, const sf_field *f, const char *suffix, char name[SF_FIELD_NAME_MAX + 16]) {
+  snprintf(name, SF_FIELD_NAME_MAX + 16, "%s.%s", f->name, suffix);
+  return strlen(name) < SF_FIELD_NAME_MAX && !sf_sample_field(s, name);
+}
+
+/*
+ * The clip's audio (frames idx[0..n-1] decoded, n >= 1) as float32 [channels, samples] in *audio and its rate as an
+ * int64 scalar in *rate; a video without audio is v->missing_audio's. Returns 0 or an SF_E* code with why filled.
+ */
+static int decode_clip_audio(sf_node *node, video_reader *r, const int64_t *idx, int n, sf_tensor *audio,
+                             sf_tensor *rate, failure *why) {
+  const video *v = sf_node_priv(node);
+  double t0 = video_frame_time(r, idx[0]), t1 = video_frame_time(r, idx[n - 1]) + video_frame_duration(r, idx[n - 1]);
+  video_audio pcm;
+  int rc = video_decode_audio(r, t0, t1, &pcm, why->text, sizeof why->text);
+  if (rc == VIDEO_NO_AUDIO && v->missing_audio == MISSING_ERROR) {
+    size_t len = strlen(why->text);
+    snprintf(why->text + len, sizeof why->text - len, " (audio: true; missing_audio: empty allows it)");
+    return why->code = SF_EFORMAT;
+  }
+  if (rc < 0 && rc != VIDEO_NO_AUDIO) return why->code = reader_code(rc);
+  if (rc == VIDEO_NO_AUDIO) sf_node_counter_add(node, "audio_missing", 1);
+  const int64_t shape[2] = {pcm.channels, pcm.frames};
+  if (sf_tensor_alloc(audio, SF_DTYPE_FLOAT32, 2, shape) < 0 || sf_tensor_alloc(rate, SF_DTYPE_INT64, 0, NULL) < 0) {
+    free(pcm.samples);
+    sf_tensor_clear(audio);
+    return fail(why, SF_ENOMEM, "out of memory for the clip's audio");
+  }
+  if (pcm.samples) memcpy(sf_tensor_data(audio), pcm.samples, sf_tensor_nbytes(audio));
+  free(pcm.samples);
+  *(int64_t *)sf_tensor_data(rate) = pcm.rate;
+  return 0;
+}
+
 /* Decodes field f of sample s into uint8 [T,H,W,3] and appends "<name>.pts"; *skip set when the video is short
  * and `short: skip` drops the sample. */
 static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, failure *why) {
@@ -183,10 +231,13 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, fa
   sf_tensor *t = &f->tensor;
   if (t->dtype != SF_DTYPE_UINT8 || t->ndim != 1 || !t->buffer || !sf_tensor_is_contiguous(t))
     return fail(why, SF_EINVAL, "is marked encoded but does not hold bytes");
-  char pts_name[SF_FIELD_NAME_MAX + 8];
-  snprintf(pts_name, sizeof pts_name, "%s.pts", f->name);
-  if (strlen(pts_name) >= SF_FIELD_NAME_MAX || sf_sample_field(s, pts_name) || s->n_fields >= SF_MAX_FIELDS)
+  char pts_name[SF_FIELD_NAME_MAX + 16], audio_name[SF_FIELD_NAME_MAX + 16], rate_name[SF_FIELD_NAME_MAX + 16];
+  if (!new_name(s, f, "pts", pts_name) || s->n_fields >= SF_MAX_FIELDS)
     return fail(why, SF_EDUP, "cannot add field %s (too long, already there, or the sample is full)", pts_name);
+  if (v->audio && (!new_name(s, f, "audio", audio_name) || !new_name(s, f, "audio_rate", rate_name) ||
+                   s->n_fields + 3 > SF_MAX_FIELDS))
+    return fail(why, SF_EDUP, "cannot add fields %s.audio and %s.audio_rate (too long, already there, or the "
+                "sample is full: at most %d fields)", f->name, f->name, SF_MAX_FIELDS);
   video_limits limits = {.threads = (int)v->threads, .max_clip_bytes = v->max_clip_bytes, .containers = v->whitelist};
   video_reader *r;
   int rc = video_open(&r, sf_tensor_data(t), (size_t)t->shape[0], &limits, why->text, sizeof why->text);
@@ -231,12 +282,15 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, fa
   int64_t decoded = 0;
   rc = video_decode(r, idx, n, rgb, times, &decoded, why->text, sizeof why->text);
   sf_node_counter_add(node, "frames_decoded", (uint64_t)decoded);
+  if (rc < 0) rc = why->code = reader_code(rc);
+  sf_tensor audio = {0}, rate = {0};
+  if (rc == 0 && v->audio) rc = decode_clip_audio(node, r, idx, n, &audio, &rate, why);
   video_close(&r);
   free(idx);
   if (rc < 0) {
     sf_tensor_clear(&out);
     sf_tensor_clear(&pts);
-    return why->code = reader_code(rc);
+    return rc;
   }
   if (n < T) { /* zeros */
     memset(rgb + (size_t)n * (size_t)frame_bytes, 0, (size_t)(T - n) * (size_t)frame_bytes);
@@ -248,13 +302,17 @@ static int decode_field(sf_node *node, sf_sample *s, sf_field *f, bool *skip, fa
   *t = out;
   f->encoded = false;
   sf_sample_add_field(s, pts_name, false, &pts); /* room checked above */
+  if (v->audio) {
+    sf_sample_add_field(s, audio_name, false, &audio);
+    sf_sample_add_field(s, rate_name, false, &rate);
+  }
   return 0;
 }
 
 static int map(sf_node *node, sf_sample **ps) {
   const video *v = sf_node_priv(node);
   sf_sample *s = *ps;
-  int n = s->n_fields; /* the .pts fields appended below are not decoded again */
+  int n = s->n_fields; /* the .pts (and .audio) fields appended below are not decoded again */
   for (int i = 0; i < n; i++) {
     sf_field *f = &s->fields[i];
     failure why = {0};

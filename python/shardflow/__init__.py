@@ -77,14 +77,44 @@ class _Options(ctypes.Structure):
                 ("first_epoch", ctypes.c_uint64), ("first_step", ctypes.c_uint64)]
 
 
+class _StageTuned(ctypes.Structure):
+    """sf_stage_tuned (include/shardflow/stage.h)."""
+    _fields_ = [("option", ctypes.c_char_p), ("value", ctypes.c_int64), ("initial", ctypes.c_int64),
+                ("pinned", ctypes.c_bool), ("changes", ctypes.c_uint64), ("changed_at", ctypes.c_double)]
+
+
+class _StageStats(ctypes.Structure):
+    """sf_stage_stats (include/shardflow/stage.h)."""
+    _fields_ = [("reads", ctypes.c_bool), ("read_ns", ctypes.c_uint64), ("reader", ctypes.c_bool)] + \
+        [(name, ctypes.c_uint64) for name in ("downloaded_bytes", "refetched_bytes", "retries", "cache_hits",
+                                              "prefetch")] + [("group", ctypes.c_bool)] + \
+        [(name, ctypes.c_uint64) for name in ("workers", "reassigned", "duplicates", "malformed", "refused",
+                                              "ring_bytes", "socket_bytes")] + \
+        [("n_tuned", ctypes.c_int), ("tuned", _StageTuned * 4)]
+
+
 class _NodeStats(ctypes.Structure):
     """sf_node_stats (include/shardflow/shardflow.h)."""
     _fields_ = [("name", ctypes.c_char * 32), ("type", ctypes.c_char * 32), ("replicas", ctypes.c_int),
                 ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("busy_seconds", ctypes.c_double),
                 ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64), ("skipped", ctypes.c_uint64),
-                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 8),
-                ("input_items", ctypes.c_uint64 * 8), ("n_counters", ctypes.c_int),
-                ("counter_names", (ctypes.c_char * 32) * 4), ("counters", ctypes.c_uint64 * 4)]
+                ("filtered", ctypes.c_uint64), ("n_inputs", ctypes.c_int), ("input_names", (ctypes.c_char * 32) * 64),
+                ("input_items", ctypes.c_uint64 * 64), ("n_counters", ctypes.c_int),
+                ("counter_names", (ctypes.c_char * 32) * 4), ("counters", ctypes.c_uint64 * 4),
+                ("stage", _StageStats)]
+
+
+class _WorkerStageStats(ctypes.Structure):
+    """sf_worker_stage_stats (include/shardflow/stage.h)."""
+    _fields_ = [("name", ctypes.c_char * 32), ("items", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("busy_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double), ("errors", ctypes.c_uint64)]
+
+
+class _WorkerStats(ctypes.Structure):
+    """sf_worker_stats (include/shardflow/stage.h)."""
+    _fields_ = [("name", ctypes.c_char * 64), ("pid", ctypes.c_int64), ("live", ctypes.c_bool),
+                ("samples", ctypes.c_uint64), ("units", ctypes.c_uint64), ("rate", ctypes.c_double),
+                ("n_stages", ctypes.c_int), ("stages", _WorkerStageStats * 64)]
 
 
 # sf_log_handler (include/shardflow/log.h): opaque, level, stage (NULL for the engine), message.
@@ -137,6 +167,7 @@ def _load():
         "sf_pipeline_fd": (ctypes.c_int, [p]),
         "sf_pipeline_stats": (ctypes.c_int, [p, ctypes.POINTER(_NodeStats), ctypes.c_int]),
         "sf_node_stats_size": (ctypes.c_size_t, []),
+        "sf_pipeline_workers": (ctypes.c_int, [p, c, ctypes.POINTER(_WorkerStats), ctypes.c_int]),
         "sf_pipeline_last_error": (ctypes.c_bool, [p, ctypes.POINTER(_Error)]),
         "sf_pipeline_bottleneck": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_pipeline_metrics_port": (ctypes.c_int, [p]),
@@ -153,6 +184,7 @@ def _load():
         "sf_batch_to_dlpack": (ctypes.c_int, [p, ctypes.c_int, ctypes.POINTER(p)]),
         "sf_batch_destroy": (None, [ctypes.POINTER(p)]),
         "sf_dlpack_release": (None, [p]),
+        "sf_dlpack_wait": (ctypes.c_int, [p, ctypes.c_int64]),
         "sf_version_string": (c, []),
         "sf_storage_copy": (ctypes.c_int, [c, c, ctypes.c_bool, ctypes.POINTER(_Error)]),
         "sf_log_set_handler": (ctypes.c_int, [_LogHandler, p]),
@@ -204,20 +236,41 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
+class _DLTensorHead(ctypes.Structure):
+    """The start of DLManagedTensor's dl_tensor (DLPack): the data pointer and the device."""
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+_KDLCPU, _KDLCUDA = 1, 2
+
+
 class _Field:
-    """One batch field as a DLPack producer (the __dlpack__ protocol, both call forms)."""
+    """One batch field as a DLPack producer (the __dlpack__ protocol, both call forms). A field on a GPU
+    (device_sink's device: cuda) follows the protocol's stream contract: the consumer's stream (the
+    stream argument; None = the legacy default stream, -1 = no ordering) waits for the batch's copy."""
 
     def __init__(self, managed):
         self._managed = managed
+        head = _DLTensorHead.from_address(managed)
+        self._device = (head.device_type, head.device_id)
 
-    def __dlpack__(self, stream=None, max_version=None):
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         if self._managed is None:
             raise BufferError("a shardflow field can be exported once")
+        if copy:
+            raise BufferError("a shardflow field is exported without a copy (copy=True is not offered)")
+        if dl_device is not None and tuple(dl_device) != self._device:
+            raise BufferError(f"the field is on DLPack device {self._device}, not {tuple(dl_device)}")
+        if self._device[0] == _KDLCUDA:
+            r = library.sf_dlpack_wait(self._managed, 1 if stream is None else int(stream))
+            if r < 0:
+                raise BufferError(f"the consumer's stream {stream!r} cannot wait for the batch's copy "
+                                  f"({library.sf_err_name(r).decode()}; the engine's log says why)")
         managed, self._managed = self._managed, None
         return _capsule_new(managed, _CAPSULE_NAME, None)
 
     def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU
+        return self._device  # (kDLCPU, 0), or (kDLCUDA, N) for device_sink's device: cuda:N
 
     def __del__(self):
         if self._managed is not None:
@@ -249,7 +302,7 @@ def copy(src, dst, verify=True):
 
 
 # Pipeline's output forms (see its docstring).
-_OUTPUTS = ("torch", "numpy", "dict", "torch_dict", "tuple", "torch_tuple")
+_OUTPUTS = ("torch", "numpy", "dict", "torch_dict", "tuple", "torch_tuple", "dlpack")
 
 
 def _uses_pipeline(method):
@@ -298,7 +351,11 @@ class Pipeline:
     "dict" (NumPy arrays) or "torch_dict"; None = torch when it imports, else numpy, in the tuple form
     when the graph has a `rename` stage. "tuple" (NumPy) or "torch_tuple": every field of the batch in
     its order, which a `rename` stage sets (its `names` order: "image=jpg;png,label=cls" gives (image,
-    label)), a ragged field as its list; the dict forms are keyed by those names.
+    label)), a ragged field as its list; the dict forms are keyed by those names. "dlpack": a dict of
+    every field as a DLPack producer (an object with __dlpack__ / __dlpack_device__, taken once, by
+    torch.from_dlpack, jax.dlpack.from_dlpack, cupy.from_dlpack...) plus "__key__", ragged fields as
+    NAME + NAME.offsets. With device_sink's device: cuda (docs/python.md, "On a GPU") fields are on the GPU: use a
+    torch output or "dlpack" (NumPy cannot take them).
     map: {node name: callable} for the graph's `type: python` nodes (see shardflow._pymap; a node's
     `function: "pkg.module:fn"` is used where map names no callable).
     """
@@ -616,7 +673,12 @@ class Pipeline:
         it), busy_seconds (wall-clock inside its steps), wait_seconds (waiting for input), errors
         (records raised), skipped (samples dropped under the skip policy), filtered (dropped on
         purpose by a filter stage), counters (the stage's own counts by name, for a stage that
-        keeps some: sf_node_counter_add), and the rates over the
+        keeps some: sf_node_counter_add), what the stage reports of its own (its stats callback, as
+        --stats-json): tuned (the options it tunes while running: value, initial, pinned, changes,
+        changed_at), reader (a shard reader: read_seconds, and with downloads downloaded_bytes,
+        refetched_bytes, retries, cache_hits, prefetch), group (a group's node: live workers,
+        reassigned, duplicates, malformed, refused, ring_bytes, socket_bytes and workers, each with
+        name, pid, live, samples, units, rate and its own stages' table), and the rates over the
         pipeline's life so far: items_per_second and mib_per_second (per wall-clock second since
         the pipeline started; set_epoch and load_state_dict start a new one, from zero). The
         numbers are those `shardflow run` prints at its end."""
@@ -629,15 +691,41 @@ class Pipeline:
             node = {name: getattr(s, name) for name, _ in _NodeStats._fields_}
             node["name"], node["type"] = s.name.decode(), s.type.decode()
             del node["n_inputs"], node["input_names"], node["input_items"]
-            del node["n_counters"], node["counter_names"], node["counters"]
+            del node["n_counters"], node["counter_names"], node["counters"], node["stage"]
+            node.update(self._stage_stats(s))
             if s.n_inputs > 1:  # a mix: what each input gave, by the name of the node feeding it
-                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 8))}
+                node["input_items"] = {s.input_names[j].value.decode(): s.input_items[j] for j in range(min(s.n_inputs, 64))}
             if s.n_counters > 0:  # the stage's own counters (sf_node_counter_add), by name
                 node["counters"] = {s.counter_names[j].value.decode(): s.counters[j] for j in range(min(s.n_counters, 4))}
             node["items_per_second"] = s.items / elapsed
             node["mib_per_second"] = s.bytes / 1048576.0 / elapsed
             nodes.append(node)
         return nodes
+
+    def _stage_stats(self, s):
+        """What a node's stage reports of its own (sf_node_stats.stage): the options it tunes, a shard reader's
+        reads and downloads, a group's counts and workers (sf_pipeline_workers)."""
+        x, out = s.stage, {}
+        if x.n_tuned > 0:
+            out["tuned"] = {t.option.decode(): {"value": t.value, "initial": t.initial, "pinned": t.pinned,
+                                                "changes": t.changes, "changed_at": t.changed_at}
+                            for t in x.tuned[:min(x.n_tuned, 4)]}
+        if x.reads:
+            out["reader"] = {"read_seconds": x.read_ns * 1e-9}
+            if x.reader:
+                out["reader"].update({k: getattr(x, k) for k in ("downloaded_bytes", "refetched_bytes", "retries",
+                                                                  "cache_hits", "prefetch")})
+        if x.group:
+            n = library.sf_pipeline_workers(self._pipeline, s.name, None, 0)
+            workers = (_WorkerStats * max(n, 1))()
+            n = min(n, library.sf_pipeline_workers(self._pipeline, s.name, workers, n))
+            out["group"] = {"live": x.workers, **{k: getattr(x, k) for k in (
+                "reassigned", "duplicates", "malformed", "refused", "ring_bytes", "socket_bytes")}, "workers": [
+                {"name": w.name.decode(errors="replace"), "pid": w.pid, "live": w.live, "samples": w.samples,
+                 "units": w.units, "rate": w.rate, "stages": [
+                     {k: (getattr(t, k).decode() if k == "name" else getattr(t, k)) for k, _ in _WorkerStageStats._fields_}
+                     for t in w.stages[:min(w.n_stages, 64)]]} for w in workers[:n]]}
+        return out
 
     @_uses_pipeline
     def fileno(self):
@@ -678,16 +766,27 @@ class Pipeline:
         if self._output.startswith("torch"):
             import torch
             take = torch.from_dlpack
+        elif self._output == "dlpack":
+            take = None
         else:
             import numpy
             take = numpy.from_dlpack
+        numpy_out = take is not None and not self._output.startswith("torch")
         fields = {}
         for i in range(library.sf_batch_field_count(b)):
             managed = ctypes.c_void_p()
             r = library.sf_batch_to_dlpack(b, i, ctypes.byref(managed))
             if r < 0:
                 raise _error(r)
-            fields[library.sf_batch_field_name(b, i).decode()] = take(_Field(managed.value))
+            field = _Field(managed.value)
+            if numpy_out and field._device[0] != _KDLCPU:
+                raise ShardflowError("SF_EUNSUPPORTED", f"output={self._output!r}: the batch is on the GPU "
+                                     "(device_sink's device: cuda) and NumPy takes host memory only; use "
+                                     "output='torch', 'torch_dict', 'torch_tuple' or 'dlpack'")
+            fields[library.sf_batch_field_name(b, i).decode()] = take(field) if take else field
+        if self._output == "dlpack":
+            fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
+            return fields
         if self._output.endswith("dict"):
             _unpack_ragged(fields)
             fields["__key__"] = [library.sf_batch_key(b, j).decode() for j in range(library.sf_batch_size(b))]
@@ -792,7 +891,12 @@ def _unpack_ragged(fields):
     for name in [n[:-len(".offsets")] for n in fields if n.endswith(".offsets")]:
         if name not in fields:
             continue
-        values, offsets = fields[name], [int(o) for o in fields.pop(name + ".offsets")]
+        values, offsets = fields[name], fields.pop(name + ".offsets")
+        if getattr(offsets, "is_cuda", False):  # device_sink's device: cuda: offsets read on the host at once
+            offsets = offsets.cpu()
+        if getattr(values, "is_cuda", False) and str(values.dtype) == "torch.uint8":  # bytes and text: host data
+            values = values.cpu()
+        offsets = [int(o) for o in offsets]
         parts = [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
         if str(values.dtype) in ("uint8", "torch.uint8"):
             parts = [bytes(p.numpy() if hasattr(p, "numpy") else p) for p in parts]

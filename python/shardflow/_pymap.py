@@ -56,7 +56,7 @@ def _declare():
     p, c, i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
     sigs = {
         "sf_handoff_new": (i, [ctypes.POINTER(p), i]),
-        "sf_handoff_name": (c, [p]),
+        "sf_graph_attach": (i, [p, c, p]),
         "sf_handoff_unref": (None, [ctypes.POINTER(p)]),
         "sf_handoff_close": (None, [p]),
         "sf_handoff_take": (i, [p, ctypes.POINTER(p), ctypes.c_double]),
@@ -203,7 +203,7 @@ def _resolve(spec, node):
 
 
 def start(g, maps):
-    """Starts a thread and a handoff for every `type: python` node of graph g (sets its handoff option).
+    """Starts a thread and a handoff for every `type: python` node of graph g (attached to the node).
     maps: {node name: callable}. Returns what stop() takes. Raises ValueError (a map= name that is no
     python node, a node without a function or whose function does not import). A python node inside
     a group is refused when the graph loads (engine/graph/graph_groups.c)."""
@@ -233,12 +233,7 @@ def start(g, maps):
             thread = threading.Thread(target=_serve, name=f"shardflow-map-{name}", daemon=True,
                                       args=(handoff, fn, spec or getattr(fn, "__qualname__", repr(fn)), stopped))
             started.append((handoff, thread, stopped))
-            from . import _error, _Error
-            err = _Error()
-            r = library.sf_graph_set(g, f"{name}.handoff".encode(), library.sf_handoff_name(handoff),
-                                     ctypes.byref(err))
-            if r < 0:
-                raise _error(r, err)
+            _check(library.sf_graph_attach(g, name.encode(), handoff), f"node {name!r}")
             thread.start()
     except BaseException:
         stop(started)

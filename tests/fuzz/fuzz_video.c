@@ -1,6 +1,6 @@
 /* Fuzz target: the video plugin's member reader (plugins/video/clip.c) on fuzzer bytes as one member: the
  * in-memory AVIOContext, the demuxers it allows, the frame index, keyframe seeks, decoding and RGB conversion of
- * the first, middle and last frames. */
+ * the first, middle and last frames, and the audio track's decode (libswresample) over the clip's span. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -27,6 +27,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   double pts[3];
   if (rgb) video_decode(r, idx, 3, rgb, pts, NULL, why, sizeof why);
   free(rgb);
+  video_audio audio;
+  double t1 = video_frame_time(r, idx[2]) + video_frame_duration(r, idx[2]);
+  if (video_decode_audio(r, video_frame_time(r, 0), t1, &audio, why, sizeof why) == VIDEO_OK) free(audio.samples);
   video_close(&r);
   return 0;
 }

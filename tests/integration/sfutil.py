@@ -176,6 +176,47 @@ def free_port():
 
 
 @contextlib.contextmanager
+def local_server(args, port, name):
+    """Runs a test server (tools/s3rver.sh run ..., tools/azurite.sh run ...) in its own session until it listens
+    on 127.0.0.1:port; yields the process and stops its whole group at the end."""
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if server.poll() is not None:
+                    raise SystemExit(f"{name} exited: " + server.stdout.read().decode())
+                time.sleep(0.05)
+        else:
+            raise SystemExit(f"{name} did not start listening")
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=10)
+
+
+def read_urls(tmp, urls, env, batch_size=20):
+    """Runs the graph shard_source(urls, in order) -> tar_split -> decode -> batch -> device_sink; returns
+    (the CompletedProcess, the keys in order, the cls labels) — keys and labels empty when it failed."""
+    out = os.path.join(tmp, "read-urls-out")
+    graph = write_graph(os.path.join(tmp, "read-urls.yaml"), [
+        ("shard_source", dict(urls=f'"{urls}"', shuffle=False)),
+        ("tar_split", {}),
+        ("decode", {}),
+        ("batch", dict(batch_size=batch_size)),
+        ("device_sink", dict(npy_dir=out)),
+    ], seed=1, epochs=1, error_policy="fail")
+    p = run(["run", graph, "--quiet", "--no-summary"], env=env, check=False)
+    if p.returncode != 0:
+        return p, [], []
+    batches = read_batches(out)
+    return p, [k for _, _, ks, _ in batches for k in ks], [int(v) for _, _, _, f in batches for v in f["cls"]]
+
+
+@contextlib.contextmanager
 def nginx(root, locations="", tls=None):
     """Serves root over HTTP on a free loopback port (plus extra `location` blocks); yields the base URL.
     tls=(certificate file, key file) serves https instead (the base URL then starts with https://)."""

@@ -2,6 +2,7 @@
 resume positions outside the run are refused, nothing a dead process left (partial downloads, ipc
 sockets) stays for ever, preview_png does not invent directories, `help COMMAND` shows its usage; `ls` escapes
 control characters in keys and field names."""
+import ctypes
 import filecmp
 import glob
 import io
@@ -129,6 +130,48 @@ check(p.returncode == 1 and os.path.dirname(preview) in p.stderr and "preview_pn
 check(not os.path.exists(os.path.dirname(preview)), "and the directory was not created")
 p = run(["run", graph("preview-ok", sink=dict(preview_png=os.path.join(tmp, "grid.png"))), "--quiet"], check=False)
 check(p.returncode == 0 and os.path.getsize(os.path.join(tmp, "grid.png")) > 0, f"preview_png: {p.stderr}")
+
+# device_sink's device: cuda:N needs the NVIDIA driver, loaded at run time (issue 29): without it the run is
+# refused before any data is read, naming the option and what dlopen said. SF_CUDA_LIBRARY points the loader at a
+# file that is not there, so this holds on a machine with a GPU too.
+gpu_graph = graph("gpu", sink=dict(device="cuda:0"))
+p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False,
+        env=dict(os.environ, SF_CUDA_LIBRARY="/nonexistent/libcuda.so.1"))
+check(p.returncode == 1 and "option device: no CUDA driver on this machine: cannot load /nonexistent/libcuda.so.1"
+      in p.stderr and "(/nonexistent/libcuda.so.1: cannot open shared object file" in p.stderr
+      and "use device: cpu" in p.stderr, f"device: cuda:0 without a driver: {p.stderr}")
+try:
+    ctypes.CDLL("libcuda.so.1")
+except OSError:  # this machine has no driver: the plain run says so too
+    p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False)
+    check(p.returncode == 1 and "no CUDA driver on this machine: cannot load libcuda.so.1" in p.stderr
+          and "(libcuda.so.1: cannot open shared object file" in p.stderr,
+          f"device: cuda:0 here, without SF_CUDA_LIBRARY: {p.stderr}")
+# The toolkit's stub driver (where the CUDA toolkit is installed) has every function: all of them resolve, and
+# cuInit's refusal is what is reported.
+stub = "/usr/local/cuda/lib64/stubs/libcuda.so"
+if os.path.exists(stub):
+    p = run(["run", gpu_graph, "--quiet", "--no-summary"], check=False, env=dict(os.environ, SF_CUDA_LIBRARY=stub))
+    check(p.returncode == 1 and f"the CUDA driver ({stub}) does not start: cuInit:" in p.stderr,
+          f"the stub driver: every symbol found, cuInit refuses: {p.stderr}")
+# Through the fake driver (tests/plugins/fake_cuda.c): the whole run on the "GPU", uint8 images normalised there,
+# its buffers counted in the stage table (test_device_sink.py checks the values).
+sink = dict(device="cuda:0", normalize="float32", mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25])
+p = run(["run", graph("gpu-fake", epochs=3, sink=sink)], check=False,
+        env=dict(os.environ, SF_CUDA_LIBRARY=os.environ["SF_FAKE_CUDA"]))
+check(p.returncode == 0 and "gpu_buffers_allocated" in p.stderr, f"device cuda:0 on the fake driver: {p.stderr}")
+for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: write cpu, cuda or cuda:N"),
+                    (dict(device="cuda:x"), "'cuda:x' is not a device"),
+                    (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda"),
+                    (dict(normalize="float32", mean=[0.5, 0.5, 0.5]), "normalize needs mean and std with one value "
+                     "per channel each, or neither (x/255 only); mean has 3 values, std 0"),
+                    (dict(normalize="bfloat16", mean=[0.5], std=[0]), "option std: value 0 is 0; a standard deviation "
+                     "must be above 0")):
+    p = run(["run", graph("gpu-bad", sink=sink), "--quiet", "--no-summary"], check=False)
+    check(p.returncode == 1 and words in p.stderr, f"device_sink {sink}: {p.stderr}")
+# device: cpu (the default, written) runs as without it
+p = run(["run", graph("gpu-cpu", sink=dict(device="cpu", npy_dir=os.path.join(tmp, "cpu-npy"))), "--quiet"], check=False)
+check(p.returncode == 0 and len(glob.glob(os.path.join(tmp, "cpu-npy", "*_keys.txt"))) == 3, f"device: cpu: {p.stderr}")
 
 # A head killed with SIGKILL leaves its ipc socket in a private directory (0700, one per pipeline); the next head
 # removes it, and a socket older versions left in $TMPDIR itself, and keeps a live process's.

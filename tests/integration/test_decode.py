@@ -6,7 +6,8 @@ Checks: JPEG (sizes incl. odd ones, 4:4:4/4:2:2/4:2:0, grayscale, progressive) w
 PNG (RGB, L, 1-bit, RGBA, LA, palette with and without tRNS, gray/RGB with tRNS), PPM, PGM, a
 .ppm.gz, WebP (lossless and lossy, with and without alpha: PIL uses libwebp too) and TIFF (raw, LZW,
 deflate, PackBits, JPEG, group 4; RGB, RGBA, gray, palette, 1-bit, CMYK) and GIF (first frame: palette, transparent index, gray,
-interlaced, animated, a frame smaller than the screen) and JPEG 2000 (.j2k codestream and .jp2, lossless, lossy, tiled;
+interlaced, animated, a frame smaller than the screen; with `frames: all` every frame as [T, H, W, C], equal to
+PIL's ImageSequence frames: partial frames, transparency, each disposal method) and JPEG 2000 (.j2k codestream and .jp2, lossless, lossy, tiled;
 RGB, RGBA, gray: PIL uses openjpeg too) exactly; AVIF (lossy 4:4:4 and 4:2:0, lossless, alpha, 10-bit;
 made by avifenc) exactly equal to avifdec's decode with dav1d, truncated and oversized AVIF reported;
 JPEG XL (lossless, lossy XYB, alpha, gray; made by cjxl) exactly equal to djxl's decode, truncated and
@@ -557,6 +558,84 @@ def test_jpeg_warnings():
           f"jpeg warnings: {len(bad)} skipped samples counted ({counted and counted.group(0)})")
 
 
+def test_libraries_on_first_use():
+    """libavif and libjxl are opened when the first AVIF / JPEG XL arrives, not at start-up: a run of PPM and PNG
+    fields never loads them (the loader's own log, LD_DEBUG=libs, says which libraries it initialised)."""
+    rgb = Image.fromarray(picture(24, 20, 3))
+    plain = os.path.join(TMP, "plain-000.tar")
+    write_shard(plain, [(f"{i:07d}", [("ppm", encode(rgb, "PPM")), ("png", encode(rgb, "PNG"))]) for i in range(3)])
+    avif = os.path.join(TMP, "lazy-avif-000.tar")
+    write_shard(avif, [("0000000", [("avif", avif_encode(rgb))])])
+    for shard, loaded, absent in ((plain, [], ["libavif", "libjxl"]), (avif, ["libavif"], ["libjxl"])):
+        graph = write_graph(shard, os.path.join(TMP, "lazy_out"))
+        p = subprocess.run([SHARDFLOW, "run", graph, "--quiet"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "LD_DEBUG": "libs"})
+        check(p.returncode == 0, f"first use {os.path.basename(shard)}: run succeeds ({p.stderr[-300:]})")
+        inits = [l for l in p.stderr.splitlines() if "calling init:" in l]
+        check(any("libc.so" in l for l in inits), f"first use: the loader's log is there ({len(inits)} inits)")
+        for lib in loaded:
+            check(any(lib in l for l in inits), f"first use {os.path.basename(shard)}: {lib} loaded")
+        for lib in absent:
+            check(not any(lib in l for l in inits), f"first use {os.path.basename(shard)}: {lib} not loaded")
+
+
+def gif_sequences():
+    """Animated GIFs as PIL writes them: whole frames; frames that PIL crops to what changed (smaller than the
+    screen); transparent indices with each disposal method (none, background, previous, and a frame that gives
+    none after one that did); an interlaced one."""
+    out = []
+    base = picture(24, 30, 3)
+    moving = []
+    for t in range(4):
+        a = base.copy()
+        a[4 + t * 3: 10 + t * 3, 5 + t * 4: 13 + t * 4] = [250, 20 * t, 40]  # a box that moves: partial frames
+        moving.append(Image.fromarray(a).quantize(64))
+    out.append(encode(moving[0], "GIF", save_all=True, append_images=moving[1:]))
+    whole = [Image.fromarray(picture(16, 20, 3)).quantize(32) for _ in range(3)]
+    out.append(encode(whole[0], "GIF", save_all=True, append_images=whole[1:], interlace=True))
+    for disposal in (0, 1, 2, 3, [2, 0, 3, 1]):
+        frames = []
+        for t in range(4):
+            a = np.zeros((20, 26, 4), np.uint8)
+            a[..., :3] = picture(20, 26, 3)
+            a[..., 3] = 255
+            a[2 + t: 12 + t, 3 + 2 * t: 15 + 2 * t, 3] = 0  # a transparent hole that moves
+            frames.append(Image.fromarray(a, "RGBA"))
+        out.append(encode(frames[0], "GIF", save_all=True, append_images=frames[1:], disposal=disposal,
+                          transparency=0, optimize=False))
+    return out
+
+
+def test_gif_frames():
+    """decode frames: all turns a GIF into uint8 [T, H, W, C], each frame what PIL's ImageSequence gives
+    (converted to RGB, to L in mode gray, to RGBA in mode keep when the first frame has a transparent index);
+    the default stays the first frame [H, W, C]."""
+    from PIL import ImageSequence
+    gifs = gif_sequences()
+    shard = os.path.join(TMP, "gif-frames-000.tar")
+    write_shard(shard, [(f"{i:07d}", [("gif", data)]) for i, data in enumerate(gifs)])
+    for mode, target in (("rgb", "RGB"), ("gray", "L"), ("keep", None)):
+        out = os.path.join(TMP, f"gif_frames_{mode}")
+        code, _, err = run(write_graph(shard, out, mode=mode, extra={"frames": "all"}))
+        if not check(code == 0, f"gif frames {mode}: run succeeds (exit {code}): {err.strip()[-300:]}"):
+            continue
+        got = read_output(out)
+        for i, data in enumerate(gifs):
+            im = Image.open(io.BytesIO(data))
+            # keep: RGBA when the first frame has a transparent index (PIL's frames are RGBA then), else RGB.
+            want = target or ("RGBA" if "transparency" in im.info else "RGB")
+            ref = np.stack([np.array(f.convert(want)) for f in ImageSequence.Iterator(im)])
+            ref = ref[..., None] if ref.ndim == 3 else ref
+            check(ref.shape[0] > 1, f"gif {i}: PIL sees {ref.shape[0]} frames")
+            compare(got.get(f"{i:07d}", {}).get("gif", np.zeros(0, np.uint8)), ref, 0, f"gif frames {mode} {i}")
+    out = os.path.join(TMP, "gif_first")
+    code, _, err = run(write_graph(shard, out, mode="rgb"))
+    got = read_output(out)
+    for i, data in enumerate(gifs):
+        compare(got.get(f"{i:07d}", {}).get("gif", np.zeros(0, np.uint8)), reference(data, "rgb"), 0,
+                f"gif {i}: the first frame by default")
+
+
 def main():
     if not os.path.exists(SHARDFLOW):
         print(f"SHARDFLOW={SHARDFLOW} does not exist; build the CLI first")
@@ -568,6 +647,8 @@ def main():
     test_jpeg_warnings()
     test_avif()
     test_jxl()
+    test_libraries_on_first_use()
+    test_gif_frames()
     if failures:
         print(f"{len(failures)} failure(s); temp files kept in {TMP}")
         return 1

@@ -65,8 +65,8 @@ for replicas in (1, 2):
 
 # In a group's worker process: the worker's results say filtered, not skipped, so the head's budget holds too.
 stderr, table = run_tenth("group", "    group: g\n", groups="groups:\n  g: {processes: 1}\n")
-remote = [row for row in table.values() if row["stage"] == "_remote"]
-check(len(remote) == 1 and (remote[0]["skipped"], remote[0]["filtered"]) == (0, len(truth) - len(want)),
+head = [row for row in table.values() if row["stage"] == "_group"]
+check(len(head) == 1 and (head[0]["skipped"], head[0]["filtered"]) == (0, len(truth) - len(want)),
       f"group: the head's table counts 0 skipped, {len(truth) - len(want)} filtered:\n{stderr}")
 shutil.rmtree(tmp, ignore_errors=True)
 check.done("filtered")

@@ -220,4 +220,26 @@ def grouped(name, branch_group):
 
 grouped("group-after-mix", False)
 grouped("group-on-branch", True)
+
+# 9. a mix of more inputs than a fixed port list would have (its ports are a template, in%u): twelve branches with
+# a weight each, stop: longest, so every sample of every branch comes out once; each input's count in the table.
+BRANCHES = 12
+urls = [dataset(f"m{i:02d}x", 1, 10 + i) for i in range(BRANCHES)]
+out = os.path.join(tmp, "many")
+lines = ["seed: 3", "epochs: 1", "stages:"]
+for i, u in enumerate(urls):
+    lines += [f"  - {{name: src{i}, type: shard_source, urls: \"{u}\"}}", f"  - {{name: split{i}, type: tar_split}}"]
+lines += [f"  - {{name: mix, type: mix, stop: longest, inputs: [{', '.join(f'split{i}' for i in range(BRANCHES))}], "
+          f"weights: [{', '.join(str(i + 1) for i in range(BRANCHES))}]}}",
+          "  - {type: decode}", "  - {type: batch, batch_size: 16, partial: true}", f"  - {{type: device_sink, npy_dir: {out}}}"]
+path = os.path.join(tmp, "many.yaml")
+with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+p = run(["run", path, "--quiet"], check=False)
+got = sorted(k for e, b, keys, fields in read_batches(out) for k in keys) if p.returncode == 0 else []
+want = sorted(f"m{i:02d}x000-{j:05d}" for i in range(BRANCHES) for j in range(10 + i))
+check(p.returncode == 0 and got == want, f"a mix of {BRANCHES} inputs gives every sample of each once: "
+      f"{len(got)} of {len(want)}\n{p.stderr[-2000:]}")
+counts = {ln.split()[1]: int(ln.split()[2]) for ln in p.stderr.splitlines() if ln.startswith("  <- ")}
+check(counts == {f"split{i}": 10 + i for i in range(BRANCHES)}, f"the stage table counts each input: {counts}")
 check.done("mix")

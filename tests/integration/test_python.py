@@ -63,6 +63,29 @@ with open(grouped, "w") as f:
 env_bin = os.environ.pop("SHARDFLOW_BIN", None)
 with shardflow.Pipeline(grouped, output="dict", device_sink__npy_dir="") as p:
     got = [b for _ in range(2) for b in p]
+    # The group's statistics reach Python as they reach the CLI (the stage's stats callback): its node, its local
+    # workers that joined (one or both, as fast as they start: processes this one started, /proc says whose child
+    # each is) and what each one ran.
+    group = {n["name"]: n for n in p.stats()}.get("decoders", {})
+    workers = group.get("group", {}).get("workers", [])
+    parents = []
+    for w in workers:
+        try:
+            with open(f"/proc/{w['pid']}/stat") as f:
+                parents.append(int(f.read().rsplit(")", 1)[1].split()[1]))
+        except OSError:
+            parents.append(None)
+    check(group.get("type") == "_group" and 1 <= len(workers) <= 2 and parents == [os.getpid()] * len(workers) and
+          1 <= group["group"]["live"] <= 2,
+          f"group stats: the node and its local workers: {group} {parents}")
+    check(all({s["name"] for s in w["stages"]} >= {"decode", "augment"} and w["samples"] > 0 for w in workers),
+          f"group stats: each worker's own stage table: {workers}")
+    # Every sample the node passed on came from a worker (it may hold more, done ahead), and a worker's own table
+    # (reported with each result) counts at least what the head took from it.
+    made = [sum(s["items"] for s in w["stages"] if s["name"] == "augment") for w in workers]
+    check(group["items"] <= sum(w["samples"] for w in workers) and all(
+          w["samples"] <= m for w, m in zip(workers, made)), f"group stats: the node's {group['items']} samples, "
+          f"the workers' {[w['samples'] for w in workers]}, their augment's {made}")
 check(len(got) == len(reference), f"group: {len(got)} batches, as the CLI ({len(reference)})")
 for b, (e, i, keys, fields) in zip(got, reference):
     check(b["__key__"] == keys and np.array_equal(b["ppm"], fields["ppm"]), f"group: epoch {e} batch {i} equal")
@@ -94,6 +117,26 @@ check(type(cap).__name__ == "PyCapsule", "a capsule with max_version")
 del cap  # never consumed: the buffer stays referenced (documented; from_dlpack always consumes)
 b.sf_batch_destroy(ctypes.byref(raw))
 p.close()
+
+# output="dlpack": each field as a DLPack producer (what a GPU trainer hands to jax.dlpack / torch.from_dlpack),
+# here on the CPU: __dlpack_device__ (kDLCPU, 0), exported once, the same values as the dict form.
+with shardflow.Pipeline(graph, epochs=1, output="dlpack", device_sink__npy_dir="") as p:
+    d = p.next_batch()
+check(d["__key__"] == reference[0][2], f"dlpack output: the keys of the first batch: {d['__key__']}")
+check(d["ppm"].__dlpack_device__() == (1, 0), f"a CPU field: {d['ppm'].__dlpack_device__()}")
+img = np.from_dlpack(d["ppm"])
+check(np.array_equal(img, reference[0][3]["ppm"]) and not img.flags.owndata, "dlpack output: the batch, no copy")
+try:
+    d["ppm"].__dlpack__()
+    check(False, "a field exported twice")
+except BufferError as e:
+    check("once" in str(e), f"exported once: {e}")
+try:
+    d["cls"].__dlpack__(copy=True)
+    check(False, "copy=True accepted")
+except BufferError as e:
+    check("without a copy" in str(e), f"copy=True: {e}")
+check(np.array_equal(np.from_dlpack(d["cls"]), reference[0][3]["cls"]), "the labels after a refused export")
 
 # Keyword arguments are stage options; an ambiguous or unknown one is refused with the reason.
 with shardflow.Pipeline(graph, epochs=1, output="dict", batch_size=50, device_sink__npy_dir="") as p:

@@ -8,15 +8,13 @@ and an unknown key id refused with a message naming the URL and the credentials'
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import Checks, free_port, make_dataset, read_batches, run, tar_keys, write_graph  # noqa: E402
+from sfutil import (Checks, free_port, local_server, make_dataset, read_batches, run, tar_keys,  # noqa: E402
+                    write_graph)
 
 try:
     import boto3
@@ -40,30 +38,10 @@ except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
 port = free_port()
 data_dir = os.path.join(tmp, "s3rver")
 os.makedirs(data_dir)
-server = subprocess.Popen([os.path.join(SOURCE, "tools", "s3rver.sh"), "run", data_dir, str(port),
-                           "--configure-bucket", "shards"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          start_new_session=True)
-
-
-def stop_server():
-    with __import__("contextlib").suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=10)
-
+s3rver = [os.path.join(SOURCE, "tools", "s3rver.sh"), "run", data_dir, str(port), "--configure-bucket", "shards"]
 
 try:
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if server.poll() is not None:
-                raise SystemExit("s3rver exited: " + server.stdout.read().decode())
-            time.sleep(0.05)
-    else:
-        raise SystemExit("s3rver did not start listening")
-
-    with sigv4_proxy(port, {"S3RVER": SECRET}) as proxy:
+    with local_server(s3rver, port, "s3rver"), sigv4_proxy(port, {"S3RVER": SECRET}) as proxy:
         endpoint = f"http://127.0.0.1:{proxy.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SF_OBJECT"))}
         env.update(AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY=SECRET, AWS_ENDPOINT_URL=endpoint,
@@ -283,7 +261,6 @@ try:
         bad_sigs = [s for s in proxy.seen if s[2] not in ("ok", "SignatureDoesNotMatch", "InternalError")]
         check(not bad_sigs, f"no other verdicts from the signature check: {bad_sigs}")
 finally:
-    stop_server()
     shutil.rmtree(tmp, ignore_errors=True)
 
 check.done("s3")

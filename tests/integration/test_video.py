@@ -61,29 +61,40 @@ def reference(data):
                 np.array([f.key_frame for f in frames]))
 
 
-def run_stage(name, samples, *options, replicas=1, policy="skip", cwd=None):
-    """Writes a shard and runs it through `video` (options "name=value") with the CLI. Returns (a "samples N errors
-    N skipped N" line then the CLI's stderr, {key.field: array of one sample}, the video node's --stats-json
-    record)."""
+def stage_options(options):
+    return "".join(f"    {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in options)
+
+
+def run_stage(name, samples, *options, replicas=1, policy="skip", cwd=None, augment=None, stage="video",
+              batch_size=1):
+    """Writes a shard and runs it through `video` (options "name=value") with the CLI, then `augment` when its
+    options are given (a list of "name=value"). stage="decode" puts decode in video's place (frames given as
+    images). Returns (a "samples N errors N skipped N" line then the CLI's stderr, {key.field: array of one
+    sample} ({key.field: batch} when batch_size > 1), the video node's --stats-json record)."""
     shard = write_shard(os.path.join(TMP, name + ".tar"), samples)
     out = os.path.join(TMP, name)
     graph = os.path.join(TMP, name + ".yaml")
     stats = os.path.join(TMP, name + ".jsonl")
-    opts = "".join(f"    {o.split('=', 1)[0]}: {o.split('=', 1)[1]}\n" for o in options)
+    opts = stage_options(options)
+    after = "" if augment is None else f"  - type: augment\n{stage_options(augment)}"
     with open(graph, "w") as f:
         f.write(f"plugins: [video]\nseed: 7\nepochs: 1\nerror_policy: {policy}\nmax_error_rate: 1\nstages:\n"
                 f"  - type: shard_source\n    urls: {shard}\n    shuffle: false\n  - type: tar_split\n"
-                f"  - type: video\n    replicas: {replicas}\n{opts}"
-                f"  - type: batch\n    batch_size: 1\n  - type: device_sink\n    npy_dir: {out}\n")
+                f"  - type: {stage}\n    replicas: {replicas}\n{opts}{after}"
+                f"  - type: batch\n    batch_size: {batch_size}\n  - type: device_sink\n    npy_dir: {out}\n")
     p = run(["run", graph, "--quiet", "--no-summary", "--stats-json", stats], check=policy == "skip", cwd=cwd,
             env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
     if policy != "skip":
         return f"exit {p.returncode}\n{p.stderr}", {}, {}
-    arrays = {f"{keys[0]}.{field}": a[0] for _, _, keys, fields in read_batches(out) for field, a in fields.items()}
+    if batch_size > 1:
+        arrays = {f"{keys[0]}.{field}": a for _, _, keys, fields in read_batches(out) for field, a in fields.items()}
+    else:
+        arrays = {f"{keys[0]}.{field}": a[0] for _, _, keys, fields in read_batches(out)
+                  for field, a in fields.items()}
     counted = re.search(r"(\d+) error record\(s\), (\d+) sample\(s\) skipped", p.stderr)
     errors, skipped = counted.groups() if counted else ("0", "0")
     final = [json.loads(line) for line in open(stats)][-1]
-    node = next(n for n in final["nodes"] if n["name"] == "video")
+    node = next(n for n in final["nodes"] if n["name"] == stage)
     return f"samples {len(read_batches(out))} errors {errors} skipped {skipped}\n{p.stderr}", arrays, node
 
 
@@ -277,7 +288,8 @@ def test_too_big():
 
 
 def test_example_graph():
-    """graphs/video_example.yaml runs as written but for its shards: clips of 8 frames 2 apart, batched with labels."""
+    """graphs/video_example.yaml runs as written but for its shards: clips of 8 frames 2 apart (their times),
+    augmented to float32 [3,8,112,112], batched with labels."""
     field, data = VIDEOS["h264"]
     shard = write_shard(os.path.join(TMP, "example.tar"), [(f"v{i}", {"mp4": data, "cls": str(i).encode()})
                                                             for i in range(3)])
@@ -288,13 +300,223 @@ def test_example_graph():
     batches = read_batches(out)
     check(len(batches) == 1, f"one partial batch of 3: {len(batches)}")
     _, _, keys, fields = batches[0]
-    frames = REFS["h264"][0]
-    check(fields["mp4"].shape == (3, 8) + frames.shape[1:] and fields["mp4.pts"].shape == (3, 8)
-          and list(fields["cls"]) == [int(k[1:]) for k in keys], f"batch shapes and labels: {fields.keys()} {keys}")
+    times = REFS["h264"][1]
+    check(fields["mp4"].shape == (3, 3, 8, 112, 112) and fields["mp4"].dtype == np.float32
+          and fields["mp4.pts"].shape == (3, 8) and list(fields["cls"]) == [int(k[1:]) for k in keys],
+          f"batch shapes and labels: {fields['mp4'].shape} {fields.keys()} {keys}")
+    check(np.isfinite(fields["mp4"]).all() and fields["mp4"].std() > 0.1, "normalised pixels")
     for j in range(3):
-        clip = fields["mp4"][j]
-        check(any(np.array_equal(clip, frames[s:s + 15:2]) for s in range(len(frames) - 14)),
-              f"{keys[j]}: 8 frames 2 apart of the reference")
+        pts = fields["mp4.pts"][j]
+        check(any(np.allclose(pts, times[s:s + 15:2], rtol=0, atol=1e-9) for s in range(len(times) - 14)),
+              f"{keys[j]}: 8 frames 2 apart of the reference: {pts}")
+
+
+MEAN, STD = (0.43, 0.39, 0.41), (0.23, 0.22, 0.24)
+NORM = [f"mean=[{', '.join(map(str, MEAN))}]", f"std=[{', '.join(map(str, STD))}]"]
+
+
+def normalised(img):
+    """uint8 (or float pixel values) [H,W,C] -> float64 (x/255 - mean)/std, the reference of augment's tables."""
+    return (np.asarray(img, dtype=np.float64) / 255.0 - np.array(MEAN)) / np.array(STD)
+
+
+def png(frame):
+    from PIL import Image
+    import io
+    b = io.BytesIO()
+    Image.fromarray(frame).save(b, format="PNG")
+    return b.getvalue()
+
+
+def test_augment():
+    """augment on clips: one draw per sample for every frame; each frame equals augmenting it as an image with that
+    draw (the image path, and an independent numpy/PIL reference); layouts tchw/cthw/hwc; batches [B,T,...];
+    the same bytes in every run and with any replica count."""
+    from PIL import Image
+    field, data = VIDEOS["h264"]
+    frames = REFS["h264"][0]
+    idx = uniform_indices(len(frames), 4)
+    clips = [(f"s{i}", {field: data}) for i in range(8)]
+
+    # 1. random_resized + flip + normalise: the clip's frames equal the same frames through decode -> augment as
+    # images of one sample (augment gives every field of a sample the same draw, from the same seeded stream).
+    rrc = ["crop=random_resized", "size=40", "flip=0.5"] + NORM
+    out, got, _ = run_stage("aug_rrc", clips, "frames=4", augment=rrc + ["layout=tchw"])
+    check("samples 8 errors 0" in out, f"augmented clips pass: {out}")
+    images = [(f"s{i}", {f"f{j}.png": png(frames[k]) for j, k in enumerate(idx)}) for i in range(8)]
+    _, img, _ = run_stage("aug_rrc_images", images, stage="decode", augment=rrc + ["layout=chw"])
+    for i in range(8):
+        clip = got.get(f"s{i}.{field}")
+        check(clip is not None and clip.dtype == np.float32 and clip.shape == (4, 3, 40, 40),
+              f"s{i}: layout tchw gives float32 [T,C,H,W] = (4,3,40,40): {None if clip is None else clip.shape}")
+        for j in range(4):
+            ref = img.get(f"s{i}.f{j}.png")
+            check(ref is not None and clip is not None and np.array_equal(clip[j], ref),
+                  f"s{i} frame {j}: equals augmenting frame {idx[j]} as an image with the sample's draw")
+    distinct = {got[f"s{i}.{field}"][0].tobytes() for i in range(8) if f"s{i}.{field}" in got}
+    check(len(distinct) > 4, f"the draws differ between samples ({len(distinct)} distinct of 8)")
+
+    # 2. padded random crop + flip against numpy: every frame of a clip is the same window and flip of its frame.
+    crop = ["crop=random", "size=48", "padding=4", "flip=0.5"] + NORM
+    _, cthw, _ = run_stage("aug_crop", clips, "frames=4", augment=crop + ["layout=cthw"])
+    seen = set()
+    for i in range(8):
+        clip = cthw[f"s{i}.{field}"]
+        check(clip.shape == (3, 4, 48, 48), f"s{i}: layout cthw gives [C,T,H,W] = (3,4,48,48): {clip.shape}")
+        padded = [normalised(np.pad(frames[k], ((4, 4), (4, 4), (0, 0)))) for k in idx]
+        want = clip[:, 0].transpose(1, 2, 0)
+        best = min(((t, l, fl) for t in range(padded[0].shape[0] - 47) for l in range(padded[0].shape[1] - 47)
+                    for fl in (False, True)),
+                   key=lambda c: np.abs(want - (padded[0][c[0]:c[0] + 48, c[1]:c[1] + 48][:, ::-1] if c[2] else
+                                                padded[0][c[0]:c[0] + 48, c[1]:c[1] + 48])).max())
+        t, l, fl = best
+        seen.add(best)
+        for j in range(4):
+            win = padded[j][t:t + 48, l:l + 48]
+            win = win[:, ::-1] if fl else win
+            diff = np.abs(clip[:, j].transpose(1, 2, 0) - win).max()
+            check(diff <= 1e-6, f"s{i} frame {j}: numpy's crop at ({t},{l}) flip {fl} of frame {idx[j]} (diff {diff})")
+    check(len({s[:2] for s in seen}) > 4 and 0 < sum(s[2] for s in seen) < 8, f"windows and flips vary: {seen}")
+    _, tchw, _ = run_stage("aug_crop_tchw", clips, "frames=4", augment=crop + ["layout=tchw"])
+    check(all(np.array_equal(tchw[f"s{i}.{field}"], cthw[f"s{i}.{field}"].transpose(1, 0, 2, 3)) for i in range(8)),
+          "layout tchw is cthw with its first two axes swapped (the same draws)")
+    again = run_stage("aug_crop_again", clips, "frames=4", augment=crop + ["layout=cthw"])[1]
+    three = run_stage("aug_crop_3", clips, "frames=4", augment=crop + ["layout=cthw", "replicas=3"], replicas=3)[1]
+    check(all(np.array_equal(again[k], v) and np.array_equal(three[k], v) for k, v in cthw.items()),
+          "the same clips in another run and with 3 replicas of video and augment")
+
+    # 3. resize + center crop + normalise against PIL's antialiased bilinear, bfloat16 bits, hwc, and a batch.
+    _, got, _ = run_stage("aug_resize", clips[:2], "frames=4", augment=["resize=40", "crop=center", "size=36",
+                                                                         "layout=thwc"] + NORM)
+    for j, k in enumerate(idx):
+        h, w = frames[k].shape[:2]
+        rh, rw = (40, int(40 * w / h)) if h < w else (int(40 * h / w), 40)
+        small = np.asarray(Image.fromarray(frames[k]).resize((rw, rh), Image.BILINEAR, reducing_gap=None))
+        top, left = int(round((rh - 36) / 2.0)), int(round((rw - 36) / 2.0))
+        ref = normalised(small[top:top + 36, left:left + 36])
+        clip = got["s0.mp4"]
+        check(clip.shape == (4, 36, 36, 3) and np.abs(clip[j] - ref).max() <= 1e-4,
+              f"resize 40, center crop 36, layout thwc: frame {j} is PIL's bilinear of frame {k}")
+    _, bf, _ = run_stage("aug_bf16", clips[:2], "frames=4", augment=crop + ["layout=cthw", "dtype=bfloat16"])
+    f32 = cthw["s0.mp4"].astype(np.float32).view(np.uint32).astype(np.uint64)
+    check(bf["s0.mp4"].dtype == np.uint16 and np.array_equal(bf["s0.mp4"],
+          ((f32 + 0x7FFF + ((f32 >> 16) & 1)) >> 16).astype(np.uint16)), "bfloat16: the float32 output rounded")
+    _, batch, _ = run_stage("aug_batch", clips[:6], "frames=4", augment=crop + ["layout=cthw"], batch_size=3)
+    check(batch["s0.mp4"].shape == (3, 3, 4, 48, 48) and batch["s0.mp4.pts"].shape == (3, 4)
+          and np.array_equal(batch["s3.mp4"][1], cthw["s4.mp4"]), f"batches of [B,C,T,H,W]: {batch['s0.mp4'].shape}")
+    p = run(["run", os.path.join(TMP, "aug_crop.yaml"), "--quiet", "--set", "augment.layout=tchwx"], check=False,
+            env=dict(os.environ, SHARDFLOW_PLUGIN_PATH=PLUGIN_PATH))
+    check(p.returncode != 0 and "cthw" in p.stderr, f"an unknown layout names the valid ones: {p.stderr}")
+
+
+def make_av(name, frames, video_args, audio_input, audio_args):
+    """A video of `frames` frames (25 fps, the panning photograph) with an audio track from ffmpeg's lavfi source
+    `audio_input` (its own duration); returns the file's bytes."""
+    path = os.path.join(TMP, name)
+    pan = "scale=480:-2,crop=96:64:'mod(n*7,200)':'mod(n*3,100)'"
+    cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-y"] + photo() + ["-f", "lavfi", "-i", audio_input,
+           "-map", "0:v", "-map", "1:a", "-vf", pan, "-frames:v", str(frames)] + video_args + audio_args + [path]
+    subprocess.run(cmd, check=True, timeout=120)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def audio_reference(data):
+    """Every audio sample PyAV decodes, as (float32 [channels, N], time of each sample [N], rate): planar float
+    from frame.to_ndarray(), 16-bit integers divided by 32768 (libswresample's conversion)."""
+    import io
+    parts, times = [], []
+    with av.open(io.BytesIO(data)) as c:
+        for fr in c.decode(audio=0):
+            a = fr.to_ndarray()
+            if not fr.format.is_planar:
+                a = a.reshape(-1, len(fr.layout.channels)).T
+            if a.dtype == np.int16:
+                a = a.astype(np.float32) / np.float32(32768)
+            parts.append(a.astype(np.float32))
+            times.append(fr.time + np.arange(a.shape[1]) / fr.sample_rate)
+            rate = fr.sample_rate
+    return np.concatenate(parts, axis=1), np.concatenate(times), rate
+
+
+def expected_audio(ref, t0, t1):
+    """The documented span: n = round((t1 - t0) * rate) samples from t0, sample k the one at t0 + k/rate, zeros
+    where the track has none."""
+    samples, times, rate = ref
+    n = int(np.floor((t1 - t0) * rate + 0.5))
+    out = np.zeros((samples.shape[0], n), np.float32)
+    k = np.floor((times - t0) * rate + 0.5).astype(np.int64)
+    inside = (k >= 0) & (k < n)
+    out[:, k[inside]] = samples[:, inside]
+    return out
+
+
+def clip_span(pts, video_times):
+    """[first frame's time, last frame's time + that frame's duration): the next frame's time minus its own."""
+    last = int(np.searchsorted(video_times, pts.max() - 1e-9))
+    dur = video_times[last + 1] - video_times[last] if last + 1 < len(video_times) else \
+        (video_times[-1] - video_times[0]) / (len(video_times) - 1)
+    return pts.min(), pts.max() + dur
+
+
+def test_audio():
+    """audio: true adds FIELD.audio (float32 [channels, samples], the stream's rate in FIELD.audio_rate) covering
+    the clip's time span: PyAV's samples bit for bit (AAC in MP4, Opus in WebM, 16-bit PCM in MKV shorter than the
+    video: zeros after its end); a video without audio is an error record or, with missing_audio: empty, an empty
+    field (counted)."""
+    tracks = {
+        "aac": ("mp4", make_av("aac.mp4", 50, X264, "sine=frequency=440:sample_rate=44100:duration=2.3",
+                               ["-c:a", "aac", "-b:a", "96k"])),
+        "opus": ("webm", make_av("opus.webm", 30, ["-c:v", "libvpx", "-deadline", "realtime", "-b:v", "200k"],
+                                 "aevalsrc=0.5*sin(2*PI*440*t)|0.3*sin(2*PI*700*t):s=48000:d=1.4",
+                                 ["-c:a", "libopus", "-b:a", "64k"])),
+        "pcm": ("mkv", make_av("pcm.mkv", 30, ["-c:v", "mpeg4", "-q:v", "4"],
+                               "aevalsrc=0.5*sin(2*PI*300*t)|0.25*sin(2*PI*500*t):s=22050:d=0.9",
+                               ["-c:a", "pcm_s16le"])),
+    }
+    refs = {k: audio_reference(d) for k, (_, d) in tracks.items()}
+    vtimes = {k: reference(d)[1] for k, (_, d) in tracks.items()}
+    channels = {"aac": 1, "opus": 2, "pcm": 2}
+    for sampling in (["frames=4"], ["frames=6", "sampling=random_clip", "stride=2"]):
+        label = sampling[-1]
+        samples = [(f"{k}{i}", {f: d}) for k, (f, d) in tracks.items() for i in range(3)]
+        out, got, node = run_stage(f"audio_{label[:6]}", samples, *sampling, "audio=true")
+        check("samples 9 errors 0" in out, f"{label}: all decode with their audio: {out}")
+        for key, (field, _) in tracks.items():
+            for i in range(3):
+                name = f"{key}{i}.{field}"
+                audio, rate, pts = got.get(name + ".audio"), got.get(name + ".audio_rate"), got.get(name + ".pts")
+                if audio is None or rate is None:
+                    check(False, f"{name}: .audio and .audio_rate fields: {sorted(got)}")
+                    continue
+                t0, t1 = clip_span(pts, vtimes[key])
+                want = expected_audio(refs[key], t0, t1)
+                check(int(rate) == refs[key][2], f"{name}: audio_rate {rate} is the stream's {refs[key][2]}")
+                check(audio.dtype == np.float32 and audio.shape == want.shape and audio.shape[0] == channels[key],
+                      f"{name} {label}: float32 {want.shape} for [{t0:.3f}, {t1:.3f}): {audio.dtype} {audio.shape}")
+                if audio.shape == want.shape:
+                    diff = np.abs(audio - want).max()
+                    check(diff == 0, f"{name} {label}: PyAV's samples bit for bit (max diff {diff})")
+                    check(np.abs(audio).max() > 0.1, f"{name}: not silence")
+        if label == "frames=4":  # frames 3, 11, 18 and 26 of 30: the clip ends at 1.08 s, the PCM at 0.9 s
+            pcm, t0 = got["pcm0.mkv.audio"], got["pcm0.mkv.pts"][0]
+            k = int((refs["pcm"][1][-1] - t0) * refs["pcm"][2])
+            check(pcm.shape[1] > k + 1000 and not pcm[:, k + 2:].any() and np.abs(pcm[:, k - 100:k]).max() > 0.05,
+                  f"audio shorter than the clip: zeros after its end (sample {k} of {pcm.shape})")
+    _, got, _ = run_stage("audio_batch", [(f"a{i}", {"mp4": tracks["aac"][1]}) for i in range(3)], "frames=6",
+                          "sampling=random_clip", "audio=true", batch_size=3)
+    check(got["a0.mp4.audio"].shape == (3, 1, 10584) and got["a0.mp4.audio_rate"].shape == (3,),
+          f"random clips of one length batch: [B, 1, 6/25 s x 44100]: {got['a0.mp4.audio'].shape}")
+    silent = [("silent", {"mp4": VIDEOS["h264"][1]}), ("aac", {"mp4": tracks["aac"][1]})]
+    out, got, node = run_stage("audio_missing", silent, "frames=4", "audio=true")
+    check("samples 1 errors 1 skipped 1" in out and re.search(r"audio_missing\.tar.*key silent.*no audio stream", out),
+          f"a video without audio is an error record naming shard and key: {out}")
+    out, got, node = run_stage("audio_empty", silent, "frames=4", "audio=true", "missing_audio=empty")
+    check("samples 2 errors 0" in out and got["silent.mp4.audio"].shape == (0, 0)
+          and got["silent.mp4.audio"].dtype == np.float32 and int(got["silent.mp4.audio_rate"]) == 0
+          and node["counters"].get("audio_missing") == 1, f"missing_audio: empty gives float32 [0,0], counted: {out}")
+    _, got, _ = run_stage("audio_off", silent[1:], "frames=4")
+    check("aac.mp4.audio" not in got and "aac.mp4" in got, "without audio: true no audio field")
 
 
 def test_python():
@@ -326,7 +548,7 @@ def test_python():
           "torch sees PyAV's frames and times")
 
 
-for test in (test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short,
+for test in (test_audio, test_augment, test_python, test_example_graph, test_uniform, test_random_clip, test_keyframe_seek, test_fps, test_short,
              test_damaged, test_containers, test_too_big):
     test()
 check.done("video")

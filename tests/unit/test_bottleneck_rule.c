@@ -26,7 +26,7 @@ static void chain(sf_bottleneck_node *n) {
   }
   n[SOURCE].source = true;
   n[DECODE].replicable = true;
-  n[SPLIT].extra.reads = true;
+  n[SPLIT].stats.reads = true;
 }
 
 static char line[512];

@@ -1,4 +1,4 @@
-/* Graph files: YAML reading, file:line errors with valid names, --set overrides, edges and replicas. */
+/* Graph files: YAML reading, file:line errors with valid names, --set overrides, retired edges and replicas. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -136,7 +136,7 @@ static void test_errors(void **state) {
       /* Only the first document was read: a second one (say, a pasted graph) was ignored. */
       {"stages:\n  - type: shard_source\n    urls: x\n---\nseed: 3\n", SF_EGRAPH, 4, "second YAML document"},
       {"seed: 1\nstages: []\n", SF_EGRAPH, 2, "`stages` is empty"},
-      {"sead: 1\nstages: []\n", SF_EGRAPH, 1, "stages, edges, groups"},
+      {"sead: 1\nstages: []\n", SF_EGRAPH, 1, "stages, groups"},
   };
   int failed = 0;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -184,7 +184,11 @@ static void test_deep_nesting(void **state) {
   }
 }
 
-static void test_edges_reorder(void **state) {
+/*
+ * `edges:` said nothing `inputs:` and file order cannot (a chain in another order than the file's): it is
+ * retired, and a graph that still has it is refused with what to write instead, the chain its edges make.
+ */
+static void test_edges_retired(void **state) {
   const char *text =
       "stages:\n"
       "  - type: device_sink\n"
@@ -196,19 +200,38 @@ static void test_edges_reorder(void **state) {
       "  - shard_source -> tar_split\n"
       "  - [tar_split, batch]\n"
       "  - batch -> device_sink\n";
-  sf_graph *g;
+  sf_graph *g = NULL;
   sf_error e;
-  assert_int_equal(sf_graph_load_string(&g, text, "edges.yaml", &e), 0);
-  int *order;
-  const sf_stage_def **defs;
-  assert_int_equal(sf_graph_resolve(g, &order, &defs, &e), 0);
-  assert_string_equal(g->nodes[order[0]].name, "shard_source");
-  assert_string_equal(g->nodes[order[1]].name, "tar_split");
-  assert_string_equal(g->nodes[order[2]].name, "batch");
-  assert_string_equal(g->nodes[order[3]].name, "device_sink");
-  free(order);
-  free(defs);
-  sf_graph_destroy(&g);
+  assert_int_equal(sf_graph_load_string(&g, text, "edges.yaml", &e), SF_EGRAPH);
+  assert_null(g);
+  assert_int_equal(e.line, 7);
+  if (!strstr(e.message, "`edges:` is retired") || !strstr(e.message, "shard_source, tar_split, batch, device_sink") ||
+      !strstr(e.message, "inputs:"))
+    fail_msg("the refusal says what to write instead: '%s'", e.message);
+}
+
+/* A port list with a template row (request ports): names and kinds per port, its capacity; fixed rows first. */
+static void test_port_template(void **state) {
+  static const sf_port_def fixed[] = {{"in", SF_PORT_SAMPLE}, {NULL, SF_PORT_NONE}};
+  static const sf_port_def mixed[] = {{"main", SF_PORT_SHARD}, {"aux_%u_x", SF_PORT_SAMPLE}, {NULL, SF_PORT_NONE}};
+  static const sf_port_def odd[] = {{"a%s%u%n", SF_PORT_SAMPLE}, {NULL, SF_PORT_NONE}};
+  char name[32];
+  assert_int_equal(sf_port_capacity(fixed), 1);
+  assert_int_equal(sf_port_capacity(NULL), 0);
+  assert_int_equal(sf_port_capacity(mixed), SF_NODE_INPUTS_MAX);
+  assert_int_equal(sf_port_kind_at(fixed, 0), SF_PORT_SAMPLE);
+  assert_int_equal(sf_port_kind_at(fixed, 1), SF_PORT_NONE);
+  assert_int_equal(sf_port_name_at(fixed, 1, name, sizeof name), -1);
+  assert_int_equal(sf_port_kind_at(mixed, 0), SF_PORT_SHARD);
+  assert_int_equal(sf_port_kind_at(mixed, 5), SF_PORT_SAMPLE);
+  assert_int_equal(sf_port_kind_at(mixed, SF_NODE_INPUTS_MAX), SF_PORT_NONE);
+  sf_port_name_at(mixed, 0, name, sizeof name);
+  assert_string_equal(name, "main");
+  sf_port_name_at(mixed, 12, name, sizeof name);
+  assert_string_equal(name, "aux_11_x");
+  /* the stage's name is text, never a format: only "%u" is replaced */
+  sf_port_name_at(odd, 3, name, sizeof name);
+  assert_string_equal(name, "a%s3%n");
 }
 
 static void test_missing_file(void **state) {
@@ -341,15 +364,44 @@ static void test_order_fingerprint(void **state) {
   sf_graph_destroy(&g);
 }
 
+/* sf_graph_attach: an object for a named node, carried by copies, and no option of that name for a graph file. */
+static void test_attach(void **state) {
+  (void)state;
+  sf_graph *g = NULL;
+  sf_error e = {0};
+  assert_int_equal(sf_graph_load_string(&g, good, "good.yaml", &e), 0);
+  int object = 7;
+  assert_int_equal(sf_graph_attach(g, "no_such_node", &object), SF_ENOENT);
+  assert_int_equal(sf_graph_attach(g, "decode", &object), 0);
+  sf_graph *copy = sf_graph_copy(g);
+  assert_non_null(copy);
+  assert_ptr_equal(sf_graph_find_node(copy, "decode")->attachment, &object);
+  assert_null(sf_graph_find_node(copy, "batch")->attachment);
+  assert_int_equal(sf_graph_attach(g, "decode", NULL), 0);
+  assert_null(sf_graph_find_node(g, "decode")->attachment);
+  sf_graph_destroy(&copy);
+  sf_graph_destroy(&g);
+  /* the python stage's handoff is no option: a graph file cannot name one */
+  int r = sf_graph_load_string(&g, "stages: [{type: shard_source, urls: a.tar}, {type: tar_split}, "
+                                   "{type: python, function: \"m:f\", handoff: h}, {type: batch}, {type: device_sink}]",
+                               "attach.yaml", &e);
+  if (r == 0) r = sf_graph_validate(g, &e);
+  assert_int_equal(r, SF_EOPTION);
+  assert_non_null(strstr(e.message, "handoff"));
+  sf_graph_destroy(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_load_good),
       cmocka_unit_test(test_setting_defaults),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_deep_nesting),
-      cmocka_unit_test(test_edges_reorder),
+      cmocka_unit_test(test_edges_retired),
+      cmocka_unit_test(test_port_template),
       cmocka_unit_test(test_missing_file),
       cmocka_unit_test(test_order_fingerprint),
+      cmocka_unit_test(test_attach),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,6 +42,8 @@ static void test_kinds(void **state) {
   assert_false(sf_url_is_remote("file:///a") || sf_url_is_remote("/a") || sf_url_is_remote("pipe:cat a"));
   assert_true(sf_url_is_http("https://h/") && !sf_url_is_http("s3://b/"));
   assert_true(sf_url_is_store("gs://b/") && !sf_url_is_store("https://h/"));
+  assert_true(sf_url_is_store("az://a/c/b") && sf_url_is_store("hf://datasets/o/n/p") && !sf_url_is_store("ab://x/y"));
+  assert_true(sf_url_is_remote("az://a/c/b") && sf_url_is_remote("hf://datasets/o/n/p"));
   assert_int_equal(sf_url_scheme_length("svn+ssh://h"), 7);
   assert_int_equal(sf_url_scheme_length("https://h"), 5);
   assert_int_equal(sf_url_scheme_length("https:/h"), 0);
@@ -117,6 +119,9 @@ static void test_redact(void **state) {
       {"https://h/a.tar?password=p#token=x", "https://h/a.tar?password=***#token=x"}, /* the fragment is not a query */
       {"/data/token=x.tar", "/data/token=x.tar"},
       {"s3://bucket/key", "s3://bucket/key"},
+      /* An Azure SAS token: its signature is "sig"; "signedversion"-like names are not secrets. */
+      {"az://a/c/b.tar?sv=2019-02-02&sr=c&sig=AbC%2B%3D&se=2099", "az://a/c/b.tar?sv=2019-02-02&sr=c&sig=***&se=2099"},
+      {"https://h/?sigma=1", "https://h/?sigma=1"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char out[256];

@@ -1,5 +1,5 @@
 /*
- * The group's head stage (stages/remote.c) with local worker processes, several pipelines in one process:
+ * The group's head stage (engine/group/head.c) with local worker processes, several pipelines in one process:
  * a trainer with a train and a validation pipeline whose graphs both have a group `decoders`. Each head
  * must get its own local socket (before, both bound $TMPDIR/shardflow-PID-decoders.ipc, the workers all
  * joined the second head and the first waited for ever), and a closed pipeline leaves nothing in $TMPDIR.
