@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shard_index.h"
 #include "shard_list.h"
 #include "url.h"
+#include "shardflow/index.h"
 #include "shardflow/stage.h"
 
 /* One shard of a resume plan and the sample indices to read from it, ascending. */

@@ -12,7 +12,6 @@
 #include "node.h"
 #include "prefetch.h"
 #include "shard_cache.h"
-#include "shard_index.h"
 #include "tar_reader.h"
 #include "url.h"
 #include "shardflow/stage.h"
@@ -527,7 +526,7 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fe
     if (t->range_fd >= 0) close(t->range_fd);
     free(t->range_url);
     t->range_url = NULL;
-    char *path = sf_shard_local_path(shard->url);
+    char *path = sf_url_local_path(shard->url);
     t->range_fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
     if (t->range_fd < 0)
       rc = sf_error_set(&error, path ? (errno == ENOENT ? SF_ENOENT : SF_EIO) : SF_EUNSUPPORTED,

@@ -32,21 +32,6 @@
  */
 #define MAGIC "shardflow-index 1"
 
-char *sf_shard_local_path(const char *url) {
-  switch (sf_url_kind_of(url)) {
-  case SF_URL_PATH: return strdup(url);
-  case SF_URL_FILE: {
-    const char *p = url + strlen("file://");
-    if (strncmp(p, "localhost/", 10) == 0) p += 9;
-    if (*p != '/') return NULL;
-    size_t n = strlen(p);
-    char *out = malloc(n + 1);
-    if (out) sf_url_decode(out, p, n, false);
-    return out;
-  }
-  default: return NULL;
-  }
-}
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
@@ -85,7 +70,7 @@ static int index_samples(sf_shard_index *index, sf_tar_reader *tar, const char *
 
 int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error) {
   *index = (sf_shard_index){0};
-  char *path = sf_shard_local_path(url);
+  char *path = sf_url_local_path(url);
   bool remote = sf_url_is_remote(url);
   char name[1024];
   snprintf(name, sizeof name, "%s", path ? path : url);
@@ -184,7 +169,7 @@ static uint64_t fnv1a(const char *s) {
 }
 
 char *sf_shard_index_path(const char *url, const char *dir) {
-  char *local = sf_shard_local_path(url);
+  char *local = sf_url_local_path(url);
   const char *name = local ? local : url;
   char *out = NULL;
   if (!dir || !dir[0]) {
@@ -359,7 +344,7 @@ int sf_shard_index_read_stream(sf_shard_index *index, FILE *f, const char *path,
 
 int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error *error) {
   *index = (sf_shard_index){0};
-  char *shard = sf_shard_local_path(url);
+  char *shard = sf_url_local_path(url);
   if (!shard) return sf_error_set(error, SF_ENOENT, SF_AT(.url = url), "no Energon index for a remote shard");
   size_t n = strlen(shard) + 8;
   char *path = malloc(n);
@@ -419,7 +404,7 @@ int sf_shard_index_read_energon(sf_shard_index *index, const char *url, sf_error
 
 int sf_shard_index_check(const sf_shard_index *index, const char *url, const char *index_path, sf_error *error) {
   if (sf_url_is_remote(url)) return 0; /* each ranged read carries If-Match with the index's ETag */
-  char *path = sf_shard_local_path(url);
+  char *path = sf_url_local_path(url);
   struct stat st;
   int e = !path ? ENOENT : stat(path, &st) == 0 ? 0 : errno;
   free(path);
