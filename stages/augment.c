@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lazy.h"
+#include "shardflow/codec.h"
 #include "shardflow/stage.h"
 
 enum { CROP_NONE, CROP_RANDOM, CROP_CENTER, CROP_RANDOM_RESIZED };
@@ -14,7 +14,7 @@ enum { CROP_NONE, CROP_RANDOM, CROP_CENTER, CROP_RANDOM_RESIZED };
 enum { LAYOUT_HWC, LAYOUT_CHW, LAYOUT_THWC, LAYOUT_TCHW, LAYOUT_CTHW };
 enum { OUT_UINT8, OUT_FLOAT32, OUT_BFLOAT16 };
 /* Most channels an image may have here; decoded images have 1, 3 or 4. */
-enum { MAX_CHANNELS = SF_LAZY_MAX_CHANNELS };
+enum { MAX_CHANNELS = SF_IMAGE_MAX_CHANNELS };
 
 typedef struct augment {
   /* options */
@@ -36,7 +36,7 @@ typedef struct augment {
   char names[SF_MAX_FIELDS][SF_FIELD_NAME_MAX];
   int n_names;            /* 0: every decoded uint8 [H,W,C] field */
   double log_ratio[2];
-  sf_buffer *luts;        /* an sf_lazy_tables, shared with every field this node deferred */
+  sf_buffer *luts;        /* sf_image_tables_new's, shared with every field this node deferred */
 } augment;
 
 static const char *const crop_names[] = {"none", "random", "center", "random_resized", NULL};
@@ -137,9 +137,7 @@ static int init(sf_node *node) {
     a->log_ratio[1] = log(a->ratio.v[1]);
   }
   /* x/255, then (x - mean)/std, in double and rounded once: the transform's tables. */
-  a->luts = sf_lazy_tables_new(a->mean.v, a->std.v, a->mean.n);
-  if (!a->luts) return SF_ENOMEM;
-  return 0;
+  return sf_image_tables_new(a->mean.v, a->std.v, a->mean.n, &a->luts); /* the values init checked above */
 }
 
 static void uninit(sf_node *node) {
@@ -242,7 +240,7 @@ static int64_t scaled_edge(int64_t v, int m, int64_t limit) {
   return s < limit ? s : limit;
 }
 
-/* r from the lazy module: a corrupt JPEG (err) becomes the field's error; 0 and SF_ENOMEM pass. */
+/* r from the codec: a corrupt JPEG (err) becomes the field's error; 0 and SF_ENOMEM pass. */
 static int field_result(int r, const sf_error *err, const sf_field *f, field_error *e) {
   if (r == SF_ENOMEM || r == 0) return r;
   return FAIL(e, r, "field '%s': %.200s", f->name, err->message);
@@ -255,7 +253,7 @@ static int field_result(int r, const sf_error *err, const sf_field *f, field_err
  */
 static int decode_whole(sf_field *f, field_error *e) {
   sf_error err = {.code = 0};
-  return field_result(sf_lazy_decode_jpeg(f, &err), &err, f, e);
+  return field_result(sf_image_decode_deferred(f, &err), &err, f, e);
 }
 
 /* Returns 0 when f is a uint8 [H,W,C] image augment can transform with a's mean/std, else the data error. */
@@ -281,24 +279,25 @@ static int check_image(const augment *a, const sf_field *f, field_error *e) {
 
 /* The layout of one image or one frame of a clip: hwc and thwc keep channels last, the others put them first. */
 static int frame_layout(const augment *a) {
-  return a->layout == LAYOUT_HWC || a->layout == LAYOUT_THWC ? SF_LAZY_HWC : SF_LAZY_CHW;
+  return a->layout == LAYOUT_HWC || a->layout == LAYOUT_THWC ? SF_IMAGE_HWC : SF_IMAGE_CHW;
 }
 
 /* The sizes a field's plan is made of: the source (h, w), after `resize` (rh, rw) and out (oh, ow). */
 typedef struct geometry {
   int64_t h, w, rh, rw, oh, ow;
+  bool jpeg; /* the source is a JPEG left undecoded: a random resized crop's axes are at its DCT scale */
 } geometry;
 
 /*
  * A random resized crop's box, in t's source (a JPEG at DCT scale t->m, whose rect is the box's pixels, when
- * t->jpeg is set).
+ * g->jpeg is set).
  */
-static void plan_random_resized(const augment *a, sf_rng *rng, const geometry *g, sf_lazy_transform *t) {
+static void plan_random_resized(const augment *a, sf_rng *rng, const geometry *g, sf_image_transform *t) {
   int64_t box[4];
   random_resized_box(a, rng, g->h, g->w, box);
-  if (!t->jpeg) {
-    t->y = (sf_lazy_axis){box[0], box[2], g->oh, 0, g->oh};
-    t->x = (sf_lazy_axis){box[1], box[3], g->ow, 0, g->ow};
+  if (!g->jpeg) {
+    t->y = (sf_image_axis){box[0], box[2], g->oh, 0, g->oh};
+    t->x = (sf_image_axis){box[1], box[3], g->ow, 0, g->ow};
     return;
   }
   /* The box at the smallest DCT scale that still covers size, its edges rounded to whole pixels. */
@@ -310,12 +309,12 @@ static void plan_random_resized(const augment *a, sf_rng *rng, const geometry *g
   if (rect[2] <= rect[0]) rect[2] = rect[0] + 1;
   if (rect[3] <= rect[1]) rect[3] = rect[1] + 1;
   t->m = m;
-  t->y = (sf_lazy_axis){rect[0], rect[2] - rect[0], g->oh, 0, g->oh};
-  t->x = (sf_lazy_axis){rect[1], rect[3] - rect[1], g->ow, 0, g->ow};
+  t->y = (sf_image_axis){rect[0], rect[2] - rect[0], g->oh, 0, g->oh};
+  t->x = (sf_image_axis){rect[1], rect[3] - rect[1], g->ow, 0, g->ow};
 }
 
 /* The crop's window (t->y, t->x already span the resized image) and its random draws. 0 or a data error. */
-static int plan_crop(const augment *a, const sf_field *f, sf_rng *rng, const geometry *g, sf_lazy_transform *t,
+static int plan_crop(const augment *a, const sf_field *f, sf_rng *rng, const geometry *g, sf_image_transform *t,
                      field_error *e) {
   switch (a->crop) {
   case CROP_RANDOM: {
@@ -344,8 +343,8 @@ static int plan_crop(const augment *a, const sf_field *f, sf_rng *rng, const geo
 /*
  * Transforms one field in place of its tensor. rng is this sample's stream,
  * restarted for every field so same-sized fields get the same crop and flip.
- * The random draws and the geometry happen here, into a plan (sf_lazy_transform);
- * the lazy module applies it, usually deferring its last pass: batch writes it
+ * The random draws and the geometry happen here, into a plan (sf_image_transform);
+ * the codec applies it, usually deferring its last pass: batch writes it
  * straight into its slot, saving an allocation and a copy.
  * Returns 0, SF_ENOMEM, or a data error with *e filled.
  */
@@ -356,7 +355,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   int64_t h = in->shape[0], w = in->shape[1], c = in->shape[2];
   /* A JPEG that decode left undecoded (defer_jpeg): decode only what the crop or resize reads. */
   bool regional = a->crop == CROP_RANDOM_RESIZED ? a->resize == 0 : a->crop != CROP_NONE || a->resize > 0;
-  const sf_jpeg_source *jpeg = regional ? sf_lazy_jpeg_of(f) : NULL;
+  const bool jpeg = regional && sf_image_is_deferred_jpeg(f);
   r = jpeg ? 0 : decode_whole(f, e);
   if (r == 0 && !jpeg) r = sf_field_materialize(f); /* a deferred input: an earlier augment's output */
   if (r < 0) return r;
@@ -364,22 +363,21 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   sf_rng rng;
   sf_rng_seed(&rng, stream);
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
-  sf_lazy_transform t = {.src = *in, .jpeg = jpeg, .tables = a->luts, .dtype = out_dtype[a->dtype],
-                         .layout = frame_layout(a), .channels = (int)c};
+  sf_image_transform t = {.tables = a->luts, .dtype = out_dtype[a->dtype], .layout = frame_layout(a),
+                          .channels = (int)c};
   /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
-  geometry g = {.h = h, .w = w, .rh = h, .rw = w};
+  geometry g = {.h = h, .w = w, .rh = h, .rw = w, .jpeg = jpeg};
   if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
   if (g.rh < 1 || g.rw < 1)
     return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
                 "`resize`", f->name, (long long)h, (long long)w, (long long)g.rh, (long long)g.rw);
   g.oh = a->size ? a->size : g.rh, g.ow = a->size ? a->size : g.rw;
-  t.y = (sf_lazy_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_lazy_axis){0, w, g.rw, 0, g.rw};
+  t.y = (sf_image_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_image_axis){0, w, g.rw, 0, g.rw};
 
-  sf_tensor resized = {0}; /* the source when a random resized crop follows a resize */
+  sf_tensor resized = {0}; /* the source when a random resized crop follows a resize (else the field itself) */
   if (a->crop == CROP_RANDOM_RESIZED && (g.rh != h || g.rw != w)) {
     /* A box of the resized image is resampled again: materialise the resize (uint8, as torchvision). */
-    if ((r = sf_lazy_resize(in, g.rh, g.rw, &resized)) < 0) return r;
-    t.src = resized;
+    if ((r = sf_image_resize(in, g.rh, g.rw, &resized)) < 0) return r;
     g.h = g.rh, g.w = g.rw;
   }
   r = plan_crop(a, f, &rng, &g, &t, e);
@@ -396,15 +394,15 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
     t.m = a->resize > 0 && (a->dct_scaling || !a->exact) ? sf_jpeg_dct_scale(h, w, g.rh, g.rw) : 8;
     t.y.span = sf_jpeg_scaled(h, t.m);
     t.x.span = sf_jpeg_scaled(w, t.m);
-    sf_lazy_reads(&t.y, &t.rect[0], &t.rect[2]);
-    sf_lazy_reads(&t.x, &t.rect[1], &t.rect[3]);
+    sf_image_axis_reads(&t.y, &t.rect[0], &t.rect[2]);
+    sf_image_axis_reads(&t.x, &t.rect[1], &t.rect[3]);
   }
   t.fast = !a->exact;
   int64_t shape[3];
-  sf_lazy_shape(&t, shape);
+  sf_image_transform_shape(&t, shape);
   *bytes += (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(t.dtype);
   sf_error err = {.code = 0};
-  r = field_result(sf_lazy_apply(f, &t, &err), &err, f, e);
+  r = field_result(sf_image_transform_apply(f, &t, resized.buffer ? &resized : NULL, &err), &err, f, e);
   sf_tensor_clear(&resized);
   return r;
 }
@@ -412,7 +410,7 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
 /*
  * Transforms a uint8 [T,H,W,C] clip: one plan (one set of random draws from the sample's stream, as an image of the
  * clip's frame size gets) applied to every frame, into a new [T,...] or [C,T,H,W] tensor that replaces the field.
- * Eager, not deferred as images are: the lazy description (sf_lazy_transform) holds one image's source and a 3-D
+ * Eager, not deferred as images are: a deferred transform (sf_image_transform_apply) holds one image's source and a 3-D
  * output, and a deferred clip would keep the whole decoded clip (T frames at the video's size) alive in the shuffle
  * and batch queues where the usually much smaller crop is all that is needed; the copy batch then makes is small
  * next to decoding the video. Returns 0, SF_ENOMEM, or a data error with *e filled.
@@ -434,15 +432,15 @@ static int transform_clip(const augment *a, sf_field *f, uint64_t stream, uint64
   sf_rng rng;
   sf_rng_seed(&rng, stream);
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
-  sf_lazy_transform t = {.tables = a->luts, .dtype = out_dtype[a->dtype], .layout = frame_layout(a),
-                         .channels = (int)c, .fast = !a->exact};
+  sf_image_transform t = {.tables = a->luts, .dtype = out_dtype[a->dtype], .layout = frame_layout(a),
+                          .channels = (int)c, .fast = !a->exact};
   geometry g = {.h = h, .w = w, .rh = h, .rw = w};
   if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
   if (g.rh < 1 || g.rw < 1)
     return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
                 "`resize`", f->name, (long long)h, (long long)w, (long long)g.rh, (long long)g.rw);
   g.oh = a->size ? a->size : g.rh, g.ow = a->size ? a->size : g.rw;
-  t.y = (sf_lazy_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_lazy_axis){0, w, g.rw, 0, g.rw};
+  t.y = (sf_image_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_image_axis){0, w, g.rw, 0, g.rw};
   /* A random resized crop after a resize crops each frame's materialised resize (as images: uint8, torchvision). */
   bool resize_first = a->crop == CROP_RANDOM_RESIZED && (g.rh != h || g.rw != w);
   if (resize_first) g.h = g.rh, g.w = g.rw;
@@ -450,7 +448,7 @@ static int transform_clip(const augment *a, sf_field *f, uint64_t stream, uint64
   t.flip = a->flip > 0 && sf_rng_double(&rng) < a->flip;
 
   int64_t frame[3];
-  sf_lazy_shape(&t, frame);
+  sf_image_transform_shape(&t, frame);
   size_t plane = (size_t)(t.y.n * t.x.n) * sf_dtype_size(t.dtype), frame_bytes = plane * (size_t)c;
   int64_t shape[4] = {n, frame[0], frame[1], frame[2]};
   if (a->layout == LAYOUT_CTHW) shape[0] = c, shape[1] = n;
@@ -465,15 +463,13 @@ static int transform_clip(const augment *a, sf_field *f, uint64_t stream, uint64
   uint8_t *dst = sf_tensor_data(&out);
   for (int64_t k = 0; k < n && r == 0; k++) {
     /* Frame k as a uint8 [H,W,C] view of the clip (borrowed: the field keeps the buffer alive). */
-    sf_lazy_transform ft = t;
-    ft.src = (sf_tensor){.dtype = SF_DTYPE_UINT8, .ndim = 3, .shape = {h, w, c},
-                         .strides = {in->strides[1], in->strides[2], in->strides[3]},
-                         .offset = (size_t)((int64_t)in->offset + k * in->strides[0]), .buffer = in->buffer};
+    sf_tensor view = {.dtype = SF_DTYPE_UINT8, .ndim = 3, .shape = {h, w, c},
+                      .strides = {in->strides[1], in->strides[2], in->strides[3]},
+                      .offset = (size_t)((int64_t)in->offset + k * in->strides[0]), .buffer = in->buffer};
     sf_tensor resized = {0};
-    if (resize_first && (r = sf_lazy_resize(&ft.src, g.rh, g.rw, &resized)) < 0) break;
-    if (resize_first) ft.src = resized;
+    if (resize_first && (r = sf_image_resize(&view, g.rh, g.rw, &resized)) < 0) break;
     uint8_t *to = scratch ? scratch : dst + (size_t)k * frame_bytes;
-    r = sf_lazy_write(&ft, to, NULL); /* a view, no JPEG: fails only out of memory */
+    r = sf_image_transform_write(&t, resize_first ? &resized : &view, to, NULL); /* fails only out of memory */
     sf_tensor_clear(&resized);
     if (r == 0 && scratch)
       for (int64_t ch = 0; ch < c; ch++)

@@ -4,8 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lazy.h"
-#include "pin.h"
+#include "shardflow/codec.h"
 #include "shardflow/pool.h"
 #include "shardflow/stage.h"
 
@@ -541,7 +540,7 @@ static int put(sf_node *node, batch *b, filling *fl, sf_sample **ps) {
     if (!t->buffer && extend_run(b, fl, i, f, slot)) continue;
     if (!t->buffer && (r = fill_slots(b, fl, i)) < 0) break;
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)fl->count;
-    sf_lazy_write_field(f, dst); /* a deferred one (augment's output) computed straight into the slot */
+    sf_field_write(f, dst); /* a deferred one (augment's output) computed straight into the slot */
   }
   out->keys[fl->count] = sf_sample_take_key(s);
   out->origins[2 * fl->count] = s->shard_index;
@@ -785,12 +784,11 @@ static int init(sf_node *node) {
   if (!b->pool) return SF_ENOMEM;
   if (b->pin_memory) {
     sf_error e;
-    r = sf_pin_open(&e);
+    r = sf_pool_pin(b->pool, &e);
     if (r < 0) {
       sf_node_error(node, r, NULL, NULL, -1, "%s", e.message);
       return r; /* whatever the error policy: the trainer asked for pinned batches */
     }
-    sf_pool_pin(b->pool);
   }
   return 0;
 }

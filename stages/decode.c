@@ -12,10 +12,7 @@
 #include <jansson.h>
 #include <zlib.h>
 
-#include "image.h"
-#include "lazy.h"
-#include "npy.h"
-#include "npz.h"
+#include "shardflow/codec.h"
 #include "shardflow/stage.h"
 
 typedef struct decode {
@@ -314,7 +311,7 @@ static int decode_field(decode *d, sf_sample *sample, sf_field *f, sf_error *err
   const char *ext = dot ? dot + 1 : f->name;
   sf_tensor decoded;
   if (d->defer && sf_image_format_known(ext) &&
-      (r = sf_lazy_defer_jpeg(f, (sf_image_mode)d->mode, &d->limits)) != 0) {
+      (r = sf_image_defer_jpeg(f, (sf_image_mode)d->mode, &d->limits)) != 0) {
     return r < 0 ? sf_error_set(error, r, SF_NOWHERE, "cannot allocate a JPEG recipe") : 0;
   } else if (sf_image_format_known(ext)) {
     r = sf_image_decode(ext, t->buffer, t->offset, size, (sf_image_mode)d->mode, &d->limits,

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lazy.h"
+#include "shardflow/codec.h"
 #include "shardflow/stage.h"
 
 /* Emissions drawn ahead: a step each to bring in a sample's header, its fields' recipes (the start,
@@ -76,12 +76,13 @@ static void prefetch_ahead(shuffle *s) {
     else __builtin_prefetch(field->tensor.buffer);
   }
   for (int f = 0; at[1] && f < at[1]->n_fields && f < SF_MAX_FIELDS; f++) {
-    const sf_lazy_transform *t = sf_lazy_transform_of(&at[1]->fields[f]);
-    if (t) prefetch_lines(t, sizeof *t);
+    size_t size;
+    const void *description = sf_field_recipe_data(&at[1]->fields[f], &size);
+    if (description) prefetch_lines(description, size);
   }
   for (int f = 0; at[0] && f < at[0]->n_fields && f < SF_MAX_FIELDS; f++) {
     size_t size;
-    const void *source = sf_lazy_source(&at[0]->fields[f], &size);
+    const void *source = sf_field_source(&at[0]->fields[f], &size);
     if (source) prefetch_lines(source, size < 8192 ? size : 8192);
   }
 }

@@ -27,15 +27,7 @@ typedef struct sf_jpeg_source {
  */
 int sf_jpeg_probe(const sf_tensor *bytes, sf_image_mode mode, const sf_image_limits *limits, sf_jpeg_source *out);
 
-/*
- * Smallest DCT scale M/8 (M = 1, 2, 4 or 8; libjpeg's scale_num/scale_denom) at which an h x w extent
- * keeps at least min_h x min_w pixels (floor(h*M/8) >= min_h and the same for w); 8 when none smaller
- * does. Only powers of two: the other scales have no SIMD IDCT in libjpeg-turbo 2.1.
- */
-int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w);
-
-/* Pixels of a v-pixel side decoded at scale m/8: ceil(v*m/8), as libjpeg computes output_width. */
-int64_t sf_jpeg_scaled(int64_t v, int m);
+/* sf_jpeg_dct_scale and sf_jpeg_scaled (DCT scale arithmetic) are public: include/shardflow/codec.h. */
 
 /*
  * Decodes rows [rect[0], rect[2]) and columns [rect[1], rect[3]) of the image decoded at scale m/8

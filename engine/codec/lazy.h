@@ -4,7 +4,9 @@
  * transform still to apply (augment's crop, resize, flip, normalisation, dtype and layout). Stages,
  * the executor and the group transport ask this module about a field's recipe; none of them knows a
  * recipe's write function. Plugin recipes are opaque here: they are written through their write().
- * Engine-internal: the public sf_field_recipe is unchanged (plugins keep their ABI).
+ * Engine-internal: the public sf_field_recipe is unchanged (plugins keep their ABI). Stages and plugins
+ * reach these through include/shardflow/codec.h (engine/codec/codec.c), which keeps the descriptions'
+ * source, JPEG and clock out of the public sf_image_transform.
  */
 #ifndef SF_ENGINE_LAZY_H
 #define SF_ENGINE_LAZY_H
@@ -16,6 +18,7 @@
 #include "image.h"
 #include "jpeg_region.h"
 #include "normalize.h"
+#include "shardflow/codec.h"
 #include "shardflow/sample.h"
 
 /* ---- the clock: the time a deferred field's write takes, charged to the node that deferred it ---- */
@@ -62,17 +65,15 @@ int sf_lazy_decode_jpeg(sf_field *f, sf_error *error);
 /* ---- kind 2: a transform still to apply ---------------------------------------------------------- */
 
 /*
- * One axis of the output. Conceptually a source span [origin, origin+span) is resampled to `scaled`
- * pixels, zero-padded, and the window [pos, pos+n) of that is taken (and mirrored when flipped on the
- * x axis). When scaled == span the axis is a plain copy (no resampling).
+ * One axis of the output: the public sf_image_axis (include/shardflow/codec.h). Conceptually a source span
+ * [origin, origin+span) is resampled to `scaled` pixels, zero-padded, and the window [pos, pos+n) of that
+ * is taken (and mirrored when flipped on the x axis). When scaled == span the axis is a plain copy.
  */
-typedef struct sf_lazy_axis {
-  int64_t origin, span, scaled, pos, n;
-} sf_lazy_axis;
+typedef sf_image_axis sf_lazy_axis;
 
-enum { SF_LAZY_HWC, SF_LAZY_CHW };
+enum { SF_LAZY_HWC = SF_IMAGE_HWC, SF_LAZY_CHW = SF_IMAGE_CHW };
 /* Most channels an image may have here; decoded images have 1, 3 or 4. */
-enum { SF_LAZY_MAX_CHANNELS = 16 };
+enum { SF_LAZY_MAX_CHANNELS = SF_IMAGE_MAX_CHANNELS };
 
 /*
  * Output value of every byte, per channel (only table 0 when n is 0: no mean/std). Immutable once

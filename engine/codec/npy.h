@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shardflow/codec.h"
 #include "shardflow/error.h"
 #include "shardflow/tensor.h"
 
@@ -21,14 +22,6 @@ typedef struct sf_npy_header {
 } sf_npy_header;
 
 /*
- * Writes tensor to path as .npy v1.0 (little-endian descriptor '<f4', '|u1',
- * '<i8', '<i4'; bfloat16 is written as '<u2' raw bits). Non-contiguous
- * tensors are written in logical C order. Returns 0, SF_EIO or SF_EUNSUPPORTED
- * with *error naming the path. Spec: numpy.lib.format (NEP 1).
- */
-int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error);
-
-/*
  * Parses the preamble and header dict of the .npy bytes p[0, n) (format versions 1.0, 2.0 and
  * 3.0) into *h, and checks the data (nbytes) fits in n. dtypes: '|u1'/'<u1' uint8, '<u2' uint16,
  * '<i4' int32, '<i8' int64, '<f4' float32; big-endian, other dtypes, structured dtypes and more than
@@ -37,13 +30,6 @@ int sf_npy_write(const char *path, const sf_tensor *tensor, sf_error *error);
  */
 int sf_npy_parse_header(const uint8_t *p, size_t n, sf_npy_header *h, sf_error *error);
 
-/*
- * Reads the .npy file held by buffer at [offset, offset + size) into *out (caller owns; cleared
- * with sf_tensor_clear). When the first element is aligned to its size, *out is a view of buffer
- * (a new reference, no copy); otherwise the data is copied into a new buffer. A Fortran-order
- * array becomes a view with column-major strides (the shape is numpy's shape). Returns 0 or the
- * errors of sf_npy_parse_header, SF_ENOMEM; *out is zeroed on failure.
- */
-int sf_npy_read(sf_buffer *buffer, size_t offset, size_t size, sf_tensor *out, sf_error *error);
+/* sf_npy_read and sf_npy_write (a .npy into a tensor and back) are public: include/shardflow/codec.h. */
 
 #endif

@@ -15,8 +15,7 @@
  */
 int sf_pin_open(sf_error *error);
 
-/* Buffers the pool allocates from now on are registered with cudaHostRegister (sf_pin_open first). */
-void sf_pool_pin(sf_pool *pool);
+/* sf_pool_pin (include/shardflow/pool.h) opens it and marks a pool's buffers pinned. */
 
 /* For pool.c: pin / unpin one allocation (no-ops when sf_pin_open has not succeeded). */
 int sf_pin(void *ptr, size_t size);

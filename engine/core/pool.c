@@ -35,7 +35,13 @@ static void drop(const sf_pool *p, idle *i) {
   free(i);
 }
 
-void sf_pool_pin(sf_pool *p) { p->pinned = true; }
+int sf_pool_pin(sf_pool *p, sf_error *error) {
+  int r = sf_pin_open(error);
+  if (r == SF_ENOMEM) return sf_error_set(error, r, SF_NOWHERE, "pin_memory: out of memory probing the CUDA runtime");
+  if (r < 0) return r;
+  p->pinned = true;
+  return 0;
+}
 
 static void release(sf_pool *p) {
   if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1) return;

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "shardflow/buffer.h"
+#include "shardflow/error.h"
 #include "shardflow/tensor.h"
 
 #ifdef __cplusplus
@@ -43,6 +44,16 @@ SF_API size_t sf_pool_allocated(const sf_pool *pool);
  * The caller owns the tensor (sf_tensor_clear() returns the buffer to the pool).
  */
 SF_API int sf_pool_tensor(sf_pool *pool, sf_tensor *tensor, sf_dtype dtype, int ndim, const int64_t *shape);
+
+/**
+ * Pins the buffers the pool allocates from now on (page-locked host memory, registered with the CUDA
+ * runtime's cudaHostRegister, so that copies to a GPU run asynchronously and at full speed). The CUDA
+ * runtime (libcudart.so.13, .12, .11 or libcudart.so) is loaded at run time, never a build dependency; the
+ * first call checks that it can pin memory here. Call it before the pool hands out buffers. Returns 0, or
+ * SF_EUNSUPPORTED with *error saying what is missing (the library, a GPU, a driver) and what to do, or
+ * SF_ENOMEM; the pool is then unchanged.
+ */
+SF_API int sf_pool_pin(sf_pool *pool, sf_error *error);
 
 /** Drops the caller's reference; the pool goes when its last buffer returns. NULL-safe. */
 SF_API void sf_pool_unref(sf_pool **pool);

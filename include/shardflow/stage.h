@@ -178,9 +178,9 @@ enum {
    * The stage takes deferred fields and turns every one it receives into data itself (a corrupt one
    * becomes its error record, not black pixels), so a producer just before it in the same process may
    * defer (see SF_STAGE_MAKES_DEFERRED). augment is one: it decodes only what its crop keeps. A plugin
-   * stage can only materialise what it receives (sf_field_materialize): the engine's kinds are opaque
-   * to it, so a corrupt JPEG it materialises becomes black pixels and a log line; set this flag only
-   * where that is acceptable.
+   * stage does the same with codec.h (sf_image_decode_deferred, sf_image_transform_apply); one that only
+   * materialises what it receives (sf_field_materialize) turns a corrupt JPEG into black pixels and a log
+   * line instead: set this flag there only where that is acceptable.
    */
   SF_STAGE_TAKES_DEFERRED = 1u << 2,
 };

@@ -77,7 +77,7 @@ expect_error(GOOD.replace("seed: 1", "seed: 0\nseed: 1"), 2, "'seed' appears twi
 expect_error(GOOD.replace("batch_size: 2", "batch_size: 2\n    batch_size: 3"), 9, "'batch_size' appears twice")
 expect_error(GOOD + "---\nseed: 2\n", 10, "second YAML document")
 expect_error("seed: 1\nstages: []\n", 2, "`stages` is empty")
-expect_error(GOOD.replace("seed: 1", "sead: 1"), 1, "unknown graph setting 'sead'", "stages, edges, groups")
+expect_error(GOOD.replace("seed: 1", "sead: 1"), 1, "unknown graph setting 'sead'", "stages, groups, plugins")
 start = time.monotonic()
 expect_error("seed: 1\nstages: " + "[" * 100000 + "]" * 100000 + "\n", 2, "nested deeper than")
 check(time.monotonic() - start < 5, f"deep nesting refused in {time.monotonic() - start:.1f} s")

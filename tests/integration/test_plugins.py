@@ -1,7 +1,9 @@
 """Plugins: the example plugin built out of tree from installed headers runs in a graph (checked against numpy);
+a plugin's own augment on the public codec API equals augment's centre crop and numpy on PIL's decode;
 a wrong ABI version, a missing entry point, name clashes, a plugin not found and a non-ELF file are refused
 with the graph's file:line, the plugin's file and what to do."""
 import ctypes
+import io
 import json
 import os
 import re
@@ -14,9 +16,10 @@ import time
 import urllib.request
 
 import numpy as np
+from PIL import Image
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, stage_table  # noqa: E402
+from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, stage_table, write_shard  # noqa: E402
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-plugins-")
@@ -431,4 +434,58 @@ docs = open(os.path.join(source, "docs/stages.md")).read()
 check("\n## scale\n" in p.stdout and all(f"`{r}`" in p.stdout.split("\n## scale\n")[1] for r in rows)
       and "## scale" not in docs and p.stdout.count("\n## ") == docs.count("\n## ") + 1,
       f"help --markdown documents the found plugin's stage after the built-ins; docs/stages.md keeps built-ins only")
+
+# A plugin's own augment through the public codec API (include/shardflow/codec.h): tests/plugins/crop.c, built out of
+# tree from the installed headers like scale.c, crops JPEGs that decode left undecoded (only the crop's region is
+# decoded) and writes float32 CHW through sf_image_transform_apply. References: augment's centre crop, flip and
+# mean/std from the fully decoded image and from its own region decode, and numpy from PIL's decode.
+crop_so = os.path.join(tmp, "crop.so")
+subprocess.run(["cc", "-shared", "-fPIC", "-O2", *cflags, os.path.join(source, "tests/plugins/crop.c"), "-o", crop_so,
+                "-lm"], check=True)
+jrng = np.random.default_rng(24)
+photos = {}
+for i, (h, w) in enumerate([(40, 56), (33, 47), (20, 30), (64, 48), (24, 24)] * 2):
+    y, x = np.mgrid[0:h, 0:w]
+    img = (np.stack([x * 3 + y, y * 4, 128 + x - y], axis=-1) + jrng.integers(0, 24, (h, w, 3))).clip(0, 255)
+    b = io.BytesIO()
+    Image.fromarray(img.astype(np.uint8)).save(b, "JPEG", quality=90)
+    photos[f"{i:04d}"] = b.getvalue()
+jpeg_shard = write_shard(os.path.join(tmp, "jpeg.tar"), [(k, {"jpg": v, "cls": b"1"}) for k, v in photos.items()])
+norm = "    mean: [0.485, 0.456, 0.406]\n    std: [0.229, 0.224, 0.225]\n"
+
+
+def crop_run(name, defer, middle):
+    out = os.path.join(tmp, name + "-out")
+    path = os.path.join(tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(f"plugins: [{crop_so}]\nstages:\n  - type: shard_source\n    urls: {jpeg_shard}\n  - type: tar_split\n"
+                f"  - type: decode\n    defer_jpeg: {defer}\n{middle}  - type: batch\n    batch_size: 5\n"
+                f"  - type: device_sink\n    npy_dir: {out}\n")
+    run(["run", path, "--quiet", "--no-summary"], env=env)
+    got = {}
+    for _, _, keys, f in read_batches(out):
+        for j, k in enumerate(keys):
+            got[k] = f["jpg"][j]
+    return got
+
+
+plugin_out = crop_run("crop-plugin", "true", "  - type: crop\n    size: 24\n    flip: true\n" + norm)
+for defer in ("false", "true"):
+    builtin = crop_run(f"crop-augment-{defer}", defer, "  - type: augment\n    crop: center\n    size: 24\n    flip: 1\n"
+                       "    layout: chw\n    dtype: float32\n" + norm)
+    check(sorted(builtin) == sorted(photos) and all(np.array_equal(plugin_out[k], builtin[k]) for k in photos),
+          f"the crop plugin (public codec API, region decode) equals augment's centre crop (defer_jpeg {defer})")
+mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+for k, data in photos.items():
+    img = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.float64)
+    h, w, _ = img.shape
+    pad = np.zeros((max(h, 24) + 24, max(w, 24) + 24, 3))
+    top = int(round((h - 24) / 2)) if h >= 24 else -((24 - h) // 2)
+    left = int(round((w - 24) / 2)) if w >= 24 else -((24 - w) // 2)
+    pad[24:24 + h, 24:24 + w] = img
+    want = pad[24 + top:48 + top, 24 + left:48 + left][:, ::-1]
+    want = ((want / 255.0 - mean) / std).astype(np.float32).transpose(2, 0, 1)
+    check(plugin_out[k].dtype == np.float32 and np.array_equal(plugin_out[k], want),
+          f"sample {k} ({h}x{w}): the crop plugin equals numpy on PIL's decode (max diff "
+          f"{np.abs(plugin_out[k] - want).max()})")
 check.done("plugins")
