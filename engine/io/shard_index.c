@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "prefetch.h"
 #include "shardflow/stage.h"
 #include "tar_reader.h"
@@ -195,17 +196,28 @@ static void put_escaped(FILE *f, const char *s) {
 }
 
 int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error *error) {
+  /* A fresh name, created exclusively without following links: index directories may be shared. */
   size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
-  if (!tmp) return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory writing the index");
-  snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "w");
+  char *prefix = malloc(n), *tmp = malloc(n);
+  if (!prefix || !tmp) {
+    free(prefix);
+    free(tmp);
+    return sf_error_set(error, SF_ENOMEM, SF_AT(.url = path), "out of memory writing the index");
+  }
+  snprintf(prefix, n, "%s.tmp-", path);
+  int fd = sf_file_create_unique(prefix, tmp, n, 0644);
+  free(prefix);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
-    int e = errno;
+    int e = fd < 0 ? -fd : errno;
+    if (fd >= 0) {
+      close(fd);
+      unlink(tmp);
+    }
     free(tmp);
     return sf_error_set(error, SF_EIO, SF_AT(.url = path),
-                        "cannot write the index: %s; give a writable directory (shardflow index --out DIR, "
-                        "shard_source's index_dir)", strerror(e));
+                        "cannot write the index %s: %s; give a writable directory (shardflow index --out DIR, "
+                        "shard_source's index_dir)", path, strerror(e));
   }
   fprintf(f, "%s\nurl ", MAGIC);
   put_escaped(f, index->url ? index->url : "");
@@ -214,7 +226,7 @@ int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error
   fprintf(f, "\nsamples %zu\n", index->count);
   for (size_t i = 0; i < index->count; i++) {
     fprintf(f, "%" PRId64 " %" PRId64 " ", index->offsets[i], index->offsets[i + 1] - index->offsets[i]);
-    put_escaped(f, index->keys[i]);
+    put_escaped(f, index->keys ? index->keys[i] : "");
     fputc('\n', f);
   }
   bool ok = !ferror(f);
@@ -226,7 +238,7 @@ int sf_shard_index_write(const sf_shard_index *index, const char *path, sf_error
   }
   if (!ok) unlink(tmp);
   free(tmp);
-  if (!ok) return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot write the index: %s", strerror(e));
+  if (!ok) return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot write the index %s: %s", path, strerror(e));
   return 0;
 }
 
