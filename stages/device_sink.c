@@ -10,9 +10,7 @@
 #include "cuda_driver.h"
 #include "device.h"
 #include "files.h"
-#include "image.h"
-#include "lazy.h"
-#include "npy.h"
+#include "shardflow/codec.h"
 #include "shardflow/stage.h"
 
 enum { NORMALIZE_OFF, NORMALIZE_FLOAT32, NORMALIZE_BFLOAT16 };
@@ -116,8 +114,7 @@ static int open_device(sf_node *node, device_sink *s) {
       (r = sf_node_counter_add(node, "pinned_buffers_allocated", 0)) < 0)
     return r;
   if (s->normalize != NORMALIZE_OFF) {
-    s->tables = sf_lazy_tables_new(s->mean.v, s->std.v, s->mean.n);
-    if (!s->tables) return SF_ENOMEM;
+    if ((r = sf_image_tables_new(s->mean.v, s->std.v, s->mean.n, &s->tables)) < 0) return r;
   }
   return 0;
 }
@@ -450,15 +447,15 @@ static int channel_tables(sf_node *node, device_sink *s, const sf_field *f, int6
                   f->name, (long long)c, s->mean.n);
     return SF_ESHAPE;
   }
-  const sf_lazy_tables *l = (const sf_lazy_tables *)sf_buffer_data(s->tables);
-  size_t esize = s->normalize == NORMALIZE_FLOAT32 ? 4 : 2;
+  const sf_dtype dtype = s->normalize == NORMALIZE_FLOAT32 ? SF_DTYPE_FLOAT32 : SF_DTYPE_BFLOAT16;
+  const size_t esize = sf_dtype_size(dtype);
   uint8_t *t = realloc(s->channel_tables, (size_t)c * 256 * esize);
   if (!t) return SF_ENOMEM;
   s->channel_tables = t;
   for (int64_t k = 0; k < c; k++) {
-    int from = l->n ? (int)k : 0;
-    memcpy(t + (size_t)k * 256 * esize, esize == 4 ? (const void *)l->f32[from] : (const void *)l->bf16[from],
-           256 * esize);
+    const void *values = sf_image_tables_values(s->tables, dtype, (int)k);
+    if (!values) return SF_EINTERNAL; /* the tables were made for these channels above */
+    memcpy(t + (size_t)k * 256 * esize, values, 256 * esize);
   }
   s->table_channels = c;
   return 0;

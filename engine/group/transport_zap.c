@@ -357,6 +357,63 @@ static uint64_t bytes_sent(int fd) {
   return 0;
 }
 
+/* ACCEPTED: a connection's fd starts being tracked, with its peer's address for messages. */
+static void on_accepted(sf_zap *z, int fd) {
+  int i = find_tracked(z, fd);
+  if (i < 0) {
+    if (z->n_tracked == MAX_TRACKED) untrack(z, 0);
+    i = z->n_tracked++;
+  }
+  z->tracked[i].fd = fd;
+  peer_address(fd, z->tracked[i].addr, sizeof z->tracked[i].addr);
+}
+
+/* HANDSHAKE_SUCCEEDED names no fd: the connection is the tracked one that has sent a CURVE handshake's bytes. */
+static void on_handshake_succeeded(sf_zap *z) {
+  atomic_fetch_add(&z->accepted, 1);
+  int best = -1;
+  uint64_t best_sent = CURVE_SENT_MIN;
+  for (int i = 0; i < z->n_tracked; i++) {
+    uint64_t sent = bytes_sent(z->tracked[i].fd);
+    if (sent > best_sent) {
+      best = i;
+      best_sent = sent;
+    }
+  }
+  if (best < 0 && z->n_tracked == 1) best = 0;
+  if (best >= 0) untrack(z, best);
+  else z->pending_success++;
+}
+
+/* DISCONNECTED: the outcome pending for this connection, if any, is counted and noted now. */
+static void on_disconnected(sf_zap *z, int fd) {
+  int i = find_tracked(z, fd);
+  const char *who = i >= 0 ? z->tracked[i].addr : "an unknown address";
+  if (z->pending_failure) {
+    if (z->pending_failure == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+        z->pending_value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+      atomic_fetch_add(&z->refused_mechanism, 1);
+      note_refusal(z, "a client from %s with a security mechanism other than CURVE (NULL or PLAIN)", who);
+    } else if (z->pending_failure == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+      atomic_fetch_add(&z->refused_protocol, 1);
+      note_refusal(z, "a client from %s: ZMTP protocol error 0x%x during the handshake", who, (unsigned)z->pending_value);
+    } else {
+      atomic_fetch_add(&z->refused_protocol, 1);
+      note_refusal(z, "a client from %s: handshake failed (%s)", who,
+                   z->pending_value == EAGAIN ? "timed out" : strerror((int)z->pending_value));
+    }
+    z->pending_failure = 0;
+  } else if (i >= 0) {
+    if (z->pending_auth) z->pending_auth--;
+    else if (z->pending_success) z->pending_success--;
+    else {
+      atomic_fetch_add(&z->refused_protocol, 1);
+      note_refusal(z, "a client from %s: closed before completing a CURVE handshake (garbage bytes or an old ZMTP greeting)", who);
+    }
+  }
+  if (i >= 0) untrack(z, i);
+}
+
 /*
  * Ties monitor events to connections.  Events carry the fd only for ACCEPTED
  * and DISCONNECTED; a handshake failure is emitted right before the
@@ -382,33 +439,8 @@ static void serve_monitor(sf_zap *z) {
   memcpy(&event, zmq_msg_data(&head), 2);
   memcpy(&value, (char *)zmq_msg_data(&head) + 2, 4);
   switch (event) {
-  case ZMQ_EVENT_ACCEPTED: {
-    int fd = (int)value;
-    int i = find_tracked(z, fd);
-    if (i < 0) {
-      if (z->n_tracked == MAX_TRACKED) untrack(z, 0);
-      i = z->n_tracked++;
-    }
-    z->tracked[i].fd = fd;
-    peer_address(fd, z->tracked[i].addr, sizeof z->tracked[i].addr);
-    break;
-  }
-  case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: {
-    atomic_fetch_add(&z->accepted, 1);
-    int best = -1;
-    uint64_t best_sent = CURVE_SENT_MIN;
-    for (int i = 0; i < z->n_tracked; i++) {
-      uint64_t sent = bytes_sent(z->tracked[i].fd);
-      if (sent > best_sent) {
-        best = i;
-        best_sent = sent;
-      }
-    }
-    if (best < 0 && z->n_tracked == 1) best = 0;
-    if (best >= 0) untrack(z, best);
-    else z->pending_success++;
-    break;
-  }
+  case ZMQ_EVENT_ACCEPTED: on_accepted(z, (int)value); break;
+  case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: on_handshake_succeeded(z); break;
   case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: /* counted and logged by the ZAP handler */
     z->pending_auth++;
     break;
@@ -417,34 +449,7 @@ static void serve_monitor(sf_zap *z) {
     z->pending_failure = event;
     z->pending_value = value;
     break;
-  case ZMQ_EVENT_DISCONNECTED: {
-    int i = find_tracked(z, (int)value);
-    const char *who = i >= 0 ? z->tracked[i].addr : "an unknown address";
-    if (z->pending_failure) {
-      if (z->pending_failure == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
-          z->pending_value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
-        atomic_fetch_add(&z->refused_mechanism, 1);
-        note_refusal(z, "a client from %s with a security mechanism other than CURVE (NULL or PLAIN)", who);
-      } else if (z->pending_failure == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
-        atomic_fetch_add(&z->refused_protocol, 1);
-        note_refusal(z, "a client from %s: ZMTP protocol error 0x%x during the handshake", who, (unsigned)z->pending_value);
-      } else {
-        atomic_fetch_add(&z->refused_protocol, 1);
-        note_refusal(z, "a client from %s: handshake failed (%s)", who,
-                     z->pending_value == EAGAIN ? "timed out" : strerror((int)z->pending_value));
-      }
-      z->pending_failure = 0;
-    } else if (i >= 0) {
-      if (z->pending_auth) z->pending_auth--;
-      else if (z->pending_success) z->pending_success--;
-      else {
-        atomic_fetch_add(&z->refused_protocol, 1);
-        note_refusal(z, "a client from %s: closed before completing a CURVE handshake (garbage bytes or an old ZMTP greeting)", who);
-      }
-    }
-    if (i >= 0) untrack(z, i);
-    break;
-  }
+  case ZMQ_EVENT_DISCONNECTED: on_disconnected(z, (int)value); break;
   default: break;
   }
 out:

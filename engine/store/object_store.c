@@ -944,6 +944,24 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *opaque) {
   return n;
 }
 
+/* The method on e: HEAD without a body, PUT uploading up, POST sending body, others by name. */
+static void set_method(CURL *e, const char *method, const void *body, upload_body *up) {
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+  } else if (strcmp(method, "PUT") == 0) {
+    curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(e, CURLOPT_READDATA, up);
+    curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)up->size);
+  } else if (strcmp(method, "POST") == 0) {
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body ? body : "");
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)up->size);
+  } else if (strcmp(method, "GET") != 0) {
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+  }
+}
+
 int sf_object_call(const char *url, const char *method, const char *query, const char *const *headers,
                    const void *body, size_t body_size, long *status, char **response, size_t *response_size,
                    char **etag, sf_error *error) {
@@ -980,20 +998,7 @@ int sf_object_call(const char *url, const char *method, const char *query, const
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, &tag);
-  if (strcmp(method, "HEAD") == 0) {
-    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-  } else if (strcmp(method, "PUT") == 0) {
-    curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
-    curl_easy_setopt(e, CURLOPT_READDATA, &up);
-    curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)up.size);
-  } else if (strcmp(method, "POST") == 0) {
-    curl_easy_setopt(e, CURLOPT_POST, 1L);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body ? body : "");
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)up.size);
-  } else if (strcmp(method, "GET") != 0) {
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-  }
+  set_method(e, method, body, &up);
   CURLcode rc = curl_easy_perform(e);
   long code = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
