@@ -44,7 +44,7 @@ typedef struct sf_cli_command {
 } sf_cli_command;
 
 extern const sf_cli_command sf_cli_run, sf_cli_ls, sf_cli_write, sf_cli_cp, sf_cli_worker, sf_cli_keygen, sf_cli_dot, sf_cli_help,
-    sf_cli_config;
+    sf_cli_config, sf_cli_index;
 
 /* The subcommands (cli/main.c), ending with NULL. */
 extern const sf_cli_command *const sf_cli_commands[];

@@ -11,7 +11,7 @@
 
 /* Each command's definition lives with its code (cli/NAME.c); this order is the usage list's. */
 const sf_cli_command *const sf_cli_commands[] = {
-    &sf_cli_run, &sf_cli_ls, &sf_cli_write, &sf_cli_cp, &sf_cli_worker, &sf_cli_keygen, &sf_cli_dot, &sf_cli_help,
+    &sf_cli_run, &sf_cli_ls, &sf_cli_index, &sf_cli_write, &sf_cli_cp, &sf_cli_worker, &sf_cli_keygen, &sf_cli_dot, &sf_cli_help,
     &sf_cli_config, NULL,
 };
 

@@ -10,7 +10,9 @@
 
 #include "cli/cli.h"
 #include "cli/write.h"
+#include "shard_index.h"
 #include "tar_writer.h"
+#include "url.h"
 #include "shardflow/stage.h"
 
 static const char *const layout_names[] = {[SF_WRITE_IMAGEFOLDER] = "imagefolder", [SF_WRITE_FILES] = "files", NULL};
@@ -53,9 +55,36 @@ static const sf_cli_option write_table[] = {
     {.row = {"jobs", SF_OPT_INT, offsetof(sf_write_options, jobs), NULL, 1, 1024,
              "decode threads (default: online CPUs)"},
      .value = "N"},
+    {.row = {"no-index", SF_OPT_BOOL, offsetof(sf_write_options, no_index),
+             .help = "write no index (SHARD.sfidx, as `shardflow index` writes it) beside each local shard; URL "
+                     "patterns never get one"}},
     {.row = {"quiet", SF_OPT_BOOL, offsetof(sf_write_options, quiet), .help = "no summary"}, .short_name = 'q'},
     {.row = {NULL}},
 };
+
+/*
+ * Writes the index of every shard written (shard_source's order: global / block read by it), from the shard
+ * itself as the tar reader sees it: the same spans `shardflow index` finds. Local shards only.
+ */
+static int write_indexes(const sf_write_options *o, int64_t shards) {
+  for (int64_t i = 0; i < shards; i++) {
+    char path[PATH_MAX];
+    sf_shard_pattern_format(&o->out, i, path, sizeof path);
+    if (sf_url_kind_of(path) != SF_URL_PATH) return 0;
+    sf_shard_index index;
+    sf_error err;
+    char line[2048];
+    char *at = NULL;
+    int r = sf_shard_index_build(&index, path, &err);
+    if (r == 0 && !(at = sf_shard_index_path(path, NULL))) r = sf_error_set(&err, SF_ENOMEM, SF_NOWHERE, "out of memory");
+    if (r == 0) r = sf_shard_index_write(&index, at, &err);
+    free(at);
+    sf_shard_index_clear(&index);
+    if (r < 0) return sf_cli_fail(&sf_cli_write, "the shards are written, but not their index: %s (--no-index "
+                                  "writes none)", sf_error_format(&err, line, sizeof line));
+  }
+  return 0;
+}
 
 /* Writes every repeat of the list, each in its own seeded order, as samples KEY.<format> and KEY.cls. */
 static int write_shards(const sf_write_list *l, const sf_write_options *o, sf_tar_writer *w, sf_error *err) {
@@ -179,6 +208,7 @@ static int write_main(int argc, char **argv) {
     sf_tar_writer_discard(&w);
   else if (sf_tar_writer_close(&w, &stats, &close_err) < 0)
     r = sf_cli_fail(&sf_cli_write, "%s", sf_error_format(&close_err, line, sizeof line));
+  if (r == 0 && !o.no_index) r = write_indexes(&o, stats.shards);
   bool idx = strncmp(o.input, "idx:", 4) == 0;
   if (r == 0 && !o.quiet) {
     char first_path[PATH_MAX], last_path[PATH_MAX];

@@ -33,6 +33,7 @@ typedef struct sf_write_options {
   bool no_shuffle;
   int64_t jobs;
   bool quiet;
+  bool no_index;           /* --no-index: no SHARD.sfidx beside local shards */
   int layout; /* enum sf_write_layout */
   const char *subdir;
   const char *root; /* --root: manifest and --layout files inputs must resolve under it, or NULL */

@@ -8,6 +8,7 @@
 
 #include "shard_list.h"
 #include "url.h"
+#include "shardflow/index.h"
 #include "shardflow/stage.h"
 
 /* One shard of a resume plan and the sample indices to read from it, ascending. */
@@ -39,9 +40,28 @@ typedef struct shard_source {
   plan_shard *planned; /* the plan's shards in file order; their keep arrays move into the shards */
   size_t n_planned, next_planned;
   uint64_t plan_epoch; /* the epoch the plan replaces: the pipeline's first */
+  int visit;           /* option order: ORDER_* */
+  int64_t block_size;  /* option: samples per block of order: block */
+  char *index_dir;     /* option: where the shards' indexes are, or NULL: next to them */
+  int64_t start;       /* option: positions of the first epoch consumed before (a resume) */
+  /* order: global / block: every shard's index, and the samples before each shard (list.count + 1) */
+  sf_shard_index *indexes;
+  uint64_t *before;
+  uint64_t total;      /* samples of the dataset */
+  uint64_t taken;      /* this slot's positions emitted in the current epoch */
+  uint64_t skip;       /* the first epoch: this slot's positions consumed before the resume */
+  char *samples;       /* option: FILE of dataset indices to read instead of the order */
+  uint64_t *picks;     /* its indices, in order */
+  size_t n_picks;
+  bool picked;         /* samples is set: the epoch is picks */
 } shard_source;
 
 enum { SAMPLING_SEQUENTIAL, SAMPLING_RESAMPLE };
+enum { ORDER_SEQUENTIAL, ORDER_BLOCK, ORDER_GLOBAL };
+static const char *const order_names[] = {"sequential", "block", "global", NULL};
+
+/* One read of order: global / block covers at most this many samples and bytes. */
+enum { RANGE_SAMPLES = 256, RANGE_BYTES = 8 << 20 };
 static const char *const sampling_names[] = {"sequential", "resample", NULL};
 
 static const sf_option options[] = {
@@ -73,6 +93,30 @@ static const sf_option options[] = {
      "resume plan FILE (written by Python's elastic load_state_dict; docs/resume.md): the first epoch "
      "reads only the listed samples, lines `SHARD_INDEX SAMPLE_INDEX`, instead of this rank's share; "
      "later epochs are dealt as usual",
+     NULL},
+    {"order", SF_OPT_ENUM, offsetof(shard_source, visit), "sequential", 0, 0,
+     "how an epoch visits samples. sequential = whole shards in a seeded order, each read front to back (a "
+     "shuffle stage mixes their samples); global = a seeded permutation of all samples of the dataset every "
+     "epoch, dealt to ranks and workers in turn (position p to slot p mod ranks x workers), each sample read "
+     "by its byte range (one read per sample); block = the dataset cut into blocks of block_size consecutive "
+     "samples, blocks in a seeded order, dealt whole in turn (one read per block: a shuffle stage mixes "
+     "within a window). global and block need uncompressed tar shards and their indexes (shardflow index; made "
+     "and kept on first use when missing; remote shards' in index_dir); see docs/data.md",
+     order_names},
+    {"block_size", SF_OPT_COUNT, offsetof(shard_source, block_size), "256", 1, 1e9,
+     "order: block: consecutive samples per block (one read each)", NULL},
+    {"index_dir", SF_OPT_STRING, offsetof(shard_source, index_dir), NULL, 0, 0,
+     "order: global / block: the directory holding the shards' indexes (shardflow index --out DIR); empty = "
+     "next to each shard (SHARD.sfidx). A missing index is made by reading the shard once and kept there",
+     NULL},
+    {"start", SF_OPT_COUNT, offsetof(shard_source, start), "0", 0, 0,
+     "order: global / block: samples of the first epoch consumed before, by all ranks together (a resume: "
+     "Python's load_state_dict sets it); global resumes at any world size, block at the same ranks x workers",
+     NULL},
+    {"samples", SF_OPT_STRING, offsetof(shard_source, samples), NULL, 0, 0,
+     "order: global / block: FILE of dataset indices (sample i of the shards in list order, one a line), read in "
+     "this order every epoch instead of the permutation, dealt to ranks as it is (Python's shardflow.Dataset "
+     "reads items with it); empty = the whole dataset",
      NULL},
     {NULL},
 };
@@ -139,6 +183,95 @@ static int read_plan(sf_node *node, shard_source *s) {
   return r;
 }
 
+/* The index of shard i: read (checked against the shard), else made from the shard and kept. */
+static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
+  const char *url = s->list.urls[i];
+  sf_error error, unsaved = {0};
+  int r = sf_shard_index_load(&s->indexes[i], url, s->index_dir, &unsaved, &error);
+  if (r < 0) return INIT_FAIL(node, r, error.url[0] ? error.url : url, "order: %s: %s",
+                              order_names[s->visit], error.message);
+  if (unsaved.code && !*said) {
+    *said = true;
+    sf_node_log(node, SF_LOG_WARNING, "%s; indexes are made again in every run until they can be kept "
+                "(shardflow index --out DIR, and index_dir: DIR)", unsaved.message);
+  }
+  /* Only the spans are needed from here on. */
+  for (size_t k = 0; s->indexes[i].keys && k < s->indexes[i].count; k++) free(s->indexes[i].keys[k]);
+  free(s->indexes[i].keys);
+  s->indexes[i].keys = NULL;
+  return 0;
+}
+
+/* shard_source's samples: the dataset indices to read, one a line. */
+static int read_picks(sf_node *node, shard_source *s) {
+  FILE *f = fopen(s->samples, "r");
+  if (!f)
+    return INIT_FAIL(node, SF_ENOENT, NULL, "samples \"%s\": %s; give a file of dataset indices", s->samples,
+                     strerror(errno));
+  char line[64];
+  size_t cap = 0;
+  s->picked = true;
+  int r = 0;
+  for (long no = 1; r == 0 && fgets(line, sizeof line, f); no++) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(line, &end, 10);
+    if (end == line || errno || strspn(end, " \t\r\n") != strlen(end) || v >= s->total) {
+      r = INIT_FAIL(node, SF_EOPTION, NULL, "samples \"%s\" line %ld is not a dataset index below %" PRIu64
+                    " (the samples of the shards' indexes)", s->samples, no, s->total);
+      break;
+    }
+    if (s->n_picks == cap) {
+      cap = cap ? 2 * cap : 256;
+      uint64_t *grown = realloc(s->picks, cap * sizeof *grown);
+      if (!grown) {
+        r = INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for the samples");
+        break;
+      }
+      s->picks = grown;
+    }
+    s->picks[s->n_picks++] = v;
+  }
+  fclose(f);
+  return r;
+}
+
+/* order: global / block: every shard's index, the dataset's size, and where a resumed epoch starts. */
+static int init_indexed(sf_node *node, shard_source *s) {
+  if (s->plan && s->plan[0])
+    return INIT_FAIL(node, SF_EOPTION, NULL, "plan goes with order: sequential only; order: %s resumes with "
+                     "start (the samples the epoch consumed, all ranks together)", order_names[s->visit]);
+  if (s->sampling != SAMPLING_SEQUENTIAL)
+    return INIT_FAIL(node, SF_EOPTION, NULL, "sampling: resample goes with order: sequential only; order: %s "
+                     "repeats its permutation, reshuffled, to reach samples_per_epoch", order_names[s->visit]);
+  s->indexes = calloc(s->list.count, sizeof *s->indexes);
+  s->before = calloc(s->list.count + 1, sizeof *s->before);
+  if (!s->indexes || !s->before) return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu indexes", s->list.count);
+  bool said = false;
+  for (size_t i = 0; i < s->list.count; i++) {
+    int r = load_index(node, s, i, &said);
+    if (r < 0) return r;
+    s->before[i + 1] = s->before[i] + s->indexes[i].count;
+  }
+  s->total = s->before[s->list.count];
+  if (s->samples && s->samples[0]) {
+    int r = read_picks(node, s);
+    if (r < 0) return r;
+  }
+  if (s->total == 0)
+    return INIT_FAIL(node, SF_ENOENT, NULL, "order: %s: the %zu shard(s) hold no sample; check the shard list",
+                     order_names[s->visit], s->list.count);
+  /* The positions before start were consumed; this slot's share of them is skipped. */
+  uint64_t start = (uint64_t)s->start;
+  if (start % s->stride != 0 && s->visit == ORDER_BLOCK)
+    return INIT_FAIL(node, SF_EOPTION, NULL,
+                     "start %" PRIu64 " is not a multiple of ranks x workers (%" PRIu64 "): order: block resumes "
+                     "only at the world size and workers it was saved with, every rank having consumed the same "
+                     "samples; use order: global to resume at another world size", start, s->stride);
+  s->skip = s->visit == ORDER_BLOCK ? start / s->stride : 0;
+  return 0;
+}
+
 static int init(sf_node *node) {
   shard_source *s = sf_node_priv(node);
   if (s->rank < 0) s->rank = sf_node_rank(node);
@@ -192,6 +325,7 @@ static int init(sf_node *node) {
   s->end = epochs == 0 ? UINT64_MAX : epochs; /* epochs counts from 0: a resumed run ends where the first would */
   s->next = s->slot;
   s->plan_epoch = s->epoch;
+  if (s->visit != ORDER_SEQUENTIAL) return init_indexed(node, s);
   if (s->plan && s->plan[0]) {
     if (s->samples_per_epoch > 0)
       return INIT_FAIL(node, SF_EOPTION, NULL,
@@ -278,8 +412,114 @@ static int step_plan(sf_node *node, shard_source *s) {
   return push_shard(node, s, p->index, &p->keep, p->n_keep);
 }
 
+/* ---- order: global / block ---- */
+
+/* The key of an epoch's (and pass's) permutation: the same on every rank, replica and worker. */
+static uint64_t order_key(sf_node *node, const shard_source *s, uint64_t pass) {
+  return sf_seed_mix(sf_seed_mix(sf_seed_mix(sf_node_seed(node), s->epoch), pass), 0x6f72646572 /* "order" */);
+}
+
+/* The k-th position of this slot in the epoch's order (k counts from the epoch's start, skipped ones included). */
+static uint64_t slot_position(const shard_source *s, uint64_t k, bool first) {
+  if (s->visit == ORDER_GLOBAL) return (first ? (uint64_t)s->start : 0) + s->slot + k * s->stride;
+  uint64_t run = (uint64_t)s->block_size; /* whole blocks in turn */
+  return ((k / run) * s->stride + s->slot) * run + k % run;
+}
+
+/* Which sample of the dataset comes at position i of a pass of the order keyed by key. */
+static uint64_t sample_at(const shard_source *s, uint64_t i, uint64_t key, bool shuffle) {
+  uint64_t n = s->total;
+  if (!shuffle) return i;
+  if (s->visit == ORDER_GLOBAL) return sf_index_permute(i, n, key);
+  /* Blocks of u samples in a seeded order; the last block (the dataset's tail) may be shorter. */
+  uint64_t u = (uint64_t)s->block_size, blocks = (n + u - 1) / u, last = blocks - 1, tail = n - last * u;
+  uint64_t at = sf_index_unpermute(last, blocks, key) * u; /* where the short block comes */
+  if (i >= at && i < at + tail) return last * u + (i - at);
+  if (i >= at + tail) i = i - tail + u;
+  return sf_index_permute(i / u, blocks, key) * u + i % u;
+}
+
+/* The shard holding dataset sample j (the last shard whose first sample is at or before j). */
+static size_t shard_of(const shard_source *s, uint64_t j) {
+  size_t lo = 0, hi = s->list.count; /* before[lo] <= j < before[hi] */
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->before[mid] <= j) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+typedef struct placed {
+  size_t shard;
+  uint64_t sample; /* within the shard */
+  uint64_t pass;
+} placed;
+
+static placed place(sf_node *node, const shard_source *s, uint64_t g) {
+  uint64_t pass = s->picked ? 0 : g / s->total;
+  uint64_t j = s->picked ? s->picks[g] : sample_at(s, g % s->total, order_key(node, s, pass), s->shuffle);
+  size_t shard = shard_of(s, j);
+  return (placed){shard, j - s->before[shard], pass};
+}
+
+/*
+ * order: global / block: the next samples of this slot, as one shard item with their byte range
+ * (consecutive samples of one shard are read together), or the epoch's end.
+ */
+static int step_indexed(sf_node *node, shard_source *s) {
+  if (s->epoch >= s->end) return SF_EOF;
+  bool first = s->epoch == s->plan_epoch;
+  uint64_t limit = s->picked                  ? s->n_picks
+                   : s->samples_per_epoch > 0 ? (uint64_t)s->samples_per_epoch * s->stride
+                                              : s->total;
+  uint64_t k = s->taken + (first ? s->skip : 0), g = slot_position(s, k, first);
+  if (g >= limit) {
+    sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
+    sf_node_push(node, &end);
+    s->epoch++;
+    s->taken = 0;
+    return 0;
+  }
+  placed at = place(node, s, g);
+  const int64_t *offsets = s->indexes[at.shard].offsets;
+  uint64_t n = 1;
+  int64_t bytes = offsets[at.sample + 1] - offsets[at.sample];
+  while (n < RANGE_SAMPLES) {
+    uint64_t next = slot_position(s, k + n, first);
+    if (next >= limit) break;
+    placed more = place(node, s, next);
+    if (more.shard != at.shard || more.pass != at.pass || more.sample != at.sample + n) break;
+    int64_t span = offsets[more.sample + 1] - offsets[more.sample];
+    if (bytes + span > RANGE_BYTES) break;
+    bytes += span;
+    n++;
+  }
+  sf_shard *shard = sf_shard_new(s->list.urls[at.shard]);
+  if (!shard) return SF_ENOMEM;
+  shard->epoch = s->epoch;
+  shard->index = at.shard;
+  shard->pass = at.pass;
+  shard->allow_pipe = s->allow_pipe;
+  shard->range_offset = offsets[at.sample];
+  shard->range_length = bytes;
+  shard->first_sample = at.sample;
+  shard->range_samples = n;
+  const char *etag = s->indexes[at.shard].etag;
+  if (etag[0] && !(shard->range_etag = strdup(etag))) {
+    sf_shard_destroy(&shard);
+    return SF_ENOMEM;
+  }
+  sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
+  sf_node_push(node, &item);
+  sf_node_count_output(node, 1, 0);
+  s->taken += n;
+  return 0;
+}
+
 static int step(sf_node *node) {
   shard_source *s = sf_node_priv(node);
+  if (s->visit != ORDER_SEQUENTIAL) return step_indexed(node, s);
   if (s->plan && s->plan[0] && s->epoch == s->plan_epoch && s->epoch < s->end) return step_plan(node, s);
   /* With samples_per_epoch, tar_split ends the epoch (and sends its EPOCH_END) by closing it. */
   bool endless = s->samples_per_epoch > 0 || s->sampling == SAMPLING_RESAMPLE;
@@ -305,6 +545,13 @@ static int step(sf_node *node) {
 
 static void uninit(sf_node *node) {
   shard_source *s = sf_node_priv(node);
+  for (size_t i = 0; s->indexes && i < s->list.count; i++) sf_shard_index_clear(&s->indexes[i]);
+  free(s->indexes);
+  s->indexes = NULL;
+  free(s->before);
+  s->before = NULL;
+  free(s->picks);
+  s->picks = NULL;
   sf_shard_list_clear(&s->list);
   free(s->order);
   s->order = NULL;

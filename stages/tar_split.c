@@ -1,5 +1,6 @@
 /* tar_split: streams each shard (file, http(s), s3, gs, pipe) through libarchive (or as TFRecord records) and emits its samples one per step, downloading the next shards meanwhile. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,8 @@
 #include "url.h"
 #include "shardflow/stage.h"
 
-/* Most shards read ahead. */
-enum { LOOKAHEAD_MAX = 64 };
+/* Most shards read ahead; most ranges of shards (order: global / block over the network) read ahead. */
+enum { LOOKAHEAD_MAX = 64, RANGES_AHEAD = 128, QUEUE = RANGES_AHEAD + 1 };
 
 /*
  * The prefetch tuner (when the graph does not write `prefetch`): every WINDOW seconds it compares the share of
@@ -63,7 +64,7 @@ typedef struct tar_split {
   bool compiled;
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
   sf_shard_cache *cache;
-  ahead queue[LOOKAHEAD_MAX + 1]; /* items taken from the input, in order (a ring) */
+  ahead queue[QUEUE]; /* items taken from the input, in order (a ring) */
   int q_head, q_len, q_shards;
   bool input_done;        /* the input said SF_EOF */
   bool downloads_failed;  /* the prefetcher could not start: do not try again */
@@ -97,6 +98,12 @@ typedef struct tar_split {
   bool warm;              /* the start-up window has passed */
   bool capped_said;       /* the memory budget stopped a raise, and the log said so */
   unsigned clock_steps;   /* steps since the clock was last read */
+  /* Indexed reads (sf_shard.range_length > 0): the bytes of the open range (with end-of-archive blocks
+   * after them, for the tar reader over memory), and the last shard's file, kept open for the next range. */
+  uint8_t *range;
+  int range_fd;           /* -1 when none */
+  bool ranged;            /* remote ranges were read ahead: RANGE_TRANSFERS at once, many items ahead */
+  char *range_url;        /* the URL range_fd reads */
 } tar_split;
 
 static const char *const key_rule_names[] = {"first_dot", "last_dot", "regex", NULL};
@@ -170,7 +177,7 @@ static const sf_option options[] = {
 
 /* ---- items taken ahead ---- */
 
-static ahead *q_at(tar_split *t, int i) { return &t->queue[(t->q_head + i) % (LOOKAHEAD_MAX + 1)]; }
+static ahead *q_at(tar_split *t, int i) { return &t->queue[(t->q_head + i) % QUEUE]; }
 
 static void ahead_clear(ahead *a) {
   sf_fetch_close(&a->fetch);
@@ -181,10 +188,35 @@ static void ahead_clear(ahead *a) {
 
 static int ensure_downloads(sf_node *node, tar_split *t, const char *url);
 
-/* Starts fetching a remote shard taken ahead: from the cache, else a download. */
+static bool is_range(const ahead *a) {
+  return a->item.kind == SF_ITEM_SHARD && a->item.u.shard->range_length > 0;
+}
+
+/*
+ * Indexed reads of remote shards (order: global / block) are one small request each: they need many under way
+ * at once, not the few whole shards the tuner weighs, so the first one sets this many transfers (and RANGES_AHEAD
+ * items ahead) and stops the tuner; prefetch_bytes still bounds what they hold (a range holds one 512 KiB block).
+ */
+enum { RANGE_TRANSFERS = 64 };
+
+/* Starts fetching a remote shard taken ahead: from the cache, else a download; a range of one: that range. */
 static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
   const char *url = a->item.u.shard->url;
   if (t->prefetch == 0 || !sf_url_is_remote(url)) return; /* local files: the page cache */
+  if (is_range(a)) {
+    const sf_shard *shard = a->item.u.shard;
+    if (ensure_downloads(node, t, url) == 0) {
+      if (!t->ranged) {
+        t->ranged = true;
+        t->tune = false;
+        sf_prefetch_set_max_transfers(t->downloads, RANGE_TRANSFERS);
+      }
+      sf_error error;
+      (void)sf_prefetch_start_range(t->downloads, url, shard->range_offset, shard->range_length, shard->range_etag,
+                                    &a->fetch, &error); /* on failure: at its turn */
+    }
+    return;
+  }
   /* A cached copy is read only once the server confirms it (304 to a conditional download). */
   sf_object_version version;
   if (t->cache) a->cache_fd = sf_shard_cache_lookup(t->cache, url, NULL, &version);
@@ -234,7 +266,8 @@ static int ensure_downloads(sf_node *node, tar_split *t, const char *url) {
 /* Takes input items ahead (up to `prefetch` shards) and starts their downloads. Returns how many it took. */
 static int fill_ahead(sf_node *node, tar_split *t) {
   int taken = 0;
-  while (!t->input_done && t->q_len < LOOKAHEAD_MAX + 1 && t->q_shards < t->prefetch + (t->tar ? 0 : 1)) {
+  while (!t->input_done && t->q_len < QUEUE &&
+         t->q_shards < (t->ranged ? RANGES_AHEAD : t->prefetch) + (t->tar ? 0 : 1)) {
     ahead *a = q_at(t, t->q_len);
     *a = (ahead){.cache_fd = -1};
     int rc = sf_node_pop(node, &a->item);
@@ -391,7 +424,7 @@ static int next_item(sf_node *node, tar_split *t, ahead *out) {
   fill_ahead(node, t);
   if (t->q_len == 0) return t->input_done ? SF_EOF : SF_EAGAIN;
   *out = *q_at(t, 0);
-  t->q_head = (t->q_head + 1) % (LOOKAHEAD_MAX + 1);
+  t->q_head = (t->q_head + 1) % QUEUE;
   t->q_len--;
   if (out->item.kind == SF_ITEM_SHARD) t->q_shards--;
   return 0;
@@ -419,6 +452,123 @@ static void drop_cut_downloads(tar_split *t) {
 static void close_shard(tar_split *t) {
   sf_tar_reader_close(&t->tar);
   sf_shard_destroy(&t->shard);
+  free(t->range); /* after the reader: it reads these bytes */
+  t->range = NULL;
+}
+
+static bool cancelled(void *node);
+
+/* A remote shard's range into t->range (n bytes): the download started ahead (taken), else one started now. */
+static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **fetch, size_t n, sf_error *error) {
+  int rc = 0;
+  if (!*fetch) {
+    rc = ensure_downloads(node, t, shard->url);
+    if (rc == 0)
+      rc = sf_prefetch_start_range(t->downloads, shard->url, shard->range_offset, shard->range_length,
+                                   shard->range_etag, fetch, error);
+    else
+      rc = sf_error_set(error, rc, SF_AT(.url = shard->url), "cannot start the range's download");
+  }
+  size_t got = 0;
+  while (rc == 0) {
+    const void *data;
+    ssize_t r = sf_fetch_read(*fetch, &data, cancelled, node, error);
+    if (r == 0) break;
+    if (r < 0) {
+      rc = (int)r;
+      if (error->offset >= 0) error->offset += shard->range_offset; /* the fetch counts from the range's start */
+      break;
+    }
+    if ((size_t)r > n - got) {
+      rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset),
+                        "the server sent more than the %zu bytes asked for", n);
+      break;
+    }
+    memcpy(t->range + got, data, (size_t)r);
+    got += (size_t)r;
+  }
+  if (rc == 0 && got != n)
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset + (int64_t)got),
+                      "the range ended after %zu of its %zu bytes; the shard is shorter than its index says "
+                      "(rewritten since it was indexed?): run shardflow index on it again", got, n);
+  sf_fetch_close(fetch);
+  return rc;
+}
+
+/*
+ * An indexed read: the bytes of shard's range (whole samples, see sf_shard) by pread, or a remote shard's by
+ * its download (fetch, taken; NULL: one is started now), then the tar reader over them, so that the samples get
+ * the same fields and keys as a read of the whole shard. Takes shard. Returns 0 (the range is open, or its
+ * failure was recorded and the error policy said go on) or the policy's error.
+ */
+static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fetch) {
+  enum { END_BLOCKS = 1024 }; /* tar's end-of-archive: two zero blocks */
+  sf_error error = {.offset = -1, .line = -1};
+  int rc = 0;
+  size_t n = (size_t)shard->range_length;
+  /* An index is outside input: a span larger than its samples may be (headers included) is not allocated. */
+  int64_t most = (int64_t)shard->range_samples * (t->max_sample_size + (1 << 20));
+  if (shard->range_samples == 0 || shard->range_length > most) {
+    rc = sf_error_set(&error, SF_ETOOBIG, SF_AT(.url = shard->url, .offset = shard->range_offset),
+                      "the index gives %llu sample(s) here %lld bytes, more than max_sample_size allows; check the "
+                      "index (shardflow index writes it again) or raise max_sample_size",
+                      (unsigned long long)shard->range_samples, (long long)shard->range_length);
+    goto parse;
+  }
+  if (sf_url_is_remote(shard->url)) {
+    if (!(t->range = calloc(1, n + END_BLOCKS)))
+      rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);
+    if (rc == 0) rc = fetch_range(node, t, shard, &fetch, n, &error);
+    sf_fetch_close(&fetch);
+    goto parse;
+  }
+  if (!t->range_url || strcmp(t->range_url, shard->url) != 0) {
+    if (t->range_fd >= 0) close(t->range_fd);
+    free(t->range_url);
+    t->range_url = NULL;
+    char *path = sf_url_local_path(shard->url);
+    t->range_fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (t->range_fd < 0)
+      rc = sf_error_set(&error, path ? (errno == ENOENT ? SF_ENOENT : SF_EIO) : SF_EUNSUPPORTED,
+                        SF_AT(.url = shard->url), "cannot open the shard for an indexed read: %s",
+                        path ? strerror(errno) : "not a local file");
+    free(path);
+    if (rc == 0 && !(t->range_url = strdup(shard->url))) rc = SF_ENOMEM;
+  }
+  if (rc == 0 && !(t->range = calloc(1, n + END_BLOCKS)))
+    rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);
+  double began = now();
+  for (size_t got = 0; rc == 0 && got < n;) {
+    ssize_t r = pread(t->range_fd, t->range + got, n - got, (off_t)(shard->range_offset + (int64_t)got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      rc = sf_error_set(&error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset + (int64_t)got),
+                        "indexed read: %s; the shard is shorter than its index says (rewritten since it was "
+                        "indexed?): run shardflow index on it again", r < 0 ? strerror(errno) : "end of file");
+    else
+      got += (size_t)r;
+  }
+  atomic_fetch_add_explicit(&t->read_ns, (uint_fast64_t)((now() - began) * 1e9), memory_order_relaxed);
+parse:
+  sf_fetch_close(&fetch); /* not read: refused before */
+  if (rc == 0) rc = sf_tar_reader_open_memory(&t->tar, t->range, n + END_BLOCKS, shard->url, &error);
+  if (rc < 0) {
+    char url[512];
+    snprintf(url, sizeof url, "%s", shard->url);
+    uint64_t lost = shard->range_samples;
+    sf_shard_destroy(&shard);
+    free(t->range);
+    t->range = NULL;
+    if (rc == SF_ENOMEM && !error.message[0]) sf_error_set(&error, rc, SF_AT(.url = url), "out of memory");
+    if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
+    int policy = sf_node_error(node, rc, error.url[0] ? error.url : url, NULL, error.offset, "%s", error.message);
+    if (policy == 0) sf_node_count_skipped(node, lost); /* the range's samples: counted, never silently lost */
+    return stops_the_run(rc) ? rc : policy;
+  }
+  sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
+  sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
+  t->shard = shard;
+  return 0;
 }
 
 static bool cancelled(void *node) { return sf_node_cancelled(node); }
@@ -455,6 +605,12 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     }
     t->pass = shard->pass;
     t->pass_samples = 0;
+  }
+  if (shard->range_length > 0) {
+    sf_fetch *fetch = a->fetch;
+    a->fetch = NULL;
+    ahead_clear(a);
+    return open_range(node, t, shard, fetch);
   }
   if (sf_url_is_remote(shard->url)) {
     (void)ensure_downloads(node, t, shard->url); /* counts retries */
@@ -579,6 +735,7 @@ static int read_sample(sf_node *node, tar_split *t) {
       close_shard(t);
       return SF_EOF; /* stopping: not an error of the shard */
     }
+    if (t->shard->range_length > 0 && error.offset >= 0) error.offset += t->shard->range_offset;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
     /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
@@ -590,6 +747,10 @@ static int read_sample(sf_node *node, tar_split *t) {
     return 0;
   }
   const sf_shard *shard = t->shard;
+  if (shard->range_length > 0) { /* an indexed read: positions in the range are positions in the shard */
+    sample->index += shard->first_sample;
+    sample->offset += shard->range_offset;
+  }
   if (shard->keep && !bsearch(&sample->index, shard->keep, shard->n_keep, sizeof *shard->keep, cmp_u64)) {
     sf_sample_destroy(&sample); /* not in the resume plan: consumed before the resume, or another rank's */
     return 0;
@@ -639,7 +800,9 @@ static int step(sf_node *node) {
     return read_sample(node, t);
   }
   int taken = fill_ahead(node, t);
-  if (t->q_len > 0 && q_at(t, 0)->fetch && !sf_fetch_ready(q_at(t, 0)->fetch, 1)) {
+  ahead *first = t->q_len > 0 ? q_at(t, 0) : NULL;
+  int64_t need = first && is_range(first) ? first->item.u.shard->range_length : 1; /* a range: all of it */
+  if (first && first->fetch && !sf_fetch_done(first->fetch) && !sf_fetch_ready(first->fetch, need)) {
     download_wait(node, t);
     return taken ? 0 : SF_EAGAIN;
   }
@@ -719,6 +882,7 @@ static int describe(sf_node *node, sf_stage_stats *x, sf_worker_stats *workers, 
 static int init(sf_node *node) {
   tar_split *t = sf_node_priv(node);
   t->n_ref_fields = -1;
+  t->range_fd = -1;
   /* A written prefetch (0 included) pins it; the default is where the tuner starts. */
   t->tune = !sf_node_option_written(node, "prefetch") && t->prefetch > 0;
   t->prefetch_initial = t->prefetch;
@@ -757,7 +921,7 @@ static void uninit(sf_node *node) {
   close_shard(t);
   while (t->q_len > 0) {
     ahead a = *q_at(t, 0);
-    t->q_head = (t->q_head + 1) % (LOOKAHEAD_MAX + 1);
+    t->q_head = (t->q_head + 1) % QUEUE;
     t->q_len--;
     ahead_clear(&a);
   }
@@ -781,6 +945,10 @@ static void uninit(sf_node *node) {
            (unsigned long long)c.stale, (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
   }
   sf_shard_cache_close(&t->cache);
+  if (t->range_fd >= 0) close(t->range_fd);
+  t->range_fd = -1;
+  free(t->range_url);
+  t->range_url = NULL;
 }
 
 const sf_stage_def sf_stage_tar_split = {

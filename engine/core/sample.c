@@ -22,6 +22,7 @@ void sf_shard_destroy(sf_shard **ps) {
   if (!ps || !*ps) return;
   free((*ps)->url);
   free((*ps)->keep);
+  free((*ps)->range_etag);
   free(*ps);
   *ps = NULL;
 }

@@ -2,6 +2,7 @@
 #include "url.h"
 
 #include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ASCII classes spelled out: <ctype.h> would follow the embedding program's locale. */
@@ -123,4 +124,20 @@ void sf_url_redact(const char *url, char *out, size_t size) {
   }
   out[o] = '\0';
 #undef PUT
+}
+
+char *sf_url_local_path(const char *url) {
+  switch (sf_url_kind_of(url)) {
+  case SF_URL_PATH: return strdup(url);
+  case SF_URL_FILE: {
+    const char *p = url + strlen("file://");
+    if (strncmp(p, "localhost/", 10) == 0) p += 9;
+    if (*p != '/') return NULL;
+    size_t n = strlen(p);
+    char *out = malloc(n + 1);
+    if (out) sf_url_decode(out, p, n, false);
+    return out;
+  }
+  default: return NULL;
+  }
 }

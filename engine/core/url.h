@@ -23,6 +23,12 @@ typedef enum sf_url_kind {
 /* The kind of url (NULL is a path). */
 sf_url_kind sf_url_kind_of(const char *url);
 
+/*
+ * The local path a path or file:// URL names (file:///path and file://localhost/path, %XX decoded), malloc'd
+ * (the caller frees it); NULL for other URLs, a file URL without an absolute path, or out of memory.
+ */
+char *sf_url_local_path(const char *url);
+
 /* True for http(s)://. */
 bool sf_url_is_http(const char *url);
 

@@ -25,6 +25,8 @@ static const char *const order_free[] = {
     /* a permission; how a resumed epoch is read (elastic resume), not what the epochs hold */
     "shard_source.allow_pipe",
     "shard_source.plan",
+    "shard_source.start",
+    "shard_source.index_dir",
     /* how and how fast shards arrive, and where they are kept */
     "tar_split.connect_timeout",
     "tar_split.stall_timeout",

@@ -95,9 +95,13 @@ struct sf_fetch {
   /* Headers of the attempt's last response (after redirects). */
   char etag[200], last_modified[64];
   int64_t range_start;  /* from Content-Range, -1 if none */
+  int64_t range_total;  /* the object's size from Content-Range, -1 if none */
   double retry_after;   /* seconds, -1 if none */
   /* The version pinned by the first response. */
   char pin_etag[200], pin_modified[64];
+  /* A ranged download (sf_prefetch_start_range): bytes [base, base + length) of the object; length 0 = all. */
+  int64_t base, length;
+  char want_etag[200];  /* a ranged download: the ETag the object must have (the index's), or "" */
   sf_object_version cached;  /* the caller's copy: the first request is conditional on it */
   sf_object_version version; /* the first response with a body (set before its first byte is kept) */
   bool not_modified;         /* the server answered 304 to the conditional request */
@@ -262,8 +266,9 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *opaque) {
   } else if (name_len == 13 && strncasecmp(line, "last-modified", 13) == 0) {
     copy_value(f->last_modified, sizeof f->last_modified, v, v_len);
   } else if (name_len == 13 && strncasecmp(line, "content-range", 13) == 0) {
-    long long start;
+    long long start, end, total;
     if (sscanf(value, "bytes %lld-", &start) == 1) f->range_start = start;
+    if (sscanf(value, "bytes %lld-%lld/%lld", &start, &end, &total) == 3) f->range_total = total;
   } else if (name_len == 11 && strncasecmp(line, "retry-after", 11) == 0) {
     char *end;
     double s = strtod(value, &end);
@@ -296,6 +301,28 @@ static void check_response(sf_fetch *f) {
   }
   f->mode = BODY_KEEP;
   int64_t from = f->attempt_from;
+  if (f->length > 0) { /* a ranged download: only the bytes asked for, of the version asked for */
+    bool same = !f->want_etag[0] || strcmp(f->etag, f->want_etag) == 0;
+    if (status != 206 || f->range_start != f->base + from) {
+      f->verdict = SF_EUNSUPPORTED;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "asked for bytes %lld-%lld, the server answered %ld%s — reading samples by range needs a server "
+               "that serves byte ranges (HTTP Range)", (long long)(f->base + from),
+               (long long)(f->base + f->length - 1), status, status == 206 ? " with other bytes" : "");
+    } else if (!same) {
+      f->verdict = SF_EIO;
+      snprintf(f->verdict_text, sizeof f->verdict_text,
+               "the shard changed since it was indexed (ETag %.100s, the index has %.100s): run shardflow index on "
+               "it again", f->etag[0] ? f->etag : "none", f->want_etag);
+    } else if (from == 0) {
+      snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
+      snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
+      if (!f->pin_etag[0] && strong_etag(f->etag)) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
+      else if (!f->pin_etag[0] && f->last_modified[0])
+        snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
+    }
+    return;
+  }
   if (from == 0) {
     if (status == 206) {
       f->verdict = SF_EIO;
@@ -572,6 +599,15 @@ static int make_conditions(sf_fetch *f, int64_t from, char lines[3][280], size_t
     snprintf(lines[(*count)++], 280, "If-None-Match: %s", f->cached.etag);
   else if (from == 0 && f->cached.last_modified[0])
     snprintf(lines[(*count)++], 280, "If-Modified-Since: %s", f->cached.last_modified);
+  if (f->length > 0) { /* a ranged download: its range, pinned to the index's version when known */
+    if (f->pin_etag[0])
+      snprintf(lines[(*count)++], 280, "If-Match: %s", f->pin_etag);
+    else if (f->pin_modified[0])
+      snprintf(lines[(*count)++], 280, "If-Unmodified-Since: %s", f->pin_modified);
+    snprintf(lines[(*count)++], 280, "Range: bytes=%lld-%lld", (long long)(f->base + from),
+             (long long)(f->base + f->length - 1));
+    return 0;
+  }
   if (from > 0) {
     if (f->pin_etag[0]) {
       snprintf(lines[(*count)++], 280, "If-Match: %s", f->pin_etag);
@@ -602,6 +638,7 @@ static int launch_attempt(sf_prefetch *p, sf_fetch *f, int64_t from, char *text)
   f->socket_errno = 0;
   f->etag[0] = f->last_modified[0] = '\0';
   f->range_start = -1;
+  f->range_total = -1;
   f->retry_after = -1;
   f->last_progress = now();
   if (curl_multi_add_handle(p->multi, f->easy) != CURLM_OK) {
@@ -710,6 +747,11 @@ static void judge_http_status(const sf_fetch *f, long status, const char *name, 
     v->code = SF_ENOENT;
     snprintf(v->text, sizeof v->text, "HTTP %ld: the server has no such shard — check the URL and the shard list",
              status);
+  } else if (status == 412 && f->length > 0) {
+    v->code = SF_EIO;
+    snprintf(v->text, sizeof v->text,
+             "HTTP 412: the shard changed since it was indexed (If-Match %s failed): run shardflow index on it "
+             "again", f->pin_etag[0] ? f->pin_etag : f->pin_modified);
   } else if (status == 412) {
     v->code = SF_EIO;
     snprintf(v->text, sizeof v->text,
@@ -1206,8 +1248,26 @@ bool sf_fetch_done(sf_fetch *f) {
   return done;
 }
 
+static int start_fetch(sf_prefetch *p, const char *url, const sf_object_version *cached, int64_t base,
+                       int64_t length, const char *if_match, sf_fetch **fetch, sf_error *error);
+
 int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *cached, sf_fetch **fetch,
                       sf_error *error) {
+  return start_fetch(p, url, cached, 0, 0, NULL, fetch, error);
+}
+
+int sf_prefetch_start_range(sf_prefetch *p, const char *url, int64_t offset, int64_t length, const char *if_match,
+                            sf_fetch **fetch, sf_error *error) {
+  if (offset < 0 || length < 1) {
+    *fetch = NULL;
+    return sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "bad byte range %lld+%lld", (long long)offset,
+                        (long long)length);
+  }
+  return start_fetch(p, url, NULL, offset, length, if_match, fetch, error);
+}
+
+static int start_fetch(sf_prefetch *p, const char *url, const sf_object_version *cached, int64_t base,
+                       int64_t length, const char *if_match, sf_fetch **fetch, sf_error *error) {
   *fetch = NULL;
   char shown[512];
   sf_url_redact(url, shown, sizeof shown);
@@ -1227,6 +1287,13 @@ int sf_prefetch_start(sf_prefetch *p, const char *url, const sf_object_version *
   f->state = F_QUEUED;
   f->error_body.max = 4096; /* the start of a store's error answer names its code */
   if (cached) f->cached = *cached;
+  f->base = base;
+  f->length = length;
+  if (if_match && if_match[0]) {
+    snprintf(f->want_etag, sizeof f->want_etag, "%s", if_match);
+    /* If-Match compares strongly: a weak ETag never matches, so it is only compared with the answer's. */
+    if (strong_etag(if_match)) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", if_match);
+  }
   char name[280] = "";
   if (!f->is_store) server_name(url, name, sizeof name); /* a store's is its endpoint's, known when signed */
   pthread_mutex_lock(&p->lock);

@@ -131,6 +131,19 @@ int sf_prefetch_start(sf_prefetch *prefetch, const char *url, const sf_object_ve
                       sf_error *error);
 
 /*
+ * Queues a download of the bytes [offset, offset + length) of url (an indexed read of samples), as
+ * sf_prefetch_start() does a whole object's: the same retries, resumed inside the range. if_match (may be
+ * NULL or empty; copied) is the ETag the object must still have (the index's): every request carries
+ * If-Match with it (a strong one; a weak ETag, which If-Match never matches, is only compared with the
+ * answer's), and an answer with another ETag, or a 412, fails the download with SF_EIO ("changed since
+ * it was indexed"). A server that answers anything but 206 with these bytes fails it with
+ * SF_EUNSUPPORTED. Returns 0 with *fetch (owned by the caller: sf_fetch_close()); SF_EINVAL (not a remote
+ * URL, length < 1), SF_ENOMEM.
+ */
+int sf_prefetch_start_range(sf_prefetch *prefetch, const char *url, int64_t offset, int64_t length,
+                            const char *if_match, sf_fetch **fetch, sf_error *error);
+
+/*
  * After sf_fetch_wait() returned 0: true when the server answered a
  * conditional download 304 Not Modified (the caller's copy is current; there
  * is no body); otherwise *version (may be NULL) gets the validators of the

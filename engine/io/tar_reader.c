@@ -66,6 +66,7 @@ struct sf_tar_reader {
   int64_t size;
   bool sparse;
   int64_t offset;           /* header position in the (decompressed) tar stream */
+  int64_t end_offset;       /* where the end-of-archive blocks start, once eof is set */
   int64_t sample_size;      /* bytes of the sample being read */
   int64_t max_member_size, max_sample_size; /* see sf_tar_reader_set_limits() */
   int64_t largest_span;     /* stream bytes of the largest sample so far, header to next header */
@@ -511,6 +512,7 @@ static int advance(sf_tar_reader *t) {
                     after_key(t, where, sizeof where));
       }
       t->eof = true;
+      t->end_offset = t->base + offset;
       return 0;
     }
     /* After a fatal error libarchive no longer reports the header position: use how far it got. */
@@ -861,6 +863,14 @@ failed:
 }
 
 bool sf_tar_reader_failed(const sf_tar_reader *t) { return t->failed != 0; }
+
+int64_t sf_tar_reader_source_bytes(const sf_tar_reader *t) { return raw_offset(t); }
+
+int64_t sf_tar_reader_next_offset(const sf_tar_reader *t) {
+  if (t->failed || t->tfrecord) return -1;
+  if (t->pending) return t->offset;
+  return t->eof ? t->end_offset : -1;
+}
 
 bool sf_tar_reader_ready(sf_tar_reader *t) {
   if (!t->source || t->failed || t->eof) return true;

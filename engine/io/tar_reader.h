@@ -53,6 +53,17 @@ int sf_tar_reader_next(sf_tar_reader *reader, sf_sample **sample, sf_error *erro
 bool sf_tar_reader_failed(const sf_tar_reader *reader);
 
 /*
+ * Right after sf_tar_reader_next() returned a sample: the stream offset where the bytes after it
+ * start (the next sample's first member header, or the archive's end-of-archive blocks), so that
+ * [sample->offset, this) is the sample's span, the members passed over after it included (an
+ * index, engine/io/shard_index.h). -1 when not known: after a failure, in a TFRecord shard.
+ */
+int64_t sf_tar_reader_next_offset(const sf_tar_reader *t);
+
+/* Bytes taken from the shard so far (raw, before decompression): after SF_EOF, normally the shard's size. */
+int64_t sf_tar_reader_source_bytes(const sf_tar_reader *t);
+
+/*
  * True when sf_tar_reader_next() would not wait for a remote shard's bytes
  * (see sf_shard_reader_ready()): the bytes the next sample needs have
  * arrived, judged by the largest sample read so far in this shard (stream

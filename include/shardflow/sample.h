@@ -77,6 +77,15 @@ typedef struct sf_shard {
                                      index within the shard is among these n_keep, ascending (an
                                      elastic resume plan, shard_source's `plan`); owned, malloc'd */
   size_t n_keep;
+  /* An indexed read (shard_source's order: global / block): when range_length > 0, tar_split reads only
+   * the bytes [range_offset, range_offset + range_length) of the shard, which hold range_samples whole
+   * samples starting with sample first_sample of the shard (its index, engine/io/shard_index.h). */
+  int64_t range_offset;         /**< byte offset of the first sample's first member header */
+  int64_t range_length;         /**< bytes to read; 0 = the whole shard */
+  uint64_t first_sample;        /**< index within the shard of the range's first sample */
+  uint64_t range_samples;       /**< samples the range holds */
+  char *range_etag;             /**< a remote shard's ETag when indexed (reads carry If-Match with it), or
+                                     NULL; owned, malloc'd */
 } sf_shard;
 
 /**

@@ -93,6 +93,17 @@ SF_API int sf_graph_node_input(const sf_graph *graph, int i, int port);
 SF_API const char *sf_graph_node_option(const sf_graph *graph, int i, const char *option);
 
 /**
+ * The number of samples in the dataset of the graph's (first) shard_source: the sum over its
+ * expanded shard list of each shard's index (SHARD.sfidx in its index_dir or beside the shard,
+ * Megatron-Energon's SHARD.tar.idx, else made from the shard and kept, as order: global reads them;
+ * docs/data.md). Dataset index i, 0 <= i < *samples, is sample i of the shards in list order (what
+ * Python's shardflow.Dataset[i] reads). Returns 0 with *samples; SF_ENOENT when the graph has no
+ * shard_source; a shard list's or index's errors (SF_EINVAL, SF_ENOENT, SF_EIO for a stale index,
+ * SF_EFORMAT, SF_EUNSUPPORTED, SF_EOPTION...) with *error (may be NULL) naming the file and the fix.
+ */
+SF_API int sf_graph_dataset_size(const sf_graph *graph, uint64_t *samples, sf_error *error);
+
+/**
  * Writes `shardflow help STAGE` for stage (summary, ports, every option with
  * type, default, range and meaning; from the options table) into buf, cut to
  * size bytes with a NUL.  Returns the full length, or SF_ENOENT for an
@@ -130,7 +141,7 @@ SF_API void sf_graph_destroy(sf_graph **graph);
  * that change only a sample's bytes, where data is kept, or speed (every
  * option of augment and device_sink; decode's mode, min_size, depth and
  * defer_jpeg; batch's ragged, pad and pin_memory; tar_split's timeouts,
- * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe and plan;
+ * retries, prefetch, cache, mmap, ca_file, dead_host_shards; shard_source's allow_pipe, plan, start and index_dir;
  * python's in_flight).  A shard list is hashed as written: the
  * lines of an @FILE list and the objects under a store prefix are not read.
  *

@@ -22,7 +22,7 @@ import time
 from . import elastic
 from .elastic import merge_states
 
-__all__ = ["ClosedError", "Pipeline", "ShardflowError", "copy", "dataset", "get_include", "get_plugin_dir", "library",
+__all__ = ["ClosedError", "Dataset", "Pipeline", "ShardflowError", "copy", "dataset", "get_include", "get_plugin_dir", "library",
            "merge_states"]
 
 SF_EAGAIN, SF_EOF, SF_ETIMEDOUT, SF_ECANCELED = -1, -2, -12, -16  # include/shardflow/error.h
@@ -155,6 +155,7 @@ def _load():
         "sf_graph_node_type": (c, [p, ctypes.c_int]),
         "sf_stage_help": (ctypes.c_int, [c, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_graph_dataset_size": (ctypes.c_int, [p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_Error)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
         "sf_pipeline_new": (ctypes.c_int, [ctypes.POINTER(p), p, ctypes.POINTER(_Options), ctypes.POINTER(_Error)]),
         "sf_pipeline_next": (ctypes.c_int, [p, ctypes.POINTER(p), ctypes.c_double]),
@@ -400,12 +401,16 @@ class Pipeline:
         return g
 
     @_restarts
-    def _start(self, first_epoch, first_step, plan=None):
+    def _start(self, first_epoch, first_step, plan=None, consumed=None):
         """Starts at batch first_step of first_epoch; plan: the (shard, sample) pairs that epoch
-        reads instead of the rank's share (an elastic resume, shardflow/elastic.py)."""
+        reads instead of the rank's share (an elastic resume, shardflow/elastic.py); consumed: with
+        shard_source's order: global, the samples of first_epoch all ranks consumed before (its start)."""
         options = self._args[4]
         self._release()
         self._plan, self._plan_epoch = plan, first_epoch
+        self._consumed_base = consumed or 0
+        if consumed is not None:
+            options = dict(options, **{f"{self._indexed[0]}__start": consumed})
         plan_file = elastic.write_plan(plan) if plan is not None else None
         try:
             self._start_with(first_epoch, first_step, dict(options, plan=plan_file) if plan_file else options)
@@ -434,6 +439,7 @@ class Pipeline:
             self._batches = self._epoch_batches(g)
             self._renamed = any(library.sf_graph_node_type(g, i).decode() == "rename"
                                 for i in range(library.sf_graph_node_count(g)))
+            self._indexed = self._indexed_order(g)
         except BaseException:
             self._release()
             raise
@@ -470,6 +476,49 @@ class Pipeline:
         if samples == 0:
             return None
         return samples, size, values.get("partial", "true") in ("true", "yes", "on", "1")
+
+    def _epoch_positions(self, world):
+        """order: global: the positions of an epoch of this graph at world size world (shard_source's start
+        runs to it): samples_per_epoch x ranks x workers, else the dataset's samples."""
+        g = self._load_graph(self._args[0], self._args[4])
+        try:
+            node = next(i for i in range(library.sf_graph_node_count(g))
+                        if library.sf_graph_node_name(g, i).decode() == self._indexed[0])
+            option = lambda o: int(library.sf_graph_node_option(g, node, o.encode()).decode())  # noqa: E731
+            if option("samples_per_epoch"):
+                return option("samples_per_epoch") * world * option("workers")
+            size, err = ctypes.c_uint64(), _Error()
+            r = library.sf_graph_dataset_size(g, ctypes.byref(size), ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
+            return size.value
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+
+    @staticmethod
+    def _indexed_order(g):
+        """With shard_source's order: global, (its node name, batch size, why not): why not is None when the
+        samples consumed so far are the epoch's first positions, every rank alike, so that their count says
+        which ones they were; else what keeps it from saying so. None for other orders."""
+        source, batch, why = None, None, None
+        for i in range(library.sf_graph_node_count(g)):
+            stage, name = library.sf_graph_node_type(g, i).decode(), library.sf_graph_node_name(g, i).decode()
+            option = lambda o: library.sf_graph_node_option(g, i, o.encode()).decode()  # noqa: E731
+            if stage == "shard_source":
+                if option("order") != "global":
+                    return None
+                source = name
+                if int(option("workers")) > 1:
+                    why = "shard_source's workers > 1 (DataLoader workers take batches in turn)"
+            elif stage == "shuffle" and int(option("buffer_size")) > 1:
+                why = f"the shuffle stage {name!r} reorders samples after they are read"
+            elif stage in ("pack", "mix"):
+                why = f"the {stage} stage {name!r} does not keep one sample per row in order"
+            elif stage == "batch" and batch is None:
+                batch = int(option("batch_size"))
+        if source is None or batch is None:
+            return None
+        return source, batch, why
 
     @classmethod
     def _epoch_batches(cls, g):
@@ -521,6 +570,11 @@ class Pipeline:
                  "fingerprint": self._fingerprint()}
         if self._plan is not None and self.epoch == self._plan_epoch:
             state["plan"] = [list(pair) for pair in self._plan]
+        if self._indexed is not None and self._indexed[2] is None:
+            # order: global: the ranks consumed the epoch's first positions, so a count says which; the
+            # next ones go on at any world size (shard_source's start).
+            base = self._consumed_base if self.epoch == self._plan_epoch else 0
+            state["consumed"] = base + state["step"] * self._indexed[1] * state["world_size"]
         return state
 
     def load_state_dict(self, state):
@@ -538,6 +592,17 @@ class Pipeline:
         state = elastic.check_state(state)
         elastic.check_fingerprint(state, self._fingerprint())
         self._check_epoch(int(state["epoch"]))
+        if "consumed" in state and self._indexed is not None:
+            consumed = elastic._whole(state["consumed"], "consumed")
+            if self._indexed[2] is not None:
+                raise ValueError(f"the state counts consumed samples, which cannot say which samples this graph "
+                                 f"consumed: {self._indexed[2]}; resume at the same world size with a state "
+                                 "without 'consumed'")
+            epoch = int(state["epoch"])
+            if consumed >= self._epoch_positions(world):  # saved after the epoch's last batch: the next one
+                self._check_epoch(epoch + 1)
+                return self._start(epoch + 1, 0)
+            return self._start(epoch, 0, consumed=consumed)
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
                 plan = state["plans"][rank] if state.get("plans") else None
@@ -841,6 +906,91 @@ def _unpack_ragged(fields):
             elif kind in ("json", "jsn"):
                 parts = [json.loads(p) for p in parts]
         fields[name] = parts
+
+
+class Dataset:
+    """A map-style dataset over the graph's indexed shards (docs/data.md, "Indexed shards"): len(ds) is the
+    number of samples of shard_source's dataset (from the shards' indexes, made on first use), ds[i] the sample
+    with dataset index i (sample i of the shards in list order) through the graph's stages up to its batch,
+    as a dict of field -> that sample's row (arrays, or a list entry for a ragged field) plus "__key__".
+    ds.__getitems__(indices) reads many in one pass, which torch's DataLoader uses with its samplers
+    (DataLoader(ds, batch_size=64, shuffle=True)): every call runs the graph once, as one rank, over exactly
+    those samples (shard_source's order: global with samples), so give it many at a time. A shuffle stage
+    is bypassed (its buffer_size set to 1) and the batch stage keeps its last short batch; random stages
+    (augment) draw as in any run of the graph's seed. Keyword options are the stages' (as Pipeline's).
+    Raises ShardflowError when the graph has no shard_source or an index cannot be read (a stale one
+    names both files), ValueError for a graph with a pack or mix stage (rows would not be samples)."""
+
+    def __init__(self, graph, **options):
+        self._graph, self._options = graph, dict(options)
+        g = Pipeline._load_graph(graph, options)
+        try:
+            size, err = ctypes.c_uint64(), _Error()
+            r = library.sf_graph_dataset_size(g, ctypes.byref(size), ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
+            self._len = size.value
+            forced = {}
+            for i in range(library.sf_graph_node_count(g)):
+                stage, name = library.sf_graph_node_type(g, i).decode(), library.sf_graph_node_name(g, i).decode()
+                if stage in ("pack", "mix"):
+                    raise ValueError(f"the {stage} stage {name!r} does not give one row per sample: a map-style "
+                                     "Dataset needs a graph whose batch rows are its samples")
+                if stage == "shard_source" and not hasattr(self, "_source"):
+                    forced[f"{name}__order"], self._source = "global", name
+                elif stage == "shuffle":
+                    forced[f"{name}__buffer_size"] = 1
+                elif stage == "batch":
+                    forced[f"{name}__partial"] = True
+            self._forced = forced
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, i):
+        import operator
+        if not hasattr(i, "__index__"):  # a batch of indices: DataLoader(ds, sampler=BatchSampler(...), batch_size=None)
+            return self.__getitems__(list(i))
+        i = operator.index(i)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"dataset index {i} out of range: the dataset has {self._len} samples")
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices):
+        """The samples with these dataset indices, in this order (a list of dicts, see the class)."""
+        import operator
+        import tempfile
+        picks = []
+        for i in indices:
+            i = operator.index(i)
+            if not 0 <= i < self._len:
+                raise IndexError(f"dataset index {i} out of range: the dataset has {self._len} samples")
+            picks.append(i)
+        if not picks:
+            return []
+        fd, path = tempfile.mkstemp(prefix="shardflow-samples-", suffix=".txt")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(f"{i}\n" for i in picks))
+            options = dict(self._options, **self._forced, **{f"{self._source}__samples": path})
+            pipeline = Pipeline(self._graph, rank=0, world_size=1, epochs=1, output="dict", **options)
+            rows = []
+            try:
+                for batch in pipeline:
+                    n = len(batch["__key__"])
+                    rows += [{k: v[j] for k, v in batch.items()} for j in range(n)]
+            finally:
+                pipeline.close()
+        finally:
+            os.remove(path)
+        if len(rows) != len(picks):
+            raise ShardflowError(-5, f"{len(picks) - len(rows)} of the {len(picks)} samples asked for were skipped "
+                                 "(see the errors logged on the shardflow logger)")
+        return rows
 
 
 def dataset(graph, **kwargs):

@@ -42,6 +42,8 @@ class PipelineDataset(torch.utils.data.IterableDataset):
         super().__init__()
         self._graph, self._options = graph, options
         self._epoch = multiprocessing.RawValue("q", 0)  # inherited (or sent at spawn) by the workers
+        self._pipeline = None  # the running iteration's pipeline, in this process (a worker, or the main one)
+        self._pending = None   # a loaded state, for the next iteration
 
     @property
     def epoch(self):
@@ -82,5 +84,35 @@ class PipelineDataset(torch.utils.data.IterableDataset):
                     return  # more workers than batches: this one has none
                 options["shard_source__samples_per_epoch"] = share
         with Pipeline(self._graph, **options) as p:
-            p.set_epoch(self._epoch.value)
-            yield from p
+            if self._pending is not None:
+                p.load_state_dict(self._pending)  # this worker's own position (torchdata's protocol)
+                self._pending = None
+            else:
+                p.set_epoch(self._epoch.value)
+            self._pipeline = p
+            try:
+                yield from p
+            finally:
+                self._pipeline = None
+
+    def state_dict(self):
+        """The position of this process's iteration, torchdata's Stateful protocol: StatefulDataLoader calls it
+        in each DataLoader worker (each reads its own shards: its state is its own) and hands each worker its
+        state back through load_state_dict() on resume. Outside an iteration: the loaded state, else the epoch
+        the next iteration starts. A small dict (Pipeline.state_dict(), docs/resume.md)."""
+        if self._pipeline is not None:
+            return {"pipeline": self._pipeline.state_dict()}
+        if self._pending is not None:
+            return {"pipeline": self._pending}
+        return {"epoch": self._epoch.value}
+
+    def load_state_dict(self, state):
+        """Resumes the next iteration where state_dict() was taken: in the same worker of the same number of
+        workers and world size (the same process of a StatefulDataLoader), or any world size for a pipeline
+        whose state counts consumed samples (shard_source order: global, without workers). Checked when the
+        iteration starts (Pipeline.load_state_dict's errors)."""
+        if "pipeline" in state:
+            self._pending = dict(state["pipeline"])
+        else:
+            self._pending = None
+            self._epoch.value = int(state["epoch"])

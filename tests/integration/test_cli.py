@@ -250,7 +250,7 @@ for name in sorted(os.listdir(os.path.join(os.environ["SF_SOURCE_ROOT"], "cli"))
     if command:
         rows[command.group(1)] = re.findall(r'\.row = \{"([a-z-]+)", (SF_OPT_[A-Z]+)[^}]*\}(?:,\s*\.value = "([^"]+)")?',
                                             text)
-check(set(rows) == {"run", "ls", "write", "cp", "worker", "keygen", "dot", "help", "config"} and sum(map(len, rows.values())) >= 30,
+check(set(rows) == {"run", "ls", "index", "write", "cp", "worker", "keygen", "dot", "help", "config"} and sum(map(len, rows.values())) >= 30,
       f"the tables were found: {rows}")
 typed = {"SF_OPT_COUNT", "SF_OPT_INT", "SF_OPT_SIZE", "SF_OPT_DURATION", "SF_OPT_ENUM", "SF_OPT_SEED", "SF_OPT_FLOAT"}
 for command, table in rows.items():

@@ -85,10 +85,10 @@ try:
         boto.create_bucket(Bucket="written")
         run(["write", "--quiet", "--maxcount", "4", tree, os.path.join(written, "w-%06d.tar")], env=env)
         run(["write", "--quiet", "--maxcount", "4", tree, "s3://written/w-%06d.tar"], env=env)
-        for name in sorted(os.listdir(written)):
+        for name in sorted(n for n in os.listdir(written) if n.endswith(".tar")):  # not the local shards' indexes
             got = boto.get_object(Bucket="written", Key=name)["Body"].read()
             check(got == open(os.path.join(written, name), "rb").read(), f"write to s3:// uploads {name} intact")
-        check(len(os.listdir(written)) == 3, "10 samples, 4 a shard: 3 shards")
+        check(len([n for n in os.listdir(written) if n.endswith(".tar")]) == 3, "10 samples, 4 a shard: 3 shards")
         check(not [f for f in os.listdir(os.environ.get("TMPDIR", "/tmp")) if f.startswith("shardflow-write-")],
               "the writer's temporary shards are removed")
         # (s3rver's ETag of a multipart object is the plain MD5, not S3's "-N" form: count the requests.)
@@ -176,6 +176,22 @@ try:
             check(keys == want_keys, f"pipeline keys equal tarfile's, in listing order ({len(keys)} of {len(want_keys)})")
             labels = [int(v) for _, _, _, f in read_batches(out) for v in f["cls"]]
             check(labels == [truth[k][1] for k in keys], "labels travel with their samples")
+            # order: global over s3://: the shards indexed once (--out), then one signed ranged GET a sample.
+            idx = os.path.join(tmp, "idx")
+            run(["index", "-q", "--out", idx, '"s3://shards/train set/"'.strip('"')], env=env)
+            out2 = os.path.join(tmp, "out-global")
+            graph = write_graph(os.path.join(tmp, "g2.yaml"), [
+                ("shard_source", dict(urls='"s3://shards/train set/"', order="global", index_dir=idx)),
+                ("tar_split", {}), ("decode", {}), ("batch", dict(batch_size=20)), ("device_sink", dict(npy_dir=out2)),
+            ], seed=1, epochs=1, error_policy="fail")
+            before = len(proxy.seen)
+            p = run(["run", graph, "--quiet", "--no-summary"], env=env, check=False)
+            check(p.returncode == 0, "order: global over s3:// ran: " + p.stderr)
+            keys = [k for _, _, ks, _ in read_batches(out2) for k in ks]
+            check(sorted(keys) == sorted(want_keys) and keys != want_keys,
+                  f"order: global over s3://: tarfile's keys, each once, shuffled ({len(keys)})")
+            ranged = [x for x in proxy.seen[before:] if x[0] == "GET"]
+            check(len(ranged) >= len(want_keys) // 2, f"ranged GETs: {len(ranged)} for {len(want_keys)} samples")
         gets = [s for s in proxy.seen if s[0] == "GET"]
         check(all(v == "ok" for _, _, v in gets), "every GET was correctly signed")
 

@@ -1,0 +1,67 @@
+/* shardflow sample indexes: each shard's samples by byte span, and the seeded bijection that orders them (shard_source's order: global / block). */
+#ifndef SHARDFLOW_INDEX_H
+#define SHARDFLOW_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shardflow/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * The index of one shard. Sample i spans the bytes [offsets[i], offsets[i + 1]) of the shard: its
+ * first member's header up to the next sample's first header (or the end-of-archive blocks), so the
+ * members passed over between samples (directories, __meta__) travel with the sample before them
+ * and a tar reader over the span yields exactly that sample, as reading the whole shard does.
+ * Filled by sf_shard_index_load(); freed with sf_shard_index_clear().
+ */
+typedef struct sf_shard_index {
+  char *url;          /**< the shard as indexed (owned) */
+  int64_t size;       /**< the shard's bytes when it was indexed */
+  int64_t mtime_ns;   /**< a local shard's modification time then, nanoseconds since 1970; 0 for remote ones */
+  char etag[200];     /**< a remote shard's ETag then ("" when the server sent none) */
+  size_t count;       /**< samples */
+  int64_t *offsets;   /**< count + 1 ascending byte offsets (owned) */
+  char **keys;        /**< count keys (owned), or NULL (an index that records none: Megatron-Energon's) */
+} sf_shard_index;
+
+/** The file name suffix of shardflow's indexes (Megatron-Energon's `.tar.idx` is another format). */
+#define SF_SHARD_INDEX_SUFFIX ".sfidx"
+
+/**
+ * The index of the shard at url as shard_source reads it: SHARD.sfidx in index_dir (NULL or empty:
+ * beside the shard), checked against the shard (a local shard's size and mtime; a remote one's ETag
+ * is checked by every ranged read); else, beside a local shard without index_dir,
+ * Megatron-Energon's SHARD.tar.idx (stale when older than the shard); else made by reading the
+ * shard once and written there, where a failure to write is not an error: *unsaved (may be NULL)
+ * gets it (code 0 when the index was kept or not made). Returns 0 with *index (the caller frees it
+ * with sf_shard_index_clear); SF_EOPTION for a remote shard without index_dir; SF_EIO for a stale
+ * index (the message names the index and the shard, and the command that rebuilds it); SF_EFORMAT
+ * for a malformed one (its file and line); SF_EUNSUPPORTED for a compressed, TFRecord or pipe:
+ * shard; the shard's read errors (SF_ENOENT, SF_ENET, SF_EFORMAT...); SF_ENOMEM. *error says what.
+ */
+SF_API int sf_shard_index_load(sf_shard_index *index, const char *url, const char *index_dir, sf_error *unsaved,
+                               sf_error *error);
+
+/** Frees what index holds and zeroes it. NULL-safe. */
+SF_API void sf_shard_index_clear(sf_shard_index *index);
+
+/**
+ * A seeded bijection of [0, n): position i of an epoch's order maps to sample sf_index_permute(i)
+ * (a Feistel network on the smallest even number of bits that covers n, six rounds keyed by key,
+ * walked until it lands below n). O(1) memory, so any position of any epoch is found without the
+ * rest: resumes and rank splits need no table. Returns i itself for n < 2 or i >= n.
+ */
+SF_API uint64_t sf_index_permute(uint64_t i, uint64_t n, uint64_t key);
+
+/** The inverse of sf_index_permute(): the position at which sample j comes. */
+SF_API uint64_t sf_index_unpermute(uint64_t j, uint64_t n, uint64_t key);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,376 @@
+"""Indexed shards: `shardflow index` against tarfile's own member offsets; shard_source's order: global (every
+sample exactly once per epoch for 1, 2, 3 and 7 ranks; one permutation whatever the rank or replica layout, another
+for another seed or epoch; position uncorrelated with the dataset's order, the first 1,000 samples from >= 90% of
+the shards), order: block (whole blocks of consecutive samples), samples_per_epoch, resumes from a count of
+consumed samples at other world sizes, and a stale index refused naming both files. The reference is the shards'
+key lists as Python's tarfile reads them."""
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sfutil import Checks, nginx, read_batches, run, write_graph, write_shard  # noqa: E402
+
+check = Checks()
+tmp = tempfile.mkdtemp(prefix="sf-index-")
+
+
+def make_shards(root, shards, per_shard, prefix="s"):
+    """Shards of samples keyed SSS_IIII with a cls member (and a txt member of varying size); returns the URL
+    pattern and the dataset's keys in shard order (tarfile's reading)."""
+    os.makedirs(root, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        samples = [(f"{s:03d}_{i:04d}", {"cls": str(i % 10).encode(), "txt": b"x" * ((s * 7 + i * 13) % 700)})
+                   for i in range(per_shard)]
+        paths.append(write_shard(os.path.join(root, f"{prefix}{s:03d}.tar"), samples))
+    keys = []
+    for p in paths:
+        with tarfile.open(p) as tf:
+            for m in tf.getmembers():
+                k = m.name.split(".")[0]
+                if not keys or keys[-1] != k:
+                    keys.append(k)
+    return os.path.join(root, prefix + "{%03d..%03d}.tar" % (0, shards - 1)), paths, keys
+
+
+def order_run(name, urls, rank=0, world=1, seed=1, epochs=1, batch_size=250, replicas=1, expect_fail=False,
+              group=None, **source):
+    """One rank's keys per epoch, in the order the trainer gets them. group: decode in a group of these settings."""
+    out = os.path.join(tmp, name)
+    shutil.rmtree(out, ignore_errors=True)
+    graph = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls=urls, **source)),
+        ("tar_split", {}),
+        ("decode", dict(replicas=replicas, **({"group": "decoders"} if group else {}))),
+        ("batch", dict(batch_size=batch_size, partial=True)),
+        ("device_sink", dict(npy_dir=out)),
+    ], groups={"decoders": group} if group else None, seed=seed, epochs=epochs)
+    p = run(["run", graph, "--quiet", "--no-summary", "--rank", str(rank), "--world-size", str(world)],
+            check=not expect_fail)
+    if expect_fail:
+        return p
+    per = {}
+    for e, _, keys, fields in read_batches(out):
+        per.setdefault(e, []).extend(keys)
+        for k, c in zip(keys, fields["cls"]):
+            check(int(k.split("_")[1]) % 10 == c, f"{name}: the label of {k} travels with it")
+    return per
+
+
+def interleave(parts):
+    """The global order from the ranks' parts: position p is rank p mod W's (p div W)-th sample."""
+    out, k = [], 0
+    while True:
+        row = [part[k] for part in parts if k < len(part)]
+        if not row:
+            return out
+        out += row
+        k += 1
+
+
+# ---- shardflow index, against tarfile ----
+urls, paths, keys = make_shards(os.path.join(tmp, "big"), shards=50, per_shard=200)  # 10,000 samples
+p = run(["index", urls])
+check(len(p.stdout.splitlines()) == 50, f"one line per shard: {p.stdout[:200]}")
+for path in paths[:3] + paths[-1:]:
+    with tarfile.open(path) as tf:
+        members = tf.getmembers()
+        end = tf.offset  # where tarfile stopped: the end-of-archive blocks
+    firsts = {}
+    for m in members:
+        firsts.setdefault(m.name.split(".")[0], m.offset)
+    starts = list(firsts.values()) + [end]
+    expect = [(starts[i], starts[i + 1] - starts[i], k) for i, k in enumerate(firsts)]
+    lines = open(path + ".sfidx").read().splitlines()
+    got = [(int(a), int(b), c) for a, b, c in (line.split(" ", 2) for line in lines[6:])]
+    check(lines[0] == "shardflow-index 1" and lines[4] == "etag -" and lines[5] == f"samples {len(expect)}", f"{path}: header {lines[:5]}")
+    check(got == expect, f"{path}: each sample's offset and length are tarfile's ({got[:2]} vs {expect[:2]})")
+    check(lines[2] == f"size {os.path.getsize(path)}", "the index records the shard's size")
+
+# ---- shardflow write writes the index with the shards ----
+files = os.path.join(tmp, "files")
+os.makedirs(files)
+for i in range(30):
+    for ext, data in (("cls", str(i % 10).encode()), ("txt", b"t" * (i * 37))):
+        with open(os.path.join(files, f"{i:03d}_{i:04d}.{ext}"), "wb") as f:
+            f.write(data)
+run(["write", "-q", "--layout", "files", "--maxcount", "8", files, os.path.join(tmp, "w", "w-%03d.tar")])
+written = sorted(os.listdir(os.path.join(tmp, "w")))
+check(written == [f"w-{i:03d}.tar{e}" for i in range(4) for e in ("", ".sfidx")], f"write: shards and indexes {written}")
+made = {n: open(os.path.join(tmp, "w", n)).read() for n in written if n.endswith(".sfidx")}
+run(["index", "-q", os.path.join(tmp, "w", "w-{000..003}.tar")])
+check(all(open(os.path.join(tmp, "w", n)).read() == t for n, t in made.items()), "write's index is shardflow index's")
+run(["write", "-q", "--no-index", "--layout", "files", files, os.path.join(tmp, "w2", "w-%03d.tar")])
+check(os.listdir(os.path.join(tmp, "w2")) == ["w-000.tar"], "write --no-index writes none")
+
+# ---- order: global ----
+position = {k: i for i, k in enumerate(keys)}
+layouts = {}
+for world in (1, 2, 3, 7):
+    parts = [order_run(f"g{world}r{r}", urls, rank=r, world=world, epochs=2 if world == 1 else 1,
+                       replicas=2 if world == 3 else 1, order="global") for r in range(world)]
+    for e in (0, 1) if world == 1 else (0,):
+        got = [k for part in parts for k in part[e]]
+        check(len(got) == len(keys) and set(got) == set(keys), f"{world} ranks, epoch {e}: every sample exactly once")
+    sizes = [len(part[0]) for part in parts]
+    check(max(sizes) - min(sizes) <= 1, f"{world} ranks: equal parts (+-1): {sizes}")
+    layouts[world] = interleave([part[0] for part in parts])
+    if world == 1:
+        epoch0, epoch1 = parts[0][0], parts[0][1]
+for world in (2, 3, 7):
+    check(layouts[world] == layouts[1], f"{world} ranks (3 with decode replicas): the same permutation as 1 rank")
+check(epoch0 != epoch1 and sorted(epoch0) == sorted(epoch1), "another epoch, another permutation of the same samples")
+grouped = order_run("ggroup", urls, order="global", epochs=2, group={"processes": 2, "unit_samples": 64})
+check(grouped[0] == epoch0 and grouped[1] == epoch1, "decode in a group of 2 processes: the same permutations")
+other_seed = order_run("gseed", urls, seed=2, order="global")[0]
+check(other_seed != epoch0, "another seed, another permutation")
+
+index_of = np.array([position[k] for k in epoch0], dtype=np.float64)
+rho = np.corrcoef(np.arange(len(index_of)), index_of)[0, 1]  # both are ranks: Pearson of ranks is Spearman's rho
+check(abs(rho) < 0.05, f"output position vs dataset index: |Spearman rho| = {abs(rho):.4f} < 0.05")
+shards_seen = {k.split("_")[0] for k in epoch0[:1000]}
+check(len(shards_seen) >= 45, f"the first 1,000 samples come from {len(shards_seen)} of 50 shards (>= 90%)")
+unshuffled = order_run("gplain", urls, order="global", shuffle=False)[0]
+check(unshuffled == keys, "shuffle: false reads the dataset in shard order")
+
+# samples_per_epoch: every rank the same count; at ranks x spe = the dataset, every sample once.
+parts = [order_run(f"spe{r}", urls, rank=r, world=4, order="global", samples_per_epoch=2500, epochs=2)
+         for r in range(4)]
+check(all(len(p[e]) == 2500 for p in parts for e in (0, 1)), "samples_per_epoch: 2,500 on every rank, every epoch")
+check(sorted(k for p in parts for k in p[0]) == sorted(keys), "4 ranks x 2,500: every sample once")
+parts = [order_run(f"spe3r{r}", urls, rank=r, world=3, order="global", samples_per_epoch=4000) for r in range(3)]
+got = [k for p in parts for k in p[0]]
+check(all(len(p[0]) == 4000 for p in parts), "samples_per_epoch past the dataset: 4,000 on each of 3 ranks")
+check(set(got) == set(keys), "...every sample at least once (the order repeats, reshuffled)")
+
+# ---- order: block ----
+block = [order_run(f"b{world}r{r}", urls, rank=r, world=world, order="block", block_size=16)[0] for world in (1, 3)
+         for r in range(world)]
+check(sorted(block[0]) == sorted(keys), "block, 1 rank: every sample once")
+check(sorted(k for part in block[1:] for k in part) == sorted(keys), "block, 3 ranks: every sample once")
+runs = [block[0][i:i + 16] for i in range(0, len(keys) - 16, 16)]
+whole = sum(all(position[b] == position[r[0]] + j for j, b in enumerate(r)) for r in runs)
+check(whole >= 0.95 * len(runs), f"block: {whole} of {len(runs)} runs of 16 are consecutive samples")
+check(block[0] != keys and block[0][:16] != keys[:16], "block: blocks in a seeded order")
+
+# ---- resume: the epoch's first C positions consumed at one world size, the rest at another ----
+small, small_paths, small_keys = make_shards(os.path.join(tmp, "small"), shards=8, per_shard=35, prefix="r")
+run(["index", "-q", small])
+full = order_run("rfull", small, order="global", batch_size=7)[0]
+for old in (2, 3):
+    for steps in (1, 3, 5, 8):  # every old rank returned `steps` batches of 7
+        consumed = steps * 7 * old
+        for new in (1, 3, 7):
+            if new == old:
+                continue
+            parts = [order_run(f"res{old}-{steps}-{new}-{r}", small, rank=r, world=new, order="global", batch_size=7,
+                               start=consumed)[0] if consumed < len(small_keys) else [] for r in range(new)]
+            rest = [k for part in parts for k in part]
+            check(sorted(full[:consumed] + rest) == sorted(small_keys),
+                  f"{old} -> {new} ranks after {consumed}: every sample once")
+            check(interleave(parts) == full[consumed:], f"{old} -> {new} ranks after {consumed}: the same order goes on")
+p = order_run("bres", small, order="block", block_size=5, start=7, world=2, expect_fail=True)
+check(p.returncode != 0 and "multiple of ranks x workers" in p.stderr, f"block refuses a start of another world: {p.stderr}")
+
+# ---- remote shards over HTTP: ranged GETs pinned to the ETag the index recorded ----
+remote_idx = os.path.join(tmp, "remote-idx")
+with nginx(os.path.join(tmp, "small")) as base:
+    remote = base + "/r{000..007}.tar"
+    p = run(["index", remote], check=False)
+    check(p.returncode == 2 and "--out" in p.stderr, f"a remote shard's index needs --out: {p.stderr}")
+    run(["index", "-q", "--out", remote_idx, remote])
+    etags = [line for n in os.listdir(remote_idx) for line in open(os.path.join(remote_idx, n)) if line.startswith("etag")]
+    check(len(etags) == 8 and all(e.startswith('etag "') for e in etags), f"the ETags are recorded: {etags[:2]}")
+    parts = [order_run(f"http{r}", remote, rank=r, world=2, order="global", batch_size=7, index_dir=remote_idx)[0]
+             for r in range(2)]
+    check(interleave(parts) == full, "over HTTP, 2 ranks: the same permutation as the local shards'")
+    os.remove(os.path.join(remote_idx, sorted(os.listdir(remote_idx))[2]))
+    blocks = order_run("httpblock", remote, order="block", block_size=5, index_dir=remote_idx)[0]
+    check(len(os.listdir(remote_idx)) == 8, "a missing remote index is made on first use, in index_dir")
+    check(sorted(blocks) == sorted(small_keys), "over HTTP, order: block: every sample once")
+    p = order_run("http_noidx", remote, order="global", expect_fail=True)
+    check(p.returncode != 0 and "index_dir" in p.stderr, f"remote shards need index_dir: {p.stderr}")
+    os.utime(small_paths[3], (1, 1))  # nginx's ETag (mtime-size) changes: as if the shard was rewritten
+    p = order_run("http_stale", remote, order="global", index_dir=remote_idx, expect_fail=True)
+    check("changed since it was indexed" in p.stderr and "r003.tar @ byte" in p.stderr,
+          f"a remote shard changed since its index is refused: {p.stderr}")
+run(["index", "-q", small])  # the local indexes, after the mtime change
+
+# ---- missing, stale and unusable indexes ----
+os.remove(small_paths[2] + ".sfidx")
+check(order_run("made", small, order="global")[0] == full, "a missing index is made on first use, same order")
+check(os.path.exists(small_paths[2] + ".sfidx"), "...and kept next to the shard")
+idx_dir = os.path.join(tmp, "indexes")
+p = run(["index", "--out", idx_dir, small])
+check(len(os.listdir(idx_dir)) == 8 and all(line.startswith(idx_dir) for line in p.stdout.splitlines()),
+      "index --out DIR writes there")
+write_shard(small_paths[5], [(f"005_{i:04d}", {"cls": b"1", "txt": b"changed"}) for i in range(35)])
+p = order_run("stale", small, order="global", expect_fail=True)
+check(p.returncode != 0 and small_paths[5] + ".sfidx" in p.stderr and small_paths[5] in p.stderr
+      and "stale" in p.stderr, f"a stale index is refused, naming both files: {p.stderr}")
+p = order_run("stale_dir", small, order="global", index_dir=idx_dir, expect_fail=True)
+check(p.returncode != 0 and idx_dir in p.stderr and "stale" in p.stderr, f"...also in index_dir: {p.stderr}")
+# Megatron-Energon's SHARD.tar.idx (as `energon prepare` writes it: each sample's first member offset, then
+# tarfile's offset at the end, native uint64) is read in place of a missing .sfidx; an older one is stale.
+import struct  # noqa: E402
+energon, energon_paths, energon_keys = make_shards(os.path.join(tmp, "energon"), shards=3, per_shard=20, prefix="e")
+for path in energon_paths:
+    with tarfile.open(path) as tf, open(path + ".idx", "wb") as iw:
+        last = None
+        for m in tf:
+            base = m.name.split(".")[0]
+            if base != last:
+                iw.write(struct.pack("Q", m.offset))
+                last = base
+        iw.write(struct.pack("Q", tf.offset))
+check(order_run("energon_run", energon, order="global", shuffle=False)[0] == energon_keys, "Energon's .tar.idx is read")
+check(not any(os.path.exists(p + ".sfidx") for p in energon_paths), "...and no index of ours is made for it")
+os.utime(energon_paths[1] + ".idx", (0, 0))
+p = order_run("energon_stale", energon, order="global", expect_fail=True)
+check(p.returncode != 0 and energon_paths[1] + ".idx" in p.stderr and "stale" in p.stderr,
+      f"an Energon index older than its shard is refused, naming both: {p.stderr}")
+# A damaged index is refused with its file and line, a huge sample count without allocating for it.
+run(["index", "-q", small])  # r005 was rewritten above
+good = open(small_paths[6] + ".sfidx").read()
+lines = good.splitlines(True)
+for name, text, line in (("garbage", good.replace(lines[8], "12 x 34\n"), 9),
+                         ("count", good.replace(lines[5], "samples 99999999999999\n"), 6),
+                         ("gap", good.replace(lines[7], "%d %s" % (int(lines[7].split(" ", 1)[0]) + 512,
+                                                                   lines[7].split(" ", 1)[1])), 8)):
+    with open(small_paths[6] + ".sfidx", "w") as f:
+        f.write(text)
+    os.utime(small_paths[6] + ".sfidx")
+    p = order_run("bad_" + name, small, order="global", expect_fail=True)
+    check(p.returncode != 0 and f"r006.tar.sfidx:{line}" in p.stderr and "malformed" in p.stderr,
+          f"a damaged index ({name}) is refused naming its file and line {line}: {p.stderr}")
+with open(small_paths[6] + ".sfidx", "w") as f:
+    f.write(good)
+gz = os.path.join(tmp, "c.tar.gz")
+with open(small_paths[0], "rb") as f, open(gz, "wb") as g:
+    import gzip
+    g.write(gzip.compress(f.read()))
+p = run(["index", gz], check=False)
+check(p.returncode == 1 and "compressed" in p.stderr, f"a compressed shard cannot be indexed: {p.stderr}")
+
+# ---- Python: state_dict() is a few integers; load_state_dict() resumes it at any world size ----
+if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load into python under a sanitizer
+    import pickle
+    sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
+    os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
+    import shardflow  # noqa: E402
+
+    run(["index", "-q", small])  # the shard rewritten above
+    graph = write_graph(os.path.join(tmp, "py.yaml"), [
+        ("shard_source", dict(urls=small, order="global")), ("tar_split", {}), ("decode", {}),
+        ("batch", dict(batch_size=4, partial=True))], seed=5)
+
+    def epoch_keys(pipeline, batches=None):
+        out = []
+        for i, b in enumerate(pipeline):
+            out += list(b["__key__"])
+            if batches is not None and i + 1 == batches:
+                break
+        return out
+
+    whole = epoch_keys(shardflow.Pipeline(graph, output="dict"))
+    check(sorted(whole) == sorted(small_keys), "Python, 1 rank: every sample once")
+    for old, steps, new in ((2, 3, 3), (3, 5, 1), (1, 20, 7), (7, 2, 2)):
+        consumed, states = [], []
+        for r in range(old):
+            p = shardflow.Pipeline(graph, rank=r, world_size=old, output="dict")
+            consumed += epoch_keys(p, steps)
+            states.append(p.state_dict())
+            p.close()
+        blob = pickle.dumps(states[0])
+        check(len(blob) < 1024, f"state_dict pickles to {len(blob)} bytes (< 1 KB)")
+        check(all(st["consumed"] == steps * 4 * old for st in states), f"consumed counts all ranks: {states[0]}")
+        rest = []
+        for r in range(new):
+            p = shardflow.Pipeline(graph, rank=r, world_size=new, output="dict")
+            p.load_state_dict(states[-1])  # any one rank's state: they say the same
+            if r == 0:
+                part = epoch_keys(p, 1)
+                check(p.state_dict()["consumed"] == steps * 4 * old + 4 * new, "consumed goes on counting")
+                p.load_state_dict(p.state_dict())
+                part += epoch_keys(p)
+            else:
+                part = epoch_keys(p)
+            rest += part
+            p.close()
+        check(sorted(consumed + rest) == sorted(small_keys), f"Python {old} -> {new} ranks after {steps} steps: "
+              "every sample once")
+        check(set(consumed) == set(whole[:steps * 4 * old]), "the consumed samples are the permutation's first")
+
+    # A state saved after the epoch's last batch resumes with the next epoch (not an empty one).
+    p = shardflow.Pipeline(graph, output="dict")
+    batches = iter(p)
+    for _ in range((len(small_keys) + 3) // 4):
+        next(batches)
+    state = p.state_dict()
+    p.close()
+    check(state["epoch"] == 0 and state["consumed"] >= len(small_keys), f"saved at the end of epoch 0: {state}")
+    p = shardflow.Pipeline(graph, output="dict")
+    whole1 = (epoch_keys(p), epoch_keys(p))[1]
+    p.close()
+    q = shardflow.Pipeline(graph, output="dict")
+    q.load_state_dict(state)
+    check(epoch_keys(q) == whole1 and whole1 != whole, "...resumes with epoch 1, as the uninterrupted run")
+    q.close()
+
+    # The iterable form's state through torchdata's Stateful protocol, as a StatefulDataLoader drives it in
+    # each worker: state_dict() mid-iteration, load_state_dict() into a fresh copy, the rest follows exactly.
+    try:
+        import shardflow.torch as sft
+        for extra in ({}, {"shard_source__workers": 2, "shard_source__worker": 1}):  # a DataLoader worker's split
+            ds = sft.PipelineDataset(graph, output="dict", **extra)
+            full_run = [list(b["__key__"]) for b in ds]
+            it = iter(ds)
+            head = [list(next(it)["__key__"]) for _ in range(3)]
+            state = ds.state_dict()
+            it.close()
+            ds2 = sft.PipelineDataset(graph, output="dict", **extra)
+            ds2.load_state_dict(pickle.loads(pickle.dumps(state)))
+            rest = [list(b["__key__"]) for b in ds2]
+            check(head + rest == full_run, f"PipelineDataset state_dict/load_state_dict ({extra or 'no workers'}): "
+                  "the iteration goes on exactly")
+    except ImportError:
+        pass
+
+    # A map-style Dataset: len() from the indexes, ds[i] = sample i of the shards in list order, decoded.
+    seq_graph = write_graph(os.path.join(tmp, "ds.yaml"), [
+        ("shard_source", dict(urls=small)), ("tar_split", {}), ("decode", {}), ("shuffle", dict(buffer_size=50)),
+        ("batch", dict(batch_size=6, partial=False))], seed=5)
+    ds = shardflow.Dataset(seq_graph)
+    check(len(ds) == len(small_keys), f"len(Dataset) is the dataset's samples: {len(ds)}")
+    for i in (0, 1, 34, 35, 279, -1):
+        row = ds[i]
+        check(row["__key__"] == small_keys[i] and int(row["cls"]) == int(small_keys[i].split("_")[1]) % 10,
+              f"ds[{i}] is sample {i} of the shards: {row['__key__']}")
+    picks = [200, 3, 77, 3, 150, 9, 10, 11]
+    rows = ds.__getitems__(picks)
+    check([r["__key__"] for r in rows] == [small_keys[i] for i in picks], "__getitems__ keeps the order asked")
+    try:
+        ds[len(ds)]
+        check(False, "an index past the end raises IndexError")
+    except IndexError:
+        pass
+    try:
+        import torch
+        # Batches of indices reach the dataset whole (one pass of the graph each): torch >= 2 calls
+        # __getitems__ on its own; this form works with every version.
+        sampler = torch.utils.data.BatchSampler(
+            torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(0)), 32, False)
+        loader = torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=lambda rows: rows)
+        seen = [r["__key__"] for rows in loader for r in rows]
+        check(sorted(seen) == sorted(small_keys) and seen != small_keys,
+              "DataLoader(Dataset, shuffle=True): every sample once, shuffled")
+    except ImportError:
+        pass
+
+check.done("index")
+shutil.rmtree(tmp)
