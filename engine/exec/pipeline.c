@@ -338,7 +338,7 @@ static int build_edge_queues(sf_pipeline *p, const wiring *w, int gi, const sf_s
   bool replicated = out_n > 1;
   /* An edge's budget is split over its queues, so that replicas (the plan gives one per CPU) add
      parallelism, not memory: at least EDGE_QUEUE_MIN items each, and always one item whatever its bytes. */
-  size_t bytes = (size_t)g->queue_bytes;
+  size_t bytes = (size_t)sf_graph_edge_bytes(g, &g->nodes[gi]);
   if (replicated) {
     cap = cap / (size_t)out_n > EDGE_QUEUE_MIN ? cap / (size_t)out_n : EDGE_QUEUE_MIN;
     bytes = bytes ? (bytes / (size_t)out_n ? bytes / (size_t)out_n : 1) : 0;

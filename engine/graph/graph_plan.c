@@ -68,8 +68,13 @@ void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, in
     int c = consumer[i];
     g->nodes[i].may_defer = (defs[i]->flags & SF_STAGE_MAKES_DEFERRED) && c >= 0 &&
                             (defs[c]->flags & SF_STAGE_TAKES_DEFERRED) && same_process(&g->nodes[i], &g->nodes[c]);
+    g->nodes[i].edge_bytes = g->nodes[i].may_defer ? SF_PLAN_DEFERRED_EDGE_BYTES : 0;
   }
   free(consumer);
+}
+
+int64_t sf_graph_edge_bytes(const sf_graph *g, const sf_graph_node *n) {
+  return n->edge_bytes && (!g->queue_bytes || n->edge_bytes < g->queue_bytes) ? n->edge_bytes : g->queue_bytes;
 }
 
 /* ---- the form a group's results travel in ---------------------------------------------------------------- */
@@ -317,8 +322,9 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
     if (c < 0) continue;
     const char *to = g->nodes[c].name;
     if (n->may_defer)
-      fprintf(out, "%s  -> %s: may carry deferred fields (a JPEG left undecoded): %s decodes only what it keeps\n",
-              indent, to, to);
+      fprintf(out, "%s  -> %s: may carry deferred fields (a JPEG left undecoded): %s decodes only what it keeps; "
+              "the edge holds at most %lld MiB of them (as pixels), so the images in flight stay in the cache\n",
+              indent, to, to, (long long)(sf_graph_edge_bytes(g, n) >> 20));
     else if (defs[i]->flags & SF_STAGE_MAKES_DEFERRED)
       fprintf(out, "%s  -> %s: decoded here: %s\n", indent, to,
               g->nodes[c].group_stages ? "the next stages run in a group's workers (the wire carries data)"

@@ -74,6 +74,11 @@ try:
     check("replicas 1 " in node_line(text, "tar_split") and "keeps state" in node_line(text, "tar_split"),
           f"tar_split keeps one: {node_line(text, 'tar_split')!r}")
     check("-> augment: may carry deferred fields" in text, f"decode -> augment deferred:\n{text}")
+    # The deferred edge holds a few images' worth (4 MiB as pixels), or queue_bytes where that says less.
+    check("the edge holds at most 4 MiB of them" in text, f"deferred edge: 4 MiB cap:\n{text}")
+    small = graph("small_budget", broken, error_policy="skip", queue_bytes="1MiB")
+    check("the edge holds at most 1 MiB of them" in explain(small), "deferred edge: queue_bytes 1MiB is less")
+    check(first_record(small) == "augment", "deferred under a small budget: the corrupt JPEG is augment's record")
     check(first_record(plain) == "augment", "deferred: the corrupt JPEG is augment's record")
     drawn = run(["dot", plain]).stdout
     check('"decode" -> "augment" [label="deferred fields"]' in drawn and f"replicas {cpus} (planned)" in drawn,
