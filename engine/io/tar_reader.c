@@ -565,10 +565,8 @@ static sf_buffer *member_mapping(const sf_tar_reader *t) {
   return mapping;
 }
 
-/* Moves the pending member into sample as an encoded field (or drops it with a problem). */
-static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *error) {
-  const char *field = t->field;
-  sf_buffer *buffer = NULL, *mapping = NULL;
+/* Whether the pending member may join sample: false, with the problem noted, when it may not (a duplicate, too big...). */
+static bool member_fits(sf_tar_reader *t, sf_sample *sample, const char *field, int *problem, sf_error *error) {
   if (sf_sample_field(sample, field))
     note_problem(t, problem, error, SF_EDUP,
                  "field \"%s\" appears twice in one sample (member %s) — the second copy is "
@@ -599,12 +597,52 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   else if (sample->n_fields >= SF_MAX_FIELDS)
     note_problem(t, problem, error, SF_ETOOBIG,
                  "sample has more than %d fields — member %s is dropped", SF_MAX_FIELDS, t->path);
-  else if ((mapping = member_mapping(t)) != NULL)
-    buffer = sf_buffer_ref(mapping); /* the member is a view of the mapped shard: no copy */
-  else if (!(buffer = sf_buffer_new((size_t)t->size)))
-    note_problem(t, problem, error, SF_ENOMEM,
-                 "out of memory for the %lld-byte member %s — the sample is skipped",
-                 (long long)t->size, t->path);
+  else
+    return true;
+  return false;
+}
+
+/*
+ * The pending member's bytes into data (NULL: a view of the mapping, only skipped past), through the fast path or
+ * libarchive's blocks; *got says how many arrived. Returns whether the stream failed (a cut, a damaged block).
+ */
+static bool read_member(sf_tar_reader *t, uint8_t *data, int64_t span, int64_t *got_out) {
+  int64_t got = 0;
+  bool failed = false;
+  if (t->fast) {
+    got = fast_copy(t, data, t->size);
+    failed = got < t->size || fast_copy(t, NULL, span - t->size) < span - t->size;
+  }
+  /* Block reads (not archive_read_data) so a truncation still tells how much arrived. */
+  while (!t->fast) {
+    const void *block;
+    size_t n;
+    la_int64_t at;
+    int r = archive_read_data_block(t->archive, &block, &n, &at);
+    if (r == ARCHIVE_EOF) break;
+    /* Blocks of a member that is not sparse are contiguous. */
+    if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at != got || (int64_t)n > t->size - at) {
+      failed = true;
+      break;
+    }
+    memcpy(data + at, block, n);
+    got = at + (int64_t)n;
+  }
+  *got_out = got;
+  return failed;
+}
+
+/* Moves the pending member into sample as an encoded field (or drops it with a problem). */
+static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *error) {
+  const char *field = t->field;
+  sf_buffer *buffer = NULL, *mapping = NULL;
+  if (member_fits(t, sample, field, problem, error)) {
+    if ((mapping = member_mapping(t)) != NULL)
+      buffer = sf_buffer_ref(mapping); /* the member is a view of the mapped shard: no copy */
+    else if (!(buffer = sf_buffer_new((size_t)t->size)))
+      note_problem(t, problem, error, SF_ENOMEM, "out of memory for the %lld-byte member %s — the sample is skipped",
+                   (long long)t->size, t->path);
+  }
   int64_t span = (t->size + 511) / 512 * 512; /* the member's blocks */
   if (!buffer && t->fast) {
     if (fast_copy(t, NULL, t->size) < t->size)
@@ -627,26 +665,7 @@ static int consume(sf_tar_reader *t, sf_sample *sample, int *problem, sf_error *
   size_t view_offset = mapping ? (size_t)t->pos : 0;
   uint8_t *data = mapping ? NULL : sf_buffer_data(buffer);
   int64_t got = 0;
-  bool failed = false;
-  if (t->fast) {
-    got = fast_copy(t, data, t->size);
-    failed = got < t->size || fast_copy(t, NULL, span - t->size) < span - t->size;
-  }
-  /* Block reads (not archive_read_data) so a truncation still tells how much arrived. */
-  while (!t->fast) {
-    const void *block;
-    size_t n;
-    la_int64_t at;
-    int r = archive_read_data_block(t->archive, &block, &n, &at);
-    if (r == ARCHIVE_EOF) break;
-    /* Blocks of a member that is not sparse are contiguous. */
-    if ((r != ARCHIVE_OK && r != ARCHIVE_WARN) || at != got || (int64_t)n > t->size - at) {
-      failed = true;
-      break;
-    }
-    memcpy(data + at, block, n);
-    got = at + (int64_t)n;
-  }
+  bool failed = read_member(t, data, span, &got);
   if (failed && got == t->size) {
     /* Every byte of the member arrived, only the block padding after it did not: the member is whole. */
     char where[160];
