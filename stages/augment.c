@@ -289,6 +289,21 @@ typedef struct geometry {
 } geometry;
 
 /*
+ * The sizes every plan starts from: g's resize of its h x w (the shorter side to `resize`; an identity resize
+ * stays on the direct path), the output size, and t's axes for the resize alone. Fails on a resize to nothing.
+ */
+static int size_plan(const augment *a, const sf_field *f, geometry *g, sf_image_transform *t, field_error *e) {
+  const int64_t h = g->h, w = g->w;
+  if (a->resize > 0) resized_dims(h, w, a->resize, &g->rh, &g->rw);
+  if (g->rh < 1 || g->rw < 1)
+    return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
+                "`resize`", f->name, (long long)h, (long long)w, (long long)g->rh, (long long)g->rw);
+  g->oh = a->size ? a->size : g->rh, g->ow = a->size ? a->size : g->rw;
+  t->y = (sf_image_axis){0, h, g->rh, 0, g->rh}, t->x = (sf_image_axis){0, w, g->rw, 0, g->rw};
+  return 0;
+}
+
+/*
  * A random resized crop's box, in t's source (a JPEG at DCT scale t->m, whose rect is the box's pixels, when
  * g->jpeg is set).
  */
@@ -365,14 +380,8 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   static const sf_dtype out_dtype[] = {SF_DTYPE_UINT8, SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16};
   sf_image_transform t = {.tables = a->luts, .dtype = out_dtype[a->dtype], .layout = frame_layout(a),
                           .channels = (int)c};
-  /* Resize: the shorter side to `resize`; an identity resize stays on the direct path. */
   geometry g = {.h = h, .w = w, .rh = h, .rw = w, .jpeg = jpeg};
-  if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
-  if (g.rh < 1 || g.rw < 1)
-    return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
-                "`resize`", f->name, (long long)h, (long long)w, (long long)g.rh, (long long)g.rw);
-  g.oh = a->size ? a->size : g.rh, g.ow = a->size ? a->size : g.rw;
-  t.y = (sf_image_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_image_axis){0, w, g.rw, 0, g.rw};
+  if (size_plan(a, f, &g, &t, e) < 0) return e->code;
 
   sf_tensor resized = {0}; /* the source when a random resized crop follows a resize (else the field itself) */
   if (a->crop == CROP_RANDOM_RESIZED && (g.rh != h || g.rw != w)) {
@@ -435,12 +444,7 @@ static int transform_clip(const augment *a, sf_field *f, uint64_t stream, uint64
   sf_image_transform t = {.tables = a->luts, .dtype = out_dtype[a->dtype], .layout = frame_layout(a),
                           .channels = (int)c, .fast = !a->exact};
   geometry g = {.h = h, .w = w, .rh = h, .rw = w};
-  if (a->resize > 0) resized_dims(h, w, a->resize, &g.rh, &g.rw);
-  if (g.rh < 1 || g.rw < 1)
-    return FAIL(e, SF_ESHAPE, "field '%s' of %lldx%lld pixels would resize to %lldx%lld; use a larger "
-                "`resize`", f->name, (long long)h, (long long)w, (long long)g.rh, (long long)g.rw);
-  g.oh = a->size ? a->size : g.rh, g.ow = a->size ? a->size : g.rw;
-  t.y = (sf_image_axis){0, h, g.rh, 0, g.rh}, t.x = (sf_image_axis){0, w, g.rw, 0, g.rw};
+  if (size_plan(a, f, &g, &t, e) < 0) return e->code;
   /* A random resized crop after a resize crops each frame's materialised resize (as images: uint8, torchvision). */
   bool resize_first = a->crop == CROP_RANDOM_RESIZED && (g.rh != h || g.rw != w);
   if (resize_first) g.h = g.rh, g.w = g.rw;

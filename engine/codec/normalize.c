@@ -73,36 +73,6 @@ static inline const uint8_t *eight_at(const uint8_t *q, ptrdiff_t step, int64_t 
 static inline int64_t eight_steps(int64_t n) { return n < 8 ? 0 : (n + 7) / 8; }
 static inline int64_t eight_start(int64_t n, int64_t k) { return 8 * k + 8 <= n ? 8 * k : n - 8; }
 
-/* Eight pixels a step. A table gather (vgatherdps) was tried first: slower than scalar table loads on
-   this Zen 4. */
-__attribute__((target("avx2,fma"))) static void avx2(const sf_rgb_rows *bl, const sf_normalize *nm,
-                                                     float *const out[3]) {
-  const int8_t(*m)[2][16] = bl->step > 0 ? fwd : rev;
-  __m128i mask[3][2];
-  __m256d a[3], b[3];
-  for (int c = 0; c < 3; c++) {
-    for (int h = 0; h < 2; h++) mask[c][h] = _mm_loadu_si128((const __m128i *)m[c][h]);
-    a[c] = _mm256_set1_pd(nm->scale[c]);
-    b[c] = _mm256_set1_pd(nm->shift[c]);
-  }
-  const int64_t n = bl->n, steps = eight_steps(n);
-  for (int64_t r = 0; r < bl->rows; r++) {
-    const uint8_t *q = bl->q + r * bl->sy;
-    float *const o[3] = {out[0] + r * bl->oy, out[1] + r * bl->oy, out[2] + r * bl->oy};
-    if (!steps) row_f32_scalar(q, bl->step, n, nm, o);
-    for (int64_t k = 0; k < steps; k++) {
-      const int64_t i = eight_start(n, k);
-      const uint8_t *p = eight_at(q, bl->step, i);
-      __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadl_epi64((const __m128i *)(p + 16));
-      for (int c = 0; c < 3; c++) {
-        __m128 f0, f1;
-        channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
-        _mm256_storeu_ps(o[c] + i, _mm256_set_m128(f1, f0));
-      }
-    }
-  }
-}
-
 /* bfloat16 of four floats, rounded to nearest even, in the low halves of four int32 lanes. */
 __attribute__((target("avx2,fma"))) static inline __m128i bf16_bits(__m128 f) {
   __m128i b = _mm_castps_si128(f);
@@ -110,13 +80,18 @@ __attribute__((target("avx2,fma"))) static inline __m128i bf16_bits(__m128 f) {
   return _mm_srli_epi32(b, 16);
 }
 
-/* One bfloat16 of the multiply-add, as the scalar path of avx2_bf16 rounds it. */
+/* One bfloat16 of the multiply-add, as the vector path rounds it. */
 __attribute__((target("avx2,fma"))) static inline uint16_t bf16_of(uint8_t x, double a, double b) {
   return (uint16_t)_mm_cvtsi128_si32(bf16_bits(_mm_set1_ps((float)fma((double)x, a, b))));
 }
 
-__attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl, const sf_normalize *nm,
-                                                          uint16_t *const out[3]) {
+/*
+ * Eight pixels a step, into float32 planes (bf16 false) or bfloat16 ones (true); inlined into each with the
+ * flag constant. A table gather (vgatherdps) was tried first: slower than scalar table loads on this Zen 4.
+ */
+__attribute__((target("avx2,fma"), always_inline)) static inline void kernel(const sf_rgb_rows *bl,
+                                                                            const sf_normalize *nm,
+                                                                            void *const out[3], bool bf16) {
   const int8_t(*m)[2][16] = bl->step > 0 ? fwd : rev;
   __m128i mask[3][2];
   __m256d a[3], b[3];
@@ -128,9 +103,12 @@ __attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl,
   const int64_t n = bl->n, steps = eight_steps(n);
   for (int64_t r = 0; r < bl->rows; r++) {
     const uint8_t *q = bl->q + r * bl->sy;
-    uint16_t *const o[3] = {out[0] + r * bl->oy, out[1] + r * bl->oy, out[2] + r * bl->oy};
-    for (int64_t i = 0; !steps && i < n; i++)
-      for (int c = 0; c < 3; c++) o[c][i] = bf16_of(q[i * bl->step + c], nm->scale[c], nm->shift[c]);
+    float *const f[3] = {(float *)out[0] + r * bl->oy, (float *)out[1] + r * bl->oy, (float *)out[2] + r * bl->oy};
+    uint16_t *const h[3] = {(uint16_t *)out[0] + r * bl->oy, (uint16_t *)out[1] + r * bl->oy,
+                            (uint16_t *)out[2] + r * bl->oy};
+    if (!steps && !bf16) row_f32_scalar(q, bl->step, n, nm, f);
+    for (int64_t i = 0; !steps && bf16 && i < n; i++)
+      for (int c = 0; c < 3; c++) h[c][i] = bf16_of(q[i * bl->step + c], nm->scale[c], nm->shift[c]);
     for (int64_t k = 0; k < steps; k++) {
       const int64_t i = eight_start(n, k);
       const uint8_t *p = eight_at(q, bl->step, i);
@@ -138,10 +116,25 @@ __attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl,
       for (int c = 0; c < 3; c++) {
         __m128 f0, f1;
         channel8(lo, hi, mask[c], a[c], b[c], &f0, &f1);
-        _mm_storeu_si128((__m128i *)(o[c] + i), _mm_packus_epi32(bf16_bits(f0), bf16_bits(f1)));
+        if (bf16)
+          _mm_storeu_si128((__m128i *)(h[c] + i), _mm_packus_epi32(bf16_bits(f0), bf16_bits(f1)));
+        else
+          _mm256_storeu_ps(f[c] + i, _mm256_set_m128(f1, f0));
       }
     }
   }
+}
+
+__attribute__((target("avx2,fma"))) static void avx2(const sf_rgb_rows *bl, const sf_normalize *nm,
+                                                     float *const out[3]) {
+  void *const o[3] = {out[0], out[1], out[2]};
+  kernel(bl, nm, o, false);
+}
+
+__attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl, const sf_normalize *nm,
+                                                          uint16_t *const out[3]) {
+  void *const o[3] = {out[0], out[1], out[2]};
+  kernel(bl, nm, o, true);
 }
 
 /* Bytes 0..15 and 16..23 of eight pixels reversed, from the 24 bytes of lo (0..15) and hi (16..23). */

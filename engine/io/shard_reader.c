@@ -58,17 +58,6 @@ struct sf_shard_reader {
 
 /* ---- local files ---- */
 
-/* file:///path and file://localhost/path name a local path; %XX escapes are decoded. */
-static char *file_url_path(const char *url) {
-  const char *p = url + strlen("file://");
-  if (strncmp(p, "localhost/", 10) == 0) p += 9;
-  if (*p != '/') return NULL;
-  size_t n = strlen(p);
-  char *out = malloc(n + 1);
-  if (out) sf_url_decode(out, p, n, false);
-  return out;
-}
-
 /*
  * Mapped shards, for the SIGBUS handler: a file cut short while mapped makes reads of its lost pages
  * fault, and the process would die without a word. The handler names the shard and what to do, then
@@ -467,7 +456,7 @@ int sf_shard_reader_open(sf_shard_reader **reader, const char *url,
     rc = open_remote(r, options, error);
   } else if (scheme == SF_URL_FILE) {
     r->kind = KIND_FILE;
-    char *path = file_url_path(url);
+    char *path = sf_url_local_path(url); /* file:///path, file://localhost/path; %XX decoded */
     if (!path) {
       sf_error_set(error, SF_EINVAL, SF_AT(.url = url), "a file URL needs an absolute path (file:///data/shard.tar)");
       rc = SF_EINVAL;
