@@ -249,7 +249,6 @@ sf_graph_node *sf_graph_copy_node(sf_graph *g, const sf_graph_node *s) {
   n->replicas_line = s->replicas_line;
   n->replicas_planned = s->replicas_planned;
   n->may_defer = s->may_defer;
-  n->edge_bytes = s->edge_bytes;
   n->wire_plan = s->wire_plan;
   n->wire_normalize = s->wire_normalize;
   if (s->group && sf_graph_node_set_group(n, s->group, s->group_line) < 0) return NULL;

@@ -22,7 +22,6 @@ typedef struct sf_graph_node {
   int64_t replicas_line; /* the line that writes `replicas`, 0 when --set or the API did, -1 when nothing did */
   bool replicas_planned; /* sf_graph_plan chose replicas (nothing wrote them) */
   bool may_defer;        /* sf_graph_plan lets the node's output carry deferred fields (sf_node_may_defer) */
-  int64_t edge_bytes;    /* sf_graph_plan's cap on the bytes its output edge holds (0: queue_bytes alone) */
   /* sf_graph_plan_groups: on a group's group's head node (or its `groups:` entry) the form its results travel in
    * (sf_wire_plan, engine/graph/graph_plan.h); true on the augment it added on the head to normalise them. */
   int wire_plan;

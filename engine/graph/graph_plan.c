@@ -68,13 +68,13 @@ void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, in
     int c = consumer[i];
     g->nodes[i].may_defer = (defs[i]->flags & SF_STAGE_MAKES_DEFERRED) && c >= 0 &&
                             (defs[c]->flags & SF_STAGE_TAKES_DEFERRED) && same_process(&g->nodes[i], &g->nodes[c]);
-    g->nodes[i].edge_bytes = g->nodes[i].may_defer ? SF_PLAN_DEFERRED_EDGE_BYTES : 0;
   }
   free(consumer);
 }
 
 int64_t sf_graph_edge_bytes(const sf_graph *g, const sf_graph_node *n) {
-  return n->edge_bytes && (!g->queue_bytes || n->edge_bytes < g->queue_bytes) ? n->edge_bytes : g->queue_bytes;
+  const int64_t cap = SF_PLAN_DEFERRED_EDGE_BYTES;
+  return n->may_defer && (!g->queue_bytes || cap < g->queue_bytes) ? cap : g->queue_bytes;
 }
 
 /* ---- the form a group's results travel in ---------------------------------------------------------------- */

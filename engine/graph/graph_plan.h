@@ -20,7 +20,8 @@
  */
 enum { SF_PLAN_DEFERRED_EDGE_BYTES = 4 << 20 };
 
-/* The bytes the edge out of node n may hold in all its queues: the smaller of the plan's edge_bytes and queue_bytes (0: no cap). */
+/* The bytes the edge out of node n may hold in all its queues: queue_bytes (0: no cap), at most
+   SF_PLAN_DEFERRED_EDGE_BYTES where the plan lets n's output carry deferred fields (may_defer). */
 int64_t sf_graph_edge_bytes(const sf_graph *g, const sf_graph_node *n);
 
 /*
@@ -30,8 +31,8 @@ int64_t sf_graph_edge_bytes(const sf_graph *g, const sf_graph_node *n);
  * `replicas` nothing wrote and that merge no inputs get `cpus` replicas, or the count of a neighbour whose
  * replicas are written where that differs (adjacent replicated nodes must agree); a node whose stage makes
  * deferred fields (SF_STAGE_MAKES_DEFERRED) may, when its one consumer takes them (SF_STAGE_TAKES_DEFERRED).
- * Such a node's edge_bytes is SF_PLAN_DEFERRED_EDGE_BYTES (the pipeline takes the smaller of it and queue_bytes).
- * Sets replicas, replicas_planned, may_defer and edge_bytes on g's nodes. Never fails; planning again gives the same.
+ * Such a node's output edge holds at most SF_PLAN_DEFERRED_EDGE_BYTES (sf_graph_edge_bytes).
+ * Sets replicas, replicas_planned and may_defer on g's nodes. Never fails; planning again gives the same.
  */
 void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, int cpus);
 
