@@ -30,8 +30,6 @@ ALLOWED = {"sf_builtin_stages"}
 ALLOWED_EDGES = {
     # The command table lists `help`, and `help` prints the table.
     ("cli/main.c", "cli/help.c"): "the command table names sf_cli_help",
-    # A node's error verdict counts the items of its stage's replicas, which the pipeline holds.
-    ("engine/exec/node.c", "engine/exec/pipeline.c"): "stage_items reads sf_pipeline_nodes",
 }
 
 # A built-in stage is written against include/shardflow/ only, as a plugin is: a stage file that includes an

@@ -35,12 +35,10 @@ static bool user_code(const sf_stage_def *def) {
 
 /* Samples the stage of node n passed on, over all its replicas. */
 static uint64_t stage_items(sf_node *n) {
-  if (!n->pipeline) return atomic_load(&n->items);
-  int count;
-  sf_node *const *nodes = sf_pipeline_nodes(n->pipeline, &count);
+  if (!n->stage_replicas) return atomic_load(&n->items);
   uint64_t items = 0;
-  for (int i = 0; i < count; i++)
-    if (strcmp(nodes[i]->name, n->name) == 0) items += atomic_load(&nodes[i]->items);
+  for (int i = 0; i < n->replicas; i++)
+    if (n->stage_replicas[i]) items += atomic_load(&n->stage_replicas[i]->items);
   return items;
 }
 

@@ -52,6 +52,8 @@ struct sf_node {
   void *priv;
   char name[32];
   int replica, replicas;
+  sf_node *const *stage_replicas; /* the stage's replicas[0..replicas), this one among them (NULL slots while the
+                                     pipeline is built); NULL under the test harness */
   bool replicas_planned;   /* the plan chose replicas (the graph file does not pin them): see graph_plan.h */
   bool may_defer;          /* the plan lets its output carry deferred fields (sf_node_may_defer) */
   const sf_graph_node *graph_node; /* its node in the pipeline's graph (owned there), or NULL (test harness) */

@@ -396,6 +396,7 @@ static int build_replica(sf_pipeline *p, const wiring *w, int gi, const sf_stage
   n->pipeline = p;
   n->replica = rep;
   n->replicas = (int)gn->replicas;
+  n->stage_replicas = slot - rep; /* build() gives each stage's replicas consecutive slots */
   n->replicas_planned = gn->replicas_planned;
   n->may_defer = gn->may_defer;
   n->graph_node = gn;
