@@ -1,4 +1,4 @@
-/* cudaHostRegister through a run-time dlopen of the CUDA runtime (dynlib.h): pinned batches without a CUDA build dependency. */
+/* cudaHostRegister through the CUDA runtime loaded at run time (dynlib.h): pinned batches, no CUDA build dependency. */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
