@@ -7,11 +7,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cuda_driver.h"
-#include "device.h"
-#include "files.h"
 #include "shardflow/codec.h"
+#include "shardflow/device.h"
 #include "shardflow/stage.h"
+#include "shardflow/storage.h"
 
 enum { NORMALIZE_OFF, NORMALIZE_FLOAT32, NORMALIZE_BFLOAT16 };
 static const char *const normalize_names[] = {"off", "float32", "bfloat16", NULL};
@@ -98,12 +97,9 @@ static int open_device(sf_node *node, device_sink *s) {
                                   "or normalize in augment (dtype float32, mean, std) instead");
     return 0;
   }
-  const sf_cuda_api *cu;
   sf_error e = {0};
-  if (sf_cuda_load(&cu, &e) < 0)
-    return sf_node_option_error(node, "device", "%s; or use device: cpu on this machine", e.message);
-  int r = sf_device_pool_new(&s->pool, cu, ordinal, &e);
-  if (r == SF_EOPTION) return sf_node_option_error(node, "device", "%s", e.message);
+  int r = sf_device_pool_open(&s->pool, ordinal, &e);
+  if (r == SF_EOPTION) return sf_node_option_error(node, "device", "%s; or use device: cpu on this machine", e.message);
   if (r < 0) {
     sf_node_error(node, r, NULL, NULL, -1, "device %s: %s", s->device, e.message);
     return r;
@@ -161,8 +157,6 @@ static void uninit(sf_node *node) {
   free(s->channel_tables);
 }
 
-/* mkdir -p: the dump directory may be several levels deep. */
-
 /* Reports a failed debug write; under `skip` the batch still goes on and dumps stop. */
 static int dump_error(sf_node *node, device_sink *s, const char *path, const char *what) {
   s->npy_off = true;
@@ -172,10 +166,9 @@ static int dump_error(sf_node *node, device_sink *s, const char *path, const cha
 static int dump_npy(sf_node *node, device_sink *s, const sf_batch *b) {
   char path[4096], why[4800];
   if (!s->npy_ready) {
-    int e = sf_make_dirs(s->npy_dir, false);
-    if (e < 0) {
-      snprintf(why, sizeof why, "cannot create npy_dir %s: %s (check the path and permissions)",
-               s->npy_dir, strerror(-e));
+    sf_error err = {0};
+    if (sf_dir_create(s->npy_dir, &err) < 0) {
+      snprintf(why, sizeof why, "npy_dir: %s", err.message);
       return dump_error(node, s, s->npy_dir, why);
     }
     s->npy_ready = true;

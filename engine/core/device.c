@@ -211,6 +211,15 @@ int sf_device_pool_new(sf_device_pool **out, const sf_cuda_api *cu, int ordinal,
   return 0;
 }
 
+int sf_device_pool_open(sf_device_pool **pool, int ordinal, sf_error *error) {
+  *pool = NULL;
+  const sf_cuda_api *cu;
+  sf_error e = {0};
+  /* No driver, or one that does not start: this machine has no such device, as no GPU `ordinal` says. */
+  if (sf_cuda_load(&cu, &e) < 0) return sf_error_set(error, SF_EOPTION, SF_NOWHERE, "%s", e.message);
+  return sf_device_pool_new(pool, cu, ordinal, error);
+}
+
 void sf_device_pool_destroy(sf_device_pool **pp) {
   if (!pp || !*pp) return;
   sf_device_pool *p = *pp;

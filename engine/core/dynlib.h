@@ -11,12 +11,15 @@
 #include <stddef.h>
 
 /*
- * A library to open once: its soname (what dlopen is given), the names of the functions to resolve
- * and where their addresses go (fns: a struct of function pointers, one per name, in order, nothing
- * else in it). Define it statically, with state 0; sf_dynlib_load fills the rest.
+ * A library to open once: its soname (what dlopen is given), or sonames, the names to try in order
+ * (a library's versions, newest first: the first that opens is used, and soname then says which);
+ * the names of the functions to resolve and where their addresses go (fns: a struct of function
+ * pointers, one per name, in order, nothing else in it). Define it statically, with state 0;
+ * sf_dynlib_load fills the rest.
  */
 typedef struct sf_dynlib {
   const char *soname;
+  const char *const *sonames; /* NULL-terminated; NULL = soname alone */
   const char *const *symbols; /* NULL-terminated */
   void *fns;
   const char *purpose;        /* for the message, e.g. "decode AVIF images" */

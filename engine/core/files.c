@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "files.h"
+#include "shardflow/storage.h"
 
 int sf_make_dirs(const char *path, bool parents_only) {
   char dir[4096];
@@ -31,6 +32,14 @@ int sf_make_dirs(const char *path, bool parents_only) {
     *p = '/';
   }
   if (mkdir(dir, 0777) < 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+int sf_dir_create(const char *path, sf_error *error) {
+  int e = sf_make_dirs(path, false);
+  if (e < 0)
+    return sf_error_set(error, SF_EIO, SF_AT(.url = path), "cannot create directory %s: %s (check the path and "
+                        "permissions)", path, strerror(-e));
   return 0;
 }
 

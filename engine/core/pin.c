@@ -1,38 +1,26 @@
-/* cudaHostRegister through a run-time dlopen of the CUDA runtime: pinned batches without a CUDA build dependency. */
-#include <dlfcn.h>
-#include <pthread.h>
+/* cudaHostRegister through the CUDA runtime loaded at run time (dynlib.h): pinned batches, no CUDA build dependency. */
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
+#include "dynlib.h"
 #include "pin.h"
 
-typedef int (*host_register_fn)(void *ptr, size_t size, unsigned flags);
-typedef int (*host_unregister_fn)(void *ptr);
-typedef const char *(*error_string_fn)(int error);
-
 static struct {
-  pthread_once_t once;
-  void *library;
-  host_register_fn host_register;
-  host_unregister_fn host_unregister;
-  error_string_fn error_string;
-} cuda = {.once = PTHREAD_ONCE_INIT};
-
-static void load(void) {
-  static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0] && !cuda.library; i++)
-    cuda.library = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  if (!cuda.library) return;
-  cuda.host_register = (host_register_fn)dlsym(cuda.library, "cudaHostRegister");
-  cuda.host_unregister = (host_unregister_fn)dlsym(cuda.library, "cudaHostUnregister");
-  cuda.error_string = (error_string_fn)dlsym(cuda.library, "cudaGetErrorString");
-}
+  int (*host_register)(void *ptr, size_t size, unsigned flags); /* cudaHostRegister */
+  int (*host_unregister)(void *ptr);                            /* cudaHostUnregister */
+  const char *(*error_string)(int error);                       /* cudaGetErrorString */
+} cuda;
+static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so", NULL};
+static const char *const symbols[] = {"cudaHostRegister", "cudaHostUnregister", "cudaGetErrorString", NULL};
+_Static_assert(sizeof cuda == 3 * sizeof(void (*)(void)), "one function pointer per symbol, in order");
+static sf_dynlib runtime = {.sonames = sonames, .symbols = symbols, .fns = &cuda, .purpose = "pin batch memory"};
 
 int sf_pin_open(sf_error *error) {
-  pthread_once(&cuda.once, load);
-  if (!cuda.library || !cuda.host_register || !cuda.host_unregister)
+  if (sf_dynlib_load(&runtime) < 0)
     return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
-                        "pin_memory needs the CUDA runtime (libcudart.so), which is not installed; "
-                        "set pin_memory: false on hosts without a GPU");
+                        "pin_memory needs the CUDA runtime: %s; set pin_memory: false on hosts without a GPU",
+                        runtime.why);
   void *probe = aligned_alloc(4096, 4096);
   if (!probe) return SF_ENOMEM;
   int rc = cuda.host_register(probe, 4096, 0);
@@ -42,14 +30,17 @@ int sf_pin_open(sf_error *error) {
     return sf_error_set(error, SF_EUNSUPPORTED, SF_NOWHERE,
                         "pin_memory: cudaHostRegister failed (%s); set pin_memory: false on hosts without "
                         "a usable GPU",
-                        cuda.error_string ? cuda.error_string(rc) : "unknown CUDA error");
+                        cuda.error_string(rc));
   return 0;
 }
 
+/* The table is filled once the runtime has loaded (sf_dynlib_load's state says so, with release order). */
+static bool loaded(void) { return atomic_load_explicit(&runtime.state, memory_order_acquire) > 0; }
+
 int sf_pin(void *ptr, size_t size) {
-  return cuda.host_register && cuda.host_register(ptr, size, 0) != 0 ? SF_EUNSUPPORTED : 0;
+  return loaded() && cuda.host_register(ptr, size, 0) != 0 ? SF_EUNSUPPORTED : 0;
 }
 
 void sf_unpin(void *ptr) {
-  if (cuda.host_unregister) cuda.host_unregister(ptr);
+  if (loaded()) cuda.host_unregister(ptr);
 }

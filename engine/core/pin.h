@@ -9,7 +9,7 @@
 
 /*
  * Loads the CUDA runtime (libcudart.so.13, .12, .11, or libcudart.so) with
- * dlopen and checks that it can pin memory on this host (a probe register of
+ * dlopen (dynlib.h, once per process) and checks that it can pin memory on this host (a probe register of
  * one page). Never a build-time dependency. Returns 0, or SF_EUNSUPPORTED with
  * *error saying what is missing (the library, a GPU, a driver) and what to do.
  */

@@ -287,60 +287,34 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *opaque) {
 
 static bool strong_etag(const char *etag) { return etag[0] && strncmp(etag, "W/", 2) != 0; }
 
-/*
- * The first body bytes of an attempt: is this the object (and the range) we
- * asked for?  Sets f->mode, f->skip, or f->verdict for a response that no
- * retry can fix.  Only the fetcher thread; no lock needed.
- */
-static void check_response(sf_fetch *f) {
-  long status = 0;
-  curl_easy_getinfo(f->easy, CURLINFO_RESPONSE_CODE, &status);
-  if (status < 200 || status >= 300) {
-    f->mode = BODY_DISCARD; /* an error page: the status says it all (on_done) */
-    return;
-  }
-  f->mode = BODY_KEEP;
-  int64_t from = f->attempt_from;
-  if (f->length > 0) { /* a ranged download: only the bytes asked for, of the version asked for */
-    bool same = !f->want_etag[0] || strcmp(f->etag, f->want_etag) == 0;
-    if (status != 206 || f->range_start != f->base + from) {
-      f->verdict = SF_EUNSUPPORTED;
-      snprintf(f->verdict_text, sizeof f->verdict_text,
-               "asked for bytes %lld-%lld, the server answered %ld%s — reading samples by range needs a server "
-               "that serves byte ranges (HTTP Range)", (long long)(f->base + from),
-               (long long)(f->base + f->length - 1), status, status == 206 ? " with other bytes" : "");
-    } else if (!same) {
-      f->verdict = SF_EIO;
-      snprintf(f->verdict_text, sizeof f->verdict_text,
-               "the shard changed since it was indexed (ETag %.100s, the index has %.100s): run shardflow index on "
-               "it again", f->etag[0] ? f->etag : "none", f->want_etag);
-    } else if (from == 0) {
-      snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
-      snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
-      if (!f->pin_etag[0] && strong_etag(f->etag)) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
-      else if (!f->pin_etag[0] && f->last_modified[0])
-        snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
-    }
-    return;
-  }
-  if (from == 0) {
-    if (status == 206) {
-      f->verdict = SF_EIO;
-      snprintf(f->verdict_text, sizeof f->verdict_text,
-               "the server answered a whole-object request with 206 Partial Content — check the "
-               "server or proxy in front of it");
-      return;
-    }
+/* check_response for a ranged download: only the bytes asked for, of the version asked for. */
+static void check_ranged(sf_fetch *f, long status, int64_t from) {
+  bool same = !f->want_etag[0] || strcmp(f->etag, f->want_etag) == 0;
+  if (status != 206 || f->range_start != f->base + from) {
+    f->verdict = SF_EUNSUPPORTED;
+    snprintf(f->verdict_text, sizeof f->verdict_text,
+             "asked for bytes %lld-%lld, the server answered %ld%s — reading samples by range needs a server "
+             "that serves byte ranges (HTTP Range)", (long long)(f->base + from),
+             (long long)(f->base + f->length - 1), status, status == 206 ? " with other bytes" : "");
+  } else if (!same) {
+    f->verdict = SF_EIO;
+    snprintf(f->verdict_text, sizeof f->verdict_text,
+             "the shard changed since it was indexed (ETag %.100s, the index has %.100s): run shardflow index on "
+             "it again", f->etag[0] ? f->etag : "none", f->want_etag);
+  } else if (from == 0) {
     snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
     snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
-    if (!f->pin_etag[0] && !f->pin_modified[0]) {
-      if (strong_etag(f->etag))
-        snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
-      else if (f->last_modified[0])
-        snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
-    }
-    return;
+    if (!f->pin_etag[0] && strong_etag(f->etag)) snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
+    else if (!f->pin_etag[0] && f->last_modified[0])
+      snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
   }
+}
+
+/*
+ * check_response for a whole-object download resumed at byte `from` (> 0): the rest of the same version,
+ * as 206 from that byte, or as 200 (the whole object again) to skip up to it.
+ */
+static void check_resumed(sf_fetch *f, long status, int64_t from) {
   bool same = f->pin_etag[0] ? strcmp(f->etag, f->pin_etag) == 0
                              : f->pin_modified[0] && strcmp(f->last_modified, f->pin_modified) == 0;
   const char *now_tag = f->pin_etag[0] ? f->etag : f->last_modified;
@@ -372,6 +346,41 @@ static void check_response(sf_fetch *f) {
            "validator (%.100s) %s the first response's (%.100s): the shard is not spliced from two versions",
            (long long)from, now_tag[0] ? now_tag : "none",
            now_tag[0] ? "differs from" : "cannot be compared with", pin_tag);
+}
+
+/*
+ * The first body bytes of an attempt: is this the object (and the range) we
+ * asked for?  Sets f->mode, f->skip, or f->verdict for a response that no
+ * retry can fix.  Only the fetcher thread; no lock needed.
+ */
+static void check_response(sf_fetch *f) {
+  long status = 0;
+  curl_easy_getinfo(f->easy, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 200 || status >= 300) {
+    f->mode = BODY_DISCARD; /* an error page: the status says it all (on_done) */
+    return;
+  }
+  f->mode = BODY_KEEP;
+  int64_t from = f->attempt_from;
+  if (f->length > 0) {
+    check_ranged(f, status, from);
+  } else if (from != 0) {
+    check_resumed(f, status, from);
+  } else if (status == 206) {
+    f->verdict = SF_EIO;
+    snprintf(f->verdict_text, sizeof f->verdict_text,
+             "the server answered a whole-object request with 206 Partial Content — check the "
+             "server or proxy in front of it");
+  } else { /* the first answer: its version is what later attempts must match */
+    snprintf(f->version.etag, sizeof f->version.etag, "%s", f->etag);
+    snprintf(f->version.last_modified, sizeof f->version.last_modified, "%s", f->last_modified);
+    if (!f->pin_etag[0] && !f->pin_modified[0]) {
+      if (strong_etag(f->etag))
+        snprintf(f->pin_etag, sizeof f->pin_etag, "%s", f->etag);
+      else if (f->last_modified[0])
+        snprintf(f->pin_modified, sizeof f->pin_modified, "%s", f->last_modified);
+    }
+  }
 }
 
 static size_t on_data(char *ptr, size_t size, size_t nmemb, void *opaque) {

@@ -4,8 +4,8 @@
  * or HMAC keys with SigV4), az://ACCOUNT/CONTAINER/BLOB (Azure Blob Storage:
  * Shared Key, or a SAS token) and hf://datasets/ORG/NAME[@REVISION]/PATH (the
  * Hugging Face Hub's resolve URLs, read-only, with a bearer token).  Turns such a URL into an http(s) request that
- * libcurl can send.  Contract header: engine/store/object_store.c implements it
- * (the helper owning it adds listings and uploads below).
+ * libcurl can send.  Contract header: engine/store/object_store.c implements it,
+ * with one file per store and object_list.c for listings (store_common.h lists them).
  */
 #ifndef SF_ENGINE_OBJECT_STORE_H
 #define SF_ENGINE_OBJECT_STORE_H

@@ -35,6 +35,14 @@ extern "C" {
  */
 SF_API int sf_storage_copy(const char *src, const char *dst, bool verify, sf_error *error);
 
+/**
+ * Creates the local directory path and its missing parents (mkdir -p; mode 0777 before umask), as a
+ * sink does before writing files under a directory a graph names. Directories already there are fine.
+ * Returns 0, or SF_EIO with *error naming the directory that could not be made and the system's words
+ * (permission denied, a file in the way, a name too long). path is borrowed.
+ */
+SF_API int sf_dir_create(const char *path, sf_error *error);
+
 #ifdef __cplusplus
 }
 #endif

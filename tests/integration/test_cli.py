@@ -160,6 +160,11 @@ sink = dict(device="cuda:0", normalize="float32", mean=[0.5, 0.5, 0.5], std=[0.2
 p = run(["run", graph("gpu-fake", epochs=3, sink=sink)], check=False,
         env=dict(os.environ, SF_CUDA_LIBRARY=os.environ["SF_FAKE_CUDA"]))
 check(p.returncode == 0 and "gpu_buffers_allocated" in p.stderr, f"device cuda:0 on the fake driver: {p.stderr}")
+# A GPU the machine does not have: refused against the option, with how many there are (the fake driver shows one).
+p = run(["run", graph("gpu-fake-3", sink=dict(device="cuda:3")), "--quiet", "--no-summary"], check=False,
+        env=dict(os.environ, SF_CUDA_LIBRARY=os.environ["SF_FAKE_CUDA"]))
+check(p.returncode == 1 and "option device: cuda:3: there is no such GPU: this machine shows 1 (cuda:0 to cuda:0"
+      in p.stderr and "use device: cpu" in p.stderr, f"device: cuda:3 on a one-GPU driver: {p.stderr}")
 for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: write cpu, cuda or cuda:N"),
                     (dict(device="cuda:x"), "'cuda:x' is not a device"),
                     (dict(normalize="float32"), "option normalize: normalize runs on the GPU: set device: cuda"),
@@ -172,6 +177,15 @@ for sink, words in ((dict(device="tpu"), "option device: 'tpu' is not a device: 
 # device: cpu (the default, written) runs as without it
 p = run(["run", graph("gpu-cpu", sink=dict(device="cpu", npy_dir=os.path.join(tmp, "cpu-npy"))), "--quiet"], check=False)
 check(p.returncode == 0 and len(glob.glob(os.path.join(tmp, "cpu-npy", "*_keys.txt"))) == 3, f"device: cpu: {p.stderr}")
+
+# An npy_dir that cannot be made (a file stands where a directory should): an error naming the directory and why
+# (the run goes on or stops as the graph's error policy says).
+blocker = os.path.join(tmp, "not-a-dir")
+open(blocker, "w").close()
+bad_npy = os.path.join(blocker, "npy")
+p = run(["run", graph("npy-bad", sink=dict(npy_dir=bad_npy)), "--quiet", "--no-summary"], check=False)
+check(f"npy_dir: cannot create directory {bad_npy}: {os.strerror(20)}" in p.stderr,
+      f"npy_dir under a file: {p.stderr}")
 
 # A head killed with SIGKILL leaves its ipc socket in a private directory (0700, one per pipeline); the next head
 # removes it, and a socket older versions left in $TMPDIR itself, and keeps a live process's.

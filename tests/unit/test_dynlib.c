@@ -50,6 +50,37 @@ static void test_missing_function(void **state) {
   assert_int_equal(sf_dynlib_load(&lib), SF_EUNSUPPORTED);
   assert_non_null(strstr(lib.why, "libz.so.1 has no no_such_zlib_function"));
   assert_null(lib.handle);
+  assert_null(t.a); /* nothing left pointing into the library it closed */
+}
+
+/* Several sonames (a library's versions, newest first): the first that opens is used, and soname says which. */
+static void test_first_soname_that_opens(void **state) {
+  (void)state;
+  static const char *const names[] = {"libshardflow-no-such.so.9", "libz.so.1", "libc.so.6", NULL};
+  static struct {
+    __typeof__(&crc32) crc32;
+    __typeof__(&zlibVersion) zlibVersion;
+  } t;
+  static sf_dynlib lib = {.sonames = names, .symbols = z_symbols, .fns = &t, .purpose = "test"};
+  assert_int_equal(sf_dynlib_load(&lib), 0);
+  assert_string_equal(lib.soname, "libz.so.1");
+  const unsigned char text[] = "123456789";
+  assert_int_equal(t.crc32(0, text, 9), 0xCBF43926);
+  assert_string_equal(t.zlibVersion(), zlibVersion());
+}
+
+/* None of the sonames opens: the message names each, and what to install. */
+static void test_no_soname_opens(void **state) {
+  (void)state;
+  static const char *const names[] = {"libshardflow-no-such.so.9", "libshardflow-no-such.so.8", NULL};
+  static const char *const none[] = {"f", NULL};
+  static struct { void (*f)(void); } t;
+  static sf_dynlib lib = {.sonames = names, .symbols = none, .fns = &t, .purpose = "decode X"};
+  assert_int_equal(sf_dynlib_load(&lib), SF_EUNSUPPORTED);
+  assert_non_null(strstr(lib.why, "cannot load libshardflow-no-such.so.9 or libshardflow-no-such.so.8 to decode X"));
+  assert_non_null(strstr(lib.why, "install"));
+  assert_null(t.f);
+  assert_null(lib.handle);
 }
 
 int main(void) {
@@ -57,6 +88,8 @@ int main(void) {
       cmocka_unit_test(test_loads_and_resolves),
       cmocka_unit_test(test_missing_library),
       cmocka_unit_test(test_missing_function),
+      cmocka_unit_test(test_first_soname_that_opens),
+      cmocka_unit_test(test_no_soname_opens),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
