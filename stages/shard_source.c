@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shard_index.h"
 #include "shard_list.h"
 #include "url.h"
 #include "shardflow/index.h"
@@ -47,6 +48,7 @@ typedef struct shard_source {
   int64_t deal;        /* option: positions a rank takes at a time in a round (the batch size), or 0 */
   /* order: global / block: every shard's index, and the samples before each shard (list.count + 1) */
   sf_shard_index *indexes;
+  char **index_paths;  /* a remote shard's index file (its ranges carry it, to name it when stale), else NULL */
   uint64_t *before;
   uint64_t total;      /* samples of the dataset */
   uint64_t taken;      /* this slot's positions emitted in the current epoch */
@@ -205,6 +207,8 @@ static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
     sf_node_log(node, SF_LOG_WARNING, "%s; indexes are made again in every run until they can be kept "
                 "(shardflow index --out DIR, and index_dir: DIR)", unsaved.message);
   }
+  if (s->indexes[i].etag[0] && !(s->index_paths[i] = sf_shard_index_path(url, s->index_dir)))
+    return INIT_FAIL(node, SF_ENOMEM, url, "out of memory for the index's path");
   /* Only the spans are needed from here on. */
   for (size_t k = 0; s->indexes[i].keys && k < s->indexes[i].count; k++) free(s->indexes[i].keys[k]);
   free(s->indexes[i].keys);
@@ -256,7 +260,9 @@ static int init_indexed(sf_node *node, shard_source *s) {
                      "repeats its permutation, reshuffled, to reach samples_per_epoch", order_names[s->visit]);
   s->indexes = calloc(s->list.count, sizeof *s->indexes);
   s->before = calloc(s->list.count + 1, sizeof *s->before);
-  if (!s->indexes || !s->before) return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu indexes", s->list.count);
+  s->index_paths = calloc(s->list.count, sizeof *s->index_paths);
+  if (!s->indexes || !s->before || !s->index_paths)
+    return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu indexes", s->list.count);
   bool said = false;
   for (size_t i = 0; i < s->list.count; i++) {
     int r = load_index(node, s, i, &said);
@@ -538,7 +544,9 @@ static int step_indexed(sf_node *node, shard_source *s) {
   shard->first_sample = at.sample;
   shard->range_samples = n;
   const char *etag = s->indexes[at.shard].etag;
-  if (etag[0] && !(shard->range_etag = strdup(etag))) {
+  const char *index_path = s->index_paths[at.shard];
+  if ((etag[0] && !(shard->range_etag = strdup(etag))) ||
+      (index_path && !(shard->range_index = strdup(index_path)))) {
     sf_shard_destroy(&shard);
     return SF_ENOMEM;
   }
@@ -580,6 +588,9 @@ static void uninit(sf_node *node) {
   for (size_t i = 0; s->indexes && i < s->list.count; i++) sf_shard_index_clear(&s->indexes[i]);
   free(s->indexes);
   s->indexes = NULL;
+  for (size_t i = 0; s->index_paths && i < s->list.count; i++) free(s->index_paths[i]);
+  free(s->index_paths);
+  s->index_paths = NULL;
   free(s->before);
   s->before = NULL;
   free(s->picks);

@@ -73,6 +73,19 @@ def interleave(parts):
         k += 1
 
 
+def dealt(order, world, batch):
+    """The model of shard_source's deal (the batch size): round i of the order gives rank r its positions
+    i*B*W + r*B .. + B; the short last round goes a position at a time. Per rank, its batches in order."""
+    rnd = batch * world
+    full = len(order) // rnd
+    out = []
+    for r in range(world):
+        bs = [order[i * rnd + r * batch:i * rnd + (r + 1) * batch] for i in range(full)]
+        tail = order[full * rnd + r::world]
+        out.append(bs + ([tail] if tail else []))
+    return out
+
+
 # ---- shardflow index, against tarfile ----
 urls, paths, keys = make_shards(os.path.join(tmp, "big"), shards=50, per_shard=200)  # 10,000 samples
 p = run(["index", urls])
@@ -174,6 +187,17 @@ for old in (2, 3):
             check(sorted(full[:consumed] + rest) == sorted(small_keys),
                   f"{old} -> {new} ranks after {consumed}: every sample once")
             check(interleave(parts) == full[consumed:], f"{old} -> {new} ranks after {consumed}: the same order goes on")
+# deal (Python sets it to the batch size): rounds of one batch per rank, worker = round mod workers; a start
+# of any layout. The rank's batches in DataLoader's order (its workers in turn) are the model's.
+for visit, world, workers, start in (("global", 2, 3, 42), ("global", 3, 3, 0), ("global", 1, 3, 35), ("block", 3, 2, 21)):
+    order = full if visit == "global" else order_run("bfull", small, order="block", block_size=5, batch_size=7)[0]
+    model = dealt(order[start:], world, 7)
+    for r in range(world):
+        for w in range(workers):
+            got = order_run(f"deal-{visit}{world}{workers}-{r}{w}", small, rank=r, world=world, order=visit, block_size=5,
+                            batch_size=7, deal=7, workers=workers, worker=w, start=start)[0]
+            check(got == [k for b in model[r][w::workers] for k in b],
+                  f"deal 7, order {visit}, rank {r} of {world}, worker {w} of {workers}, start {start}: the model's rounds")
 p = order_run("bres", small, order="block", block_size=5, start=7, world=2, expect_fail=True)
 check(p.returncode != 0 and "multiple of ranks x workers" in p.stderr, f"block refuses a start of another world: {p.stderr}")
 
@@ -199,6 +223,10 @@ with nginx(os.path.join(tmp, "small")) as base:
     p = order_run("http_stale", remote, order="global", index_dir=remote_idx, expect_fail=True)
     check("changed since it was indexed" in p.stderr and "r003.tar @ byte" in p.stderr,
           f"a remote shard changed since its index is refused: {p.stderr}")
+    r003_idx = os.path.join(remote_idx, next(n for n in os.listdir(remote_idx) if n.startswith("r003.tar-")))
+    check(r003_idx in p.stderr and base + "/r003.tar" in p.stderr
+          and f"shardflow index --out {remote_idx} {base}/r003.tar" in p.stderr,
+          f"...naming the index file, the shard's URL and the command that rebuilds the index: {p.stderr}")
 run(["index", "-q", small])  # the local indexes, after the mtime change
 
 # ---- missing, stale and unusable indexes ----
@@ -307,18 +335,6 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         check(set(consumed) == set(whole[:steps * 4 * old]), "the consumed samples are the permutation's first")
 
     # ---- DataLoader workers: the rank's batches come from its workers in turn (DataLoader's round robin) ----
-    def dealt(order, world, batch):
-        """The model of shard_source's deal (the batch size): round i of the order gives rank r its positions
-        i*B*W + r*B .. + B; the short last round goes a position at a time. Per rank, its batches in order."""
-        rnd = batch * world
-        full = len(order) // rnd
-        out = []
-        for r in range(world):
-            bs = [order[i * rnd + r * batch:i * rnd + (r + 1) * batch] for i in range(full)]
-            tail = order[full * rnd + r::world]
-            out.append(bs + ([tail] if tail else []))
-        return out
-
     def loader(graph, rank, world, workers, state=None, take=None, **kw):
         """One rank's batches as a DataLoader of `workers` workers yields them (round robin over the workers'
         pipelines: shard_source workers / worker), each a list of keys; take: stop after that many, returning
