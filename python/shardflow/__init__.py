@@ -567,8 +567,11 @@ class Pipeline:
     def _epoch_batches(cls, g):
         """Batches per epoch when shard_source fixes samples_per_epoch, else None."""
         shape = cls._epoch_shape(g)
-        if shape is None:
-            return None
+        return None if shape is None else cls._epoch_batches_of(shape)
+
+    @staticmethod
+    def _epoch_batches_of(shape):
+        """Batches of an epoch of _epoch_shape() shape: (samples, batch size, partial)."""
         full, rest = divmod(shape[0], shape[1])
         return full + (1 if rest and shape[2] else 0)
 

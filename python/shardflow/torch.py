@@ -9,7 +9,10 @@
 
 Every DataLoader worker runs its own pipeline over its own shards (shard_source's worker split:
 rank x workers slots) and takes its share of samples_per_epoch, so the rank still yields
-samples_per_epoch samples in len(ds) batches whatever num_workers is.
+samples_per_epoch samples in len(ds) batches whatever num_workers is. With shard_source's order: global
+or block the rank's batches are dealt in rounds (worker w reads the rank's batches w, w + num_workers, ...),
+so the rank yields the same batches whatever num_workers is, and ds.state_dict(batches=k) in the trainer's
+process is a state that resumes at any world size and num_workers (docs/resume.md).
 """
 import ctypes
 import multiprocessing
@@ -83,7 +86,12 @@ class PipelineDataset(torch.utils.data.IterableDataset):
             options.setdefault("shard_source__worker", info.id)
             shape = self._measure(Pipeline._epoch_shape)
             indexed = self._measure(Pipeline._indexed_order)
-            if shape is not None and not (indexed and indexed[2] is None):  # dealt in rounds: the rank's count
+            if shape is not None and indexed and indexed[2] is None:
+                # Dealt in rounds of a batch (shard_source's deal): samples_per_epoch stays the rank's and worker w
+                # reads rounds w, w + workers, ...: none when the rank has no more batches than that.
+                if info.id >= Pipeline._epoch_batches_of(shape):
+                    return
+            elif shape is not None:
                 share = _worker_share(shape[0], shape[1], info.num_workers, info.id)
                 if share == 0:
                     return  # more workers than batches: this one has none
@@ -153,7 +161,8 @@ class PipelineDataset(torch.utils.data.IterableDataset):
     def load_state_dict(self, state):
         """Resumes the next iteration where state_dict() was taken: in the same worker of the same number of
         workers and world size (the same process of a StatefulDataLoader), or any world size for a pipeline
-        whose state counts consumed samples (shard_source order: global, without workers). Checked when the
+        whose state counts consumed samples (shard_source order: global or block), also at any number of
+        workers (ds.state_dict(batches=k), or the worker state with the least "consumed"). Checked when the
         iteration starts (Pipeline.load_state_dict's errors)."""
         if "pipeline" in state:
             self._pending = dict(state["pipeline"])

@@ -475,6 +475,10 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         rest = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds2, batch_size=None, num_workers=2)]
         check(rest == dealt(whole[20:], 1, 4)[0], "...resumed by a DataLoader of 2 workers: the rest, in order")
         check(ds2.state_dict(batches=3)["pipeline"]["consumed"] == 32, "...whose count goes on from the loaded one")
+        # samples_per_epoch 6 in batches of 4 (2 batches) and 3 workers: the third has no round and yields none.
+        ds = sft.PipelineDataset(spe, output="dict", samples_per_epoch=6)
+        got = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3)]
+        check(got == dealt(spe_order[:6], 1, 4)[0] and len(ds) == 2, f"3 workers, 2 batches an epoch: {got}")
     except ImportError:
         pass
 
