@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shard_index.h"
 #include "shard_list.h"
 #include "url.h"
 #include "shardflow/index.h"
@@ -44,8 +45,10 @@ typedef struct shard_source {
   int64_t block_size;  /* option: samples per block of order: block */
   char *index_dir;     /* option: where the shards' indexes are, or NULL: next to them */
   int64_t start;       /* option: positions of the first epoch consumed before (a resume) */
+  int64_t deal;        /* option: positions a rank takes at a time in a round (the batch size), or 0 */
   /* order: global / block: every shard's index, and the samples before each shard (list.count + 1) */
   sf_shard_index *indexes;
+  char **index_paths;  /* a remote shard's index file (its ranges carry it, to name it when stale), else NULL */
   uint64_t *before;
   uint64_t total;      /* samples of the dataset */
   uint64_t taken;      /* this slot's positions emitted in the current epoch */
@@ -80,7 +83,8 @@ static const sf_option options[] = {
      "loader workers per rank, each reading its own shards", NULL},
     {"samples_per_epoch", SF_OPT_COUNT, offsetof(shard_source, samples_per_epoch), "0", 0, 0,
      "samples per epoch on every rank (shards repeat until tar_split cuts the epoch), of this worker "
-     "with workers > 1 (Python's dataset gives each worker its share); 0 = one pass over the rank's shards",
+     "with workers > 1 (Python's dataset gives each worker its share) unless deal is set (the rank's, its workers "
+     "sharing its rounds); 0 = one pass over the rank's shards",
      NULL},
     {"allow_pipe", SF_OPT_BOOL, offsetof(shard_source, allow_pipe), "false", 0, 0,
      "allow pipe:CMD URLs (they run a shell command)", NULL},
@@ -97,10 +101,10 @@ static const sf_option options[] = {
     {"order", SF_OPT_ENUM, offsetof(shard_source, visit), "sequential", 0, 0,
      "how an epoch visits samples. sequential = whole shards in a seeded order, each read front to back (a "
      "shuffle stage mixes their samples); global = a seeded permutation of all samples of the dataset every "
-     "epoch, dealt to ranks and workers in turn (position p to slot p mod ranks x workers), each sample read "
-     "by its byte range (one read per sample); block = the dataset cut into blocks of block_size consecutive "
-     "samples, blocks in a seeded order, dealt whole in turn (one read per block: a shuffle stage mixes "
-     "within a window). global and block need uncompressed tar shards and their indexes (shardflow index; made "
+     "epoch, dealt to ranks and workers in turn (position p to slot p mod ranks x workers, or by deal), each "
+     "sample read by its byte range (one read per sample); block = the dataset cut into blocks of block_size "
+     "consecutive samples, blocks in a seeded order, dealt whole in turn (one read per block: a shuffle stage "
+     "mixes within a window). global and block need uncompressed tar shards and their indexes (shardflow index; made "
      "and kept on first use when missing; remote shards' in index_dir); see docs/data.md",
      order_names},
     {"block_size", SF_OPT_COUNT, offsetof(shard_source, block_size), "256", 1, 1e9,
@@ -111,7 +115,15 @@ static const sf_option options[] = {
      NULL},
     {"start", SF_OPT_COUNT, offsetof(shard_source, start), "0", 0, 0,
      "order: global / block: samples of the first epoch consumed before, by all ranks together (a resume: "
-     "Python's load_state_dict sets it); global resumes at any world size, block at the same ranks x workers",
+     "Python's load_state_dict sets it); with deal set (or order: global and one worker a rank) it resumes at "
+     "any world size and workers, else (order: block, deal: 0) only at the same ranks x workers",
+     NULL},
+    {"deal", SF_OPT_COUNT, offsetof(shard_source, deal), "0", 0, 1e9,
+     "order: global / block: positions dealt to a rank at a time, the batch size (Python's Pipeline sets it): "
+     "round i of the epoch's order gives rank r positions i x deal x ranks + r x deal onwards, read by worker i "
+     "mod workers, so the rank's i-th batch is round i whatever the workers and the epoch's first k x deal x "
+     "ranks positions are what every rank's first k batches consumed (a short last round is dealt a position "
+     "at a time); 0 = position p to slot p mod ranks x workers",
      NULL},
     {"samples", SF_OPT_STRING, offsetof(shard_source, samples), NULL, 0, 0,
      "order: global / block: FILE of dataset indices (sample i of the shards in list order, one a line), read in "
@@ -195,6 +207,8 @@ static int load_index(sf_node *node, shard_source *s, size_t i, bool *said) {
     sf_node_log(node, SF_LOG_WARNING, "%s; indexes are made again in every run until they can be kept "
                 "(shardflow index --out DIR, and index_dir: DIR)", unsaved.message);
   }
+  if (s->indexes[i].etag[0] && !(s->index_paths[i] = sf_shard_index_path(url, s->index_dir)))
+    return INIT_FAIL(node, SF_ENOMEM, url, "out of memory for the index's path");
   /* Only the spans are needed from here on. */
   for (size_t k = 0; s->indexes[i].keys && k < s->indexes[i].count; k++) free(s->indexes[i].keys[k]);
   free(s->indexes[i].keys);
@@ -246,7 +260,9 @@ static int init_indexed(sf_node *node, shard_source *s) {
                      "repeats its permutation, reshuffled, to reach samples_per_epoch", order_names[s->visit]);
   s->indexes = calloc(s->list.count, sizeof *s->indexes);
   s->before = calloc(s->list.count + 1, sizeof *s->before);
-  if (!s->indexes || !s->before) return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu indexes", s->list.count);
+  s->index_paths = calloc(s->list.count, sizeof *s->index_paths);
+  if (!s->indexes || !s->before || !s->index_paths)
+    return INIT_FAIL(node, SF_ENOMEM, NULL, "out of memory for %zu indexes", s->list.count);
   bool said = false;
   for (size_t i = 0; i < s->list.count; i++) {
     int r = load_index(node, s, i, &said);
@@ -263,12 +279,13 @@ static int init_indexed(sf_node *node, shard_source *s) {
                      order_names[s->visit], s->list.count);
   /* The positions before start were consumed; this slot's share of them is skipped. */
   uint64_t start = (uint64_t)s->start;
-  if (start % s->stride != 0 && s->visit == ORDER_BLOCK)
+  if (start % s->stride != 0 && s->visit == ORDER_BLOCK && s->deal == 0)
     return INIT_FAIL(node, SF_EOPTION, NULL,
                      "start %" PRIu64 " is not a multiple of ranks x workers (%" PRIu64 "): order: block resumes "
                      "only at the world size and workers it was saved with, every rank having consumed the same "
-                     "samples; use order: global to resume at another world size", start, s->stride);
-  s->skip = s->visit == ORDER_BLOCK ? start / s->stride : 0;
+                     "samples; set deal to the batch size (Python's Pipeline does) to resume at another layout",
+                     start, s->stride);
+  s->skip = s->visit == ORDER_BLOCK && s->deal == 0 ? start / s->stride : 0;
   return 0;
 }
 
@@ -310,7 +327,8 @@ static int init(sf_node *node) {
 
   s->stride = (uint64_t)s->world_size * (uint64_t)s->workers;
   s->slot = (uint64_t)s->rank * (uint64_t)s->workers + (uint64_t)s->worker;
-  if (s->sampling == SAMPLING_SEQUENTIAL && s->slot >= s->list.count)
+  /* order: global / block deal samples, not shards: a slot may outnumber the shards there. */
+  if (s->sampling == SAMPLING_SEQUENTIAL && s->visit == ORDER_SEQUENTIAL && s->slot >= s->list.count)
     return INIT_FAIL(node, SF_EOPTION, NULL,
                      "rank %" PRId64 " of %" PRId64 " (worker %" PRId64 " of %" PRId64
                      ") gets no shard: %zu shards for %" PRId64 " ranks x %" PRId64
@@ -419,9 +437,26 @@ static uint64_t order_key(sf_node *node, const shard_source *s, uint64_t pass) {
   return sf_seed_mix(sf_seed_mix(sf_seed_mix(sf_node_seed(node), s->epoch), pass), 0x6f72646572 /* "order" */);
 }
 
-/* The k-th position of this slot in the epoch's order (k counts from the epoch's start, skipped ones included). */
-static uint64_t slot_position(const shard_source *s, uint64_t k, bool first) {
-  if (s->visit == ORDER_GLOBAL) return (first ? (uint64_t)s->start : 0) + s->slot + k * s->stride;
+/*
+ * The k-th position of this slot in the epoch's order (k counts from the epoch's start, skipped ones
+ * included), or limit when the slot has no more. base: the positions consumed before (start, the first epoch).
+ */
+static uint64_t slot_position(const shard_source *s, uint64_t k, uint64_t base, uint64_t limit) {
+  if (s->deal > 0) {
+    /* Rounds of deal x ranks positions from base: rank r takes the r-th run of deal in each, its worker
+       round mod workers; the short last round is dealt a position at a time, so the ranks' shares of it
+       differ by one at most (each gets its samples_per_epoch's rest). */
+    if (base >= limit) return limit;
+    uint64_t d = (uint64_t)s->deal, ranks = (uint64_t)s->world_size, workers = (uint64_t)s->workers;
+    uint64_t r = (uint64_t)s->rank, w = (uint64_t)s->worker, round = d * ranks, n = limit - base;
+    uint64_t full = n / round, j = k / d, m = k % d;
+    if (j > (UINT64_MAX - w) / workers) return limit;
+    uint64_t i = j * workers + w;
+    if (i < full) return base + i * round + r * d + m;
+    if (i > full || r + m * ranks >= n - full * round) return limit;
+    return base + full * round + r + m * ranks;
+  }
+  if (s->visit == ORDER_GLOBAL) return base + s->slot + k * s->stride;
   uint64_t run = (uint64_t)s->block_size; /* whole blocks in turn */
   return ((k / run) * s->stride + s->slot) * run + k % run;
 }
@@ -470,10 +505,13 @@ static placed place(sf_node *node, const shard_source *s, uint64_t g) {
 static int step_indexed(sf_node *node, shard_source *s) {
   if (s->epoch >= s->end) return SF_EOF;
   bool first = s->epoch == s->plan_epoch;
+  /* samples_per_epoch is the rank's with deal (its workers share its rounds), else the slot's. */
+  uint64_t per = s->deal > 0 ? (uint64_t)s->world_size : s->stride;
   uint64_t limit = s->picked                  ? s->n_picks
-                   : s->samples_per_epoch > 0 ? (uint64_t)s->samples_per_epoch * s->stride
+                   : s->samples_per_epoch > 0 ? (uint64_t)s->samples_per_epoch * per
                                               : s->total;
-  uint64_t k = s->taken + (first ? s->skip : 0), g = slot_position(s, k, first);
+  uint64_t base = first && (s->deal > 0 || s->visit == ORDER_GLOBAL) ? (uint64_t)s->start : 0;
+  uint64_t k = s->taken + (first ? s->skip : 0), g = slot_position(s, k, base, limit);
   if (g >= limit) {
     sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
     sf_node_push(node, &end);
@@ -486,7 +524,7 @@ static int step_indexed(sf_node *node, shard_source *s) {
   uint64_t n = 1;
   int64_t bytes = offsets[at.sample + 1] - offsets[at.sample];
   while (n < RANGE_SAMPLES) {
-    uint64_t next = slot_position(s, k + n, first);
+    uint64_t next = slot_position(s, k + n, base, limit);
     if (next >= limit) break;
     placed more = place(node, s, next);
     if (more.shard != at.shard || more.pass != at.pass || more.sample != at.sample + n) break;
@@ -506,7 +544,9 @@ static int step_indexed(sf_node *node, shard_source *s) {
   shard->first_sample = at.sample;
   shard->range_samples = n;
   const char *etag = s->indexes[at.shard].etag;
-  if (etag[0] && !(shard->range_etag = strdup(etag))) {
+  const char *index_path = s->index_paths[at.shard];
+  if ((etag[0] && !(shard->range_etag = strdup(etag))) ||
+      (index_path && !(shard->range_index = strdup(index_path)))) {
     sf_shard_destroy(&shard);
     return SF_ENOMEM;
   }
@@ -548,6 +588,9 @@ static void uninit(sf_node *node) {
   for (size_t i = 0; s->indexes && i < s->list.count; i++) sf_shard_index_clear(&s->indexes[i]);
   free(s->indexes);
   s->indexes = NULL;
+  for (size_t i = 0; s->index_paths && i < s->list.count; i++) free(s->index_paths[i]);
+  free(s->index_paths);
+  s->index_paths = NULL;
   free(s->before);
   s->before = NULL;
   free(s->picks);

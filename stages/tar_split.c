@@ -555,13 +555,23 @@ parse:
   if (rc < 0) {
     char url[512];
     snprintf(url, sizeof url, "%s", shard->url);
+    /* A remote range refused as changed (HTTP 412, another ETag) or short: name the index it came from and the
+       command that rebuilds it, which the download layer cannot know. */
+    char rebuild[1400] = "";
+    if (rc == SF_EIO && shard->range_index) {
+      const char *slash = strrchr(shard->range_index, '/');
+      snprintf(rebuild, sizeof rebuild, "; the range comes from the index %s: `shardflow index --out %.*s %s` "
+               "rebuilds it", shard->range_index, slash ? (int)(slash - shard->range_index) : 1,
+               slash ? shard->range_index : ".", shard->url);
+    }
     uint64_t lost = shard->range_samples;
     sf_shard_destroy(&shard);
     free(t->range);
     t->range = NULL;
     if (rc == SF_ENOMEM && !error.message[0]) sf_error_set(&error, rc, SF_AT(.url = url), "out of memory");
     if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
-    int policy = sf_node_error(node, rc, error.url[0] ? error.url : url, NULL, error.offset, "%s", error.message);
+    int policy =
+        sf_node_error(node, rc, error.url[0] ? error.url : url, NULL, error.offset, "%s%s", error.message, rebuild);
     if (policy == 0) sf_node_count_skipped(node, lost); /* the range's samples: counted, never silently lost */
     return stops_the_run(rc) ? rc : policy;
   }

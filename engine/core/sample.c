@@ -23,6 +23,7 @@ void sf_shard_destroy(sf_shard **ps) {
   free((*ps)->url);
   free((*ps)->keep);
   free((*ps)->range_etag);
+  free((*ps)->range_index);
   free(*ps);
   *ps = NULL;
 }

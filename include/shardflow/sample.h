@@ -86,6 +86,8 @@ typedef struct sf_shard {
   uint64_t range_samples;       /**< samples the range holds */
   char *range_etag;             /**< a remote shard's ETag when indexed (reads carry If-Match with it), or
                                      NULL; owned, malloc'd */
+  char *range_index;            /**< with range_etag: the index file the range comes from, named when the
+                                     shard changed since it was indexed; NULL otherwise; owned, malloc'd */
 } sf_shard;
 
 /**

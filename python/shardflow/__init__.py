@@ -155,6 +155,7 @@ def _load():
         "sf_graph_node_type": (c, [p, ctypes.c_int]),
         "sf_stage_help": (ctypes.c_int, [c, ctypes.c_char_p, ctypes.c_size_t]),
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
+        "sf_graph_order_fingerprint": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_Error)]),
         "sf_graph_dataset_size": (ctypes.c_int, [p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_Error)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
         "sf_pipeline_new": (ctypes.c_int, [ctypes.POINTER(p), p, ctypes.POINTER(_Options), ctypes.POINTER(_Error)]),
@@ -407,6 +408,7 @@ class Pipeline:
         shard_source's order: global, the samples of first_epoch all ranks consumed before (its start)."""
         options = self._args[4]
         self._release()
+        self._empty = None  # load_state_dict's resumed epoch that has nothing left for this rank and worker
         self._plan, self._plan_epoch = plan, first_epoch
         self._consumed_base = consumed or 0
         if consumed is not None:
@@ -423,6 +425,8 @@ class Pipeline:
         err = _Error()
         g = self._load_graph(graph, options)
         try:
+            self._indexed = self._indexed_order(g)
+            self._deal(g, self._indexed)
             self._maps = _pymap.start(g, maps)
             opts = _Options()
             library.sf_pipeline_options_init(ctypes.byref(opts))
@@ -439,7 +443,7 @@ class Pipeline:
             self._batches = self._epoch_batches(g)
             self._renamed = any(library.sf_graph_node_type(g, i).decode() == "rename"
                                 for i in range(library.sf_graph_node_count(g)))
-            self._indexed = self._indexed_order(g)
+            self._counted_fingerprint = self._layout_free_fingerprint(g, self._indexed)
         except BaseException:
             self._release()
             raise
@@ -485,8 +489,8 @@ class Pipeline:
             node = next(i for i in range(library.sf_graph_node_count(g))
                         if library.sf_graph_node_name(g, i).decode() == self._indexed[0])
             option = lambda o: int(library.sf_graph_node_option(g, node, o.encode()).decode())  # noqa: E731
-            if option("samples_per_epoch"):
-                return option("samples_per_epoch") * world * option("workers")
+            if option("samples_per_epoch"):  # the rank's: Pipeline deals in rounds (shard_source's deal)
+                return option("samples_per_epoch") * world
             size, err = ctypes.c_uint64(), _Error()
             r = library.sf_graph_dataset_size(g, ctypes.byref(size), ctypes.byref(err))
             if r < 0:
@@ -497,35 +501,77 @@ class Pipeline:
 
     @staticmethod
     def _indexed_order(g):
-        """With shard_source's order: global, (its node name, batch size, why not): why not is None when the
-        samples consumed so far are the epoch's first positions, every rank alike, so that their count says
-        which ones they were; else what keeps it from saying so. None for other orders."""
-        source, batch, why = None, None, None
+        """With shard_source's order: global or block, (its node name, batch size, why not, workers, worker):
+        why not is None when the samples consumed so far are the epoch's first positions, every rank alike,
+        so that their count says which ones they were; else what keeps it from saying so. None for
+        order: sequential or a graph without a batch stage."""
+        source, batch, why, workers, worker = None, None, None, 1, 0
         for i in range(library.sf_graph_node_count(g)):
             stage, name = library.sf_graph_node_type(g, i).decode(), library.sf_graph_node_name(g, i).decode()
             option = lambda o: library.sf_graph_node_option(g, i, o.encode()).decode()  # noqa: E731
             if stage == "shard_source":
-                if option("order") != "global":
+                if option("order") not in ("global", "block"):
                     return None
-                source = name
-                if int(option("workers")) > 1:
-                    why = "shard_source's workers > 1 (DataLoader workers take batches in turn)"
+                if source is not None:
+                    why = "the graph reads several shard lists"
+                source, workers, worker = name, int(option("workers")), int(option("worker"))
             elif stage == "shuffle" and int(option("buffer_size")) > 1:
                 why = f"the shuffle stage {name!r} reorders samples after they are read"
-            elif stage in ("pack", "mix"):
-                why = f"the {stage} stage {name!r} does not keep one sample per row in order"
+            elif stage == "mix":
+                why = (f"the mix stage {name!r} draws its inputs from one stream per epoch, so how many samples "
+                       "each input gave depends on the draws, not on the count of rows")
+            elif stage == "pack":
+                why = f"the pack stage {name!r} does not keep one sample per row"
             elif stage == "batch" and batch is None:
                 batch = int(option("batch_size"))
         if source is None or batch is None:
             return None
-        return source, batch, why
+        return source, batch, why, workers, worker
+
+    @staticmethod
+    def _deal(g, indexed):
+        """Deals the epoch's positions to ranks in rounds of one batch each (shard_source's deal = the batch
+        size) when a count of consumed samples can resume the graph: the rank's t-th batch is then round t
+        whatever its DataLoader workers, so k batches of every rank are the order's first k x batch x ranks
+        positions. A deal the graph sets itself is kept."""
+        if indexed is None or indexed[2] is not None:
+            return
+        node = next(i for i in range(library.sf_graph_node_count(g))
+                    if library.sf_graph_node_name(g, i).decode() == indexed[0])
+        if library.sf_graph_node_option(g, node, b"deal").decode() != "0":
+            return
+        err = _Error()
+        r = library.sf_graph_set(g, f"{indexed[0]}.deal".encode(), str(indexed[1]).encode(), ctypes.byref(err))
+        if r < 0:
+            raise _error(r, err)
+
+    @staticmethod
+    def _layout_free_fingerprint(g, indexed):
+        """The order fingerprint a state counting consumed samples carries: the graph's at one loader worker
+        (rank x worker layouts resume each other's counts; with deal the rank's batches do not depend on
+        workers), or None where consumed is not counted (the pipeline's own fingerprint)."""
+        if indexed is None or indexed[2] is not None:
+            return None
+        err = _Error()
+        for option, value in (("workers", b"1"), ("worker", b"0")):
+            r = library.sf_graph_set(g, f"{indexed[0]}.{option}".encode(), value, ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
+        buf = ctypes.create_string_buffer(65)
+        r = library.sf_graph_order_fingerprint(g, buf, len(buf), ctypes.byref(err))
+        if r < 0:
+            raise _error(r, err)
+        return buf.value.decode()
 
     @classmethod
     def _epoch_batches(cls, g):
         """Batches per epoch when shard_source fixes samples_per_epoch, else None."""
         shape = cls._epoch_shape(g)
-        if shape is None:
-            return None
+        return None if shape is None else cls._epoch_batches_of(shape)
+
+    @staticmethod
+    def _epoch_batches_of(shape):
+        """Batches of an epoch of _epoch_shape() shape: (samples, batch size, partial)."""
         full, rest = divmod(shape[0], shape[1])
         return full + (1 if rest and shape[2] else 0)
 
@@ -550,12 +596,16 @@ class Pipeline:
     @_uses_pipeline
     def epoch(self):
         """Epoch of the batches being returned (0-based)."""
+        if self._empty is not None:
+            return self._empty["epoch"]
         return library.sf_pipeline_epoch(self._pipeline)
 
     @property
     @_uses_pipeline
     def step(self):
         """Batches returned in this epoch."""
+        if self._empty is not None:
+            return 0
         return library.sf_pipeline_step(self._pipeline)
 
     @_uses_pipeline
@@ -564,17 +614,27 @@ class Pipeline:
         size and position, so this is the whole state (a small dict, picklable), with "fingerprint", the
         graph's order fingerprint (sf_pipeline_order_fingerprint: what decides the order, hashed), which
         load_state_dict() compares. In an epoch resumed at another world size it also holds "plan", the
-        [shard, sample] pairs the epoch reads (8-16 bytes a sample in a pickle)."""
+        [shard, sample] pairs the epoch reads (8-16 bytes a sample in a pickle). With shard_source's order:
+        global or block it holds "consumed", the samples of the epoch every rank consumed (docs/resume.md,
+        "With an index"), and with several loader workers "workers" and "worker": a worker's count is the
+        rank's when the rank's next batch is that worker's, so the rank's state is its workers' with the
+        least "consumed" (or PipelineDataset.state_dict(batches=...) in the trainer's process)."""
+        if self._empty is not None:
+            return dict(self._empty)
         state = {"epoch": self.epoch, "step": self.step, "rank": library.sf_pipeline_rank(self._pipeline),
                  "world_size": library.sf_pipeline_world_size(self._pipeline),
                  "fingerprint": self._fingerprint()}
         if self._plan is not None and self.epoch == self._plan_epoch:
             state["plan"] = [list(pair) for pair in self._plan]
         if self._indexed is not None and self._indexed[2] is None:
-            # order: global: the ranks consumed the epoch's first positions, so a count says which; the
-            # next ones go on at any world size (shard_source's start).
+            # order: global / block dealt in rounds: the ranks consumed the epoch's first positions, so a count
+            # says which; the next ones go on at any world size and workers (shard_source's start). A loader
+            # worker's count is the rank's if the rank's next batch is this worker's (its round is next).
+            _, batch, _, workers, worker = self._indexed
             base = self._consumed_base if self.epoch == self._plan_epoch else 0
-            state["consumed"] = base + state["step"] * self._indexed[1] * state["world_size"]
+            state["consumed"] = base + (state["step"] * workers + worker) * batch * state["world_size"]
+            if workers > 1:
+                state["workers"], state["worker"] = workers, worker
         return state
 
     def load_state_dict(self, state):
@@ -598,10 +658,30 @@ class Pipeline:
                 raise ValueError(f"the state counts consumed samples, which cannot say which samples this graph "
                                  f"consumed: {self._indexed[2]}; resume at the same world size with a state "
                                  "without 'consumed'")
-            epoch = int(state["epoch"])
-            if consumed >= self._epoch_positions(world):  # saved after the epoch's last batch: the next one
+            _, batch, _, workers, worker = self._indexed
+            if "workers" in state:
+                saved = (elastic._whole(state["workers"], "workers", 1), elastic._whole(state.get("worker"), "worker"),
+                         state["world_size"])
+                if saved == (workers, worker, world):
+                    # The same loader worker of the same layout (torchdata's per-worker protocol): this worker
+                    # goes on with its own next round, whichever worker the rank takes its next batch from.
+                    consumed -= min(consumed, worker * batch * world)
+            epoch, positions = int(state["epoch"]), self._epoch_positions(world)
+            if consumed >= positions:  # saved after the epoch's last batch: the next one
                 self._check_epoch(epoch + 1)
                 return self._start(epoch + 1, 0)
+            # This rank and worker's first round of the rest (shard_source's deal): none is left for it when the
+            # rest is shorter (a DataLoader worker past the epoch's last batch). The engine refuses an epoch that
+            # delivers nothing, so the rest of this one is empty here and the pipeline starts the next.
+            rnd, left = batch * world, positions - consumed
+            if not (worker < left // rnd or (worker == left // rnd and rank < left % rnd)):
+                self._check_epoch(epoch + 1)
+                self._start(epoch + 1, 0)
+                self._empty = {"epoch": epoch, "step": 0, "rank": rank, "world_size": world,
+                               "fingerprint": self._fingerprint(), "consumed": consumed + worker * batch * world}
+                if workers > 1:
+                    self._empty.update(workers=workers, worker=worker)
+                return None
             return self._start(epoch, 0, consumed=consumed)
         if "steps" in state:  # merge_states(): every rank's position
             if state["world_size"] == world:
@@ -619,7 +699,10 @@ class Pipeline:
 
     @_uses_pipeline
     def _fingerprint(self):
-        """The graph's order fingerprint (sf_pipeline_order_fingerprint), 64 hex digits."""
+        """The graph's order fingerprint (sf_pipeline_order_fingerprint), 64 hex digits; where the state counts
+        consumed samples, the graph's at one loader worker (the count resumes at any workers)."""
+        if getattr(self, "_counted_fingerprint", None):
+            return self._counted_fingerprint
         return library.sf_pipeline_order_fingerprint(self._pipeline).decode()
 
     @_uses_pipeline
@@ -740,6 +823,9 @@ class Pipeline:
         meanwhile), or the SystemExit or
         KeyboardInterrupt a map function raised."""
         self._check_epoch(self.epoch)  # past the last epoch: said, not an empty iteration
+        if self._empty is not None:  # a resumed epoch with nothing left for this worker: its end
+            self._empty = None
+            return None
         b = ctypes.c_void_p()
         # Waits in slices: Python runs signal handlers (Ctrl-C's KeyboardInterrupt) between calls only.
         # A slice that runs out is SF_ETIMEDOUT, as is a run that failed with a timeout of its own (a

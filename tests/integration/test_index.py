@@ -73,6 +73,19 @@ def interleave(parts):
         k += 1
 
 
+def dealt(order, world, batch):
+    """The model of shard_source's deal (the batch size): round i of the order gives rank r its positions
+    i*B*W + r*B .. + B; the short last round goes a position at a time. Per rank, its batches in order."""
+    rnd = batch * world
+    full = len(order) // rnd
+    out = []
+    for r in range(world):
+        bs = [order[i * rnd + r * batch:i * rnd + (r + 1) * batch] for i in range(full)]
+        tail = order[full * rnd + r::world]
+        out.append(bs + ([tail] if tail else []))
+    return out
+
+
 # ---- shardflow index, against tarfile ----
 urls, paths, keys = make_shards(os.path.join(tmp, "big"), shards=50, per_shard=200)  # 10,000 samples
 p = run(["index", urls])
@@ -174,6 +187,17 @@ for old in (2, 3):
             check(sorted(full[:consumed] + rest) == sorted(small_keys),
                   f"{old} -> {new} ranks after {consumed}: every sample once")
             check(interleave(parts) == full[consumed:], f"{old} -> {new} ranks after {consumed}: the same order goes on")
+# deal (Python sets it to the batch size): rounds of one batch per rank, worker = round mod workers; a start
+# of any layout. The rank's batches in DataLoader's order (its workers in turn) are the model's.
+for visit, world, workers, start in (("global", 2, 3, 42), ("global", 3, 3, 0), ("global", 1, 3, 35), ("block", 3, 2, 21)):
+    order = full if visit == "global" else order_run("bfull", small, order="block", block_size=5, batch_size=7)[0]
+    model = dealt(order[start:], world, 7)
+    for r in range(world):
+        for w in range(workers):
+            got = order_run(f"deal-{visit}{world}{workers}-{r}{w}", small, rank=r, world=world, order=visit, block_size=5,
+                            batch_size=7, deal=7, workers=workers, worker=w, start=start)[0]
+            check(got == [k for b in model[r][w::workers] for k in b],
+                  f"deal 7, order {visit}, rank {r} of {world}, worker {w} of {workers}, start {start}: the model's rounds")
 p = order_run("bres", small, order="block", block_size=5, start=7, world=2, expect_fail=True)
 check(p.returncode != 0 and "multiple of ranks x workers" in p.stderr, f"block refuses a start of another world: {p.stderr}")
 
@@ -199,6 +223,10 @@ with nginx(os.path.join(tmp, "small")) as base:
     p = order_run("http_stale", remote, order="global", index_dir=remote_idx, expect_fail=True)
     check("changed since it was indexed" in p.stderr and "r003.tar @ byte" in p.stderr,
           f"a remote shard changed since its index is refused: {p.stderr}")
+    r003_idx = os.path.join(remote_idx, next(n for n in os.listdir(remote_idx) if n.startswith("r003.tar-")))
+    check(r003_idx in p.stderr and base + "/r003.tar" in p.stderr
+          and f"shardflow index --out {remote_idx} {base}/r003.tar" in p.stderr,
+          f"...naming the index file, the shard's URL and the command that rebuilds the index: {p.stderr}")
 run(["index", "-q", small])  # the local indexes, after the mtime change
 
 # ---- missing, stale and unusable indexes ----
@@ -306,6 +334,101 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
               "every sample once")
         check(set(consumed) == set(whole[:steps * 4 * old]), "the consumed samples are the permutation's first")
 
+    # ---- DataLoader workers: the rank's batches come from its workers in turn (DataLoader's round robin) ----
+    def loader(graph, rank, world, workers, state=None, take=None, **kw):
+        """One rank's batches as a DataLoader of `workers` workers yields them (round robin over the workers'
+        pipelines: shard_source workers / worker), each a list of keys; take: stop after that many, returning
+        (batches, each worker's state_dict() at that point)."""
+        pipes = [shardflow.Pipeline(graph, rank=rank, world_size=world, output="dict", shard_source__workers=workers,
+                                    shard_source__worker=w, **kw) for w in range(workers)]
+        if state is not None:
+            for p in pipes:
+                p.load_state_dict(state)
+        its = [iter(p) for p in pipes]
+        out, t = [], 0
+        while take is None or t < take:
+            b = next(its[t % workers], None)
+            if b is None:
+                left = [w for w in range(workers) if w != t % workers and next(its[w], None) is not None]
+                check(not left, f"workers {left} still had batches when worker {t % workers} was done")
+                break
+            out.append(list(b["__key__"]))
+            t += 1
+        states = [p.state_dict() for p in pipes]
+        for p in pipes:
+            p.close()
+        return out, states
+
+    def resume_case(graph, epoch_order, cases, batch, tag, **kw):
+        """epoch_order(world): the positions of an epoch at that world size (samples_per_epoch x ranks)."""
+        for old, ow, k, new, nw in cases:
+            order = epoch_order(old)
+            eaten, states = [], []
+            for r in range(old):
+                got, st = loader(graph, r, old, ow, take=k, **kw)
+                check(got == dealt(order, old, batch)[r][:k], f"{tag}: rank {r} of {old}, {ow} workers: the model's batches")
+                eaten += [key for b in got for key in b]
+                states += st
+            # The rank's state: the worker whose round is next has the least count (the same on every rank).
+            state = min(states, key=lambda s: s["consumed"])
+            check(state["consumed"] == k * batch * old and len(pickle.dumps(state)) < 1024,
+                  f"{tag}: the least worker count is every rank's k x B x ranks: {state}")
+            check(set(eaten) == set(order[:k * batch * old]), f"{tag}: k batches of every rank are the order's first")
+            order = epoch_order(new)  # the epoch resumed in the new world: its size there
+            rest, model = [], dealt(order[k * batch * old:], new, batch)
+            for r in range(new):
+                got = loader(graph, r, new, nw, state=state, **kw)[0]
+                check(got == model[r], f"{tag}: {old}x{ow} -> {new}x{nw} after {k}: rank {r} goes on as the model "
+                      f"({[b[:2] for b in got[:2]]} vs {[b[:2] for b in model[r][:2]]})")
+                rest += [key for b in got for key in b]
+            check(sorted(eaten + rest) == sorted(order), f"{tag}: {old} ranks x {ow} workers -> {new} x {nw} after "
+                  f"{k} batches: every sample of the epoch exactly once")
+
+    cases = ((1, 1, 5, 2, 2), (2, 2, 3, 3, 3), (3, 3, 2, 1, 1), (2, 3, 4, 1, 2), (3, 2, 1, 2, 3), (1, 2, 69, 3, 1))
+    resume_case(graph, lambda world: whole, cases, 4, "workers")
+    # samples_per_epoch (the rank's, 45: not whole batches) and decode in a group of worker processes
+    spe = write_graph(os.path.join(tmp, "py_spe.yaml"), [
+        ("shard_source", dict(urls=small, order="global", samples_per_epoch=45)), ("tar_split", {}), ("decode", {}),
+        ("batch", dict(batch_size=4, partial=True))], seed=5)
+    first = loader(spe, 0, 2, 1)[0] + loader(spe, 1, 2, 1)[0]
+    check(sorted(len(b) for b in first) == [1] * 2 + [4] * 22, "samples_per_epoch 45 on 2 ranks: 11 batches and 1")
+    spe_order = [key for b in loader(spe, 0, 1, 1, samples_per_epoch=135)[0] for key in b]
+    resume_case(spe, lambda world: spe_order[:45 * world], ((2, 1, 4, 3, 2), (2, 2, 5, 1, 3)), 4, "samples_per_epoch")
+    grouped = write_graph(os.path.join(tmp, "py_group.yaml"), [
+        ("shard_source", dict(urls=small, order="global")), ("tar_split", {}), ("decode", dict(group="decoders")),
+        ("batch", dict(batch_size=4, partial=True))], groups={"decoders": {"processes": 2, "unit_samples": 8}}, seed=5)
+    resume_case(grouped, lambda world: whole, ((2, 2, 5, 3, 1),), 4, "group")
+
+    # order: block (whole blocks of 5, dealt in rounds of the batch size): resumes at any layout too
+    blocked = write_graph(os.path.join(tmp, "py_block.yaml"), [
+        ("shard_source", dict(urls=small, order="block", block_size=5)), ("tar_split", {}), ("decode", {}),
+        ("batch", dict(batch_size=4, partial=True))], seed=5)
+    block_order = [key for b in loader(blocked, 0, 1, 1)[0] for key in b]
+    at = {k: i for i, k in enumerate(small_keys)}
+    runs = sum(at[block_order[i + 1]] == at[block_order[i]] + 1 for i in range(len(block_order) - 1))
+    check(runs >= 0.75 * len(block_order) and block_order != small_keys,
+          f"order: block in Python: blocks of consecutive samples in a seeded order ({runs} steps of +1)")
+    resume_case(blocked, lambda world: block_order, ((2, 2, 3, 3, 1), (1, 1, 7, 2, 3)), 4, "block")
+
+    # mix: refused with the reason (its draws, one stream per epoch, decide what each input gave)
+    mixed = os.path.join(tmp, "py_mix.yaml")
+    with open(mixed, "w") as f:
+        f.write(f"seed: 5\nstages:\n  - {{name: src_a, type: shard_source, urls: \"{small}\", order: global}}\n"
+                "  - {name: split_a, type: tar_split}\n"
+                f"  - {{name: src_b, type: shard_source, urls: \"{small}\", order: global}}\n"
+                "  - {name: split_b, type: tar_split}\n  - {name: mix, type: mix, inputs: [split_a, split_b]}\n"
+                "  - {name: decode, type: decode}\n  - {name: batch, type: batch, batch_size: 4}\n")
+    p = shardflow.Pipeline(mixed, output="dict")
+    epoch_keys(p, 2)
+    st = p.state_dict()
+    check("consumed" not in st, f"a mix's state holds no count: {st}")
+    try:
+        p.load_state_dict(dict(st, consumed=8))
+        check(False, "a count of consumed samples is refused for a mix")
+    except ValueError as e:
+        check("mix" in str(e) and "draws" in str(e), f"...naming the mix and its draws: {e}")
+    p.close()
+
     # A state saved after the epoch's last batch resumes with the next epoch (not an empty one).
     p = shardflow.Pipeline(graph, output="dict")
     batches = iter(p)
@@ -338,6 +461,24 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
             rest = [list(b["__key__"]) for b in ds2]
             check(head + rest == full_run, f"PipelineDataset state_dict/load_state_dict ({extra or 'no workers'}): "
                   "the iteration goes on exactly")
+        # A real DataLoader of 3 workers, its rank's state from the trainer's count, resumed with 2 workers.
+        import torch.utils.data
+        ds = sft.PipelineDataset(graph, output="dict")
+        it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3))
+        head = [list(next(it)["__key__"]) for _ in range(5)]
+        del it
+        state = ds.state_dict(batches=5)
+        check(head == dealt(whole, 1, 4)[0][:5] and state["pipeline"]["consumed"] == 20,
+              f"DataLoader, 3 workers: the model's batches, and the rank's state counts 20: {state}")
+        ds2 = sft.PipelineDataset(graph, output="dict")
+        ds2.load_state_dict(pickle.loads(pickle.dumps(state)))
+        rest = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds2, batch_size=None, num_workers=2)]
+        check(rest == dealt(whole[20:], 1, 4)[0], "...resumed by a DataLoader of 2 workers: the rest, in order")
+        check(ds2.state_dict(batches=3)["pipeline"]["consumed"] == 32, "...whose count goes on from the loaded one")
+        # samples_per_epoch 6 in batches of 4 (2 batches) and 3 workers: the third has no round and yields none.
+        ds = sft.PipelineDataset(spe, output="dict", samples_per_epoch=6)
+        got = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3)]
+        check(got == dealt(spe_order[:6], 1, 4)[0] and len(ds) == 2, f"3 workers, 2 batches an epoch: {got}")
     except ImportError:
         pass
 
