@@ -40,8 +40,6 @@ ALLOWED_EDGES = {
 # stages/registry.c.in is not a stage but the engine's table of them: it names the group layer's stages.
 STAGE_INCLUDES_LEFT = {
     "stages/device_sink.c": {"cuda_driver.h", "device.h", "files.h"},
-    "stages/shard_source.c": {"shard_list.h", "url.h"},
-    "stages/tar_split.c": {"log.h", "node.h", "prefetch.h", "shard_cache.h", "tar_reader.h", "url.h"},
 }
 STAGE_TABLE = "stages/registry.c.in"
 
