@@ -36,7 +36,7 @@ ALLOWED_EDGES = {
 
 # A built-in stage is written against include/shardflow/ only, as a plugin is: a stage file that includes an
 # engine header (engine/LAYER/*.h) fails the check. The includes below were there when the check came and are
-# still to go (issue 24, section 2: a public codec API, sf_shard's private fields); the list only shrinks.
+# still to go (issue 24, section 2: the device sink's CUDA driver and files); the list only shrinks.
 # stages/registry.c.in is not a stage but the engine's table of them: it names the group layer's stages.
 STAGE_INCLUDES_LEFT = {
     "stages/device_sink.c": {"cuda_driver.h", "device.h", "files.h"},

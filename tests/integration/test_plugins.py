@@ -1,5 +1,6 @@
 """Plugins: the example plugin built out of tree from installed headers runs in a graph (checked against numpy);
 a plugin's own augment on the public codec API equals augment's centre crop and numpy on PIL's decode;
+a plugin splitting shards on the public shard I/O API equals tarfile and tar_split;
 a wrong ABI version, a missing entry point, name clashes, a plugin not found and a non-ELF file are refused
 with the graph's file:line, the plugin's file and what to do."""
 import ctypes
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -19,7 +21,8 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, stage_table, write_shard  # noqa: E402
+from sfutil import (SHARDFLOW, Checks, batch_row, make_dataset, read_batches, run, stage_table,  # noqa: E402
+                    write_graph, write_shard)
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-plugins-")
@@ -492,10 +495,6 @@ for k, data in photos.items():
 # tests/plugins/shard_read.c, built out of tree from the installed headers, splits shards with the public tar
 # reader (the shard's keep list, sf_shard_keeps, honoured) or reads each shard's bytes with the public shard
 # reader. References: Python's tarfile, the files' bytes, and tar_split's output of the same graph.
-import tarfile  # noqa: E402
-
-from sfutil import batch_row, write_graph  # noqa: E402
-
 split_so = os.path.join(tmp, "shard_read.so")
 subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", *cflags,
                 os.path.join(source, "tests/plugins/shard_read.c"), "-o", split_so], check=True)
