@@ -6,10 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shard_index.h"
-#include "shard_list.h"
-#include "url.h"
 #include "shardflow/index.h"
+#include "shardflow/shard_io.h"
 #include "shardflow/stage.h"
 
 /* One shard of a resume plan and the sample indices to read from it, ascending. */
@@ -389,10 +387,9 @@ static int push_shard(sf_node *node, shard_source *s, uint32_t index, uint64_t *
   shard->index = index;
   shard->pass = s->pass;
   shard->samples_per_epoch = (uint64_t)s->samples_per_epoch;
-  shard->allow_pipe = s->allow_pipe;
+  (void)sf_shard_set_allow_pipe(shard, s->allow_pipe); /* cannot fail: sf_shard_new made it */
   if (keep) {
-    shard->keep = *keep;
-    shard->n_keep = n_keep;
+    (void)sf_shard_set_keep(shard, *keep, n_keep); /* takes it */
     *keep = NULL;
   }
   sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
@@ -538,17 +535,13 @@ static int step_indexed(sf_node *node, shard_source *s) {
   shard->epoch = s->epoch;
   shard->index = at.shard;
   shard->pass = at.pass;
-  shard->allow_pipe = s->allow_pipe;
-  shard->range_offset = offsets[at.sample];
-  shard->range_length = bytes;
-  shard->first_sample = at.sample;
-  shard->range_samples = n;
-  const char *etag = s->indexes[at.shard].etag;
-  const char *index_path = s->index_paths[at.shard];
-  if ((etag[0] && !(shard->range_etag = strdup(etag))) ||
-      (index_path && !(shard->range_index = strdup(index_path)))) {
+  (void)sf_shard_set_allow_pipe(shard, s->allow_pipe); /* cannot fail: sf_shard_new made it */
+  sf_shard_range range = {.offset = offsets[at.sample], .length = bytes, .first_sample = at.sample, .samples = n,
+                          .etag = s->indexes[at.shard].etag, .index = s->index_paths[at.shard]};
+  int rc = sf_shard_set_range(shard, &range);
+  if (rc < 0) {
     sf_shard_destroy(&shard);
-    return SF_ENOMEM;
+    return rc;
   }
   sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
   sf_node_push(node, &item);

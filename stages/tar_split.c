@@ -8,12 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "node.h"
-#include "prefetch.h"
-#include "shard_cache.h"
-#include "tar_reader.h"
-#include "url.h"
+#include "shardflow/shard_io.h"
 #include "shardflow/stage.h"
 
 /* Most shards read ahead; most ranges of shards (order: global / block over the network) read ahead. */
@@ -59,7 +54,7 @@ typedef struct tar_split {
   char *tfrecord_key;     /* option, or NULL */
   sf_name_list tfrecord_fields; /* option: FIELD=FEATURE items */
   bool mmap;              /* option */
-  atomic_uint_fast64_t read_ns; /* time the shard reads took (sf_shard_reader_options.read_ns), for describe() */
+  uint64_t read_ns;       /* time the shard reads took (sf_shard_reader_options.read_ns; __atomic), for describe() */
   regex_t regex;          /* key_regex compiled, when compiled is set */
   bool compiled;
   sf_prefetch *downloads; /* one multi handle and thread for every remote shard; NULL until needed */
@@ -70,6 +65,7 @@ typedef struct tar_split {
   bool downloads_failed;  /* the prefetcher could not start: do not try again */
   sf_tar_reader *tar;     /* the open shard, or NULL */
   sf_shard *shard;        /* its descriptor (owned) */
+  sf_shard_range span;    /* its range when it is an indexed read (sf_shard_range_of), else length 0 */
   bool started;           /* an epoch has been seen */
   uint64_t epoch;         /* epoch of the shards being read */
   uint64_t emitted;       /* samples emitted in that epoch */
@@ -98,7 +94,7 @@ typedef struct tar_split {
   bool warm;              /* the start-up window has passed */
   bool capped_said;       /* the memory budget stopped a raise, and the log said so */
   unsigned clock_steps;   /* steps since the clock was last read */
-  /* Indexed reads (sf_shard.range_length > 0): the bytes of the open range (with end-of-archive blocks
+  /* Indexed reads (sf_shard_range_of): the bytes of the open range (with end-of-archive blocks
    * after them, for the tar reader over memory), and the last shard's file, kept open for the next range. */
   uint8_t *range;
   int range_fd;           /* -1 when none */
@@ -188,10 +184,6 @@ static void ahead_clear(ahead *a) {
 
 static int ensure_downloads(sf_node *node, tar_split *t, const char *url);
 
-static bool is_range(const ahead *a) {
-  return a->item.kind == SF_ITEM_SHARD && a->item.u.shard->range_length > 0;
-}
-
 /*
  * Indexed reads of remote shards (order: global / block) are one small request each: they need many under way
  * at once, not the few whole shards the tuner weighs, so the first one sets this many transfers (and RANGES_AHEAD
@@ -203,8 +195,8 @@ enum { RANGE_TRANSFERS = 64 };
 static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
   const char *url = a->item.u.shard->url;
   if (t->prefetch == 0 || !sf_url_is_remote(url)) return; /* local files: the page cache */
-  if (is_range(a)) {
-    const sf_shard *shard = a->item.u.shard;
+  sf_shard_range range;
+  if (sf_shard_range_of(a->item.u.shard, &range)) {
     if (ensure_downloads(node, t, url) == 0) {
       if (!t->ranged) {
         t->ranged = true;
@@ -212,8 +204,8 @@ static void start_ahead(sf_node *node, tar_split *t, ahead *a) {
         sf_prefetch_set_max_transfers(t->downloads, RANGE_TRANSFERS);
       }
       sf_error error;
-      (void)sf_prefetch_start_range(t->downloads, url, shard->range_offset, shard->range_length, shard->range_etag,
-                                    &a->fetch, &error); /* on failure: at its turn */
+      (void)sf_prefetch_start_range(t->downloads, url, range.offset, range.length, range.etag, &a->fetch,
+                                    &error); /* on failure: at its turn */
     }
     return;
   }
@@ -295,13 +287,17 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double trainer_wait(sf_node *node) { return node->pipeline ? sf_pipeline_trainer_wait(node->pipeline) : 0; }
+/* The trainer's wait so far (0 under the test harness, which has none: sf_node_trainer_wait < 0). */
+static double trainer_wait(sf_node *node) {
+  double waited = sf_node_trainer_wait(node);
+  return waited > 0 ? waited : 0;
+}
 
 static void set_prefetch(sf_node *node, tar_split *t, int64_t value) {
   __atomic_store_n(&t->prefetch, value, __ATOMIC_RELAXED);
   sf_prefetch_set_max_transfers(t->downloads, (int)value + 1);
   __atomic_store_n(&t->changes, t->changes + 1, __ATOMIC_RELAXED);
-  int64_t ms = node->pipeline ? (int64_t)(sf_pipeline_elapsed(node->pipeline) * 1000) : 1;
+  int64_t ms = (int64_t)(sf_node_elapsed(node) * 1000); /* 0 under the test harness */
   __atomic_store_n(&t->changed_ms, ms > 0 ? ms : 1, __ATOMIC_RELAXED);
 }
 
@@ -319,17 +315,18 @@ static bool raise_prefetch(sf_node *node, tar_split *t, double waited, double tr
   int64_t holds = t->prefetch_bytes / footprint;
   if (t->prefetch + 1 > holds || (int64_t)s.held_bytes + footprint > t->prefetch_bytes) {
     if (!t->capped_said)
-      sf_log(SF_LOG_INFO, sf_node_name(node),
-             "prefetch stays %lld although the reader waited for downloads %.0f%% of the last %.1f s: "
-             "prefetch_bytes (%.1f MiB) holds %lld shard(s) of %.1f MiB in blocks; raise prefetch_bytes for more "
-             "downloads ahead", (long long)t->prefetch, waited * 100, window, (double)t->prefetch_bytes / 1048576.0,
-             (long long)(holds > 0 ? holds : 0), (double)footprint / 1048576.0);
+      sf_node_log(node, SF_LOG_INFO,
+                  "prefetch stays %lld although the reader waited for downloads %.0f%% of the last %.1f s: "
+                  "prefetch_bytes (%.1f MiB) holds %lld shard(s) of %.1f MiB in blocks; raise prefetch_bytes for "
+                  "more downloads ahead", (long long)t->prefetch, waited * 100, window,
+                  (double)t->prefetch_bytes / 1048576.0, (long long)(holds > 0 ? holds : 0),
+                  (double)footprint / 1048576.0);
     t->capped_said = true;
     return false;
   }
-  sf_log(SF_LOG_INFO, sf_node_name(node),
-         "prefetch %lld -> %lld (waited for downloads %.0f%% of the last %.1f s, the trainer for batches %.0f%%)",
-         (long long)t->prefetch, (long long)t->prefetch + 1, waited * 100, window, trainer * 100);
+  sf_node_log(node, SF_LOG_INFO,
+              "prefetch %lld -> %lld (waited for downloads %.0f%% of the last %.1f s, the trainer for batches %.0f%%)",
+              (long long)t->prefetch, (long long)t->prefetch + 1, waited * 100, window, trainer * 100);
   set_prefetch(node, t, t->prefetch + 1);
   return true;
 }
@@ -344,7 +341,7 @@ static void tune_window(sf_node *node, tar_split *t, double at) {
   double trainer_now = trainer_wait(node);
   double waited = t->waited / len;
   /* Under the test harness there is no trainer: the reader's own wait decides. */
-  double trainer = node->pipeline ? (trainer_now - t->trainer_start) / len : waited;
+  double trainer = sf_node_trainer_wait(node) >= 0 ? (trainer_now - t->trainer_start) / len : waited;
   if (trainer > 1) trainer = 1; /* a wait that began in the window before is counted when it ends */
   int complete_min = t->complete_min;
   t->window_start = at;
@@ -372,10 +369,10 @@ static void tune_window(sf_node *node, tar_split *t, double at) {
   if (complete_min < 0) return; /* no shard change in this window (large shards): nothing learnt */
   t->quiet_seconds += len;
   if (++t->quiet < t->lower_after || t->prefetch <= 1) return;
-  sf_log(SF_LOG_INFO, sf_node_name(node),
-         "prefetch %lld -> %lld (no wait for downloads in the last %.1f s, and at every shard change 2 or more "
-         "downloads ahead were complete and unread)", (long long)t->prefetch, (long long)t->prefetch - 1,
-         t->quiet_seconds);
+  sf_node_log(node, SF_LOG_INFO,
+              "prefetch %lld -> %lld (no wait for downloads in the last %.1f s, and at every shard change 2 or more "
+              "downloads ahead were complete and unread)", (long long)t->prefetch, (long long)t->prefetch - 1,
+              t->quiet_seconds);
   set_prefetch(node, t, t->prefetch - 1);
   t->quiet = 0;
   t->quiet_seconds = 0;
@@ -452,6 +449,7 @@ static void drop_cut_downloads(tar_split *t) {
 static void close_shard(tar_split *t) {
   sf_tar_reader_close(&t->tar);
   sf_shard_destroy(&t->shard);
+  t->span = (sf_shard_range){0};
   free(t->range); /* after the reader: it reads these bytes */
   t->range = NULL;
 }
@@ -464,8 +462,8 @@ static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **
   if (!*fetch) {
     rc = ensure_downloads(node, t, shard->url);
     if (rc == 0)
-      rc = sf_prefetch_start_range(t->downloads, shard->url, shard->range_offset, shard->range_length,
-                                   shard->range_etag, fetch, error);
+      rc = sf_prefetch_start_range(t->downloads, shard->url, t->span.offset, t->span.length,
+                                   t->span.etag, fetch, error);
     else
       rc = sf_error_set(error, rc, SF_AT(.url = shard->url), "cannot start the range's download");
   }
@@ -476,11 +474,11 @@ static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **
     if (r == 0) break;
     if (r < 0) {
       rc = (int)r;
-      if (error->offset >= 0) error->offset += shard->range_offset; /* the fetch counts from the range's start */
+      if (error->offset >= 0) error->offset += t->span.offset; /* the fetch counts from the range's start */
       break;
     }
     if ((size_t)r > n - got) {
-      rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset),
+      rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = t->span.offset),
                         "the server sent more than the %zu bytes asked for", n);
       break;
     }
@@ -488,7 +486,7 @@ static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **
     got += (size_t)r;
   }
   if (rc == 0 && got != n)
-    rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset + (int64_t)got),
+    rc = sf_error_set(error, SF_EIO, SF_AT(.url = shard->url, .offset = t->span.offset + (int64_t)got),
                       "the range ended after %zu of its %zu bytes; the shard is shorter than its index says "
                       "(rewritten since it was indexed?): run shardflow index on it again", got, n);
   sf_fetch_close(fetch);
@@ -505,14 +503,15 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fe
   enum { END_BLOCKS = 1024 }; /* tar's end-of-archive: two zero blocks */
   sf_error error = {.offset = -1, .line = -1};
   int rc = 0;
-  size_t n = (size_t)shard->range_length;
+  (void)sf_shard_range_of(shard, &t->span); /* its etag is the shard's: reset where the shard goes */
+  size_t n = (size_t)t->span.length;
   /* An index is outside input: a span larger than its samples may be (headers included) is not allocated. */
-  int64_t most = (int64_t)shard->range_samples * (t->max_sample_size + (1 << 20));
-  if (shard->range_samples == 0 || shard->range_length > most) {
-    rc = sf_error_set(&error, SF_ETOOBIG, SF_AT(.url = shard->url, .offset = shard->range_offset),
+  int64_t most = (int64_t)t->span.samples * (t->max_sample_size + (1 << 20));
+  if (t->span.samples == 0 || t->span.length > most) {
+    rc = sf_error_set(&error, SF_ETOOBIG, SF_AT(.url = shard->url, .offset = t->span.offset),
                       "the index gives %llu sample(s) here %lld bytes, more than max_sample_size allows; check the "
                       "index (shardflow index writes it again) or raise max_sample_size",
-                      (unsigned long long)shard->range_samples, (long long)shard->range_length);
+                      (unsigned long long)t->span.samples, (long long)t->span.length);
     goto parse;
   }
   if (sf_url_is_remote(shard->url)) {
@@ -539,16 +538,16 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fe
     rc = sf_error_set(&error, SF_ENOMEM, SF_AT(.url = shard->url), "out of memory for a %zu-byte read", n);
   double began = now();
   for (size_t got = 0; rc == 0 && got < n;) {
-    ssize_t r = pread(t->range_fd, t->range + got, n - got, (off_t)(shard->range_offset + (int64_t)got));
+    ssize_t r = pread(t->range_fd, t->range + got, n - got, (off_t)(t->span.offset + (int64_t)got));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0)
-      rc = sf_error_set(&error, SF_EIO, SF_AT(.url = shard->url, .offset = shard->range_offset + (int64_t)got),
+      rc = sf_error_set(&error, SF_EIO, SF_AT(.url = shard->url, .offset = t->span.offset + (int64_t)got),
                         "indexed read: %s; the shard is shorter than its index says (rewritten since it was "
                         "indexed?): run shardflow index on it again", r < 0 ? strerror(errno) : "end of file");
     else
       got += (size_t)r;
   }
-  atomic_fetch_add_explicit(&t->read_ns, (uint_fast64_t)((now() - began) * 1e9), memory_order_relaxed);
+  __atomic_fetch_add(&t->read_ns, (uint64_t)((now() - began) * 1e9), __ATOMIC_RELAXED);
 parse:
   sf_fetch_close(&fetch); /* not read: refused before */
   if (rc == 0) rc = sf_tar_reader_open_memory(&t->tar, t->range, n + END_BLOCKS, shard->url, &error);
@@ -558,13 +557,14 @@ parse:
     /* A remote range refused as changed (HTTP 412, another ETag) or short: name the index it came from and the
        command that rebuilds it, which the download layer cannot know. */
     char rebuild[1400] = "";
-    if (rc == SF_EIO && shard->range_index) {
-      const char *slash = strrchr(shard->range_index, '/');
+    const char *index = t->span.index;
+    if (rc == SF_EIO && index) {
+      const char *slash = strrchr(index, '/');
       snprintf(rebuild, sizeof rebuild, "; the range comes from the index %s: `shardflow index --out %.*s %s` "
-               "rebuilds it", shard->range_index, slash ? (int)(slash - shard->range_index) : 1,
-               slash ? shard->range_index : ".", shard->url);
+               "rebuilds it", index, slash ? (int)(slash - index) : 1, slash ? index : ".", shard->url);
     }
-    uint64_t lost = shard->range_samples;
+    uint64_t lost = t->span.samples;
+    t->span = (sf_shard_range){0};
     sf_shard_destroy(&shard);
     free(t->range);
     t->range = NULL;
@@ -583,45 +583,49 @@ parse:
 
 static bool cancelled(void *node) { return sf_node_cancelled(node); }
 
-static int open_shard(sf_node *node, tar_split *t, ahead *a) {
-  sf_item *item = &a->item;
-  sf_shard *shard = item->u.shard;
-  item->u.shard = NULL;
-  item->kind = SF_ITEM_NONE;
-  if (t->cut && item->epoch <= t->cut_epoch) {
+/*
+ * The epoch and pass accounts of a shard whose turn came (taken from a's item into *shard): 1 when it is to be
+ * read; 0 when its epoch already has its samples_per_epoch samples; SF_ENOENT (recorded, whatever the error
+ * policy) when a whole pass before it yielded no sample. In the last two it frees *shard and clears a.
+ */
+static int shard_turn(sf_node *node, tar_split *t, ahead *a, sf_shard **shard) {
+  uint64_t epoch = a->item.epoch;
+  if (t->cut && epoch <= t->cut_epoch) {
     /* The epoch already has its samples_per_epoch samples. */
-    sf_shard_destroy(&shard);
+    sf_shard_destroy(shard);
     ahead_clear(a);
     return 0;
   }
-  if (!t->started || item->epoch != t->epoch) {
+  if (!t->started || epoch != t->epoch) {
     t->started = true;
-    t->epoch = item->epoch;
+    t->epoch = epoch;
     t->emitted = 0;
-    t->pass = shard->pass;
+    t->pass = (*shard)->pass;
     t->pass_samples = 0;
   }
-  if (shard->pass != t->pass) {
+  if ((*shard)->pass != t->pass) {
     /* Repeating passes to reach samples_per_epoch: a pass without a single sample would repeat forever. */
     if (t->pass_samples == 0) {
       char url[512];
-      snprintf(url, sizeof url, "%s", shard->url);
-      sf_shard_destroy(&shard);
+      snprintf(url, sizeof url, "%s", (*shard)->url);
+      sf_shard_destroy(shard);
       ahead_clear(a);
       sf_node_error(node, SF_ENOENT, url, NULL, -1,
                     "a whole pass over this rank's shards yielded no sample, so samples_per_epoch can "
                     "never be reached; check shard_source.urls and that members are named KEY.EXT");
-      return SF_ENOENT; /* whatever the error policy */
+      return SF_ENOENT;
     }
-    t->pass = shard->pass;
+    t->pass = (*shard)->pass;
     t->pass_samples = 0;
   }
-  if (shard->range_length > 0) {
-    sf_fetch *fetch = a->fetch;
-    a->fetch = NULL;
-    ahead_clear(a);
-    return open_range(node, t, shard, fetch);
-  }
+  return 1;
+}
+
+/*
+ * A whole shard: the tar reader over its stream, with the download (or cached copy) taken ahead for it in a.
+ * Takes shard. Returns 0 (open, or its failure recorded and the error policy said go on) or the error.
+ */
+static int open_stream(sf_node *node, tar_split *t, ahead *a, sf_shard *shard) {
   if (sf_url_is_remote(shard->url)) {
     (void)ensure_downloads(node, t, shard->url); /* counts retries */
     if (t->tune && t->window_start == 0) { /* the tuner's clock starts with the first remote shard */
@@ -631,7 +635,7 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
     }
   }
   sf_shard_reader_options o = {
-      .allow_pipe = shard->allow_pipe,
+      .allow_pipe = sf_shard_allow_pipe(shard),
       .connect_timeout = t->connect_timeout,
       .stall_timeout = t->stall_timeout,
       .retries = (int)t->retries,
@@ -666,15 +670,27 @@ static int open_shard(sf_node *node, tar_split *t, ahead *a) {
   return 0;
 }
 
+/* Opens the shard item of a (its turn came): an indexed read's range, or the whole shard. */
+static int open_shard(sf_node *node, tar_split *t, ahead *a) {
+  sf_shard *shard = a->item.u.shard;
+  a->item.u.shard = NULL;
+  a->item.kind = SF_ITEM_NONE;
+  int turn = shard_turn(node, t, a, &shard);
+  if (turn <= 0) return turn;
+  sf_shard_range range;
+  if (sf_shard_range_of(shard, &range)) {
+    sf_fetch *fetch = a->fetch;
+    a->fetch = NULL;
+    ahead_clear(a);
+    return open_range(node, t, shard, fetch);
+  }
+  return open_stream(node, t, a, shard);
+}
+
 static uint64_t sample_bytes(const sf_sample *s) {
   uint64_t n = 0;
   for (int i = 0; i < s->n_fields; i++) n += sf_tensor_nbytes(&s->fields[i].tensor);
   return n;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return (x > y) - (x < y);
 }
 
 /*
@@ -745,7 +761,7 @@ static int read_sample(sf_node *node, tar_split *t) {
       close_shard(t);
       return SF_EOF; /* stopping: not an error of the shard */
     }
-    if (t->shard->range_length > 0 && error.offset >= 0) error.offset += t->shard->range_offset;
+    if (t->span.length > 0 && error.offset >= 0) error.offset += t->span.offset;
     /* A damaged stream cannot be resynchronised: the rest of the shard is abandoned. */
     if (!recoverable) close_shard(t);
     /* The reader names a key only when the failure cut a sample (truncation, a download failed for good). */
@@ -756,12 +772,11 @@ static int read_sample(sf_node *node, tar_split *t) {
     if (recoverable || cut_sample) sf_node_count_skipped(node, 1);
     return 0;
   }
-  const sf_shard *shard = t->shard;
-  if (shard->range_length > 0) { /* an indexed read: positions in the range are positions in the shard */
-    sample->index += shard->first_sample;
-    sample->offset += shard->range_offset;
+  if (t->span.length > 0) { /* an indexed read: positions in the range are positions in the shard */
+    sample->index += t->span.first_sample;
+    sample->offset += t->span.offset;
   }
-  if (shard->keep && !bsearch(&sample->index, shard->keep, shard->n_keep, sizeof *shard->keep, cmp_u64)) {
+  if (!sf_shard_keeps(t->shard, sample->index)) {
     sf_sample_destroy(&sample); /* not in the resume plan: consumed before the resume, or another rank's */
     return 0;
   }
@@ -811,7 +826,9 @@ static int step(sf_node *node) {
   }
   int taken = fill_ahead(node, t);
   ahead *first = t->q_len > 0 ? q_at(t, 0) : NULL;
-  int64_t need = first && is_range(first) ? first->item.u.shard->range_length : 1; /* a range: all of it */
+  sf_shard_range range;
+  int64_t need = first && first->item.kind == SF_ITEM_SHARD && sf_shard_range_of(first->item.u.shard, &range)
+                     ? range.length : 1; /* a range: all of it */
   if (first && first->fetch && !sf_fetch_done(first->fetch) && !sf_fetch_ready(first->fetch, need)) {
     download_wait(node, t);
     return taken ? 0 : SF_EAGAIN;
@@ -866,7 +883,7 @@ static int describe(sf_node *node, sf_stage_stats *x, sf_worker_stats *workers, 
   (void)workers, (void)max_workers;
   tar_split *t = sf_node_priv(node);
   x->reads = true;
-  x->read_ns = atomic_load_explicit(&t->read_ns, memory_order_relaxed);
+  x->read_ns = __atomic_load_n(&t->read_ns, __ATOMIC_RELAXED);
   sf_prefetch *downloads = __atomic_load_n(&t->downloads, __ATOMIC_ACQUIRE);
   if (!downloads) return 0;
   sf_prefetch_stats s;
@@ -939,20 +956,20 @@ static void uninit(sf_node *node) {
     sf_prefetch_stats s;
     sf_prefetch_stats_get(t->downloads, &s);
     /* The end-of-run account of the network: what was fetched twice and why. */
-    sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, sf_node_name(node),
-           "downloaded %llu shard(s), %.1f MiB; refetched %llu bytes; %llu retries (%llu resumed "
-           "with Range); %llu failed",
-           (unsigned long long)(s.shards - s.not_modified), (double)s.bytes / 1048576.0,
-           (unsigned long long)s.refetched_bytes, (unsigned long long)s.retries, (unsigned long long)s.resumes,
-           (unsigned long long)s.failed);
+    sf_node_log(node, SF_LOG_INFO | SF_LOG_UNPREFIXED,
+                "downloaded %llu shard(s), %.1f MiB; refetched %llu bytes; %llu retries (%llu resumed "
+                "with Range); %llu failed",
+                (unsigned long long)(s.shards - s.not_modified), (double)s.bytes / 1048576.0,
+                (unsigned long long)s.refetched_bytes, (unsigned long long)s.retries, (unsigned long long)s.resumes,
+                (unsigned long long)s.failed);
     sf_prefetch_destroy(&t->downloads);
   }
   if (t->cache) {
     sf_shard_cache_stats c;
     sf_shard_cache_stats_get(t->cache, &c);
-    sf_log(SF_LOG_INFO | SF_LOG_UNPREFIXED, sf_node_name(node),
-           "shard cache: %llu hit(s), %llu stale, %llu miss(es); %.1f MiB evicted", (unsigned long long)c.hits,
-           (unsigned long long)c.stale, (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
+    sf_node_log(node, SF_LOG_INFO | SF_LOG_UNPREFIXED,
+                "shard cache: %llu hit(s), %llu stale, %llu miss(es); %.1f MiB evicted", (unsigned long long)c.hits,
+                (unsigned long long)c.stale, (unsigned long long)c.misses, (double)c.evicted_bytes / 1048576.0);
   }
   sf_shard_cache_close(&t->cache);
   if (t->range_fd >= 0) close(t->range_fd);

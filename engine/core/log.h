@@ -4,13 +4,7 @@
 
 #include "shardflow/log.h"
 
-/*
- * Or-ed into a level: the default handler leaves out its "shardflow: " prefix
- * (lines that always had a layout of their own, which CLI users and scripts
- * read: tar_split's account, `shardflow worker`'s lines).  A handler set with
- * sf_log_set_handler() gets the level without it.
- */
-enum { SF_LOG_UNPREFIXED = 0x100 };
+/* SF_LOG_UNPREFIXED, or-ed into a level, is public (shardflow/log.h). */
 
 /*
  * Formats one record (fmt, printf-style, one line without a newline; cut at

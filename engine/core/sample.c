@@ -7,25 +7,102 @@
 
 #include "shardflow/stage.h"
 
+/* What sf_shard_reading hides (shardflow/sample.h): shard_source sets it, tar_split reads it. */
+struct sf_shard_reading {
+  bool allow_pipe;
+  uint64_t *keep;  /* ascending, n_keep of them, malloc'd; NULL = every sample */
+  size_t n_keep;
+  sf_shard_range range; /* length 0: the whole shard; etag malloc'd or NULL */
+};
+
+/* The shard and its reading in one allocation. */
+typedef struct shard_block {
+  sf_shard shard;
+  sf_shard_reading reading;
+} shard_block;
+
 sf_shard *sf_shard_new(const char *url) {
-  sf_shard *s = calloc(1, sizeof *s);
-  if (!s) return NULL;
-  s->url = strdup(url ? url : "");
-  if (!s->url) {
-    free(s);
+  shard_block *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->shard.reading = &b->reading;
+  b->shard.url = strdup(url ? url : "");
+  if (!b->shard.url) {
+    free(b);
     return NULL;
   }
-  return s;
+  return &b->shard;
 }
 
 void sf_shard_destroy(sf_shard **ps) {
   if (!ps || !*ps) return;
+  sf_shard_reading *r = (*ps)->reading;
+  if (r) {
+    free(r->keep);
+    free((char *)r->range.etag);
+    free((char *)r->range.index);
+  }
   free((*ps)->url);
-  free((*ps)->keep);
-  free((*ps)->range_etag);
-  free((*ps)->range_index);
-  free(*ps);
+  free(*ps); /* the block: shard first */
   *ps = NULL;
+}
+
+int sf_shard_set_allow_pipe(sf_shard *shard, bool allow) {
+  if (!shard || !shard->reading) return SF_EINVAL;
+  shard->reading->allow_pipe = allow;
+  return 0;
+}
+
+bool sf_shard_allow_pipe(const sf_shard *shard) { return shard && shard->reading && shard->reading->allow_pipe; }
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+int sf_shard_set_keep(sf_shard *shard, uint64_t *keep, size_t n) {
+  if (!shard || !shard->reading) {
+    free(keep);
+    return SF_EINVAL;
+  }
+  sf_shard_reading *r = shard->reading;
+  free(r->keep);
+  if (keep && n > 1) qsort(keep, n, sizeof *keep, cmp_u64);
+  r->keep = keep;
+  r->n_keep = keep ? n : 0;
+  return 0;
+}
+
+bool sf_shard_keeps(const sf_shard *shard, uint64_t index) {
+  const sf_shard_reading *r = shard ? shard->reading : NULL;
+  if (!r || !r->keep) return true;
+  return bsearch(&index, r->keep, r->n_keep, sizeof *r->keep, cmp_u64) != NULL;
+}
+
+int sf_shard_set_range(sf_shard *shard, const sf_shard_range *range) {
+  if (!shard || !shard->reading || !range || range->length < 1) return SF_EINVAL;
+  char *etag = NULL, *index = NULL;
+  if ((range->etag && range->etag[0] && !(etag = strdup(range->etag))) ||
+      (range->index && !(index = strdup(range->index)))) {
+    free(etag);
+    return SF_ENOMEM;
+  }
+  sf_shard_reading *r = shard->reading;
+  free((char *)r->range.etag);
+  free((char *)r->range.index);
+  r->range = *range;
+  r->range.etag = etag;
+  r->range.index = index;
+  return 0;
+}
+
+bool sf_shard_range_of(const sf_shard *shard, sf_shard_range *range) {
+  const sf_shard_reading *r = shard ? shard->reading : NULL;
+  if (!r || r->range.length <= 0) {
+    *range = (sf_shard_range){0};
+    return false;
+  }
+  *range = r->range;
+  return true;
 }
 
 /* The key of a sample that has none: shared, never freed. */

@@ -9,34 +9,15 @@
 #include <stddef.h>
 
 #include "strbuf.h"
+#include "shardflow/shard_io.h"
 
-/* What a shard list entry names; the scheme is matched case-sensitively, as written in shard lists. */
-typedef enum sf_url_kind {
-  SF_URL_PATH,  /* no scheme: a local path */
-  SF_URL_FILE,  /* file:// */
-  SF_URL_HTTP,  /* http:// or https:// */
-  SF_URL_STORE, /* s3://, gs://, az:// or hf:// (engine/object_store.h) */
-  SF_URL_PIPE,  /* pipe:COMMAND */
-  SF_URL_OTHER, /* another SCHEME:// that nothing here reads */
-} sf_url_kind;
-
-/* The kind of url (NULL is a path). */
-sf_url_kind sf_url_kind_of(const char *url);
-
-/*
- * The local path a path or file:// URL names (file:///path and file://localhost/path, %XX decoded), malloc'd
- * (the caller frees it); NULL for other URLs, a file URL without an absolute path, or out of memory.
- */
-char *sf_url_local_path(const char *url);
+/* sf_url_kind, sf_url_kind_of, sf_url_local_path and sf_url_is_remote are public (shardflow/shard_io.h). */
 
 /* True for http(s)://. */
 bool sf_url_is_http(const char *url);
 
 /* True for s3://, gs://, az:// and hf://. */
 bool sf_url_is_store(const char *url);
-
-/* True for what is downloaded over the network: http://, https://, s3://, gs://, az://, hf://. */
-bool sf_url_is_remote(const char *url);
 
 /*
  * Length of url's scheme when it starts with SCHEME:// (RFC 3986: a letter,

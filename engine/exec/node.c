@@ -247,8 +247,9 @@ void sf_node_log(const sf_node *n, sf_log_level level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
-  if (level != SF_LOG_ERROR && level != SF_LOG_WARNING && level != SF_LOG_INFO) level = SF_LOG_WARNING;
-  sf_log(level, n->name, "%s", text);
+  int flags = (int)level & SF_LOG_UNPREFIXED, plain = (int)level & ~SF_LOG_UNPREFIXED;
+  if (plain != SF_LOG_ERROR && plain != SF_LOG_WARNING && plain != SF_LOG_INFO) plain = SF_LOG_WARNING;
+  sf_log(plain | flags, n->name, "%s", text);
 }
 
 /* A counter name: 1..31 bytes of a-z, 0-9 and _, a letter first (a /metrics label value, a JSON key, one word of the table). */

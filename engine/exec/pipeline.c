@@ -678,6 +678,9 @@ int sf_pipeline_cpu_budget(const sf_pipeline *p) { return p->cpu_budget; }
 double sf_pipeline_trainer_wait(const sf_pipeline *p) {
   return (double)atomic_load(&((sf_pipeline *)p)->trainer_wait_ns) * 1e-9;
 }
+/* A stage's view of the clocks above (stage.h); a node under the test harness has no pipeline. */
+double sf_node_elapsed(const sf_node *n) { return n->pipeline ? sf_pipeline_elapsed(n->pipeline) : 0; }
+double sf_node_trainer_wait(const sf_node *n) { return n->pipeline ? sf_pipeline_trainer_wait(n->pipeline) : -1; }
 int sf_pipeline_metrics_port(const sf_pipeline *p) { return p->metrics ? sf_metrics_server_port(p->metrics) : 0; }
 
 size_t sf_node_stats_size(void) { return sizeof(sf_node_stats); }

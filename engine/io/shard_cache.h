@@ -34,25 +34,12 @@
 
 #include "prefetch.h"
 #include "shardflow/error.h"
+#include "shardflow/shard_io.h"
 
-typedef struct sf_shard_cache sf_shard_cache;
+/* sf_shard_cache_open, _close, _lookup and _stats_get are public (shardflow/shard_io.h); the reader's part is here. */
 
 /** Length of an entry's file name (64 hex digits + ".shard"), without the NUL. */
 #define SF_SHARD_CACHE_NAME_LEN 70
-
-/*
- * Opens (creating it and its parents) the cache directory dir with a cap of
- * max_bytes (> 0) on the published entries' total size. Returns 0, SF_EINVAL
- * (max_bytes <= 0, dir empty or too long), SF_EIO (the directory or its lock
- * file cannot be created/opened; the message names the path and the errno
- * text), SF_ENOMEM. *cache is owned by the caller: sf_shard_cache_close().
- * Thread-safe once opened: every function below may be called from several
- * threads at once.
- */
-int sf_shard_cache_open(sf_shard_cache **cache, const char *dir, int64_t max_bytes, sf_error *error);
-
-/* Frees *cache (NULL is fine) and sets it to NULL; entries in flight must have ended. */
-void sf_shard_cache_close(sf_shard_cache **cache);
 
 /*
  * The file name (relative to the cache directory) under which url is cached:
@@ -60,16 +47,6 @@ void sf_shard_cache_close(sf_shard_cache **cache);
  * pass a stable key (no presigned-query signatures: they change per request).
  */
 void sf_shard_cache_name(const char *url, char name[SF_SHARD_CACHE_NAME_LEN + 1]);
-
-/*
- * Looks url up: returns an open read-only fd (O_CLOEXEC, owned by the caller,
- * positioned at the shard's first byte) of the cached shard, its size in
- * *size and its version in *version (either may be NULL), and marks it most
- * recently used; or -1 when it is not cached (counted as a miss). An fd stays
- * valid even if another process evicts the file meanwhile. Serve it only once
- * the server confirmed the version, and say so: sf_shard_cache_revalidated().
- */
-int sf_shard_cache_lookup(sf_shard_cache *cache, const char *url, int64_t *size, sf_object_version *version);
 
 /* Counts what the server said of a looked-up entry: current (a hit) or not (stale: downloaded again). */
 void sf_shard_cache_revalidated(sf_shard_cache *cache, bool current);
@@ -99,16 +76,5 @@ void sf_shard_cache_write(sf_shard_cache_entry *entry, const void *data, size_t 
  * Never fails visibly: a cache is an optimisation.
  */
 void sf_shard_cache_end(sf_shard_cache *cache, sf_shard_cache_entry **entry, bool complete);
-
-/* This process's counters since open (see sf_shard_cache_stats). */
-typedef struct sf_shard_cache_stats {
-  uint64_t hits;          /* entries served: the server confirmed them current */
-  uint64_t stale;         /* entries the server had replaced: downloaded again */
-  uint64_t misses;        /* lookups that found no entry */
-  uint64_t evicted_bytes; /* bytes of entries this process evicted */
-} sf_shard_cache_stats;
-
-/* Copies this process's counters since open into *stats. */
-void sf_shard_cache_stats_get(const sf_shard_cache *cache, sf_shard_cache_stats *stats);
 
 #endif

@@ -22,14 +22,6 @@
 int sf_shard_index_build(sf_shard_index *index, const char *url, sf_error *error);
 
 /*
- * Where the index of url lives: with dir NULL or empty, next to the shard (its path plus
- * SF_SHARD_INDEX_SUFFIX); else in dir, named by the shard's file name and a hash of the whole URL
- * (two shards of one name in different folders get different files). Returns a malloc'd path
- * (caller frees), or NULL when out of memory.
- */
-char *sf_shard_index_path(const char *url, const char *dir);
-
-/*
  * Writes index to path (a temporary file renamed over it, so readers never see half an index).
  * Returns 0, or SF_EIO with *error naming path and the system's reason.
  */

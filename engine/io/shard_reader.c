@@ -44,7 +44,7 @@ struct sf_shard_reader {
   int fd;
   uint8_t *chunk;
   sf_buffer *mapping; /* a mapped local file (options.mmap), read from instead of fd */
-  atomic_uint_fast64_t *read_ns; /* options.read_ns (borrowed), or NULL */
+  uint64_t *read_ns;       /* options.read_ns (borrowed), or NULL */
   /* pipe */
   pid_t pid;
   const char *command; /* points into url */
@@ -502,7 +502,7 @@ ssize_t sf_shard_reader_read(sf_shard_reader *r, const void **data, sf_error *er
     if (r->read_ns) {
       clock_gettime(CLOCK_MONOTONIC, &t1);
       int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
-      if (ns > 0) atomic_fetch_add_explicit(r->read_ns, (uint64_t)ns, memory_order_relaxed);
+      if (ns > 0) __atomic_fetch_add(r->read_ns, (uint64_t)ns, __ATOMIC_RELAXED);
     }
     if (n == 0 && r->kind == KIND_PIPE) {
       r->at_end = true; /* reaped once, whatever the command's status */

@@ -7,6 +7,7 @@
 
 #include "shardflow/error.h"
 #include "shardflow/sample.h"
+#include "shardflow/shard_io.h" /* sf_tfrecord_options */
 
 /* Bytes of a record's frame before its data (uint64 length, masked CRC32C of the length) and after it (its CRC). */
 enum { SF_TFRECORD_HEADER = 12, SF_TFRECORD_FOOTER = 4 };
@@ -16,13 +17,6 @@ uint32_t sf_crc32c(uint32_t crc, const void *data, size_t n);
 
 /* TFRecord's masked CRC32C of n bytes: ((crc >> 15) | (crc << 17)) + 0xa282ead8, as stored in a frame. */
 uint32_t sf_tfrecord_masked_crc(const void *data, size_t n);
-
-/* How Example features become fields (tar_split's tfrecord_key and tfrecord_fields). Everything borrowed. */
-typedef struct sf_tfrecord_options {
-  const char *key_feature;     /* the feature that keys the sample, or NULL / "" for the record's index */
-  const char *const *fields;   /* n_fields items "FIELD=FEATURE": that feature becomes field FIELD */
-  int n_fields;
-} sf_tfrecord_options;
 
 /*
  * Parses the n bytes of one record as a tf.train.Example and appends its features to sample, each a

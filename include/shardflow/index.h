@@ -50,6 +50,14 @@ SF_API int sf_shard_index_load(sf_shard_index *index, const char *url, const cha
 SF_API void sf_shard_index_clear(sf_shard_index *index);
 
 /**
+ * Where the index of url lives: with dir NULL or empty, next to the shard (its path plus
+ * SF_SHARD_INDEX_SUFFIX); else in dir, named by the shard's file name and a hash of the whole URL
+ * (two shards of one name in different folders get different files). Returns a malloc'd path
+ * (caller frees), or NULL when out of memory.
+ */
+SF_API char *sf_shard_index_path(const char *url, const char *dir);
+
+/**
  * A seeded bijection of [0, n): position i of an epoch's order maps to sample sf_index_permute(i)
  * (a Feistel network on the smallest even number of bits that covers n, six rounds keyed by key,
  * walked until it lands below n). O(1) memory, so any position of any epoch is found without the

@@ -16,6 +16,14 @@ typedef enum sf_log_level {
 } sf_log_level;
 
 /**
+ * Or-ed into a level given to sf_node_log() (SF_LOG_INFO | SF_LOG_UNPREFIXED): the default handler leaves out
+ * its "shardflow: " prefix, for a line with a layout of its own that CLI users and scripts read (tar_split's
+ * download and cache account, "STAGE: message"). A handler set with sf_log_set_handler() gets the level
+ * without it.
+ */
+#define SF_LOG_UNPREFIXED 0x100
+
+/**
  * Receives one log record.  level is an sf_log_level; stage is the name of
  * the node the record is about, or NULL for the engine itself (a socket, a
  * worker process); message is one line of text without a trailing newline

@@ -63,8 +63,15 @@ typedef struct sf_field {
 } sf_field;
 
 /**
- * One shard to read, as handed from shard_source to tar_split.
- * Owned by whoever holds the item; free with sf_shard_destroy().
+ * How a shard is to be read beyond its URL: whether pipe:COMMAND may run, the samples to keep (an elastic
+ * resume's plan), the byte range of an indexed read. Private to the engine: set and read it with the
+ * sf_shard_* functions below, never by layout.
+ */
+typedef struct sf_shard_reading sf_shard_reading;
+
+/**
+ * One shard to read, as handed from a source stage (shard_source) to a splitting stage (tar_split).
+ * Owned by whoever holds the item; make it with sf_shard_new() and free it with sf_shard_destroy().
  */
 typedef struct sf_shard {
   char *url;                    /**< owned copy */
@@ -72,22 +79,8 @@ typedef struct sf_shard {
   uint64_t index;               /**< position in the expanded shard list */
   uint64_t pass;                /**< 0 for the first pass of an epoch, >0 for repeats */
   uint64_t samples_per_epoch;   /**< epoch length in samples for this rank, 0 = one pass */
-  bool allow_pipe;              /**< the graph opted into pipe:CMD URLs */
-  uint64_t *keep;               /**< NULL = every sample; else tar_split emits only the samples whose
-                                     index within the shard is among these n_keep, ascending (an
-                                     elastic resume plan, shard_source's `plan`); owned, malloc'd */
-  size_t n_keep;
-  /* An indexed read (shard_source's order: global / block): when range_length > 0, tar_split reads only
-   * the bytes [range_offset, range_offset + range_length) of the shard, which hold range_samples whole
-   * samples starting with sample first_sample of the shard (its index, engine/io/shard_index.h). */
-  int64_t range_offset;         /**< byte offset of the first sample's first member header */
-  int64_t range_length;         /**< bytes to read; 0 = the whole shard */
-  uint64_t first_sample;        /**< index within the shard of the range's first sample */
-  uint64_t range_samples;       /**< samples the range holds */
-  char *range_etag;             /**< a remote shard's ETag when indexed (reads carry If-Match with it), or
-                                     NULL; owned, malloc'd */
-  char *range_index;            /**< with range_etag: the index file the range comes from, named when the
-                                     shard changed since it was indexed; NULL otherwise; owned, malloc'd */
+  sf_shard_reading *reading;    /**< opaque, owned (made by sf_shard_new); NULL reads as the defaults: no pipe,
+                                     every sample, the whole shard */
 } sf_shard;
 
 /**
@@ -136,10 +129,56 @@ typedef struct sf_batch {
                                      its sample index within that shard at [2j+1]; read with sf_batch_origin() */
 } sf_batch;
 
-/** Creates a shard descriptor with a copy of url. Returns NULL when out of memory. */
+/** Creates a shard descriptor with a copy of url, its reading at the defaults. Returns NULL when out of memory. */
 SF_API sf_shard *sf_shard_new(const char *url);
-/** Frees *shard and sets it to NULL. NULL-safe. */
+/** Frees *shard, with its reading, and sets it to NULL. NULL-safe. */
 SF_API void sf_shard_destroy(sf_shard **shard);
+
+/**
+ * Lets the shard be a pipe:COMMAND URL (a shell command run by the reader), which a graph allows only when it
+ * opted in (shard_source's allow_pipe). Returns 0, or SF_EINVAL for a shard not made by sf_shard_new().
+ */
+SF_API int sf_shard_set_allow_pipe(sf_shard *shard, bool allow);
+/** True when the shard may be a pipe:COMMAND (sf_shard_set_allow_pipe); false for NULL. Pass it on as the
+ *  reader's sf_shard_reader_options.allow_pipe (shardflow/shard_io.h). */
+SF_API bool sf_shard_allow_pipe(const sf_shard *shard);
+
+/**
+ * Keeps only the samples whose 0-based index within the shard is among keep[0, n) (an elastic resume's plan,
+ * shard_source's `plan`): the splitting stage drops the others. Takes keep (malloc'd, any order: sorted here;
+ * NULL with n 0 keeps every sample again), also on failure. Returns 0, or SF_EINVAL for a shard not made by
+ * sf_shard_new() (keep is then freed).
+ */
+SF_API int sf_shard_set_keep(sf_shard *shard, uint64_t *keep, size_t n);
+/** True when the sample of index `index` (0-based within the shard) is to be emitted: every sample without a
+ *  keep list (sf_shard_set_keep), else those on it. O(log n). */
+SF_API bool sf_shard_keeps(const sf_shard *shard, uint64_t index);
+
+/**
+ * An indexed read: the byte range of a shard that holds whole samples, found in the shard's index
+ * (shardflow/index.h), read instead of the whole shard.
+ */
+typedef struct sf_shard_range {
+  int64_t offset;         /**< byte offset in the shard of the first sample's first member header */
+  int64_t length;         /**< bytes to read from there (> 0): the samples' members, headers included */
+  uint64_t first_sample;  /**< 0-based index within the shard of the range's first sample */
+  uint64_t samples;       /**< whole samples the range holds */
+  const char *etag;       /**< a remote shard's ETag when it was indexed (reads carry If-Match with it), or NULL /
+                               "" (sf_shard_set_range copies it; sf_shard_range_of lends the shard's copy) */
+  const char *index;      /**< the index file the range comes from, named when the shard changed since it was
+                               indexed, or NULL (copied and lent as etag is) */
+} sf_shard_range;
+
+/**
+ * Makes the shard an indexed read of *range (copied, its etag and index too). Returns 0; SF_EINVAL for a length < 1 or
+ * a shard not made by sf_shard_new(); SF_ENOMEM (the shard is then unchanged).
+ */
+SF_API int sf_shard_set_range(sf_shard *shard, const sf_shard_range *range);
+/**
+ * True when the shard is an indexed read, with its range in *range (etag borrowed from the shard, NULL when
+ * none); false for a whole shard (or NULL), *range then zeroed.
+ */
+SF_API bool sf_shard_range_of(const sf_shard *shard, sf_shard_range *range);
 
 /** Creates an empty sample (zeroed, no fields). Returns NULL when out of memory. */
 SF_API sf_sample *sf_sample_new(void);

@@ -19,8 +19,10 @@ extern "C" {
  * 3: the `map` callback and named port lists (`inputs`, `outputs`) replaced `input`, `output`.
  * 4: the `stats` callback (sf_stage_stats, sf_worker_stats); sf_float_list holds SF_FLOAT_LIST_MAX numbers (was 8);
  *    an input port list may end in a template row ("in%u").
+ * 5: sf_shard's reading instructions (allow_pipe, keep, the indexed range) moved behind its opaque `reading`
+ *    pointer and the sf_shard_* accessors (sample.h).
  */
-#define SF_STAGE_ABI_VERSION 4
+#define SF_STAGE_ABI_VERSION 5
 
 /** What a port carries. */
 typedef enum sf_port_kind {
@@ -440,7 +442,8 @@ SF_API int sf_node_option_error(sf_node *node, const char *option, const char *f
  * Writes one log line about this node through the library's log handler (shardflow/log.h), as the engine
  * writes its own lines about a node: the default handler prints "shardflow: NAME: message" to stderr
  * ("shardflow: error: NAME: ..." for SF_LOG_ERROR), and a handler set with sf_log_set_handler() receives the
- * node's name as its stage.  level: an sf_log_level (another value is logged as SF_LOG_WARNING); fmt:
+ * node's name as its stage.  level: an sf_log_level (another value is logged as SF_LOG_WARNING), with
+ * SF_LOG_UNPREFIXED or-ed in for a line without the "shardflow: " prefix ("NAME: message"); fmt:
  * printf-style, one line without a trailing newline (cut at 4 KiB).  A line is neither counted nor limited:
  * log a condition once (e.g. the first time), not per sample, and report a bad sample or option with
  * sf_node_error() / sf_node_option_error() instead, which count it and apply the error policy.
@@ -448,6 +451,19 @@ SF_API int sf_node_option_error(sf_node *node, const char *option, const char *f
  */
 SF_API void sf_node_log(const sf_node *node, sf_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/**
+ * Seconds since the node's pipeline started (a monotonic clock): when a stage changed something it tunes
+ * (sf_stage_tuned.changed_at).  0 outside a pipeline (a stage run by the test harness).  Any thread.
+ */
+SF_API double sf_node_elapsed(const sf_node *node);
+
+/**
+ * Seconds the trainer has spent so far waiting inside sf_pipeline_next() for batches (the consumer's wait, a
+ * monotonic total): a stage that tunes its read-ahead compares its own waits with it.  Negative outside a
+ * pipeline (the test harness has no trainer).  Any thread.
+ */
+SF_API double sf_node_trainer_wait(const sf_node *node);
 
 /** Most counters of its own a node may keep (sf_node_counter_add). */
 #define SF_NODE_COUNTERS 4

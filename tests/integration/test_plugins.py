@@ -1,5 +1,6 @@
 """Plugins: the example plugin built out of tree from installed headers runs in a graph (checked against numpy);
 a plugin's own augment on the public codec API equals augment's centre crop and numpy on PIL's decode;
+a plugin splitting shards on the public shard I/O API equals tarfile and tar_split;
 a wrong ABI version, a missing entry point, name clashes, a plugin not found and a non-ELF file are refused
 with the graph's file:line, the plugin's file and what to do."""
 import ctypes
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -19,7 +21,8 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sfutil import SHARDFLOW, Checks, make_dataset, read_batches, run, stage_table, write_shard  # noqa: E402
+from sfutil import (SHARDFLOW, Checks, batch_row, make_dataset, read_batches, run, stage_table,  # noqa: E402
+                    write_graph, write_shard)
 
 check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-plugins-")
@@ -488,4 +491,62 @@ for k, data in photos.items():
     check(plugin_out[k].dtype == np.float32 and np.array_equal(plugin_out[k], want),
           f"sample {k} ({h}x{w}): the crop plugin equals numpy on PIL's decode (max diff "
           f"{np.abs(plugin_out[k] - want).max()})")
+# tar_split's work in a plugin, through the public shard I/O API (include/shardflow/shard_io.h) alone:
+# tests/plugins/shard_read.c, built out of tree from the installed headers, splits shards with the public tar
+# reader (the shard's keep list, sf_shard_keeps, honoured) or reads each shard's bytes with the public shard
+# reader. References: Python's tarfile, the files' bytes, and tar_split's output of the same graph.
+split_so = os.path.join(tmp, "shard_read.so")
+subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", *cflags,
+                os.path.join(source, "tests/plugins/shard_read.c"), "-o", split_so], check=True)
+srng = np.random.default_rng(30)
+split_shards = []
+for s in range(2):
+    members = [(f"d{s}/{i:03d}", {"txt": srng.integers(97, 123, int(srng.integers(0, 40)), dtype=np.uint8).tobytes(),
+                                   "dat": srng.integers(0, 256, int(srng.integers(1, 3000)), dtype=np.uint8).tobytes()})
+               for i in range(5)]
+    split_shards.append(write_shard(os.path.join(tmp, f"split-{s}.tar"), members))
+
+
+def tar_samples(path):
+    """WebDataset's grouping of a tar's members by Python's tarfile: [(key, {field: bytes})] in order."""
+    out = []
+    with tarfile.open(path) as tf:
+        for m in tf.getmembers():
+            base = os.path.basename(m.name)
+            key = m.name[:len(m.name) - len(base)] + base.split(".", 1)[0]
+            if not out or out[-1][0] != key:
+                out.append((key, {}))
+            out[-1][1][base.split(".", 1)[1]] = tf.extractfile(m).read()
+    return out
+
+
+def split_run(name, splitter, urls, ragged, **source):
+    out = os.path.join(tmp, name + "-out")
+    path = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls=urls, shuffle=False, **source)), splitter,
+        ("batch", dict(batch_size=1, ragged=ragged)), ("device_sink", dict(npy_dir=out))], plugins=[split_so], epochs=1)
+    run(["run", path, "--quiet", "--no-summary"], env=env)
+    return [(keys[0], {f: v.tobytes() for f, v in batch_row(fields, 0).items()})
+            for _, _, keys, fields in read_batches(out)]
+
+
+want = tar_samples(split_shards[0]) + tar_samples(split_shards[1])
+both = "::".join(split_shards)
+got = split_run("split-public", ("split_public", {}), both, "dat")
+check(got == want, f"a plugin's split through the public tar reader equals tarfile's members: "
+                   f"{[k for k, _ in got]} {[k for k, _ in want]}")
+check(split_run("split-builtin", ("tar_split", {}), both, "dat") == got, "and tar_split's output of the same graph")
+plan = os.path.join(tmp, "split.plan")
+with open(plan, "w") as f:
+    f.write("0 1\n0 3\n1 0\n1 4\n")
+got = split_run("split-plan", ("split_public", {}), both, "dat", plan=plan)
+check(got == [want[1], want[3], want[5], want[9]],
+      f"the plugin reads a resume plan's keep list through sf_shard_keeps: {[k for k, _ in got]}")
+got = split_run("split-raw", ("split_public", dict(raw=True)), f"{split_shards[0]}::pipe:cat {split_shards[1]}",
+                "bin,path", allow_pipe=True)
+raw = [open(p, "rb").read() for p in split_shards]
+check([k for k, _ in got] == ["0", "1"] and [f["bin"] for _, f in got] == raw,
+      "the public shard reader hands a plugin each shard's bytes, a pipe: too (sf_shard_allow_pipe passed on)")
+check([f["path"] for _, f in got] == [split_shards[0].encode(), b""],
+      "sf_url_local_path: a path's own path, none for a pipe:")
 check.done("plugins")

@@ -60,7 +60,7 @@ static out run(sf_harness *h, uint64_t max_steps) {
       r->index = s->index;
       r->pass = s->pass;
       r->samples_per_epoch = s->samples_per_epoch;
-      r->allow_pipe = s->allow_pipe;
+      r->allow_pipe = sf_shard_allow_pipe(s);
       /* The URL is the list's entry at index: printf is the reference for the expansion. */
       char want[32];
       snprintf(want, sizeof want, "s-%03llu.tar", (unsigned long long)s->index);
