@@ -494,6 +494,35 @@ static int fetch_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch **
 }
 
 /*
+ * Records the failure rc (*error says what) of the indexed read of shard (taken and freed), and counts its
+ * range's samples as skipped when the error policy goes on. Returns what open_range returns.
+ */
+static int range_failed(sf_node *node, tar_split *t, sf_shard *shard, int rc, sf_error *error) {
+  char url[512];
+  snprintf(url, sizeof url, "%s", shard->url);
+  /* A remote range refused as changed (HTTP 412, another ETag) or short: name the index it came from and the
+     command that rebuilds it, which the download layer cannot know. */
+  char rebuild[1400] = "";
+  const char *index = t->span.index;
+  if (rc == SF_EIO && index) {
+    const char *slash = strrchr(index, '/');
+    snprintf(rebuild, sizeof rebuild, "; the range comes from the index %s: `shardflow index --out %.*s %s` "
+             "rebuilds it", index, slash ? (int)(slash - index) : 1, slash ? index : ".", shard->url);
+  }
+  uint64_t lost = t->span.samples;
+  t->span = (sf_shard_range){0};
+  sf_shard_destroy(&shard);
+  free(t->range);
+  t->range = NULL;
+  if (rc == SF_ENOMEM && !error->message[0]) sf_error_set(error, rc, SF_AT(.url = url), "out of memory");
+  if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
+  int policy =
+      sf_node_error(node, rc, error->url[0] ? error->url : url, NULL, error->offset, "%s%s", error->message, rebuild);
+  if (policy == 0) sf_node_count_skipped(node, lost); /* the range's samples: counted, never silently lost */
+  return stops_the_run(rc) ? rc : policy;
+}
+
+/*
  * An indexed read: the bytes of shard's range (whole samples, see sf_shard) by pread, or a remote shard's by
  * its download (fetch, taken; NULL: one is started now), then the tar reader over them, so that the samples get
  * the same fields and keys as a read of the whole shard. Takes shard. Returns 0 (the range is open, or its
@@ -551,30 +580,7 @@ static int open_range(sf_node *node, tar_split *t, sf_shard *shard, sf_fetch *fe
 parse:
   sf_fetch_close(&fetch); /* not read: refused before */
   if (rc == 0) rc = sf_tar_reader_open_memory(&t->tar, t->range, n + END_BLOCKS, shard->url, &error);
-  if (rc < 0) {
-    char url[512];
-    snprintf(url, sizeof url, "%s", shard->url);
-    /* A remote range refused as changed (HTTP 412, another ETag) or short: name the index it came from and the
-       command that rebuilds it, which the download layer cannot know. */
-    char rebuild[1400] = "";
-    const char *index = t->span.index;
-    if (rc == SF_EIO && index) {
-      const char *slash = strrchr(index, '/');
-      snprintf(rebuild, sizeof rebuild, "; the range comes from the index %s: `shardflow index --out %.*s %s` "
-               "rebuilds it", index, slash ? (int)(slash - index) : 1, slash ? index : ".", shard->url);
-    }
-    uint64_t lost = t->span.samples;
-    t->span = (sf_shard_range){0};
-    sf_shard_destroy(&shard);
-    free(t->range);
-    t->range = NULL;
-    if (rc == SF_ENOMEM && !error.message[0]) sf_error_set(&error, rc, SF_AT(.url = url), "out of memory");
-    if (sf_node_cancelled(node)) return SF_EOF; /* stopping: not an error of the shard */
-    int policy =
-        sf_node_error(node, rc, error.url[0] ? error.url : url, NULL, error.offset, "%s%s", error.message, rebuild);
-    if (policy == 0) sf_node_count_skipped(node, lost); /* the range's samples: counted, never silently lost */
-    return stops_the_run(rc) ? rc : policy;
-  }
+  if (rc < 0) return range_failed(node, t, shard, rc, &error);
   sf_tar_reader_set_limits(t->tar, t->max_member_size, t->max_sample_size);
   sf_tar_reader_set_key_rule(t->tar, (sf_key_rule)t->key_rule, t->compiled ? &t->regex : NULL);
   t->shard = shard;
