@@ -1,9 +1,10 @@
-/* mix: merges the samples of several branches (datasets) by weight, deterministic from the graph seed and the epoch. */
+/* mix: merges the samples of several branches (datasets) by weight, seeded by the epoch (by position when dealt). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "shardflow/index.h"
 #include "shardflow/stage.h"
 
 enum { STOP_FIRST, STOP_LONGEST, STOP_NEVER };
@@ -22,6 +23,11 @@ typedef struct mix {
   int pending;               /* the input drawn for the next sample, or -1 */
   bool started;              /* rng and counters are set for epoch */
   sf_rng rng;
+  /* By position (deal > 0, set by the plan from the inputs' shard_sources): the draws are a function of the
+     mixed position, dealt to ranks and workers as the inputs deal theirs */
+  int64_t deal, start, workers, worker, rank, world_size; /* options */
+  double *raw;               /* [n] the weights as written (1 each when none), what the inputs replay (owned) */
+  uint64_t first;            /* the first epoch: start applies to it */
 } mix;
 
 static const sf_option options[] = {
@@ -36,6 +42,22 @@ static const sf_option options[] = {
      "samples per epoch out of the mix on every rank (0 = until the stop policy ends the epoch; "
      "required by stop: never)",
      NULL},
+    {"deal", SF_OPT_COUNT, offsetof(mix, deal), "0", 0, 1e9,
+     "set by the plan, leave unset: with stop: never and samples_per_epoch over inputs that are each a "
+     "shard_source of order: global with deal, their deal; the input of mixed position p of an epoch is then a "
+     "weighted choice seeded by (seed, epoch, p), positions dealt to ranks and workers as shard_source deals "
+     "them, so a count of consumed positions resumes at any layout (docs/resume.md); 0 = draws from one random "
+     "stream per epoch",
+     NULL},
+    {"start", SF_OPT_COUNT, offsetof(mix, start), "0", 0, 0,
+     "set by the plan with deal: the inputs' start (mixed positions of the first epoch consumed before)", NULL},
+    {"workers", SF_OPT_COUNT, offsetof(mix, workers), "1", 1, 1e6, "set by the plan with deal: the inputs' workers",
+     NULL},
+    {"worker", SF_OPT_INT, offsetof(mix, worker), "0", 0, 1e6, "set by the plan with deal: the inputs' worker", NULL},
+    {"rank", SF_OPT_INT, offsetof(mix, rank), "-1", -1, 1e6,
+     "set by the plan with deal: the inputs' rank (-1 = the pipeline's)", NULL},
+    {"world_size", SF_OPT_INT, offsetof(mix, world_size), "-1", -1, 1e6,
+     "set by the plan with deal: the inputs' world_size (-1 = the pipeline's)", NULL},
     {NULL},
 };
 
@@ -70,7 +92,23 @@ static int init(sf_node *node) {
   for (int i = 0; i < m->n; i++) m->w[i] /= total;
   if (m->stop == STOP_NEVER && m->samples_per_epoch == 0)
     return sf_node_option_error(node, "stop", "never mixes without end: set samples_per_epoch to cut each epoch");
-  m->epoch = sf_node_first_epoch(node);
+  if (m->deal > 0) {
+    if (m->stop != STOP_NEVER || m->samples_per_epoch == 0)
+      return sf_node_option_error(node, "deal", "mixing by position goes with stop: never and samples_per_epoch; "
+                                  "leave deal unset (the plan sets it)");
+    if (m->rank < 0) m->rank = sf_node_rank(node);
+    if (m->world_size < 0) m->world_size = sf_node_world_size(node);
+    if (m->world_size < 1 || m->rank >= m->world_size || m->worker >= m->workers)
+      return sf_node_option_error(node, "deal", "rank %lld of %lld, worker %lld of %lld is not a slot; leave them "
+                                  "unset (the plan copies the inputs')", (long long)m->rank,
+                                  (long long)m->world_size, (long long)m->worker, (long long)m->workers);
+    if (!(m->raw = calloc((size_t)m->n, sizeof *m->raw))) {
+      sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory for %d inputs", m->n);
+      return SF_ENOMEM;
+    }
+    for (int i = 0; i < m->n; i++) m->raw[i] = m->weights.n ? m->weights.v[i] : 1.0;
+  }
+  m->epoch = m->first = sf_node_first_epoch(node);
   m->end = sf_node_epochs(node) ? sf_node_epochs(node) : UINT64_MAX;
   m->pending = -1;
   return 0;
@@ -135,9 +173,48 @@ static int drain(sf_node *node, mix *m) {
   return !open ? SF_EOF : got ? 0 : SF_EAGAIN;
 }
 
+/*
+ * By position: this slot's emitted-th mixed position p draws input sf_index_mix_pick(seed, epoch, p), whose
+ * shard_source sends exactly its samples of this slot's draws, in order; anything else means the two disagree.
+ */
+static int step_dealt(sf_node *node, mix *m) {
+  if (!m->started) start_epoch(node, m);
+  if (m->pending < 0) {
+    uint64_t limit = (uint64_t)m->samples_per_epoch * (uint64_t)m->world_size;
+    uint64_t base = m->epoch == m->first ? (uint64_t)m->start : 0;
+    uint64_t p = sf_index_deal_position(m->emitted, base, limit, (uint64_t)m->deal, (uint64_t)m->world_size,
+                                        (uint64_t)m->rank, (uint64_t)m->workers, (uint64_t)m->worker);
+    if (p >= limit) return end_epoch(node, m);
+    m->pending = sf_index_mix_pick(sf_node_seed(node), m->epoch, p, m->raw, m->n);
+  }
+  int i = m->pending;
+  sf_item item;
+  int r = sf_node_pop_port(node, i, &item);
+  if (r < 0 && r != SF_EOF) return r;
+  if (r == 0 && item.epoch < m->epoch && item.kind == SF_ITEM_EPOCH_END) return 0; /* the input's last epoch's end */
+  if (r == SF_EOF || item.kind != SF_ITEM_SAMPLE || item.epoch != m->epoch) {
+    if (r == 0) sf_item_clear(&item);
+    return sf_node_error(node, SF_EINVAL, NULL, NULL, -1,
+                         "input %d sent %s where epoch %llu's mixed position drew its next sample: mixing by "
+                         "position needs each input's shard_source to be dealt as the plan set it (mix, deal, "
+                         "start, workers); report this with the graph", i,
+                         r == SF_EOF ? "its end" : item.kind == SF_ITEM_SAMPLE ? "another epoch's sample"
+                                                                              : "an epoch's end",
+                         (unsigned long long)m->epoch);
+  }
+  uint64_t bytes = sf_item_nbytes(&item);
+  sf_node_push(node, &item);
+  sf_node_count_output(node, 1, bytes);
+  sf_node_count_input(node, i, 1);
+  m->emitted++;
+  m->pending = -1;
+  return 0;
+}
+
 static int step(sf_node *node) {
   mix *m = sf_node_priv(node);
   if (m->epoch >= m->end) return drain(node, m);
+  if (m->deal > 0) return step_dealt(node, m);
   if (!m->started) start_epoch(node, m);
   if (m->samples_per_epoch > 0 && m->emitted >= (uint64_t)m->samples_per_epoch) return end_epoch(node, m);
   if (m->pending < 0 && (m->pending = draw(m)) < 0) {
@@ -180,12 +257,14 @@ static void uninit(sf_node *node) {
   free(m->w);
   free(m->ended);
   free(m->closed);
+  free(m->raw);
 }
 
 const sf_stage_def sf_stage_mix = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "mix",
-    .summary = "merges several inputs (datasets) by weight, seeded per epoch; stop policy first, longest or never",
+    .summary = "merges several inputs (datasets) by weight, seeded per epoch (per position over dealt order: global "
+               "inputs); stop policy first, longest or never",
     /* One port per name of `inputs:` (a template: in0, in1, ...), in that order; weights follow it. */
     .inputs = SF_PORTS({"in%u", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),

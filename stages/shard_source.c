@@ -55,6 +55,15 @@ typedef struct shard_source {
   uint64_t *picks;     /* its indices, in order */
   size_t n_picks;
   bool picked;         /* samples is set: the epoch is picks */
+  /* Feeding a mix by position (options set by the plan): the mix's node, this input's index and the weights */
+  char *mix;
+  int64_t mix_input;
+  sf_float_list mix_weights;
+  int64_t mix_samples; /* the mix's samples_per_epoch (the rank's) */
+  uint64_t mix_seed;   /* the mix node's seed */
+  uint64_t mix_taken;  /* this slot's mixed positions passed in the current epoch */
+  uint64_t mix_at;     /* mixed positions before this one are counted in mix_drawn */
+  uint64_t mix_drawn;  /* positions before mix_at that draw this input: its next sample's position */
 } shard_source;
 
 enum { SAMPLING_SEQUENTIAL, SAMPLING_RESAMPLE };
@@ -128,6 +137,17 @@ static const sf_option options[] = {
      "this order every epoch instead of the permutation, dealt to ranks as it is (Python's shardflow.Dataset "
      "reads items with it); empty = the whole dataset",
      NULL},
+    {"mix", SF_OPT_STRING, offsetof(shard_source, mix), NULL, 0, 0,
+     "set by the plan, leave unset: the mix node this order: global source feeds when that mix deals by position "
+     "(stop: never, samples_per_epoch, every input dealt: docs/resume.md); it then reads the samples of this "
+     "input the mix draws at this rank and worker's positions",
+     NULL},
+    {"mix_input", SF_OPT_INT, offsetof(shard_source, mix_input), "-1", -1, 1e6,
+     "set by the plan with mix: this source's index among the mix's inputs", NULL},
+    {"mix_weights", SF_OPT_FLOAT_LIST, offsetof(shard_source, mix_weights), NULL, 0, 0,
+     "set by the plan with mix: the mix's weights", NULL},
+    {"mix_samples", SF_OPT_COUNT, offsetof(shard_source, mix_samples), "0", 0, 0,
+     "set by the plan with mix: the mix's samples_per_epoch", NULL},
     {NULL},
 };
 
@@ -284,6 +304,15 @@ static int init_indexed(sf_node *node, shard_source *s) {
                      "samples; set deal to the batch size (Python's Pipeline does) to resume at another layout",
                      start, s->stride);
   s->skip = s->visit == ORDER_BLOCK && s->deal == 0 ? start / s->stride : 0;
+  if (s->mix && s->mix[0]) {
+    if (s->visit != ORDER_GLOBAL || s->deal == 0 || s->picked || s->samples_per_epoch > 0 || s->mix_samples <= 0 ||
+        s->mix_input < 0 || s->mix_input >= s->mix_weights.n)
+      return INIT_FAIL(node, SF_EOPTION, NULL,
+                       "mix \"%s\" goes with order: global, deal > 0, no samples or samples_per_epoch of its own, "
+                       "mix_samples > 0 and mix_input below the %d mix_weights; the plan sets them: leave mix, "
+                       "mix_input, mix_weights and mix_samples unset", s->mix, s->mix_weights.n);
+    s->mix_seed = sf_node_seed_named(node, s->mix);
+  }
   return 0;
 }
 
@@ -439,20 +468,9 @@ static uint64_t order_key(sf_node *node, const shard_source *s, uint64_t pass) {
  * included), or limit when the slot has no more. base: the positions consumed before (start, the first epoch).
  */
 static uint64_t slot_position(const shard_source *s, uint64_t k, uint64_t base, uint64_t limit) {
-  if (s->deal > 0) {
-    /* Rounds of deal x ranks positions from base: rank r takes the r-th run of deal in each, its worker
-       round mod workers; the short last round is dealt a position at a time, so the ranks' shares of it
-       differ by one at most (each gets its samples_per_epoch's rest). */
-    if (base >= limit) return limit;
-    uint64_t d = (uint64_t)s->deal, ranks = (uint64_t)s->world_size, workers = (uint64_t)s->workers;
-    uint64_t r = (uint64_t)s->rank, w = (uint64_t)s->worker, round = d * ranks, n = limit - base;
-    uint64_t full = n / round, j = k / d, m = k % d;
-    if (j > (UINT64_MAX - w) / workers) return limit;
-    uint64_t i = j * workers + w;
-    if (i < full) return base + i * round + r * d + m;
-    if (i > full || r + m * ranks >= n - full * round) return limit;
-    return base + full * round + r + m * ranks;
-  }
+  if (s->deal > 0) /* rounds of deal x ranks positions from base (include/shardflow/index.h) */
+    return sf_index_deal_position(k, base, limit, (uint64_t)s->deal, (uint64_t)s->world_size, (uint64_t)s->rank,
+                                  (uint64_t)s->workers, (uint64_t)s->worker);
   if (s->visit == ORDER_GLOBAL) return base + s->slot + k * s->stride;
   uint64_t run = (uint64_t)s->block_size; /* whole blocks in turn */
   return ((k / run) * s->stride + s->slot) * run + k % run;
@@ -495,11 +513,16 @@ static placed place(sf_node *node, const shard_source *s, uint64_t g) {
   return (placed){shard, j - s->before[shard], pass};
 }
 
+static int push_range(sf_node *node, shard_source *s, placed at, uint64_t n, int64_t bytes);
+static int step_mixed(sf_node *node, shard_source *s);
+
 /*
  * order: global / block: the next samples of this slot, as one shard item with their byte range
  * (consecutive samples of one shard are read together), or the epoch's end.
  */
+
 static int step_indexed(sf_node *node, shard_source *s) {
+  if (s->mix && s->mix[0]) return step_mixed(node, s);
   if (s->epoch >= s->end) return SF_EOF;
   bool first = s->epoch == s->plan_epoch;
   /* samples_per_epoch is the rank's with deal (its workers share its rounds), else the slot's. */
@@ -530,6 +553,14 @@ static int step_indexed(sf_node *node, shard_source *s) {
     bytes += span;
     n++;
   }
+  int rc = push_range(node, s, at, n, bytes);
+  if (rc == 0) s->taken += n;
+  return rc;
+}
+
+/* Hands on n consecutive samples from at (bytes long) as one shard item with their byte range. */
+static int push_range(sf_node *node, shard_source *s, placed at, uint64_t n, int64_t bytes) {
+  const int64_t *offsets = s->indexes[at.shard].offsets;
   sf_shard *shard = sf_shard_new(s->list.urls[at.shard]);
   if (!shard) return SF_ENOMEM;
   shard->epoch = s->epoch;
@@ -546,8 +577,39 @@ static int step_indexed(sf_node *node, shard_source *s) {
   sf_item item = {.kind = SF_ITEM_SHARD, .epoch = s->epoch, .u.shard = shard};
   sf_node_push(node, &item);
   sf_node_count_output(node, 1, 0);
-  s->taken += n;
   return 0;
+}
+
+/*
+ * Feeding a mix by position: the next of this slot's mixed positions (dealt as the mix deals them) whose draw
+ * is this input, as one sample. This input's k-th sample of the epoch (its own order, passes after the first
+ * reshuffled) goes to the k-th mixed position drawing it, so each slot replays the draws from the epoch's start:
+ * every rank and worker reads a disjoint part of one sequence, whatever the layout.
+ */
+static int step_mixed(sf_node *node, shard_source *s) {
+  if (s->epoch >= s->end) return SF_EOF;
+  uint64_t limit = (uint64_t)s->mix_samples * (uint64_t)s->world_size;
+  uint64_t base = s->epoch == s->plan_epoch ? (uint64_t)s->start : 0;
+  int me = (int)s->mix_input, n = s->mix_weights.n;
+  const double *w = s->mix_weights.v;
+  for (;;) {
+    uint64_t p = slot_position(s, s->mix_taken, base, limit);
+    if (p >= limit) {
+      sf_item end = {.kind = SF_ITEM_EPOCH_END, .epoch = s->epoch};
+      sf_node_push(node, &end);
+      s->epoch++;
+      s->mix_taken = s->mix_at = s->mix_drawn = 0;
+      return 0;
+    }
+    s->mix_taken++;
+    for (; s->mix_at < p; s->mix_at++)
+      s->mix_drawn += sf_index_mix_pick(s->mix_seed, s->epoch, s->mix_at, w, n) == me;
+    s->mix_at = p + 1;
+    if (sf_index_mix_pick(s->mix_seed, s->epoch, p, w, n) != me) continue;
+    placed at = place(node, s, s->mix_drawn++);
+    const int64_t *offsets = s->indexes[at.shard].offsets;
+    return push_range(node, s, at, 1, offsets[at.sample + 1] - offsets[at.sample]);
+  }
 }
 
 static int step(sf_node *node) {

@@ -52,6 +52,69 @@ static void agree_with_written(sf_graph *g, const int *consumer) {
   }
 }
 
+static void unset(sf_graph_node *n, const char *key);
+
+/* The text node writes for key, or dflt. */
+static const char *value_or(const sf_graph_node *n, const char *key, const char *dflt) {
+  const sf_graph_value *v = sf_graph_node_value(n, key);
+  return v ? v->value : dflt;
+}
+
+static bool same_text(const char *a, const char *b) { return (!a && !b) || (a && b && strcmp(a, b) == 0); }
+
+/* What a mix by position copies from its inputs' shard_sources: how they deal, and where the first epoch starts. */
+static const char *const dealt_keys[] = {"deal", "start", "workers", "worker", "rank", "world_size"};
+
+/*
+ * A mix with stop: never and samples_per_epoch whose inputs each come from a shard_source of order: global
+ * with deal (through one-input stages of the same process) mixes by position: its sources learn its name,
+ * their index and its weights (to replay its draws), and it learns how they deal. Anything else runs as written.
+ * Returns 0 or SF_ENOMEM.
+ */
+static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, int i) {
+  sf_graph_node *m = &g->nodes[i];
+  if (strcmp(value_or(m, "stop", "first"), "never") != 0) return 0;
+  const char *spe = value_or(m, "samples_per_epoch", "0");
+  if (strspn(spe, "0 ") == strlen(spe)) return 0;
+  int src[SF_GRAPH_MAX_INPUTS], n = 0;
+  for (; n < SF_GRAPH_MAX_INPUTS && inputs[i * SF_GRAPH_MAX_INPUTS + n] >= 0; n++) {
+    int x = inputs[i * SF_GRAPH_MAX_INPUTS + n];
+    while (strcmp(defs[x]->name, "shard_source") != 0) {
+      if (merges(inputs, x) || inputs[x * SF_GRAPH_MAX_INPUTS] < 0) return 0;
+      x = inputs[x * SF_GRAPH_MAX_INPUTS];
+    }
+    const sf_graph_node *s = &g->nodes[x];
+    const char *deal = value_or(s, "deal", "0"), *samples = value_or(s, "samples", "");
+    const char *own = value_or(s, "samples_per_epoch", "0");
+    if (s->group || m->group || strcmp(value_or(s, "order", "sequential"), "global") != 0 ||
+        strspn(deal, "0 ") == strlen(deal) || samples[0] || strspn(own, "0 ") != strlen(own))
+      return 0;
+    for (int k = 0; k < n; k++)
+      if (src[k] == x) return 0; /* one source feeding two inputs would be read twice over */
+    for (size_t k = 0; n > 0 && k < sizeof dealt_keys / sizeof *dealt_keys; k++)
+      if (!same_text(value_or(s, dealt_keys[k], NULL), value_or(&g->nodes[src[0]], dealt_keys[k], NULL))) return 0;
+    src[n] = x;
+  }
+  char weights[64 * SF_GRAPH_MAX_INPUTS], number[32];
+  const char *written = value_or(m, "weights", NULL);
+  size_t len = (size_t)snprintf(weights, sizeof weights, "[");
+  for (int k = 0; !written && k < n; k++) len += (size_t)snprintf(weights + len, sizeof weights - len, k ? ", 1" : "1");
+  snprintf(weights + len, sizeof weights - len, "]");
+  for (int k = 0; k < n; k++) {
+    sf_graph_node *s = &g->nodes[src[k]];
+    snprintf(number, sizeof number, "%d", k);
+    if (sf_graph_node_set(s, "mix", m->name, -1) || sf_graph_node_set(s, "mix_input", number, -1) ||
+        sf_graph_node_set(s, "mix_weights", written ? written : weights, -1) ||
+        sf_graph_node_set(s, "mix_samples", spe, -1))
+      return SF_ENOMEM;
+  }
+  for (size_t k = 0; k < sizeof dealt_keys / sizeof *dealt_keys; k++) {
+    const char *v = value_or(&g->nodes[src[0]], dealt_keys[k], NULL);
+    if (v && sf_graph_node_set(m, dealt_keys[k], v, -1)) return SF_ENOMEM;
+  }
+  return 0;
+}
+
 void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, int cpus) {
   int *consumer = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *consumer);
   if (!consumer) return; /* no plan: the graph runs as written */
@@ -64,6 +127,14 @@ void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, in
     }
   }
   agree_with_written(g, consumer);
+  for (int i = 0; i < g->n_nodes; i++)
+    if (strcmp(defs[i]->name, "mix") == 0 && plan_mix(g, defs, inputs, i) < 0) {
+      /* Out of memory part way: a mix that deals must find every source dealing, so none does. */
+      for (int j = 0; j < g->n_nodes; j++)
+        if (strcmp(defs[j]->name, "mix") == 0) unset(&g->nodes[j], "deal");
+        else if (strcmp(defs[j]->name, "shard_source") == 0) unset(&g->nodes[j], "mix");
+      break;
+    }
   for (int i = 0; i < g->n_nodes; i++) {
     int c = consumer[i];
     g->nodes[i].may_defer = (defs[i]->flags & SF_STAGE_MAKES_DEFERRED) && c >= 0 &&

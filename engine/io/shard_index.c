@@ -503,3 +503,34 @@ int sf_shard_index_load(sf_shard_index *index, const char *url, const char *inde
   free(path);
   return r;
 }
+
+uint64_t sf_index_deal_position(uint64_t k, uint64_t base, uint64_t limit, uint64_t deal, uint64_t ranks,
+                                uint64_t rank, uint64_t workers, uint64_t worker) {
+  if (base >= limit || deal == 0 || ranks == 0 || workers == 0) return limit;
+  uint64_t round = deal * ranks, n = limit - base;
+  uint64_t full = n / round, j = k / deal, m = k % deal;
+  if (j > (UINT64_MAX - worker) / workers) return limit;
+  uint64_t i = j * workers + worker;
+  if (i < full) return base + i * round + rank * deal + m;
+  if (i > full || rank + m * ranks >= n - full * round) return limit;
+  return base + full * round + rank + m * ranks;
+}
+
+int sf_index_mix_pick(uint64_t seed, uint64_t epoch, uint64_t p, const double *weights, int n) {
+  uint64_t h = sf_seed_mix(sf_seed_mix(sf_seed_mix(seed, epoch), 0x6d6978 /* "mix" */), p);
+  double largest = 0, total = 0, u = (double)(h >> 11) * 0x1p-53;
+  int last = 0;
+  for (int i = 0; i < n; i++)
+    if (weights[i] > largest) largest = weights[i];
+  /* Scaled by the largest first, as mix normalises: weights near DBL_MAX would sum to infinity. */
+  for (int i = 0; i < n; i++)
+    if (weights[i] > 0) total += weights[i] / largest, last = i;
+  double x = u * total;
+  for (int i = 0; i < n; i++) {
+    if (!(weights[i] > 0)) continue;
+    double w = weights[i] / largest;
+    if (x < w) return i;
+    x -= w;
+  }
+  return last;
+}

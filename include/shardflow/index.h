@@ -68,6 +68,26 @@ SF_API uint64_t sf_index_permute(uint64_t i, uint64_t n, uint64_t key);
 /** The inverse of sf_index_permute(): the position at which sample j comes. */
 SF_API uint64_t sf_index_unpermute(uint64_t j, uint64_t n, uint64_t key);
 
+/**
+ * Dealing an epoch's positions in rounds (shard_source's and mix's deal): the k-th position (from 0) of rank
+ * `rank` of `ranks`, loader worker `worker` of `workers`, among the positions [base, limit). Round i of deal x
+ * ranks positions from base gives rank r positions base + i x deal x ranks + r x deal .. + deal - 1, read by
+ * worker i mod workers; the short last round (the rest below deal x ranks) is dealt a position at a time, so
+ * rank r takes its positions r, r + ranks, ... Returns limit when the slot has no k-th position. deal >= 1.
+ */
+SF_API uint64_t sf_index_deal_position(uint64_t k, uint64_t base, uint64_t limit, uint64_t deal, uint64_t ranks,
+                                       uint64_t rank, uint64_t workers, uint64_t worker);
+
+/**
+ * mix by position (its inputs each shard_source order: global, dealt): the input that mixed position p of
+ * epoch comes from, a weighted choice of [0, n) that depends only on (seed, epoch, p), so any rank finds any
+ * position's input without the others' draws. h = sf_seed_mix(sf_seed_mix(sf_seed_mix(seed, epoch),
+ * 0x6d6978), p); u = (h >> 11) x 2^-53 in [0, 1); with w_i = weights[i] / max(weights) and T their sum,
+ * the first i with u x T < w_0 + ... + w_i (an input of weight 0 is never chosen; rounding past the sum gives
+ * the last input of weight > 0). weights: n finite values >= 0, one > 0 (mix checks them).
+ */
+SF_API int sf_index_mix_pick(uint64_t seed, uint64_t epoch, uint64_t p, const double *weights, int n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -355,6 +355,12 @@ SF_API int sf_node_replicas(const sf_node *node);
 SF_API uint64_t sf_node_seed(const sf_node *node);
 
 /**
+ * The seed sf_node_seed() gives the node called name in this node's graph (name need not exist): for a stage
+ * that replays another node's seeded draws (shard_source feeding a mix by position). name: NUL-terminated.
+ */
+SF_API uint64_t sf_node_seed_named(const sf_node *node, const char *name);
+
+/**
  * Epochs of the whole run, counted from epoch 0 (0 = until stopped): the
  * pipeline runs epochs first_epoch .. epochs-1, so a resumed run ends where
  * the uninterrupted one would.

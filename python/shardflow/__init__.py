@@ -412,7 +412,7 @@ class Pipeline:
         self._plan, self._plan_epoch = plan, first_epoch
         self._consumed_base = consumed or 0
         if consumed is not None:
-            options = dict(options, **{f"{self._indexed[0]}__start": consumed})
+            options = dict(options, **{f"{source}__start": consumed for source in self._indexed[0]})
         plan_file = elastic.write_plan(plan) if plan is not None else None
         try:
             self._start_with(first_epoch, first_step, dict(options, plan=plan_file) if plan_file else options)
@@ -467,12 +467,16 @@ class Pipeline:
 
     @staticmethod
     def _epoch_shape(g):
-        """(samples_per_epoch, batch_size, partial) when shard_source fixes samples_per_epoch, else None."""
+        """(samples_per_epoch, batch_size, partial) when shard_source (or a mix with stop: never) fixes
+        samples_per_epoch, else None."""
         values = {}
         for i in range(library.sf_graph_node_count(g)):
             stage = library.sf_graph_node_type(g, i).decode()
-            for option in {"shard_source": ("samples_per_epoch",), "batch": ("batch_size", "partial")}.get(stage, ()):
-                values.setdefault(option, library.sf_graph_node_option(g, i, option.encode()).decode())
+            option = lambda o: library.sf_graph_node_option(g, i, o.encode()).decode()  # noqa: E731
+            if stage == "mix" and option("stop") == "never":  # the mix's count is the rank's, whatever its inputs
+                values["samples_per_epoch"] = option("samples_per_epoch")
+            for name in {"shard_source": ("samples_per_epoch",), "batch": ("batch_size", "partial")}.get(stage, ()):
+                values.setdefault(name, option(name))
         try:
             samples, size = int(values["samples_per_epoch"]), int(values["batch_size"])
         except (KeyError, ValueError):
@@ -483,11 +487,14 @@ class Pipeline:
 
     def _epoch_positions(self, world):
         """order: global: the positions of an epoch of this graph at world size world (shard_source's start
-        runs to it): samples_per_epoch x ranks x workers, else the dataset's samples."""
+        runs to it): samples_per_epoch x ranks x workers, else the dataset's samples; a mix's positions: its
+        samples_per_epoch x ranks."""
         g = self._load_graph(self._args[0], self._args[4])
         try:
-            node = next(i for i in range(library.sf_graph_node_count(g))
-                        if library.sf_graph_node_name(g, i).decode() == self._indexed[0])
+            types = [library.sf_graph_node_type(g, i).decode() for i in range(library.sf_graph_node_count(g))]
+            node = types.index("mix") if "mix" in types else next(
+                i for i in range(library.sf_graph_node_count(g))
+                if library.sf_graph_node_name(g, i).decode() == self._indexed[0][0])
             option = lambda o: int(library.sf_graph_node_option(g, node, o.encode()).decode())  # noqa: E731
             if option("samples_per_epoch"):  # the rank's: Pipeline deals in rounds (shard_source's deal)
                 return option("samples_per_epoch") * world
@@ -501,32 +508,44 @@ class Pipeline:
 
     @staticmethod
     def _indexed_order(g):
-        """With shard_source's order: global or block, (its node name, batch size, why not, workers, worker):
+        """With shard_source's order: global or block, (its node names, batch size, why not, workers, worker):
         why not is None when the samples consumed so far are the epoch's first positions, every rank alike,
-        so that their count says which ones they were; else what keeps it from saying so. None for
-        order: sequential or a graph without a batch stage."""
-        source, batch, why, workers, worker = None, None, None, 1, 0
+        so that their count says which ones they were; else what keeps it from saying so. Several shard_sources
+        count only as the inputs of one mix by position (stop: never, samples_per_epoch, every input order:
+        global): its positions are then the ones counted, and every input resumes from the same count. None
+        for order: sequential or a graph without a batch stage."""
+        sources, batch, why, workers, worker, mixes = [], None, None, 1, 0, []
         for i in range(library.sf_graph_node_count(g)):
             stage, name = library.sf_graph_node_type(g, i).decode(), library.sf_graph_node_name(g, i).decode()
             option = lambda o: library.sf_graph_node_option(g, i, o.encode()).decode()  # noqa: E731
             if stage == "shard_source":
                 if option("order") not in ("global", "block"):
                     return None
-                if source is not None:
-                    why = "the graph reads several shard lists"
-                source, workers, worker = name, int(option("workers")), int(option("worker"))
+                sources.append((name, option("order"), int(option("samples_per_epoch")), option("samples")))
+                workers, worker = int(option("workers")), int(option("worker"))
             elif stage == "shuffle" and int(option("buffer_size")) > 1:
                 why = f"the shuffle stage {name!r} reorders samples after they are read"
             elif stage == "mix":
-                why = (f"the mix stage {name!r} draws its inputs from one stream per epoch, so how many samples "
-                       "each input gave depends on the draws, not on the count of rows")
+                mixes.append((name, option("stop"), int(option("samples_per_epoch"))))
             elif stage == "pack":
                 why = f"the pack stage {name!r} does not keep one sample per row"
             elif stage == "batch" and batch is None:
                 batch = int(option("batch_size"))
-        if source is None or batch is None:
+        if not sources or batch is None:
             return None
-        return source, batch, why, workers, worker
+        for name, stop, samples in mixes:
+            how = ("an input reads order: block, samples_per_epoch or samples of its own"
+                   if any(o != "global" or spe or picks for _, o, spe, picks in sources)
+                   else f"stop: {stop}" if stop != "never" else "samples_per_epoch: 0" if not samples
+                   else "the graph has several mixes" if len(mixes) > 1 else None)
+            if how:
+                why = why or (f"the mix stage {name!r} draws its inputs from one stream per epoch ({how}; it mixes "
+                              "by position only with stop: never and samples_per_epoch over inputs that are each "
+                              "shard_source order: global), so how many samples each input gave depends on the "
+                              "draws, not on the count of rows")
+        if len(sources) > 1 and not mixes:
+            why = why or "the graph reads several shard lists"
+        return tuple(s[0] for s in sources), batch, why, workers, worker
 
     @staticmethod
     def _deal(g, indexed):
@@ -536,14 +555,15 @@ class Pipeline:
         positions. A deal the graph sets itself is kept."""
         if indexed is None or indexed[2] is not None:
             return
-        node = next(i for i in range(library.sf_graph_node_count(g))
-                    if library.sf_graph_node_name(g, i).decode() == indexed[0])
-        if library.sf_graph_node_option(g, node, b"deal").decode() != "0":
-            return
-        err = _Error()
-        r = library.sf_graph_set(g, f"{indexed[0]}.deal".encode(), str(indexed[1]).encode(), ctypes.byref(err))
-        if r < 0:
-            raise _error(r, err)
+        for source in indexed[0]:
+            node = next(i for i in range(library.sf_graph_node_count(g))
+                        if library.sf_graph_node_name(g, i).decode() == source)
+            if library.sf_graph_node_option(g, node, b"deal").decode() != "0":
+                continue
+            err = _Error()
+            r = library.sf_graph_set(g, f"{source}.deal".encode(), str(indexed[1]).encode(), ctypes.byref(err))
+            if r < 0:
+                raise _error(r, err)
 
     @staticmethod
     def _layout_free_fingerprint(g, indexed):
@@ -553,10 +573,11 @@ class Pipeline:
         if indexed is None or indexed[2] is not None:
             return None
         err = _Error()
-        for option, value in (("workers", b"1"), ("worker", b"0")):
-            r = library.sf_graph_set(g, f"{indexed[0]}.{option}".encode(), value, ctypes.byref(err))
-            if r < 0:
-                raise _error(r, err)
+        for source in indexed[0]:
+            for option, value in (("workers", b"1"), ("worker", b"0")):
+                r = library.sf_graph_set(g, f"{source}.{option}".encode(), value, ctypes.byref(err))
+                if r < 0:
+                    raise _error(r, err)
         buf = ctypes.create_string_buffer(65)
         r = library.sf_graph_order_fingerprint(g, buf, len(buf), ctypes.byref(err))
         if r < 0:

@@ -82,10 +82,12 @@ class PipelineDataset(torch.utils.data.IterableDataset):
         options = dict(self._options)
         options.setdefault("output", "torch")
         if info is not None and info.num_workers > 1:
-            options.setdefault("shard_source__workers", info.num_workers)
-            options.setdefault("shard_source__worker", info.id)
             shape = self._measure(Pipeline._epoch_shape)
             indexed = self._measure(Pipeline._indexed_order)
+            # The inputs of a mix by position are split alike (the mix deals its positions as they do).
+            for source in indexed[0] if indexed and len(indexed[0]) > 1 else ("shard_source",):
+                options.setdefault(f"{source}__workers", info.num_workers)
+                options.setdefault(f"{source}__worker", info.id)
             if shape is not None and indexed and indexed[2] is None:
                 # Dealt in rounds of a batch (shard_source's deal): samples_per_epoch stays the rank's and worker w
                 # reads rounds w, w + workers, ...: none when the rank has no more batches than that.

@@ -3,7 +3,9 @@ sample exactly once per epoch for 1, 2, 3 and 7 ranks; one permutation whatever 
 for another seed or epoch; position uncorrelated with the dataset's order, the first 1,000 samples from >= 90% of
 the shards), order: block (whole blocks of consecutive samples), samples_per_epoch, resumes from a count of
 consumed samples at other world sizes, and a stale index refused naming both files. The reference is the shards'
-key lists as Python's tarfile reads them."""
+key lists as Python's tarfile reads them. A mix by position (stop: never over order: global inputs) against a
+Python model of its documented draw (docs/resume.md): each rank's batches at 1-3 ranks, resumed from a count at
+other world sizes and DataLoader workers, the weights within 4 sigma."""
 import os
 import shutil
 import sys
@@ -19,13 +21,13 @@ check = Checks()
 tmp = tempfile.mkdtemp(prefix="sf-index-")
 
 
-def make_shards(root, shards, per_shard, prefix="s"):
-    """Shards of samples keyed SSS_IIII with a cls member (and a txt member of varying size); returns the URL
+def make_shards(root, shards, per_shard, prefix="s", tag=""):
+    """Shards of samples keyed TAGSSS_IIII with a cls member (and a txt member of varying size); returns the URL
     pattern and the dataset's keys in shard order (tarfile's reading)."""
     os.makedirs(root, exist_ok=True)
     paths = []
     for s in range(shards):
-        samples = [(f"{s:03d}_{i:04d}", {"cls": str(i % 10).encode(), "txt": b"x" * ((s * 7 + i * 13) % 700)})
+        samples = [(f"{tag}{s:03d}_{i:04d}", {"cls": str(i % 10).encode(), "txt": b"x" * ((s * 7 + i * 13) % 700)})
                    for i in range(per_shard)]
         paths.append(write_shard(os.path.join(root, f"{prefix}{s:03d}.tar"), samples))
     keys = []
@@ -285,6 +287,153 @@ with open(small_paths[0], "rb") as f, open(gz, "wb") as g:
 p = run(["index", gz], check=False)
 check(p.returncode == 1 and "compressed" in p.stderr, f"a compressed shard cannot be indexed: {p.stderr}")
 
+# ---- mix by position: a model of its draws, written from docs/resume.md's formula ----
+M64 = (1 << 64) - 1
+
+
+def seed_mix(seed, word):
+    """sf_seed_mix: splitmix64's step and finaliser over seed ^ word x 0xd6e8feb86659fd93."""
+    z = ((seed ^ ((word * 0xd6e8feb86659fd93) & M64)) + 0x9e3779b97f4a7c15) & M64
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+    return z ^ (z >> 31)
+
+
+def node_seed(seed, name):
+    """A node's seed: the graph seed mixed with the FNV-1a hash of the node's name."""
+    h = 0xcbf29ce484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001b3) & M64
+    return seed_mix(seed, h)
+
+
+def mix_pick(seed, epoch, p, weights):
+    """The input of mixed position p: u from the position's hash, the first input whose running weight passes it."""
+    u = (seed_mix(seed_mix(seed_mix(seed, epoch), 0x6d6978), p) >> 11) * 2.0 ** -53
+    big = max(weights)
+    x = u * sum(w / big for w in weights if w > 0)
+    for i, w in enumerate(weights):
+        if w > 0:
+            if x < w / big:
+                return i
+            x -= w / big
+    return max(i for i, w in enumerate(weights) if w > 0)
+
+
+def mixed(seed, weights, orders, n, epoch=0, name="mix"):
+    """The epoch's first n mixed positions: input j's k-th sample (its own order, passes after it) goes to the
+    k-th position drawing j. Returns (keys, the input of each)."""
+    s, taken, out, which = node_seed(seed, name), [0] * len(orders), [], []
+    for p in range(n):
+        j = mix_pick(s, epoch, p, weights)
+        out.append(orders[j][taken[j]])
+        which.append(j)
+        taken[j] += 1
+    return out, which
+
+
+def mix_yaml(path, urls_a, urls_b, weights, samples, seed=5, epochs=1, deal=0, sink=None, stop="never"):
+    """Two order: global sources (src_a, src_b) -> tar_split -> mix -> decode -> batch of 4 (-> a .npy sink)."""
+    d = f", deal: {deal}" if deal else ""
+    with open(path, "w") as f:
+        f.write(f"seed: {seed}\nepochs: {epochs}\nstages:\n"
+                f"  - {{name: src_a, type: shard_source, urls: \"{urls_a}\", order: global{d}}}\n"
+                "  - {name: split_a, type: tar_split}\n"
+                f"  - {{name: src_b, type: shard_source, urls: \"{urls_b}\", order: global{d}}}\n"
+                "  - {name: split_b, type: tar_split}\n"
+                f"  - {{name: mix, type: mix, inputs: [split_a, split_b], weights: {list(weights)}, stop: {stop}, "
+                f"samples_per_epoch: {samples}}}\n"
+                "  - {name: decode, type: decode}\n  - {name: batch, type: batch, batch_size: 4, partial: true}\n"
+                + (f"  - {{name: sink, type: device_sink, npy_dir: {sink}}}\n" if sink else ""))
+    return path
+
+
+def input_order(name, urls, n, seed=5, epochs=1):
+    """The order: global positions 0..n-1 of one source named name (passes after the first reshuffled), per
+    epoch: one rank reading samples_per_epoch n, the reference for a mix's input."""
+    out = os.path.join(tmp, "io_" + name)
+    shutil.rmtree(out, ignore_errors=True)
+    with open(os.path.join(tmp, f"io_{name}.yaml"), "w") as f:
+        f.write(f"seed: {seed}\nepochs: {epochs}\nstages:\n  - {{name: {name}, type: shard_source, urls: \"{urls}\", "
+                f"order: global, samples_per_epoch: {n}}}\n  - {{type: tar_split}}\n  - {{type: decode}}\n"
+                f"  - {{type: batch, batch_size: 50, partial: true}}\n  - {{type: device_sink, npy_dir: {out}}}\n")
+    run(["run", os.path.join(tmp, f"io_{name}.yaml"), "--quiet", "--no-summary"])
+    per = {}
+    for e, _, ks, _ in read_batches(out):
+        per.setdefault(e, []).extend(ks)
+    return per
+
+
+mix_a, _, mix_a_keys = make_shards(os.path.join(tmp, "mix_a"), shards=3, per_shard=20, prefix="ma", tag="A")  # 60
+mix_b, _, mix_b_keys = make_shards(os.path.join(tmp, "mix_b"), shards=2, per_shard=25, prefix="mb", tag="B")  # 50
+run(["index", "-q", mix_a])
+run(["index", "-q", mix_b])
+references = (input_order("src_a", mix_a, 600, epochs=2), input_order("src_b", mix_b, 600, epochs=2))
+mix_orders = {e: [o[e] for o in references] for e in (0, 1)}
+check(sorted(mix_orders[0][0][:60]) == sorted(mix_a_keys) and mix_orders[0][0][:60] != mix_orders[0][0][60:120]
+      and sorted(mix_orders[0][0][60:120]) == sorted(mix_a_keys), "an input's reference: its passes, each reshuffled")
+
+
+def cli_mix(name, world, start=0, epochs=1, samples=45):
+    """Each rank's batches of the mix of mix_a (weight 1) and mix_b (weight 3) through `shardflow run`, dealt in
+    rounds of 4 (deal written in the graph), resumed at start (both sources' start). Per rank: {epoch: batches}."""
+    per = []
+    for r in range(world):
+        out = os.path.join(tmp, f"{name}_r{r}")
+        shutil.rmtree(out, ignore_errors=True)
+        graph = mix_yaml(os.path.join(tmp, name + ".yaml"), mix_a, mix_b, (1, 3), samples, epochs=epochs, deal=4,
+                         sink=out)
+        extra = ["--set", f"src_a.start={start}", "--set", f"src_b.start={start}"] if start else []
+        run(["run", graph, "--quiet", "--no-summary", "--rank", str(r), "--world-size", str(world)] + extra)
+        got = {}
+        for e, _, ks, _ in read_batches(out):
+            got.setdefault(e, []).append(ks)
+        per.append(got)
+    return per
+
+
+def per_pass_once(keys, which, totals, tag):
+    """Each input's samples, cut into passes of its size, hold every sample at most once per pass."""
+    for j, total in enumerate(totals):
+        mine = [k for k, w in zip(keys, which) if w == j]
+        passes = [mine[i:i + total] for i in range(0, len(mine), total)]
+        check(all(len(set(p)) == len(p) for p in passes) and len(mine) > 0,
+              f"{tag}: input {j}'s {len(mine)} samples: each at most once per pass of its {total}")
+
+
+for world in (1, 2, 3):
+    parts = cli_mix(f"cmix{world}", world, epochs=2)
+    for e in (0, 1):
+        model, which = mixed(5, (1, 3), mix_orders[e], 45 * world, epoch=e)
+        got = [p.get(e, []) for p in parts]
+        check(got == dealt(model, world, 4), f"CLI mix by position, {world} ranks, epoch {e}: each rank's batches are "
+              f"the model's ({[b[:2] for b in got[0][:2]]} vs {[b[:2] for b in dealt(model, world, 4)[0][:2]]})")
+        per_pass_once(model, which, (60, 50), f"CLI mix, {world} ranks, epoch {e}")
+# resumed from a count: start = the mixed positions consumed, every rank goes on with the rest
+model = mixed(5, (1, 3), mix_orders[0], 135)[0]
+for world, start in ((2, 16), (3, 37), (1, 100)):
+    got = [p.get(0, []) for p in cli_mix(f"cmixs{world}", world, start=start, samples=135 // world)]
+    check(got == dealt(model[start:135 // world * world], world, 4),
+          f"CLI mix resumed at {start} on {world} ranks: the rest of the model's positions")
+# the weights hold: 1:3 over 4000 positions within 4 sigma
+big_model, big_which = mixed(5, (1, 3), [o * 100 for o in mix_orders[0]], 4000)
+n_b = sum(big_which)
+check(abs(n_b - 3000) < 4 * (4000 * 0.75 * 0.25) ** 0.5, f"mix weights 1:3: input 1 drew {n_b} of 4000")
+got = [k for b in cli_mix("cmixw", 1, samples=600)[0][0] for k in b]
+n_b = sum(k[0] == "B" for k in got)
+check(got == mixed(5, (1, 3), mix_orders[0], 600)[0] and abs(n_b - 450) < 4 * (600 * 0.1875) ** 0.5,
+      f"...and the run's 600: {n_b} from input 1 (expected 450)")
+
+# the plan's settings refused when written by hand where they cannot hold, naming what to do
+p = run(["run", mix_yaml(os.path.join(tmp, "cmix_bad.yaml"), mix_a, mix_b, (1, 3), 45), "--quiet", "--set",
+         "src_a.mix=mix"], check=False)
+check(p.returncode != 0 and "mix \"mix\" goes with order: global, deal > 0" in p.stderr and "leave mix" in p.stderr,
+      f"shard_source's mix written without deal is refused: {p.stderr[-300:]}")
+p = run(["run", mix_yaml(os.path.join(tmp, "cmix_bad2.yaml"), mix_a, mix_b, (1, 3), 45, stop="first", deal=4),
+         "--quiet", "--set", "mix.deal=4"], check=False)
+check(p.returncode != 0 and "stop: never" in p.stderr and "deal" in p.stderr,
+      f"a mix told to deal by position with stop: first is refused: {p.stderr[-300:]}")
+
 # ---- Python: state_dict() is a few integers; load_state_dict() resumes it at any world size ----
 if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load into python under a sanitizer
     import pickle
@@ -335,12 +484,13 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         check(set(consumed) == set(whole[:steps * 4 * old]), "the consumed samples are the permutation's first")
 
     # ---- DataLoader workers: the rank's batches come from its workers in turn (DataLoader's round robin) ----
-    def loader(graph, rank, world, workers, state=None, take=None, **kw):
+    def loader(graph, rank, world, workers, state=None, take=None, sources=("shard_source",), **kw):
         """One rank's batches as a DataLoader of `workers` workers yields them (round robin over the workers'
-        pipelines: shard_source workers / worker), each a list of keys; take: stop after that many, returning
-        (batches, each worker's state_dict() at that point)."""
-        pipes = [shardflow.Pipeline(graph, rank=rank, world_size=world, output="dict", shard_source__workers=workers,
-                                    shard_source__worker=w, **kw) for w in range(workers)]
+        pipelines: shard_source workers / worker, on each of the sources), each a list of keys; take: stop after
+        that many, returning (batches, each worker's state_dict() at that point)."""
+        split = lambda w: {f"{s}__{o}": v for s in sources for o, v in (("workers", workers), ("worker", w))}  # noqa
+        pipes = [shardflow.Pipeline(graph, rank=rank, world_size=world, output="dict", **split(w), **kw)
+                 for w in range(workers)]
         if state is not None:
             for p in pipes:
                 p.load_state_dict(state)
@@ -410,15 +560,25 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
           f"order: block in Python: blocks of consecutive samples in a seeded order ({runs} steps of +1)")
     resume_case(blocked, lambda world: block_order, ((2, 2, 3, 3, 1), (1, 1, 7, 2, 3)), 4, "block")
 
-    # mix: refused with the reason (its draws, one stream per epoch, decide what each input gave)
-    mixed = os.path.join(tmp, "py_mix.yaml")
-    with open(mixed, "w") as f:
-        f.write(f"seed: 5\nstages:\n  - {{name: src_a, type: shard_source, urls: \"{small}\", order: global}}\n"
-                "  - {name: split_a, type: tar_split}\n"
-                f"  - {{name: src_b, type: shard_source, urls: \"{small}\", order: global}}\n"
-                "  - {name: split_b, type: tar_split}\n  - {name: mix, type: mix, inputs: [split_a, split_b]}\n"
-                "  - {name: decode, type: decode}\n  - {name: batch, type: batch, batch_size: 4}\n")
-    p = shardflow.Pipeline(mixed, output="dict")
+    # mix by position (stop: never, samples_per_epoch, inputs order: global): its state is a count of mixed
+    # positions, and it resumes at any world size and workers as the model of its draws says
+    py_mix = mix_yaml(os.path.join(tmp, "py_mix_never.yaml"), mix_a, mix_b, (1, 3), 45)
+    mix_model = mixed(5, (1, 3), mix_orders[0], 600)[0]
+    resume_case(py_mix, lambda world: mix_model[:45 * world],
+                ((1, 1, 3, 2, 2), (1, 1, 11, 2, 2), (2, 1, 2, 3, 2), (2, 1, 5, 3, 2), (3, 2, 1, 1, 1), (3, 2, 3, 1, 1)),
+                4, "mix", sources=("src_a", "src_b"))
+    # ...with decode in a group of worker processes
+    py_mix_group = os.path.join(tmp, "py_mix_group.yaml")
+    with open(py_mix_group, "w") as f:
+        f.write("groups:\n  decoders: {processes: 2, unit_samples: 8}\n" + open(py_mix).read().replace(
+            "{name: decode, type: decode}", "{name: decode, type: decode, group: decoders}"))
+    resume_case(py_mix_group, lambda world: mix_model[:45 * world], ((2, 2, 3, 3, 1),), 4, "mix in a group",
+                sources=("src_a", "src_b"))
+
+    # mix with stop: first (draws from one stream per epoch, what each input gave decided by the draws): refused
+    # with the reason
+    mixed_first = mix_yaml(os.path.join(tmp, "py_mix.yaml"), small, small, (1, 1), 0, stop="first")
+    p = shardflow.Pipeline(mixed_first, output="dict")
     epoch_keys(p, 2)
     st = p.state_dict()
     check("consumed" not in st, f"a mix's state holds no count: {st}")
@@ -426,7 +586,8 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         p.load_state_dict(dict(st, consumed=8))
         check(False, "a count of consumed samples is refused for a mix")
     except ValueError as e:
-        check("mix" in str(e) and "draws" in str(e), f"...naming the mix and its draws: {e}")
+        check("mix" in str(e) and "draws" in str(e) and "stop: first" in str(e),
+              f"...naming the mix, its draws and its stop policy: {e}")
     p.close()
 
     # A state saved after the epoch's last batch resumes with the next epoch (not an empty one).
@@ -479,6 +640,18 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         ds = sft.PipelineDataset(spe, output="dict", samples_per_epoch=6)
         got = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3)]
         check(got == dealt(spe_order[:6], 1, 4)[0] and len(ds) == 2, f"3 workers, 2 batches an epoch: {got}")
+        # A mix by position in a DataLoader: its inputs split alike over the workers, resumed by the rank's count
+        ds = sft.PipelineDataset(py_mix, output="dict")
+        it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3))
+        head = [list(next(it)["__key__"]) for _ in range(4)]
+        del it
+        state = ds.state_dict(batches=4)
+        check(head == dealt(mix_model[:45], 1, 4)[0][:4] and state["pipeline"]["consumed"] == 16 and len(ds) == 12,
+              f"DataLoader over a mix, 3 workers: the model's batches, a count of 16, 12 batches an epoch: {state}")
+        ds2 = sft.PipelineDataset(py_mix, output="dict")
+        ds2.load_state_dict(pickle.loads(pickle.dumps(state)))
+        rest = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds2, batch_size=None, num_workers=2)]
+        check(rest == dealt(mix_model[16:45], 1, 4)[0], "...resumed by a DataLoader of 2 workers: the mix's rest")
     except ImportError:
         pass
 
