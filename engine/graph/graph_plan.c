@@ -60,10 +60,10 @@ static const char *value_or(const sf_graph_node *n, const char *key, const char 
   return v ? v->value : dflt;
 }
 
-static bool same_text(const char *a, const char *b) { return (!a && !b) || (a && b && strcmp(a, b) == 0); }
-
-/* What a mix by position copies from its inputs' shard_sources: how they deal, and where the first epoch starts. */
+/* What a mix by position copies from its inputs' shard_sources (their defaults): how they deal, where the first
+   epoch starts. */
 static const char *const dealt_keys[] = {"deal", "start", "workers", "worker", "rank", "world_size"};
+static const char *const dealt_defaults[] = {"0", "0", "1", "0", "-1", "-1"};
 
 /*
  * A mix with stop: never and samples_per_epoch whose inputs each come from a shard_source of order: global
@@ -92,9 +92,12 @@ static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, i
     for (int k = 0; k < n; k++)
       if (src[k] == x) return 0; /* one source feeding two inputs would be read twice over */
     for (size_t k = 0; n > 0 && k < sizeof dealt_keys / sizeof *dealt_keys; k++)
-      if (!same_text(value_or(s, dealt_keys[k], NULL), value_or(&g->nodes[src[0]], dealt_keys[k], NULL))) return 0;
+      if (strcmp(value_or(s, dealt_keys[k], dealt_defaults[k]),
+                 value_or(&g->nodes[src[0]], dealt_keys[k], dealt_defaults[k])) != 0)
+        return 0;
     src[n] = x;
   }
+  if (n == 0) return 0; /* mix's init says what is missing */
   char weights[64 * SF_GRAPH_MAX_INPUTS], number[32];
   const char *written = value_or(m, "weights", NULL);
   size_t len = (size_t)snprintf(weights, sizeof weights, "[");
@@ -109,8 +112,8 @@ static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, i
       return SF_ENOMEM;
   }
   for (size_t k = 0; k < sizeof dealt_keys / sizeof *dealt_keys; k++) {
-    const char *v = value_or(&g->nodes[src[0]], dealt_keys[k], NULL);
-    if (v && sf_graph_node_set(m, dealt_keys[k], v, -1)) return SF_ENOMEM;
+    if (sf_graph_node_set(m, dealt_keys[k], value_or(&g->nodes[src[0]], dealt_keys[k], dealt_defaults[k]), -1))
+      return SF_ENOMEM;
   }
   return 0;
 }

@@ -521,7 +521,8 @@ class Pipeline:
             if stage == "shard_source":
                 if option("order") not in ("global", "block"):
                     return None
-                sources.append((name, option("order"), int(option("samples_per_epoch")), option("samples")))
+                sources.append((name, option("order"), int(option("samples_per_epoch")), option("samples"),
+                                (int(option("deal")), option("start"), option("workers"), option("worker"))))
                 workers, worker = int(option("workers")), int(option("worker"))
             elif stage == "shuffle" and int(option("buffer_size")) > 1:
                 why = f"the shuffle stage {name!r} reorders samples after they are read"
@@ -534,8 +535,11 @@ class Pipeline:
         if not sources or batch is None:
             return None
         for name, stop, samples in mixes:
+            # The deal Python sets (the batch size) where none is written; the plan needs every input dealt alike.
+            dealt = {(d or batch, *rest) for *_, (d, *rest) in sources}
             how = ("an input reads order: block, samples_per_epoch or samples of its own"
-                   if any(o != "global" or spe or picks for _, o, spe, picks in sources)
+                   if any(o != "global" or spe or picks for _, o, spe, picks, _ in sources)
+                   else "its inputs' deal, start, workers or worker differ" if len(dealt) > 1
                    else f"stop: {stop}" if stop != "never" else "samples_per_epoch: 0" if not samples
                    else "the graph has several mixes" if len(mixes) > 1 else None)
             if how:
