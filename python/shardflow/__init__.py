@@ -594,6 +594,22 @@ class Pipeline:
         shape = cls._epoch_shape(g)
         return None if shape is None else cls._epoch_batches_of(shape)
 
+    def _rank_batches(self):
+        """order: global / block dealt in rounds (deal), without samples_per_epoch: the batches of this rank's
+        epoch, from the dataset's size (rounds of batch x ranks positions, the short last one dealt a position
+        at a time: the rank gets n // ranks samples, one more when rank < n % ranks)."""
+        rank, world = self._placement()
+        n = self._epoch_positions(world)
+        g = self._load_graph(self._args[0], self._args[4])
+        try:
+            partial = next((library.sf_graph_node_option(g, i, b"partial").decode()
+                            for i in range(library.sf_graph_node_count(g))
+                            if library.sf_graph_node_type(g, i).decode() == "batch"), "true")
+        finally:
+            library.sf_graph_destroy(ctypes.byref(g))
+        mine = n // world + (1 if rank < n % world else 0)
+        return self._epoch_batches_of((mine, self._indexed[1], partial in ("true", "yes", "on", "1")))
+
     @staticmethod
     def _epoch_batches_of(shape):
         """Batches of an epoch of _epoch_shape() shape: (samples, batch size, partial)."""

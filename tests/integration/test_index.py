@@ -640,6 +640,17 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         ds = sft.PipelineDataset(spe, output="dict", samples_per_epoch=6)
         got = [list(b["__key__"]) for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3)]
         check(got == dealt(spe_order[:6], 1, 4)[0] and len(ds) == 2, f"3 workers, 2 batches an epoch: {got}")
+        # Without samples_per_epoch the dataset's 10 samples make 3 batches of 4: the fourth worker has no round and
+        # yields none (the epoch's size comes from the indexes), every sample once.
+        tiny, _, tiny_keys = make_shards(os.path.join(tmp, "tiny"), shards=1, per_shard=10, prefix="t")
+        run(["index", "-q", tiny])
+        tiny_graph = write_graph(os.path.join(tmp, "py_tiny.yaml"), [
+            ("shard_source", dict(urls=tiny, order="global")), ("tar_split", {}), ("decode", {}),
+            ("batch", dict(batch_size=4, partial=True))], seed=5)
+        got = [list(b["__key__"]) for b in torch.utils.data.DataLoader(
+            sft.PipelineDataset(tiny_graph, output="dict"), batch_size=None, num_workers=4)]
+        check(len(got) == 3 and sorted(k for b in got for k in b) == sorted(tiny_keys),
+              f"4 workers, 3 batches an epoch, no samples_per_epoch: every sample once: {got}")
         # A mix by position in a DataLoader: its inputs split alike over the workers, resumed by the rank's count
         ds = sft.PipelineDataset(py_mix, output="dict")
         it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3))
