@@ -28,6 +28,9 @@ typedef struct mix {
   int64_t deal, start, workers, worker, rank, world_size; /* options */
   double *raw;               /* [n] the weights as written (1 each when none), what the inputs replay (owned) */
   uint64_t first;            /* the first epoch: start applies to it */
+  sf_float_list sizes;       /* option: with stop: first, each input's dataset size (set by the plan) */
+  uint64_t *size;            /* [n] sizes as integers (owned) */
+  uint64_t limit;            /* the mixed positions of the epoch being mixed (all ranks') */
 } mix;
 
 static const sf_option options[] = {
@@ -43,11 +46,16 @@ static const sf_option options[] = {
      "required by stop: never)",
      NULL},
     {"deal", SF_OPT_COUNT, offsetof(mix, deal), "0", 0, 1e9,
-     "set by the plan, leave unset: with stop: never and samples_per_epoch over inputs that are each a "
+     "set by the plan, leave unset: with stop: never and samples_per_epoch, or stop: first, over inputs that are each a "
      "shard_source of order: global with deal, their deal; the input of mixed position p of an epoch is then a "
      "weighted choice seeded by (seed, epoch, p), positions dealt to ranks and workers as shard_source deals "
      "them, so a count of consumed positions resumes at any layout (docs/resume.md); 0 = draws from one random "
      "stream per epoch",
+     NULL},
+    {"sizes", SF_OPT_FLOAT_LIST, offsetof(mix, sizes), NULL, 0, 0,
+     "set by the plan with deal and stop: first: each input's dataset size (samples, from its indexes); the epoch "
+     "is the mixed positions before the first that would draw an input past its size (capped by "
+     "samples_per_epoch x ranks when set)",
      NULL},
     {"start", SF_OPT_COUNT, offsetof(mix, start), "0", 0, 0,
      "set by the plan with deal: the inputs' start (mixed positions of the first epoch consumed before)", NULL},
@@ -93,9 +101,10 @@ static int init(sf_node *node) {
   if (m->stop == STOP_NEVER && m->samples_per_epoch == 0)
     return sf_node_option_error(node, "stop", "never mixes without end: set samples_per_epoch to cut each epoch");
   if (m->deal > 0) {
-    if (m->stop != STOP_NEVER || m->samples_per_epoch == 0)
-      return sf_node_option_error(node, "deal", "mixing by position goes with stop: never and samples_per_epoch; "
-                                  "leave deal unset (the plan sets it)");
+    if (!(m->stop == STOP_NEVER && m->samples_per_epoch > 0) && !(m->stop == STOP_FIRST && m->sizes.n == m->n))
+      return sf_node_option_error(node, "deal", "mixing by position goes with stop: never and samples_per_epoch, "
+                                  "or stop: first and one size per input; leave deal and sizes unset (the plan "
+                                  "sets them)");
     if (m->rank < 0) m->rank = sf_node_rank(node);
     if (m->world_size < 0) m->world_size = sf_node_world_size(node);
     if (m->world_size < 1 || m->rank >= m->world_size || m->worker >= m->workers)
@@ -107,6 +116,18 @@ static int init(sf_node *node) {
       return SF_ENOMEM;
     }
     for (int i = 0; i < m->n; i++) m->raw[i] = m->weights.n ? m->weights.v[i] : 1.0;
+    if (m->stop == STOP_FIRST) {
+      if (!(m->size = calloc((size_t)m->n, sizeof *m->size))) {
+        sf_node_error(node, SF_ENOMEM, NULL, NULL, -1, "out of memory for %d inputs", m->n);
+        return SF_ENOMEM;
+      }
+      for (int i = 0; i < m->n; i++) {
+        if (!(m->sizes.v[i] >= 0 && m->sizes.v[i] <= 0x1p53 && m->sizes.v[i] == floor(m->sizes.v[i])))
+          return sf_node_option_error(node, "sizes", "%g is not a count of samples; leave sizes unset (the plan "
+                                      "sets it)", m->sizes.v[i]);
+        m->size[i] = (uint64_t)m->sizes.v[i];
+      }
+    }
   }
   m->epoch = m->first = sf_node_first_epoch(node);
   m->end = sf_node_epochs(node) ? sf_node_epochs(node) : UINT64_MAX;
@@ -176,11 +197,17 @@ static int drain(sf_node *node, mix *m) {
 /*
  * By position: this slot's emitted-th mixed position p draws input sf_index_mix_pick(seed, epoch, p), whose
  * shard_source sends exactly its samples of this slot's draws, in order; anything else means the two disagree.
+ * The epoch's positions: samples_per_epoch x ranks, or with stop: first those before an input would run out.
  */
 static int step_dealt(sf_node *node, mix *m) {
-  if (!m->started) start_epoch(node, m);
+  if (!m->started) {
+    start_epoch(node, m);
+    m->limit = m->samples_per_epoch > 0 ? (uint64_t)m->samples_per_epoch * (uint64_t)m->world_size : UINT64_MAX;
+    if (m->stop == STOP_FIRST)
+      m->limit = sf_index_mix_end(sf_node_seed(node), m->epoch, m->raw, m->size, m->n, m->limit);
+  }
   if (m->pending < 0) {
-    uint64_t limit = (uint64_t)m->samples_per_epoch * (uint64_t)m->world_size;
+    uint64_t limit = m->limit;
     uint64_t base = m->epoch == m->first ? (uint64_t)m->start : 0;
     uint64_t p = sf_index_deal_position(m->emitted, base, limit, (uint64_t)m->deal, (uint64_t)m->world_size,
                                         (uint64_t)m->rank, (uint64_t)m->workers, (uint64_t)m->worker);
@@ -258,13 +285,14 @@ static void uninit(sf_node *node) {
   free(m->ended);
   free(m->closed);
   free(m->raw);
+  free(m->size);
 }
 
 const sf_stage_def sf_stage_mix = {
     .abi_version = SF_STAGE_ABI_VERSION,
     .name = "mix",
     .summary = "merges several inputs (datasets) by weight, seeded per epoch (per position over dealt order: global "
-               "inputs); stop policy first, longest or never",
+               "inputs, stop: first or never); stop policy first, longest or never",
     /* One port per name of `inputs:` (a template: in0, in1, ...), in that order; weights follow it. */
     .inputs = SF_PORTS({"in%u", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),

@@ -64,6 +64,10 @@ typedef struct shard_source {
   uint64_t mix_taken;  /* this slot's mixed positions passed in the current epoch */
   uint64_t mix_at;     /* mixed positions before this one are counted in mix_drawn */
   uint64_t mix_drawn;  /* positions before mix_at that draw this input: its next sample's position */
+  sf_float_list mix_sizes; /* the mix's inputs' dataset sizes: with stop: first (else empty) */
+  uint64_t mix_size[SF_FLOAT_LIST_MAX];
+  uint64_t mix_limit;  /* the mixed positions of epoch mix_limit_of - 1 (0: not found yet) */
+  uint64_t mix_limit_of;
 } shard_source;
 
 enum { SAMPLING_SEQUENTIAL, SAMPLING_RESAMPLE };
@@ -139,7 +143,7 @@ static const sf_option options[] = {
      NULL},
     {"mix", SF_OPT_STRING, offsetof(shard_source, mix), NULL, 0, 0,
      "set by the plan, leave unset: the mix node this order: global source feeds when that mix deals by position "
-     "(stop: never, samples_per_epoch, every input dealt: docs/resume.md); it then reads the samples of this "
+     "(stop: never with samples_per_epoch, or stop: first; every input dealt: docs/resume.md); it then reads the samples of this "
      "input the mix draws at this rank and worker's positions",
      NULL},
     {"mix_input", SF_OPT_INT, offsetof(shard_source, mix_input), "-1", -1, 1e6,
@@ -148,6 +152,10 @@ static const sf_option options[] = {
      "set by the plan with mix: the mix's weights", NULL},
     {"mix_samples", SF_OPT_COUNT, offsetof(shard_source, mix_samples), "0", 0, 0,
      "set by the plan with mix: the mix's samples_per_epoch", NULL},
+    {"mix_sizes", SF_OPT_FLOAT_LIST, offsetof(shard_source, mix_sizes), NULL, 0, 0,
+     "set by the plan with mix when it has stop: first: the dataset size of each of its inputs, which ends the "
+     "epoch where an input would run out",
+     NULL},
     {NULL},
 };
 
@@ -305,12 +313,28 @@ static int init_indexed(sf_node *node, shard_source *s) {
                      start, s->stride);
   s->skip = s->visit == ORDER_BLOCK && s->deal == 0 ? start / s->stride : 0;
   if (s->mix && s->mix[0]) {
-    if (s->visit != ORDER_GLOBAL || s->deal == 0 || s->picked || s->samples_per_epoch > 0 || s->mix_samples <= 0 ||
-        s->mix_input < 0 || s->mix_input >= s->mix_weights.n)
+    bool sized = s->mix_sizes.n > 0;
+    if (s->visit != ORDER_GLOBAL || s->deal == 0 || s->picked || s->samples_per_epoch > 0 ||
+        (s->mix_samples <= 0 && !sized) || s->mix_input < 0 || s->mix_input >= s->mix_weights.n ||
+        (sized && s->mix_sizes.n != s->mix_weights.n))
       return INIT_FAIL(node, SF_EOPTION, NULL,
                        "mix \"%s\" goes with order: global, deal > 0, no samples or samples_per_epoch of its own, "
-                       "mix_samples > 0 and mix_input below the %d mix_weights; the plan sets them: leave mix, "
-                       "mix_input, mix_weights and mix_samples unset", s->mix, s->mix_weights.n);
+                       "mix_samples > 0 or mix_sizes (one per input), and mix_input below the %d mix_weights; the "
+                       "plan sets them: leave mix, mix_input, mix_weights, mix_samples and mix_sizes unset",
+                       s->mix, s->mix_weights.n);
+    for (int i = 0; i < s->mix_sizes.n; i++) {
+      double v = s->mix_sizes.v[i];
+      if (!(v >= 0 && v <= 0x1p53 && v == (double)(uint64_t)v))
+        return INIT_FAIL(node, SF_EOPTION, NULL, "mix_sizes: %g is not a count of samples; leave it unset (the "
+                         "plan sets it)", v);
+      s->mix_size[i] = (uint64_t)v;
+    }
+    /* The plan counted this dataset from the same indexes; a shard changed in between would end the epoch
+       elsewhere on another rank. */
+    if (sized && s->mix_size[s->mix_input] != s->total)
+      return INIT_FAIL(node, SF_EIO, NULL, "the shards' indexes hold %" PRIu64 " samples, the plan counted %" PRIu64
+                       " a moment before: a shard or index changed while the pipeline started; start it again",
+                       s->total, s->mix_size[s->mix_input]);
     s->mix_seed = sf_node_seed_named(node, s->mix);
   }
   return 0;
@@ -588,10 +612,15 @@ static int push_range(sf_node *node, shard_source *s, placed at, uint64_t n, int
  */
 static int step_mixed(sf_node *node, shard_source *s) {
   if (s->epoch >= s->end) return SF_EOF;
-  uint64_t limit = (uint64_t)s->mix_samples * (uint64_t)s->world_size;
-  uint64_t base = s->epoch == s->plan_epoch ? (uint64_t)s->start : 0;
   int me = (int)s->mix_input, n = s->mix_weights.n;
   const double *w = s->mix_weights.v;
+  if (s->mix_limit_of != s->epoch + 1) { /* the epoch's positions, as the mix finds them */
+    s->mix_limit = s->mix_samples > 0 ? (uint64_t)s->mix_samples * (uint64_t)s->world_size : UINT64_MAX;
+    if (s->mix_sizes.n > 0) s->mix_limit = sf_index_mix_end(s->mix_seed, s->epoch, w, s->mix_size, n, s->mix_limit);
+    s->mix_limit_of = s->epoch + 1;
+  }
+  uint64_t limit = s->mix_limit;
+  uint64_t base = s->epoch == s->plan_epoch ? (uint64_t)s->start : 0;
   for (;;) {
     uint64_t p = slot_position(s, s->mix_taken, base, limit);
     if (p >= limit) {

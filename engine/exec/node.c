@@ -175,11 +175,7 @@ uint64_t sf_node_first_step(const sf_node *n) { return n->ctx->first_step; }
 int sf_node_rank(const sf_node *n) { return n->ctx->rank; }
 int sf_node_world_size(const sf_node *n) { return n->ctx->world_size; }
 
-uint64_t sf_node_seed_named(const sf_node *n, const char *name) {
-  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the node name */
-  for (const char *s = name; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-  return sf_seed_mix(n->ctx->seed, h);
-}
+uint64_t sf_node_seed_named(const sf_node *n, const char *name) { return sf_graph_node_seed(n->ctx->seed, name); }
 
 uint64_t sf_node_seed(const sf_node *n) { return sf_node_seed_named(n, n->name); }
 

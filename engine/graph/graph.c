@@ -721,3 +721,9 @@ int sf_graph_check_nodes(const sf_graph *g, sf_error *e) {
   free(defs);
   return r;
 }
+
+uint64_t sf_graph_node_seed(uint64_t seed, const char *name) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the node name */
+  for (const char *s = name; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return sf_seed_mix(seed, h);
+}

@@ -115,6 +115,15 @@ int sf_graph_add_edge(sf_graph *graph, const char *from, const char *to, int64_t
 /* Finds a node by name, or NULL. */
 sf_graph_node *sf_graph_find_node(const sf_graph *graph, const char *name);
 
+/*
+ * The dataset size of shard_source node i of graph (its expanded urls, each shard's index as order: global
+ * loads it): *samples. Returns 0, or the shard list's or an index's error with *error (not NULL) naming it.
+ */
+int sf_graph_source_size(const sf_graph *graph, int node, uint64_t *samples, sf_error *error);
+
+/* The seed sf_node_seed() gives a node called name in a graph of seed: seed mixed with the name's FNV-1a hash. */
+uint64_t sf_graph_node_seed(uint64_t seed, const char *name);
+
 /* Deep copy. NULL when out of memory. */
 sf_graph *sf_graph_copy(const sf_graph *graph);
 

@@ -8,6 +8,7 @@
 #include "graph_groups.h"
 #include "options.h"
 #include "registry.h"
+#include "shardflow/index.h"
 
 /* consumer[i]: the node graph node i feeds, -1 for the last; from the links' inputs. */
 static void consumers(const sf_graph *g, const int *inputs, int *consumer) {
@@ -66,16 +67,20 @@ static const char *const dealt_keys[] = {"deal", "start", "workers", "worker", "
 static const char *const dealt_defaults[] = {"0", "0", "1", "0", "-1", "-1"};
 
 /*
- * A mix with stop: never and samples_per_epoch whose inputs each come from a shard_source of order: global
- * with deal (through one-input stages of the same process) mixes by position: its sources learn its name,
- * their index and its weights (to replay its draws), and it learns how they deal. Anything else runs as written.
- * Returns 0 or SF_ENOMEM.
+ * A mix with stop: never and samples_per_epoch, or stop: first, whose inputs each come from a shard_source of
+ * order: global with deal (through one-input stages of the same process) mixes by position: its sources learn
+ * its name, their index and its weights (to replay its draws), and it learns how they deal. With stop: first
+ * both learn every input's dataset size (mix_sizes, read from the indexes here, the one place), which ends
+ * each epoch (sf_index_mix_end). Anything else runs as written, and so does a graph whose indexes cannot be
+ * read here (the sources then report why). Returns 0 or SF_ENOMEM.
  */
 static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, int i) {
   sf_graph_node *m = &g->nodes[i];
-  if (strcmp(value_or(m, "stop", "first"), "never") != 0) return 0;
+  const char *stop = value_or(m, "stop", "first");
+  bool first = strcmp(stop, "first") == 0;
+  if (!first && strcmp(stop, "never") != 0) return 0; /* longest: an ended input's positions would be holes */
   const char *spe = value_or(m, "samples_per_epoch", "0");
-  if (strspn(spe, "0 ") == strlen(spe)) return 0;
+  if (!first && strspn(spe, "0 ") == strlen(spe)) return 0;
   int src[SF_GRAPH_MAX_INPUTS], n = 0;
   for (; n < SF_GRAPH_MAX_INPUTS && inputs[i * SF_GRAPH_MAX_INPUTS + n] >= 0; n++) {
     int x = inputs[i * SF_GRAPH_MAX_INPUTS + n];
@@ -98,24 +103,34 @@ static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, i
     src[n] = x;
   }
   if (n == 0) return 0; /* mix's init says what is missing */
-  char weights[64 * SF_GRAPH_MAX_INPUTS], number[32];
+  char weights[64 * SF_GRAPH_MAX_INPUTS], sizes[32 * SF_GRAPH_MAX_INPUTS] = "", number[32];
   const char *written = value_or(m, "weights", NULL);
   size_t len = (size_t)snprintf(weights, sizeof weights, "[");
   for (int k = 0; !written && k < n; k++) len += (size_t)snprintf(weights + len, sizeof weights - len, k ? ", 1" : "1");
   snprintf(weights + len, sizeof weights - len, "]");
+  if (first) {
+    len = (size_t)snprintf(sizes, sizeof sizes, "[");
+    for (int k = 0; k < n; k++) {
+      uint64_t size;
+      sf_error error;
+      if (sf_graph_source_size(g, src[k], &size, &error) < 0) return 0;
+      len += (size_t)snprintf(sizes + len, sizeof sizes - len, k ? ", %llu" : "%llu", (unsigned long long)size);
+    }
+    snprintf(sizes + len, sizeof sizes - len, "]");
+  }
   for (int k = 0; k < n; k++) {
     sf_graph_node *s = &g->nodes[src[k]];
     snprintf(number, sizeof number, "%d", k);
     if (sf_graph_node_set(s, "mix", m->name, -1) || sf_graph_node_set(s, "mix_input", number, -1) ||
         sf_graph_node_set(s, "mix_weights", written ? written : weights, -1) ||
-        sf_graph_node_set(s, "mix_samples", spe, -1))
+        sf_graph_node_set(s, "mix_samples", spe, -1) || (first && sf_graph_node_set(s, "mix_sizes", sizes, -1)))
       return SF_ENOMEM;
   }
   for (size_t k = 0; k < sizeof dealt_keys / sizeof *dealt_keys; k++) {
     if (sf_graph_node_set(m, dealt_keys[k], value_or(&g->nodes[src[0]], dealt_keys[k], dealt_defaults[k]), -1))
       return SF_ENOMEM;
   }
-  return 0;
+  return first && sf_graph_node_set(m, "sizes", sizes, -1) ? SF_ENOMEM : 0;
 }
 
 void sf_graph_plan(sf_graph *g, const sf_stage_def **defs, const int *inputs, int cpus) {
@@ -364,6 +379,28 @@ static void explain_wire(FILE *out, const sf_graph *g, const int *inputs, int i,
   }
 }
 
+/* The line of a mix the plan made deal by position (plan_mix): its inputs' sources and how its epoch ends. */
+static void explain_mix(FILE *out, const sf_graph *g, const sf_graph_node *m, const char *indent) {
+  const char *deal = value_or(m, "deal", "0");
+  if (strspn(deal, "0 ") == strlen(deal)) return;
+  const char *sizes = value_or(m, "sizes", NULL), *spe = value_or(m, "samples_per_epoch", "0");
+  fprintf(out, "%s  deals by position: stop: %s over", indent, sizes ? "first" : "never");
+  int said = 0;
+  for (int k = 0; k < SF_GRAPH_MAX_INPUTS; k++) /* in the order of its inputs */
+    for (int j = 0; j < g->n_nodes; j++) {
+      const sf_graph_node *s = &g->nodes[j];
+      const char *mix = value_or(s, "mix", NULL), *input = value_or(s, "mix_input", "-1");
+      if (mix && strcmp(mix, m->name) == 0 && atoi(input) == k) fprintf(out, "%s %s", said++ ? "," : "", s->name);
+    }
+  fprintf(out, " (order: global, deal %s): the input of each mixed position is a seeded choice of (seed, epoch, "
+          "position), dealt to ranks and workers in rounds of %s; ", deal, deal);
+  if (sizes)
+    fprintf(out, "an epoch ends before the first position that would draw an input past its dataset size %s%s%s; ",
+            sizes, strspn(spe, "0 ") == strlen(spe) ? "" : ", or at samples_per_epoch ",
+            strspn(spe, "0 ") == strlen(spe) ? "" : spe);
+  fprintf(out, "a count of consumed positions resumes at any world size and workers\n");
+}
+
 static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **defs, const int *inputs, const int *order,
                           int cpus, const char *indent) {
   for (int k = 0; k < g->n_nodes; k++) {
@@ -390,6 +427,7 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
     }
     fprintf(out, "%s%-18s %-12s replicas %-3lld %s\n", indent, n->name, defs[i]->name, (long long)n->replicas,
             replicas_why(n, defs[i], merges(inputs, i), cpus));
+    if (strcmp(defs[i]->name, "mix") == 0) explain_mix(out, g, n, indent);
     int c = -1;
     for (int j = 0; j < g->n_nodes * SF_GRAPH_MAX_INPUTS && c < 0; j++)
       if (inputs[j] == i) c = j / SF_GRAPH_MAX_INPUTS;
@@ -429,6 +467,53 @@ int sf_graph_explain(const sf_graph *graph, FILE *out, sf_error *error) {
     int cpus = sf_cpu_budget_get().cpus;
     sf_graph_plan(g, defs, inputs, cpus);
     sf_graph_plan_explain(out, g, defs, inputs, order, cpus);
+  }
+  free(order);
+  free(defs);
+  free(inputs);
+  sf_graph_destroy(&g);
+  return r;
+}
+
+int sf_graph_mix_positions(const sf_graph *graph, uint64_t epoch, int world_size, uint64_t *positions,
+                           sf_error *error) {
+  sf_error scratch;
+  if (!error) error = &scratch;
+  *positions = 0;
+  if (world_size < 1) return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "world_size %d: give the run's ranks, >= 1",
+                                          world_size);
+  sf_graph *g = NULL;
+  int r = graph->n_groups > 0 ? sf_graph_split_groups(graph, &g, error) : 0;
+  if (r < 0) return r;
+  if (!g && !(g = sf_graph_copy(graph))) return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "out of memory");
+  int *order = NULL, *inputs = NULL, mix = -1;
+  const sf_stage_def **defs = NULL;
+  if ((r = sf_graph_resolve_links(g, &order, &defs, &inputs, error)) == 0) {
+    sf_graph_plan(g, defs, inputs, 1);
+    for (int i = 0; mix < 0 && i < g->n_nodes; i++)
+      if (strcmp(defs[i]->name, "mix") == 0 && value_or(&g->nodes[i], "sizes", NULL)) mix = i;
+    if (mix < 0) r = sf_error_set(error, SF_ENOENT, SF_NOWHERE, "no mix of the graph deals by position with stop: "
+                                  "first (its inputs each shard_source order: global with deal)");
+  }
+  if (r == 0) { /* the mix's own options, as its init reads them */
+    void *priv = NULL;
+    r = sf_graph_node_apply(g, &g->nodes[mix], defs[mix], &priv, error);
+    if (r == 0) {
+      const sf_option *o = defs[mix]->options;
+      sf_float_list weights = {0}, sizes = {0};
+      int64_t samples = 0;
+      for (; o->name; o++)
+        if (strcmp(o->name, "weights") == 0) weights = *(const sf_float_list *)((const char *)priv + o->offset);
+        else if (strcmp(o->name, "sizes") == 0) sizes = *(const sf_float_list *)((const char *)priv + o->offset);
+        else if (strcmp(o->name, "samples_per_epoch") == 0) samples = *(const int64_t *)((const char *)priv + o->offset);
+      double w[SF_GRAPH_MAX_INPUTS];
+      uint64_t n_of[SF_GRAPH_MAX_INPUTS];
+      for (int k = 0; k < sizes.n; k++) w[k] = weights.n ? weights.v[k] : 1.0, n_of[k] = (uint64_t)sizes.v[k];
+      uint64_t limit = samples > 0 ? (uint64_t)samples * (uint64_t)world_size : UINT64_MAX;
+      *positions = sf_index_mix_end(sf_graph_node_seed(g->seed, g->nodes[mix].name), epoch, w, n_of, sizes.n, limit);
+      sf_options_free(defs[mix]->options, priv);
+      free(priv);
+    }
   }
   free(order);
   free(defs);

@@ -534,3 +534,16 @@ int sf_index_mix_pick(uint64_t seed, uint64_t epoch, uint64_t p, const double *w
   }
   return last;
 }
+
+uint64_t sf_index_mix_end(uint64_t seed, uint64_t epoch, const double *weights, const uint64_t *sizes, int n,
+                          uint64_t limit) {
+  uint64_t drawn[SF_NODE_INPUTS_MAX] = {0};
+  if (n < 1 || n > SF_NODE_INPUTS_MAX) return 0;
+  uint64_t p = 0;
+  for (; p < limit; p++) {
+    int j = sf_index_mix_pick(seed, epoch, p, weights, n);
+    if (drawn[j] == sizes[j]) break;
+    drawn[j]++;
+  }
+  return p;
+}

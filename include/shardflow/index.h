@@ -88,6 +88,17 @@ SF_API uint64_t sf_index_deal_position(uint64_t k, uint64_t base, uint64_t limit
  */
 SF_API int sf_index_mix_pick(uint64_t seed, uint64_t epoch, uint64_t p, const double *weights, int n);
 
+/**
+ * mix by position with stop: first: the mixed positions of epoch, at most limit: those before the first
+ * position p whose pick j = sf_index_mix_pick(seed, epoch, p, weights, n) was already drawn sizes[j] times
+ * before p (it would be input j's sizes[j] + 1-th sample, one more than its dataset holds), or limit when
+ * no such p comes before it. Every rank and worker replays the same draws, so all find the same end; the
+ * cost is one pick per position. sizes: n dataset sizes (samples); weights as sf_index_mix_pick's;
+ * 1 <= n <= SF_NODE_INPUTS_MAX (0 otherwise).
+ */
+SF_API uint64_t sf_index_mix_end(uint64_t seed, uint64_t epoch, const double *weights, const uint64_t *sizes, int n,
+                                 uint64_t limit);
+
 #ifdef __cplusplus
 }
 #endif

@@ -104,6 +104,17 @@ SF_API const char *sf_graph_node_option(const sf_graph *graph, int i, const char
 SF_API int sf_graph_dataset_size(const sf_graph *graph, uint64_t *samples, sf_error *error);
 
 /**
+ * The mixed positions of epoch (all ranks together) of the graph's mix when the plan makes it deal by position
+ * with stop: first (its inputs each shard_source order: global with deal; docs/resume.md, "mix by position"):
+ * the positions before the first whose seeded draw would be an input's sample past its dataset size, capped by
+ * the mix's samples_per_epoch x world_size when set (world_size: the run's ranks, >= 1). Reads the inputs'
+ * indexes as sf_graph_dataset_size does. Returns 0 with *positions; SF_ENOENT when no mix of the graph deals
+ * by position with stop: first; an index's errors with *error (may be NULL) naming the file.
+ */
+SF_API int sf_graph_mix_positions(const sf_graph *graph, uint64_t epoch, int world_size, uint64_t *positions,
+                                  sf_error *error);
+
+/**
  * Writes `shardflow help STAGE` for stage (summary, ports, every option with
  * type, default, range and meaning; from the options table) into buf, cut to
  * size bytes with a NUL.  Returns the full length, or SF_ENOENT for an

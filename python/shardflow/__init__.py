@@ -157,6 +157,8 @@ def _load():
         "sf_graph_destroy": (None, [ctypes.POINTER(p)]),
         "sf_graph_order_fingerprint": (ctypes.c_int, [p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_Error)]),
         "sf_graph_dataset_size": (ctypes.c_int, [p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_Error)]),
+        "sf_graph_mix_positions": (ctypes.c_int, [p, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
+                                                  ctypes.POINTER(_Error)]),
         "sf_pipeline_options_init": (None, [ctypes.POINTER(_Options)]),
         "sf_pipeline_new": (ctypes.c_int, [ctypes.POINTER(p), p, ctypes.POINTER(_Options), ctypes.POINTER(_Error)]),
         "sf_pipeline_next": (ctypes.c_int, [p, ctypes.POINTER(p), ctypes.c_double]),
@@ -485,16 +487,24 @@ class Pipeline:
             return None
         return samples, size, values.get("partial", "true") in ("true", "yes", "on", "1")
 
-    def _epoch_positions(self, world):
-        """order: global: the positions of an epoch of this graph at world size world (shard_source's start
+    def _epoch_positions(self, world, epoch):
+        """order: global: the positions of epoch of this graph at world size world (shard_source's start
         runs to it): samples_per_epoch x ranks x workers, else the dataset's samples; a mix's positions: its
-        samples_per_epoch x ranks."""
+        samples_per_epoch x ranks, with stop: first those before an input would run out (the epoch's draws,
+        sf_graph_mix_positions)."""
         g = self._load_graph(self._args[0], self._args[4])
         try:
             types = [library.sf_graph_node_type(g, i).decode() for i in range(library.sf_graph_node_count(g))]
             node = types.index("mix") if "mix" in types else next(
                 i for i in range(library.sf_graph_node_count(g))
                 if library.sf_graph_node_name(g, i).decode() == self._indexed[0][0])
+            if types[node] == "mix" and library.sf_graph_node_option(g, node, b"stop").decode() == "first":
+                self._deal(g, self._indexed_order(g))  # as the pipeline runs it: dealt, so the plan mixes by position
+                n, err = ctypes.c_uint64(), _Error()
+                r = library.sf_graph_mix_positions(g, epoch, world, ctypes.byref(n), ctypes.byref(err))
+                if r < 0:
+                    raise _error(r, err)
+                return n.value
             option = lambda o: int(library.sf_graph_node_option(g, node, o.encode()).decode())  # noqa: E731
             if option("samples_per_epoch"):  # the rank's: Pipeline deals in rounds (shard_source's deal)
                 return option("samples_per_epoch") * world
@@ -511,8 +521,8 @@ class Pipeline:
         """With shard_source's order: global or block, (its node names, batch size, why not, workers, worker):
         why not is None when the samples consumed so far are the epoch's first positions, every rank alike,
         so that their count says which ones they were; else what keeps it from saying so. Several shard_sources
-        count only as the inputs of one mix by position (stop: never, samples_per_epoch, every input order:
-        global): its positions are then the ones counted, and every input resumes from the same count. None
+        count only as the inputs of one mix by position (stop: never with samples_per_epoch, or stop: first;
+        every input order: global): its positions are then the ones counted, and every input resumes from the same count. None
         for order: sequential or a graph without a batch stage."""
         sources, batch, why, workers, worker, mixes = [], None, None, 1, 0, []
         for i in range(library.sf_graph_node_count(g)):
@@ -540,13 +550,15 @@ class Pipeline:
             how = ("an input reads order: block, samples_per_epoch or samples of its own"
                    if any(o != "global" or spe or picks for _, o, spe, picks, _ in sources)
                    else "its inputs' deal, start, workers or worker differ" if len(dealt) > 1
-                   else f"stop: {stop}" if stop != "never" else "samples_per_epoch: 0" if not samples
+                   else f"stop: {stop}" if stop == "longest"
+                   else "samples_per_epoch: 0" if not samples and stop == "never"
                    else "the graph has several mixes" if len(mixes) > 1 else None)
             if how:
                 why = why or (f"the mix stage {name!r} draws its inputs from one stream per epoch ({how}; it mixes "
-                              "by position only with stop: never and samples_per_epoch over inputs that are each "
-                              "shard_source order: global), so how many samples each input gave depends on the "
-                              "draws, not on the count of rows")
+                              "by position only with stop: first, or stop: never and samples_per_epoch, over inputs "
+                              "that are each shard_source order: global: with stop: longest an input that ran out "
+                              "would leave holes in the dealt rounds), so how many samples each input gave depends "
+                              "on the draws, not on the count of rows")
         if len(sources) > 1 and not mixes:
             why = why or "the graph reads several shard lists"
         return tuple(s[0] for s in sources), batch, why, workers, worker
@@ -594,12 +606,12 @@ class Pipeline:
         shape = cls._epoch_shape(g)
         return None if shape is None else cls._epoch_batches_of(shape)
 
-    def _rank_batches(self):
+    def _rank_batches(self, epoch=None):
         """order: global / block dealt in rounds (deal), without samples_per_epoch: the batches of this rank's
-        epoch, from the dataset's size (rounds of batch x ranks positions, the short last one dealt a position
-        at a time: the rank gets n // ranks samples, one more when rank < n % ranks)."""
+        epoch (the pipeline's when None), from the dataset's size (rounds of batch x ranks positions, the short
+        last one dealt a position at a time: the rank gets n // ranks samples, one more when rank < n % ranks)."""
         rank, world = self._placement()
-        n = self._epoch_positions(world)
+        n = self._epoch_positions(world, self.epoch if epoch is None else epoch)
         g = self._load_graph(self._args[0], self._args[4])
         try:
             partial = next((library.sf_graph_node_option(g, i, b"partial").decode()
@@ -707,7 +719,8 @@ class Pipeline:
                     # The same loader worker of the same layout (torchdata's per-worker protocol): this worker
                     # goes on with its own next round, whichever worker the rank takes its next batch from.
                     consumed -= min(consumed, worker * batch * world)
-            epoch, positions = int(state["epoch"]), self._epoch_positions(world)
+            epoch = int(state["epoch"])
+            positions = self._epoch_positions(world, epoch)
             if consumed >= positions:  # saved after the epoch's last batch: the next one
                 self._check_epoch(epoch + 1)
                 return self._start(epoch + 1, 0)

@@ -100,7 +100,7 @@ class PipelineDataset(torch.utils.data.IterableDataset):
                 options["shard_source__samples_per_epoch"] = share
         with Pipeline(self._graph, **options) as p:
             if (info is not None and info.num_workers > 1 and shape is None and indexed and indexed[2] is None
-                    and self._pending is None and info.id >= p._rank_batches()):
+                    and self._pending is None and info.id >= p._rank_batches(self._epoch.value)):
                 return  # dealt in rounds: the rank's epoch has fewer batches than workers, none for this one
             if self._pending is not None and self._pending.get("epoch", self._epoch.value) == self._epoch.value:
                 p.load_state_dict(self._pending)  # this worker's own position (torchdata's protocol)

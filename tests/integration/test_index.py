@@ -332,6 +332,18 @@ def mixed(seed, weights, orders, n, epoch=0, name="mix"):
     return out, which
 
 
+def mix_end(seed, weights, sizes, epoch=0, name="mix"):
+    """stop: first by position: the epoch's positions are those before the first position whose draw j would be
+    input j's (sizes[j] + 1)-th sample (docs/resume.md)."""
+    s, taken, p = node_seed(seed, name), [0] * len(sizes), 0
+    while True:
+        j = mix_pick(s, epoch, p, weights)
+        if taken[j] == sizes[j]:
+            return p
+        taken[j] += 1
+        p += 1
+
+
 def mix_yaml(path, urls_a, urls_b, weights, samples, seed=5, epochs=1, deal=0, sink=None, stop="never"):
     """Two order: global sources (src_a, src_b) -> tar_split -> mix -> decode -> batch of 4 (-> a .npy sink)."""
     d = f", deal: {deal}" if deal else ""
@@ -374,7 +386,7 @@ check(sorted(mix_orders[0][0][:60]) == sorted(mix_a_keys) and mix_orders[0][0][:
       and sorted(mix_orders[0][0][60:120]) == sorted(mix_a_keys), "an input's reference: its passes, each reshuffled")
 
 
-def cli_mix(name, world, start=0, epochs=1, samples=45):
+def cli_mix(name, world, start=0, epochs=1, samples=45, stop="never"):
     """Each rank's batches of the mix of mix_a (weight 1) and mix_b (weight 3) through `shardflow run`, dealt in
     rounds of 4 (deal written in the graph), resumed at start (both sources' start). Per rank: {epoch: batches}."""
     per = []
@@ -382,7 +394,7 @@ def cli_mix(name, world, start=0, epochs=1, samples=45):
         out = os.path.join(tmp, f"{name}_r{r}")
         shutil.rmtree(out, ignore_errors=True)
         graph = mix_yaml(os.path.join(tmp, name + ".yaml"), mix_a, mix_b, (1, 3), samples, epochs=epochs, deal=4,
-                         sink=out)
+                         sink=out, stop=stop)
         extra = ["--set", f"src_a.start={start}", "--set", f"src_b.start={start}"] if start else []
         run(["run", graph, "--quiet", "--no-summary", "--rank", str(r), "--world-size", str(world)] + extra)
         got = {}
@@ -429,10 +441,42 @@ p = run(["run", mix_yaml(os.path.join(tmp, "cmix_bad.yaml"), mix_a, mix_b, (1, 3
          "src_a.mix=mix"], check=False)
 check(p.returncode != 0 and "mix \"mix\" goes with order: global, deal > 0" in p.stderr and "leave mix" in p.stderr,
       f"shard_source's mix written without deal is refused: {p.stderr[-300:]}")
-p = run(["run", mix_yaml(os.path.join(tmp, "cmix_bad2.yaml"), mix_a, mix_b, (1, 3), 45, stop="first", deal=4),
+p = run(["run", mix_yaml(os.path.join(tmp, "cmix_bad2.yaml"), mix_a, mix_b, (1, 3), 45, stop="longest", deal=4),
          "--quiet", "--set", "mix.deal=4"], check=False)
 check(p.returncode != 0 and "stop: never" in p.stderr and "deal" in p.stderr,
-      f"a mix told to deal by position with stop: first is refused: {p.stderr[-300:]}")
+      f"a mix told to deal by position with stop: longest is refused: {p.stderr[-300:]}")
+
+# stop: first by position (the mix's default, no samples_per_epoch): the epoch ends before the first position
+# that would draw an input past its dataset size, every rank and worker finding the same end from the draws
+first_ends = {e: mix_end(5, (1, 3), (60, 50), epoch=e) for e in (0, 1)}
+check(all(50 <= n < 110 for n in first_ends.values()) and first_ends[0] != first_ends[1],
+      f"stop: first's model: each epoch ends by its own draws, within both inputs: {first_ends}")
+first_models = {e: mixed(5, (1, 3), mix_orders[e], first_ends[e], epoch=e) for e in (0, 1)}
+for world in (1, 2, 3):
+    parts = cli_mix(f"cfirst{world}", world, epochs=2, samples=0, stop="first")
+    for e in (0, 1):
+        model, which = first_models[e]
+        got = [p.get(e, []) for p in parts]
+        check(got == dealt(model, world, 4), f"CLI mix stop: first by position, {world} ranks, epoch {e}: each rank's "
+              f"batches are the model's, the epoch's {first_ends[e]} positions")
+        keys = [k for part in got for b in part for k in b]
+        check(sorted(k for k, w in zip(model, which) if w == 1) == sorted(mix_b_keys)
+              and len(set(keys)) == len(keys) and set(keys) <= set(mix_a_keys) | set(mix_b_keys),
+              f"...{world} ranks, epoch {e}: the shorter input's samples each exactly once, the other's at most once")
+# samples_per_epoch with stop: first caps the epoch further (the rank's: 10 x ranks positions)
+got = [p.get(0, []) for p in cli_mix("cfirstcap", 2, samples=10, stop="first")]
+check(got == dealt(first_models[0][0][:20], 2, 4), "stop: first with samples_per_epoch 10 on 2 ranks: the first 20")
+# resumed from a count near the epoch's end
+start = first_ends[0] - 5
+got = [p.get(0, []) for p in cli_mix("cfirsts", 3, start=start, samples=0, stop="first")]
+check(got == dealt(first_models[0][0][start:], 3, 4), f"CLI stop: first resumed at {start} on 3 ranks: the rest")
+# --explain says the mix deals by position
+p = run(["run", mix_yaml(os.path.join(tmp, "cfirst_x.yaml"), mix_a, mix_b, (1, 3), 0, stop="first", deal=4),
+         "--explain"])
+check("deals by position" in p.stdout and "stop: first" in p.stdout and "src_a, src_b" in p.stdout,
+      f"--explain names the mix by position: {p.stdout}")
+p = run(["run", mix_yaml(os.path.join(tmp, "cfirst_x2.yaml"), mix_a, mix_b, (1, 3), 0, stop="first"), "--explain"])
+check("deals by position" not in p.stdout, f"...and not for undealt inputs: {p.stdout}")
 
 # ---- Python: state_dict() is a few integers; load_state_dict() resumes it at any world size ----
 if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load into python under a sanitizer
@@ -575,10 +619,28 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
     resume_case(py_mix_group, lambda world: mix_model[:45 * world], ((2, 2, 3, 3, 1),), 4, "mix in a group",
                 sources=("src_a", "src_b"))
 
-    # mix with stop: first (draws from one stream per epoch, what each input gave decided by the draws): refused
+    # mix with stop: first by position (no samples_per_epoch: the epoch ends where an input would run out): its
+    # state is a count too, resumed at any layout, from early and near the epoch's end (its end is ~first_ends[0])
+    py_first = mix_yaml(os.path.join(tmp, "py_mix_first.yaml"), mix_a, mix_b, (1, 3), 0, stop="first")
+    resume_case(py_first, lambda world: first_models[0][0],
+                ((1, 1, 3, 2, 2), (1, 1, (first_ends[0] - 1) // 4, 2, 2), (3, 2, 1, 1, 1),
+                 (3, 2, (first_ends[0] - 1) // 12, 1, 1)), 4, "mix stop: first", sources=("src_a", "src_b"))
+    # ...a state saved after its last batch resumes with the next epoch, whose end is its own
+    p = shardflow.Pipeline(py_first, output="dict")
+    batches = iter(p)
+    whole0 = [k for _ in range((first_ends[0] + 3) // 4) for k in next(batches)["__key__"]]
+    state = p.state_dict()
+    p.close()
+    check(whole0 == first_models[0][0] and state["consumed"] >= first_ends[0],
+          f"stop: first in Python: the model's epoch, saved after its last batch: {state}")
+    q = shardflow.Pipeline(py_first, output="dict")
+    q.load_state_dict(state)
+    check(epoch_keys(q) == first_models[1][0], "...resumes with epoch 1, the model's")
+    q.close()
+    # mix with stop: longest (an exhausted input's positions would leave holes in the dealt rounds): refused
     # with the reason
-    mixed_first = mix_yaml(os.path.join(tmp, "py_mix.yaml"), small, small, (1, 1), 0, stop="first")
-    p = shardflow.Pipeline(mixed_first, output="dict")
+    mixed_longest = mix_yaml(os.path.join(tmp, "py_mix.yaml"), small, small, (1, 1), 0, stop="longest")
+    p = shardflow.Pipeline(mixed_longest, output="dict")
     epoch_keys(p, 2)
     st = p.state_dict()
     check("consumed" not in st, f"a mix's state holds no count: {st}")
@@ -586,7 +648,7 @@ if os.environ.get("SF_SANITIZE", "none") == "none":  # the binding cannot load i
         p.load_state_dict(dict(st, consumed=8))
         check(False, "a count of consumed samples is refused for a mix")
     except ValueError as e:
-        check("mix" in str(e) and "draws" in str(e) and "stop: first" in str(e),
+        check("mix" in str(e) and "draws" in str(e) and "stop: longest" in str(e),
               f"...naming the mix, its draws and its stop policy: {e}")
     p.close()
 
