@@ -194,6 +194,17 @@ static int drain(sf_node *node, mix *m) {
   return !open ? SF_EOF : got ? 0 : SF_EAGAIN;
 }
 
+/* Hands on input i's sample *item as the mix's next. */
+static int emit(sf_node *node, mix *m, int i, sf_item *item) {
+  uint64_t bytes = sf_item_nbytes(item);
+  sf_node_push(node, item);
+  sf_node_count_output(node, 1, bytes);
+  sf_node_count_input(node, i, 1);
+  m->emitted++;
+  m->pending = -1;
+  return 0;
+}
+
 /*
  * By position: this slot's emitted-th mixed position p draws input sf_index_mix_pick(seed, epoch, p), whose
  * shard_source sends exactly its samples of this slot's draws, in order; anything else means the two disagree.
@@ -229,13 +240,7 @@ static int step_dealt(sf_node *node, mix *m) {
                                                                               : "an epoch's end",
                          (unsigned long long)m->epoch);
   }
-  uint64_t bytes = sf_item_nbytes(&item);
-  sf_node_push(node, &item);
-  sf_node_count_output(node, 1, bytes);
-  sf_node_count_input(node, i, 1);
-  m->emitted++;
-  m->pending = -1;
-  return 0;
+  return emit(node, m, i, &item);
 }
 
 static int step(sf_node *node) {
@@ -270,13 +275,7 @@ static int step(sf_node *node) {
   }
   item.epoch = m->epoch;
   item.u.sample->epoch = m->epoch;
-  uint64_t bytes = sf_item_nbytes(&item);
-  sf_node_push(node, &item);
-  sf_node_count_output(node, 1, bytes);
-  sf_node_count_input(node, i, 1);
-  m->emitted++;
-  m->pending = -1;
-  return 0;
+  return emit(node, m, i, &item);
 }
 
 static void uninit(sf_node *node) {

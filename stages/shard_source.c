@@ -544,7 +544,6 @@ static int step_mixed(sf_node *node, shard_source *s);
  * order: global / block: the next samples of this slot, as one shard item with their byte range
  * (consecutive samples of one shard are read together), or the epoch's end.
  */
-
 static int step_indexed(sf_node *node, shard_source *s) {
   if (s->mix && s->mix[0]) return step_mixed(node, s);
   if (s->epoch >= s->end) return SF_EOF;
