@@ -6,7 +6,7 @@ Usage: tools/check-layers.py BUILD_DIR. Reads the layer archives with `nm`; exit
 reference goes the wrong way. Includes are checked by the build itself (include paths per layer);
 this checks what a prototype written by hand could hide.
 
-A file under stages/ that includes an engine header (beyond the list of those still to go) is refused.
+A file under stages/ that includes an engine header is refused.
 
 Circles are refused too (the edges ALLOWED_EDGES names, with why, left out): files A and B are in one when A depends on B and B, through any
 chain, on A. A file depends on a header it includes, and a .c file on the .c file that defines a
@@ -33,16 +33,13 @@ ALLOWED_EDGES = {
 }
 
 # A built-in stage is written against include/shardflow/ only, as a plugin is: a stage file that includes an
-# engine header (engine/LAYER/*.h) fails the check. STAGE_INCLUDES_LEFT held the includes still to go when the
-# check came; none is left, and a stage that needs the engine needs a public API instead.
+# engine header (engine/LAYER/*.h) fails the check; a stage that needs the engine needs a public API instead.
 # stages/registry.c.in is not a stage but the engine's table of them: it names the group layer's stages.
-STAGE_INCLUDES_LEFT = {}
 STAGE_TABLE = "stages/registry.c.in"
 
 
 def stage_includes(root):
-    """The engine headers each file under stages/ includes beyond STAGE_INCLUDES_LEFT: ['FILE includes H', ...].
-    Also prints the entries of STAGE_INCLUDES_LEFT that are gone (to take off the list)."""
+    """The engine headers files under stages/ include: ['FILE includes the engine header H: ...', ...]."""
     engine_headers = set()
     for dirpath, _, files in os.walk(os.path.join(root, "engine")):
         engine_headers.update(f for f in files if f.endswith(".h"))
@@ -53,11 +50,8 @@ def stage_includes(root):
             continue
         text = open(os.path.join(root, rel)).read()
         included = set(re.findall(r'^\s*#\s*include\s+"([^"/]+)"', text, re.M)) & engine_headers
-        left = STAGE_INCLUDES_LEFT.get(rel, set())
         wrong += [f"{rel} includes the engine header {h}: a stage uses include/shardflow/ only (make what it "
-                  f"needs public, or keep it in the engine)" for h in sorted(included - left)]
-        for h in sorted(left - included):
-            print(f"stage include gone: {rel} no longer includes {h}: take it off STAGE_INCLUDES_LEFT")
+                  f"needs public, or keep it in the engine)" for h in sorted(included)]
     return wrong
 
 
@@ -227,5 +221,5 @@ for i, layer in enumerate(LAYERS[:-1]):
 print("\n".join(wrong) or "no reference goes upward")
 wrong_circles = print_circles(build)
 wrong_includes = stage_includes(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-print("\n".join(wrong_includes) or "no stage includes an engine header beyond the list still to go")
+print("\n".join(wrong_includes) or "no stage includes an engine header")
 sys.exit(1 if wrong or wrong_circles or wrong_includes else 0)

@@ -55,6 +55,9 @@ static void agree_with_written(sf_graph *g, const int *consumer) {
 
 static void unset(sf_graph_node *n, const char *key);
 
+/* Whether a count as written is 0 (zeros and spaces only: "0", "00", "" ). */
+static bool is_zero(const char *text) { return strspn(text, "0 ") == strlen(text); }
+
 /* The text node writes for key, or dflt. */
 static const char *value_or(const sf_graph_node *n, const char *key, const char *dflt) {
   const sf_graph_value *v = sf_graph_node_value(n, key);
@@ -80,7 +83,7 @@ static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, i
   bool first = strcmp(stop, "first") == 0;
   if (!first && strcmp(stop, "never") != 0) return 0; /* longest: an ended input's positions would be holes */
   const char *spe = value_or(m, "samples_per_epoch", "0");
-  if (!first && strspn(spe, "0 ") == strlen(spe)) return 0;
+  if (!first && is_zero(spe)) return 0;
   int src[SF_GRAPH_MAX_INPUTS], n = 0;
   for (; n < SF_GRAPH_MAX_INPUTS && inputs[i * SF_GRAPH_MAX_INPUTS + n] >= 0; n++) {
     int x = inputs[i * SF_GRAPH_MAX_INPUTS + n];
@@ -92,7 +95,7 @@ static int plan_mix(sf_graph *g, const sf_stage_def **defs, const int *inputs, i
     const char *deal = value_or(s, "deal", "0"), *samples = value_or(s, "samples", "");
     const char *own = value_or(s, "samples_per_epoch", "0");
     if (s->group || m->group || strcmp(value_or(s, "order", "sequential"), "global") != 0 ||
-        strspn(deal, "0 ") == strlen(deal) || samples[0] || strspn(own, "0 ") != strlen(own))
+        is_zero(deal) || samples[0] || !is_zero(own))
       return 0;
     for (int k = 0; k < n; k++)
       if (src[k] == x) return 0; /* one source feeding two inputs would be read twice over */
@@ -382,7 +385,7 @@ static void explain_wire(FILE *out, const sf_graph *g, const int *inputs, int i,
 /* The line of a mix the plan made deal by position (plan_mix): its inputs' sources and how its epoch ends. */
 static void explain_mix(FILE *out, const sf_graph *g, const sf_graph_node *m, const char *indent) {
   const char *deal = value_or(m, "deal", "0");
-  if (strspn(deal, "0 ") == strlen(deal)) return;
+  if (is_zero(deal)) return;
   const char *sizes = value_or(m, "sizes", NULL), *spe = value_or(m, "samples_per_epoch", "0");
   fprintf(out, "%s  deals by position: stop: %s over", indent, sizes ? "first" : "never");
   int said = 0;
@@ -396,8 +399,7 @@ static void explain_mix(FILE *out, const sf_graph *g, const sf_graph_node *m, co
           "position), dealt to ranks and workers in rounds of %s; ", deal, deal);
   if (sizes)
     fprintf(out, "an epoch ends before the first position that would draw an input past its dataset size %s%s%s; ",
-            sizes, strspn(spe, "0 ") == strlen(spe) ? "" : ", or at samples_per_epoch ",
-            strspn(spe, "0 ") == strlen(spe) ? "" : spe);
+            sizes, is_zero(spe) ? "" : ", or at samples_per_epoch ", is_zero(spe) ? "" : spe);
   fprintf(out, "a count of consumed positions resumes at any world size and workers\n");
 }
 

@@ -477,7 +477,7 @@ class Pipeline:
             option = lambda o: library.sf_graph_node_option(g, i, o.encode()).decode()  # noqa: E731
             if stage == "mix" and option("stop") == "never":  # the mix's count is the rank's, whatever its inputs
                 values["samples_per_epoch"] = option("samples_per_epoch")
-            for name in {"shard_source": ("samples_per_epoch",), "batch": ("batch_size", "partial")}.get(stage, ()):
+            for name in {"shard_source": ("samples_per_epoch",), "batch": ("batch_size",)}.get(stage, ()):
                 values.setdefault(name, option(name))
         try:
             samples, size = int(values["samples_per_epoch"]), int(values["batch_size"])
@@ -485,7 +485,15 @@ class Pipeline:
             return None
         if samples == 0:
             return None
-        return samples, size, values.get("partial", "true") in ("true", "yes", "on", "1")
+        return samples, size, Pipeline._batch_partial(g)
+
+    @staticmethod
+    def _batch_partial(g):
+        """Whether the graph's batch stage hands on an epoch's short last batch (its partial option)."""
+        for i in range(library.sf_graph_node_count(g)):
+            if library.sf_graph_node_type(g, i).decode() == "batch":
+                return library.sf_graph_node_option(g, i, b"partial").decode() in ("true", "yes", "on", "1")
+        return True
 
     def _epoch_positions(self, world, epoch):
         """order: global: the positions of epoch of this graph at world size world (shard_source's start
@@ -614,13 +622,11 @@ class Pipeline:
         n = self._epoch_positions(world, self.epoch if epoch is None else epoch)
         g = self._load_graph(self._args[0], self._args[4])
         try:
-            partial = next((library.sf_graph_node_option(g, i, b"partial").decode()
-                            for i in range(library.sf_graph_node_count(g))
-                            if library.sf_graph_node_type(g, i).decode() == "batch"), "true")
+            partial = self._batch_partial(g)
         finally:
             library.sf_graph_destroy(ctypes.byref(g))
         mine = n // world + (1 if rank < n % world else 0)
-        return self._epoch_batches_of((mine, self._indexed[1], partial in ("true", "yes", "on", "1")))
+        return self._epoch_batches_of((mine, self._indexed[1], partial))
 
     @staticmethod
     def _epoch_batches_of(shape):
