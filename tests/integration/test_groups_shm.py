@@ -96,7 +96,9 @@ check(shm > 0 and sock > TENSOR and shm + sock >= EXPECTED,
 # the dead ring's views, restarts the process with a fresh ring, and the batches are the same.
 path, out = graph("kill", {"processes": 2, "unit_samples": 8, "heartbeat_interval": "100ms",
                            "heartbeat_timeout": "1s"})
-head = subprocess.Popen([SHARDFLOW, "run", path, "--step-time", "0.04"], stdout=subprocess.DEVNULL,
+# A trainer slow enough (~3 s an epoch) that units still wait when the stop comes, however late the second
+# worker joined on a loaded machine.
+head = subprocess.Popen([SHARDFLOW, "run", path, "--step-time", "0.08"], stdout=subprocess.DEVNULL,
                         stderr=subprocess.PIPE, text=True)
 lines = []
 reader = threading.Thread(target=lambda: lines.extend(head.stderr), daemon=True)
