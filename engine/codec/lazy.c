@@ -168,6 +168,30 @@ typedef struct job {
 } job;
 
 /*
+ * Small padded outputs (CIFAR's random crop with padding 4): the window, padding included, as bytes in
+ * scratch, so that the SIMD pass writes every output row once (no fill of the padding first, no second
+ * write of the rows the image covers). Padding is byte 0, whose table value is the padding's value. Row
+ * y of scratch is output row y; byte k of it is source column left + k (a flipped pass reads it from the
+ * end). Only three adjacent channels (sx 3, sc 1), at most PAD_SCRATCH bytes. Returns whether it wrote
+ * scratch and *w (j's copy reading it), false when the window has no padding or does not fit.
+ */
+enum { PAD_SCRATCH = 16384 };
+static bool pad_window(const job *j, uint8_t *scratch, job *w) {
+  const int64_t row = 3 * j->ow;
+  bool padded = j->ya > 0 || j->yb < j->oh || j->xa > 0 || j->xb < j->ow;
+  if (!padded || j->c != 3 || j->sx != 3 || j->sc != 1 || row * j->oh > PAD_SCRATCH) return false;
+  memset(scratch, 0, (size_t)(row * j->oh));
+  /* the columns k the output reads inside the image: x in [xa, xb), mirrored when flipped */
+  const int64_t k0 = j->flip ? j->ow - j->xb : j->xa, k1 = j->flip ? j->ow - j->xa : j->xb;
+  for (int64_t y = j->ya; y < j->yb && k1 > k0; y++)
+    memcpy(scratch + y * row + 3 * k0, j->src + (j->top + y) * j->sy + (j->left + k0) * 3, (size_t)(3 * (k1 - k0)));
+  *w = *j;
+  w->src = scratch;
+  w->sy = row;
+  return true;
+}
+
+/*
  * The direct path (no resampling): crop, padding, flip, normalisation and
  * layout in one pass over the output. A byte's output value comes from its
  * channel's table (x/255, then (x - mean)/std, precomputed in init for all
@@ -183,6 +207,12 @@ typedef struct job {
     const int64_t first = j->flip ? j->left + j->ow - 1 - j->xa : j->left + j->xa;          \
     const int64_t n = j->xb - j->xa;                                                        \
     const T *const *lut = (const T *const *)j->lut;                                         \
+    uint8_t scratch[PAD_SCRATCH];                                                           \
+    job w;                                                                                  \
+    if (pad_window(j, scratch, &w) &&                                                       \
+        FAST3(&w, j->flip ? scratch + 3 * (j->ow - 1) : scratch, j->flip ? -3 : 3, j->ow, j->oh, \
+              (T *)j->out))                                                                 \
+      return;                                                                               \
     if (ox == 1 && j->oy == j->ow) {                                                        \
       /* CHW: padding rows are runs of each plane; padding columns fill the plane first */  \
       const bool cols = j->xa > 0 || j->xb < j->ow;                                         \
