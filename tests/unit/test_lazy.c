@@ -49,12 +49,18 @@ static void test_write_matches_definition(void **state) {
   sf_buffer *norm = sf_lazy_tables_new(mean, stdev, C), *plain = sf_lazy_tables_new(NULL, NULL, 0);
   assert_non_null(norm);
   assert_non_null(plain);
-  /* A window past the top and the right edge (zero padding), flipped and not, both layouts and dtypes. */
-  const sf_lazy_axis y = {0, H, H, -2, 10}, x = {0, W, W, 5, 16};
+  /*
+   * A window past the top and the right edge (zero padding), then one past the bottom and the left edge, and
+   * one inside the image (no padding): flipped and not, both layouts and dtypes.
+   */
+  const sf_lazy_axis ys[] = {{0, H, H, -2, 10}, {0, H, H, 6, 10}, {0, H, H, 1, 10}};
+  const sf_lazy_axis xs[] = {{0, W, W, 5, 16}, {0, W, W, -3, 16}, {0, W, W, 1, 16}};
+  for (int window = 0; window < 3; window++)
   for (int flip = 0; flip < 2; flip++)
     for (int chw = 0; chw < 2; chw++)
       for (int d = 0; d < 2; d++) {
         sf_dtype dtype = d ? SF_DTYPE_FLOAT32 : SF_DTYPE_UINT8;
+        const sf_lazy_axis y = ys[window], x = xs[window];
         sf_lazy_transform t = {.src = src, .y = y, .x = x, .flip = flip, .tables = d ? norm : plain, .dtype = dtype,
                                .layout = chw ? SF_LAZY_CHW : SF_LAZY_HWC, .channels = C};
         int64_t shape[3];
