@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "shardflow/stage.h"
 
@@ -109,27 +110,70 @@ bool sf_shard_range_of(const sf_shard *shard, sf_shard_range *range) {
 static char no_key[1];
 
 /*
- * Spare sample structs. A sample is over 3 KiB (SF_MAX_FIELDS fields), made on one thread (tar_split)
- * and destroyed on another (batch): malloc's cross-thread free and its collection cost ~10x a locked
- * stack (CIFAR graph profile). Bounded; off under AddressSanitizer, which must see every free.
+ * Sample structs come from 2 MiB slabs that ask for transparent huge pages, and go back to a free list, never
+ * to the allocator. A sample is 2.7 KiB (SF_MAX_FIELDS fields) of which a stage touches the first few hundred
+ * bytes, so a shuffle buffer of 10,000 samples from malloc faults in ~10,000 fresh 4 KiB pages, one by one on
+ * tar_split's thread, while the buffer fills and nothing downstream can start (a sixth of the CIFAR graph's
+ * page faults per run); the buffer's random reads then miss the TLB on each one. A slab is one fault and one
+ * TLB entry where the kernel grants a huge page (plain pages where it does not). Made on one thread and
+ * destroyed on another, a sample would also cost malloc's cross-thread free (~10x this locked list). The
+ * slabs stay for the process's life, as many as the most samples alive at once needed. Off under
+ * AddressSanitizer, which must see every allocation and free.
  */
 #if defined(__SANITIZE_ADDRESS__)
-enum { SPARE_MAX = 0 };
+enum { SAMPLE_SLABS = 0 };
 #else
-enum { SPARE_MAX = 256 };
+enum { SAMPLE_SLABS = 1 };
 #endif
+enum { SLAB_BYTES = 2 << 20, SLOT_BYTES = (sizeof(sf_sample) + 63) / 64 * 64 };
 static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
-static sf_sample *spare[SPARE_MAX + 1];
-static int n_spare;
+static sf_sample *spare;          /* free list, linked through each struct's key pointer */
+static uint8_t *slab_next, *slab_end; /* the rest of the newest slab */
+
+/* A new slab, 2 MiB aligned (a huge page can back it only so), or NULL. Called with spare_lock held. */
+static bool new_slab(void) {
+  uint8_t *raw = mmap(NULL, 2 * (size_t)SLAB_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return false;
+  uint8_t *slab = (uint8_t *)(((uintptr_t)raw + SLAB_BYTES - 1) & ~(uintptr_t)(SLAB_BYTES - 1));
+  if (slab > raw) munmap(raw, (size_t)(slab - raw));
+  munmap(slab + SLAB_BYTES, (size_t)(raw + 2 * (size_t)SLAB_BYTES - (slab + SLAB_BYTES)));
+  (void)madvise(slab, SLAB_BYTES, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+  (void)madvise(slab, SLAB_BYTES, MADV_POPULATE_WRITE); /* one call, not a fault a page (Linux 5.14+) */
+#endif
+  slab_next = slab;
+  slab_end = slab + SLAB_BYTES;
+  return true;
+}
+
+static sf_sample *sample_alloc(void) {
+  if (!SAMPLE_SLABS) return malloc(sizeof(sf_sample));
+  sf_sample *s = NULL;
+  pthread_mutex_lock(&spare_lock);
+  if (spare) {
+    s = spare;
+    spare = (sf_sample *)(void *)s->key;
+  } else if (slab_end - slab_next >= (ptrdiff_t)SLOT_BYTES || new_slab()) {
+    s = (sf_sample *)(void *)slab_next;
+    slab_next += SLOT_BYTES;
+  }
+  pthread_mutex_unlock(&spare_lock);
+  return s;
+}
+
+static void sample_free(sf_sample *s) {
+  if (!SAMPLE_SLABS) {
+    free(s);
+    return;
+  }
+  pthread_mutex_lock(&spare_lock);
+  s->key = (char *)(void *)spare;
+  spare = s;
+  pthread_mutex_unlock(&spare_lock);
+}
 
 sf_sample *sf_sample_new(void) {
-  sf_sample *s = NULL;
-  if (SPARE_MAX > 0) {
-    pthread_mutex_lock(&spare_lock);
-    if (n_spare > 0) s = spare[--n_spare];
-    pthread_mutex_unlock(&spare_lock);
-  }
-  if (!s) s = malloc(sizeof *s);
+  sf_sample *s = sample_alloc();
   if (!s) return NULL;
   /* Zero the header only: fields past n_fields are never read. */
   memset(s, 0, offsetof(sf_sample, fields));
@@ -168,14 +212,7 @@ void sf_sample_destroy(sf_sample **ps) {
   sf_buffer_unref(&s->url);
   free(sf_sample_take_key(s));
   *ps = NULL;
-  if (SPARE_MAX > 0) {
-    pthread_mutex_lock(&spare_lock);
-    bool kept = n_spare < SPARE_MAX;
-    if (kept) spare[n_spare++] = s;
-    pthread_mutex_unlock(&spare_lock);
-    if (kept) return;
-  }
-  free(s);
+  sample_free(s);
 }
 
 const char *sf_sample_url(const sf_sample *s) {
