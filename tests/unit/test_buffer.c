@@ -120,6 +120,38 @@ static void test_sample_reuse(void **state) {
   }
 }
 
+static int by_address(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (sf_sample *const *)a, y = (uintptr_t) * (sf_sample *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/*
+ * Many samples alive at once (a shuffle buffer's worth, over several of sample.c's 2 MiB slabs): each its own
+ * sizeof(sf_sample) bytes, none overlapping, every field writable; destroyed, they come back fresh.
+ */
+static void test_many_samples(void **state) {
+  (void)state;
+  enum { N = 3000 };
+  sf_sample **all = calloc(N, sizeof *all);
+  assert_non_null(all);
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < N; i++) {
+      all[i] = sf_sample_new();
+      assert_non_null(all[i]);
+      assert_int_equal(all[i]->n_fields, 0);
+      assert_int_equal(all[i]->offset, -1);
+      assert_int_equal((uintptr_t)all[i] % 16, 0);
+      memset(all[i]->fields, 0xA5, sizeof all[i]->fields); /* the whole struct is the sample's */
+      all[i]->index = (uint64_t)i;
+    }
+    for (int i = 0; i < N; i++) assert_int_equal(all[i]->index, (uint64_t)i);
+    qsort(all, N, sizeof *all, by_address);
+    for (int i = 1; i < N; i++) assert_true((uintptr_t)all[i] - (uintptr_t)all[i - 1] >= sizeof(sf_sample));
+    for (int i = 0; i < N; i++) sf_sample_destroy(&all[i]);
+  }
+  free(all);
+}
+
 static void test_errors_table(void **state) {
   assert_string_equal(sf_err_name(SF_EFORMAT), "SF_EFORMAT");
   assert_string_equal(sf_err_name(12345), "SF_EUNKNOWN");
@@ -148,7 +180,7 @@ static void test_rng(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refcount),     cmocka_unit_test(test_tensor_view), cmocka_unit_test(test_sample_fields),
-      cmocka_unit_test(test_sample_reuse),
+      cmocka_unit_test(test_sample_reuse),  cmocka_unit_test(test_many_samples),
       cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
