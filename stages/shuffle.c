@@ -22,11 +22,12 @@ typedef struct shuffle {
   sf_item pending_end;  /* the epoch-end marker to forward once drained */
   sf_rng rng;
   /*
-   * The next emissions' indices, drawn early while the buffer is full (see emit_one): ahead[0] is the
-   * next one; before[k] is the rng as it was before ahead[k] was drawn.
+   * The next emissions' indices, drawn early while the buffer is full or drains (see emit_one): ahead[0]
+   * is the next one, drawn below bound[0] samples; before[k] is the rng as it was before ahead[k] was drawn.
    */
   int n_ahead;
   uint64_t ahead[AHEAD];
+  uint64_t bound[AHEAD];
   sf_rng before[AHEAD];
 } shuffle;
 
@@ -87,16 +88,33 @@ static void prefetch_ahead(shuffle *s) {
   }
 }
 
+/*
+ * Draws the next emissions' indices now, where the counts they are drawn from are known (the same draws,
+ * early), and prefetches what they will touch: a full buffer emits again after one more sample, from
+ * buffer_size samples; a draining one from one fewer each time.
+ */
+static void draw_ahead(shuffle *s) {
+  while (s->n_ahead < AHEAD) {
+    uint64_t bound = s->draining ? (uint64_t)(s->count - s->n_ahead) : (uint64_t)s->buffer_size;
+    if (bound == 0) break;
+    s->before[s->n_ahead] = s->rng;
+    s->bound[s->n_ahead] = bound;
+    s->ahead[s->n_ahead++] = sf_rng_below(&s->rng, bound);
+  }
+  prefetch_ahead(s);
+}
+
 /* Swap a random element to the end and hand it on. */
 static void emit_one(sf_node *node, shuffle *s) {
   uint64_t i;
-  if (s->n_ahead > 0 && s->count == s->buffer_size) {
+  if (s->n_ahead > 0 && s->bound[0] == (uint64_t)s->count) {
     i = s->ahead[0];
     s->n_ahead--;
     memmove(s->ahead, s->ahead + 1, (size_t)s->n_ahead * sizeof *s->ahead);
+    memmove(s->bound, s->bound + 1, (size_t)s->n_ahead * sizeof *s->bound);
     memmove(s->before, s->before + 1, (size_t)s->n_ahead * sizeof *s->before);
   } else {
-    if (s->n_ahead > 0) s->rng = s->before[0]; /* drawn for a full buffer, but it drains: as if never drawn */
+    if (s->n_ahead > 0) s->rng = s->before[0]; /* drawn from another count (a full buffer that now drains) */
     s->n_ahead = 0;
     i = sf_rng_below(&s->rng, (uint64_t)s->count);
   }
@@ -105,17 +123,7 @@ static void emit_one(sf_node *node, shuffle *s) {
   sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = out->epoch, .u.sample = out};
   sf_node_count_output(node, 1, sf_item_nbytes(&item));
   sf_node_push(node, &item);
-  /*
-   * A full buffer emits again after one more sample, from buffer_size samples: draw the next emissions'
-   * indices now (the same draws, early) and prefetch what they will touch.
-   */
-  if (s->count == s->buffer_size - 1) {
-    while (s->n_ahead < AHEAD) {
-      s->before[s->n_ahead] = s->rng;
-      s->ahead[s->n_ahead++] = sf_rng_below(&s->rng, (uint64_t)s->buffer_size);
-    }
-    prefetch_ahead(s);
-  }
+  if (s->count == s->buffer_size - 1 || (s->draining && s->count > 0)) draw_ahead(s);
 }
 
 static int step(sf_node *node) {

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "graph.h"
 #include "harness.h"
 
 enum { MAX_OUT = 1024, END = -1 };
@@ -83,6 +84,47 @@ static int run_epochs(const char *buffer_size, const char *initial, uint64_t see
   assert_int_equal(sf_harness_error_count(h), 0);
   sf_harness_destroy(&h);
   return n;
+}
+
+/*
+ * The order as the stage's definition gives it, written out plainly: per epoch an rng seeded with
+ * sf_seed_mix(node seed, epoch); each sample joins the buffer; past `initial` one leaves for every two
+ * that join, and one for each that joins a full buffer; at the epoch's end the rest leave. The one that
+ * leaves is at sf_rng_below(count), and the last takes its place.
+ */
+static int reference_order(uint64_t seed, int buffer_size, int initial, int epochs, int per_epoch, int *ids) {
+  uint64_t node_seed = sf_graph_node_seed(seed, "shuffle");
+  int buffer[MAX_OUT], count = 0, n = 0;
+  for (int e = 0; e < epochs; e++) {
+    sf_rng rng;
+    sf_rng_seed(&rng, sf_seed_mix(node_seed, (uint64_t)e));
+    uint64_t since_initial = 0;
+    for (int i = 0; i <= per_epoch; i++) {
+      bool end = i == per_epoch;
+      if (!end) buffer[count++] = e * 1000 + i;
+      while (count > 0 && (end || count >= buffer_size || (count >= initial && (++since_initial & 1)))) {
+        uint64_t at = sf_rng_below(&rng, (uint64_t)count);
+        ids[n++] = buffer[at];
+        buffer[at] = buffer[--count];
+        if (!end) break;
+      }
+    }
+    ids[n++] = END;
+  }
+  return n;
+}
+
+/* The emissions drawn ahead (while the buffer is full and while it drains) are the definition's draws. */
+static void test_order_matches_definition(void **state) {
+  (void)state;
+  int got[MAX_OUT], want[MAX_OUT];
+  const struct { const char *size, *initial; int b, i; } cases[] = {{"16", "5", 16, 5}, {"16", "0", 16, 16},
+                                                                      {"7", "0", 7, 7}, {"200", "0", 200, 200}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int n = run_epochs(cases[k].size, cases[k].initial, 11, 3, 150, got);
+    assert_int_equal(n, reference_order(11, cases[k].b, cases[k].i, 3, 150, want));
+    assert_memory_equal(got, want, (size_t)n * sizeof *got);
+  }
 }
 
 static void test_permutation_per_epoch(void **state) {
@@ -189,7 +231,7 @@ static void test_bounded_buffer(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_permutation_per_epoch),
+      cmocka_unit_test(test_order_matches_definition), cmocka_unit_test(test_permutation_per_epoch),
       cmocka_unit_test(test_seeds),
       cmocka_unit_test(test_buffer_size_one_keeps_order),
       cmocka_unit_test(test_initial_fill),
