@@ -22,6 +22,7 @@
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "shard_reader.h"
+#include "unmapper.h"
 #include "url.h"
 
 extern char **environ;
@@ -125,7 +126,7 @@ static void forget_mapping(const void *start) {
 
 static void unmap(void *opaque, uint8_t *data) {
   forget_mapping(data);
-  munmap(data, (size_t)(uintptr_t)opaque);
+  sf_unmap_later(data, (size_t)(uintptr_t)opaque);
 }
 
 /*
