@@ -86,6 +86,20 @@ __attribute__((target("avx2,fma"))) static inline uint16_t bf16_of(uint8_t x, do
 }
 
 /*
+ * The source row AHEAD_ROWS on is fetched while this one is written. The source is often a window another
+ * core wrote (a resize's output, read when batch writes the row): the CPU's own prefetchers follow a row but
+ * stop at each 4 KiB page, a few rows apart (ImageNet-like graph: 3-7% less CPU). Rows of the 6 ahead
+ * measured no worse than 12 or 24.
+ */
+enum { AHEAD_ROWS = 6 };
+
+/* Prefetches the 3n bytes of a row of bl read from q (its first pixel read; the last one when flipped). */
+__attribute__((target("avx2,fma"))) static inline void prefetch_row(const sf_rgb_rows *bl, const uint8_t *q) {
+  const uint8_t *lowest = bl->step > 0 ? q : q - 3 * (bl->n - 1);
+  for (int64_t at = 0; at < 3 * bl->n; at += 64) _mm_prefetch((const char *)lowest + at, _MM_HINT_T0);
+}
+
+/*
  * Eight pixels a step, into float32 planes (bf16 false) or bfloat16 ones (true); inlined into each with the
  * flag constant. A table gather (vgatherdps) was tried first: slower than scalar table loads on this Zen 4.
  */
@@ -103,6 +117,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void kernel(con
   const int64_t n = bl->n, steps = eight_steps(n);
   for (int64_t r = 0; r < bl->rows; r++) {
     const uint8_t *q = bl->q + r * bl->sy;
+    if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy);
     float *const f[3] = {(float *)out[0] + r * bl->oy, (float *)out[1] + r * bl->oy, (float *)out[2] + r * bl->oy};
     uint16_t *const h[3] = {(uint16_t *)out[0] + r * bl->oy, (uint16_t *)out[1] + r * bl->oy,
                             (uint16_t *)out[2] + r * bl->oy};
