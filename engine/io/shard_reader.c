@@ -19,10 +19,10 @@
 
 #include "buffer_file.h"
 #include "files.h"
+#include "later.h"
 #include "prefetch.h"
 #include "shard_cache.h"
 #include "shard_reader.h"
-#include "unmapper.h"
 #include "url.h"
 
 extern char **environ;

@@ -1,7 +1,10 @@
-/* engine/io/unmapper.c: a range handed over is unmapped soon by the unmapper's thread, in a forked child too. */
+/* engine/core/later.c: jobs run soon, in the order asked, on the chores thread; a range handed over is unmapped;
+   a forked child's requests are served too. */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,9 +16,11 @@
 
 #include <cmocka.h>
 
-#include "unmapper.h"
+#include "later.h"
 
-enum { BYTES = 64 << 10 };
+enum { BYTES = 64 << 10, JOBS = 100 };
+
+static void nap(void) { nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL); }
 
 /* Whether [p, p + BYTES) is still mapped: mincore fails with ENOMEM on a range with unmapped pages. */
 static bool mapped(void *p) {
@@ -25,7 +30,7 @@ static bool mapped(void *p) {
 
 /* Waits up to 10 s for p to be unmapped; returns whether it was. */
 static bool unmapped_soon(void *p) {
-  for (int i = 0; i < 1000 && mapped(p); i++) nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+  for (int i = 0; i < 1000 && mapped(p); i++) nap();
   return !mapped(p);
 }
 
@@ -37,6 +42,26 @@ static void *new_mapping(void) {
   return p;
 }
 
+static atomic_int done;
+static int order[JOBS];
+static pthread_t ran_on;
+
+static void job(void *arg) {
+  int k = atomic_load(&done);
+  order[k] = (int)(intptr_t)arg;
+  ran_on = pthread_self();
+  atomic_store(&done, k + 1);
+}
+
+static void test_jobs_in_order(void **state) {
+  (void)state;
+  for (int i = 0; i < JOBS; i++) assert_true(sf_later(job, (void *)(intptr_t)i));
+  for (int i = 0; i < 1000 && atomic_load(&done) < JOBS; i++) nap();
+  assert_int_equal(atomic_load(&done), JOBS);
+  for (int i = 0; i < JOBS; i++) assert_int_equal(order[i], i);
+  assert_false(pthread_equal(ran_on, pthread_self()));
+}
+
 static void test_unmaps(void **state) {
   (void)state;
   void *a = new_mapping(), *b = new_mapping();
@@ -44,13 +69,13 @@ static void test_unmaps(void **state) {
   sf_unmap_later(b, BYTES);
   assert_true(unmapped_soon(a));
   assert_true(unmapped_soon(b));
-  /* a third request after the thread has gone idle wakes it */
+  /* a request after the thread has gone idle wakes it */
   void *c = new_mapping();
   sf_unmap_later(c, BYTES);
   assert_true(unmapped_soon(c));
 }
 
-/* The child of a fork has no unmapper thread of the parent's: its requests are still served. */
+/* The child of a fork has no chores thread of the parent's: its requests are still served. */
 static void test_after_fork(void **state) {
   (void)state;
   sf_unmap_later(new_mapping(), BYTES); /* the parent's thread runs */
@@ -68,6 +93,7 @@ static void test_after_fork(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_unmaps), cmocka_unit_test(test_after_fork)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_jobs_in_order), cmocka_unit_test(test_unmaps),
+                                     cmocka_unit_test(test_after_fork)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
