@@ -70,11 +70,15 @@ check(line.startswith("bottleneck: decoders (a group with 1 worker(s)") and "mor
       f"decode-bound group: {line}")
 
 # Consumer-bound: small PPMs, a trainer that sleeps 50 ms a batch; SIGUSR1 asks for the line mid-run.
-pattern, _ = make_dataset(tmp, 2, 60, size=8)
+# The signal goes after the 40th batch (the run is then surely past its start, where the handler is set, and 2 s
+# of steps outweigh the wait for the first batch, however slow the start), of the ~3 s the 60 batches take.
+pattern, _ = make_dataset(tmp, 2, 120, size=8)
 graph = write_graph(os.path.join(tmp, "consumer.yaml"), chain(pattern), epochs=1)
-proc = subprocess.Popen([SHARDFLOW, "run", graph, "--log-steps", "0", "--step-time", "0.05"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-time.sleep(1.0)  # of the ~1.5 s the 30 batches take
+proc = subprocess.Popen([SHARDFLOW, "run", graph, "--log-steps", "10", "--step-time", "0.05"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+for out_line in proc.stdout:
+    if " Step=40 " in out_line:
+        break
 proc.send_signal(signal.SIGUSR1)
 _, err = proc.communicate(timeout=60)
 check(proc.returncode == 0, f"the consumer-bound run failed: {err}")

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.environ["SF_SOURCE_ROOT"], "python"))
 os.environ.setdefault("SHARDFLOW_LIB", os.path.join(os.environ["SF_BUILD_ROOT"], "libshardflow.so"))
 os.environ["SF_CUDA_LIBRARY"] = os.environ["SF_FAKE_CUDA"]  # read when the first cuda pipeline starts
-from sfutil import Checks, make_dataset, write_graph  # noqa: E402
+from sfutil import Checks, make_dataset, wait_for, write_graph  # noqa: E402
 
 import shardflow  # noqa: E402
 
@@ -135,14 +135,20 @@ for dtype in ("float32", "bfloat16"):
 start = counts()["copies"]  # the pipeline starts copying as soon as it is made
 with shardflow.Pipeline(graph("ahead", "float32", dict(device="cuda", prefetch=2), batch_size=4), output="dlpack",
                         epochs=1) as p:
-    time.sleep(0.5)
-    waiting = counts()["copies"] - start
+    # Each count is waited for (a loaded machine may be slow to copy), then 0.3 s more, in which a copy too many
+    # would show.
+    copies = lambda: counts()["copies"] - start
+    wait_for(lambda: copies() >= 2, 30, "two batches copied ahead")
+    time.sleep(0.3)
+    waiting = copies()
     first = p.next_batch()
-    time.sleep(0.5)
-    ahead = counts()["copies"] - start
+    wait_for(lambda: copies() >= 3, 30, "one more batch copied after one was taken")
+    time.sleep(0.3)
+    ahead = copies()
     second = p.next_batch()
-    time.sleep(0.5)
-    after = counts()["copies"] - start
+    wait_for(lambda: copies() >= 4, 30, "one more again")
+    time.sleep(0.3)
+    after = copies()
     check(waiting == 2 and ahead == 3 and after == 4,
           f"prefetch 2 copied before the trainer asks: {waiting}; one taken: {ahead}; one more taken: {after}")
     del first, second

@@ -159,7 +159,11 @@ def scenario(mode, timeout, step_time):
     proxy = Proxy(ctx, f"ipc://{head_ipc}", f"ipc://{proxy_ipc}", mode)
     workers = [worker(f"ipc://{proxy_ipc}", f"{mode}-behind-proxy")]
     if mode != "twice":
-        time.sleep(0.5)  # the proxied worker joins first: it holds units from the start
+        # The proxied worker joins first and holds units from the start: the direct one starts once a result of
+        # the proxied one has come through the proxy (however slow its start on a loaded machine).
+        deadline = time.monotonic() + 30
+        while proxy.results == 0 and head.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         workers.append(worker(f"ipc://{head_ipc}", "direct"))
     try:
         _, err = head.communicate(timeout=timeout)
