@@ -5,8 +5,9 @@
 # key grouping, shard split over DataLoader workers, .shuffle(N), .decode("rgb8"), the graph's augment in
 # numpy, .batched) on Debian's python with torch, PIL and numpy; see its header.
 # Interleaved rounds: the reference with 1, 2 and 4 DataLoader workers (over --ref-shards shards: it is
-# slow; samples/s is what is compared), then `shardflow run` (whole process) over 50 shards from page
-# cache. Prints the medians and the ratio of shardflow to the reference's best configuration.
+# slow; samples/s is what is compared) and `shardflow run` (whole process) over 50 shards from page
+# cache, in an order rotated every round. Prints the medians and the ratio of shardflow to the
+# reference's best configuration.
 #   bench/cifar.sh [--rounds N] [--ref-shards N]
 # SF_BUILD names the build directory (default build-release).
 set -euo pipefail
@@ -40,19 +41,35 @@ sf_cmd = [sf, "run", "graphs/cifar10_train.yaml", "--quiet", "--no-summary",
 ref_urls = f"{shards}/cifar-train-{{000000..{ref_shards - 1:06d}}}.tar"
 rates, cpus = {}, {}  # samples/s; CPU microseconds per sample (user + system, all processes)
 children_cpu = lambda: (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))
-for r in range(rounds):
-    for w in (1, 2, 4):
-        out = subprocess.run(["/usr/bin/python3", "-W", "ignore", "bench/webdataset_ref.py", ref_urls,
-                              "--workers", str(w)], check=True, capture_output=True, text=True).stdout
-        m = re.search(r"samples ([0-9]+) .*samples/s ([0-9.]+) cpu-seconds ([0-9.]+)", out)
-        name = f"reference, {w} DataLoader worker{'s' if w > 1 else ''}"
-        rates.setdefault(name, []).append(float(m.group(2)))
-        cpus.setdefault(name, []).append(1e6 * float(m.group(3)) / int(m.group(1)))
-    name = "shardflow run (whole process)"
+SF = "shardflow run (whole process)"
+
+
+def reference(w):
+    out = subprocess.run(["/usr/bin/python3", "-W", "ignore", "bench/webdataset_ref.py", ref_urls,
+                          "--workers", str(w)], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"samples ([0-9]+) .*samples/s ([0-9.]+) cpu-seconds ([0-9.]+)", out)
+    name = f"reference, {w} DataLoader worker{'s' if w > 1 else ''}"
+    rates.setdefault(name, []).append(float(m.group(2)))
+    cpus.setdefault(name, []).append(1e6 * float(m.group(3)) / int(m.group(1)))
+
+
+def shardflow():
     start, cpu_start = time.perf_counter(), children_cpu()
     subprocess.run(sf_cmd, check=True, stdout=subprocess.DEVNULL)
-    rates.setdefault(name, []).append(sf_samples / (time.perf_counter() - start))
-    cpus.setdefault(name, []).append(1e6 * (children_cpu() - cpu_start) / sf_samples)
+    rates.setdefault(SF, []).append(sf_samples / (time.perf_counter() - start))
+    cpus.setdefault(SF, []).append(1e6 * (children_cpu() - cpu_start) / sf_samples)
+
+
+# The order rotates every round: a run right after a reference run (seconds of both cores busy) measured ~10%
+# slower than after a short one on the shared machine, and no configuration should always come after the
+# same one.
+for name in ("reference, 1 DataLoader worker", "reference, 2 DataLoader workers", "reference, 4 DataLoader workers",
+             SF):
+    rates[name], cpus[name] = [], []
+runs = [lambda: reference(1), lambda: reference(2), lambda: reference(4), shardflow]
+for r in range(rounds):
+    for run in runs[r % len(runs):] + runs[:r % len(runs)]:
+        run()
     print(f"round {r + 1}/{rounds}: " + ", ".join(f"{v[-1]:,.0f}" for v in rates.values()), file=sys.stderr)
 med = {k: statistics.median(v) for k, v in rates.items()}
 med_cpu = {k: statistics.median(v) for k, v in cpus.items()}
