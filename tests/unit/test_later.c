@@ -78,6 +78,9 @@ static void test_unmaps(void **state) {
 /* The child of a fork has no chores thread of the parent's: its requests are still served. */
 static void test_after_fork(void **state) {
   (void)state;
+#if defined(__SANITIZE_THREAD__)
+  skip(); /* ThreadSanitizer cannot start threads in the child of a multi-threaded process */
+#endif
   sf_unmap_later(new_mapping(), BYTES); /* the parent's thread runs */
   pid_t pid = fork();
   assert_true(pid >= 0);
