@@ -113,11 +113,11 @@ static char no_key[1];
  * Sample structs come from 2 MiB slabs that ask for transparent huge pages, and go back to a free list, never
  * to the allocator. A sample is 2.7 KiB (SF_MAX_FIELDS fields) of which a stage touches the first few hundred
  * bytes, so a shuffle buffer of 10,000 samples from malloc faults in ~10,000 fresh 4 KiB pages, one by one on
- * tar_split's thread, while the buffer fills and nothing downstream can start (a sixth of the CIFAR graph's
- * page faults per run); the buffer's random reads then miss the TLB on each one. A slab is one fault and one
- * TLB entry where the kernel grants a huge page (plain pages where it does not). Made on one thread and
- * destroyed on another, a sample would also cost malloc's cross-thread free (~10x this locked list). The
- * slabs stay for the process's life, as many as the most samples alive at once needed. Off under
+ * tar_split's thread, while the buffer fills and nothing downstream can start (12,000 of the CIFAR graph's
+ * 21,000 page faults a run), and the buffer's random reads spread over as many TLB entries. A slab is one
+ * fault and one TLB entry where the kernel grants a huge page (plain pages where it does not). Made on one
+ * thread and destroyed on another, a sample would also cost malloc's cross-thread free (~10x this locked
+ * list). The slabs stay for the process's life, as many as the most samples alive at once needed. Off under
  * AddressSanitizer, which must see every allocation and free.
  */
 #if defined(__SANITIZE_ADDRESS__)
