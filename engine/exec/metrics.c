@@ -12,9 +12,24 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dynlib.h"
 #include "files.h"
 #include "log.h"
 #include "metrics.h"
+
+/*
+ * libmicrohttpd is opened when a pipeline first serves metrics (engine/core/dynlib.h), not linked: with GnuTLS
+ * and the rest it brings, it was 3 ms of every CLI process's start, metrics or not. Its functions go
+ * through this table.
+ */
+#define MHD_FUNCTIONS(X) X(MHD_start_daemon) X(MHD_stop_daemon) X(MHD_get_daemon_info) \
+  X(MHD_create_response_from_buffer) X(MHD_add_response_header) X(MHD_queue_response) X(MHD_destroy_response)
+#define MHD_FIELD(name) __typeof__(&name) name;
+#define MHD_NAME(name) #name,
+static struct { MHD_FUNCTIONS(MHD_FIELD) } mhd;
+static const char *const mhd_symbols[] = {MHD_FUNCTIONS(MHD_NAME) NULL};
+static sf_dynlib mhd_lib = {.soname = SF_MICROHTTPD_SONAME, .symbols = mhd_symbols, .fns = &mhd,
+                            .purpose = "serve /metrics (libmicrohttpd; Debian: libmicrohttpd12)"};
 
 struct sf_metrics_server {
   struct MHD_Daemon *daemon;
@@ -217,11 +232,11 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *connection, cons
   unsigned int status = MHD_HTTP_OK;
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     static const char text[] = "only GET /metrics\n";
-    response = MHD_create_response_from_buffer(sizeof text - 1, (void *)text, MHD_RESPMEM_PERSISTENT);
+    response = mhd.MHD_create_response_from_buffer(sizeof text - 1, (void *)text, MHD_RESPMEM_PERSISTENT);
     status = MHD_HTTP_METHOD_NOT_ALLOWED;
   } else if (strcmp(url, "/metrics") != 0) {
     static const char text[] = "shardflow serves /metrics only\n";
-    response = MHD_create_response_from_buffer(sizeof text - 1, (void *)text, MHD_RESPMEM_PERSISTENT);
+    response = mhd.MHD_create_response_from_buffer(sizeof text - 1, (void *)text, MHD_RESPMEM_PERSISTENT);
     status = MHD_HTTP_NOT_FOUND;
   } else {
     sf_strbuf b = {0};
@@ -229,12 +244,12 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *connection, cons
     size_t len;
     char *text = sf_strbuf_take(&b, &len);
     if (!text) return MHD_NO; /* out of memory: drop the connection */
-    response = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-    if (response) MHD_add_response_header(response, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    response = mhd.MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (response) mhd.MHD_add_response_header(response, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
   }
   if (!response) return MHD_NO;
-  enum MHD_Result r = MHD_queue_response(connection, status, response);
-  MHD_destroy_response(response);
+  enum MHD_Result r = mhd.MHD_queue_response(connection, status, response);
+  mhd.MHD_destroy_response(response);
   return r;
 }
 
@@ -337,6 +352,7 @@ static void listen_failure(const struct addrinfo *ai, const char *host, int mhd_
 int sf_metrics_server_new(sf_metrics_server **server, sf_metrics_text text, void *opaque, const char *address,
                           sf_error *error) {
   *server = NULL;
+  if (sf_dynlib_load(&mhd_lib) < 0) return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(), "metrics: %s", mhd_lib.why);
   struct addrinfo *ai;
   char host[256];
   int r = resolve(address, &ai, host, sizeof host, error);
@@ -355,7 +371,7 @@ int sf_metrics_server_new(sf_metrics_server **server, sf_metrics_text text, void
   unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   errno = 0;
-  s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, answer, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_message, s,
+  s->daemon = mhd.MHD_start_daemon(flags, 0, NULL, NULL, answer, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_message, s,
                                MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, connection_limit(),
                                MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
   if (!s->daemon) {
@@ -368,7 +384,7 @@ int sf_metrics_server_new(sf_metrics_server **server, sf_metrics_text text, void
   }
   freeaddrinfo(ai);
   atomic_store(&s->started, true);
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  const union MHD_DaemonInfo *info = mhd.MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
   s->port = info ? (int)info->port : 0;
   bool v6 = strchr(host, ':') != NULL;
   sf_log(SF_LOG_INFO, NULL, "serving metrics on http://%s%s%s:%d/metrics", v6 ? "[" : "", host, v6 ? "]" : "", s->port);
@@ -380,7 +396,7 @@ int sf_metrics_server_port(const sf_metrics_server *s) { return s->port; }
 
 void sf_metrics_server_destroy(sf_metrics_server **server) {
   if (!server || !*server) return;
-  MHD_stop_daemon((*server)->daemon);
+  mhd.MHD_stop_daemon((*server)->daemon);
   free(*server);
   *server = NULL;
 }

@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include <curl/curl.h>
+#include "curl_lib.h"
 
 #include "http.h"
 #include "object_store.h"
@@ -1146,6 +1146,8 @@ static void *fetcher(void *arg) {
 
 int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error) {
   *prefetch = NULL;
+  const char *why;
+  if (sf_curl_open(&why) < 0) return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = ""), "%s", why);
   if (sf_http_init() < 0) {
     sf_error_set(error, SF_ENET, SF_AT(.url = ""), "libcurl did not initialise (out of memory?)");
     return SF_ENET;

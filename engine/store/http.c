@@ -12,6 +12,8 @@ static CURLcode init_result;
 static void init(void) { init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 int sf_http_init(void) {
+  const char *why;
+  if (sf_curl_open(&why) < 0) return SF_EUNSUPPORTED;
   pthread_once(&once, init);
   return init_result == CURLE_OK ? 0 : SF_ENOMEM;
 }

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include <curl/curl.h>
+#include "curl_lib.h"
 
 #include "strbuf.h"
 
@@ -24,7 +24,10 @@ typedef struct sf_http_options {
                             * the SSL_CERT_FILE variable, else libcurl's bundle */
 } sf_http_options;
 
-/* libcurl's global initialisation, run once per process whoever asks first (thread-safe).  Returns 0 or SF_ENOMEM. */
+/*
+ * libcurl opened (curl_lib.h) and its global initialisation, run once per process whoever asks first
+ * (thread-safe). Returns 0, SF_EUNSUPPORTED when libcurl cannot be opened (sf_curl_open says why), or SF_ENOMEM.
+ */
 int sf_http_init(void);
 
 /*

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include <curl/curl.h>
+#include "curl_lib.h"
 
 #include "shardflow/error.h"
 

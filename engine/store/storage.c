@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
+#include "curl_lib.h"
 #include <openssl/evp.h>
 #include <zlib.h>
 

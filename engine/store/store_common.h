@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include <curl/curl.h>
+#include "curl_lib.h"
 #include <libxml/tree.h>
 
 #include "object_store.h"

@@ -246,6 +246,36 @@ with nginx(root, LOCATIONS) as base:
     check(len(errors) == 5, f"mixed: one record per failed shard ({len(errors)}): {errors}")
 
 
+
+
+def curl_loaded(name, urls):
+    """Runs a graph over urls with the loader's log on (LD_DEBUG=libs); returns whether it initialised libcurl,
+    and the keys read."""
+    out = os.path.join(tmp, name)
+    graph = write_graph(os.path.join(tmp, name + ".yaml"), [
+        ("shard_source", dict(urls="::".join(urls), shuffle=False)), ("tar_split", {}),
+        ("batch", dict(batch_size=4, partial=True)), ("device_sink", dict(npy_dir=out))], seed=1, epochs=1)
+    p = subprocess.run([os.environ["SHARDFLOW"], "run", graph, "--quiet"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "LD_DEBUG": "libs"})
+    check(p.returncode == 0, f"{name}: the run succeeds: {p.stderr[-500:]}")
+    inits = [line for line in p.stderr.splitlines() if "calling init:" in line]
+    check(any("libc.so" in line for line in inits), f"{name}: the loader's log is there ({len(inits)} inits)")
+    keys = []
+    for f in sorted(os.listdir(out)):
+        if f.endswith(".txt"):
+            keys += open(os.path.join(out, f)).read().split()
+    return any("libcurl" in line for line in inits), keys
+
+
+# libcurl is opened when the first remote shard comes, not at start-up: a run over local files never loads it
+# (with it, 33 libraries here), one over http does, and both read the same samples.
+local = [os.path.join(root, f"shard-{i}.tar") for i in range(3)]
+loaded, keys_local = curl_loaded("curl-local", local)
+check(not loaded and keys_local == tar_keys(*local), f"local shards: libcurl not loaded ({loaded}), every sample")
+with nginx(root, LOCATIONS) as base:
+    loaded, keys_http = curl_loaded("curl-http", [base + f"/shard-{i}.tar" for i in range(3)])
+check(loaded and keys_http == keys_local, f"http shards: libcurl loaded ({loaded}), the same samples")
+
 # https: a CA and a certificate for 127.0.0.1 made with openssl; nginx serves shards with it. The samples read
 # over https (the CA given as tar_split's ca_file, or SSL_CERT_FILE) equal the local files' (Python tarfile).
 pki = os.path.join(tmp, "pki")

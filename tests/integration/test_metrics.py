@@ -150,6 +150,25 @@ finally:
             proc.kill()
             proc.wait()
 
+# libmicrohttpd is opened when a run first serves metrics, not at start-up (the loader's own log, LD_DEBUG=libs,
+# says which libraries it initialised).
+plain = write_graph(os.path.join(tmp, "plain.yaml"), [
+    ("shard_source", dict(urls=pattern, shuffle=False)), ("tar_split", {}), ("decode", {}),
+    ("batch", dict(batch_size=BATCH)), ("device_sink", {})], epochs=1)
+
+
+def mhd_loaded(*args):
+    p = subprocess.run([SHARDFLOW, "run", plain, "--log-steps", "0", *args], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "LD_DEBUG": "libs"})
+    check(p.returncode == 0, f"run {args}: {p.stderr[-500:]}")
+    inits = [line for line in p.stderr.splitlines() if "calling init:" in line]
+    check(any("libc.so" in line for line in inits), f"the loader's log is there ({len(inits)} inits)")
+    return any("libmicrohttpd" in line for line in inits)
+
+
+check(not mhd_loaded(), "a run without metrics does not load libmicrohttpd")
+check(mhd_loaded("--metrics", "127.0.0.1:0"), "a run serving metrics loads libmicrohttpd")
+
 # Mistakes a user can make name the setting and say what to do.
 bad = subprocess.run([SHARDFLOW, "run", graph, "--metrics", "localhost"], capture_output=True, text=True, timeout=30)
 check(bad.returncode != 0 and "metrics: 'localhost' is not HOST:PORT" in bad.stderr, f"no port: {bad.stderr}")
