@@ -60,17 +60,15 @@ int sf_image_decode_webp(const uint8_t *p, size_t n, sf_image_mode mode, const s
  * libavif and libjxl are opened on first use (engine/core/dynlib.h: they load some thirty libraries a
  * process that never meets the format should not pay for); their functions go through these tables.
  */
-#define SF_FN_FIELD(name) __typeof__(&name) name;
-#define SF_FN_NAME(name) #name,
 #define AVIF_FUNCTIONS(X) X(avifDecoderCreate) X(avifDecoderDestroy) X(avifDecoderSetIOMemory) X(avifDecoderParse) \
   X(avifDecoderNextImage) X(avifRGBImageSetDefaults) X(avifImageYUVToRGB) X(avifResultToString)
 #define JXL_FUNCTIONS(X) X(JxlSignatureCheck) X(JxlDecoderCreate) X(JxlDecoderDestroy) X(JxlDecoderSubscribeEvents) \
   X(JxlDecoderSetInput) X(JxlDecoderCloseInput) X(JxlDecoderProcessInput) X(JxlDecoderGetBasicInfo)               \
   X(JxlDecoderImageOutBufferSize) X(JxlDecoderSetImageOutBuffer)
-static struct { AVIF_FUNCTIONS(SF_FN_FIELD) } avif;
-static struct { JXL_FUNCTIONS(SF_FN_FIELD) } jxl;
-static const char *const avif_symbols[] = {AVIF_FUNCTIONS(SF_FN_NAME) NULL};
-static const char *const jxl_symbols[] = {JXL_FUNCTIONS(SF_FN_NAME) NULL};
+static struct { AVIF_FUNCTIONS(SF_DYNLIB_FIELD) } avif;
+static struct { JXL_FUNCTIONS(SF_DYNLIB_FIELD) } jxl;
+static const char *const avif_symbols[] = {AVIF_FUNCTIONS(SF_DYNLIB_NAME) NULL};
+static const char *const jxl_symbols[] = {JXL_FUNCTIONS(SF_DYNLIB_NAME) NULL};
 static sf_dynlib avif_lib = {.soname = SF_AVIF_SONAME, .symbols = avif_symbols, .fns = &avif, .purpose = "decode AVIF images"};
 static sf_dynlib jxl_lib = {.soname = SF_JXL_SONAME, .symbols = jxl_symbols, .fns = &jxl, .purpose = "decode JPEG XL images"};
 

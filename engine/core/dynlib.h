@@ -35,4 +35,11 @@ typedef struct sf_dynlib {
  */
 int sf_dynlib_load(sf_dynlib *lib);
 
+/*
+ * For a library's list of functions written once as X(name) X(name)...: SF_DYNLIB_FIELD makes its fns struct's
+ * members (a pointer of each function's own type), SF_DYNLIB_NAME its symbols[] entries.
+ */
+#define SF_DYNLIB_FIELD(name) __typeof__(&name) name;
+#define SF_DYNLIB_NAME(name) #name,
+
 #endif

@@ -24,10 +24,8 @@
  */
 #define MHD_FUNCTIONS(X) X(MHD_start_daemon) X(MHD_stop_daemon) X(MHD_get_daemon_info) \
   X(MHD_create_response_from_buffer) X(MHD_add_response_header) X(MHD_queue_response) X(MHD_destroy_response)
-#define MHD_FIELD(name) __typeof__(&name) name;
-#define MHD_NAME(name) #name,
-static struct { MHD_FUNCTIONS(MHD_FIELD) } mhd;
-static const char *const mhd_symbols[] = {MHD_FUNCTIONS(MHD_NAME) NULL};
+static struct { MHD_FUNCTIONS(SF_DYNLIB_FIELD) } mhd;
+static const char *const mhd_symbols[] = {MHD_FUNCTIONS(SF_DYNLIB_NAME) NULL};
 static sf_dynlib mhd_lib = {.soname = SF_MICROHTTPD_SONAME, .symbols = mhd_symbols, .fns = &mhd,
                             .purpose = "serve /metrics (libmicrohttpd; Debian: libmicrohttpd12)"};
 

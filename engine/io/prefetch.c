@@ -1147,11 +1147,8 @@ static void *fetcher(void *arg) {
 int sf_prefetch_new(sf_prefetch **prefetch, const sf_prefetch_options *options, sf_error *error) {
   *prefetch = NULL;
   const char *why;
-  if (sf_curl_open(&why) < 0) return sf_error_set(error, SF_EUNSUPPORTED, SF_AT(.url = ""), "%s", why);
-  if (sf_http_init() < 0) {
-    sf_error_set(error, SF_ENET, SF_AT(.url = ""), "libcurl did not initialise (out of memory?)");
-    return SF_ENET;
-  }
+  int r = sf_http_init(&why);
+  if (r < 0) return sf_error_set(error, r == SF_EUNSUPPORTED ? r : SF_ENET, SF_AT(.url = ""), "%s", why);
   sf_prefetch *p = calloc(1, sizeof *p);
   if (!p) {
     sf_error_set(error, SF_ENOMEM, SF_AT(.url = ""), "out of memory starting the downloads");

@@ -6,8 +6,7 @@
 
 #include "shardflow/error.h"
 
-#define SF_CURL_NAME(name) #name,
-static const char *const symbols[] = {SF_CURL_FUNCTIONS(SF_CURL_NAME) NULL};
+static const char *const symbols[] = {SF_CURL_FUNCTIONS(SF_DYNLIB_NAME) NULL};
 static sf_curl_fns fns;
 static sf_dynlib lib = {.soname = SF_CURL_SONAME, .symbols = symbols, .fns = &fns,
                         .purpose = "read shards over HTTP(S) and object stores (libcurl; Debian: libcurl4)"};

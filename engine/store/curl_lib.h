@@ -19,11 +19,9 @@
   X(curl_slist_free_all) X(curl_multi_init) X(curl_multi_add_handle) X(curl_multi_remove_handle)                 \
   X(curl_multi_perform) X(curl_multi_poll) X(curl_multi_wakeup) X(curl_multi_info_read) X(curl_multi_cleanup)    \
   X(curl_url) X(curl_url_set) X(curl_url_get) X(curl_url_cleanup)
-#define SF_CURL_FIELD(name) __typeof__(&name) name;
 typedef struct sf_curl_fns {
-  SF_CURL_FUNCTIONS(SF_CURL_FIELD)
+  SF_CURL_FUNCTIONS(SF_DYNLIB_FIELD)
 } sf_curl_fns;
-#undef SF_CURL_FIELD
 
 /*
  * Opens libcurl the first time (thread-safe). Returns 0, or SF_EUNSUPPORTED with *why (owned by the

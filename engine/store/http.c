@@ -11,10 +11,12 @@ static CURLcode init_result;
 
 static void init(void) { init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-int sf_http_init(void) {
-  const char *why;
-  if (sf_curl_open(&why) < 0) return SF_EUNSUPPORTED;
+int sf_http_init(const char **why) {
+  const char *scratch;
+  if (!why) why = &scratch;
+  if (sf_curl_open(why) < 0) return SF_EUNSUPPORTED;
   pthread_once(&once, init);
+  *why = "libcurl did not initialise (out of memory?)";
   return init_result == CURLE_OK ? 0 : SF_ENOMEM;
 }
 
@@ -22,7 +24,7 @@ int sf_http_easy_new(const char *url, const sf_http_options *o, CURL **easy) {
   static const sf_http_options defaults = {0};
   if (!o) o = &defaults;
   *easy = NULL;
-  if (sf_http_init() < 0) return SF_ENOMEM;
+  if (sf_http_init(NULL) < 0) return SF_ENOMEM;
   CURL *e = curl_easy_init();
   if (!e) return SF_ENOMEM;
   const char *protocols = o->protocols ? o->protocols : "http,https";

@@ -26,9 +26,10 @@ typedef struct sf_http_options {
 
 /*
  * libcurl opened (curl_lib.h) and its global initialisation, run once per process whoever asks first
- * (thread-safe). Returns 0, SF_EUNSUPPORTED when libcurl cannot be opened (sf_curl_open says why), or SF_ENOMEM.
+ * (thread-safe). Returns 0, or SF_EUNSUPPORTED when libcurl cannot be opened or SF_ENOMEM when it did not
+ * initialise, with *why (when why is not NULL; static text) saying which.
  */
-int sf_http_init(void);
+int sf_http_init(const char **why);
 
 /*
  * A new easy handle for url (NULL: the caller sets CURLOPT_URL) with the
