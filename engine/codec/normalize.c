@@ -152,6 +152,52 @@ __attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl,
   kernel(bl, nm, o, true);
 }
 
+/*
+ * Blocks at least this large (output bytes) go to the streaming kernel when it applies: an output this
+ * size leaves the cache before anything reads it (a batch of 64 ImageNet-sized float32 CHW samples is
+ * 38 MiB), so reading each line in before writing it (a plain store's read for ownership) is wasted.
+ */
+enum { STREAM_BYTES = 256 << 10 };
+
+#define SF_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vbmi")))
+
+/*
+ * The AVX2 kernel's arithmetic, sixteen pixels a step, each channel's sixteen float32 written as one
+ * full 64-byte line by a non-temporal store (vmovntps), which skips the read for ownership. Channel c of
+ * pixel k of the 48 bytes loaded is picked by vpermb (fwd: byte 3k + c; flipped: 3(15 - k) + c). Needs
+ * n a multiple of 16 and 64-byte aligned output rows (see streams()). Measured on a Zen 4 (224 x 224
+ * float32 CHW, output in a 76 MiB ring): 23 us an image with these stores, 37 us with plain 64-byte
+ * stores; the AVX2 kernel's 32-byte non-temporal stores were slower than its plain ones (the lines of
+ * three planes filled in halves).
+ */
+SF_AVX512 static void stream512(const sf_rgb_rows *bl, const sf_normalize *nm, float *const out[3]) {
+  uint8_t pick[3][64] = {{0}};
+  __m512i idx[3];
+  __m512d a[3], b[3];
+  for (int c = 0; c < 3; c++) {
+    for (int k = 0; k < 16; k++) pick[c][k] = (uint8_t)(3 * (bl->step > 0 ? k : 15 - k) + c);
+    idx[c] = _mm512_loadu_si512(pick[c]);
+    a[c] = _mm512_set1_pd(nm->scale[c]);
+    b[c] = _mm512_set1_pd(nm->shift[c]);
+  }
+  const __mmask64 bytes48 = 0xFFFFFFFFFFFFull; /* masked-off bytes are not read (no fault past a row) */
+  for (int64_t r = 0; r < bl->rows; r++) {
+    const uint8_t *q = bl->q + r * bl->sy;
+    if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy);
+    for (int64_t i = 0; i < bl->n; i += 16) {
+      const uint8_t *p = bl->step > 0 ? q + i * 3 : q - i * 3 - 45;
+      const __m512i px = _mm512_maskz_loadu_epi8(bytes48, p);
+      for (int c = 0; c < 3; c++) {
+        __m512i x = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutexvar_epi8(idx[c], px)));
+        __m256 lo = _mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)), a[c], b[c]));
+        __m256 hi = _mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)), a[c], b[c]));
+        _mm512_stream_ps(out[c] + r * bl->oy + i, _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1));
+      }
+    }
+  }
+  _mm_sfence(); /* the stores are weakly ordered: done before the block is handed to another thread */
+}
+
 /* Bytes 0..15 and 16..23 of eight pixels reversed, from the 24 bytes of lo (0..15) and hi (16..23). */
 #define Z -128
 static const int8_t flip_lo[16] = {Z, Z, Z, Z, Z, Z, 15, Z, Z, 12, 13, 14, 9, 10, 11, 6};
@@ -191,7 +237,7 @@ __attribute__((target("ssse3"))) static void planes_u8(const uint8_t *q, ptrdiff
 }
 #endif
 
-static atomic_int isa_limit = SF_NORMALIZE_AVX2;
+static atomic_int isa_limit = SF_NORMALIZE_AVX512;
 
 void sf_normalize_limit(sf_normalize_isa isa) { atomic_store_explicit(&isa_limit, isa, memory_order_relaxed); }
 
@@ -204,6 +250,9 @@ static sf_normalize_isa isa(void) {
 #ifdef SF_NORMALIZE_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) f = SF_NORMALIZE_AVX2;
+    if (f == SF_NORMALIZE_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi"))
+      f = SF_NORMALIZE_AVX512;
 #endif
     const char *e = getenv("SF_NORMALIZE_ISA");
     if (e && !strcmp(e, "scalar")) f = SF_NORMALIZE_SCALAR;
@@ -218,10 +267,22 @@ static bool simd(const sf_rgb_rows *b) {
   return (b->step == 3 || b->step == -3) && isa() >= SF_NORMALIZE_AVX2;
 }
 
+/* Whether stream512 takes the block: large enough, whole 64-byte lines (16 floats) per row, aligned rows. */
+static bool streams(const sf_rgb_rows *b, float *const out[3]) {
+  if (isa() < SF_NORMALIZE_AVX512 || b->n % 16 || b->oy % 16 || 3 * b->rows * b->n * (int64_t)sizeof(float) < STREAM_BYTES)
+    return false;
+  for (int c = 0; c < 3; c++)
+    if ((uintptr_t)out[c] % 64) return false;
+  return true;
+}
+
 bool sf_normalize_rgb_f32(const sf_rgb_rows *b, const sf_normalize *nm, float *const out[3]) {
   if (!simd(b)) return false;
 #ifdef SF_NORMALIZE_X86
-  avx2(b, nm, out);
+  if (streams(b, out))
+    stream512(b, nm, out);
+  else
+    avx2(b, nm, out);
 #endif
   return true;
 }
