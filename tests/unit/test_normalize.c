@@ -222,14 +222,15 @@ static void test_large_aligned_blocks(void **state) {
   uint8_t *img = malloc(3 * SW * ROWS);
   for (int i = 0; i < 3 * SW * ROWS; i++) img[i] = (uint8_t)rand();
   float *planes = aligned_alloc(64, sizeof(float) * 3 * PLANE);
-  for (int flip = 0; flip < 2; flip++) {
+  bool written = true;
+  for (int flip = 0; flip < 2 && written; flip++) {
     const int64_t x0 = 3; /* first source pixel read (its mirror when flipped) */
     const uint8_t *q = img + 3 * (flip ? x0 + N - 1 : x0);
     sf_rgb_rows b = {q, 3 * SW, flip ? -3 : 3, N, ROWS, OY};
     for (int i = 0; i < 3 * PLANE; i++) planes[i] = -7.0f;
     float *const out[3] = {planes, planes + PLANE, planes + 2 * PLANE};
-    if (!sf_normalize_rgb_f32(&b, &nm, out)) skip();
-    for (int c = 0; c < 3; c++)
+    written = sf_normalize_rgb_f32(&b, &nm, out);
+    for (int c = 0; c < 3 && written; c++)
       for (int r = 0; r < ROWS; r++)
         for (int i = 0; i < OY; i++) {
           float want = i < N ? t[c][q[r * 3 * SW + i * b.step + c]] : -7.0f;
@@ -240,6 +241,7 @@ static void test_large_aligned_blocks(void **state) {
   }
   free(img);
   free(planes);
+  if (!written) skip(); /* no SIMD path here */
 }
 
 int main(void) {
