@@ -224,8 +224,8 @@ typedef struct sf_image_transform {
                               pixels of the image at that scale (sf_jpeg_scaled of its height and width) */
   int64_t rect[4];       /**< the rows [rect[0], rect[2]) and columns [rect[1], rect[3]) of that image to decode:
                               must hold what the axes read (sf_image_axis_reads) */
-  bool fast;             /**< libjpeg's fast integer IDCT and plain chroma upsampling: less CPU, pixels a few
-                              levels off; false: sf_image_decode's pixels exactly (at m = 8) */
+  bool fast;             /**< libjpeg's fast integer IDCT (chroma upsampling stays fancy): less CPU, pixels a
+                              few levels off; false: sf_image_decode's pixels exactly (at m = 8) */
 } sf_image_transform;
 
 /** The output shape of t: [y.n, x.n, channels] (SF_IMAGE_HWC) or [channels, y.n, x.n] (SF_IMAGE_CHW). */

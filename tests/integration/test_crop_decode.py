@@ -119,7 +119,7 @@ try:
     check(len(full64) > 0 and same(full64, exact64), "rrc 64, dct_scaling false: region decode equals full decode")
     plain64, _ = batches("plain64", "auto", 64)
     check(same(full64, plain64), "rrc 64, nothing written: equals full decode")
-    # 2b. exact: false adds the fast IDCT and plain chroma upsampling to the DCT scaling: further off, still close.
+    # 2b. exact: false adds the fast IDCT to the DCT scaling: further off, still close.
     fast64, _ = batches("fast64", "auto", 0, aug=dict(crop="random_resized", size=64, scale=[0.08, 1.0],
                                                       ratio=[0.75, 1.3333333], exact=False))
     e_fast = mae(images(full64), images(fast64))
