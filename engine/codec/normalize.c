@@ -159,18 +159,17 @@ __attribute__((target("avx2,fma"))) static void avx2_bf16(const sf_rgb_rows *bl,
  */
 enum { STREAM_BYTES = 256 << 10 };
 
-#define SF_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vbmi")))
-
 /*
- * The AVX2 kernel's arithmetic, sixteen pixels a step, each channel's sixteen float32 written as one
- * full 64-byte line by a non-temporal store (vmovntps), which skips the read for ownership. Channel c of
- * pixel k of the 48 bytes loaded is picked by vpermb (fwd: byte 3k + c; flipped: 3(15 - k) + c). Needs
- * n a multiple of 16 and 64-byte aligned output rows (see streams()). Measured on a Zen 4 (224 x 224
- * float32 CHW, output in a 76 MiB ring): 23 us an image with these stores, 37 us with plain 64-byte
- * stores; the AVX2 kernel's 32-byte non-temporal stores were slower than its plain ones (the lines of
- * three planes filled in halves).
+ * The AVX2 kernel's arithmetic, sixteen pixels a step: channel c of pixel k of the 48 bytes loaded is
+ * picked by vpermb (fwd: byte 3k + c; flipped: 3(15 - k) + c); a row's last n % 16 pixels take a masked
+ * load and masked stores. With stream (whole 64-byte output lines, aligned: see streams()), each
+ * channel's sixteen float32 go out as one non-temporal store (vmovntps), which skips reading the line
+ * into the cache first. Measured on a Zen 4 (224 x 224 float32 CHW, output in a 76 MiB ring): 23 us an
+ * image with these stores, 37 us with plain 64-byte stores; the AVX2 kernel's 32-byte non-temporal
+ * stores were slower than its plain ones (the lines of three planes filled in halves).
  */
-SF_AVX512 static void stream512(const sf_rgb_rows *bl, const sf_normalize *nm, float *const out[3]) {
+__attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vbmi"), always_inline)) static inline void
+kernel512(const sf_rgb_rows *bl, const sf_normalize *nm, float *const out[3], bool stream) {
   uint8_t pick[3][64] = {{0}};
   __m512i idx[3];
   __m512d a[3], b[3];
@@ -180,22 +179,48 @@ SF_AVX512 static void stream512(const sf_rgb_rows *bl, const sf_normalize *nm, f
     a[c] = _mm512_set1_pd(nm->scale[c]);
     b[c] = _mm512_set1_pd(nm->shift[c]);
   }
-  const __mmask64 bytes48 = 0xFFFFFFFFFFFFull; /* masked-off bytes are not read (no fault past a row) */
+  const int64_t whole = bl->n & ~(int64_t)15, rest = bl->n - whole;
+  /* masked-off bytes are not read (no fault past a row); a flipped tail's bytes are the 3 * rest lowest */
+  const __mmask64 bytes48 = 0xFFFFFFFFFFFFull, tail_bytes = (1ull << (3 * rest)) - 1;
+  const __mmask16 tail_lanes = (__mmask16)((1u << rest) - 1);
   for (int64_t r = 0; r < bl->rows; r++) {
     const uint8_t *q = bl->q + r * bl->sy;
     if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy);
     for (int64_t i = 0; i < bl->n; i += 16) {
-      const uint8_t *p = bl->step > 0 ? q + i * 3 : q - i * 3 - 45;
-      const __m512i px = _mm512_maskz_loadu_epi8(bytes48, p);
+      const bool tail = i == whole;
+      __m512i px;
+      if (!tail)
+        px = _mm512_maskz_loadu_epi8(bytes48, bl->step > 0 ? q + i * 3 : q - i * 3 - 45);
+      else if (bl->step > 0)
+        px = _mm512_maskz_loadu_epi8(tail_bytes, q + i * 3);
+      else /* the tail's pixels end at q - 3 i + 3: placed as the last of sixteen, as a whole step reads */
+        px = _mm512_maskz_loadu_epi8(tail_bytes << (48 - 3 * rest), q - i * 3 - 45);
       for (int c = 0; c < 3; c++) {
         __m512i x = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutexvar_epi8(idx[c], px)));
         __m256 lo = _mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)), a[c], b[c]));
         __m256 hi = _mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)), a[c], b[c]));
-        _mm512_stream_ps(out[c] + r * bl->oy + i, _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1));
+        __m512 v = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        float *o = out[c] + r * bl->oy + i;
+        if (tail)
+          _mm512_mask_storeu_ps(o, tail_lanes, v);
+        else if (stream)
+          _mm512_stream_ps(o, v);
+        else
+          _mm512_storeu_ps(o, v);
       }
     }
   }
-  _mm_sfence(); /* the stores are weakly ordered: done before the block is handed to another thread */
+  if (stream) _mm_sfence(); /* the stores are weakly ordered: done before the block is handed to another thread */
+}
+
+__attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vbmi"))) static void
+avx512(const sf_rgb_rows *bl, const sf_normalize *nm, float *const out[3]) {
+  kernel512(bl, nm, out, false);
+}
+
+__attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vbmi"))) static void
+stream512(const sf_rgb_rows *bl, const sf_normalize *nm, float *const out[3]) {
+  kernel512(bl, nm, out, true);
 }
 
 /* Bytes 0..15 and 16..23 of eight pixels reversed, from the 24 bytes of lo (0..15) and hi (16..23). */
@@ -281,6 +306,8 @@ bool sf_normalize_rgb_f32(const sf_rgb_rows *b, const sf_normalize *nm, float *c
 #ifdef SF_NORMALIZE_X86
   if (streams(b, out))
     stream512(b, nm, out);
+  else if (isa() >= SF_NORMALIZE_AVX512 && b->n >= 16)
+    avx512(b, nm, out);
   else
     avx2(b, nm, out);
 #endif
