@@ -3,7 +3,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "pin.h"
 #include "shardflow/pool.h"
@@ -63,25 +62,6 @@ void sf_pool_unref(sf_pool **pp) {
 /* Idle buffers keep their size in a header in front of the data (64 bytes keeps alignment). */
 enum { HEADER = 64 };
 
-/*
- * A new buffer this large (a batch of ImageNet-sized samples is tens of MiB) gets its pages in one call
- * (MADV_POPULATE_WRITE, Linux 5.14+) rather than a page fault per 4 KiB page on first write: the pages are
- * zeroed either way, but each fault is a trap, dear in a virtual machine (the ImageNet-like graph, one
- * epoch of 2,048 samples: 25,000 page faults -> 6,000, CPU -1 to -6% over 16-40 interleaved runs).
- */
-#define POPULATE_BYTES ((size_t)4 << 20)
-
-/* A new allocation of bytes (a multiple of 64) for a buffer; NULL when out of memory. */
-static idle *allocate(size_t bytes) {
-  if (bytes < POPULATE_BYTES) return aligned_alloc(64, bytes);
-  bytes = (bytes + 4095) & ~(size_t)4095; /* whole pages (aligned_alloc wants a multiple of the alignment) */
-  idle *got = aligned_alloc(4096, bytes);
-#ifdef MADV_POPULATE_WRITE
-  if (got) (void)madvise(got, bytes, MADV_POPULATE_WRITE); /* a hint: the faults would do the same */
-#endif
-  return got;
-}
-
 static void give_back(void *opaque, uint8_t *data) {
   sf_pool *p = opaque;
   idle *i = (idle *)(data - HEADER);
@@ -111,7 +91,7 @@ sf_buffer *sf_pool_get(sf_pool *p, size_t size) {
   pthread_mutex_unlock(&p->lock);
   if (!got) {
     if (size > SIZE_MAX - HEADER - 64) return NULL;
-    got = allocate((HEADER + size + 63) & ~(size_t)63);
+    got = aligned_alloc(64, (HEADER + size + 63) & ~(size_t)63);
     if (!got) return NULL;
     if (p->pinned && sf_pin(got, HEADER + size) < 0) { /* pinned memory ran out: reported as out of memory */
       free(got);

@@ -5,12 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
-#include "shardflow/pool.h"
 #include "shardflow/stage.h"
 
 static int freed;
@@ -155,47 +152,6 @@ static void test_many_samples(void **state) {
   free(all);
 }
 
-/* Pages of [p, p + size) in memory now (mincore), out of all of them. */
-static size_t resident_pages(const uint8_t *p, size_t size, size_t *pages) {
-  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1), end = ((uintptr_t)p + size + page - 1) & ~(uintptr_t)(page - 1);
-  *pages = (end - start) / page;
-  unsigned char *in = malloc(*pages);
-  assert_non_null(in);
-  assert_int_equal(mincore((void *)start, end - start, in), 0);
-  size_t n = 0;
-  for (size_t i = 0; i < *pages; i++) n += in[i] & 1;
-  free(in);
-  return n;
-}
-
-/*
- * Pool buffers: a large one (a batch of big samples) comes with its pages in memory before it is written
- * (one populate call, not a fault a page); an idle one of the same size is handed out again; a small one
- * is 64-byte aligned.
- */
-static void test_pool_buffers(void **state) {
-  (void)state;
-  sf_pool *pool = sf_pool_new(2);
-  assert_non_null(pool);
-  const size_t big = (size_t)9 << 20;
-  sf_buffer *b = sf_pool_get(pool, big);
-  assert_non_null(b);
-  uint8_t *data = sf_buffer_data(b);
-  size_t pages, resident = resident_pages(data, big, &pages);
-  assert_true(resident == pages);
-  memset(data, 1, big);
-  sf_buffer_unref(&b);
-  b = sf_pool_get(pool, big);
-  assert_ptr_equal(sf_buffer_data(b), data);
-  assert_int_equal(sf_pool_allocated(pool), 1);
-  sf_buffer *small = sf_pool_get(pool, 1000);
-  assert_int_equal((uintptr_t)sf_buffer_data(small) % 64, 0);
-  sf_buffer_unref(&small);
-  sf_buffer_unref(&b);
-  sf_pool_unref(&pool);
-}
-
 static void test_errors_table(void **state) {
   assert_string_equal(sf_err_name(SF_EFORMAT), "SF_EFORMAT");
   assert_string_equal(sf_err_name(12345), "SF_EUNKNOWN");
@@ -225,7 +181,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refcount),     cmocka_unit_test(test_tensor_view), cmocka_unit_test(test_sample_fields),
       cmocka_unit_test(test_sample_reuse),  cmocka_unit_test(test_many_samples),
-      cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng), cmocka_unit_test(test_pool_buffers),
+      cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
