@@ -24,13 +24,15 @@ bool sf_normalize_matches(const float *table, double scale, double shift);
 
 /*
  * The kernels in use: pixel by pixel (the functions below return false and the caller uses its
- * tables), AVX2 with FMA (SSSE3 for uint8, which AVX2 implies), and for float32 blocks of 256 KiB
- * and more with whole aligned 64-byte lines (an ImageNet-sized sample), AVX-512 (F, BW, DQ, VBMI)
- * writing with non-temporal stores. Picked once from the CPU; the environment variable
- * SF_NORMALIZE_ISA=scalar forces the first for a whole run (to compare them), and
- * sf_normalize_limit narrows the pick from then on in this process (tests run each kernel).
- * An AVX-512F kernel with plain stores measured slower on a Zen 4 than AVX2, which runs two
- * 256-bit halves: the same work, more instructions; what the AVX-512 one gains is the stores.
+ * tables), AVX2 with FMA (SSSE3 for uint8, which AVX2 implies), and for float32 rows of 16 pixels
+ * or more AVX-512 (F, BW, DQ, VBMI: vpermb picks the channels of 16 pixels a step), which writes
+ * blocks of 256 KiB and more with whole aligned 64-byte lines (an ImageNet-sized sample) by
+ * non-temporal stores. Picked once from the CPU; the environment variable SF_NORMALIZE_ISA=scalar
+ * forces the first for a whole run (to compare them), and sf_normalize_limit narrows the pick from
+ * then on in this process (tests run each kernel). An earlier AVX-512F kernel that shuffled as the
+ * AVX2 one does measured slower on a Zen 4 than AVX2; vpermb's one pick per channel and the
+ * non-temporal stores are what this one gains by (CIFAR graph -3% CPU; the ImageNet-like graph's
+ * pass ~74 -> ~44 us a sample).
  */
 typedef enum sf_normalize_isa { SF_NORMALIZE_SCALAR, SF_NORMALIZE_AVX2, SF_NORMALIZE_AVX512 } sf_normalize_isa;
 void sf_normalize_limit(sf_normalize_isa isa);
@@ -56,8 +58,9 @@ typedef struct sf_rgb_rows {
  * nm->shift[c]) for c = 0, 1, 2. out[c] is channel c's plane (float32, each row contiguous).
  * Only on an x86-64 CPU with AVX2 and FMA: eight pixels at a time (24 bytes loaded, never past
  * a row; byte shuffles, int32 -> double, multiply-add, -> float32), the same bits as the scalar
- * function; sixteen at a time with AVX-512 for a block of 256 KiB or more whose n is a multiple of
- * 16 and whose output rows start 64-byte aligned (planes and oy), its lines written past the cache
+ * function; sixteen at a time with AVX-512 for rows of 16 pixels or more (48 bytes loaded, the last
+ * n % 16 pixels by masked loads and stores), and for a block of 256 KiB or more whose n is a multiple
+ * of 16 and whose output rows start 64-byte aligned (planes and oy) its lines written past the cache
  * (non-temporal, then a store fence before returning). Returns true when it wrote the block,
  * false (nothing written) when there is no such path here or step is not +-3: the caller then
  * uses its tables. Borrows everything; cannot fail.

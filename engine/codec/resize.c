@@ -253,7 +253,8 @@ static bool dense_make(dense *d, const coeffs *cx, int64_t n) {
  * dense_avx2's kernels are written once, as DEFINE_DENSE, and made twice: with AVX2 alone (each step's
  * products summed by vpmaddwd, then added by vpaddd) and, where the CPU has AVX-512 VNNI, with vpdpwssd,
  * which multiplies, sums the pairs and adds in one instruction: the same int32 sums, bit for bit, and
- * 2 of a step's 9 vector instructions fewer (the ImageNet-like graph: -1 to -2% CPU on a Zen 4).
+ * 2 of a step's 9 vector instructions fewer (the ImageNet-like graph: 0 to -2% CPU on a Zen 4, within
+ * the noise of interleaved runs there).
  */
 #define SF_VNNI __attribute__((target("avx2,avx512f,avx512vl,avx512vnni")))
 #define MADD_ADD(acc, px, w) _mm256_add_epi32(acc, _mm256_madd_epi16(px, w))
