@@ -290,6 +290,7 @@ static sf_normalize_isa isa(void) {
 #endif
     const char *e = getenv("SF_NORMALIZE_ISA");
     if (e && !strcmp(e, "scalar")) f = SF_NORMALIZE_SCALAR;
+    if (e && !strcmp(e, "avx2") && f > SF_NORMALIZE_AVX2) f = SF_NORMALIZE_AVX2;
     atomic_store_explicit(&found, f, memory_order_relaxed);
   }
   int limit = atomic_load_explicit(&isa_limit, memory_order_relaxed);

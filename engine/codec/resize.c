@@ -249,77 +249,50 @@ static bool dense_make(dense *d, const coeffs *cx, int64_t n) {
   return true;
 }
 
-/*
- * dense_avx2's kernels are written once, as DEFINE_DENSE, and made twice: with AVX2 alone (each step's
- * products summed by vpmaddwd, then added by vpaddd) and, where the CPU has AVX-512 VNNI, with vpdpwssd,
- * which multiplies, sums the pairs and adds in one instruction: the same int32 sums, bit for bit, and
- * 2 of a step's 9 vector instructions fewer (the ImageNet-like graph: 0 to -2% CPU on a Zen 4, within
- * the noise of interleaved runs there).
- */
-#define SF_VNNI __attribute__((target("avx2,avx512f,avx512vl,avx512vnni")))
-#define MADD_ADD(acc, px, w) _mm256_add_epi32(acc, _mm256_madd_epi16(px, w))
-#define MADD_VNNI(acc, px, w) _mm256_dpwssd_epi32(acc, px, w)
-
-/*
- * GROUP: one group of dense_make's, its 8 output bytes as int32 lanes; LOOP: dense's loop, steps being
- * d->steps (a constant when inlined); NAME: groups [from, to) (multiples of 4) of d for one RGB row, into
- * out (group `from` first, 32 bytes a 4 groups). Source pixel x is at row + 3 * x - base; each group
- * reads 16 + 6 * (steps - 1) bytes from each of its two offsets.
- */
-#define DEFINE_DENSE(NAME, GROUP, LOOP, TARGET, ACCUMULATE)                                                   \
-  TARGET static inline __m256i GROUP(const uint8_t *p0, const uint8_t *p1, const __m256i *e, int steps) {     \
-    __m256i hi = _mm256_setzero_si256(), lo = hi;                                                             \
-    for (int st = 0; st < steps; st++, p0 += 6, p1 += 6, e += 3) {                                            \
-      __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),      \
-                                           _mm_loadu_si128((const __m128i *)p1), 1);                          \
-      px = _mm256_shuffle_epi8(px, _mm256_load_si256(e));                                                     \
-      hi = ACCUMULATE(hi, px, _mm256_load_si256(e + 1));                                                      \
-      lo = ACCUMULATE(lo, px, _mm256_load_si256(e + 2));                                                      \
-    }                                                                                                         \
-    __m256i v = _mm256_add_epi32(_mm256_slli_epi32(hi, SPLIT), _mm256_add_epi32(lo, _mm256_set1_epi32(HALF))); \
-    return _mm256_srai_epi32(v, PRECISION_BITS);                                                              \
-  }                                                                                                           \
-  TARGET static inline void LOOP(const uint8_t *row, const dense *d, int64_t from, int64_t to, uint8_t *out,  \
-                                 int steps) {                                                                 \
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);                                         \
-    const int32_t *o = d->ofs + 2 * from;                                                                     \
-    const __m256i *e = d->tab + from * steps * 3;                                                             \
-    for (int64_t g = from; g < to; g += 4, out += 32, o += 8, e += 12 * steps) {                              \
-      __m256i a0 = GROUP(row + o[0], row + o[1], e, steps);                                                   \
-      __m256i a1 = GROUP(row + o[2], row + o[3], e + 3 * steps, steps);                                       \
-      __m256i a2 = GROUP(row + o[4], row + o[5], e + 6 * steps, steps);                                       \
-      __m256i a3 = GROUP(row + o[6], row + o[7], e + 9 * steps, steps);                                       \
-      __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));                \
-      _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(b, order));                             \
-    }                                                                                                         \
-  }                                                                                                           \
-  TARGET static void NAME(const uint8_t *row, int64_t base, const dense *d, int64_t from, int64_t to,          \
-                          uint8_t *out) {                                                                     \
-    row -= base;                                                                                              \
-    if (d->steps == 1) /* the common cases (up to 2x down, up): unrolled */                                   \
-      LOOP(row, d, from, to, out, 1);                                                                         \
-    else if (d->steps == 2)                                                                                   \
-      LOOP(row, d, from, to, out, 2);                                                                         \
-    else                                                                                                      \
-      LOOP(row, d, from, to, out, d->steps);                                                                  \
+/* One group of dense_make's: its 8 output bytes as int32 lanes. steps is d->steps (a constant when inlined). */
+SF_AVX2 static inline __m256i dense_group(const uint8_t *p0, const uint8_t *p1, const __m256i *e, int steps) {
+  __m256i hi = _mm256_setzero_si256(), lo = hi;
+  for (int st = 0; st < steps; st++, p0 += 6, p1 += 6, e += 3) {
+    __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                         _mm_loadu_si128((const __m128i *)p1), 1);
+    px = _mm256_shuffle_epi8(px, _mm256_load_si256(e));
+    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_load_si256(e + 1)));
+    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_load_si256(e + 2)));
   }
+  __m256i v = _mm256_add_epi32(_mm256_slli_epi32(hi, SPLIT), _mm256_add_epi32(lo, _mm256_set1_epi32(HALF)));
+  return _mm256_srai_epi32(v, PRECISION_BITS);
+}
 
-DEFINE_DENSE(dense_avx2, dense_group_avx2, dense_loop_avx2, SF_AVX2, MADD_ADD)
-DEFINE_DENSE(dense_vnni, dense_group_vnni, dense_loop_vnni, SF_VNNI, MADD_VNNI)
-
-/* The dense kernel this CPU runs: dense_vnni where it has AVX-512 VNNI, unless SF_RESIZE_NO_VNNI is set. */
-typedef void dense_fn(const uint8_t *row, int64_t base, const dense *d, int64_t from, int64_t to, uint8_t *out);
-static dense_fn *dense_kernel(void) {
-  static _Atomic(dense_fn *) picked;
-  dense_fn *f = atomic_load_explicit(&picked, memory_order_relaxed);
-  if (!f) {
-    const char *e = getenv("SF_RESIZE_NO_VNNI");
-    __builtin_cpu_init();
-    bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && !(e && *e);
-    f = vnni ? dense_vnni : dense_avx2;
-    atomic_store_explicit(&picked, f, memory_order_relaxed);
+/* dense_avx2's loop; steps is d->steps (a constant when inlined). */
+SF_AVX2 static inline void dense_loop(const uint8_t *row, const dense *d, int64_t from, int64_t to, uint8_t *out,
+                                      int steps) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const int32_t *o = d->ofs + 2 * from;
+  const __m256i *e = d->tab + from * steps * 3;
+  for (int64_t g = from; g < to; g += 4, out += 32, o += 8, e += 12 * steps) {
+    __m256i a0 = dense_group(row + o[0], row + o[1], e, steps);
+    __m256i a1 = dense_group(row + o[2], row + o[3], e + 3 * steps, steps);
+    __m256i a2 = dense_group(row + o[4], row + o[5], e + 6 * steps, steps);
+    __m256i a3 = dense_group(row + o[6], row + o[7], e + 9 * steps, steps);
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(b, order));
   }
-  return f;
+}
+
+/*
+ * Groups [from, to) (multiples of 4) of d for one RGB row, into out (group `from` first, 32 bytes
+ * a 4 groups). Source pixel x is at row + 3 * x - base; each group reads 16 + 6 * (steps - 1)
+ * bytes from each of its two offsets.
+ */
+SF_AVX2 static void dense_avx2(const uint8_t *row, int64_t base, const dense *d, int64_t from, int64_t to,
+                               uint8_t *out) {
+  row -= base;
+  if (d->steps == 1) /* the common cases (up to 2x down, up): unrolled */
+    dense_loop(row, d, from, to, out, 1);
+  else if (d->steps == 2)
+    dense_loop(row, d, from, to, out, 2);
+  else
+    dense_loop(row, d, from, to, out, d->steps);
 }
 
 /* vpass with AVX2: 32 bytes per step, their four accumulators in registers across the taps. */
@@ -462,8 +435,7 @@ typedef struct hctx {
   const int16_t *wt; /* madd_weights of cx (avx2) */
   int64_t x0, x1, n; /* source columns read, outputs */
 #ifdef SF_RESIZE_X86
-  const dense *d;    /* the dense kernel's tables, or NULL: hpass3_avx2 (avx2) */
-  dense_fn *dense;   /* dense_avx2 or dense_vnni (dense_kernel()) */
+  const dense *d;    /* dense_avx2's tables, or NULL: hpass3_avx2 (avx2) */
 #endif
   /* avx2: outputs [0, safe) (groups with d) read inside the row; the rest read from a copy of its
      bytes [tail, x1 * 3) in tbuf (3 * ksize + 32 bytes longer), into tout (12 bytes a 4 outputs; not with d) */
@@ -482,10 +454,10 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
   }
 #ifdef SF_RESIZE_X86
   if (h->d) {
-    h->dense(row, 0, h->d, 0, h->safe, out);
+    dense_avx2(row, 0, h->d, 0, h->safe, out);
     if (h->safe < h->d->groups) {
       memcpy(h->tbuf, row + h->tail, (size_t)(h->x1 * 3 - h->tail));
-      h->dense(h->tbuf, h->tail, h->d, h->safe, h->d->groups, out + h->safe * 8);
+      dense_avx2(h->tbuf, h->tail, h->d, h->safe, h->d->groups, out + h->safe * 8);
     }
     return out;
   }
@@ -504,7 +476,7 @@ static const uint8_t *hrow(const hctx *h, int64_t y, uint8_t *out) {
 
 #ifdef SF_RESIZE_X86
 /*
- * The AVX2 horizontal pass's tables for h (cx's outputs, kx taps): the dense kernels' in *d when it applies
+ * The AVX2 horizontal pass's tables for h (cx's outputs, kx taps): dense_avx2's in *d when it applies
  * (d->tab allocated here, the caller frees it), else hpass3_avx2's madd weights in h->wt; then which
  * outputs read inside the row and where the rest read a copy of its tail (tbuf: bw bytes after wt).
  * Returns 0 or SF_ENOMEM.
@@ -521,7 +493,6 @@ static int hpass_prepare(hctx *h, dense *d, const coeffs *cx, const sf_resize_ax
   h->tbuf = (uint8_t *)wt + bw;
   if (dense_make(d, cx, ax->n)) {
     h->d = d;
-    h->dense = dense_kernel();
     for (const int64_t end = x1 * 3; h->safe < d->groups; h->safe += 4) {
       int32_t last = d->ofs[2 * (h->safe + 3) + 1]; /* offsets grow along the row */
       if (last + 6 * (d->steps - 1) + 16 > end) break;
@@ -586,7 +557,7 @@ int sf_resize_u8_simd(const uint8_t *src, ptrdiff_t sy, ptrdiff_t sx, ptrdiff_t 
   bool fy = ay->span != ay->size, fx = ax->span != ax->size;
   bool avx2 = simd && use_avx2();
   if (!(avx2 && c == 3 && sx == 3 && sc == 1)) return resize_strips(src, sy, sx, sc, c, ay, ax, dst);
-  bool h3 = fx; /* hpass3_avx2 (or a dense kernel) applies */
+  bool h3 = fx; /* hpass3_avx2 (or dense_avx2) applies */
   size_t by = fy ? coeffs_bytes(ay, &ky) : 0, bx = fx ? coeffs_bytes(ax, &kx) : 0;
   size_t bw = h3 ? (size_t)n4(ax) * (size_t)kx * 8 * sizeof(int16_t) : 0;
   int64_t y0, y1, x0, x1;
