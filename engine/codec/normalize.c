@@ -93,10 +93,19 @@ __attribute__((target("avx2,fma"))) static inline uint16_t bf16_of(uint8_t x, do
  */
 enum { AHEAD_ROWS = 6 };
 
-/* Prefetches the 3n bytes of a row of bl read from q (its first pixel read; the last one when flipped). */
-__attribute__((target("avx2,fma"))) static inline void prefetch_row(const sf_rgb_rows *bl, const uint8_t *q) {
+/*
+ * Prefetches the 3n bytes of a row of bl read from q (its first pixel read; the last one when flipped) into
+ * L1, or into L2 only (to_l2).
+ */
+__attribute__((target("avx2,fma"))) static inline void prefetch_row(const sf_rgb_rows *bl, const uint8_t *q,
+                                                                    bool to_l2) {
   const uint8_t *lowest = bl->step > 0 ? q : q - 3 * (bl->n - 1);
-  for (int64_t at = 0; at < 3 * bl->n; at += 64) _mm_prefetch((const char *)lowest + at, _MM_HINT_T0);
+  for (int64_t at = 0; at < 3 * bl->n; at += 64) {
+    if (to_l2)
+      _mm_prefetch((const char *)lowest + at, _MM_HINT_T1);
+    else
+      _mm_prefetch((const char *)lowest + at, _MM_HINT_T0);
+  }
 }
 
 /*
@@ -117,7 +126,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void kernel(con
   const int64_t n = bl->n, steps = eight_steps(n);
   for (int64_t r = 0; r < bl->rows; r++) {
     const uint8_t *q = bl->q + r * bl->sy;
-    if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy);
+    if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy, false);
     float *const f[3] = {(float *)out[0] + r * bl->oy, (float *)out[1] + r * bl->oy, (float *)out[2] + r * bl->oy};
     uint16_t *const h[3] = {(uint16_t *)out[0] + r * bl->oy, (uint16_t *)out[1] + r * bl->oy,
                             (uint16_t *)out[2] + r * bl->oy};
@@ -188,13 +197,10 @@ kernel512(const sf_rgb_rows *bl, const sf_normalize *nm, float *const out[3], bo
    * it asked into this core's L2 first, the loads wait less (the ImageNet-like graph: -2% CPU, 22
    * interleaved runs); the rows AHEAD_ROWS on still come into L1 as the AVX2 kernel's do.
    */
-  for (int64_t r = 0; stream && r < bl->rows; r++) {
-    const uint8_t *q = bl->q + r * bl->sy, *lowest = bl->step > 0 ? q : q - 3 * (bl->n - 1);
-    for (int64_t at = 0; at < 3 * bl->n; at += 64) _mm_prefetch((const char *)lowest + at, _MM_HINT_T1);
-  }
+  for (int64_t r = 0; stream && r < bl->rows; r++) prefetch_row(bl, bl->q + r * bl->sy, true);
   for (int64_t r = 0; r < bl->rows; r++) {
     const uint8_t *q = bl->q + r * bl->sy;
-    if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy);
+    if (r + AHEAD_ROWS < bl->rows) prefetch_row(bl, q + AHEAD_ROWS * bl->sy, false);
     for (int64_t i = 0; i < bl->n; i += 16) {
       const bool tail = i == whole;
       __m512i px;
@@ -302,10 +308,9 @@ static bool simd(const sf_rgb_rows *b) {
   return (b->step == 3 || b->step == -3) && isa() >= SF_NORMALIZE_AVX2;
 }
 
-/* Whether stream512 takes the block: large enough, whole 64-byte lines (16 floats) per row, aligned rows. */
+/* Whether a block the AVX-512 kernel takes streams: large enough, whole 64-byte lines (16 floats) a row, aligned rows. */
 static bool streams(const sf_rgb_rows *b, float *const out[3]) {
-  if (isa() < SF_NORMALIZE_AVX512 || b->n % 16 || b->oy % 16 || 3 * b->rows * b->n * (int64_t)sizeof(float) < STREAM_BYTES)
-    return false;
+  if (b->n % 16 || b->oy % 16 || 3 * b->rows * b->n * (int64_t)sizeof(float) < STREAM_BYTES) return false;
   for (int c = 0; c < 3; c++)
     if ((uintptr_t)out[c] % 64) return false;
   return true;
@@ -314,12 +319,12 @@ static bool streams(const sf_rgb_rows *b, float *const out[3]) {
 bool sf_normalize_rgb_f32(const sf_rgb_rows *b, const sf_normalize *nm, float *const out[3]) {
   if (!simd(b)) return false;
 #ifdef SF_NORMALIZE_X86
-  if (streams(b, out))
-    stream512(b, nm, out);
-  else if (isa() >= SF_NORMALIZE_AVX512 && b->n >= 16)
-    avx512(b, nm, out);
-  else
+  if (isa() < SF_NORMALIZE_AVX512 || b->n < 16)
     avx2(b, nm, out);
+  else if (streams(b, out))
+    stream512(b, nm, out);
+  else
+    avx512(b, nm, out);
 #endif
   return true;
 }
