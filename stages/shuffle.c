@@ -13,7 +13,7 @@ enum { AHEAD = 4 };
 typedef struct shuffle {
   int64_t buffer_size;  /* option */
   int64_t initial;      /* option */
-  sf_sample **buffer;
+  sf_compact_sample **buffer; /* compact: a buffer of 10,000 full sample structs is 27 MiB to fault in */
   int64_t count;
   uint64_t epoch;       /* epoch whose samples the buffer holds */
   uint64_t since_initial; /* samples added after the initial fill, for the two-in-one-out growth */
@@ -68,22 +68,27 @@ static void prefetch_lines(const void *p, size_t size) {
  */
 static void prefetch_ahead(shuffle *s) {
   const uint64_t held = (uint64_t)s->count;
-  const sf_sample *at[AHEAD];
+  const sf_compact_sample *at[AHEAD];
   for (int k = 0; k < AHEAD; k++) at[k] = k < s->n_ahead && s->ahead[k] < held ? s->buffer[s->ahead[k]] : NULL;
   if (at[3]) prefetch_lines(at[3], offsetof(sf_sample, fields) + 2 * sizeof(sf_field));
-  for (int f = 0; at[2] && f < at[2]->n_fields && f < SF_MAX_FIELDS; f++) {
-    const sf_field *field = &at[2]->fields[f];
-    if (field->recipe) prefetch_lines(field->recipe, 128);
-    else __builtin_prefetch(field->tensor.buffer);
+  int n = 0;
+  const sf_field *fields = at[2] ? sf_compact_sample_fields(at[2], &n, NULL) : NULL;
+  for (int f = 0; f < n; f++) {
+    if (fields[f].recipe) prefetch_lines(fields[f].recipe, 128);
+    else __builtin_prefetch(fields[f].tensor.buffer);
   }
-  for (int f = 0; at[1] && f < at[1]->n_fields && f < SF_MAX_FIELDS; f++) {
+  n = 0;
+  fields = at[1] ? sf_compact_sample_fields(at[1], &n, NULL) : NULL;
+  for (int f = 0; f < n; f++) {
     size_t size;
-    const void *description = sf_field_recipe_data(&at[1]->fields[f], &size);
+    const void *description = sf_field_recipe_data(&fields[f], &size);
     if (description) prefetch_lines(description, size);
   }
-  for (int f = 0; at[0] && f < at[0]->n_fields && f < SF_MAX_FIELDS; f++) {
+  n = 0;
+  fields = at[0] ? sf_compact_sample_fields(at[0], &n, NULL) : NULL;
+  for (int f = 0; f < n; f++) {
     size_t size;
-    const void *source = sf_field_source(&at[0]->fields[f], &size);
+    const void *source = sf_field_source(&fields[f], &size);
     if (source) prefetch_lines(source, size < 8192 ? size : 8192);
   }
 }
@@ -104,8 +109,8 @@ static void draw_ahead(shuffle *s) {
   prefetch_ahead(s);
 }
 
-/* Swap a random element to the end and hand it on. */
-static void emit_one(sf_node *node, shuffle *s) {
+/* Swap a random element to the end and hand it on. Returns 0, or SF_ENOMEM (the run then stops). */
+static int emit_one(sf_node *node, shuffle *s) {
   uint64_t i;
   if (s->n_ahead > 0 && s->bound[0] == (uint64_t)s->count) {
     i = s->ahead[0];
@@ -118,21 +123,20 @@ static void emit_one(sf_node *node, shuffle *s) {
     s->n_ahead = 0;
     i = sf_rng_below(&s->rng, (uint64_t)s->count);
   }
-  sf_sample *out = s->buffer[i];
+  sf_sample *out = sf_compact_sample_expand(&s->buffer[i]);
+  if (!out) return SF_ENOMEM;
   s->buffer[i] = s->buffer[--s->count];
   sf_item item = {.kind = SF_ITEM_SAMPLE, .epoch = out->epoch, .u.sample = out};
   sf_node_count_output(node, 1, sf_item_nbytes(&item));
   sf_node_push(node, &item);
   if (s->count == s->buffer_size - 1 || (s->draining && s->count > 0)) draw_ahead(s);
+  return 0;
 }
 
 static int step(sf_node *node) {
   shuffle *s = sf_node_priv(node);
   if (s->draining) {
-    if (s->count > 0) {
-      emit_one(node, s);
-      return 0;
-    }
+    if (s->count > 0) return emit_one(node, s);
     s->draining = false;
     s->seeded = false;
     s->since_initial = 0;
@@ -154,15 +158,20 @@ static int step(sf_node *node) {
     return 0;
   }
   if (!s->seeded) reseed(node, s, item.epoch);
-  s->buffer[s->count++] = item.u.sample;
+  sf_compact_sample *compact = sf_sample_compact(&item.u.sample);
+  if (!compact) {
+    sf_item_clear(&item);
+    return SF_ENOMEM;
+  }
+  s->buffer[s->count++] = compact;
   /* Past the initial fill the buffer still grows to buffer_size: two in, one out (WebDataset's rule). */
-  if (s->count >= s->buffer_size || (s->count >= s->initial && (++s->since_initial & 1))) emit_one(node, s);
+  if (s->count >= s->buffer_size || (s->count >= s->initial && (++s->since_initial & 1))) return emit_one(node, s);
   return 0;
 }
 
 static void uninit(sf_node *node) {
   shuffle *s = sf_node_priv(node);
-  for (int64_t i = 0; i < s->count; i++) sf_sample_destroy(&s->buffer[i]);
+  for (int64_t i = 0; i < s->count; i++) sf_compact_sample_destroy(&s->buffer[i]);
   free(s->buffer);
   sf_item_clear(&s->pending_end);
 }

@@ -117,17 +117,24 @@ static char no_key[1];
  * 21,000 page faults a run), and the buffer's random reads spread over as many TLB entries. A slab is one
  * fault and one TLB entry where the kernel grants a huge page (plain pages where it does not). Made on one
  * thread and destroyed on another, a sample would also cost malloc's cross-thread free (~10x this locked
- * list). The slabs stay for the process's life, as many as the most samples alive at once needed. Off under
- * AddressSanitizer, which must see every allocation and free.
+ * list). The slabs stay for the process's life, as many as the most samples alive at once needed. Compact
+ * samples (a sample's bytes up to its last field: 448 bytes with two fields) come from the same slabs, a free
+ * list for each count of fields; shuffle keeps its buffer so, which took a CIFAR run's slabs from 27 MiB to 6,
+ * the zeroing of which (slow on a virtual machine, up to 100 ms) ran on tar_split's thread while the buffer
+ * filled. Off under AddressSanitizer, which must see every allocation and free.
  */
 #if defined(__SANITIZE_ADDRESS__)
 enum { SAMPLE_SLABS = 0 };
 #else
 enum { SAMPLE_SLABS = 1 };
 #endif
-enum { SLAB_BYTES = 2 << 20, SLOT_BYTES = (sizeof(sf_sample) + 63) / 64 * 64 };
+/* A compact sample (sf_sample_compact): a sample struct's bytes up to the end of its last field. */
+static size_t compact_size(int n_fields) { return offsetof(sf_sample, fields) + (size_t)n_fields * sizeof(sf_field); }
+/* Slot sizes: class 0 a whole sample struct, class n (1..SF_MAX_FIELDS) a compact sample of n fields. */
+static size_t slot_size(int class) { return ((class ? compact_size(class) : sizeof(sf_sample)) + 63) / 64 * 64; }
+enum { SLAB_BYTES = 2 << 20 };
 static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
-static sf_sample *spare;          /* free list, linked through each struct's key pointer */
+static void *spare[SF_MAX_FIELDS + 1]; /* a free list per class, linked through each slot's first word */
 static uint8_t *slab_next, *slab_end; /* the rest of the newest slab */
 
 /* A new slab, 2 MiB aligned (a huge page can back it only so), or NULL. Called with spare_lock held. */
@@ -146,31 +153,35 @@ static bool new_slab(void) {
   return true;
 }
 
-static sf_sample *sample_alloc(void) {
-  if (!SAMPLE_SLABS) return malloc(sizeof(sf_sample));
-  sf_sample *s = NULL;
+/* A slot of the class, or NULL when out of memory. */
+static void *slot_alloc(int class) {
+  if (!SAMPLE_SLABS) return malloc(slot_size(class));
+  void *slot = NULL;
   pthread_mutex_lock(&spare_lock);
-  if (spare) {
-    s = spare;
-    spare = (sf_sample *)(void *)s->key;
-  } else if (slab_end - slab_next >= (ptrdiff_t)SLOT_BYTES || new_slab()) {
-    s = (sf_sample *)(void *)slab_next;
-    slab_next += SLOT_BYTES;
+  if (spare[class]) {
+    slot = spare[class];
+    memcpy(&spare[class], slot, sizeof(void *));
+  } else if (slab_end - slab_next >= (ptrdiff_t)slot_size(class) || new_slab()) {
+    slot = slab_next;
+    slab_next += slot_size(class);
   }
   pthread_mutex_unlock(&spare_lock);
-  return s;
+  return slot;
 }
 
-static void sample_free(sf_sample *s) {
+static void slot_free(void *slot, int class) {
   if (!SAMPLE_SLABS) {
-    free(s);
+    free(slot);
     return;
   }
   pthread_mutex_lock(&spare_lock);
-  s->key = (char *)(void *)spare;
-  spare = s;
+  memcpy(slot, &spare[class], sizeof(void *));
+  spare[class] = slot;
   pthread_mutex_unlock(&spare_lock);
 }
+
+static sf_sample *sample_alloc(void) { return slot_alloc(0); }
+static void sample_free(sf_sample *s) { slot_free(s, 0); }
 
 sf_sample *sf_sample_new(void) {
   sf_sample *s = sample_alloc();
@@ -205,14 +216,55 @@ static void field_clear(sf_field *f) {
   f->recipe = NULL;
 }
 
-void sf_sample_destroy(sf_sample **ps) {
-  if (!ps || !*ps) return;
-  sf_sample *s = *ps;
+/* Drops what a sample holds: its fields' references and recipes, its URL and its key. */
+static void release(sf_sample *s) {
   for (int i = 0; i < s->n_fields; i++) field_clear(&s->fields[i]);
   sf_buffer_unref(&s->url);
   free(sf_sample_take_key(s));
+}
+
+void sf_sample_destroy(sf_sample **ps) {
+  if (!ps || !*ps) return;
+  sf_sample *s = *ps;
+  release(s);
   *ps = NULL;
   sample_free(s);
+}
+
+sf_compact_sample *sf_sample_compact(sf_sample **ps) {
+  sf_sample *s = *ps;
+  void *c = slot_alloc(s->n_fields); /* a class of its own for each count of fields: no sizes to keep */
+  if (!c) return NULL;
+  memcpy(c, s, compact_size(s->n_fields)); /* the references move with the bytes */
+  *ps = NULL;
+  sample_free(s);
+  return c;
+}
+
+sf_sample *sf_compact_sample_expand(sf_compact_sample **pc) {
+  sf_sample *s = sample_alloc();
+  if (!s) return NULL;
+  int n = ((const sf_sample *)(const void *)*pc)->n_fields;
+  memcpy(s, *pc, compact_size(n));
+  slot_free(*pc, n);
+  *pc = NULL;
+  return s;
+}
+
+const sf_field *sf_compact_sample_fields(const sf_compact_sample *compact, int *n_fields, uint64_t *epoch) {
+  const sf_sample *s = (const sf_sample *)(const void *)compact;
+  *n_fields = s->n_fields;
+  if (epoch) *epoch = s->epoch;
+  return s->fields;
+}
+
+void sf_compact_sample_destroy(sf_compact_sample **pc) {
+  if (!pc || !*pc) return;
+  sf_sample *s = (sf_sample *)(void *)*pc; /* a sample's bytes up to its last field: release() reads no further */
+  int n = s->n_fields;
+  release(s);
+  slot_free(*pc, n);
+  *pc = NULL;
 }
 
 const char *sf_sample_url(const sf_sample *s) {

@@ -184,6 +184,30 @@ SF_API bool sf_shard_range_of(const sf_shard *shard, sf_shard_range *range);
 SF_API sf_sample *sf_sample_new(void);
 /** Frees *sample, dropping every field's reference and recipe; sets it to NULL. NULL-safe. */
 SF_API void sf_sample_destroy(sf_sample **sample);
+/**
+ * A sample held in as little memory as its fields need: its header and its n_fields fields, without the
+ * unused slots up to SF_MAX_FIELDS (a sample struct is 2.7 KiB; one with two fields compacts to 400 bytes).
+ * For a stage that holds many samples at once for a while, as shuffle's buffer does: 10,000 full structs
+ * are 27 MiB of fresh memory that the kernel must zero before the first sample leaves. Opaque: read its
+ * fields with sf_compact_sample_fields(), get the sample back with sf_compact_sample_expand().
+ */
+typedef struct sf_compact_sample sf_compact_sample;
+
+/**
+ * Moves *sample (key, URL, fields with their references and recipes) into a new compact sample and frees
+ * the sample struct; *sample is set to NULL. Returns the compact sample, or NULL when out of memory
+ * (*sample is then left as it was).
+ */
+SF_API sf_compact_sample *sf_sample_compact(sf_sample **sample);
+/**
+ * Moves *compact back into a sample (the same key, URL, fields, epoch and origin) and frees it; *compact is
+ * set to NULL. Returns the sample, or NULL when out of memory (*compact is then left as it was).
+ */
+SF_API sf_sample *sf_compact_sample_expand(sf_compact_sample **compact);
+/** The compact sample's fields (borrowed, *n_fields of them) and, when epoch is not NULL, its epoch in *epoch. */
+SF_API const sf_field *sf_compact_sample_fields(const sf_compact_sample *compact, int *n_fields, uint64_t *epoch);
+/** Frees *compact as sf_sample_destroy() frees a sample; sets it to NULL. NULL-safe. */
+SF_API void sf_compact_sample_destroy(sf_compact_sample **compact);
 /** Sets the sample's key to the len bytes at key (copied; keys have no length limit). Returns 0 or SF_ENOMEM. */
 SF_API int sf_sample_set_key(sf_sample *sample, const char *key, size_t len);
 /** Takes the sample's key (caller frees it; NULL when it had none), leaving "" behind. */

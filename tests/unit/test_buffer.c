@@ -152,6 +152,106 @@ static void test_many_samples(void **state) {
   free(all);
 }
 
+/* A recipe that counts how often it is destroyed. */
+static int recipes_destroyed;
+typedef struct counted_recipe {
+  sf_field_recipe base;
+  int value;
+} counted_recipe;
+static void counted_write(const sf_field_recipe *r, void *dst) { *(int32_t *)dst = ((const counted_recipe *)r)->value; }
+static void counted_destroy(sf_field_recipe *r) {
+  recipes_destroyed++;
+  free(r);
+}
+
+/*
+ * Compact samples (shuffle's buffer): sample i has i % 4 fields (an encoded view of a shared buffer, a deferred
+ * field, a label), its key, URL, epoch and origin; compacted, they read back the same through
+ * sf_compact_sample_fields() and, expanded, as the sample they were; destroyed either way, they drop every
+ * reference and recipe. Thousands at once: sample.c's slots of each size must not overlap.
+ */
+static void test_compact_samples(void **state) {
+  (void)state;
+  enum { N = 3000 };
+  sf_buffer *shared = sf_buffer_new(64), *url = sf_buffer_new(8);
+  strcpy((char *)sf_buffer_data(url), "u.tar");
+  sf_compact_sample **all = calloc(N, sizeof *all);
+  assert_non_null(all);
+  recipes_destroyed = 0;
+  int recipes = 0;
+  for (int i = 0; i < N; i++) {
+    sf_sample *s = sf_sample_new();
+    char key[16];
+    snprintf(key, sizeof key, "k%d", i);
+    assert_int_equal(sf_sample_set_key(s, key, strlen(key)), 0);
+    s->url = sf_buffer_ref(url);
+    s->epoch = (uint64_t)i % 3;
+    s->shard_index = (uint64_t)i / 7;
+    s->index = (uint64_t)i;
+    s->offset = 512 * i;
+    for (int f = 0; f < i % 4; f++) {
+      sf_tensor t = {0};
+      int64_t n = 16;
+      if (f == 0) assert_int_equal(sf_tensor_view(&t, SF_DTYPE_UINT8, 1, &n, sf_buffer_ref(shared), 0), 0);
+      sf_field *field = sf_sample_add_field(s, f == 0 ? "jpg" : f == 1 ? "img" : "cls", f == 0, &t);
+      assert_non_null(field);
+      if (f == 1) {
+        counted_recipe *r = malloc(sizeof *r);
+        *r = (counted_recipe){{counted_write, counted_destroy}, i};
+        assert_int_equal(sf_field_defer(field, SF_DTYPE_INT32, 0, NULL, &r->base), 0);
+        recipes++;
+      }
+    }
+    all[i] = sf_sample_compact(&s);
+    assert_non_null(all[i]);
+    assert_null(s);
+  }
+  for (int i = 0; i < N; i++) {
+    int n = -1;
+    uint64_t epoch = 99;
+    const sf_field *fields = sf_compact_sample_fields(all[i], &n, &epoch);
+    assert_int_equal(n, i % 4);
+    assert_int_equal(epoch, (uint64_t)i % 3);
+    if (n > 1) {
+      assert_string_equal(fields[1].name, "img");
+      assert_int_equal(((const counted_recipe *)fields[1].recipe)->value, i);
+    }
+  }
+  assert_false(sf_buffer_is_writable(shared));
+  for (int i = 0; i < N; i++) {
+    if (i % 2) {
+      sf_compact_sample_destroy(&all[i]);
+      assert_null(all[i]);
+      continue;
+    }
+    sf_sample *s = sf_compact_sample_expand(&all[i]);
+    assert_non_null(s);
+    assert_null(all[i]);
+    char key[16];
+    snprintf(key, sizeof key, "k%d", i);
+    assert_string_equal(s->key, key);
+    assert_string_equal(sf_sample_url(s), "u.tar");
+    assert_int_equal(s->index, (uint64_t)i);
+    assert_int_equal(s->shard_index, (uint64_t)i / 7);
+    assert_int_equal(s->offset, 512 * i);
+    assert_int_equal(s->n_fields, i % 4);
+    if (s->n_fields > 0) assert_ptr_equal(sf_tensor_data(&s->fields[0].tensor), sf_buffer_data(shared));
+    if (s->n_fields > 1) {
+      assert_int_equal(sf_field_materialize(&s->fields[1]), 0);
+      assert_int_equal(*(const int32_t *)sf_tensor_data(&s->fields[1].tensor), i);
+    }
+    if (s->n_fields > 2) assert_string_equal(s->fields[2].name, "cls");
+    sf_sample_destroy(&s);
+  }
+  assert_int_equal(recipes_destroyed, recipes);
+  assert_true(sf_buffer_is_writable(shared)); /* every view dropped its reference */
+  assert_true(sf_buffer_is_writable(url));
+  sf_compact_sample_destroy(NULL);
+  sf_buffer_unref(&shared);
+  sf_buffer_unref(&url);
+  free(all);
+}
+
 static void test_errors_table(void **state) {
   assert_string_equal(sf_err_name(SF_EFORMAT), "SF_EFORMAT");
   assert_string_equal(sf_err_name(12345), "SF_EUNKNOWN");
@@ -180,7 +280,7 @@ static void test_rng(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refcount),     cmocka_unit_test(test_tensor_view), cmocka_unit_test(test_sample_fields),
-      cmocka_unit_test(test_sample_reuse),  cmocka_unit_test(test_many_samples),
+      cmocka_unit_test(test_sample_reuse),  cmocka_unit_test(test_many_samples), cmocka_unit_test(test_compact_samples),
       cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
