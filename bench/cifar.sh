@@ -31,7 +31,7 @@ if [ ! -f "$shards/.done" ]; then
   "$sf" write --quiet --subdir train --repeat 2 "$top/../shared/data/cifar10-jpg.tar.zst" "$shards/cifar-train-%06d.tar"
   touch "$shards/.done"
 fi
-cat "$shards"/*.tar > /dev/null # warm the page cache
+bench_page_cache "$shards"/*.tar
 /usr/bin/python3 - "$sf" "$shards" "$rounds" "$ref_shards" <<'PY'
 import re, resource, statistics, subprocess, sys, time
 sf, shards, rounds, ref_shards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -201,7 +201,7 @@ rm -rf "$run"/npy-?
 # (b)'s local processes hand results over in shared memory (the group's shm_ring); what did not fit went by socket.
 sed -n 's/.*results: \([0-9]*\) bytes through shared memory, \([0-9]*\) through the socket.*/(b) result bytes: \1 through shared memory, \2 through the socket/p' "$run/b.log" >&2
 
-cat "$data"/*.tar > /dev/null # the page cache holds the shards for every run
+bench_page_cache "$data"/*.tar # the page cache holds the shards for every run
 # Timed runs, interleaved (a b c, b c a, c a b, ...) so that load from anything else on the machine falls on
 # every configuration alike; one round first as warm-up. Wall time and the CPU time of the whole process
 # tree (wait4 of the command; the workers are its descendants) per run.

@@ -124,7 +124,7 @@ graph "" "" "
 graph "
 queue_size: 2" "" "" float32 "
     prefetch: 0" > "$run/mistuned.yaml"
-cat "$data"/*.tar > /dev/null # warm the page cache
+bench_page_cache "$data"/*.tar
 
 /usr/bin/python3 - "$build/shardflow" "$run" "$data/jpg" "$((samples * epochs))" "$runs" "$ncpu" "$epochs" <<'PY'
 import glob, os, re, resource, statistics, subprocess, sys, time
