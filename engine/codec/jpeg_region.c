@@ -116,9 +116,14 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int
   }
   uint8_t *rows = sf_tensor_data(out);
   size_t stride = (size_t)cinfo.output_width * (size_t)src->channels;
+  /* As many rows a call as libjpeg gives (an iMCU row's worth): a call a row costs its dispatch a row. */
+  enum { BATCH = 16 };
+  JSAMPROW row[BATCH];
   while (cinfo.output_scanline < (JDIMENSION)bottom) {
-    JSAMPROW row = rows + (cinfo.output_scanline - (JDIMENSION)top) * stride;
-    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1)
+    JDIMENSION want = (JDIMENSION)bottom - cinfo.output_scanline;
+    if (want > BATCH) want = BATCH;
+    for (JDIMENSION i = 0; i < want; i++) row[i] = rows + (cinfo.output_scanline + i - (JDIMENSION)top) * stride;
+    if (jpeg_read_scanlines(&cinfo, row, want) == 0)
       longjmp(e.jump, (snprintf(e.message, sizeof e.message, "data ends early"), 1));
   }
   jpeg_abort_decompress(&cinfo);
