@@ -58,6 +58,12 @@ static void prefetch_lines(const void *p, size_t size) {
   for (size_t at = 0; at < size; at += 64) __builtin_prefetch((const char *)p + at);
 }
 
+/* The fields of a buffered sample (*n of them), or none for NULL. */
+static const sf_field *fields_of(const sf_compact_sample *c, int *n) {
+  *n = 0;
+  return c ? sf_compact_sample_fields(c, n, NULL) : NULL;
+}
+
 /*
  * Brings into the cache, one level a step, what the emissions drawn ahead will touch: the sample drawn
  * last its header, the one before its fields' recipes (or buffers), the one before that the rest of
@@ -71,21 +77,19 @@ static void prefetch_ahead(shuffle *s) {
   const sf_compact_sample *at[AHEAD];
   for (int k = 0; k < AHEAD; k++) at[k] = k < s->n_ahead && s->ahead[k] < held ? s->buffer[s->ahead[k]] : NULL;
   if (at[3]) prefetch_lines(at[3], offsetof(sf_sample, fields) + 2 * sizeof(sf_field));
-  int n = 0;
-  const sf_field *fields = at[2] ? sf_compact_sample_fields(at[2], &n, NULL) : NULL;
+  int n;
+  const sf_field *fields = fields_of(at[2], &n);
   for (int f = 0; f < n; f++) {
     if (fields[f].recipe) prefetch_lines(fields[f].recipe, 128);
     else __builtin_prefetch(fields[f].tensor.buffer);
   }
-  n = 0;
-  fields = at[1] ? sf_compact_sample_fields(at[1], &n, NULL) : NULL;
+  fields = fields_of(at[1], &n);
   for (int f = 0; f < n; f++) {
     size_t size;
     const void *description = sf_field_recipe_data(&fields[f], &size);
     if (description) prefetch_lines(description, size);
   }
-  n = 0;
-  fields = at[0] ? sf_compact_sample_fields(at[0], &n, NULL) : NULL;
+  fields = fields_of(at[0], &n);
   for (int f = 0; f < n; f++) {
     size_t size;
     const void *source = sf_field_source(&fields[f], &size);
