@@ -118,10 +118,10 @@ static char no_key[1];
  * fault and one TLB entry where the kernel grants a huge page (plain pages where it does not). Made on one
  * thread and destroyed on another, a sample would also cost malloc's cross-thread free (~10x this locked
  * list). The slabs stay for the process's life, as many as the most samples alive at once needed. Compact
- * samples (a sample's bytes up to its last field: 448 bytes with two fields) come from the same slabs, a free
- * list for each count of fields; shuffle keeps its buffer so, which took a CIFAR run's slabs from 27 MiB to 6,
- * the zeroing of which (slow on a virtual machine, up to 100 ms) ran on tar_split's thread while the buffer
- * filled. Off under AddressSanitizer, which must see every allocation and free.
+ * samples (a sample's bytes up to its last field: 400 bytes, a 448-byte slot, with two fields) come from the
+ * same slabs, a free list for each count of fields; shuffle keeps its buffer so, which took a CIFAR run's
+ * slabs from 27 MiB to 6, the zeroing of which (slow on a virtual machine, up to 100 ms) ran on tar_split's
+ * thread while the buffer filled. Off under AddressSanitizer, which must see every allocation and free.
  */
 #if defined(__SANITIZE_ADDRESS__)
 enum { SAMPLE_SLABS = 0 };
