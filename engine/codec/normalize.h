@@ -29,10 +29,11 @@ bool sf_normalize_matches(const float *table, double scale, double shift);
  * blocks of 256 KiB and more with whole aligned 64-byte lines (an ImageNet-sized sample) by
  * non-temporal stores. Picked once from the CPU; the environment variable SF_NORMALIZE_ISA=scalar
  * (or =avx2) forces the first (or at most AVX2) for a whole run (to compare them), and
- * sf_normalize_limit narrows the pick from then on in this process (tests run each kernel). An earlier AVX-512F kernel that shuffled as the
- * AVX2 one does measured slower on a Zen 4 than AVX2; vpermb's one pick per channel and the
- * non-temporal stores are what this one gains by (the same binary with SF_NORMALIZE_ISA=avx2 and
- * without, interleaved: the CIFAR graph -5% CPU, the ImageNet-like graph -0.7% to -3.3%).
+ * sf_normalize_limit narrows the pick from then on in this process (tests run each kernel). An
+ * earlier AVX-512F kernel that shuffled as the AVX2 one does measured slower on a Zen 4 than AVX2;
+ * vpermb's one pick per channel and the non-temporal stores are what this one gains by (the same
+ * binary with SF_NORMALIZE_ISA=avx2 and without, interleaved: the CIFAR graph -5% CPU, the
+ * ImageNet-like graph -0.7% to -3.3%).
  */
 typedef enum sf_normalize_isa { SF_NORMALIZE_SCALAR, SF_NORMALIZE_AVX2, SF_NORMALIZE_AVX512 } sf_normalize_isa;
 void sf_normalize_limit(sf_normalize_isa isa);

@@ -153,11 +153,9 @@ static bool new_slab(void) {
   return true;
 }
 
-/* A slot of the class, or NULL when out of memory. */
-static void *slot_alloc(int class) {
-  if (!SAMPLE_SLABS) return malloc(slot_size(class));
+/* A slot of the class, or NULL when out of memory. Called with spare_lock held. */
+static void *take(int class) {
   void *slot = NULL;
-  pthread_mutex_lock(&spare_lock);
   if (spare[class]) {
     slot = spare[class];
     memcpy(&spare[class], slot, sizeof(void *));
@@ -165,6 +163,19 @@ static void *slot_alloc(int class) {
     slot = slab_next;
     slab_next += slot_size(class);
   }
+  return slot;
+}
+
+/* Puts slot back on its class's free list. Called with spare_lock held. */
+static void give(void *slot, int class) {
+  memcpy(slot, &spare[class], sizeof(void *));
+  spare[class] = slot;
+}
+
+static void *slot_alloc(int class) {
+  if (!SAMPLE_SLABS) return malloc(slot_size(class));
+  pthread_mutex_lock(&spare_lock);
+  void *slot = take(class);
   pthread_mutex_unlock(&spare_lock);
   return slot;
 }
@@ -175,9 +186,31 @@ static void slot_free(void *slot, int class) {
     return;
   }
   pthread_mutex_lock(&spare_lock);
-  memcpy(slot, &spare[class], sizeof(void *));
-  spare[class] = slot;
+  give(slot, class);
   pthread_mutex_unlock(&spare_lock);
+}
+
+/*
+ * The first `size` bytes of slot `from` (of class from_class, then freed) in a new slot of class to_class, under
+ * one lock: a sample compacted or expanded. Returns the new slot, or NULL when out of memory (from untouched).
+ */
+static void *slot_move(void *from, int from_class, int to_class, size_t size) {
+  if (!SAMPLE_SLABS) {
+    void *to = malloc(slot_size(to_class));
+    if (to) {
+      memcpy(to, from, size);
+      free(from);
+    }
+    return to;
+  }
+  pthread_mutex_lock(&spare_lock);
+  void *to = take(to_class);
+  if (to) {
+    memcpy(to, from, size);
+    give(from, from_class);
+  }
+  pthread_mutex_unlock(&spare_lock);
+  return to;
 }
 
 static sf_sample *sample_alloc(void) { return slot_alloc(0); }
@@ -232,22 +265,16 @@ void sf_sample_destroy(sf_sample **ps) {
 }
 
 sf_compact_sample *sf_sample_compact(sf_sample **ps) {
-  sf_sample *s = *ps;
-  void *c = slot_alloc(s->n_fields); /* a class of its own for each count of fields: no sizes to keep */
-  if (!c) return NULL;
-  memcpy(c, s, compact_size(s->n_fields)); /* the references move with the bytes */
-  *ps = NULL;
-  sample_free(s);
+  /* a class of its own for each count of fields: no sizes to keep; the references move with the bytes */
+  sf_compact_sample *c = slot_move(*ps, 0, (*ps)->n_fields, compact_size((*ps)->n_fields));
+  if (c) *ps = NULL;
   return c;
 }
 
 sf_sample *sf_compact_sample_expand(sf_compact_sample **pc) {
-  sf_sample *s = sample_alloc();
-  if (!s) return NULL;
   int n = ((const sf_sample *)(const void *)*pc)->n_fields;
-  memcpy(s, *pc, compact_size(n));
-  slot_free(*pc, n);
-  *pc = NULL;
+  sf_sample *s = slot_move(*pc, n, 0, compact_size(n));
+  if (s) *pc = NULL;
   return s;
 }
 
