@@ -363,7 +363,8 @@ static int plan_crop(const augment *a, const sf_field *f, sf_rng *rng, const geo
  * straight into its slot, saving an allocation and a copy.
  * Returns 0, SF_ENOMEM, or a data error with *e filled.
  */
-static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *bytes, field_error *e) {
+static int transform(sf_node *node, const augment *a, sf_field *f, uint64_t stream, bool *borrow, uint64_t *bytes,
+                     field_error *e) {
   int r = check_image(a, f, e);
   if (r < 0) return r;
   const sf_tensor *in = &f->tensor;
@@ -410,8 +411,18 @@ static int transform(const augment *a, sf_field *f, uint64_t stream, uint64_t *b
   int64_t shape[3];
   sf_image_transform_shape(&t, shape);
   *bytes += (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(t.dtype);
+  /* A row the consumer lends (batch's), for one field of the sample: the whole transform is written there now. */
+  sf_tensor row = {0};
+  int lent = *borrow ? sf_node_borrow_row(node, t.dtype, 3, shape, &row) : 0;
+  if (lent < 0) {
+    sf_tensor_clear(&resized);
+    return lent;
+  }
+  if (lent) *borrow = false;
   sf_error err = {.code = 0};
-  r = field_result(sf_image_transform_apply(f, &t, resized.buffer ? &resized : NULL, &err), &err, f, e);
+  const sf_tensor *src = resized.buffer ? &resized : NULL;
+  r = lent ? sf_image_transform_apply_into(f, &t, src, &row, &err) : sf_image_transform_apply(f, &t, src, &err);
+  r = field_result(r, &err, f, e);
   sf_tensor_clear(&resized);
   return r;
 }
@@ -500,6 +511,7 @@ static int map(sf_node *node, sf_sample **ps) {
   stream = sf_seed_mix(stream, s->index);
 
   uint64_t bytes = 0;
+  bool borrow = true; /* a lent row for the first image field */
   field_error e = {0};
   for (int i = 0; i < a->n_names && !e.code; i++)
     if (!sf_sample_field(s, a->names[i]))
@@ -508,7 +520,7 @@ static int map(sf_node *node, sf_sample **ps) {
     sf_field *f = &s->fields[i];
     int r = !selected(a, f) ? decode_whole(f, &e)
             : is_clip(f)    ? transform_clip(a, f, stream, &bytes, &e)
-                            : transform(a, f, stream, &bytes, &e);
+                            : transform(node, a, f, stream, &borrow, &bytes, &e);
     if (r < 0 && !e.code) return r; /* out of memory: not the sample's fault, so no record; the pipeline stops */
   }
   if (e.code) {

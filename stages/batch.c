@@ -80,6 +80,7 @@ typedef struct batch {
   bool eof;
   sf_pool *pool;        /* batch buffers, reused: fresh pages cost a fault each */
   bool pin_memory;      /* option */
+  const sf_sample *popped; /* the sample popped last, while it is being put (its lent row: sf_node_row_placed) */
 } batch;
 
 static const char *const bucket_key_names[] = {"length", "aspect", NULL};
@@ -461,6 +462,7 @@ static int flush(sf_node *node, batch *b, filling *fl, bool forced) {
         memcpy(shape, t->shape, (size_t)t->ndim * sizeof shape[0]);
         shape[0] = count;
         r = sf_tensor_view(t, t->dtype, t->ndim, shape, joined, 0);
+        if (r == 0) sf_node_counter_add(node, "rows_in_place", (uint64_t)count);
         continue;
       }
     }
@@ -542,6 +544,7 @@ static int put(sf_node *node, batch *b, filling *fl, sf_sample **ps) {
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)fl->count;
     sf_field_write(f, dst); /* a deferred one (augment's output) computed straight into the slot */
   }
+  if (s == b->popped) sf_node_row_placed(node, fl->count);
   out->keys[fl->count] = sf_sample_take_key(s);
   out->origins[2 * fl->count] = s->shard_index;
   out->origins[2 * fl->count + 1] = s->index;
@@ -745,7 +748,10 @@ static int step(sf_node *node) {
     sf_node_push(node, &item);
     return 0;
   case SF_ITEM_SAMPLE:
-    return add_sample(node, b, &item.u.sample);
+    b->popped = item.u.sample;
+    r = add_sample(node, b, &item.u.sample);
+    b->popped = NULL;
+    return r;
   default: /* nothing else belongs on a sample edge */
     sf_item_clear(&item);
     return 0;
@@ -790,7 +796,12 @@ static int init(sf_node *node) {
       return r; /* whatever the error policy: the trainer asked for pinned batches */
     }
   }
-  return 0;
+  /*
+   * Producers write their rows straight into batch-sized slabs where they can (augment's output): a batch
+   * whose rows all arrive in place is a view of its slab. Not with buckets (each has its own rows) or pinned
+   * batches (a pinned batch has its buffer from the start, so every row is copied into it).
+   */
+  return b->n_buckets == 1 && !b->pin_memory ? sf_node_lend_rows(node, b->pool, b->batch_size) : 0;
 }
 
 static void uninit(sf_node *node) {

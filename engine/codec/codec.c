@@ -134,24 +134,47 @@ int sf_image_transform_write(const sf_image_transform *t, const sf_tensor *src, 
   return sf_lazy_write(&l, dst, error);
 }
 
+/* Whether into is a C-contiguous view of t's output shape and dtype. */
+static int check_into(const sf_image_transform *t, const sf_tensor *into, sf_error *error) {
+  int64_t shape[3];
+  sf_image_transform_shape(t, shape);
+  bool fits = into->buffer && into->dtype == t->dtype && into->ndim == 3 && sf_tensor_is_contiguous(into) &&
+              memcmp(into->shape, shape, sizeof shape) == 0;
+  return fits ? 0 : sf_error_set(error, SF_EINVAL, SF_NOWHERE, "image transform: the row to write into is not a "
+                                 "contiguous tensor of the output's shape and dtype");
+}
+
 int sf_image_transform_apply(sf_field *f, const sf_image_transform *t, const sf_tensor *src, sf_error *error) {
+  return sf_image_transform_apply_into(f, t, src, NULL, error);
+}
+
+int sf_image_transform_apply_into(sf_field *f, const sf_image_transform *t, const sf_tensor *src, sf_tensor *into,
+                                  sf_error *error) {
   sf_error scratch = {.code = 0};
   if (!error) error = &scratch;
   int r = check_plan(t, error);
-  if (r < 0) return r;
+  if (r == 0 && into) r = check_into(t, into, error);
+  if (r < 0) {
+    if (into) sf_tensor_clear(into);
+    return r;
+  }
   sf_lazy_transform l = internal_of(t);
   const sf_jpeg_source *jpeg = src ? NULL : sf_lazy_jpeg_of(f);
   if (jpeg) {
-    if ((r = check_jpeg(t, jpeg, error)) < 0) return r;
+    r = check_jpeg(t, jpeg, error);
     l.jpeg = jpeg;
+  } else if (!src && f->recipe) {
+    r = sf_error_set(error, SF_EINVAL, SF_NOWHERE, "image transform: field '%s' is deferred (not a JPEG left "
+                     "undecoded): materialise it first (sf_field_materialize)", f->name);
   } else {
-    if (!src && f->recipe)
-      return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "image transform: field '%s' is deferred (not a JPEG left "
-                          "undecoded): materialise it first (sf_field_materialize)", f->name);
     l.src = src ? *src : f->tensor;
-    if ((r = check_view(t, &l.src, error)) < 0) return r;
+    r = check_view(t, &l.src, error);
   }
-  return sf_lazy_apply(f, &l, error);
+  if (r < 0) {
+    if (into) sf_tensor_clear(into);
+    return r;
+  }
+  return sf_lazy_apply(f, &l, into, error);
 }
 
 int sf_image_resize(const sf_tensor *src, int64_t h, int64_t w, sf_tensor *out) {

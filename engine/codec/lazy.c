@@ -464,11 +464,14 @@ const sf_lazy_transform *sf_lazy_transform_of(const sf_field *f) {
   return f->recipe && f->recipe->write == transform_write ? &((const transform_recipe *)f->recipe)->t : NULL;
 }
 
-int sf_lazy_apply(sf_field *f, const sf_lazy_transform *t, sf_error *error) {
+int sf_lazy_apply(sf_field *f, const sf_lazy_transform *t, sf_tensor *into, sf_error *error) {
   sf_lazy_transform p;
   sf_tensor pixels;
   int r = prepare(t, &p, &pixels, error);
-  if (r < 0) return r;
+  if (r < 0) {
+    if (into) sf_tensor_clear(into);
+    return r;
+  }
   int64_t shape[3];
   sf_lazy_shape(&p, shape);
   size_t out_bytes = output_bytes(&p);
@@ -478,7 +481,7 @@ int sf_lazy_apply(sf_field *f, const sf_lazy_transform *t, sf_error *error) {
    * keeps only its own bytes in memory (the rest of the mapping is page cache).
    */
   size_t held = sf_buffer_is_file(p.src.buffer) ? sf_tensor_nbytes(&p.src) : sf_buffer_size(p.src.buffer);
-  if (held / 2 <= out_bytes) {
+  if (!into && held / 2 <= out_bytes) {
     transform_recipe *rc = malloc(sizeof *rc);
     if (!rc) {
       sf_tensor_clear(&pixels);
@@ -493,7 +496,10 @@ int sf_lazy_apply(sf_field *f, const sf_lazy_transform *t, sf_error *error) {
     return sf_field_defer(f, p.dtype, 3, shape, &rc->base); /* a valid shape: cannot fail */
   }
   sf_tensor out;
-  if ((r = sf_tensor_alloc(&out, p.dtype, 3, shape)) < 0) {
+  if (into) {
+    out = *into;
+    memset(into, 0, sizeof *into);
+  } else if ((r = sf_tensor_alloc(&out, p.dtype, 3, shape)) < 0) {
     sf_tensor_clear(&pixels);
     return r;
   }

@@ -121,6 +121,7 @@ void sf_harness_destroy(sf_harness **ph) {
     sf_options_free(n->def->options, n->priv);
     free(n->priv);
   }
+  sf_node_release_deferred(n);
   sf_queue_destroy(&h->in);
   sf_queue_destroy(&h->out);
   sf_context_destroy(&h->ctx);

@@ -7,6 +7,7 @@
 
 #include "graph.h"
 #include "lazy.h"
+#include "lent_rows.h"
 #include "log.h"
 #include "node.h"
 #include "registry.h"
@@ -298,11 +299,16 @@ int sf_node_error_record(sf_node *n, const sf_error *e) {
  * and skipped where the round-robin readers merge the queues again.
  */
 static int pop_port(sf_port *p, sf_item *item) {
-  if (p->n == 1) return sf_queue_pop(p->queues[0], item);
+  if (p->n == 1) {
+    int r = sf_queue_pop(p->queues[0], item);
+    if (r == 0 && item->kind != SF_ITEM_EPOCH_END) p->position++;
+    return r;
+  }
   for (;;) {
     int r = sf_queue_pop(p->queues[p->rr], item);
     if (r < 0) return r;
     p->rr = (p->rr + 1) % p->n;
+    if (item->kind != SF_ITEM_EPOCH_END) p->position++;
     if (item->kind == SF_ITEM_NONE) continue;
     if (item->kind != SF_ITEM_EPOCH_END) return 0;
     if (++p->markers < p->n) continue;
@@ -426,6 +432,28 @@ uint64_t sf_thread_deferred_ns(void) { return sf_lazy_thread_ns(); }
 void sf_node_release_deferred(sf_node *n) {
   sf_lazy_clock_unref(n->deferred);
   n->deferred = NULL;
+  sf_lent_rows_free(n->lends);
+  n->lends = NULL;
+}
+
+uint64_t sf_node_stream_position(const sf_node *n) {
+  return (n->in.position - 1) * (uint64_t)(n->replicas > 1 ? n->replicas : 1) + (uint64_t)n->replica;
+}
+
+int sf_node_lend_rows(sf_node *n, sf_pool *pool, int64_t rows) {
+  if (n->lends || n->in.n == 0 || rows < 1) return 0;
+  if (!(n->lends = sf_lent_rows_new(pool, rows))) return SF_ENOMEM;
+  for (int i = 0; i < n->in.n; i++) n->in.queues[i]->lender = n->lends;
+  return 0;
+}
+
+int sf_node_borrow_row(sf_node *n, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row) {
+  if (n->out.n != 1 || !n->out.queues[0]->lender || n->in.position == 0) return 0;
+  return sf_lent_rows_borrow(n->out.queues[0]->lender, sf_node_stream_position(n), dtype, ndim, shape, row);
+}
+
+void sf_node_row_placed(sf_node *n, int64_t at) {
+  if (n->lends && n->in.position) sf_lent_rows_placed(n->lends, sf_node_stream_position(n), at);
 }
 
 void sf_node_push(sf_node *n, sf_item *item) {

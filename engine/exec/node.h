@@ -45,6 +45,7 @@ typedef struct sf_port {
   int n;
   int rr;              /* next queue in round-robin order */
   int markers;         /* epoch-end markers collected from the queues (consumer side) */
+  uint64_t position;   /* samples and holes popped so far (markers not counted): see sf_node_stream_position */
 } sf_port;
 
 struct sf_node {
@@ -85,6 +86,7 @@ struct sf_node {
   atomic_uint_fast64_t wait_ns;  /* wall time from a step that found no input to the next one that did */
   double starved_since;          /* when the current wait for input began, or 0 */
   struct sf_lazy_clock *deferred;    /* time other nodes spent writing this node's deferred fields */
+  struct sf_lent_rows *lends;        /* the rows it lends its producers (sf_node_lend_rows), or NULL */
 };
 
 void sf_context_init(sf_context *ctx);
@@ -160,7 +162,13 @@ int sf_node_new_deferred(sf_node *node);
 const sf_graph *sf_node_group_stages(const sf_node *node);
 uint64_t sf_node_deferred_ns(const sf_node *node);
 uint64_t sf_thread_deferred_ns(void);
-/* Drops the node's clock (the recipes still queued keep theirs alive). */
+/* Drops the node's clock (the recipes still queued keep theirs alive) and the rows it lends. */
 void sf_node_release_deferred(sf_node *node);
+/*
+ * The stream position of the item the node popped last: its place in the order the producers' round-robin
+ * lanes carry samples (holes included), the same number on the consumer that merges the lanes again. Replica
+ * r of R reads every R-th: its k-th item is position k * R + r. Valid once the node popped an item.
+ */
+uint64_t sf_node_stream_position(const sf_node *node);
 
 #endif

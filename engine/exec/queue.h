@@ -35,6 +35,8 @@ typedef struct sf_queue {
   bool consumer_waiting;
   int producers_waiting;
   int notify_fd;            /* eventfd kept readable while the consumer has something, or -1 */
+  struct sf_lent_rows *lender; /* rows the consumer lends its producers (sf_node_lend_rows), or NULL: set before
+                                  the pipeline runs, owned by the consumer's node */
   bool fd_ready;
 } sf_queue;
 

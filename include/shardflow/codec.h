@@ -257,6 +257,17 @@ SF_API int sf_image_transform_apply(sf_field *f, const sf_image_transform *t, co
                                     sf_error *error);
 
 /**
+ * sf_image_transform_apply, with the output written now into `into`: a C-contiguous tensor of exactly the
+ * output's shape and dtype (a row its consumer lent, sf_node_borrow_row in stage.h), which becomes f's
+ * tensor. Nothing is left deferred: the whole transform runs on the caller's thread, its output going
+ * straight to where the consumer stacks it. The call takes over the caller's reference to into (cleared on
+ * error, *into zeroed on success). Returns as sf_image_transform_apply; SF_EINVAL also when into does not
+ * fit; f is unchanged on error.
+ */
+SF_API int sf_image_transform_apply_into(sf_field *f, const sf_image_transform *t, const sf_tensor *src,
+                                         sf_tensor *into, sf_error *error);
+
+/**
  * Resamples all of the uint8 [H, W, C] image src (any strides, C <= SF_IMAGE_MAX_CHANNELS) to h x w pixels
  * with PIL's antialiased bilinear (Image.resize(BILINEAR), bit for bit for 1 and 3 channels) into *out, a
  * new contiguous uint8 [h, w, C] tensor the caller owns (sf_tensor_clear). Returns 0, SF_EINVAL (not such

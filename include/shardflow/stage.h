@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "shardflow/log.h"
+#include "shardflow/pool.h"
 #include "shardflow/sample.h"
 
 #ifdef __cplusplus
@@ -336,6 +337,35 @@ SF_API void *sf_node_attachment(const sf_node *node);
  * choice). False otherwise, and always under the test harness.
  */
 SF_API bool sf_node_may_defer(const sf_node *node);
+
+/**
+ * Lent rows, the consumer's side: a stage that stacks each sample's fields row by row into buffers of
+ * `rows` rows (batch) lends those rows to the producers feeding its input, so that a producer writes a
+ * field's values straight into the row where they will be stacked, on its own thread, while they are in
+ * its cache (sf_node_borrow_row). The slabs come from pool (borrowed: keep it alive while the pipeline
+ * runs; pinned when it is). The stage learns nothing new: a row that arrives where its batch is being
+ * filled, right after the rows before it, needs no copy, and any other row is copied as usual. So lending
+ * never changes a batch, only where its bytes are first written. Call it from init. Returns 0 or SF_ENOMEM.
+ */
+SF_API int sf_node_lend_rows(sf_node *node, sf_pool *pool, int64_t rows);
+
+/**
+ * Lent rows, the consumer's side: the sample popped last goes to row `at` (0-based) of the batch being
+ * filled. When its lent row lies elsewhere (a sample was dropped upstream, or a batch ended short at an
+ * epoch's end), the slabs start afresh with the next batch. Call it for every sample popped and put in a
+ * batch at once; nothing for a sample held back.
+ */
+SF_API void sf_node_row_placed(sf_node *node, int64_t at);
+
+/**
+ * Lent rows, the producer's side: for the sample this node popped last, the row its consumer lends for a
+ * field of this dtype and shape (the position of the sample in the stream names the row). *row becomes a
+ * C-contiguous view of it (the caller's reference: write the values, then make it the field's tensor, or
+ * clear it). Returns 1 when a row was lent; 0 when none is (no lending consumer, another process, a shape
+ * other than the first row's, a sample far behind the others, no memory for a new slab): use memory of the
+ * stage's own then.
+ */
+SF_API int sf_node_borrow_row(sf_node *node, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row);
 
 /**
  * True when the graph file, a --set override or the API wrote `option` for this node; false when it has

@@ -83,7 +83,7 @@ static void test_write_matches_definition(void **state) {
         assert_non_null(f);
         t.src = f->tensor;
         sf_error error = {0};
-        assert_int_equal(sf_lazy_apply(f, &t, &error), 0);
+        assert_int_equal(sf_lazy_apply(f, &t, NULL, &error), 0);
         assert_non_null(f->recipe);
         assert_null(f->tensor.buffer);
         assert_non_null(sf_lazy_transform_of(f));
