@@ -537,7 +537,7 @@ const sf_stage_def sf_stage_augment = {
                "dtype in one pass over the output; clips [T,H,W,C] get one draw for every frame",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_SAMPLE}),
-    .flags = SF_STAGE_MAP | SF_STAGE_TAKES_DEFERRED,
+    .flags = SF_STAGE_MAP | SF_STAGE_TAKES_DEFERRED | SF_STAGE_BORROWS_ROWS,
     .priv_size = sizeof(augment),
     .options = options,
     .init = init,

@@ -240,8 +240,9 @@ static int open_batch(batch *b, filling *fl) {
     int64_t shape[SF_TENSOR_MAX_DIMS];
     shape[0] = b->batch_size;
     memcpy(shape + 1, row->shape, (size_t)row->ndim * sizeof shape[0]);
-    /* The buffer comes with the first row that needs it (see row_run); pinned batches have it at once. */
-    int r = b->pin_memory ? sf_pool_tensor(b->pool, &g->tensor, row->dtype, row->ndim + 1, shape)
+    /* The buffer comes with the first row that needs it (see row_run); pinned batches with buckets (which
+       lend no rows) have it at once. */
+    int r = b->pin_memory && b->n_buckets > 1 ? sf_pool_tensor(b->pool, &g->tensor, row->dtype, row->ndim + 1, shape)
                           : sf_tensor_set_shape(&g->tensor, row->dtype, row->ndim + 1, shape);
     if (r < 0) return r;
     out->n_fields++;
@@ -268,10 +269,12 @@ static void free_run(void *opaque, uint8_t *data) {
 
 /*
  * Takes sample field f as the next row of fixed field i without copying it, when it lies right after
- * the rows so far (all of them in the run) and is a plain view. Returns false when it must be copied.
+ * the rows so far (all of them in the run) and is a plain view; for pinned batches, of the pool's (pinned)
+ * memory: a row written where this stage lent it. Returns false when it must be copied.
  */
 static bool extend_run(const batch *b, filling *fl, int i, const sf_field *f, size_t slot) {
   if (f->recipe || !f->tensor.buffer || !sf_tensor_is_contiguous(&f->tensor)) return false;
+  if (b->pin_memory && !sf_pool_owns(b->pool, f->tensor.buffer)) return false;
   row_run *run = fl->run[i];
   uint8_t *data = sf_tensor_data(&f->tensor);
   if (fl->count == 0 && !run) {
@@ -798,10 +801,10 @@ static int init(sf_node *node) {
   }
   /*
    * Producers write their rows straight into batch-sized slabs where they can (augment's output): a batch
-   * whose rows all arrive in place is a view of its slab. Not with buckets (each has its own rows) or pinned
-   * batches (a pinned batch has its buffer from the start, so every row is copied into it).
+   * whose rows all arrive in place is a view of its slab (pinned when the pool is). Not with buckets: each
+   * has rows of its own.
    */
-  return b->n_buckets == 1 && !b->pin_memory ? sf_node_lend_rows(node, b->pool, b->batch_size) : 0;
+  return b->n_buckets == 1 ? sf_node_lend_rows(node, b->pool, b->batch_size) : 0;
 }
 
 static void uninit(sf_node *node) {
@@ -820,6 +823,7 @@ const sf_stage_def sf_stage_batch = {
     .summary = "collates samples into batches of contiguous [B, ...] tensors plus their keys",
     .inputs = SF_PORTS({"in", SF_PORT_SAMPLE}),
     .outputs = SF_PORTS({"out", SF_PORT_BATCH}),
+    .flags = SF_STAGE_LENDS_ROWS,
     .priv_size = sizeof(batch),
     .options = options,
     .init = init,

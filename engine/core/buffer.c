@@ -5,6 +5,7 @@
 
 #include "buffer_device.h"
 #include "buffer_file.h"
+#include "buffer_freer.h"
 #include "shardflow/buffer.h"
 
 struct sf_buffer {
@@ -67,6 +68,11 @@ sf_buffer *sf_buffer_wrap_file(uint8_t *data, size_t size, sf_buffer_free_fn fre
 }
 
 bool sf_buffer_is_file(const sf_buffer *b) { return b && b->file; }
+
+sf_buffer_free_fn sf_buffer_freer(const sf_buffer *b, void **opaque) {
+  *opaque = b ? b->opaque : NULL;
+  return b ? b->free_fn : NULL;
+}
 
 sf_buffer *sf_buffer_ref(sf_buffer *b) {
   if (b) atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer_freer.h"
 #include "pin.h"
 #include "shardflow/pool.h"
 
@@ -106,6 +107,11 @@ sf_buffer *sf_pool_get(sf_pool *p, size_t size) {
   sf_buffer *b = sf_buffer_wrap((uint8_t *)got + HEADER, size, give_back, p);
   if (!b) give_back(p, (uint8_t *)got + HEADER);
   return b;
+}
+
+bool sf_pool_owns(const sf_pool *p, const sf_buffer *b) {
+  void *opaque;
+  return p && sf_buffer_freer(b, &opaque) == give_back && opaque == p;
 }
 
 size_t sf_pool_allocated(const sf_pool *p) {

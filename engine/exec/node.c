@@ -352,8 +352,11 @@ int sf_node_pop(sf_node *n, sf_item *item) {
     if (r < 0) return r;
     if (item->kind == SF_ITEM_NONE) {
       /* A replica is one lane of several: the hole keeps the lanes in step down to where they merge. */
-      if (map && n->replicas > 1 && sf_queue_push(n->out.queues[0], item) < 0)
-        sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");
+      if (map && n->replicas > 1) {
+        n->out_items++;
+        if (sf_queue_push(n->out.queues[0], item) < 0)
+          sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");
+      }
       continue;
     }
     if (map && item->kind == SF_ITEM_EPOCH_END) {
@@ -436,8 +439,10 @@ void sf_node_release_deferred(sf_node *n) {
   n->lends = NULL;
 }
 
-uint64_t sf_node_stream_position(const sf_node *n) {
-  return (n->in.position - 1) * (uint64_t)(n->replicas > 1 ? n->replicas : 1) + (uint64_t)n->replica;
+uint64_t sf_node_stream_position(const sf_node *n) { return n->in.position - 1; }
+
+uint64_t sf_node_output_position(const sf_node *n) {
+  return n->out_items * (uint64_t)(n->replicas > 1 ? n->replicas : 1) + (uint64_t)n->replica;
 }
 
 int sf_node_lend_rows(sf_node *n, sf_pool *pool, int64_t rows) {
@@ -448,8 +453,8 @@ int sf_node_lend_rows(sf_node *n, sf_pool *pool, int64_t rows) {
 }
 
 int sf_node_borrow_row(sf_node *n, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row) {
-  if (n->out.n != 1 || !n->out.queues[0]->lender || n->in.position == 0) return 0;
-  return sf_lent_rows_borrow(n->out.queues[0]->lender, sf_node_stream_position(n), dtype, ndim, shape, row);
+  if (n->out.n != 1 || !n->out.queues[0]->lender) return 0;
+  return sf_lent_rows_borrow(n->out.queues[0]->lender, sf_node_output_position(n), dtype, ndim, shape, row);
 }
 
 void sf_node_row_placed(sf_node *n, int64_t at) {
@@ -463,7 +468,7 @@ void sf_node_push(sf_node *n, sf_item *item) {
     sf_item_clear(item);
     return;
   }
-  if (item->kind == SF_ITEM_SAMPLE || item->kind == SF_ITEM_BATCH) n->pushed++;
+  if (item->kind == SF_ITEM_SAMPLE || item->kind == SF_ITEM_BATCH) n->pushed++, n->out_items++;
   push_or_report(n, item);
 }
 
@@ -512,6 +517,7 @@ int sf_node_step(sf_node *n) {
     /* A dropped sample leaves a hole so round-robin readers stay in step. */
     for (; n->pushed < n->popped; n->pushed++) {
       sf_item hole = {.kind = SF_ITEM_NONE};
+      n->out_items++;
       sf_queue *q = n->out.queues[n->out.n == 1 ? 0 : n->out.rr];
       if (n->out.n > 1) n->out.rr = (n->out.rr + 1) % n->out.n;
       if (sf_queue_push(q, &hole) < 0) sf_node_error(n, SF_ENOMEM, NULL, NULL, -1, "out of memory: order of replicas lost");

@@ -403,6 +403,18 @@ static void explain_mix(FILE *out, const sf_graph *g, const sf_graph_node *m, co
   fprintf(out, "a count of consumed positions resumes at any world size and workers\n");
 }
 
+/* Whether a batch-like consumer lends its rows: not with buckets (stages/batch.c's init). */
+static void explain_lent_rows(FILE *out, const sf_graph_node *consumer, const char *indent) {
+  const sf_graph_value *bucket = sf_graph_node_value(consumer, "bucket_field");
+  if (bucket && bucket->value[0])
+    fprintf(out, "%s  -> %s: rows copied by %s: it has buckets (bucket_field), each with rows of its own\n", indent,
+            consumer->name, consumer->name);
+  else
+    fprintf(out, "%s  -> %s: written into the rows %s lends: each output goes straight into its batch buffer, on "
+            "this stage's threads while it is in their cache; %s copies nothing\n", indent, consumer->name,
+            consumer->name, consumer->name);
+}
+
 static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **defs, const int *inputs, const int *order,
                           int cpus, const char *indent) {
   for (int k = 0; k < g->n_nodes; k++) {
@@ -443,6 +455,8 @@ static void explain_nodes(FILE *out, const sf_graph *g, const sf_stage_def **def
       fprintf(out, "%s  -> %s: decoded here: %s\n", indent, to,
               g->nodes[c].group_stages ? "the next stages run in a group's workers (the wire carries data)"
                                        : "the next stage does not take deferred fields");
+    if ((defs[i]->flags & SF_STAGE_BORROWS_ROWS) && !g->nodes[c].group_stages && (defs[c]->flags & SF_STAGE_LENDS_ROWS))
+      explain_lent_rows(out, &g->nodes[c], indent);
   }
 }
 

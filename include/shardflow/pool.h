@@ -35,6 +35,12 @@ SF_API sf_pool *sf_pool_new(size_t max_free);
  */
 SF_API sf_buffer *sf_pool_get(sf_pool *pool, size_t size);
 
+/**
+ * True when buffer came from pool (sf_pool_get, sf_pool_tensor): so, for a pinned pool, pinned memory. False
+ * for NULL and for any other buffer.
+ */
+SF_API bool sf_pool_owns(const sf_pool *pool, const sf_buffer *buffer);
+
 /** Number of buffers the pool has allocated in all (for tests: reuse keeps it flat). */
 SF_API size_t sf_pool_allocated(const sf_pool *pool);
 

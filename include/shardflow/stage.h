@@ -186,6 +186,10 @@ enum {
    * line instead: set this flag there only where that is acceptable.
    */
   SF_STAGE_TAKES_DEFERRED = 1u << 2,
+  /** The stage lends its producer the rows of its batch buffers (sf_node_lend_rows): batch. The plan says so. */
+  SF_STAGE_LENDS_ROWS = 1u << 3,
+  /** The stage writes its output into rows its consumer lends where it can (sf_node_borrow_row): augment. */
+  SF_STAGE_BORROWS_ROWS = 1u << 4,
 };
 
 typedef struct sf_node sf_node;
@@ -358,8 +362,9 @@ SF_API int sf_node_lend_rows(sf_node *node, sf_pool *pool, int64_t rows);
 SF_API void sf_node_row_placed(sf_node *node, int64_t at);
 
 /**
- * Lent rows, the producer's side: for the sample this node popped last, the row its consumer lends for a
- * field of this dtype and shape (the position of the sample in the stream names the row). *row becomes a
+ * Lent rows, the producer's side: for the output this node makes next (in a map, the sample it was given),
+ * the row its consumer lends for a field of this dtype and shape (the output's place in the stream, holes
+ * of dropped samples counted, names the row). *row becomes a
  * C-contiguous view of it (the caller's reference: write the values, then make it the field's tensor, or
  * clear it). Returns 1 when a row was lent; 0 when none is (no lending consumer, another process, a shape
  * other than the first row's, a sample far behind the others, no memory for a new slab): use memory of the

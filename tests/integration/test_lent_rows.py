@@ -46,7 +46,7 @@ for s in range(2):
 
 def batches(name, urls, replicas, between):
     out = os.path.join(TMP, name)
-    rep = {"replicas": replicas} if replicas > 1 else {}
+    rep = {"replicas": replicas}
     stages = [("shard_source", dict(urls=os.path.join(TMP, urls))), ("tar_split", {}), ("decode", rep),
               ("augment", dict(crop="random_resized", size=48, flip=0.5, mean=[0.5, 0.4, 0.3], std=[0.2, 0.2, 0.2],
                                layout="chw", dtype="float32", **rep))]
@@ -54,6 +54,9 @@ def batches(name, urls, replicas, between):
         stages.append(("rename", dict(names="jpg,cls")))
     stages += [("batch", dict(batch_size=8, partial=True)), ("device_sink", dict(npy_dir=out))]
     path = write_graph(os.path.join(TMP, name + ".yaml"), stages, seed=5, epochs=3, error_policy="skip")
+    plan = run(["run", path, "--explain"]).stdout
+    says = "-> batch: written into the rows batch lends" in plan
+    check(says != between, f"{name}: --explain {'says' if says else 'does not say'} that augment writes into lent rows")
     p = run(["run", path])
     rows = stage_table(p.stderr)
     in_place = rows.get("batch", {}).get("counters", {}).get("rows_in_place", 0)

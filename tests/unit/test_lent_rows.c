@@ -1,4 +1,5 @@
-/* Lent rows: positions to slab rows, a row lent once, realigning after a dropped sample, slabs back to the pool. */
+/* Lent rows: positions to slab rows, a row lent once, realigning after a dropped sample, slabs back to the pool
+ * and known as its own (sf_pool_owns). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +37,14 @@ static void test_positions_to_rows(void **state) {
     if (p % ROWS) assert_ptr_equal(at[p], at[p - 1] + ROW_BYTES); /* the rows of a batch follow each other */
   }
   assert_ptr_not_equal(row[0].buffer, row[ROWS].buffer); /* two batches, two slabs */
+  /* the slabs are the pool's (so pinned memory when the pool pins): batch tells them from other rows so */
+  sf_pool *another = sf_pool_new(1);
+  sf_buffer *plain = sf_buffer_new(ROW_BYTES);
+  assert_true(sf_pool_owns(pool, row[0].buffer) && sf_pool_owns(pool, row[ROWS].buffer));
+  assert_false(sf_pool_owns(another, row[0].buffer));
+  assert_false(sf_pool_owns(pool, plain) || sf_pool_owns(pool, NULL));
+  sf_buffer_unref(&plain);
+  sf_pool_unref(&another);
   sf_tensor again;
   uint8_t *unused;
   assert_int_equal(borrow(l, 2, &again, &unused), 0); /* lent once only */
