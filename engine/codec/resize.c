@@ -59,21 +59,24 @@ static double window(const sf_resize_axis *a, int64_t k, int64_t *xmin, int64_t 
 static void compute(coeffs *cf, const sf_resize_axis *a) {
   double scale = (double)a->span / (double)a->size, filterscale = scale < 1.0 ? 1.0 : scale;
   double ss = 1.0 / filterscale;
-  for (int64_t i = 0; i < a->n; i++) {
+  /* Locals, not cf's fields: the int32 stores below may alias its ksize, which would be re-read. */
+  const int ksize = cf->ksize;
+  const sf_resize_axis axis = *a;
+  int32_t *start = cf->start, *count = cf->count, *k = cf->k;
+  for (int64_t i = 0; i < axis.n; i++, k += ksize) {
     int64_t xmin, xmax;
-    double center = window(a, a->first + i, &xmin, &xmax);
+    double center = window(&axis, axis.first + i, &xmin, &xmax);
     int n = (int)(xmax - xmin);
     double sum = 0.0;
     for (int x = 0; x < n; x++) sum += triangle(((double)(x + xmin) - center + 0.5) * ss);
-    int32_t *k = cf->k + i * cf->ksize;
     for (int x = 0; x < n; x++) {
       double w = triangle(((double)(x + xmin) - center + 0.5) * ss);
       double v = sum != 0.0 ? w / sum * (1 << PRECISION_BITS) : 0.0;
       k[x] = (int32_t)(v < 0 ? v - 0.5 : v + 0.5);
     }
-    memset(k + n, 0, (size_t)(cf->ksize - n) * sizeof(int32_t));
-    cf->start[i] = (int32_t)(a->origin + xmin);
-    cf->count[i] = n;
+    memset(k + n, 0, (size_t)(ksize - n) * sizeof(int32_t));
+    start[i] = (int32_t)(axis.origin + xmin);
+    count[i] = n;
   }
 }
 
@@ -224,25 +227,32 @@ typedef struct dense {
 
 /* Fills d (arrays sized by the caller for d->groups, d->steps) for outputs [0, n) of cx; false if it does not apply. */
 static bool dense_make(dense *d, const coeffs *cx, int64_t n) {
-  memset(d->tab, 0, (size_t)d->groups * (size_t)d->steps * 3 * sizeof(__m256i));
-  for (int64_t g = 0; g < d->groups; g++)
+  /* Locals, not cx's and d's fields: the byte stores below may alias anything, so fields would be re-read. */
+  const int32_t *start = cx->start, *count = cx->count, *k = cx->k;
+  const int ksize = cx->ksize, steps = d->steps;
+  const int64_t groups = d->groups;
+  uint8_t *tab = (uint8_t *)d->tab;
+  int32_t *ofs = d->ofs;
+  memset(tab, 0, (size_t)groups * (size_t)steps * 3 * sizeof(__m256i));
+  for (int64_t g = 0; g < groups; g++)
     for (int half = 0; half < 2; half++) {
       const int64_t s0 = 8 * g + 4 * half, j0 = s0 / 3 < n ? s0 / 3 : n - 1;
-      const int64_t b = (int64_t)cx->start[j0] * 3;
-      d->ofs[2 * g + half] = (int32_t)b;
-      for (int k = 0; k < 4; k++) {
-        const int64_t j = (s0 + k) / 3, ch = (s0 + k) % 3;
+      ofs[2 * g + half] = start[j0] * 3;
+      for (int q = 0; q < 4; q++) {
+        const int64_t j = (s0 + q) / 3, ch = (s0 + q) % 3;
         if (j >= n) break;
-        const int64_t dist = cx->start[j] - cx->start[j0];
+        const int dist = start[j] - start[j0], taps = count[j];
         if (3 * dist + 5 >= 16) return false;
-        for (int t = 0; t < cx->count[j]; t++) {
-          __m256i *e = d->tab + (g * d->steps + t / 2) * 3;
-          const int at = half * 16 + 4 * k + 2 * (t & 1); /* byte of the mask, of the 16-bit pair */
-          const int32_t w = cx->k[j * cx->ksize + t];
+        const int32_t *w = k + j * ksize;
+        for (int t = 0; t < taps; t++) {
+          /* step t / 2's three vectors: the mask, the weights' hi parts, their lo parts */
+          uint8_t *e = tab + (size_t)((g * steps + t / 2) * 3) * sizeof(__m256i);
+          const int at = half * 16 + 4 * q + 2 * (t & 1); /* byte of the mask, of the 16-bit pair */
           /* lanes without taps keep mask 0 and weight 0: they read byte 0 and add nothing */
-          ((uint8_t *)e)[at] = (uint8_t)(3 * dist + ch + 3 * (t & 1)), ((uint8_t *)e)[at + 1] = 0x80;
-          ((int16_t *)(e + 1))[at / 2] = (int16_t)(w >> SPLIT);
-          ((int16_t *)(e + 2))[at / 2] = (int16_t)(w & ((1 << SPLIT) - 1));
+          e[at] = (uint8_t)(3 * dist + ch + 3 * (t & 1)), e[at + 1] = 0x80;
+          int16_t hi = (int16_t)(w[t] >> SPLIT), lo = (int16_t)(w[t] & ((1 << SPLIT) - 1));
+          memcpy(e + sizeof(__m256i) + at, &hi, 2);
+          memcpy(e + 2 * sizeof(__m256i) + at, &lo, 2);
         }
       }
     }
