@@ -547,7 +547,10 @@ static int put(sf_node *node, batch *b, filling *fl, sf_sample **ps) {
     uint8_t *dst = (uint8_t *)sf_tensor_data(t) + slot * (size_t)fl->count;
     sf_field_write(f, dst); /* a deferred one (augment's output) computed straight into the slot */
   }
-  if (s == b->popped) sf_node_row_placed(node, fl->count);
+  if (s == b->popped) { /* the sample just popped: its lent row is where this row is, or the rows realign */
+    sf_node_row_placed(node, fl->count);
+    b->popped = NULL;
+  }
   out->keys[fl->count] = sf_sample_take_key(s);
   out->origins[2 * fl->count] = s->shard_index;
   out->origins[2 * fl->count + 1] = s->index;

@@ -26,7 +26,8 @@ struct sf_lent_rows {
   sf_tensor row;       /* the rows' dtype and shape, no buffer (ndim 0 until the first borrow) */
   size_t row_bytes;
   slab kept[KEPT];     /* buffer NULL: empty */
-  uint64_t full_until; /* slabs numbered below it and not kept were all lent: none is made again */
+  uint64_t full_until; /* slabs numbered below it and not kept were all lent or passed: none is made again */
+  uint64_t frontier;   /* one past the furthest position producers asked for */
   uint64_t lent, realigned;
 };
 
@@ -60,36 +61,52 @@ static bool same_row(const sf_tensor *a, sf_dtype dtype, int ndim, const int64_t
   return a->dtype == dtype && a->ndim == ndim && memcmp(a->shape, shape, (size_t)ndim * sizeof shape[0]) == 0;
 }
 
-/* Slab `number` (borrowed), made when it is newer than every slab kept, else NULL. Called locked. */
-static slab *slab_of(sf_lent_rows *l, uint64_t number) {
-  int slot = -1; /* an empty one, else the oldest */
-  for (int i = 0; i < KEPT; i++) {
+/* The kept slab numbered `number`, or NULL. Called locked. */
+static slab *find(sf_lent_rows *l, uint64_t number) {
+  for (int i = 0; i < KEPT; i++)
     if (l->kept[i].buffer && l->kept[i].number == number) return &l->kept[i];
-    if (slot >= 0 && !l->kept[slot].buffer) continue;
-    if (!l->kept[i].buffer || slot < 0 || l->kept[i].number < l->kept[slot].number) slot = i;
-  }
-  slab *s = &l->kept[slot];
-  if (number < l->full_until || (s->buffer && s->number > number)) return NULL; /* far behind: not a slab */
-  sf_buffer *b = sf_pool_get(l->pool, l->row_bytes * (size_t)l->rows);
-  uint8_t *lent = calloc((size_t)l->rows, 1);
-  if (!b || !lent) {
-    sf_buffer_unref(&b);
-    free(lent);
-    return NULL;
-  }
-  drop_slab(s);
-  *s = (slab){.number = number, .buffer = b, .lent = lent};
-  return s;
+  return NULL;
+}
+
+/* Where a new slab `number` goes (an empty slot, else the oldest's), or NULL when it is older than that or
+ * than full_until: a producer far behind, given memory of its own. Called locked. */
+static slab *slot_for(sf_lent_rows *l, uint64_t number) {
+  slab *s = NULL;
+  for (int i = 0; i < KEPT && !(s && !s->buffer); i++)
+    if (!s || !l->kept[i].buffer || l->kept[i].number < s->number) s = &l->kept[i];
+  return number < l->full_until || (s->buffer && s->number > number) ? NULL : s;
 }
 
 int sf_lent_rows_borrow(sf_lent_rows *l, uint64_t p, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row) {
-  pthread_mutex_lock(&l->lock);
+  sf_buffer *fresh = NULL; /* a new slab's memory, taken outside the lock (a pinned pool registers it: slow) */
+  uint8_t *fresh_lent = NULL;
   int r = 0;
-  if (l->row.ndim == 0 && sf_tensor_set_shape(&l->row, dtype, ndim, shape) == 0) l->row_bytes = sf_tensor_nbytes(&l->row);
-  if (p >= l->base && l->row_bytes && same_row(&l->row, dtype, ndim, shape)) {
-    uint64_t k = p - l->base, at = k % (uint64_t)l->rows;
-    slab *s = slab_of(l, k / (uint64_t)l->rows);
-    if (s && !s->lent[at]) {
+  pthread_mutex_lock(&l->lock);
+  if (p >= l->frontier) l->frontier = p + 1;
+  for (;;) {
+    if (l->row.ndim == 0 && sf_tensor_set_shape(&l->row, dtype, ndim, shape) == 0) l->row_bytes = sf_tensor_nbytes(&l->row);
+    if (p < l->base || !l->row_bytes || !same_row(&l->row, dtype, ndim, shape)) break;
+    const uint64_t k = p - l->base, number = k / (uint64_t)l->rows, at = k % (uint64_t)l->rows;
+    const size_t bytes = l->row_bytes * (size_t)l->rows;
+    slab *s = find(l, number);
+    if (!s) {
+      slab *slot = slot_for(l, number);
+      if (!slot) break;
+      if (!fresh || sf_buffer_size(fresh) != bytes) {
+        if (fresh) break; /* the rows changed shape meanwhile */
+        pthread_mutex_unlock(&l->lock);
+        fresh = sf_pool_get(l->pool, bytes);
+        fresh_lent = calloc((size_t)l->rows, 1);
+        pthread_mutex_lock(&l->lock);
+        if (!fresh || !fresh_lent) break;
+        continue; /* the slabs may have moved meanwhile: look again */
+      }
+      drop_slab(slot);
+      *slot = (slab){.number = number, .buffer = fresh, .lent = fresh_lent};
+      fresh = NULL, fresh_lent = NULL;
+      s = slot;
+    }
+    if (!s->lent[at]) {
       r = sf_tensor_view(row, dtype, ndim, shape, sf_buffer_ref(s->buffer), (size_t)at * l->row_bytes) == 0 ? 1 : 0;
       s->lent[at] = 1;
       l->lent += (uint64_t)r;
@@ -98,8 +115,11 @@ int sf_lent_rows_borrow(sf_lent_rows *l, uint64_t p, sf_dtype dtype, int ndim, c
         drop_slab(s);
       }
     }
+    break;
   }
   pthread_mutex_unlock(&l->lock);
+  sf_buffer_unref(&fresh);
+  free(fresh_lent);
   return r;
 }
 
@@ -109,10 +129,22 @@ void sf_lent_rows_placed(sf_lent_rows *l, uint64_t p, int64_t at) {
   /* where p's row lies: (p - base) mod rows, for p before base too */
   uint64_t lies = p >= l->base ? (p - l->base) % rows : (rows - (l->base - p) % rows) % rows;
   if (lies != (uint64_t)at) {
-    l->base = p - (uint64_t)at + rows; /* the position the next batch starts with */
+    /* The rows start afresh at a batch's first position, past every position producers have borrowed for:
+       rows borrowed under the old layout are copied anyway, and slabs made for them would be wasted. */
+    uint64_t next = p - (uint64_t)at + rows;
+    while (next < l->frontier) next += rows;
+    l->base = next;
     l->full_until = 0;
+    l->row = (sf_tensor){0}; /* the next borrow says the rows' shape again */
+    l->row_bytes = 0;
     drop_slabs(l);
     l->realigned++;
+  } else if (p >= l->base) {
+    /* Slabs wholly before p get no more borrowers (positions before p were all produced): let them go. */
+    uint64_t number = (p - l->base) / rows;
+    for (int i = 0; i < KEPT; i++)
+      if (l->kept[i].buffer && l->kept[i].number < number) drop_slab(&l->kept[i]);
+    if (number > l->full_until) l->full_until = number;
   }
   pthread_mutex_unlock(&l->lock);
 }

@@ -30,13 +30,18 @@ void sf_lent_rows_free(sf_lent_rows *l);
 
 /*
  * The row of position p, for a field of that dtype and shape: *row becomes a view of it (C-contiguous, the
- * caller's reference). Not lent (0, *row untouched): another dtype or shape than the first borrowed row's, a
- * position before the slabs' start, one of a slab older than the eight kept, a row lent already, or no memory
- * for a new slab (the caller's own allocation then says so). Returns 1 when lent, else 0.
+ * caller's reference). Not lent (0; *row untouched, or zeroed): another dtype or shape than the first row
+ * borrowed since the rows last started afresh, a position before their start, one of a slab older than the
+ * eight kept, a row lent already, or no memory for a new slab (the caller's own allocation then says so).
+ * Returns 1 when lent, else 0.
  */
 int sf_lent_rows_borrow(sf_lent_rows *l, uint64_t p, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row);
 
-/* The consumer put the sample of position p at row `at` of its batch: when that is not where p's row lies, the next batch starts a new slab. */
+/*
+ * The consumer put the sample of position p at row `at` of its batch. When that is not where p's row lies,
+ * the rows start afresh at a later batch's first position, past every position producers asked for; else
+ * the slabs wholly before p, which no producer can borrow from any more, go.
+ */
 void sf_lent_rows_placed(sf_lent_rows *l, uint64_t p, int64_t at);
 
 /* Rows lent so far, and how many times the slabs started afresh (realigned). */

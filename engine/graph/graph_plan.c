@@ -410,8 +410,8 @@ static void explain_lent_rows(FILE *out, const sf_graph_node *consumer, const ch
     fprintf(out, "%s  -> %s: rows copied by %s: it has buckets (bucket_field), each with rows of its own\n", indent,
             consumer->name, consumer->name);
   else
-    fprintf(out, "%s  -> %s: written into the rows %s lends: each output goes straight into its batch buffer, on "
-            "this stage's threads while it is in their cache; %s copies nothing\n", indent, consumer->name,
+    fprintf(out, "%s  -> %s: written into the rows %s lends: each image goes straight into its batch buffer, on "
+            "this stage's threads while it is in their cache, not copied there by %s\n", indent, consumer->name,
             consumer->name, consumer->name);
 }
 

@@ -366,9 +366,9 @@ SF_API void sf_node_row_placed(sf_node *node, int64_t at);
  * the row its consumer lends for a field of this dtype and shape (the output's place in the stream, holes
  * of dropped samples counted, names the row). *row becomes a
  * C-contiguous view of it (the caller's reference: write the values, then make it the field's tensor, or
- * clear it). Returns 1 when a row was lent; 0 when none is (no lending consumer, another process, a shape
- * other than the first row's, a sample far behind the others, no memory for a new slab): use memory of the
- * stage's own then.
+ * clear it). Ask at most once per output, before pushing it, and for one field of it. Returns 1 when a row
+ * was lent; 0 when none is (no lending consumer, another process, a shape other than the first row's, a
+ * sample far behind the others, no memory for a new slab): use memory of the stage's own then.
  */
 SF_API int sf_node_borrow_row(sf_node *node, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row);
 

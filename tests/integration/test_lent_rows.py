@@ -77,7 +77,7 @@ for replicas in (1, 2):
     n = sum(len(b[2]) for b in lent)
     check(n == 3 * 64, f"replicas {replicas}: 64 samples an epoch for 3 epochs ({n})")
     check(same(copied, lent), f"replicas {replicas}: the same batches with lent rows")
-    check(in_place >= n * 3 // 4 and none < n // 4, f"replicas {replicas}: {in_place} of {n} rows written in place "
+    check(n * 3 // 4 <= in_place <= n and none < n // 4, f"replicas {replicas}: {in_place} of {n} rows written in place "
           f"({none} without lending)")
     # Holes and short batches: the rows realign, and those a producer had already written ahead are copied.
     copied, _ = batches(f"holed_copied{replicas}", "h{0..1}.tar", replicas, True)
