@@ -413,11 +413,7 @@ static int transform(sf_node *node, const augment *a, sf_field *f, uint64_t stre
   *bytes += (size_t)(shape[0] * shape[1] * shape[2]) * sf_dtype_size(t.dtype);
   /* A row the consumer lends (batch's), for one field of the sample: the whole transform is written there now. */
   sf_tensor row = {0};
-  int lent = *borrow ? sf_node_borrow_row(node, t.dtype, 3, shape, &row) : 0;
-  if (lent < 0) {
-    sf_tensor_clear(&resized);
-    return lent;
-  }
+  const bool lent = *borrow && sf_node_borrow_row(node, t.dtype, 3, shape, &row) == 1;
   if (lent) *borrow = false;
   sf_error err = {.code = 0};
   const sf_tensor *src = resized.buffer ? &resized : NULL;

@@ -148,28 +148,29 @@ int sf_image_transform_apply(sf_field *f, const sf_image_transform *t, const sf_
   return sf_image_transform_apply_into(f, t, src, NULL, error);
 }
 
+/* Points l at t's source, after checking that t fits it: f's undecoded JPEG, else src, else f's own tensor. */
+static int set_source(sf_lazy_transform *l, const sf_image_transform *t, const sf_field *f, const sf_tensor *src,
+                      sf_error *error) {
+  const sf_jpeg_source *jpeg = src ? NULL : sf_lazy_jpeg_of(f);
+  if (jpeg) {
+    l->jpeg = jpeg;
+    return check_jpeg(t, jpeg, error);
+  }
+  if (!src && f->recipe)
+    return sf_error_set(error, SF_EINVAL, SF_NOWHERE, "image transform: field '%s' is deferred (not a JPEG left "
+                        "undecoded): materialise it first (sf_field_materialize)", f->name);
+  l->src = src ? *src : f->tensor;
+  return check_view(t, &l->src, error);
+}
+
 int sf_image_transform_apply_into(sf_field *f, const sf_image_transform *t, const sf_tensor *src, sf_tensor *into,
                                   sf_error *error) {
   sf_error scratch = {.code = 0};
   if (!error) error = &scratch;
+  sf_lazy_transform l = internal_of(t);
   int r = check_plan(t, error);
   if (r == 0 && into) r = check_into(t, into, error);
-  if (r < 0) {
-    if (into) sf_tensor_clear(into);
-    return r;
-  }
-  sf_lazy_transform l = internal_of(t);
-  const sf_jpeg_source *jpeg = src ? NULL : sf_lazy_jpeg_of(f);
-  if (jpeg) {
-    r = check_jpeg(t, jpeg, error);
-    l.jpeg = jpeg;
-  } else if (!src && f->recipe) {
-    r = sf_error_set(error, SF_EINVAL, SF_NOWHERE, "image transform: field '%s' is deferred (not a JPEG left "
-                     "undecoded): materialise it first (sf_field_materialize)", f->name);
-  } else {
-    l.src = src ? *src : f->tensor;
-    r = check_view(t, &l.src, error);
-  }
+  if (r == 0) r = set_source(&l, t, f, src, error);
   if (r < 0) {
     if (into) sf_tensor_clear(into);
     return r;

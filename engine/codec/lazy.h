@@ -133,9 +133,10 @@ int sf_lazy_write(const sf_lazy_transform *t, void *dst, sf_error *error);
  * Applies t to field f (its source: f's own tensor or JPEG): the JPEG region is decoded and any
  * resampling done now (so that a corrupt JPEG is f's error). With `into` (a C-contiguous view of the
  * output's shape and dtype: a row its consumer lent), the last pass is written there now and f's tensor
- * becomes that view (the call takes the caller's reference; on error it is cleared). Otherwise the last pass is deferred (f
- * becomes a deferred field holding the description, written later straight into its destination) unless
- * the source it would keep alive is much larger than the output, when f gets its output tensor now.
+ * becomes that view (the call takes the caller's reference; on error it is cleared). Otherwise the last
+ * pass is deferred (f becomes a deferred field holding the description, written later straight into its
+ * destination) unless the source it would keep alive is much larger than the output, when f gets its
+ * output tensor now.
  * Returns 0, SF_ENOMEM or SF_EFORMAT (message in *error); f is unchanged on error.
  */
 int sf_lazy_apply(sf_field *f, const sf_lazy_transform *t, sf_tensor *into, sf_error *error);

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shardflow/error.h"
 
 /* Slabs kept while rows of them are still to lend: producers run ahead of each other by up to a few batches. */
 enum { KEPT = 8 };

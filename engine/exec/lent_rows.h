@@ -9,8 +9,8 @@
  * producers' round-robin lanes carried, in the order the consumer reads them). Position p lands in slab
  * (p - base) / rows at row (p - base) % rows, as long as nothing between producer and consumer drops a
  * sample or ends a batch early (a skipped sample, an epoch's short last batch). When the consumer finds a
- * sample at another row of its batch (sf_lent_rows_placed), the slabs start afresh with the next batch:
- * the rows lent before then are copied as any row is. So the rows decide nothing about the output, only
+ * sample at another row of its batch (sf_lent_rows_placed), the rows start afresh at the first batch past
+ * where the producers have got to: the rows lent before then are copied as any row is. So the rows decide nothing about the output, only
  * where its bytes are written first: batches are the same with and without lending.
  * Thread-safe (one lock): producers on any thread, the consumer on its own.
  */

@@ -439,9 +439,15 @@ void sf_node_release_deferred(sf_node *n) {
   n->lends = NULL;
 }
 
-uint64_t sf_node_stream_position(const sf_node *n) { return n->in.position - 1; }
+/*
+ * Stream positions name the rows a consumer lends: a sample's place in what the consumer pops (samples and
+ * holes, not epoch markers). On the consumer, the item it popped last. On a producer, the output it makes
+ * now, its out_items-th (holes included): replica r of R is every R-th of what its consumer pops, which reads
+ * the replicas' queues in turn, so that is position out_items * R + r.
+ */
+static uint64_t popped_position(const sf_node *n) { return n->in.position - 1; }
 
-uint64_t sf_node_output_position(const sf_node *n) {
+static uint64_t output_position(const sf_node *n) {
   return n->out_items * (uint64_t)(n->replicas > 1 ? n->replicas : 1) + (uint64_t)n->replica;
 }
 
@@ -454,11 +460,11 @@ int sf_node_lend_rows(sf_node *n, sf_pool *pool, int64_t rows) {
 
 int sf_node_borrow_row(sf_node *n, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row) {
   if (n->out.n != 1 || !n->out.queues[0]->lender) return 0;
-  return sf_lent_rows_borrow(n->out.queues[0]->lender, sf_node_output_position(n), dtype, ndim, shape, row);
+  return sf_lent_rows_borrow(n->out.queues[0]->lender, output_position(n), dtype, ndim, shape, row);
 }
 
 void sf_node_row_placed(sf_node *n, int64_t at) {
-  if (n->lends && n->in.position) sf_lent_rows_placed(n->lends, sf_node_stream_position(n), at);
+  if (n->lends && n->in.position) sf_lent_rows_placed(n->lends, popped_position(n), at);
 }
 
 void sf_node_push(sf_node *n, sf_item *item) {

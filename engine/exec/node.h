@@ -45,7 +45,7 @@ typedef struct sf_port {
   int n;
   int rr;              /* next queue in round-robin order */
   int markers;         /* epoch-end markers collected from the queues (consumer side) */
-  uint64_t position;   /* samples and holes popped so far (markers not counted): see sf_node_stream_position */
+  uint64_t position;   /* samples and holes popped so far (markers not counted): names lent rows (node.c) */
 } sf_port;
 
 struct sf_node {
@@ -74,7 +74,7 @@ struct sf_node {
   atomic_bool done;              /* returned SF_EOF or failed; outputs closed */
   /* map stages: samples taken and given this step, so a dropped sample leaves a hole */
   int popped, pushed;
-  uint64_t out_items;      /* samples and holes it put on its output so far (see sf_node_stream_position) */
+  uint64_t out_items;      /* samples and holes it put on its output so far: names lent rows (node.c) */
   /* metrics */
   atomic_uint_fast64_t items, bytes, errors, skipped;
   atomic_uint_fast64_t filtered; /* samples a stage dropped on purpose (not errors, outside the error budget) */
@@ -165,13 +165,5 @@ uint64_t sf_node_deferred_ns(const sf_node *node);
 uint64_t sf_thread_deferred_ns(void);
 /* Drops the node's clock (the recipes still queued keep theirs alive) and the rows it lends. */
 void sf_node_release_deferred(sf_node *node);
-/*
- * Stream positions: a sample's place in what a consumer pops (samples and holes, not epoch markers), which
- * names the row it lends for it. On the consumer: the item it popped last. On a producer: the output it
- * makes now, its out_items-th (holes included); replica r of R is every R-th of what its consumer pops, which
- * reads the replicas' queues in turn, so that is position out_items * R + r.
- */
-uint64_t sf_node_stream_position(const sf_node *node);
-uint64_t sf_node_output_position(const sf_node *node);
 
 #endif

@@ -356,19 +356,19 @@ SF_API int sf_node_lend_rows(sf_node *node, sf_pool *pool, int64_t rows);
 /**
  * Lent rows, the consumer's side: the sample popped last goes to row `at` (0-based) of the batch being
  * filled. When its lent row lies elsewhere (a sample was dropped upstream, or a batch ended short at an
- * epoch's end), the slabs start afresh with the next batch. Call it for every sample popped and put in a
- * batch at once; nothing for a sample held back.
+ * epoch's end), the rows start afresh at the first batch past where the producers have got to. Call it for
+ * every sample popped and put in a batch at once; nothing for a sample held back.
  */
 SF_API void sf_node_row_placed(sf_node *node, int64_t at);
 
 /**
  * Lent rows, the producer's side: for the output this node makes next (in a map, the sample it was given),
  * the row its consumer lends for a field of this dtype and shape (the output's place in the stream, holes
- * of dropped samples counted, names the row). *row becomes a
- * C-contiguous view of it (the caller's reference: write the values, then make it the field's tensor, or
- * clear it). Ask at most once per output, before pushing it, and for one field of it. Returns 1 when a row
- * was lent; 0 when none is (no lending consumer, another process, a shape other than the first row's, a
- * sample far behind the others, no memory for a new slab): use memory of the stage's own then.
+ * of dropped samples counted, names the row). *row becomes a C-contiguous view of it (the caller's
+ * reference: write the values, then make it the field's tensor, or clear it). Ask at most once per output,
+ * before pushing it, and for one field of it. Returns 1 when a row was lent; 0 when none is (no lending
+ * consumer, another process, a shape other than the first row's, a sample far behind the others, no memory
+ * for a new slab): use memory of the stage's own then.
  */
 SF_API int sf_node_borrow_row(sf_node *node, sf_dtype dtype, int ndim, const int64_t *shape, sf_tensor *row);
 
