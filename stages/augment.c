@@ -85,7 +85,8 @@ static const sf_option options[] = {
     {"exact", SF_OPT_BOOL, offsetof(augment, exact), "true", 0, 0,
      "true: a JPEG decode left undecoded gets the full decode's pixels (PIL's, bit for bit); false: its crop "
      "is decoded at the smallest DCT scale that covers the output (dct_scaling), with libjpeg's fast integer "
-     "IDCT: less CPU, pixels a few levels off (docs/data.md says how far)",
+     "IDCT: less CPU, pixels a few levels off (docs/data.md says how far, and what it did to a model's "
+     "accuracy); train and evaluate with the same setting",
      NULL},
     {"dct_scaling", SF_OPT_BOOL, offsetof(augment, dct_scaling), "false", 0, 0,
      "for a JPEG decode left undecoded (its defer_jpeg): false decodes the crop's region at full size, so "
