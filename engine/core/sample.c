@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "huge_map.h"
 #include "shardflow/stage.h"
 
 /* What sf_shard_reading hides (shardflow/sample.h): shard_source sets it, tar_split reads it. */
@@ -132,19 +133,15 @@ enum { SAMPLE_SLABS = 1 };
 static size_t compact_size(int n_fields) { return offsetof(sf_sample, fields) + (size_t)n_fields * sizeof(sf_field); }
 /* Slot sizes: class 0 a whole sample struct, class n (1..SF_MAX_FIELDS) a compact sample of n fields. */
 static size_t slot_size(int class) { return ((class ? compact_size(class) : sizeof(sf_sample)) + 63) / 64 * 64; }
-enum { SLAB_BYTES = 2 << 20 };
+enum { SLAB_BYTES = SF_HUGE_PAGE };
 static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *spare[SF_MAX_FIELDS + 1]; /* a free list per class, linked through each slot's first word */
 static uint8_t *slab_next, *slab_end; /* the rest of the newest slab */
 
 /* A new slab, 2 MiB aligned (a huge page can back it only so), or NULL. Called with spare_lock held. */
 static bool new_slab(void) {
-  uint8_t *raw = mmap(NULL, 2 * (size_t)SLAB_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return false;
-  uint8_t *slab = (uint8_t *)(((uintptr_t)raw + SLAB_BYTES - 1) & ~(uintptr_t)(SLAB_BYTES - 1));
-  if (slab > raw) munmap(raw, (size_t)(slab - raw));
-  munmap(slab + SLAB_BYTES, (size_t)(raw + 2 * (size_t)SLAB_BYTES - (slab + SLAB_BYTES)));
-  (void)madvise(slab, SLAB_BYTES, MADV_HUGEPAGE);
+  uint8_t *slab = sf_huge_map(SLAB_BYTES);
+  if (!slab) return false;
 #ifdef MADV_POPULATE_WRITE
   (void)madvise(slab, SLAB_BYTES, MADV_POPULATE_WRITE); /* one call, not a fault a page (Linux 5.14+) */
 #endif

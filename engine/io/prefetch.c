@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -16,6 +15,7 @@
 #include "http.h"
 #include "object_store.h"
 #include "files.h"
+#include "huge_map.h"
 #include "prefetch.h"
 #include "url.h"
 #include "shardflow/stage.h"
@@ -23,7 +23,7 @@
 /* Bytes arrive in blocks of 512 KiB; the download being read may hold 4 of them whatever the budget.
  * Blocks are cut from 2 MiB slabs that ask for a transparent huge page: one page fault (and one TLB
  * entry) per 4 blocks instead of 512 for 4 KiB pages, for the copy into them and the tar reader's reads. */
-enum { BLOCK = 512 * 1024, RESERVE = 4 * BLOCK, SLAB = 2 << 20, SLAB_BLOCKS = SLAB / BLOCK };
+enum { BLOCK = 512 * 1024, RESERVE = 4 * BLOCK, SLAB = SF_HUGE_PAGE, SLAB_BLOCKS = SLAB / BLOCK };
 
 typedef struct block {
   struct block *next;
@@ -157,16 +157,11 @@ static void changed(sf_prefetch *p) {
  * page (madvise is advice: without THP it is 512 ordinary pages).  Returns false when out of memory. */
 static bool add_slab(sf_prefetch *p) {
   slab *s = calloc(1, sizeof *s);
-  uint8_t *raw = s ? mmap(NULL, 2 * SLAB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
-  if (raw == MAP_FAILED) {
+  uint8_t *mem = s ? sf_huge_map(SLAB) : NULL;
+  if (!mem) {
     free(s);
     return false;
   }
-  /* Keep the 2 MiB-aligned slab inside the mapping, unmap the rest. */
-  uint8_t *mem = (uint8_t *)(((uintptr_t)raw + SLAB - 1) & ~(uintptr_t)(SLAB - 1));
-  if (mem > raw) munmap(raw, (size_t)(mem - raw));
-  if (raw + 2 * SLAB > mem + SLAB) munmap(mem + SLAB, (size_t)(raw + 2 * SLAB - (mem + SLAB)));
-  (void)madvise(mem, SLAB, MADV_HUGEPAGE);
   s->mem = mem;
   s->next = p->slabs;
   p->slabs = s;
@@ -1214,7 +1209,7 @@ void sf_prefetch_destroy(sf_prefetch **prefetch) {
   while (p->slabs) {
     slab *s = p->slabs;
     p->slabs = s->next;
-    munmap(s->mem, SLAB);
+    sf_huge_unmap(s->mem, SLAB);
     free(s);
   }
   while (p->servers) {

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "huge_map.h"
 #include "shardflow/stage.h"
 
 static int freed;
@@ -277,11 +278,27 @@ static void test_rng(void **state) {
   assert_true(sf_seed_mix(1, 2) != sf_seed_mix(2, 2));
 }
 
+/* sf_huge_map: 2 MiB aligned, zeroed, writable to the end of the 2 MiB it rounds up to; unmapped again. */
+static void test_huge_map(void **state) {
+  const size_t bytes = 3 * (size_t)SF_HUGE_PAGE / 2;
+  uint8_t *mem = sf_huge_map(bytes);
+  assert_non_null(mem);
+  assert_int_equal((uintptr_t)mem % SF_HUGE_PAGE, 0);
+  for (size_t i = 0; i < 2 * (size_t)SF_HUGE_PAGE; i += 4096) assert_int_equal(mem[i], 0);
+  memset(mem, 0x5a, 2 * (size_t)SF_HUGE_PAGE);
+  assert_int_equal(mem[2 * (size_t)SF_HUGE_PAGE - 1], 0x5a);
+  sf_huge_unmap(mem, bytes);
+  sf_huge_unmap(NULL, bytes); /* nothing */
+  assert_null(sf_huge_map(0));
+  assert_null(sf_huge_map(SIZE_MAX));
+  (void)state;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refcount),     cmocka_unit_test(test_tensor_view), cmocka_unit_test(test_sample_fields),
       cmocka_unit_test(test_sample_reuse),  cmocka_unit_test(test_many_samples), cmocka_unit_test(test_compact_samples),
-      cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng),
+      cmocka_unit_test(test_errors_table), cmocka_unit_test(test_rng), cmocka_unit_test(test_huge_map),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
