@@ -134,7 +134,7 @@ int sf_image_transform_write(const sf_image_transform *t, const sf_tensor *src, 
   return sf_lazy_write(&l, dst, error);
 }
 
-/* Whether into is a C-contiguous view of t's output shape and dtype. */
+/* Checks that into is a C-contiguous view of t's output shape and dtype: 0, or SF_EINVAL in *error. */
 static int check_into(const sf_image_transform *t, const sf_tensor *into, sf_error *error) {
   int64_t shape[3];
   sf_image_transform_shape(t, shape);

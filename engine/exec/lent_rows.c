@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* Slabs kept while rows of them are still to lend: producers run ahead of each other by up to a few batches. */
 enum { KEPT = 8 };
 
@@ -91,8 +90,8 @@ int sf_lent_rows_borrow(sf_lent_rows *l, uint64_t p, sf_dtype dtype, int ndim, c
     if (!s) {
       slab *slot = slot_for(l, number);
       if (!slot) break;
-      if (!fresh || sf_buffer_size(fresh) != bytes) {
-        if (fresh) break; /* the rows changed shape meanwhile */
+      if (fresh && sf_buffer_size(fresh) != bytes) break; /* the rows changed shape meanwhile */
+      if (!fresh) {
         pthread_mutex_unlock(&l->lock);
         fresh = sf_pool_get(l->pool, bytes);
         fresh_lent = calloc((size_t)l->rows, 1);
