@@ -5,8 +5,11 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
+#include "jpeg_entries.h"
 #include "jpeg_region.h"
+#include "jpeg_scan.h"
 #include "pixels.h"
 
 /* libjpeg reports errors by calling error_exit: jump back with its message instead of exit(). */
@@ -74,18 +77,105 @@ int sf_jpeg_dct_scale(int64_t h, int64_t w, int64_t min_h, int64_t min_w) {
 
 int64_t sf_jpeg_scaled(int64_t v, int m) { return (v * m + 7) / 8; }
 
+/*
+ * Where a region decode starts: the JPEG itself (head = NULL), or a head of sf_jpeg_scan_resume's followed by the
+ * JPEG's bytes from rest on, whose pixel rows are the JPEG's less the first `shift`.
+ */
+typedef struct start {
+  uint8_t *head;
+  size_t head_size;
+  const uint8_t *rest;
+  size_t rest_size;
+  int64_t shift;
+} start;
+
+/* libjpeg's source for a resumed decode: the head, then the rest; past their end an EOI after a warning, as
+   jpeg_mem_src gives. */
+typedef struct two_part_source {
+  struct jpeg_source_mgr pub;
+  const start *at;
+  bool in_rest;
+} two_part_source;
+
+static void source_init(j_decompress_ptr cinfo) { (void)cinfo; }
+
+static boolean source_fill(j_decompress_ptr cinfo) {
+  static const JOCTET eoi[2] = {0xFF, JPEG_EOI};
+  two_part_source *s = (two_part_source *)cinfo->src;
+  if (!s->in_rest && s->at->rest_size) {
+    s->in_rest = true;
+    s->pub.next_input_byte = s->at->rest, s->pub.bytes_in_buffer = s->at->rest_size;
+    return TRUE;
+  }
+  WARNMS(cinfo, JWRN_JPEG_EOF);
+  s->pub.next_input_byte = eoi, s->pub.bytes_in_buffer = 2;
+  return TRUE;
+}
+
+static void source_skip(j_decompress_ptr cinfo, long n) {
+  struct jpeg_source_mgr *s = cinfo->src;
+  for (; n > (long)s->bytes_in_buffer; source_fill(cinfo)) n -= (long)s->bytes_in_buffer;
+  if (n > 0) s->next_input_byte += n, s->bytes_in_buffer -= (size_t)n;
+}
+
+static void source_term(j_decompress_ptr cinfo) { (void)cinfo; }
+
+/*
+ * Sets *at to start at the iMCU row holding output row top - 1 (decoded at m/8; row top may take its chroma
+ * from the row above it), when that is past the first: at the entry kept for the JPEG, walked to from the
+ * deepest one kept where none is. Leaves it at the JPEG's start where the scan cannot be resumed (and keeps
+ * that the JPEG cannot), or without memory.
+ */
+static void resume_above(const sf_jpeg_source *src, int m, int64_t top, start *at) {
+  const uint8_t *data = sf_tensor_data(&src->bytes);
+  const size_t size = (size_t)src->bytes.shape[0];
+  sf_jpeg_scan scan;
+  if (!sf_jpeg_entries_enabled() || !sf_jpeg_scan_open(&scan, data, size)) return;
+  const int64_t per = scan.row_height / 8 * m; /* output rows of an iMCU row */
+  const int row = (int)((top - 1) / per);
+  if (top < 1 || row < 1 || row >= scan.rows) return;
+  const uint64_t key = sf_jpeg_entries_key(data, size);
+  sf_jpeg_entry e = sf_jpeg_scan_first(&scan);
+  const int known = sf_jpeg_entries_find(key, size, row, &e);
+  if (known < 0) return;
+  if (known < row) {
+    sf_jpeg_entry *walked = malloc((size_t)(row - known) * sizeof *walked);
+    const int rc = walked ? sf_jpeg_scan_walk(&scan, &e, known, row - known, walked) : SF_ENOMEM;
+    if (rc == 0) sf_jpeg_entries_add(key, size, known + 1, row - known, walked), e = walked[row - known - 1];
+    if (rc == SF_EUNSUPPORTED) sf_jpeg_entries_refuse(key, size);
+    free(walked);
+    if (rc < 0) return;
+  }
+  size_t resume = 0;
+  const int rc = sf_jpeg_scan_resume(&scan, &e, row, &at->head, &at->head_size, &resume);
+  if (rc == SF_EUNSUPPORTED) sf_jpeg_entries_refuse(key, size);
+  if (rc < 0) return;
+  at->rest = data + resume, at->rest_size = size - resume, at->shift = (int64_t)(row - 1) * per;
+}
+
 int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int64_t rect[4], sf_tensor *out,
                           int64_t *x0, sf_error *error) {
   memset(out, 0, sizeof *out);
+  start at = {0};
+  resume_above(src, m, rect[0], &at);
   struct jpeg_decompress_struct cinfo;
   jpeg_errors e;
   create_decompress(&cinfo, &e);
   if (setjmp(e.jump)) {
     sf_tensor_clear(out);
     jpeg_destroy_decompress(&cinfo);
+    free(at.head);
     return sf_error_set(error, SF_EFORMAT, SF_NOWHERE, "corrupt JPEG: %s", e.message);
   }
-  jpeg_mem_src(&cinfo, sf_tensor_data(&src->bytes), (unsigned long)src->bytes.shape[0]);
+  two_part_source two_part = {
+      .pub = {.init_source = source_init, .fill_input_buffer = source_fill, .skip_input_data = source_skip,
+              .resync_to_restart = jpeg_resync_to_restart, .term_source = source_term,
+              .next_input_byte = at.head, .bytes_in_buffer = at.head_size},
+      .at = &at};
+  if (at.head)
+    cinfo.src = &two_part.pub;
+  else
+    jpeg_mem_src(&cinfo, sf_tensor_data(&src->bytes), (unsigned long)src->bytes.shape[0]);
   jpeg_read_header(&cinfo, TRUE);
   cinfo.out_color_space = src->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   cinfo.scale_num = (unsigned)m;
@@ -97,11 +187,11 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int
   cinfo.dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
   cinfo.do_fancy_upsampling = TRUE;
   jpeg_start_decompress(&cinfo);
-  int64_t sw = cinfo.output_width, sh = cinfo.output_height;
+  int64_t sw = cinfo.output_width, sh = cinfo.output_height + at.shift;
   if (rect[0] < 0 || rect[2] > sh || rect[0] >= rect[2] || rect[1] < 0 || rect[3] > sw || rect[1] >= rect[3])
     longjmp(e.jump, (snprintf(e.message, sizeof e.message, "region outside the %lldx%lld image", (long long)sw,
                               (long long)sh), 1));
-  int64_t top = rect[0], bottom = rect[2];
+  int64_t top = rect[0] - at.shift, bottom = rect[2] - at.shift;
   /* One more column each side: chroma upsampling replicates the edge column of a cropped region,
      so the rectangle's own edge columns come out as the full decode has them only when inside it. */
   JDIMENSION xoff = (JDIMENSION)(rect[1] > 0 ? rect[1] - 1 : 0);
@@ -111,6 +201,7 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int
     longjmp(e.jump, (snprintf(e.message, sizeof e.message, "fewer rows than the header says"), 1));
   if (sf_pixels_alloc(out, SF_DTYPE_UINT8, bottom - top, cinfo.output_width, src->channels) < 0) {
     jpeg_destroy_decompress(&cinfo);
+    free(at.head);
     return sf_error_set(error, SF_ENOMEM, SF_NOWHERE, "cannot allocate a %lldx%u region", (long long)(bottom - top),
                         cinfo.output_width);
   }
@@ -128,6 +219,7 @@ int sf_jpeg_decode_region(const sf_jpeg_source *src, int m, bool fast, const int
   }
   jpeg_abort_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
+  free(at.head);
   *x0 = rect[1] - (int64_t)xoff;
   return 0;
 }

@@ -1,0 +1,279 @@
+/* Unit tests for engine/codec/jpeg_scan.c and jpeg_entries.c: region decodes that start at a kept scan entry give
+ * libjpeg's own full decode of the same JPEG, pixel for pixel, for the JPEG layouts entries apply to (4:2:0, 4:2:2,
+ * 4:4:4, gray; standard and optimised Huffman tables; odd sizes; DCT scales), and decode as before where they do
+ * not (restart markers, progressive) or where the data ends above the region; the key is XXH64. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jpeglib.h>
+
+#include "jpeg_entries.h"
+#include "jpeg_region.h"
+#include "jpeg_scan.h"
+
+/* How a test JPEG is written: size, components (1 or 3), the luma sampling factors, tables, restarts. */
+typedef struct kind {
+  const char *name;
+  int width, height, components, h, v;
+  bool optimize, progressive;
+  int restart_rows;
+} kind;
+
+/* A photograph-like test image: gradients and smooth waves under noise, so that DC predictors wander. */
+static uint8_t *picture(const kind *k) {
+  uint8_t *p = malloc((size_t)k->width * (size_t)k->height * (size_t)k->components);
+  assert_non_null(p);
+  uint32_t x = 2463534242u;
+  for (int y = 0; y < k->height; y++)
+    for (int i = 0; i < k->width; i++)
+      for (int c = 0; c < k->components; c++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        int v = (i * 255 / k->width + y * (c + 1) * 3 + ((i / 7 + y / 5 + c * 3) % 9) * 12) % 256;
+        v += (int)(x % 41) - 20;
+        p[((size_t)y * (size_t)k->width + (size_t)i) * (size_t)k->components + (size_t)c] =
+            (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+      }
+  return p;
+}
+
+/* The test image as a JPEG (libjpeg's encoder), in a new uint8 [n] tensor. */
+static void encode(const kind *k, sf_tensor *out) {
+  struct jpeg_compress_struct c;
+  struct jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char *mem = NULL;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &mem, &size);
+  c.image_width = (JDIMENSION)k->width, c.image_height = (JDIMENSION)k->height;
+  c.input_components = k->components;
+  c.in_color_space = k->components == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 90, TRUE);
+  c.comp_info[0].h_samp_factor = k->h, c.comp_info[0].v_samp_factor = k->v;
+  c.optimize_coding = k->optimize;
+  c.restart_in_rows = k->restart_rows;
+  if (k->progressive) jpeg_simple_progression(&c);
+  jpeg_start_compress(&c, TRUE);
+  uint8_t *pixels = picture(k);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = pixels + (size_t)c.next_scanline * (size_t)k->width * (size_t)k->components;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  free(pixels);
+  assert_int_equal(sf_tensor_alloc(out, SF_DTYPE_UINT8, 1, (int64_t[]){(int64_t)size}), 0);
+  memcpy(sf_tensor_data(out), mem, size);
+  free(mem);
+}
+
+/* libjpeg's full decode at scale m/8 (accurate IDCT, fancy upsampling: the region decode's settings). */
+static uint8_t *full_decode(const sf_tensor *jpeg, int m, int channels, int *w, int *h) {
+  struct jpeg_decompress_struct c;
+  struct jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_decompress(&c);
+  jpeg_mem_src(&c, sf_tensor_data(jpeg), (unsigned long)jpeg->shape[0]);
+  jpeg_read_header(&c, TRUE);
+  c.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  c.scale_num = (unsigned)m, c.scale_denom = 8;
+  c.dct_method = JDCT_ISLOW, c.do_fancy_upsampling = TRUE;
+  jpeg_start_decompress(&c);
+  *w = (int)c.output_width, *h = (int)c.output_height;
+  uint8_t *p = malloc((size_t)*w * (size_t)*h * (size_t)channels);
+  assert_non_null(p);
+  while (c.output_scanline < c.output_height) {
+    JSAMPROW row = p + (size_t)c.output_scanline * (size_t)*w * (size_t)channels;
+    jpeg_read_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_decompress(&c);
+  jpeg_destroy_decompress(&c);
+  return p;
+}
+
+/* Region rect of src decoded at m/8 equals the same rectangle of the full decode `want` (w columns). */
+static void check_region(const sf_jpeg_source *src, int m, const int64_t rect[4], const uint8_t *want, int w,
+                         const char *name) {
+  sf_tensor region;
+  int64_t x0 = 0;
+  sf_error error;
+  int rc = sf_jpeg_decode_region(src, m, false, rect, &region, &x0, &error);
+  if (rc != 0) fail_msg("%s m=%d rect %lld..%lld: %s", name, m, (long long)rect[0], (long long)rect[2], error.message);
+  const int ch = src->channels;
+  const uint8_t *got = sf_tensor_data(&region);
+  for (int64_t y = rect[0]; y < rect[2]; y++)
+    for (int64_t x = rect[1]; x < rect[3]; x++)
+      for (int c = 0; c < ch; c++) {
+        uint8_t a = got[((y - rect[0]) * region.shape[1] + x - rect[1] + x0) * ch + c];
+        uint8_t b = want[(y * w + x) * ch + c];
+        if (a != b)
+          fail_msg("%s m=%d rect [%lld,%lld)x[%lld,%lld): pixel (%lld,%lld,%d) is %d, the full decode's %d", name, m,
+                   (long long)rect[0], (long long)rect[2], (long long)rect[1], (long long)rect[3], (long long)y,
+                   (long long)x, c, a, b);
+      }
+  sf_tensor_clear(&region);
+}
+
+static uint32_t next(uint32_t *x) { return *x = *x * 1103515245u + 12345u, *x >> 8; }
+
+/* The rows of iMCU rows of k decoded at m/8. */
+static int imcu_rows(const kind *k, int m) { return 8 * k->v * m / 8; }
+
+/*
+ * Every test rectangle of k (tops at iMCU row edges, one past them, at 0, near the bottom; random ones) decoded
+ * twice at each DCT scale (the first walks the scan, the second starts at the kept entries), both equal to the full
+ * decode. Returns the deepest row kept.
+ */
+static int check_kind(const kind *k) {
+  sf_tensor jpeg;
+  encode(k, &jpeg);
+  sf_jpeg_source src;
+  const sf_image_mode mode = k->components == 1 ? SF_IMAGE_GRAY : SF_IMAGE_RGB;
+  if (!sf_jpeg_probe(&jpeg, mode, NULL, &src)) { /* progressive: region decodes do not take it */
+    assert_true(k->progressive);
+    sf_tensor_clear(&jpeg);
+    return 0;
+  }
+  uint32_t seed = 7;
+  for (int m = 8; m >= 2; m /= 2) {
+    int w, h;
+    uint8_t *want = full_decode(&jpeg, m, src.channels, &w, &h);
+    const int per = imcu_rows(k, m);
+    int64_t tops[24];
+    int n = 0;
+    tops[n++] = 0, tops[n++] = 1, tops[n++] = per, tops[n++] = per + 1, tops[n++] = 2 * per, tops[n++] = 3 * per + 1;
+    tops[n++] = h - 2, tops[n++] = h - 1;
+    while (n < 24) tops[n++] = (int64_t)(next(&seed) % (uint32_t)h);
+    for (int i = 0; i < n; i++) {
+      if (tops[i] < 0 || tops[i] >= h) continue;
+      int64_t bottom = tops[i] + 1 + (int64_t)(next(&seed) % (uint32_t)(h - tops[i]));
+      int64_t left = (int64_t)(next(&seed) % (uint32_t)w), right = left + 1 + (int64_t)(next(&seed) % (uint32_t)(w - left));
+      const int64_t rect[4] = {tops[i], left, bottom, right};
+      check_region(&src, m, rect, want, w, k->name);
+      check_region(&src, m, rect, want, w, k->name);
+    }
+    free(want);
+  }
+  sf_jpeg_entry e;
+  const int kept = sf_jpeg_entries_find(sf_jpeg_entries_key(sf_tensor_data(&jpeg), (size_t)jpeg.shape[0]),
+                                        (size_t)jpeg.shape[0], 1 << 20, &e);
+  sf_tensor_clear(&src.bytes);
+  sf_tensor_clear(&jpeg);
+  return kept;
+}
+
+static void test_key_is_xxh64(void **state) {
+  (void)state;
+  /* xxHash's own values, as its ports test them; the last is over 32 bytes (the four-lane loop) */
+  assert_true(sf_jpeg_entries_key((const uint8_t *)"", 0) == 0xEF46DB3751D8E999ull);
+  assert_true(sf_jpeg_entries_key((const uint8_t *)"a", 1) == 0xD24EC4F1A98C6E5Bull);
+  assert_true(sf_jpeg_entries_key((const uint8_t *)"abc", 3) == 0x44BC2CF5AD770999ull);
+  const char *s = "Nobody inspects the spammish repetition";
+  assert_true(sf_jpeg_entries_key((const uint8_t *)s, strlen(s)) == 0xFBCEA83C8A378BF1ull);
+}
+
+static void test_regions_equal_full_decode(void **state) {
+  (void)state;
+  sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
+  const kind kinds[] = {
+      {"4:2:0 500x375", 500, 375, 3, 2, 2, false, false, 0},
+      {"4:2:0 optimised tables 333x517", 333, 517, 3, 2, 2, true, false, 0},
+      {"4:2:2 301x199", 301, 199, 3, 2, 1, false, false, 0},
+      {"4:4:4 256x160", 256, 160, 3, 1, 1, true, false, 0},
+      {"gray 211x300", 211, 300, 1, 1, 1, false, false, 0},
+  };
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    const int kept = check_kind(&kinds[i]);
+    /* the tops below the first iMCU rows started at kept entries, walked to the deepest of them */
+    if (kept < 2) fail_msg("%s: %d rows of entries kept", kinds[i].name, kept);
+  }
+  /* Noise in every block: the optimised DC table has no code for differences 0 and 1, so no stand-in row can be
+     written in its codes; the JPEG is refused on its first region, and its regions decode as before */
+  const kind noisy = {"gray optimised tables 64x401", 64, 401, 1, 1, 1, true, false, 0};
+  assert_int_equal(check_kind(&noisy), -1);
+}
+
+static void test_others_decode_as_before(void **state) {
+  (void)state;
+  sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
+  const kind restarts = {"4:2:0 restart markers", 240, 320, 3, 2, 2, false, false, 1};
+  const kind progressive = {"progressive", 240, 320, 3, 2, 2, false, true, 0};
+  assert_int_equal(check_kind(&restarts), 0); /* not walked: the pixels are libjpeg's skip's */
+  assert_int_equal(check_kind(&progressive), 0);
+  /* With no budget nothing is kept, and every decode walks: the pixels are the same */
+  sf_jpeg_entries_reset(0);
+  const kind plain = {"4:2:0 no budget", 200, 300, 3, 2, 2, false, false, 0};
+  assert_int_equal(check_kind(&plain), 0);
+  sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
+}
+
+/* A JPEG whose data ends above the region: the walk stops, the JPEG is refused, libjpeg reports the end. */
+static void test_truncated_above_region(void **state) {
+  (void)state;
+  sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
+  const kind k = {"4:2:0 truncated", 320, 480, 3, 2, 2, false, false, 0};
+  sf_tensor whole, cut;
+  encode(&k, &whole);
+  const int64_t n = whole.shape[0] * 2 / 5;
+  assert_int_equal(sf_tensor_alloc(&cut, SF_DTYPE_UINT8, 1, (int64_t[]){n}), 0);
+  memcpy(sf_tensor_data(&cut), sf_tensor_data(&whole), (size_t)n);
+  sf_jpeg_source src;
+  assert_true(sf_jpeg_probe(&cut, SF_IMAGE_RGB, NULL, &src));
+  const int64_t rect[4] = {400, 10, 470, 300};
+  sf_tensor region;
+  int64_t x0;
+  sf_error error;
+  for (int i = 0; i < 2; i++) assert_int_equal(sf_jpeg_decode_region(&src, 8, false, rect, &region, &x0, &error), SF_EFORMAT);
+  sf_jpeg_entry e;
+  assert_int_equal(sf_jpeg_entries_find(sf_jpeg_entries_key(sf_tensor_data(&cut), (size_t)n), (size_t)n, 30, &e), -1);
+  sf_tensor_clear(&src.bytes);
+  sf_tensor_clear(&cut);
+  sf_tensor_clear(&whole);
+}
+
+/* Walking rows in pieces gives the entries of walking them at once; a stand-in's head resumes on a byte. */
+static void test_walk_in_pieces(void **state) {
+  (void)state;
+  const kind k = {"4:2:0", 500, 375, 3, 2, 2, false, false, 0};
+  sf_tensor jpeg;
+  encode(&k, &jpeg);
+  sf_jpeg_scan s;
+  assert_int_equal(sf_jpeg_scan_open(&s, sf_tensor_data(&jpeg), (size_t)jpeg.shape[0]), 1);
+  assert_int_equal(s.rows, 24);
+  assert_int_equal(s.mcus_per_row, 32);
+  assert_int_equal(s.blocks, 6);
+  sf_jpeg_entry whole[23], piece[23];
+  const sf_jpeg_entry first = sf_jpeg_scan_first(&s);
+  assert_int_equal(sf_jpeg_scan_walk(&s, &first, 0, 23, whole), 0);
+  assert_int_equal(sf_jpeg_scan_walk(&s, &first, 0, 5, piece), 0);
+  assert_int_equal(sf_jpeg_scan_walk(&s, &piece[4], 5, 18, piece + 5), 0);
+  bool bits_vary = false;
+  for (int i = 0; i < 23; i++) {
+    assert_int_equal(whole[i].byte, piece[i].byte);
+    assert_int_equal(whole[i].bit, piece[i].bit);
+    for (int c = 0; c < 3; c++) assert_int_equal(whole[i].dc[c], piece[i].dc[c]);
+    if (i > 0) assert_true(whole[i].byte > whole[i - 1].byte);
+    bits_vary |= whole[i].bit != whole[0].bit;
+  }
+  assert_true(bits_vary);
+  assert_int_equal(sf_jpeg_scan_walk(&s, &first, 0, 24, whole), SF_EINVAL); /* past the last row */
+  sf_tensor_clear(&jpeg);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_key_is_xxh64),
+      cmocka_unit_test(test_walk_in_pieces),
+      cmocka_unit_test(test_regions_equal_full_decode),
+      cmocka_unit_test(test_others_decode_as_before),
+      cmocka_unit_test(test_truncated_above_region),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
