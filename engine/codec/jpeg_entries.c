@@ -1,6 +1,8 @@
 /* The scan entries of the JPEGs region decodes have walked: see jpeg_entries.h. */
 #include "jpeg_entries.h"
 
+#include "log.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -60,6 +62,7 @@ static struct {
   pthread_mutex_t lock;
   kept *slots;
   size_t capacity, used, bytes, budget;
+  bool full; /* the budget has turned entries away (said once) */
 } table = {.lock = PTHREAD_MUTEX_INITIALIZER, .budget = SF_JPEG_ENTRY_BUDGET};
 
 /* A fork while another thread holds the lock would leave it held in the child: the forking thread takes it first. */
@@ -124,7 +127,8 @@ static kept *slot_for(uint64_t key, size_t size) {
 void sf_jpeg_entries_add(uint64_t key, size_t size, int first, int n, const sf_jpeg_entry *e) {
   lock();
   kept *k = slot_for(key, size);
-  if (k && k->rows >= 0 && first == k->rows + 1 && n > 0 && table.bytes + (size_t)n * sizeof *e <= table.budget) {
+  bool room = k && table.bytes + (size_t)n * sizeof *e <= table.budget, tell = !room && !table.full;
+  if (room && k->rows >= 0 && first == k->rows + 1 && n > 0) {
     sf_jpeg_entry *grown = realloc(k->e, (size_t)(k->rows + n) * sizeof *e);
     if (grown) {
       memcpy(grown + k->rows, e, (size_t)n * sizeof *e);
@@ -132,7 +136,14 @@ void sf_jpeg_entries_add(uint64_t key, size_t size, int first, int n, const sf_j
       table.bytes += (size_t)n * sizeof *e;
     }
   }
+  table.full |= tell;
+  const size_t kept_jpegs = table.used, budget = table.budget;
   pthread_mutex_unlock(&table.lock);
+  if (tell)
+    sf_log(SF_LOG_INFO, "decode",
+           "JPEG scan entries: the %zu MiB budget is full (%zu JPEGs kept); regions of JPEGs not kept skip the "
+           "rows above them as libjpeg does, each time (more CPU, same pixels)",
+           budget >> 20, kept_jpegs);
 }
 
 void sf_jpeg_entries_refuse(uint64_t key, size_t size) {
@@ -164,6 +175,6 @@ void sf_jpeg_entries_reset(size_t budget) {
   lock();
   for (size_t i = 0; i < table.capacity; i++) free(table.slots[i].e);
   free(table.slots);
-  table.slots = NULL, table.capacity = table.used = table.bytes = 0, table.budget = budget;
+  table.slots = NULL, table.capacity = table.used = table.bytes = 0, table.budget = budget, table.full = false;
   pthread_mutex_unlock(&table.lock);
 }

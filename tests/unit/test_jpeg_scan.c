@@ -13,6 +13,8 @@
 #include <cmocka.h>
 #include <jpeglib.h>
 
+#include "shardflow/log.h"
+
 #include "jpeg_entries.h"
 #include "jpeg_region.h"
 #include "jpeg_scan.h"
@@ -200,6 +202,12 @@ static void test_regions_equal_full_decode(void **state) {
   assert_int_equal(check_kind(&noisy), -1);
 }
 
+/* Log lines that say the entries' budget is full. */
+static void count_full(void *opaque, int level, const char *stage, const char *message) {
+  (void)level, (void)stage;
+  if (strstr(message, "budget is full")) ++*(int *)opaque;
+}
+
 static void test_others_decode_as_before(void **state) {
   (void)state;
   sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
@@ -207,10 +215,14 @@ static void test_others_decode_as_before(void **state) {
   const kind progressive = {"progressive", 240, 320, 3, 2, 2, false, true, 0};
   assert_int_equal(check_kind(&restarts), 0); /* not walked: the pixels are libjpeg's skip's */
   assert_int_equal(check_kind(&progressive), 0);
-  /* With no budget nothing is kept, and every decode walks: the pixels are the same */
+  /* With no budget nothing is kept, and every decode walks: the pixels are the same; the log says so once */
   sf_jpeg_entries_reset(0);
+  int full = 0;
+  assert_int_equal(sf_log_set_handler(count_full, &full), 0);
   const kind plain = {"4:2:0 no budget", 200, 300, 3, 2, 2, false, false, 0};
   assert_int_equal(check_kind(&plain), 0);
+  assert_int_equal(sf_log_set_handler(NULL, NULL), 0);
+  assert_int_equal(full, 1);
   sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
 }
 
