@@ -84,7 +84,9 @@ int sf_jpeg_scan_open(sf_jpeg_scan *s, const uint8_t *data, size_t size) {
   memset(s, 0, offsetof(sf_jpeg_scan, code));
   s->segments = 0;
   s->data = data, s->size = size;
-  if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return 0;
+  /* An EOI last: where a resumed decode reads ahead past the scan's last bits, it meets that marker, as a
+     decode from the start does (without it, the two may read a few bytes further than the data, differently) */
+  if (size < 4 || data[0] != 0xFF || data[1] != 0xD8 || data[size - 2] != 0xFF || data[size - 1] != 0xD9) return 0;
   uint8_t ids[3] = {0}, hv[3] = {0};
   bool frame = false;
   for (size_t at = 2;;) {

@@ -49,7 +49,7 @@ typedef struct sf_jpeg_scan {
  * Reads the header of the JPEG in data[0, size) into *s. Returns 1 when entries apply: a baseline or
  * extended sequential Huffman JPEG of 8-bit samples, one scan with every component interleaved, no
  * restart interval, 1 component (1x1) or 3 of which only the first may be subsampled (1 or 2 each way),
- * Huffman tables as libjpeg accepts them. Returns 0 otherwise: nothing is wrong, the caller decodes as
+ * Huffman tables as libjpeg accepts them, an EOI marker as its last two bytes. Returns 0 otherwise: nothing is wrong, the caller decodes as
  * before (a corrupt header is libjpeg's to report).
  */
 int sf_jpeg_scan_open(sf_jpeg_scan *s, const uint8_t *data, size_t size);

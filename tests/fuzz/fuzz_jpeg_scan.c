@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   sf_tensor bytes;
   if (size < 4 || sf_tensor_alloc(&bytes, SF_DTYPE_UINT8, 1, (int64_t[]){(int64_t)size}) < 0) return 0;
   memcpy(sf_tensor_data(&bytes), data, size);
-  const sf_image_limits limits = {.max_pixels = 1 << 20};
+  const sf_image_limits limits = {.max_pixels = 1 << 20, .depth = 8};
   sf_jpeg_source src;
   if (sf_jpeg_probe(&bytes, SF_IMAGE_RGB, &limits, &src)) {
     sf_jpeg_entries_reset(1 << 20);

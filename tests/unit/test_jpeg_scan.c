@@ -125,7 +125,7 @@ static void check_region(const sf_jpeg_source *src, int m, const int64_t rect[4]
 
 static uint32_t next(uint32_t *x) { return *x = *x * 1103515245u + 12345u, *x >> 8; }
 
-/* The rows of iMCU rows of k decoded at m/8. */
+/* The output rows of one iMCU row of k decoded at m/8. */
 static int imcu_rows(const kind *k, int m) { return 8 * k->v * m / 8; }
 
 /*
@@ -226,16 +226,22 @@ static void test_others_decode_as_before(void **state) {
   sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
 }
 
-/* A JPEG whose data ends above the region: the walk stops, the JPEG is refused, libjpeg reports the end. */
+/* A JPEG whose scan ends above the region (cut, then its EOI): the walk stops, the JPEG is refused, libjpeg reports
+   the end. Cut without the EOI, it is not walked at all (sf_jpeg_scan_open wants one last). */
 static void test_truncated_above_region(void **state) {
   (void)state;
   sf_jpeg_entries_reset(SF_JPEG_ENTRY_BUDGET);
   const kind k = {"4:2:0 truncated", 320, 480, 3, 2, 2, false, false, 0};
   sf_tensor whole, cut;
   encode(&k, &whole);
-  const int64_t n = whole.shape[0] * 2 / 5;
+  const int64_t n = whole.shape[0] * 2 / 5 + 2;
   assert_int_equal(sf_tensor_alloc(&cut, SF_DTYPE_UINT8, 1, (int64_t[]){n}), 0);
-  memcpy(sf_tensor_data(&cut), sf_tensor_data(&whole), (size_t)n);
+  memcpy(sf_tensor_data(&cut), sf_tensor_data(&whole), (size_t)n - 2);
+  uint8_t *end = (uint8_t *)sf_tensor_data(&cut) + n - 2;
+  end[0] = 0xFF, end[1] = 0xD9;
+  sf_jpeg_scan s;
+  assert_int_equal(sf_jpeg_scan_open(&s, sf_tensor_data(&cut), (size_t)n), 1);
+  assert_int_equal(sf_jpeg_scan_open(&s, sf_tensor_data(&cut), (size_t)n - 2), 0);
   sf_jpeg_source src;
   assert_true(sf_jpeg_probe(&cut, SF_IMAGE_RGB, NULL, &src));
   const int64_t rect[4] = {400, 10, 470, 300};
