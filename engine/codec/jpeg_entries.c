@@ -18,7 +18,8 @@ static uint64_t rotl(uint64_t x, int r) { return x << r | x >> (64 - r); }
 
 static uint64_t read64(const uint8_t *p) {
   uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
   return v;
 }
 
@@ -32,19 +33,23 @@ uint64_t sf_jpeg_entries_key(const uint8_t *data, size_t size) {
   if (size >= 32) {
     uint64_t v[4] = {P1 + P2, P2, 0, -P1};
     for (; end - p >= 32; p += 32)
-      for (int i = 0; i < 4; i++) v[i] = round64(v[i], read64(p + 8 * i));
+      for (int i = 0; i < 4; i++)
+        v[i] = round64(v[i], read64(p + 8 * i));
     acc = rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18);
-    for (int i = 0; i < 4; i++) acc = merge(acc, v[i]);
+    for (int i = 0; i < 4; i++)
+      acc = merge(acc, v[i]);
   } else {
     acc = P5;
   }
   acc += (uint64_t)size;
-  for (; end - p >= 8; p += 8) acc = rotl(acc ^ round64(0, read64(p)), 27) * P1 + P4;
+  for (; end - p >= 8; p += 8)
+    acc = rotl(acc ^ round64(0, read64(p)), 27) * P1 + P4;
   if (end - p >= 4) {
     acc = rotl(acc ^ ((uint64_t)(p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24) * P1), 23) * P2 + P3;
     p += 4;
   }
-  for (; p < end; p++) acc = rotl(acc ^ *p * P5, 11) * P1;
+  for (; p < end; p++)
+    acc = rotl(acc ^ *p * P5, 11) * P1;
   acc ^= acc >> 33, acc *= P2, acc ^= acc >> 29, acc *= P3;
   return acc ^ acc >> 32;
 }
@@ -53,8 +58,8 @@ uint64_t sf_jpeg_entries_key(const uint8_t *data, size_t size) {
 
 typedef struct kept {
   uint64_t key;
-  uint32_t size;   /* of the JPEG; 0: an empty slot */
-  int32_t rows;    /* the deepest row kept (entries of rows 1 .. rows), -1: refused */
+  uint32_t size; /* of the JPEG; 0: an empty slot */
+  int32_t rows;  /* the deepest row kept (entries of rows 1 .. rows), -1: refused */
   sf_jpeg_entry *e;
 } kept;
 
@@ -173,7 +178,8 @@ void sf_jpeg_entries_enable(bool on) { atomic_store_explicit(&enabled, on ? 2 : 
 
 void sf_jpeg_entries_reset(size_t budget) {
   lock();
-  for (size_t i = 0; i < table.capacity; i++) free(table.slots[i].e);
+  for (size_t i = 0; i < table.capacity; i++)
+    free(table.slots[i].e);
   free(table.slots);
   table.slots = NULL, table.capacity = table.used = table.bytes = 0, table.budget = budget, table.full = false;
   pthread_mutex_unlock(&table.lock);

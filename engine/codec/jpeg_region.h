@@ -34,8 +34,9 @@ int sf_jpeg_probe(const sf_tensor *bytes, sf_image_mode mode, const sf_image_lim
  * (libjpeg's jpeg_skip_scanlines and jpeg_crop_scanline: only the iMCU columns the rectangle touches are
  * decoded, and rows below it not at all). libjpeg starts at the iMCU row the rectangle needs where the JPEG's
  * scan can be resumed there: the rows above are walked over once per JPEG, their entries kept for its later
- * regions (jpeg_scan.h, jpeg_entries.h). Accurate integer IDCT and fancy upsampling, as TurboJPEG's defaults: at m = 8 the pixels equal sf_image_decode()'s; fast instead takes libjpeg's fast
- * integer IDCT (JDCT_IFAST), with fancy upsampling still: less CPU, other pixels. *out gets a new uint8
+ * regions (jpeg_scan.h, jpeg_entries.h). Accurate integer IDCT and fancy upsampling, as TurboJPEG's
+ * defaults: at m = 8 the pixels equal sf_image_decode()'s; fast instead takes libjpeg's fast integer IDCT
+ * (JDCT_IFAST), with fancy upsampling still: less CPU, other pixels. *out gets a new uint8
  * [rows, cols, channels] image (caller owns) whose column *x0 is the rectangle's column rect[1];
  * libjpeg widens the columns to whole iMCUs. Returns 0, SF_ENOMEM, or SF_EFORMAT for corrupt data
  * met in the rows read (data outside them is not checked) with libjpeg's message in *error.

@@ -17,7 +17,8 @@ static unsigned be16(const uint8_t *p) { return (unsigned)p[0] << 8 | p[1]; }
 static bool make_codes(const uint8_t *t, size_t room, bool dc, uint16_t *code, uint8_t *length) {
   if (room < 16) return false;
   unsigned total = 0;
-  for (int i = 0; i < 16; i++) total += t[i];
+  for (int i = 0; i < 16; i++)
+    total += t[i];
   if (total > 256 || room < 16 + total) return false;
   const uint8_t *values = t + 16;
   memset(length, 0, 256);
@@ -39,7 +40,8 @@ static bool read_frame(sf_jpeg_scan *s, const uint8_t *p, unsigned len, size_t a
   int n = p[7];
   if (s->height == 0 || s->width == 0 || (n != 1 && n != 3) || len != 8u + 3u * (unsigned)n) return false;
   s->components = n;
-  for (int c = 0; c < n; c++) ids[c] = p[8 + 3 * c], hv[c] = p[9 + 3 * c];
+  for (int c = 0; c < n; c++)
+    ids[c] = p[8 + 3 * c], hv[c] = p[9 + 3 * c];
   return true;
 }
 
@@ -54,7 +56,8 @@ static bool layout(sf_jpeg_scan *s, const uint8_t order[3], const uint8_t hv[3])
   }
   for (int c = 0; c < s->components; c++) {
     int f = order[c], blocks = (hv[f] >> 4) * (hv[f] & 15);
-    for (int i = 0; i < blocks; i++) s->block_component[b++] = (uint8_t)c;
+    for (int i = 0; i < blocks; i++)
+      s->block_component[b++] = (uint8_t)c;
   }
   s->blocks = b;
   s->row_height = 8 * vmax;
@@ -70,11 +73,13 @@ static bool read_scan(sf_jpeg_scan *s, const uint8_t *p, unsigned len, const uin
   uint8_t order[3], seen = 0;
   for (int c = 0; c < n; c++) {
     int f = 0;
-    while (f < n && ids[f] != p[3 + 2 * c]) f++;
+    while (f < n && ids[f] != p[3 + 2 * c])
+      f++;
     if (f == n || (seen >> f & 1)) return false;
     seen |= (uint8_t)(1 << f), order[c] = (uint8_t)f;
     s->dc_table[c] = p[4 + 2 * c] >> 4, s->ac_table[c] = 4 + (p[4 + 2 * c] & 15);
-    if (s->dc_table[c] > 3 || s->ac_table[c] > 7 || !s->table[s->dc_table[c]] || !s->table[s->ac_table[c]]) return false;
+    if (s->dc_table[c] > 3 || s->ac_table[c] > 7 || !s->table[s->dc_table[c]] || !s->table[s->ac_table[c]])
+      return false;
   }
   const uint8_t *q = p + 3 + 2 * n;
   return q[0] == 0 && q[1] == 63 && q[2] == 0 && layout(s, order, hv);
@@ -91,7 +96,8 @@ int sf_jpeg_scan_open(sf_jpeg_scan *s, const uint8_t *data, size_t size) {
   bool frame = false;
   for (size_t at = 2;;) {
     if (at >= size || data[at] != 0xFF) return 0; /* stray bytes: libjpeg warns, which is an error here */
-    while (at + 1 < size && data[at + 1] == 0xFF) at++;
+    while (at + 1 < size && data[at + 1] == 0xFF)
+      at++;
     if (at + 4 > size) return 0;
     const unsigned marker = data[at + 1], len = be16(data + at + 2);
     const size_t end = at + 2 + len;
@@ -108,7 +114,8 @@ int sf_jpeg_scan_open(sf_jpeg_scan *s, const uint8_t *data, size_t size) {
         if (!make_codes(p + q + 1, len - q - 1, tc == 0, s->code[id], s->length[id])) return 0;
         s->table[id] = p + q + 1;
         size_t symbols = 0;
-        for (int i = 0; i < 16; i++) symbols += p[q + 1 + i];
+        for (int i = 0; i < 16; i++)
+          symbols += p[q + 1 + i];
         q += 17 + symbols;
       }
     } else if (marker == 0xDD) {
@@ -314,7 +321,8 @@ int sf_jpeg_scan_walk(const sf_jpeg_scan *s, const sf_jpeg_entry *at, int row, i
   fill(&r);
   drop(&r, at->bit);
   int32_t dc[SF_JPEG_SCAN_MAX_COMPONENTS] = {0};
-  for (int c = 0; c < s->components; c++) dc[c] = at->dc[c];
+  for (int c = 0; c < s->components; c++)
+    dc[c] = at->dc[c];
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     for (int m = 0; m < s->mcus_per_row && rc == 0; m++)
@@ -346,7 +354,8 @@ static void put(writer *w, uint32_t v, int len) {
 /* F.1.2.1's category (magnitude bits) of a DC difference or AC value. */
 static int category(int32_t v) {
   int n = 0;
-  for (uint32_t a = (uint32_t)(v < 0 ? -v : v); a; a >>= 1) n++;
+  for (uint32_t a = (uint32_t)(v < 0 ? -v : v); a; a >>= 1)
+    n++;
   return n;
 }
 
@@ -354,7 +363,8 @@ static int category(int32_t v) {
    sizes in size[] (up to 7), their count returned; -1 when no such set exists. */
 static int padding(const uint8_t *length, int need, int size[7]) {
   int from[8], via[8];
-  for (int i = 0; i < 8; i++) from[i] = -2;
+  for (int i = 0; i < 8; i++)
+    from[i] = -2;
   from[0] = -1;
   int frontier[8] = {0}, n = 1;
   for (int step = 0; step < 7 && from[need] == -2; step++) {
@@ -369,7 +379,8 @@ static int padding(const uint8_t *length, int need, int size[7]) {
   }
   if (from[need] == -2) return -1;
   int count = 0;
-  for (int at = need; from[at] != -1; at = from[at]) size[count++] = via[at];
+  for (int at = need; from[at] != -1; at = from[at])
+    size[count++] = via[at];
   return count;
 }
 
@@ -382,7 +393,9 @@ static int dc_steps(const uint8_t *length, int32_t sum, int most, int32_t *step)
   for (int32_t left = sum; left; n++) {
     const int32_t size = left < 0 ? -left : left;
     int cat = category(size);
-    while (cat > 0 && !length[cat]) cat--; /* the largest category with a code whose smallest value fits */
+    /* the largest category with a code whose smallest value fits */
+    while (cat > 0 && !length[cat])
+      cat--;
     if (!cat || n == most) return -1;
     const int32_t v = size < (1 << cat) - 1 ? size : (1 << cat) - 1;
     step[n] = left < 0 ? -v : v, left -= step[n];
@@ -401,12 +414,14 @@ static bool stand_in(const sf_jpeg_scan *s, const sf_jpeg_entry *at, writer *w) 
   for (int c = 0; c < nc && ok; c++) {
     const uint8_t *dcl = s->length[s->dc_table[c]], *acl = s->length[s->ac_table[c]];
     int blocks = 0;
-    for (int b = 0; b < s->blocks; b++) blocks += s->block_component[b] == c;
+    for (int b = 0; b < s->blocks; b++)
+      blocks += s->block_component[b] == c;
     blocks *= s->mcus_per_row;
     steps[c] = malloc((size_t)blocks * sizeof(int32_t));
     n_steps[c] = steps[c] ? dc_steps(dcl, at->dc[c], blocks, steps[c]) : -1;
     ok = n_steps[c] >= 0 && acl[0x00];
-    for (int i = 0; i < n_steps[c] && ok; i++) bits += dcl[category(steps[c][i])] + category(steps[c][i]);
+    for (int i = 0; i < n_steps[c] && ok; i++)
+      bits += dcl[category(steps[c][i])] + category(steps[c][i]);
     bits += (int64_t)(blocks - (ok ? n_steps[c] : 0)) * dcl[0] + (int64_t)blocks * acl[0x00];
   }
   int size[7], pads = -1;
@@ -428,7 +443,8 @@ static bool stand_in(const sf_jpeg_scan *s, const sf_jpeg_entry *at, writer *w) 
         put(w, s->code[ac][0x00], s->length[ac][0x00]);
       }
   }
-  for (int c = 0; c < nc; c++) free(steps[c]);
+  for (int c = 0; c < nc; c++)
+    free(steps[c]);
   return pads >= 0;
 }
 
@@ -437,7 +453,8 @@ int sf_jpeg_scan_resume(const sf_jpeg_scan *s, const sf_jpeg_entry *at, int row,
   *head = NULL;
   if (row < 1 || row >= s->rows || at->byte < s->scan_start || at->byte >= s->size || at->bit > 7) return SF_EINVAL;
   size_t header = 0;
-  for (int i = 0; i < s->segments; i++) header += s->segment[i][1] - s->segment[i][0];
+  for (int i = 0; i < s->segments; i++)
+    header += s->segment[i][1] - s->segment[i][0];
   /* a block's DC code and bits, end of block: at most 16 + 15 + 16 bits; the padding 7 x 26; all stuffed */
   const size_t row_bytes = ((size_t)s->mcus_per_row * (size_t)s->blocks * 47 + 7 * 26) / 8 * 2 + 16;
   uint8_t *p = malloc(2 + header + row_bytes + 2);

@@ -29,19 +29,19 @@ typedef struct sf_jpeg_entry {
 typedef struct sf_jpeg_scan {
   const uint8_t *data;
   size_t size;
-  size_t scan_start;  /* the first byte of the entropy-coded data */
-  size_t height_at;   /* the frame header's height field */
+  size_t scan_start; /* the first byte of the entropy-coded data */
+  size_t height_at;  /* the frame header's height field */
   int width, height;
-  int components;     /* of the scan, which has all of the frame's, interleaved */
-  int row_height;     /* pixel rows of one iMCU row: 8 x the largest vertical sampling factor */
+  int components; /* of the scan, which has all of the frame's, interleaved */
+  int row_height; /* pixel rows of one iMCU row: 8 x the largest vertical sampling factor */
   int mcus_per_row, rows;
-  int blocks;         /* of one MCU */
+  int blocks;                                       /* of one MCU */
   uint8_t block_component[SF_JPEG_SCAN_MAX_BLOCKS]; /* each block of an MCU: its component, in scan order */
   uint8_t dc_table[SF_JPEG_SCAN_MAX_COMPONENTS], ac_table[SF_JPEG_SCAN_MAX_COMPONENTS]; /* 0-3, 4-7 */
-  const uint8_t *table[8];           /* DC tables 0-3, then AC 0-3: their 16 counts, then their symbols */
-  uint16_t code[8][256];             /* each table's code of each symbol */
-  uint8_t length[8][256];            /* and its length, 0 where the table has no code for it */
-  int segments;                      /* the header segments libjpeg needs again, the scan header last */
+  const uint8_t *table[8];                        /* DC tables 0-3, then AC 0-3: their 16 counts, then their symbols */
+  uint16_t code[8][256];                          /* each table's code of each symbol */
+  uint8_t length[8][256];                         /* and its length, 0 where the table has no code for it */
+  int segments;                                   /* the header segments libjpeg needs again, the scan header last */
   uint32_t segment[SF_JPEG_SCAN_MAX_SEGMENTS][2]; /* [start, end) byte offsets */
 } sf_jpeg_scan;
 
@@ -49,8 +49,8 @@ typedef struct sf_jpeg_scan {
  * Reads the header of the JPEG in data[0, size) into *s. Returns 1 when entries apply: a baseline or
  * extended sequential Huffman JPEG of 8-bit samples, one scan with every component interleaved, no
  * restart interval, 1 component (1x1) or 3 of which only the first may be subsampled (1 or 2 each way),
- * Huffman tables as libjpeg accepts them, an EOI marker as its last two bytes. Returns 0 otherwise: nothing is wrong, the caller decodes as
- * before (a corrupt header is libjpeg's to report).
+ * Huffman tables as libjpeg accepts them, an EOI marker as its last two bytes. Returns 0 otherwise:
+ * nothing is wrong, the caller decodes as before (a corrupt header is libjpeg's to report).
  */
 int sf_jpeg_scan_open(sf_jpeg_scan *s, const uint8_t *data, size_t size);
 

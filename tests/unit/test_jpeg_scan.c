@@ -38,8 +38,9 @@ static uint8_t *picture(const kind *k) {
         x ^= x << 13, x ^= x >> 17, x ^= x << 5;
         int v = (i * 255 / k->width + y * (c + 1) * 3 + ((i / 7 + y / 5 + c * 3) % 9) * 12) % 256;
         v += (int)(x % 41) - 20;
-        p[((size_t)y * (size_t)k->width + (size_t)i) * (size_t)k->components + (size_t)c] =
-            (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        p[((size_t)y * (size_t)k->width + (size_t)i) * (size_t)k->components + (size_t)c] = (uint8_t)(v < 0     ? 0
+                                                                                                      : v > 255 ? 255
+                                                                                                                : v);
       }
   return p;
 }
@@ -152,11 +153,13 @@ static int check_kind(const kind *k) {
     int n = 0;
     tops[n++] = 0, tops[n++] = 1, tops[n++] = per, tops[n++] = per + 1, tops[n++] = 2 * per, tops[n++] = 3 * per + 1;
     tops[n++] = h - 2, tops[n++] = h - 1;
-    while (n < 24) tops[n++] = (int64_t)(next(&seed) % (uint32_t)h);
+    while (n < 24)
+      tops[n++] = (int64_t)(next(&seed) % (uint32_t)h);
     for (int i = 0; i < n; i++) {
       if (tops[i] < 0 || tops[i] >= h) continue;
       int64_t bottom = tops[i] + 1 + (int64_t)(next(&seed) % (uint32_t)(h - tops[i]));
-      int64_t left = (int64_t)(next(&seed) % (uint32_t)w), right = left + 1 + (int64_t)(next(&seed) % (uint32_t)(w - left));
+      int64_t left = (int64_t)(next(&seed) % (uint32_t)w),
+              right = left + 1 + (int64_t)(next(&seed) % (uint32_t)(w - left));
       const int64_t rect[4] = {tops[i], left, bottom, right};
       check_region(&src, m, rect, want, w, k->name);
       check_region(&src, m, rect, want, w, k->name);
@@ -248,7 +251,8 @@ static void test_truncated_above_region(void **state) {
   sf_tensor region;
   int64_t x0;
   sf_error error;
-  for (int i = 0; i < 2; i++) assert_int_equal(sf_jpeg_decode_region(&src, 8, false, rect, &region, &x0, &error), SF_EFORMAT);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(sf_jpeg_decode_region(&src, 8, false, rect, &region, &x0, &error), SF_EFORMAT);
   sf_jpeg_entry e;
   assert_int_equal(sf_jpeg_entries_find(sf_jpeg_entries_key(sf_tensor_data(&cut), (size_t)n), (size_t)n, 30, &e), -1);
   sf_tensor_clear(&src.bytes);
@@ -276,7 +280,8 @@ static void test_walk_in_pieces(void **state) {
   for (int i = 0; i < 23; i++) {
     assert_int_equal(whole[i].byte, piece[i].byte);
     assert_int_equal(whole[i].bit, piece[i].bit);
-    for (int c = 0; c < 3; c++) assert_int_equal(whole[i].dc[c], piece[i].dc[c]);
+    for (int c = 0; c < 3; c++)
+      assert_int_equal(whole[i].dc[c], piece[i].dc[c]);
     if (i > 0) assert_true(whole[i].byte > whole[i - 1].byte);
     bits_vary |= whole[i].bit != whole[0].bit;
   }
