@@ -260,7 +260,76 @@ static void test_truncated_above_region(void **state) {
   sf_tensor_clear(&whole);
 }
 
-/* Walking rows in pieces gives the entries of walking them at once; a stand-in's head resumes on a byte. */
+/*
+ * A scan resumed inside a data byte 0xFF (its stuffed zero follows it in the original): the head ends with that
+ * byte joined to the stand-in's last bits, and the rows from there decode as libjpeg's full decode has them.
+ * Heavy noise at quality 95 puts some iMCU rows' starts inside one (with the standard tables' two-bit chroma end
+ * of block before them, photographs rarely do).
+ */
+static void test_resume_inside_0xff(void **state) {
+  (void)state;
+  const int w = 154, h = 74;
+  uint8_t *px = malloc((size_t)w * h * 3);
+  assert_non_null(px);
+  uint32_t x = 58 * 2654435761u;
+  for (int i = 0; i < w * h * 3; i++)
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5, px[i] = (uint8_t)((i / 3 % w) * 3 + (int)(x % 97));
+  struct jpeg_compress_struct c;
+  struct jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char *mem = NULL;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &mem, &size);
+  c.image_width = (JDIMENSION)w, c.image_height = (JDIMENSION)h, c.input_components = 3, c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 95, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = px + (size_t)c.next_scanline * (size_t)w * 3;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  free(px);
+  sf_tensor jpeg;
+  assert_int_equal(sf_tensor_alloc(&jpeg, SF_DTYPE_UINT8, 1, (int64_t[]){(int64_t)size}), 0);
+  memcpy(sf_tensor_data(&jpeg), mem, size);
+  free(mem);
+  const uint8_t *data = sf_tensor_data(&jpeg);
+  sf_jpeg_scan s;
+  assert_int_equal(sf_jpeg_scan_open(&s, data, size), 1);
+  sf_jpeg_entry e[16];
+  e[0] = sf_jpeg_scan_first(&s);
+  assert_true(s.rows <= 16);
+  assert_int_equal(sf_jpeg_scan_walk(&s, &e[0], 0, s.rows - 1, e + 1), 0);
+  int row = 1;
+  while (row < s.rows && !(data[e[row].byte] == 0xFF && e[row].bit > 0))
+    row++;
+  assert_true(row < s.rows); /* the case this test is for */
+  uint8_t *head;
+  size_t head_size, resume;
+  assert_int_equal(sf_jpeg_scan_resume(&s, &e[row], row, &head, &head_size, &resume), 0);
+  assert_int_equal(resume, e[row].byte + 2); /* past the 0xFF and its stuffed zero */
+  sf_tensor joined;
+  assert_int_equal(sf_tensor_alloc(&joined, SF_DTYPE_UINT8, 1, (int64_t[]){(int64_t)(head_size + size - resume)}), 0);
+  memcpy(sf_tensor_data(&joined), head, head_size);
+  memcpy((uint8_t *)sf_tensor_data(&joined) + head_size, data + resume, size - resume);
+  free(head);
+  int fw, fh, jw, jh;
+  uint8_t *want = full_decode(&jpeg, 8, 3, &fw, &fh), *got = full_decode(&joined, 8, 3, &jw, &jh);
+  const int shift = (row - 1) * s.row_height;
+  assert_int_equal(jh, fh - shift);
+  for (int y = row * s.row_height + 1; y < fh; y++)
+    if (memcmp(want + (size_t)y * fw * 3, got + (size_t)(y - shift) * jw * 3, (size_t)fw * 3))
+      fail_msg("row %d differs after resuming inside a 0xFF byte at iMCU row %d", y, row);
+  free(want);
+  free(got);
+  sf_tensor_clear(&joined);
+  sf_tensor_clear(&jpeg);
+}
+
+/* Walking rows in pieces gives the entries of walking them at once. */
 static void test_walk_in_pieces(void **state) {
   (void)state;
   const kind k = {"4:2:0", 500, 375, 3, 2, 2, false, false, 0};
@@ -294,6 +363,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_key_is_xxh64),
       cmocka_unit_test(test_walk_in_pieces),
+      cmocka_unit_test(test_resume_inside_0xff),
       cmocka_unit_test(test_regions_equal_full_decode),
       cmocka_unit_test(test_others_decode_as_before),
       cmocka_unit_test(test_truncated_above_region),
