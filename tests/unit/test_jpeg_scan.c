@@ -38,15 +38,15 @@ static uint8_t *picture(const kind *k) {
         x ^= x << 13, x ^= x >> 17, x ^= x << 5;
         int v = (i * 255 / k->width + y * (c + 1) * 3 + ((i / 7 + y / 5 + c * 3) % 9) * 12) % 256;
         v += (int)(x % 41) - 20;
-        p[((size_t)y * (size_t)k->width + (size_t)i) * (size_t)k->components + (size_t)c] = (uint8_t)(v < 0     ? 0
-                                                                                                      : v > 255 ? 255
-                                                                                                                : v);
+        v = v < 0 ? 0 : v > 255 ? 255 : v;
+        p[((size_t)y * (size_t)k->width + (size_t)i) * (size_t)k->components + (size_t)c] = (uint8_t)v;
       }
   return p;
 }
 
-/* The test image as a JPEG (libjpeg's encoder), in a new uint8 [n] tensor. */
-static void encode(const kind *k, sf_tensor *out) {
+/* Pixels (uint8 [height, width, components]) as a JPEG of kind k at this quality (libjpeg's encoder), in a new
+   uint8 [n] tensor. */
+static void encode_pixels(const kind *k, const uint8_t *pixels, int quality, sf_tensor *out) {
   struct jpeg_compress_struct c;
   struct jpeg_error_mgr err;
   c.err = jpeg_std_error(&err);
@@ -58,23 +58,28 @@ static void encode(const kind *k, sf_tensor *out) {
   c.input_components = k->components;
   c.in_color_space = k->components == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_set_defaults(&c);
-  jpeg_set_quality(&c, 90, TRUE);
+  jpeg_set_quality(&c, quality, TRUE);
   c.comp_info[0].h_samp_factor = k->h, c.comp_info[0].v_samp_factor = k->v;
   c.optimize_coding = k->optimize;
   c.restart_in_rows = k->restart_rows;
   if (k->progressive) jpeg_simple_progression(&c);
   jpeg_start_compress(&c, TRUE);
-  uint8_t *pixels = picture(k);
   while (c.next_scanline < c.image_height) {
-    JSAMPROW row = pixels + (size_t)c.next_scanline * (size_t)k->width * (size_t)k->components;
+    JSAMPROW row = (JSAMPROW)pixels + (size_t)c.next_scanline * (size_t)k->width * (size_t)k->components;
     jpeg_write_scanlines(&c, &row, 1);
   }
   jpeg_finish_compress(&c);
   jpeg_destroy_compress(&c);
-  free(pixels);
   assert_int_equal(sf_tensor_alloc(out, SF_DTYPE_UINT8, 1, (int64_t[]){(int64_t)size}), 0);
   memcpy(sf_tensor_data(out), mem, size);
   free(mem);
+}
+
+/* The test image of kind k as a JPEG of quality 90. */
+static void encode(const kind *k, sf_tensor *out) {
+  uint8_t *pixels = picture(k);
+  encode_pixels(k, pixels, 90, out);
+  free(pixels);
 }
 
 /* libjpeg's full decode at scale m/8 (accurate IDCT, fancy upsampling: the region decode's settings). */
@@ -274,28 +279,11 @@ static void test_resume_inside_0xff(void **state) {
   uint32_t x = 58 * 2654435761u;
   for (int i = 0; i < w * h * 3; i++)
     x ^= x << 13, x ^= x >> 17, x ^= x << 5, px[i] = (uint8_t)((i / 3 % w) * 3 + (int)(x % 97));
-  struct jpeg_compress_struct c;
-  struct jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char *mem = NULL;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &mem, &size);
-  c.image_width = (JDIMENSION)w, c.image_height = (JDIMENSION)h, c.input_components = 3, c.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&c);
-  jpeg_set_quality(&c, 95, TRUE);
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = px + (size_t)c.next_scanline * (size_t)w * 3;
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  free(px);
+  const kind k = {"4:2:0 noise", w, h, 3, 2, 2, false, false, 0};
   sf_tensor jpeg;
-  assert_int_equal(sf_tensor_alloc(&jpeg, SF_DTYPE_UINT8, 1, (int64_t[]){(int64_t)size}), 0);
-  memcpy(sf_tensor_data(&jpeg), mem, size);
-  free(mem);
+  encode_pixels(&k, px, 95, &jpeg);
+  free(px);
+  const size_t size = (size_t)jpeg.shape[0];
   const uint8_t *data = sf_tensor_data(&jpeg);
   sf_jpeg_scan s;
   assert_int_equal(sf_jpeg_scan_open(&s, data, size), 1);
