@@ -15,8 +15,12 @@
 
 enum { SF_JPEG_ENTRY_BUDGET = 64 << 20 };
 
-/* A JPEG's key: XXH64 (seed 0) of its bytes, as xxHash's specification (doc/xxhash_spec.md) defines it. */
-uint64_t sf_jpeg_entries_key(const uint8_t *data, size_t size);
+/*
+ * A JPEG's key: a hash of its bytes keyed by a secret of this process (GMAC or SipHash-2-4; see jpeg_entries.c), so
+ * that nobody can make two JPEGs' keys collide. Writes *key and returns true; false when libsodium cannot start
+ * (entries are then not used).
+ */
+bool sf_jpeg_entries_key(const uint8_t *data, size_t size, uint64_t *key);
 
 /*
  * The deepest entry kept at or above iMCU row `row` of the JPEG with this key and size: its row, with the entry

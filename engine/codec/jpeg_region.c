@@ -134,10 +134,11 @@ static void resume_above(const sf_jpeg_source *src, int m, int64_t top, start *a
   if (top <= m || !sf_jpeg_entries_enabled() || !sf_jpeg_scan_open(&scan, data, size)) return;
   const int64_t per = scan.row_height / 8 * m; /* output rows of an iMCU row */
   const int row = (int)((top - 1) / per);
-  /* Too little to pass over (small images) pays less than the key and the head cost: about 7 us a photograph,
+  /* Too little to pass over (small images) pays less than the key and the head cost: about 9 us a photograph,
      libjpeg's skipping of one iMCU row of a 500-pixel-wide one (32 MCUs) about 10 us */
   if (row < 1 || row >= scan.rows || (int64_t)row * scan.mcus_per_row < 32) return;
-  const uint64_t key = sf_jpeg_entries_key(data, size);
+  uint64_t key;
+  if (!sf_jpeg_entries_key(data, size, &key)) return;
   sf_jpeg_entry e = sf_jpeg_scan_first(&scan);
   const int known = sf_jpeg_entries_find(key, size, row, &e);
   if (known < 0) return;
