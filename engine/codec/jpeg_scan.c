@@ -404,13 +404,14 @@ static int dc_steps(const uint8_t *length, int32_t sum, int most, int32_t *step)
 }
 
 /* The stand-in row: every block flat, its component's predictor reached over its first blocks, padded with AC
-   coefficients in the first block so that it ends `bit` bits into a byte. Returns false without codes for it. */
-static bool stand_in(const sf_jpeg_scan *s, const sf_jpeg_entry *at, writer *w) {
+   coefficients in the first block so that it ends `bit` bits into a byte. Returns 0; SF_EUNSUPPORTED without codes
+   for it; SF_ENOMEM. */
+static int stand_in(const sf_jpeg_scan *s, const sf_jpeg_entry *at, writer *w) {
   const int nc = s->components;
   int32_t *steps[SF_JPEG_SCAN_MAX_COMPONENTS] = {NULL};
   int n_steps[SF_JPEG_SCAN_MAX_COMPONENTS];
   int64_t bits = 0;
-  bool ok = true;
+  bool ok = true, memory = true;
   for (int c = 0; c < nc && ok; c++) {
     const uint8_t *dcl = s->length[s->dc_table[c]], *acl = s->length[s->ac_table[c]];
     int blocks = 0;
@@ -418,7 +419,8 @@ static bool stand_in(const sf_jpeg_scan *s, const sf_jpeg_entry *at, writer *w) 
       blocks += s->block_component[b] == c;
     blocks *= s->mcus_per_row;
     steps[c] = malloc((size_t)blocks * sizeof(int32_t));
-    n_steps[c] = steps[c] ? dc_steps(dcl, at->dc[c], blocks, steps[c]) : -1;
+    memory = steps[c] != NULL;
+    n_steps[c] = memory ? dc_steps(dcl, at->dc[c], blocks, steps[c]) : -1;
     ok = n_steps[c] >= 0 && acl[0x00];
     for (int i = 0; i < n_steps[c] && ok; i++)
       bits += dcl[category(steps[c][i])] + category(steps[c][i]);
@@ -445,7 +447,7 @@ static bool stand_in(const sf_jpeg_scan *s, const sf_jpeg_entry *at, writer *w) 
   }
   for (int c = 0; c < nc; c++)
     free(steps[c]);
-  return pads >= 0;
+  return pads >= 0 ? 0 : memory ? SF_EUNSUPPORTED : SF_ENOMEM;
 }
 
 int sf_jpeg_scan_resume(const sf_jpeg_scan *s, const sf_jpeg_entry *at, int row, uint8_t **head, size_t *head_size,
@@ -471,9 +473,10 @@ int sf_jpeg_scan_resume(const sf_jpeg_scan *s, const sf_jpeg_entry *at, int row,
     n += to - from;
   }
   writer w = {.p = p + n};
-  if (!stand_in(s, at, &w) || w.n != at->bit) {
+  const int rc = stand_in(s, at, &w);
+  if (rc < 0 || w.n != at->bit) {
     free(p);
-    return SF_EUNSUPPORTED;
+    return rc < 0 ? rc : SF_EUNSUPPORTED;
   }
   size_t next = at->byte;
   if (at->bit) { /* the stand-in's last bits, then the rest of the entry's byte */
